@@ -1,0 +1,142 @@
+# orch - build, test and sanitizer targets.
+#
+#   make            build build/orch and every engine this machine can build
+#   make test       install missing packages (tools/setup.sh), build, run all suites
+#   make asan       the same suites under ASan+UBSan, in build/asan
+#   make clean
+#
+# Sources are picked up by wildcard: orchestrator/*.c -> build/orch,
+# engines/<name>/*.c (and *.cu) -> build/libengine_<name>.so,
+# tests/test_*.c -> build/tests/test_* (Check suites),
+# tests/engines/*.c -> build/tests/engines/*.so (deliberately broken engines),
+# tools/*.c -> build/tools/*.
+
+BUILD ?= build
+SAN ?= 0
+CC ?= cc
+
+OPT := -O2
+ifeq ($(SAN),1)
+  OPT := -O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
+endif
+
+WARN := -Wall -Wextra -Werror
+CFLAGS_COMMON := -std=c11 $(WARN) $(OPT) -g -D_GNU_SOURCE -I. -MMD -MP
+SAN_FLAGS := -fsanitize=address,undefined
+LDFLAGS_COMMON := $(if $(filter 1,$(SAN)),$(SAN_FLAGS))
+
+# --- MPI: the orchestrator is compiled with mpicc where it exists ------------
+MPICC := $(shell command -v mpicc 2>/dev/null)
+ifneq ($(MPICC),)
+  ifneq ($(NO_MPI),1)
+    ORCH_CC := OMPI_CC=$(CC) $(MPICC)
+    MPI_DEFS := -DORCH_HAVE_MPI=1
+  endif
+endif
+ORCH_CC ?= $(CC)
+
+PKG_LIBS = $(shell pkg-config --libs libcjson libmicrohttpd 2>/dev/null || echo -lcjson -lmicrohttpd)
+PKG_CFLAGS = $(shell pkg-config --cflags libcjson libmicrohttpd 2>/dev/null)
+CHECK_LIBS = $(shell pkg-config --libs check 2>/dev/null || echo -lcheck -lsubunit -lrt -lm -lpthread)
+
+ORCH_SRCS := $(wildcard orchestrator/*.c)
+ORCH_OBJS := $(patsubst %.c,$(BUILD)/obj/%.o,$(ORCH_SRCS))
+ORCH_LIB_OBJS := $(filter-out $(BUILD)/obj/orchestrator/main.o,$(ORCH_OBJS))
+ORCH_LIBS = $(PKG_LIBS) -ldl -lpthread -lm
+
+ENGINE_CFLAGS := $(CFLAGS_COMMON) -fPIC -fvisibility=hidden
+
+MOCK_SRCS := $(wildcard engines/mock/*.c)
+CPU_SRCS := $(wildcard engines/cpu/*.c)
+CUDA_CU_SRCS := $(wildcard engines/cuda/*.cu)
+CUDA_C_SRCS := $(wildcard engines/cuda/*.c)
+
+NVCC := $(shell command -v nvcc 2>/dev/null || ( [ -x /usr/local/cuda/bin/nvcc ] && echo /usr/local/cuda/bin/nvcc ))
+CUDA_HOME ?= $(if $(NVCC),$(patsubst %/bin/nvcc,%,$(NVCC)),/usr/local/cuda)
+NVCC_FLAGS := -O2 -std=c++17 -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra,-Werror \
+  -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 -I.
+
+TEST_SRCS := $(wildcard tests/test_*.c)
+TEST_BINS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRCS))
+BROKEN_SRCS := $(wildcard tests/engines/*.c)
+BROKEN_SOS := $(patsubst tests/engines/%.c,$(BUILD)/tests/engines/%.so,$(BROKEN_SRCS))
+TOOL_SRCS := $(wildcard tools/*.c)
+TOOL_BINS := $(patsubst tools/%.c,$(BUILD)/tools/%,$(TOOL_SRCS))
+
+ENGINES := $(BUILD)/libengine_mock.so
+ifneq ($(CPU_SRCS),)
+  ENGINES += $(BUILD)/libengine_cpu.so
+endif
+ifneq ($(NVCC),)
+  ifneq ($(CUDA_CU_SRCS),)
+    ifneq ($(SAN),1)
+      ENGINES += $(BUILD)/libengine_cuda.so
+    endif
+  endif
+endif
+
+.PHONY: all test asan clean setup test-bins cuda-note
+all: $(BUILD)/orch $(ENGINES) $(TOOL_BINS) cuda-note
+
+cuda-note:
+ifeq ($(NVCC),)
+	@echo "note: nvcc not found; skipping build/libengine_cuda.so"
+endif
+
+$(BUILD)/obj/orchestrator/%.o: orchestrator/%.c
+	@mkdir -p $(dir $@)
+	$(ORCH_CC) $(CFLAGS_COMMON) $(MPI_DEFS) $(PKG_CFLAGS) -c $< -o $@
+
+$(BUILD)/orch: $(ORCH_OBJS)
+	$(ORCH_CC) $(LDFLAGS_COMMON) -o $@ $^ $(ORCH_LIBS) -rdynamic
+
+$(BUILD)/obj/engines/%.o: engines/%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(ENGINE_CFLAGS) -c $< -o $@
+
+$(BUILD)/libengine_mock.so: $(patsubst %.c,$(BUILD)/obj/%.o,$(MOCK_SRCS))
+	$(CC) $(LDFLAGS_COMMON) -shared -o $@ $^ -lm -lpthread
+
+$(BUILD)/libengine_cpu.so: $(patsubst %.c,$(BUILD)/obj/%.o,$(CPU_SRCS))
+	$(CC) $(LDFLAGS_COMMON) -shared -o $@ $^ -lopenblas -lm -lpthread
+
+$(BUILD)/obj/engines/cuda/%.cu.o: engines/cuda/%.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -c $< -o $@
+
+$(BUILD)/libengine_cuda.so: $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(CUDA_CU_SRCS)) $(patsubst %.c,$(BUILD)/obj/%.o,$(CUDA_C_SRCS))
+	$(NVCC) -shared -o $@ $^ -L$(CUDA_HOME)/lib64 -lcublas -lcublasLt -lcudart -Xlinker -rpath,$(CUDA_HOME)/lib64
+
+$(BUILD)/tests/%: tests/%.c $(ORCH_LIB_OBJS)
+	@mkdir -p $(dir $@)
+	$(ORCH_CC) $(CFLAGS_COMMON) $(MPI_DEFS) $(PKG_CFLAGS) $(LDFLAGS_COMMON) -o $@ $< $(ORCH_LIB_OBJS) $(CHECK_LIBS) $(ORCH_LIBS) -rdynamic
+
+$(BUILD)/tests/engines/%.so: tests/engines/%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(ENGINE_CFLAGS) $(LDFLAGS_COMMON) -shared -o $@ $<
+
+$(BUILD)/tools/%: tools/%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_COMMON) $(LDFLAGS_COMMON) -o $@ $< -lpthread -lm
+
+test-bins: all $(TEST_BINS) $(BROKEN_SOS)
+
+setup:
+	@tools/setup.sh
+
+# make test: install what is missing, build, then run every suite.
+test:
+	@tools/setup.sh
+	@$(MAKE) --no-print-directory test-bins
+	@BUILD=$(BUILD) tests/run_tests.sh
+
+asan:
+	@tools/setup.sh
+	@$(MAKE) --no-print-directory BUILD=build/asan SAN=1 test-bins
+	@BUILD=build/asan ORCH_SAN=1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
+	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 tests/run_tests.sh
+
+clean:
+	rm -rf build
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -1,0 +1,409 @@
+/*
+ * orch_engine.h - the orch engine ABI: the one header shared by the orchestrator
+ * and every numeric engine (mock, cpu, cuda, or any third-party .so).
+ *
+ * An engine is a shared library that exports exactly one symbol,
+ * ORCH_ENGINE_ENTRY_SYMBOL ("orch_engine_get_api"), returning a const table of
+ * function pointers (orch_engine_api). Everything else in the library is hidden
+ * (-fvisibility=hidden).
+ *
+ * Versioning
+ *   - abi_major must equal ORCH_ENGINE_ABI_MAJOR exactly; a mismatch is refused.
+ *   - abi_minor grows when members are APPENDED to a struct. Nothing is ever
+ *     reordered or removed inside a major version.
+ *   - Every struct that crosses the boundary starts with (or contains) a
+ *     struct_size field. A reader checks struct_size covers a member before using
+ *     it, and a function-pointer member must also be non-NULL before it is called
+ *     (see ORCH_API_HAS). Structs passed *to* an engine carry the caller's size, so
+ *     an engine built against a newer minor treats absent trailing members as 0.
+ *   - The leading fields of orch_engine_api (abi_major, abi_minor, struct_size,
+ *     name) are frozen forever, across majors, so any loader can read and report
+ *     them.
+ *
+ * Errors
+ *   - Fallible calls return int32_t holding an orch_status. ORCH_OK is 0.
+ *   - Every context keeps a last-error string (engine-owned, UTF-8, valid until the
+ *     next call on that context) that explains the most recent failure.
+ *     Functions that have no context (probe, context_create) take a caller buffer.
+ *   - On failure, out-parameters are left untouched and engine state is unchanged
+ *     unless the function says otherwise.
+ *   - Engines never call exit(), abort() or print to stdout; they return a status.
+ *
+ * Memory
+ *   - Contexts are opaque, created by context_create and released by
+ *     context_destroy (which accepts NULL).
+ *   - All data crosses through caller-owned host buffers with explicit sizes. The
+ *     engine never returns memory for the caller to free, and never keeps a pointer
+ *     to a caller buffer after the call returns.
+ *   - Only fixed-width integers, float, UTF-8 strings and plain structs cross: no
+ *     FILE*, errno, long, size_t, or JSON.
+ *
+ * Threads
+ *   - orch_engine_get_api, probe and status_string are thread-safe and may be
+ *     called at any time, from any thread.
+ *   - A context is used by one thread at a time (the caller serialises). Different
+ *     contexts may be used concurrently from different threads.
+ *   - An engine may run its own worker threads inside a call (the `threads`
+ *     option); they are idle when the call returns.
+ *
+ * Model tensors
+ *   The engine publishes its state as named tensor tables, one per kind
+ *   (orch_tensor_kind): parameters, AdamW first moments, AdamW second moments.
+ *   The three tables have the same names, shapes and order. Checkpoint files are
+ *   written by the orchestrator from these tables, by name, so a checkpoint
+ *   written through one engine loads through another.
+ *   GPT-2 names and shapes (row-major, nn.Linear layout [out, in]); C=width,
+ *   V=vocab_size, T=context, M=mlp_width, i=layer index:
+ *     wte.weight [V,C]  wpe.weight [T,C]
+ *     h.i.ln_1.weight [C]  h.i.ln_1.bias [C]
+ *     h.i.attn.c_attn.weight [3C,C]  h.i.attn.c_attn.bias [3C]   (q,k,v stacked)
+ *     h.i.attn.c_proj.weight [C,C]   h.i.attn.c_proj.bias [C]
+ *     h.i.ln_2.weight [C]  h.i.ln_2.bias [C]
+ *     h.i.mlp.c_fc.weight [M,C]   h.i.mlp.c_fc.bias [M]
+ *     h.i.mlp.c_proj.weight [C,M] h.i.mlp.c_proj.bias [C]
+ *     ln_f.weight [C]  ln_f.bias [C]
+ *   The LM head is tied to wte.weight. Any vocab padding an engine uses
+ *   internally is invisible here.
+ *   The flat gradient buffer (grads_read / grads_write) is the concatenation of
+ *   all parameter tensors in table order; its length is the sum of their numel.
+ *
+ * Inference and the KV cache
+ *   The engine owns a pool of fixed-size KV blocks (kv_configure). Which block
+ *   belongs to which sequence is the caller's business: each forward names, per
+ *   sequence, the block table mapping logical block j (positions
+ *   j*block_size .. j*block_size+block_size-1) to a pool block id. The engine
+ *   writes K/V of the new tokens into those blocks and attends over positions
+ *   0 .. start_pos+n_tokens-1 through the table. Blocks may be shared read-only
+ *   between sequences (prefix caching); a block written by one sequence in a
+ *   forward must not be referenced by another sequence of the same forward (copy it
+ *   first with kv_copy_blocks). Engines may detect and reject such misuse.
+ */
+#ifndef ORCH_ENGINE_H
+#define ORCH_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define ORCH_ENGINE_ABI_MAJOR 1u
+#define ORCH_ENGINE_ABI_MINOR 0u
+#define ORCH_ENGINE_ENTRY_SYMBOL "orch_engine_get_api"
+
+#if defined(_WIN32)
+#define ORCH_ENGINE_EXPORT __declspec(dllexport)
+#else
+#define ORCH_ENGINE_EXPORT __attribute__((visibility("default")))
+#endif
+
+/* ------------------------------------------------------------------------- */
+/* Status codes                                                               */
+/* ------------------------------------------------------------------------- */
+typedef enum orch_status {
+    ORCH_OK = 0,
+    ORCH_ERR_INVALID_ARGUMENT = 1, /* bad pointer, size, id, range */
+    ORCH_ERR_OUT_OF_MEMORY = 2,    /* host or device allocation failed */
+    ORCH_ERR_UNSUPPORTED = 3,      /* feature/arch/dtype not provided */
+    ORCH_ERR_STATE = 4,            /* call out of order (e.g. no KV pool yet) */
+    ORCH_ERR_CAPACITY = 5,         /* batch/pool/buffer too small */
+    ORCH_ERR_DEVICE = 6,           /* device or driver failure, no device */
+    ORCH_ERR_NUMERIC = 7,          /* NaN/Inf where a finite value is required */
+    ORCH_ERR_INTERNAL = 8,         /* engine bug or injected fault */
+    ORCH_STATUS_COUNT_V1 = 9       /* number of codes defined by ABI 1.0 */
+} orch_status;
+
+/* ------------------------------------------------------------------------- */
+/* Enumerations (stored in uint32_t fields)                                    */
+/* ------------------------------------------------------------------------- */
+typedef enum orch_arch {
+    ORCH_ARCH_GPT2 = 1,  /* learned positions, LayerNorm, GELU(tanh), tied head */
+    ORCH_ARCH_LLAMA = 2  /* reserved: RoPE, RMSNorm, SwiGLU, GQA */
+} orch_arch;
+
+typedef enum orch_dtype {
+    ORCH_DTYPE_F32 = 0,
+    ORCH_DTYPE_F16 = 1,
+    ORCH_DTYPE_BF16 = 2,
+    ORCH_DTYPE_I32 = 3
+} orch_dtype;
+
+typedef enum orch_tensor_kind {
+    ORCH_TENSOR_PARAM = 0,  /* model parameters */
+    ORCH_TENSOR_ADAM_M = 1, /* AdamW first moments, same table as PARAM */
+    ORCH_TENSOR_ADAM_V = 2  /* AdamW second moments, same table as PARAM */
+} orch_tensor_kind;
+
+/* Capability bits (orch_engine_api.capabilities). */
+#define ORCH_CAP_TRAIN      (1ull << 0) /* forward_backward/optimizer/grads */
+#define ORCH_CAP_INFER      (1ull << 1) /* kv_configure/infer_forward */
+#define ORCH_CAP_KV_COPY    (1ull << 2) /* kv_copy_blocks */
+#define ORCH_CAP_EVAL       (1ull << 3) /* eval_loss */
+#define ORCH_CAP_DETERMINISTIC (1ull << 4) /* same inputs+threads: same bits */
+#define ORCH_CAP_GPU        (1ull << 5) /* runs on an accelerator */
+#define ORCH_CAP_FAULT_INJECTION (1ull << 6) /* honours fault-injection options */
+
+/* Tensor flags (orch_tensor_info.flags). */
+#define ORCH_TENSOR_FLAG_NO_DECAY (1u << 0) /* AdamW weight decay skips it */
+
+/* ------------------------------------------------------------------------- */
+/* Plain structs                                                              */
+/* ------------------------------------------------------------------------- */
+
+/* Model description. Caller fills it (struct_size = sizeof). Zero in a reserved
+ * or absent field means "default". */
+typedef struct orch_model_desc {
+    uint32_t struct_size;
+    uint32_t arch;        /* orch_arch */
+    uint32_t vocab_size;
+    uint32_t context;     /* maximum sequence length (positions) */
+    uint32_t layers;
+    uint32_t heads;
+    uint32_t kv_heads;    /* 0 = heads (GQA later) */
+    uint32_t width;       /* embedding width C; heads must divide it */
+    uint32_t mlp_width;   /* 0 = 4*width */
+    float layernorm_eps;  /* 0 = 1e-5 */
+    float rope_theta;     /* reserved for ORCH_ARCH_LLAMA */
+    uint32_t reserved[9];
+} orch_model_desc;
+
+/* Context options. Caller fills it (struct_size = sizeof). */
+typedef struct orch_engine_options {
+    uint32_t struct_size;
+    uint32_t threads;     /* worker threads; 0 = all cores */
+    uint64_t seed;        /* seed of the engine's weight initialisation */
+    /* Engine-specific "key=value" pairs separated by commas or semicolons, e.g.
+     * "math=tf32" or "fault=infer_forward:3". May be NULL. Unknown keys are an
+     * ORCH_ERR_INVALID_ARGUMENT from context_create. Copied; not kept. */
+    const char *options;
+} orch_engine_options;
+
+/* One tensor of a table. Filled by the engine. */
+#define ORCH_TENSOR_NAME_MAX 64
+#define ORCH_TENSOR_MAX_DIMS 4
+typedef struct orch_tensor_info {
+    uint32_t struct_size;
+    uint32_t dtype;     /* orch_dtype; f32 for every GPT-2 tensor */
+    uint32_t ndim;
+    uint32_t flags;     /* ORCH_TENSOR_FLAG_* */
+    uint64_t shape[ORCH_TENSOR_MAX_DIMS];
+    uint64_t numel;
+    uint64_t offset;    /* element offset of this tensor in the flat buffer */
+    char name[ORCH_TENSOR_NAME_MAX]; /* NUL-terminated UTF-8 */
+} orch_tensor_info;
+
+/* AdamW hyper-parameters, passed on every optimizer_step. */
+typedef struct orch_adamw_params {
+    uint32_t struct_size;
+    uint32_t reserved0;
+    uint64_t step;        /* 1-based step number t, for bias correction */
+    float lr;
+    float beta1;
+    float beta2;
+    float eps;
+    float weight_decay;   /* decoupled; skipped for ORCH_TENSOR_FLAG_NO_DECAY */
+    float grad_clip;      /* clip global L2 norm to this; <= 0: no clipping */
+} orch_adamw_params;
+
+/* Which logits infer_forward returns for a sequence. */
+typedef enum orch_logits_mode {
+    ORCH_LOGITS_LAST = 0, /* one row: the last new token (default) */
+    ORCH_LOGITS_ALL = 1,  /* n_tokens rows: every new token */
+    ORCH_LOGITS_NONE = 2  /* no rows (e.g. a prefill chunk that is not last) */
+} orch_logits_mode;
+
+/* One sequence of an inference batch. */
+typedef struct orch_seq_input {
+    const int32_t *tokens;      /* n_tokens new token ids, 0 <= id < vocab */
+    uint32_t n_tokens;          /* >= 1 */
+    uint32_t start_pos;         /* position of tokens[0]; KV of 0..start_pos-1
+                                   is already in the blocks */
+    const int32_t *block_table; /* pool block ids, logical order */
+    uint32_t n_blocks;          /* must cover start_pos + n_tokens positions */
+    uint32_t logits_mode;       /* orch_logits_mode */
+    uint32_t adapter_id;        /* reserved (co-serving adapters); must be 0 */
+    uint32_t reserved0;
+} orch_seq_input;
+
+/* An inference batch. seq_stride = sizeof(orch_seq_input) of the caller, so
+ * the element struct can grow by appending. */
+typedef struct orch_infer_batch {
+    uint32_t struct_size;
+    uint32_t n_seqs;
+    uint32_t seq_stride;
+    uint32_t reserved0;
+    const orch_seq_input *seqs;
+} orch_infer_batch;
+
+typedef struct orch_engine_ctx orch_engine_ctx; /* opaque */
+
+/* ------------------------------------------------------------------------- */
+/* The function table                                                         */
+/* ------------------------------------------------------------------------- */
+typedef struct orch_engine_api {
+    /* ---- frozen forever ---- */
+    uint32_t abi_major;    /* ORCH_ENGINE_ABI_MAJOR of the engine */
+    uint32_t abi_minor;    /* ORCH_ENGINE_ABI_MINOR of the engine */
+    uint32_t struct_size;  /* sizeof(orch_engine_api) of the engine */
+    uint32_t reserved0;
+    const char *name;      /* short engine name, e.g. "cpu"; static storage */
+
+    /* ---- ABI 1.0 ---- */
+    const char *version;   /* engine build version string; static storage */
+    uint64_t capabilities; /* ORCH_CAP_* bits */
+
+    /* Can this engine run on this machine? Writes a NUL-terminated one-line
+     * explanation into msg (truncated to msg_cap) on success (e.g. "2 cores")
+     * and failure (e.g. "no CUDA device"). Returns ORCH_OK or
+     * ORCH_ERR_DEVICE/ORCH_ERR_UNSUPPORTED. Thread-safe. */
+    int32_t (*probe)(char *msg, uint32_t msg_cap);
+
+    /* Static English text for a status code; never NULL (unknown codes give
+     * "unknown status"). Thread-safe. */
+    const char *(*status_string)(int32_t status);
+
+    /* Create a context for `model`. Parameters are initialised from opts->seed
+     * (GPT-2: N(0,0.02) weights, residual projections N(0,0.02/sqrt(2*layers)),
+     * zero biases, LayerNorm weight 1); moments and gradients start at zero.
+     * On success *out_ctx receives the context (owned by the caller; release
+     * with context_destroy). On failure *out_ctx is untouched and err (if not
+     * NULL) receives a NUL-terminated message truncated to err_cap. */
+    int32_t (*context_create)(const orch_model_desc *model,
+                              const orch_engine_options *opts,
+                              orch_engine_ctx **out_ctx,
+                              char *err, uint32_t err_cap);
+
+    /* Release everything the context holds. NULL is a no-op. */
+    void (*context_destroy)(orch_engine_ctx *ctx);
+
+    /* Message of the last failed call on ctx ("" if none). Engine-owned, valid
+     * until the next call on ctx. Never NULL for a valid ctx. */
+    const char *(*last_error)(const orch_engine_ctx *ctx);
+
+    /* Number of tensors in the table of `kind` (orch_tensor_kind). */
+    int32_t (*tensor_count)(orch_engine_ctx *ctx, uint32_t kind,
+                            uint32_t *out_count);
+
+    /* Describe tensor `index` of table `kind` into *out (caller sets
+     * out->struct_size; the engine fills at most that many bytes). */
+    int32_t (*tensor_info)(orch_engine_ctx *ctx, uint32_t kind, uint32_t index,
+                           orch_tensor_info *out);
+
+    /* Copy tensor `index` of `kind` into dst (dst_bytes must equal numel times
+     * the dtype size) / from src. Row-major, dtype as in tensor_info. */
+    int32_t (*tensor_read)(orch_engine_ctx *ctx, uint32_t kind, uint32_t index,
+                           void *dst, uint64_t dst_bytes);
+    int32_t (*tensor_write)(orch_engine_ctx *ctx, uint32_t kind, uint32_t index,
+                            const void *src, uint64_t src_bytes);
+
+    /* ---- training (ORCH_CAP_TRAIN) ---- */
+
+    /* Set every gradient to zero. */
+    int32_t (*grads_zero)(orch_engine_ctx *ctx);
+
+    /* Copy `count` f32 gradient elements starting at element `offset` of the
+     * flat gradient buffer into dst / from src. offset+count must not exceed
+     * the total parameter count. */
+    int32_t (*grads_read)(orch_engine_ctx *ctx, uint64_t offset, uint64_t count,
+                          float *dst);
+    int32_t (*grads_write)(orch_engine_ctx *ctx, uint64_t offset,
+                           uint64_t count, const float *src);
+
+    /* Forward + backward of next-token cross-entropy over a micro-batch.
+     * tokens and targets are [batch, seq_len] row-major; a target of -1 is
+     * ignored. *out_loss receives the mean loss over non-ignored targets.
+     * Gradients of (grad_scale * mean loss) are ADDED to the gradient buffer
+     * (use grad_scale = 1/grad_accum to average micro-batches). */
+    int32_t (*forward_backward)(orch_engine_ctx *ctx, const int32_t *tokens,
+                                const int32_t *targets, uint32_t batch,
+                                uint32_t seq_len, float grad_scale,
+                                float *out_loss);
+
+    /* AdamW step over all parameters using the current gradients: the global
+     * L2 norm of the gradients is computed first and written to
+     * *out_grad_norm (may be NULL); if grad_clip > 0 and the norm exceeds it,
+     * gradients are scaled by grad_clip/norm. Gradients are not zeroed.
+     * A non-finite norm returns ORCH_ERR_NUMERIC and changes nothing. */
+    int32_t (*optimizer_step)(orch_engine_ctx *ctx,
+                              const orch_adamw_params *params,
+                              float *out_grad_norm);
+
+    /* ---- evaluation (ORCH_CAP_EVAL) ---- */
+
+    /* Mean cross-entropy like forward_backward, without touching gradients. */
+    int32_t (*eval_loss)(orch_engine_ctx *ctx, const int32_t *tokens,
+                         const int32_t *targets, uint32_t batch,
+                         uint32_t seq_len, float *out_loss);
+
+    /* ---- inference (ORCH_CAP_INFER) ---- */
+
+    /* Bytes of engine memory one KV block of block_size positions takes (all
+     * layers, K and V), so the caller can size the pool from a budget. */
+    int32_t (*kv_block_bytes)(orch_engine_ctx *ctx, uint32_t block_size,
+                              uint64_t *out_bytes);
+
+    /* Allocate the KV pool: num_blocks blocks of block_size positions each.
+     * Replaces any previous pool (its contents are lost). */
+    int32_t (*kv_configure)(orch_engine_ctx *ctx, uint32_t block_size,
+                            uint32_t num_blocks);
+
+    /* Run one forward over a batch of sequences (see the header comment).
+     * Logit rows are written to `logits` in batch order, per sequence as its
+     * logits_mode asks, each row vocab_size f32; logits_cap is the capacity of
+     * `logits` in floats. Errors: token id out of range, start_pos+n_tokens over
+     * context, block id outside the pool, too few blocks, logits_cap too small,
+     * a block written by one sequence and referenced by another. On error no
+     * logits are written; KV blocks of the batch may have been written. */
+    int32_t (*infer_forward)(orch_engine_ctx *ctx,
+                             const orch_infer_batch *batch, float *logits,
+                             uint64_t logits_cap);
+
+    /* Copy the contents of block src[i] to block dst[i] for i < n
+     * (copy-on-write). src and dst ranges must not overlap as sets. */
+    int32_t (*kv_copy_blocks)(orch_engine_ctx *ctx, const int32_t *src,
+                              const int32_t *dst, uint32_t n);
+    /* ---- later minors append here ---- */
+} orch_engine_api;
+
+/* The one exported symbol. Returns the engine's table if it can serve
+ * `abi_major`. An engine that cannot should still return its own table (whose
+ * frozen leading fields name its version, so the loader can report both
+ * versions) or NULL. The table is static and valid while the library is
+ * loaded. Thread-safe. */
+typedef const orch_engine_api *(*orch_engine_get_api_fn)(uint32_t abi_major);
+
+/* True when `api` (of size api->struct_size) has a non-NULL `member`. */
+#define ORCH_API_HAS(api, member)                                            \
+    ((api)->struct_size >= offsetof(orch_engine_api, member) +              \
+                               sizeof((api)->member) &&                      \
+     (api)->member != NULL)
+
+/* ------------------------------------------------------------------------- */
+/* Layout pins (LP64). Changing any of these breaks every engine binary.      */
+/* ------------------------------------------------------------------------- */
+#if defined(__LP64__) || defined(_LP64)
+_Static_assert(offsetof(orch_engine_api, abi_major) == 0, "abi_major");
+_Static_assert(offsetof(orch_engine_api, abi_minor) == 4, "abi_minor");
+_Static_assert(offsetof(orch_engine_api, struct_size) == 8, "struct_size");
+_Static_assert(offsetof(orch_engine_api, name) == 16, "name");
+_Static_assert(offsetof(orch_engine_api, version) == 24, "version");
+_Static_assert(offsetof(orch_engine_api, capabilities) == 32, "caps");
+_Static_assert(offsetof(orch_engine_api, probe) == 40, "probe");
+_Static_assert(offsetof(orch_engine_api, kv_copy_blocks) == 40 + 8 * 18,
+               "function members of ABI 1.0");
+_Static_assert(sizeof(orch_engine_api) == 40 + 8 * 19, "api size 1.0");
+_Static_assert(sizeof(orch_model_desc) == 80, "model desc size");
+_Static_assert(offsetof(orch_model_desc, layernorm_eps) == 36, "eps offset");
+_Static_assert(sizeof(orch_engine_options) == 24, "options size");
+_Static_assert(sizeof(orch_tensor_info) == 128, "tensor info size");
+_Static_assert(offsetof(orch_tensor_info, name) == 64, "tensor name offset");
+_Static_assert(sizeof(orch_adamw_params) == 40, "adamw size");
+_Static_assert(sizeof(orch_seq_input) == 40, "seq input size");
+_Static_assert(sizeof(orch_infer_batch) == 24, "batch size");
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* ORCH_ENGINE_H */

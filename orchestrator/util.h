@@ -1,0 +1,51 @@
+/*
+ * util.h - small helpers shared by every orchestrator module: error reporting
+ * for the CLI, a monotonic clock, checked allocation and string helpers.
+ *
+ * Thread rules: every function here is thread-safe.
+ * Errors: library code never prints; it returns a status and fills a caller
+ * buffer. Only CLI code (cmd_*.c, main.c) calls util_die/util_error.
+ */
+#ifndef ORCH_UTIL_H
+#define ORCH_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* Exit statuses of the orch binary (documented in README and --help). */
+#define ORCH_EXIT_OK 0
+#define ORCH_EXIT_FAILURE 1   /* runtime failure */
+#define ORCH_EXIT_USAGE 2     /* bad arguments, config, input file or engine */
+
+/* Print "orch: error: <message>" as one line to stderr. */
+void util_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Print "orch: warning: <message>" as one line to stderr. */
+void util_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* snprintf into buf (if buf != NULL and cap > 0); always NUL-terminates. */
+void util_set_err(char *buf, size_t cap, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Seconds from a monotonic clock. */
+double util_now(void);
+
+/* Allocation that returns NULL on failure (never aborts); zeroed. Free with
+ * free(). */
+void *util_calloc(size_t n, size_t size);
+
+/* Directory holding the running executable (from /proc/self/exe), without a
+ * trailing slash, into buf. Returns 0, or -1 when it cannot be found. */
+int util_exe_dir(char *buf, size_t cap);
+
+/* Parse helpers: return 0 on success, -1 if s is not entirely a number in
+ * range. */
+int util_parse_u64(const char *s, uint64_t *out);
+int util_parse_i64(const char *s, int64_t *out);
+int util_parse_double(const char *s, double *out);
+
+/* If arg is "--name=value" return value; if arg is "--name" and a next arg
+ * exists, return it and advance *i. Otherwise NULL. */
+const char *util_flag_value(const char *name, int argc, char **argv, int *i);
+
+#endif

