@@ -1,6 +1,7 @@
 # orch - build, test and sanitizer targets.
 #
 #   make            build build/orch and every engine this machine can build
+#   make run        install, build, train the default model, generate from it
 #   make test       install missing packages (tools/setup.sh), build, run all suites
 #   make asan       the same suites under ASan+UBSan, in build/asan
 #   make clean
@@ -75,7 +76,7 @@ ifneq ($(NVCC),)
   endif
 endif
 
-.PHONY: all test asan clean setup test-bins cuda-note
+.PHONY: all test asan clean setup test-bins cuda-note run
 all: $(BUILD)/orch $(ENGINES) $(TOOL_BINS) cuda-note
 
 cuda-note:
@@ -129,6 +130,15 @@ test:
 	@tools/setup.sh
 	@$(MAKE) --no-print-directory test-bins
 	@BUILD=$(BUILD) tests/run_tests.sh
+
+# make run: the main job on the built-in default: train the default model on
+# the King James Bible (prepared on first use), then generate from it.
+RUN_ENGINE ?= cpu
+run:
+	@tools/setup.sh
+	@$(MAKE) --no-print-directory all
+	$(BUILD)/orch train --engine=$(RUN_ENGINE)
+	$(BUILD)/orch generate --engine=$(RUN_ENGINE) --checkpoint runs/default --prompt "And God said" --max-tokens 300 --temperature 0.8 --seed 1
 
 asan:
 	@tools/setup.sh

@@ -323,7 +323,9 @@ typedef struct orch_engine_api {
     /* AdamW step over all parameters using the current gradients: the global
      * L2 norm of the gradients is computed first and written to
      * *out_grad_norm (may be NULL); if grad_clip > 0 and the norm exceeds it,
-     * gradients are scaled by grad_clip/norm. Gradients are not zeroed.
+     * the gradient buffer is scaled in place by grad_clip/norm before the
+     * update (as torch.nn.utils.clip_grad_norm_ does). Gradients are not
+     * zeroed.
      * A non-finite norm returns ORCH_ERR_NUMERIC and changes nothing. */
     int32_t (*optimizer_step)(orch_engine_ctx *ctx,
                               const orch_adamw_params *params,

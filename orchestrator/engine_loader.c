@@ -74,6 +74,12 @@ static int check_elf(const char *path, char *why, size_t cap) {
         snprintf(why, cap, "cannot open: %s", strerror(errno));
         return -1;
     }
+    struct stat st;
+    if (fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
+        close(fd);
+        snprintf(why, cap, "is a directory, not a shared library");
+        return -1;
+    }
     unsigned char magic[4] = {0};
     ssize_t n = read(fd, magic, 4);
     close(fd);

@@ -42,15 +42,6 @@ static void usage(FILE *f) {
             "(requeue).\n");
 }
 
-int cmd_wants_help(int argc, char **argv) {
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--") == 0) break;
-        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0)
-            return 1;
-    }
-    return 0;
-}
-
 int main(int argc, char **argv) {
     if (argc < 2) {
         /* With no arguments at all, orch trains the built-in default. */

@@ -1,4 +1,1339 @@
-/* mock_engine.c - placeholder until the mock engine lands. */
+/*
+ * mock_engine.c - the mock engine (libengine_mock.so): implements every call of
+ * the orch engine ABI (engine_api/orch_engine.h) deterministically, in plain C
+ * with no numeric library, so the orchestrator's training, checkpoint and
+ * serving paths can be tested fast and exactly. engines/mock/README.md repeats
+ * the rules below for test writers.
+ *
+ * Capabilities: TRAIN | INFER | KV_COPY | EVAL | DETERMINISTIC | FAULT_INJECTION.
+ *
+ * Tensors
+ *   Real tables (PARAM, ADAM_M, ADAM_V) with the GPT-2 names, shapes and order
+ *   of the header, in real memory, so contents round-trip and a checkpoint
+ *   written through the mock loads through any other engine. 1-D tensors
+ *   (biases, LayerNorm weights and biases) carry ORCH_TENSOR_FLAG_NO_DECAY.
+ *   Initialisation follows the header (N(0,0.02) weights, N(0,0.02/sqrt(2L))
+ *   for attn.c_proj.weight and mlp.c_proj.weight, zero biases, LayerNorm
+ *   weights 1). Tensor i draws from its own splitmix64 stream seeded with
+ *   opts->seed + (i+1) * 0x9E3779B97F4A7C15, row-major, Box-Muller pairs, so a
+ *   tensor can be initialised on its own: the mock does it lazily, on the
+ *   first call that reads it (inference never does), and a full tensor_write
+ *   skips it. The values do not depend on the order of calls.
+ *
+ * Loss (forward_backward, eval_loss)
+ *   For every target position (b,t) with x = tokens[b,t], y = targets[b,t],
+ *   y != -1, C = width, V = vocab_size:
+ *     z   = wte[x, y mod C] + wte[y, x mod C] + wpe[t, (x+y) mod C]
+ *           + ln_f.bias[y mod C]              (sum in double of f32 entries)
+ *     l   = 2 ln(V) * sigmoid(z)               (ln V at init, like real CE)
+ *   loss = mean of l over the n counted positions (0 when n = 0, no gradient).
+ *   forward_backward ADDS grad_scale * dloss/dparam to the gradient buffer:
+ *   each of the four entries gets grad_scale * 2 ln(V) s (1-s) / n (as f32),
+ *   s = sigmoid(z). AdamW therefore pushes z down and the loss falls step by
+ *   step. Cost O(batch*seq) per call.
+ *
+ * Optimizer (optimizer_step): AdamW as the header says, in PyTorch's order:
+ *   norm = sqrt(sum g^2) (double); non-finite -> ORCH_ERR_NUMERIC, no change;
+ *   if grad_clip > 0 and norm > grad_clip the gradient BUFFER is scaled by
+ *   grad_clip/norm (like torch.nn.utils.clip_grad_norm_); then per element
+ *   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
+ *   p = p (1 - lr wd)  [skipped for NO_DECAY tensors];
+ *   p = p - lr (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps),   t = params->step.
+ *
+ * Inference and the KV cache
+ *   kv_configure allocates a pool; each slot (block, offset) stores the token
+ *   id written at that position plus a written flag: the mock's "K/V".
+ *   infer_forward validates the whole batch first (token range, start_pos +
+ *   n_tokens <= context, block ids in the pool, enough blocks, logits_cap,
+ *   adapter_id == 0, no block written by one sequence and used by another,
+ *   every earlier position 0..start_pos-1 already written), then writes the
+ *   new token ids into their slots through the block table, then computes
+ *   logits from token ids READ BACK through the block table:
+ *     S(p)  = sum of the token ids at positions 0..p (inclusive)
+ *     next  = 97 + (S mod 26)   if vocab_size >= 123 (a lowercase ASCII letter)
+ *             S mod vocab_size  otherwise
+ *     logit[v] = -|v - next|    (float; greedy picks `next`)
+ *   Reading a slot that was never written is ORCH_ERR_STATE naming the block
+ *   and slot. kv_copy_blocks copies slot contents and written flags.
+ *
+ * Fault injection (options string of context_create, and environment
+ * variables read at create; the string's sleep_ms wins over the variable,
+ * faults from both apply):
+ *   fault=CALL:N     the Nth call (from 1, per context) of ABI function CALL
+ *                    returns ORCH_ERR_INTERNAL "injected fault in CALL (call N)"
+ *   fault=CALL:N+    every call from the Nth on fails the same way
+ *   sleep_ms=N       sleep N ms at the start of every infer_forward and
+ *                    forward_backward
+ *   ORCH_MOCK_FAULT=CALL:N[+][,CALL:N[+]...]   ORCH_MOCK_SLEEP_MS=N
+ *   CALL is one of the context calls: tensor_count tensor_info tensor_read
+ *   tensor_write grads_zero grads_read grads_write forward_backward
+ *   optimizer_step eval_loss kv_block_bytes kv_configure infer_forward
+ *   kv_copy_blocks. Unknown keys or bad values -> ORCH_ERR_INVALID_ARGUMENT.
+ *
+ * Errors: every call validates its arguments (NULL pointers, sizes, ranges)
+ * and returns a status with a last_error message; out-parameters and state are
+ * untouched on failure. Threads: a context is used by one thread at a time;
+ * the engine starts no threads. get_api, probe and status_string are
+ * thread-safe (no mutable globals).
+ */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
 #include "engine_api/orch_engine.h"
+
+#define MOCK_VERSION "mock 1.0"
+#define MOCK_MAX_LAYERS 4096u
+#define MOCK_MAX_FAULTS 16u
+#define MOCK_MAX_SLEEP_MS 600000u
+#define MOCK_PI 3.14159265358979323846
+
+/* ------------------------------------------------------------------------- */
+/* Context                                                                    */
+/* ------------------------------------------------------------------------- */
+
+/* The context calls that can be counted and failed by fault injection. */
+enum mock_call {
+    CALL_TENSOR_COUNT,
+    CALL_TENSOR_INFO,
+    CALL_TENSOR_READ,
+    CALL_TENSOR_WRITE,
+    CALL_GRADS_ZERO,
+    CALL_GRADS_READ,
+    CALL_GRADS_WRITE,
+    CALL_FORWARD_BACKWARD,
+    CALL_OPTIMIZER_STEP,
+    CALL_EVAL_LOSS,
+    CALL_KV_BLOCK_BYTES,
+    CALL_KV_CONFIGURE,
+    CALL_INFER_FORWARD,
+    CALL_KV_COPY_BLOCKS,
+    CALL_COUNT
+};
+
+static const char *const call_names[CALL_COUNT] = {
+    "tensor_count",     "tensor_info",    "tensor_read",    "tensor_write",
+    "grads_zero",       "grads_read",     "grads_write",    "forward_backward",
+    "optimizer_step",   "eval_loss",      "kv_block_bytes", "kv_configure",
+    "infer_forward",    "kv_copy_blocks"};
+
+typedef struct mock_fault {
+    uint32_t call;     /* enum mock_call */
+    uint64_t nth;      /* 1-based call number */
+    int and_after;     /* "N+": every call from the Nth on */
+} mock_fault;
+
+typedef struct mock_config {
+    mock_fault faults[MOCK_MAX_FAULTS];
+    uint32_t n_faults;
+    uint32_t sleep_ms;
+} mock_config;
+
+typedef struct mock_tensor {
+    char name[ORCH_TENSOR_NAME_MAX];
+    uint32_t ndim;
+    uint32_t flags;
+    uint64_t shape[ORCH_TENSOR_MAX_DIMS];
+    uint64_t numel;
+    uint64_t offset; /* element offset in the flat buffers */
+} mock_tensor;
+
+/* Per-block marks used to validate one infer_forward / kv_copy_blocks. */
+typedef struct mock_mark {
+    uint32_t epoch;   /* mark is valid when equal to ctx->kv_epoch */
+    uint32_t seq;     /* sequence that writes the block (or a copy role) */
+    uint32_t lblock;  /* logical index in that sequence's table */
+} mock_mark;
+
+struct orch_engine_ctx {
+    orch_model_desc model; /* normalised: defaults filled in */
+    mock_config cfg;
+    uint64_t calls[CALL_COUNT];
+
+    /* Tensor table (same for every kind) and the four flat buffers. */
+    uint32_t n_tensors;
+    mock_tensor *tensors;
+    uint64_t n_params;
+    float *params, *grads, *adam_m, *adam_v;
+    uint8_t *param_ready; /* per tensor: parameters initialised or written */
+    uint64_t seed;
+    uint64_t off_wte, off_wpe, off_lnf_bias; /* element offsets */
+
+    /* KV pool: slot (block b, offset o) is index b*kv_block_size + o. */
+    uint32_t kv_block_size, kv_num_blocks;
+    int32_t *kv_tokens;
+    uint8_t *kv_written;
+    mock_mark *kv_marks;
+    uint32_t kv_epoch;
+
+    char last_error[512];
+};
+
+/* Record a failure on ctx and return its status. */
+__attribute__((format(printf, 3, 4))) static int32_t
+fail(orch_engine_ctx *ctx, int32_t status, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(ctx->last_error, sizeof ctx->last_error, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+/* Same, into a caller buffer (no context yet). */
+__attribute__((format(printf, 4, 5))) static int32_t
+fail_buf(char *err, uint32_t cap, int32_t status, const char *fmt, ...) {
+    if (err && cap > 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, cap, fmt, ap);
+        va_end(ap);
+    }
+    return status;
+}
+
+/* Count a call and fire an injected fault if one matches. Returns ORCH_OK or
+ * ORCH_ERR_INTERNAL (with last_error set). */
+static int32_t enter(orch_engine_ctx *ctx, enum mock_call call) {
+    uint64_t n = ++ctx->calls[call];
+    for (uint32_t i = 0; i < ctx->cfg.n_faults; i++) {
+        const mock_fault *f = &ctx->cfg.faults[i];
+        if (f->call != (uint32_t)call) continue;
+        if (n == f->nth || (f->and_after && n > f->nth))
+            return fail(ctx, ORCH_ERR_INTERNAL, "injected fault in %s (call %llu)",
+                        call_names[call], (unsigned long long)n);
+    }
+    return ORCH_OK;
+}
+
+static void sleep_ms(uint32_t ms) {
+    if (!ms) return;
+    struct timespec ts = {(time_t)(ms / 1000u), (long)(ms % 1000u) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0) {
+    }
+}
+
+/* ------------------------------------------------------------------------- */
+/* Options and fault injection                                                */
+/* ------------------------------------------------------------------------- */
+
+static int parse_u64(const char *s, size_t len, uint64_t *out) {
+    if (len == 0 || len > 19) return -1;
+    uint64_t v = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (s[i] < '0' || s[i] > '9') return -1;
+        v = v * 10u + (uint64_t)(s[i] - '0');
+    }
+    *out = v;
+    return 0;
+}
+
+/* Parse "CALL:N" or "CALL:N+" (len bytes of s) into cfg. */
+static int32_t parse_fault(const char *s, size_t len, const char *where,
+                           mock_config *cfg, char *err, uint32_t cap) {
+    const char *colon = memchr(s, ':', len);
+    if (!colon)
+        return fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+                        "%s: fault '%.*s' is not CALL:N", where, (int)len, s);
+    size_t name_len = (size_t)(colon - s);
+    int call = -1;
+    for (int i = 0; i < CALL_COUNT; i++)
+        if (strlen(call_names[i]) == name_len &&
+            memcmp(call_names[i], s, name_len) == 0)
+            call = i;
+    if (call < 0)
+        return fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+                        "%s: fault names unknown call '%.*s' (known: "
+                        "tensor_count, tensor_info, tensor_read, tensor_write, "
+                        "grads_zero, grads_read, grads_write, forward_backward, "
+                        "optimizer_step, eval_loss, kv_block_bytes, "
+                        "kv_configure, infer_forward, kv_copy_blocks)",
+                        where, (int)name_len, s);
+    const char *num = colon + 1;
+    size_t num_len = len - name_len - 1;
+    int and_after = 0;
+    if (num_len > 0 && num[num_len - 1] == '+') {
+        and_after = 1;
+        num_len--;
+    }
+    uint64_t nth;
+    if (parse_u64(num, num_len, &nth) != 0 || nth == 0)
+        return fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+                        "%s: fault '%.*s': N must be an integer >= 1", where,
+                        (int)len, s);
+    if (cfg->n_faults >= MOCK_MAX_FAULTS)
+        return fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+                        "%s: more than %u faults", where, MOCK_MAX_FAULTS);
+    mock_fault *f = &cfg->faults[cfg->n_faults++];
+    f->call = (uint32_t)call;
+    f->nth = nth;
+    f->and_after = and_after;
+    return ORCH_OK;
+}
+
+static int32_t parse_sleep(const char *s, size_t len, const char *where,
+                           mock_config *cfg, char *err, uint32_t cap) {
+    uint64_t ms;
+    if (parse_u64(s, len, &ms) != 0 || ms > MOCK_MAX_SLEEP_MS)
+        return fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+                        "%s: sleep_ms '%.*s' is not an integer 0..%u", where,
+                        (int)len, s, MOCK_MAX_SLEEP_MS);
+    cfg->sleep_ms = (uint32_t)ms;
+    return ORCH_OK;
+}
+
+static int is_sep(char c) { return c == ',' || c == ';'; }
+static int is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+/* Split s at ',' / ';' and call item(start, len) for each trimmed, non-empty
+ * item. kind 0: "key=value" options; kind 1: a list of faults. */
+static int32_t parse_list(const char *s, int kind, const char *where,
+                          mock_config *cfg, char *err, uint32_t cap) {
+    const char *p = s;
+    while (*p) {
+        while (*p && (is_sep(*p) || is_space(*p))) p++;
+        if (!*p) break;
+        const char *start = p;
+        while (*p && !is_sep(*p)) p++;
+        const char *end = p;
+        while (end > start && is_space(end[-1])) end--;
+        size_t len = (size_t)(end - start);
+        int32_t st;
+        if (kind == 1) {
+            st = parse_fault(start, len, where, cfg, err, cap);
+        } else {
+            const char *eq = memchr(start, '=', len);
+            size_t klen = eq ? (size_t)(eq - start) : len;
+            while (klen > 0 && is_space(start[klen - 1])) klen--;
+            const char *v = eq ? eq + 1 : end;
+            while (v < end && is_space(*v)) v++;
+            size_t vlen = (size_t)(end - v);
+            if (eq && klen == 5 && memcmp(start, "fault", 5) == 0) {
+                st = parse_fault(v, vlen, where, cfg, err, cap);
+            } else if (eq && klen == 8 && memcmp(start, "sleep_ms", 8) == 0) {
+                st = parse_sleep(v, vlen, where, cfg, err, cap);
+            } else {
+                st = fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+                              "%s: unknown option '%.*s' (the mock engine knows "
+                              "fault=CALL:N[+] and sleep_ms=N)",
+                              where, (int)len, start);
+            }
+        }
+        if (st != ORCH_OK) return st;
+    }
+    return ORCH_OK;
+}
+
+/* Environment first, then the options string (whose sleep_ms wins). */
+static int32_t config_read(const char *options, mock_config *cfg, char *err,
+                           uint32_t cap) {
+    memset(cfg, 0, sizeof *cfg);
+    const char *ef = getenv("ORCH_MOCK_FAULT");
+    if (ef && *ef) {
+        int32_t st = parse_list(ef, 1, "ORCH_MOCK_FAULT", cfg, err, cap);
+        if (st != ORCH_OK) return st;
+    }
+    const char *es = getenv("ORCH_MOCK_SLEEP_MS");
+    if (es && *es) {
+        int32_t st = parse_sleep(es, strlen(es), "ORCH_MOCK_SLEEP_MS", cfg, err, cap);
+        if (st != ORCH_OK) return st;
+    }
+    if (options) return parse_list(options, 0, "mock options", cfg, err, cap);
+    return ORCH_OK;
+}
+
+/* ------------------------------------------------------------------------- */
+/* Model description and tensor table                                         */
+/* ------------------------------------------------------------------------- */
+
+static int mul_u64(uint64_t a, uint64_t b, uint64_t *out) {
+    return __builtin_mul_overflow(a, b, out) ? -1 : 0;
+}
+static int add_u64(uint64_t a, uint64_t b, uint64_t *out) {
+    return __builtin_add_overflow(a, b, out) ? -1 : 0;
+}
+
+/* Validate `in` and fill defaults into *out. Absent trailing fields (caller's
+ * struct_size shorter than ours) count as 0. */
+static int32_t model_normalise(const orch_model_desc *in, orch_model_desc *out,
+                               char *err, uint32_t cap) {
+    const uint32_t need = (uint32_t)(offsetof(orch_model_desc, width) + sizeof(uint32_t));
+    if (in->struct_size < need)
+        return fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+                        "model description struct_size %u is too small (need "
+                        "at least %u)",
+                        in->struct_size, need);
+    orch_model_desc m;
+    memset(&m, 0, sizeof m);
+    memcpy(&m, in, in->struct_size < sizeof m ? in->struct_size : sizeof m);
+    m.struct_size = sizeof m;
+    if (m.arch == ORCH_ARCH_LLAMA)
+        return fail_buf(err, cap, ORCH_ERR_UNSUPPORTED,
+                        "model arch %u (llama) is not supported by the mock "
+                        "engine (gpt2 only)", m.arch);
+    if (m.arch != ORCH_ARCH_GPT2)
+        return fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+                        "model arch %u is unknown (gpt2 is %u)", m.arch,
+                        (unsigned)ORCH_ARCH_GPT2);
+    const struct {
+        const char *name;
+        uint32_t v;
+    } nz[] = {{"vocab_size", m.vocab_size}, {"context", m.context},
+              {"layers", m.layers},         {"heads", m.heads},
+              {"width", m.width}};
+    for (size_t i = 0; i < sizeof nz / sizeof nz[0]; i++)
+        if (nz[i].v == 0)
+            return fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+                            "model %s must be > 0", nz[i].name);
+    if (m.width % m.heads != 0)
+        return fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+                        "model heads (%u) must divide width (%u)", m.heads,
+                        m.width);
+    if (m.kv_heads != 0 && m.kv_heads != m.heads)
+        return fail_buf(err, cap, ORCH_ERR_UNSUPPORTED,
+                        "model kv_heads %u differs from heads %u (grouped-query "
+                        "attention is not supported for gpt2)",
+                        m.kv_heads, m.heads);
+    if (m.layers > MOCK_MAX_LAYERS)
+        return fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+                        "model layers %u exceeds the limit %u", m.layers,
+                        MOCK_MAX_LAYERS);
+    if (m.vocab_size > (uint32_t)INT32_MAX)
+        return fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+                        "model vocab_size %u does not fit int32 token ids",
+                        m.vocab_size);
+    if (m.mlp_width == 0) {
+        if (m.width > UINT32_MAX / 4u)
+            return fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+                            "model width %u too large", m.width);
+        m.mlp_width = 4u * m.width;
+    }
+    if (!(m.layernorm_eps >= 0.0f) || isinf(m.layernorm_eps))
+        return fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+                        "model layernorm_eps must be a finite value >= 0");
+    if (m.layernorm_eps == 0.0f) m.layernorm_eps = 1e-5f;
+    m.kv_heads = m.heads;
+    *out = m;
+    return ORCH_OK;
+}
+
+static void tensor_add(mock_tensor *t, uint32_t *n, uint64_t *offset,
+                       const char *name, uint32_t ndim, uint64_t d0,
+                       uint64_t d1) {
+    mock_tensor *x = &t[(*n)++];
+    memset(x, 0, sizeof *x);
+    snprintf(x->name, sizeof x->name, "%s", name);
+    x->ndim = ndim;
+    x->shape[0] = d0;
+    x->shape[1] = ndim > 1 ? d1 : 0;
+    x->numel = ndim > 1 ? d0 * d1 : d0;
+    x->flags = ndim == 1 ? ORCH_TENSOR_FLAG_NO_DECAY : 0;
+    x->offset = *offset;
+    *offset += x->numel;
+}
+
+/* Build the GPT-2 table. Sizes were checked for overflow by the caller. */
+static int32_t table_build(orch_engine_ctx *ctx) {
+    const orch_model_desc *m = &ctx->model;
+    uint64_t C = m->width, V = m->vocab_size, T = m->context, M = m->mlp_width;
+    uint32_t count = 2u + 12u * m->layers + 2u;
+    ctx->tensors = calloc(count, sizeof *ctx->tensors);
+    if (!ctx->tensors) return ORCH_ERR_OUT_OF_MEMORY;
+    uint32_t n = 0;
+    uint64_t off = 0;
+    char name[ORCH_TENSOR_NAME_MAX];
+    tensor_add(ctx->tensors, &n, &off, "wte.weight", 2, V, C);
+    tensor_add(ctx->tensors, &n, &off, "wpe.weight", 2, T, C);
+    for (uint32_t i = 0; i < m->layers; i++) {
+#define ADD(suffix, nd, a, b)                                          \
+    do {                                                               \
+        snprintf(name, sizeof name, "h.%u." suffix, i);                \
+        tensor_add(ctx->tensors, &n, &off, name, nd, a, b);            \
+    } while (0)
+        ADD("ln_1.weight", 1, C, 0);
+        ADD("ln_1.bias", 1, C, 0);
+        ADD("attn.c_attn.weight", 2, 3 * C, C);
+        ADD("attn.c_attn.bias", 1, 3 * C, 0);
+        ADD("attn.c_proj.weight", 2, C, C);
+        ADD("attn.c_proj.bias", 1, C, 0);
+        ADD("ln_2.weight", 1, C, 0);
+        ADD("ln_2.bias", 1, C, 0);
+        ADD("mlp.c_fc.weight", 2, M, C);
+        ADD("mlp.c_fc.bias", 1, M, 0);
+        ADD("mlp.c_proj.weight", 2, C, M);
+        ADD("mlp.c_proj.bias", 1, C, 0);
+#undef ADD
+    }
+    tensor_add(ctx->tensors, &n, &off, "ln_f.weight", 1, C, 0);
+    tensor_add(ctx->tensors, &n, &off, "ln_f.bias", 1, C, 0);
+    ctx->n_tensors = n;
+    ctx->n_params = off;
+    ctx->off_wte = ctx->tensors[0].offset;
+    ctx->off_wpe = ctx->tensors[1].offset;
+    ctx->off_lnf_bias = ctx->tensors[n - 1].offset;
+    return ORCH_OK;
+}
+
+/* Total parameter count with overflow checks; -1 when it does not fit. */
+static int param_count(const orch_model_desc *m, uint64_t *out) {
+    uint64_t C = m->width, V = m->vocab_size, T = m->context, M = m->mlp_width;
+    uint64_t a, b, layer = 0, total;
+    /* per layer: 2C + (3C*C + 3C) + (C*C + C) + 2C + (M*C + M) + (C*M + C) */
+    if (mul_u64(3 * C, C, &a) || add_u64(layer, a, &layer)) return -1;
+    if (mul_u64(C, C, &a) || add_u64(layer, a, &layer)) return -1;
+    if (mul_u64(M, C, &a) || mul_u64(a, 2, &b) || add_u64(layer, b, &layer)) return -1;
+    if (add_u64(layer, 9 * C + M, &layer)) return -1;
+    if (mul_u64(layer, m->layers, &total)) return -1;
+    if (mul_u64(V, C, &a) || add_u64(total, a, &total)) return -1;
+    if (mul_u64(T, C, &a) || add_u64(total, a, &total)) return -1;
+    if (add_u64(total, 2 * C, &total)) return -1;
+    *out = total;
+    return 0;
+}
+
+/* splitmix64: the mock's only random source. */
+static uint64_t rng_next(uint64_t *s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* Uniform in (0, 1]. */
+static double rng_unit(uint64_t *s) {
+    return ((double)(rng_next(s) >> 11) + 1.0) * (1.0 / 9007199254740992.0);
+}
+
+static void fill_normal(float *dst, uint64_t n, double std, uint64_t *rng) {
+    for (uint64_t i = 0; i < n; i += 2) {
+        double r = sqrt(-2.0 * log(rng_unit(rng)));
+        double th = 2.0 * MOCK_PI * rng_unit(rng);
+        dst[i] = (float)(std * r * cos(th));
+        if (i + 1 < n) dst[i + 1] = (float)(std * r * sin(th));
+    }
+}
+
+static int ends_with(const char *s, const char *suffix) {
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && strcmp(s + a - b, suffix) == 0;
+}
+
+/* Initialise parameter tensor i unless it already holds values. */
+static void param_ensure(orch_engine_ctx *ctx, uint32_t i) {
+    if (ctx->param_ready[i]) return;
+    const mock_tensor *t = &ctx->tensors[i];
+    float *p = ctx->params + t->offset;
+    if (t->ndim == 2) {
+        uint64_t rng = ctx->seed + (uint64_t)(i + 1) * 0x9E3779B97F4A7C15ull;
+        int resid = ends_with(t->name, "attn.c_proj.weight") ||
+                    ends_with(t->name, "mlp.c_proj.weight");
+        double std = resid ? 0.02 / sqrt(2.0 * (double)ctx->model.layers) : 0.02;
+        fill_normal(p, t->numel, std, &rng);
+    } else if (ends_with(t->name, ".weight")) { /* LayerNorm */
+        for (uint64_t j = 0; j < t->numel; j++) p[j] = 1.0f;
+    } else { /* biases: calloc already zeroed them */
+    }
+    ctx->param_ready[i] = 1;
+}
+
+static void params_ensure_all(orch_engine_ctx *ctx) {
+    for (uint32_t i = 0; i < ctx->n_tensors; i++) param_ensure(ctx, i);
+}
+
+/* ------------------------------------------------------------------------- */
+/* Lifecycle                                                                  */
+/* ------------------------------------------------------------------------- */
+
+static void kv_free(orch_engine_ctx *ctx) {
+    free(ctx->kv_tokens);
+    free(ctx->kv_written);
+    free(ctx->kv_marks);
+    ctx->kv_tokens = NULL;
+    ctx->kv_written = NULL;
+    ctx->kv_marks = NULL;
+    ctx->kv_block_size = ctx->kv_num_blocks = 0;
+}
+
+static void mock_context_destroy(orch_engine_ctx *ctx) {
+    if (!ctx) return;
+    kv_free(ctx);
+    free(ctx->tensors);
+    free(ctx->param_ready);
+    free(ctx->params);
+    free(ctx->grads);
+    free(ctx->adam_m);
+    free(ctx->adam_v);
+    free(ctx);
+}
+
+static int32_t mock_context_create(const orch_model_desc *model,
+                                   const orch_engine_options *opts,
+                                   orch_engine_ctx **out_ctx, char *err,
+                                   uint32_t err_cap) {
+    if (err && err_cap) err[0] = '\0';
+    if (!model || !out_ctx)
+        return fail_buf(err, err_cap, ORCH_ERR_INVALID_ARGUMENT,
+                        "context_create: %s is NULL", !model ? "model" : "out_ctx");
+    orch_engine_options o;
+    memset(&o, 0, sizeof o);
+    if (opts) {
+        if (opts->struct_size < sizeof(uint32_t))
+            return fail_buf(err, err_cap, ORCH_ERR_INVALID_ARGUMENT,
+                            "engine options struct_size %u is too small",
+                            opts->struct_size);
+        memcpy(&o, opts, opts->struct_size < sizeof o ? opts->struct_size : sizeof o);
+    }
+    orch_model_desc m;
+    int32_t st = model_normalise(model, &m, err, err_cap);
+    if (st != ORCH_OK) return st;
+    mock_config cfg;
+    st = config_read(o.options, &cfg, err, err_cap);
+    if (st != ORCH_OK) return st;
+
+    uint64_t n_params, bytes;
+    if (param_count(&m, &n_params) != 0 || mul_u64(n_params, 16, &bytes) != 0)
+        return fail_buf(err, err_cap, ORCH_ERR_OUT_OF_MEMORY,
+                        "model too large (parameter count overflows)");
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+    if (pages > 0 && page > 0 &&
+        bytes / (uint64_t)page > (uint64_t)pages)
+        return fail_buf(err, err_cap, ORCH_ERR_OUT_OF_MEMORY,
+                        "model needs %llu bytes (%llu parameters; parameters, "
+                        "gradients and two moments), more than this machine's "
+                        "%llu bytes of memory",
+                        (unsigned long long)bytes, (unsigned long long)n_params,
+                        (unsigned long long)pages * (unsigned long long)page);
+    if (n_params > SIZE_MAX / sizeof(float))
+        return fail_buf(err, err_cap, ORCH_ERR_OUT_OF_MEMORY, "model too large");
+
+    orch_engine_ctx *ctx = calloc(1, sizeof *ctx);
+    if (!ctx)
+        return fail_buf(err, err_cap, ORCH_ERR_OUT_OF_MEMORY,
+                        "cannot allocate a context");
+    ctx->model = m;
+    ctx->cfg = cfg;
+    if (table_build(ctx) != ORCH_OK) {
+        mock_context_destroy(ctx);
+        return fail_buf(err, err_cap, ORCH_ERR_OUT_OF_MEMORY,
+                        "cannot allocate the tensor table");
+    }
+    /* calloc: pages of untouched buffers (moments, gradients) stay lazy. */
+    size_t n = (size_t)ctx->n_params;
+    ctx->params = calloc(n, sizeof(float));
+    ctx->grads = calloc(n, sizeof(float));
+    ctx->adam_m = calloc(n, sizeof(float));
+    ctx->adam_v = calloc(n, sizeof(float));
+    ctx->param_ready = calloc(ctx->n_tensors, 1);
+    if (!ctx->params || !ctx->grads || !ctx->adam_m || !ctx->adam_v ||
+        !ctx->param_ready) {
+        mock_context_destroy(ctx);
+        return fail_buf(err, err_cap, ORCH_ERR_OUT_OF_MEMORY,
+                        "cannot allocate %llu bytes for %llu parameters",
+                        (unsigned long long)bytes, (unsigned long long)n_params);
+    }
+    ctx->seed = o.seed;
+    *out_ctx = ctx;
+    return ORCH_OK;
+}
+
+static const char *mock_last_error(const orch_engine_ctx *ctx) {
+    return ctx ? ctx->last_error : "context is NULL";
+}
+
+/* ------------------------------------------------------------------------- */
+/* Tensor table calls                                                         */
+/* ------------------------------------------------------------------------- */
+
+static float *kind_buffer(orch_engine_ctx *ctx, uint32_t kind) {
+    switch (kind) {
+    case ORCH_TENSOR_PARAM: return ctx->params;
+    case ORCH_TENSOR_ADAM_M: return ctx->adam_m;
+    case ORCH_TENSOR_ADAM_V: return ctx->adam_v;
+    default: return NULL;
+    }
+}
+
+static int32_t check_kind_index(orch_engine_ctx *ctx, const char *fn,
+                                uint32_t kind, uint32_t index) {
+    if (!kind_buffer(ctx, kind))
+        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                    "%s: tensor kind %u is unknown (0 param, 1 adam_m, 2 adam_v)",
+                    fn, kind);
+    if (index >= ctx->n_tensors)
+        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                    "%s: tensor index %u out of range (table has %u)", fn, index,
+                    ctx->n_tensors);
+    return ORCH_OK;
+}
+
+static int32_t mock_tensor_count(orch_engine_ctx *ctx, uint32_t kind,
+                                 uint32_t *out_count) {
+    if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
+    int32_t st = enter(ctx, CALL_TENSOR_COUNT);
+    if (st) return st;
+    if (!out_count)
+        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT, "tensor_count: out_count is NULL");
+    if (!kind_buffer(ctx, kind))
+        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                    "tensor_count: tensor kind %u is unknown", kind);
+    *out_count = ctx->n_tensors;
+    return ORCH_OK;
+}
+
+static int32_t mock_tensor_info(orch_engine_ctx *ctx, uint32_t kind,
+                                uint32_t index, orch_tensor_info *out) {
+    if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
+    int32_t st = enter(ctx, CALL_TENSOR_INFO);
+    if (st) return st;
+    if (!out) return fail(ctx, ORCH_ERR_INVALID_ARGUMENT, "tensor_info: out is NULL");
+    if (out->struct_size < sizeof(uint32_t))
+        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                    "tensor_info: out->struct_size %u is too small",
+                    out->struct_size);
+    if ((st = check_kind_index(ctx, "tensor_info", kind, index))) return st;
+    const mock_tensor *t = &ctx->tensors[index];
+    orch_tensor_info info;
+    memset(&info, 0, sizeof info);
+    size_t n = out->struct_size < sizeof info ? out->struct_size : sizeof info;
+    info.struct_size = (uint32_t)n;
+    info.dtype = ORCH_DTYPE_F32;
+    info.ndim = t->ndim;
+    info.flags = t->flags;
+    memcpy(info.shape, t->shape, sizeof info.shape);
+    info.numel = t->numel;
+    info.offset = t->offset;
+    memcpy(info.name, t->name, sizeof info.name);
+    memcpy(out, &info, n);
+    return ORCH_OK;
+}
+
+static int32_t check_tensor_io(orch_engine_ctx *ctx, const char *fn,
+                               uint32_t kind, uint32_t index, const void *buf,
+                               uint64_t bytes) {
+    int32_t st = check_kind_index(ctx, fn, kind, index);
+    if (st) return st;
+    const mock_tensor *t = &ctx->tensors[index];
+    if (!buf)
+        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT, "%s: buffer is NULL", fn);
+    if (bytes != t->numel * sizeof(float))
+        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                    "%s: tensor %s needs %llu bytes (%llu f32), got %llu", fn,
+                    t->name, (unsigned long long)(t->numel * sizeof(float)),
+                    (unsigned long long)t->numel, (unsigned long long)bytes);
+    return ORCH_OK;
+}
+
+static int32_t mock_tensor_read(orch_engine_ctx *ctx, uint32_t kind,
+                                uint32_t index, void *dst, uint64_t dst_bytes) {
+    if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
+    int32_t st = enter(ctx, CALL_TENSOR_READ);
+    if (st) return st;
+    if ((st = check_tensor_io(ctx, "tensor_read", kind, index, dst, dst_bytes)))
+        return st;
+    if (kind == ORCH_TENSOR_PARAM) param_ensure(ctx, index);
+    memcpy(dst, kind_buffer(ctx, kind) + ctx->tensors[index].offset,
+           (size_t)dst_bytes);
+    return ORCH_OK;
+}
+
+static int32_t mock_tensor_write(orch_engine_ctx *ctx, uint32_t kind,
+                                 uint32_t index, const void *src,
+                                 uint64_t src_bytes) {
+    if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
+    int32_t st = enter(ctx, CALL_TENSOR_WRITE);
+    if (st) return st;
+    if ((st = check_tensor_io(ctx, "tensor_write", kind, index, src, src_bytes)))
+        return st;
+    memcpy(kind_buffer(ctx, kind) + ctx->tensors[index].offset, src,
+           (size_t)src_bytes);
+    if (kind == ORCH_TENSOR_PARAM) ctx->param_ready[index] = 1;
+    return ORCH_OK;
+}
+
+/* ------------------------------------------------------------------------- */
+/* Training                                                                   */
+/* ------------------------------------------------------------------------- */
+
+static int32_t mock_grads_zero(orch_engine_ctx *ctx) {
+    if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
+    int32_t st = enter(ctx, CALL_GRADS_ZERO);
+    if (st) return st;
+    memset(ctx->grads, 0, (size_t)ctx->n_params * sizeof(float));
+    return ORCH_OK;
+}
+
+static int32_t check_range(orch_engine_ctx *ctx, const char *fn, uint64_t offset,
+                           uint64_t count, const void *buf) {
+    if (offset > ctx->n_params || count > ctx->n_params - offset)
+        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                    "%s: range [%llu, %llu+%llu) exceeds the %llu gradient "
+                    "elements",
+                    fn, (unsigned long long)offset, (unsigned long long)offset,
+                    (unsigned long long)count, (unsigned long long)ctx->n_params);
+    if (count > 0 && !buf)
+        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT, "%s: buffer is NULL", fn);
+    return ORCH_OK;
+}
+
+static int32_t mock_grads_read(orch_engine_ctx *ctx, uint64_t offset,
+                               uint64_t count, float *dst) {
+    if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
+    int32_t st = enter(ctx, CALL_GRADS_READ);
+    if (st) return st;
+    if ((st = check_range(ctx, "grads_read", offset, count, dst))) return st;
+    if (count) memcpy(dst, ctx->grads + offset, (size_t)count * sizeof(float));
+    return ORCH_OK;
+}
+
+static int32_t mock_grads_write(orch_engine_ctx *ctx, uint64_t offset,
+                                uint64_t count, const float *src) {
+    if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
+    int32_t st = enter(ctx, CALL_GRADS_WRITE);
+    if (st) return st;
+    if ((st = check_range(ctx, "grads_write", offset, count, src))) return st;
+    if (count) memcpy(ctx->grads + offset, src, (size_t)count * sizeof(float));
+    return ORCH_OK;
+}
+
+/* Validate a [batch, seq_len] token/target pair. */
+static int32_t check_batch(orch_engine_ctx *ctx, const char *fn,
+                           const int32_t *tokens, const int32_t *targets,
+                           uint32_t batch, uint32_t seq_len) {
+    if (!tokens || !targets)
+        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn,
+                    !tokens ? "tokens" : "targets");
+    if (batch == 0 || seq_len == 0)
+        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                    "%s: batch (%u) and seq_len (%u) must be > 0", fn, batch,
+                    seq_len);
+    if (seq_len > ctx->model.context)
+        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                    "%s: seq_len %u exceeds the model context %u", fn, seq_len,
+                    ctx->model.context);
+    uint64_t n = (uint64_t)batch * seq_len;
+    int32_t V = (int32_t)ctx->model.vocab_size;
+    for (uint64_t i = 0; i < n; i++) {
+        if (tokens[i] < 0 || tokens[i] >= V)
+            return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                        "%s: token %d at [%llu,%llu] outside 0..%d", fn,
+                        tokens[i], (unsigned long long)(i / seq_len),
+                        (unsigned long long)(i % seq_len), V - 1);
+        if (targets[i] < -1 || targets[i] >= V)
+            return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                        "%s: target %d at [%llu,%llu] outside -1..%d", fn,
+                        targets[i], (unsigned long long)(i / seq_len),
+                        (unsigned long long)(i % seq_len), V - 1);
+    }
+    return ORCH_OK;
+}
+
+/* The four parameter entries (element offsets) term (x,y,t) reads. */
+static void term_entries(const orch_engine_ctx *ctx, uint64_t x, uint64_t y,
+                         uint64_t t, uint64_t idx[4]) {
+    uint64_t C = ctx->model.width;
+    idx[0] = ctx->off_wte + x * C + y % C;
+    idx[1] = ctx->off_wte + y * C + x % C;
+    idx[2] = ctx->off_wpe + t * C + (x + y) % C;
+    idx[3] = ctx->off_lnf_bias + y % C;
+}
+
+/* Mean loss over counted targets; with grads != NULL also add
+ * grad_scale * gradient. Arguments already validated. */
+static float loss_compute(orch_engine_ctx *ctx, const int32_t *tokens,
+                          const int32_t *targets, uint32_t batch,
+                          uint32_t seq_len, float *grads, float grad_scale) {
+    const double two_log_v = 2.0 * log((double)ctx->model.vocab_size);
+    param_ensure(ctx, 0);                  /* wte */
+    param_ensure(ctx, 1);                  /* wpe */
+    param_ensure(ctx, ctx->n_tensors - 1); /* ln_f.bias */
+    uint64_t n = (uint64_t)batch * seq_len, counted = 0;
+    for (uint64_t i = 0; i < n; i++) counted += targets[i] != -1;
+    if (counted == 0) return 0.0f;
+    double sum = 0.0;
+    for (uint64_t i = 0; i < n; i++) {
+        if (targets[i] == -1) continue;
+        uint64_t idx[4];
+        term_entries(ctx, (uint64_t)tokens[i], (uint64_t)targets[i], i % seq_len,
+                     idx);
+        const float *p = ctx->params;
+        double z = (double)p[idx[0]] + (double)p[idx[1]] + (double)p[idx[2]] +
+                   (double)p[idx[3]];
+        double s = 1.0 / (1.0 + exp(-z));
+        sum += two_log_v * s;
+        if (grads) {
+            float g = (float)((double)grad_scale * two_log_v * s * (1.0 - s) /
+                              (double)counted);
+            for (int k = 0; k < 4; k++) grads[idx[k]] += g;
+        }
+    }
+    return (float)(sum / (double)counted);
+}
+
+static int32_t mock_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
+                                     const int32_t *targets, uint32_t batch,
+                                     uint32_t seq_len, float grad_scale,
+                                     float *out_loss) {
+    if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
+    int32_t st = enter(ctx, CALL_FORWARD_BACKWARD);
+    if (st) return st;
+    sleep_ms(ctx->cfg.sleep_ms);
+    if (!out_loss)
+        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT, "forward_backward: out_loss is NULL");
+    if (!isfinite(grad_scale))
+        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                    "forward_backward: grad_scale is not finite");
+    if ((st = check_batch(ctx, "forward_backward", tokens, targets, batch, seq_len)))
+        return st;
+    *out_loss = loss_compute(ctx, tokens, targets, batch, seq_len, ctx->grads,
+                             grad_scale);
+    return ORCH_OK;
+}
+
+static int32_t mock_eval_loss(orch_engine_ctx *ctx, const int32_t *tokens,
+                              const int32_t *targets, uint32_t batch,
+                              uint32_t seq_len, float *out_loss) {
+    if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
+    int32_t st = enter(ctx, CALL_EVAL_LOSS);
+    if (st) return st;
+    if (!out_loss)
+        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT, "eval_loss: out_loss is NULL");
+    if ((st = check_batch(ctx, "eval_loss", tokens, targets, batch, seq_len)))
+        return st;
+    *out_loss = loss_compute(ctx, tokens, targets, batch, seq_len, NULL, 0.0f);
+    return ORCH_OK;
+}
+
+static int32_t mock_optimizer_step(orch_engine_ctx *ctx,
+                                   const orch_adamw_params *params,
+                                   float *out_grad_norm) {
+    if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
+    int32_t st = enter(ctx, CALL_OPTIMIZER_STEP);
+    if (st) return st;
+    if (!params)
+        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT, "optimizer_step: params is NULL");
+    if (params->struct_size < sizeof(orch_adamw_params))
+        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                    "optimizer_step: params struct_size %u is smaller than ABI "
+                    "1.0's %zu",
+                    params->struct_size, sizeof(orch_adamw_params));
+    const orch_adamw_params p = *params;
+    if (p.step == 0)
+        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                    "optimizer_step: step must be >= 1 (it is 1-based)");
+    if (!(p.lr >= 0.0f) || isinf(p.lr) || !(p.beta1 >= 0.0f && p.beta1 < 1.0f) ||
+        !(p.beta2 >= 0.0f && p.beta2 < 1.0f) || !(p.eps > 0.0f) || isinf(p.eps) ||
+        !(p.weight_decay >= 0.0f) || isinf(p.weight_decay) || !isfinite(p.grad_clip))
+        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                    "optimizer_step: bad hyper-parameters (need finite lr >= 0, "
+                    "0 <= beta1, beta2 < 1, eps > 0, weight_decay >= 0, finite "
+                    "grad_clip): lr=%g beta1=%g beta2=%g eps=%g wd=%g clip=%g",
+                    (double)p.lr, (double)p.beta1, (double)p.beta2,
+                    (double)p.eps, (double)p.weight_decay, (double)p.grad_clip);
+    double sq = 0.0;
+    for (uint64_t i = 0; i < ctx->n_params; i++)
+        sq += (double)ctx->grads[i] * (double)ctx->grads[i];
+    double norm = sqrt(sq);
+    if (!isfinite(norm))
+        return fail(ctx, ORCH_ERR_NUMERIC,
+                    "optimizer_step: gradient norm is not finite (NaN/Inf "
+                    "gradients); nothing changed");
+    if (p.grad_clip > 0.0f && norm > (double)p.grad_clip) {
+        float scale = (float)((double)p.grad_clip / norm);
+        for (uint64_t i = 0; i < ctx->n_params; i++) ctx->grads[i] *= scale;
+    }
+    params_ensure_all(ctx);
+    const float b1 = p.beta1, b2 = p.beta2;
+    const float bc1 = (float)(1.0 - pow((double)b1, (double)p.step));
+    const float bc2 = (float)(1.0 - pow((double)b2, (double)p.step));
+    for (uint32_t ti = 0; ti < ctx->n_tensors; ti++) {
+        const mock_tensor *t = &ctx->tensors[ti];
+        const float decay = (t->flags & ORCH_TENSOR_FLAG_NO_DECAY)
+                                ? 1.0f
+                                : 1.0f - p.lr * p.weight_decay;
+        float *w = ctx->params + t->offset, *g = ctx->grads + t->offset;
+        float *m = ctx->adam_m + t->offset, *v = ctx->adam_v + t->offset;
+        for (uint64_t i = 0; i < t->numel; i++) {
+            m[i] = b1 * m[i] + (1.0f - b1) * g[i];
+            v[i] = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
+            float mhat = m[i] / bc1, vhat = v[i] / bc2;
+            w[i] *= decay;
+            w[i] -= p.lr * mhat / (sqrtf(vhat) + p.eps);
+        }
+    }
+    if (out_grad_norm) *out_grad_norm = (float)norm;
+    return ORCH_OK;
+}
+
+/* ------------------------------------------------------------------------- */
+/* Inference                                                                  */
+/* ------------------------------------------------------------------------- */
+
+/* Per block: the slot token ids and written flags, plus the validation mark. */
+static uint64_t kv_bytes_per_block(uint32_t block_size) {
+    return (uint64_t)block_size * (sizeof(int32_t) + sizeof(uint8_t)) +
+           sizeof(mock_mark);
+}
+
+static int32_t mock_kv_block_bytes(orch_engine_ctx *ctx, uint32_t block_size,
+                                   uint64_t *out_bytes) {
+    if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
+    int32_t st = enter(ctx, CALL_KV_BLOCK_BYTES);
+    if (st) return st;
+    if (!out_bytes)
+        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT, "kv_block_bytes: out_bytes is NULL");
+    if (block_size == 0)
+        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT, "kv_block_bytes: block_size is 0");
+    *out_bytes = kv_bytes_per_block(block_size);
+    return ORCH_OK;
+}
+
+static int32_t mock_kv_configure(orch_engine_ctx *ctx, uint32_t block_size,
+                                 uint32_t num_blocks) {
+    if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
+    int32_t st = enter(ctx, CALL_KV_CONFIGURE);
+    if (st) return st;
+    if (block_size == 0 || num_blocks == 0)
+        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                    "kv_configure: block_size (%u) and num_blocks (%u) must be > 0",
+                    block_size, num_blocks);
+    if (num_blocks > (uint32_t)INT32_MAX)
+        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                    "kv_configure: num_blocks %u exceeds int32 block ids",
+                    num_blocks);
+    uint64_t slots = (uint64_t)block_size * num_blocks;
+    if (slots > SIZE_MAX / sizeof(int32_t))
+        return fail(ctx, ORCH_ERR_OUT_OF_MEMORY, "kv_configure: pool too large");
+    int32_t *tok = calloc((size_t)slots, sizeof *tok);
+    uint8_t *wr = calloc((size_t)slots, 1);
+    mock_mark *marks = calloc(num_blocks, sizeof *marks);
+    if (!tok || !wr || !marks) {
+        free(tok);
+        free(wr);
+        free(marks);
+        return fail(ctx, ORCH_ERR_OUT_OF_MEMORY,
+                    "kv_configure: cannot allocate %u blocks of %u positions",
+                    num_blocks, block_size);
+    }
+    kv_free(ctx);
+    ctx->kv_tokens = tok;
+    ctx->kv_written = wr;
+    ctx->kv_marks = marks;
+    ctx->kv_block_size = block_size;
+    ctx->kv_num_blocks = num_blocks;
+    ctx->kv_epoch = 0;
+    return ORCH_OK;
+}
+
+/* Start a new validation round: marks from earlier rounds become stale. */
+static void marks_new_epoch(orch_engine_ctx *ctx) {
+    if (++ctx->kv_epoch == 0) {
+        memset(ctx->kv_marks, 0, (size_t)ctx->kv_num_blocks * sizeof(mock_mark));
+        ctx->kv_epoch = 1;
+    }
+}
+
+static const orch_seq_input *seq_at(const orch_infer_batch *b, uint32_t i) {
+    return (const orch_seq_input *)(const void *)((const char *)b->seqs +
+                                                  (size_t)i * b->seq_stride);
+}
+
+/* The next token after a prefix whose token ids sum to S (see the top). */
+static uint32_t next_token(uint64_t S, uint32_t vocab) {
+    return vocab >= 123u ? 97u + (uint32_t)(S % 26u) : (uint32_t)(S % vocab);
+}
+
+static int32_t mock_infer_forward(orch_engine_ctx *ctx,
+                                  const orch_infer_batch *batch, float *logits,
+                                  uint64_t logits_cap) {
+    if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
+    int32_t st = enter(ctx, CALL_INFER_FORWARD);
+    if (st) return st;
+    sleep_ms(ctx->cfg.sleep_ms);
+    if (!batch)
+        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT, "infer_forward: batch is NULL");
+    if (batch->struct_size < sizeof(orch_infer_batch))
+        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                    "infer_forward: batch struct_size %u is smaller than ABI "
+                    "1.0's %zu",
+                    batch->struct_size, sizeof(orch_infer_batch));
+    if (batch->n_seqs == 0 || !batch->seqs)
+        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                    "infer_forward: empty batch (n_seqs %u, seqs %s)",
+                    batch->n_seqs, batch->seqs ? "set" : "NULL");
+    if (batch->seq_stride < sizeof(orch_seq_input) ||
+        batch->seq_stride % _Alignof(orch_seq_input) != 0)
+        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                    "infer_forward: seq_stride %u must be a multiple of %zu and at "
+                    "least ABI 1.0's %zu",
+                    batch->seq_stride, _Alignof(orch_seq_input),
+                    sizeof(orch_seq_input));
+    if (!ctx->kv_tokens)
+        return fail(ctx, ORCH_ERR_STATE,
+                    "infer_forward: no KV pool (call kv_configure first)");
+
+    const uint32_t bs = ctx->kv_block_size, V = ctx->model.vocab_size;
+    uint64_t rows = 0;
+
+    /* Pass 1: each sequence on its own. */
+    for (uint32_t i = 0; i < batch->n_seqs; i++) {
+        const orch_seq_input *s = seq_at(batch, i);
+        if (!s->tokens || s->n_tokens == 0 || !s->block_table)
+            return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                        "infer_forward: sequence %u: %s", i,
+                        !s->tokens ? "tokens is NULL"
+                        : s->n_tokens == 0 ? "n_tokens is 0"
+                                           : "block_table is NULL");
+        if (s->logits_mode > ORCH_LOGITS_NONE)
+            return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                        "infer_forward: sequence %u: logits_mode %u is unknown",
+                        i, s->logits_mode);
+        if (s->adapter_id != 0)
+            return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                        "infer_forward: sequence %u: adapter_id %u (adapters are "
+                        "reserved; must be 0)",
+                        i, s->adapter_id);
+        uint64_t end = (uint64_t)s->start_pos + s->n_tokens;
+        if (end > ctx->model.context)
+            return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                        "infer_forward: sequence %u: positions %u..%llu exceed "
+                        "the model context %u",
+                        i, s->start_pos, (unsigned long long)(end - 1),
+                        ctx->model.context);
+        for (uint32_t k = 0; k < s->n_tokens; k++)
+            if (s->tokens[k] < 0 || (uint32_t)s->tokens[k] >= V)
+                return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                            "infer_forward: sequence %u: token %d at position "
+                            "%llu outside 0..%u",
+                            i, s->tokens[k],
+                            (unsigned long long)s->start_pos + k, V - 1);
+        uint64_t needed = (end + bs - 1) / bs;
+        if (s->n_blocks < needed)
+            return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                        "infer_forward: sequence %u: %u blocks cover %llu "
+                        "positions, %llu needed",
+                        i, s->n_blocks, (unsigned long long)s->n_blocks * bs,
+                        (unsigned long long)end);
+        for (uint64_t j = 0; j < needed; j++)
+            if (s->block_table[j] < 0 ||
+                (uint32_t)s->block_table[j] >= ctx->kv_num_blocks)
+                return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                            "infer_forward: sequence %u: block id %d (logical "
+                            "block %llu) outside the pool of %u blocks",
+                            i, s->block_table[j], (unsigned long long)j,
+                            ctx->kv_num_blocks);
+        rows += s->logits_mode == ORCH_LOGITS_ALL    ? s->n_tokens
+                : s->logits_mode == ORCH_LOGITS_LAST ? 1u
+                                                     : 0u;
+    }
+    uint64_t need_floats;
+    if (mul_u64(rows, V, &need_floats) || need_floats > logits_cap)
+        return fail(ctx, ORCH_ERR_CAPACITY,
+                    "infer_forward: %llu logit rows of %u need %llu floats, "
+                    "logits_cap is %llu",
+                    (unsigned long long)rows, V,
+                    (unsigned long long)rows * V, (unsigned long long)logits_cap);
+    if (rows > 0 && !logits)
+        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT, "infer_forward: logits is NULL");
+
+    /* Pass 2: mark the blocks each sequence writes; two writers is misuse. */
+    marks_new_epoch(ctx);
+    const uint32_t ep = ctx->kv_epoch;
+    for (uint32_t i = 0; i < batch->n_seqs; i++) {
+        const orch_seq_input *s = seq_at(batch, i);
+        uint64_t first = s->start_pos / bs;
+        uint64_t last = ((uint64_t)s->start_pos + s->n_tokens - 1) / bs;
+        for (uint64_t j = first; j <= last; j++) {
+            mock_mark *mk = &ctx->kv_marks[s->block_table[j]];
+            if (mk->epoch == ep && mk->seq != i)
+                return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                            "infer_forward: block %d is written by sequence %u "
+                            "and also used by sequence %u (copy it first)",
+                            s->block_table[j], mk->seq, i);
+            if (mk->epoch == ep && mk->lblock != j)
+                return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                            "infer_forward: block %d appears twice in the block "
+                            "table of sequence %u (logical blocks %u and %llu)",
+                            s->block_table[j], i, mk->lblock,
+                            (unsigned long long)j);
+            mk->epoch = ep;
+            mk->seq = i;
+            mk->lblock = (uint32_t)j;
+        }
+    }
+    /* Pass 3: nobody reads a block another sequence writes; earlier positions
+     * must already hold K/V. */
+    for (uint32_t i = 0; i < batch->n_seqs; i++) {
+        const orch_seq_input *s = seq_at(batch, i);
+        uint64_t last = ((uint64_t)s->start_pos + s->n_tokens - 1) / bs;
+        for (uint64_t j = 0; j <= last; j++) {
+            const mock_mark *mk = &ctx->kv_marks[s->block_table[j]];
+            if (mk->epoch != ep) continue;
+            if (mk->seq != i)
+                return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                            "infer_forward: block %d is written by sequence %u "
+                            "and also used by sequence %u (copy it first)",
+                            s->block_table[j], mk->seq, i);
+            if (mk->lblock != j)
+                return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                            "infer_forward: block %d appears twice in the block "
+                            "table of sequence %u (logical blocks %llu and %u)",
+                            s->block_table[j], i, (unsigned long long)j,
+                            mk->lblock);
+        }
+        for (uint32_t p = 0; p < s->start_pos; p++) {
+            int32_t b = s->block_table[p / bs];
+            uint32_t o = p % bs;
+            if (!ctx->kv_written[(uint64_t)b * bs + o])
+                return fail(ctx, ORCH_ERR_STATE,
+                            "infer_forward: sequence %u reads position %u from "
+                            "block %d slot %u, which was never written",
+                            i, p, b, o);
+        }
+    }
+
+    /* Write the new tokens' "K/V". */
+    for (uint32_t i = 0; i < batch->n_seqs; i++) {
+        const orch_seq_input *s = seq_at(batch, i);
+        for (uint32_t k = 0; k < s->n_tokens; k++) {
+            uint64_t p = (uint64_t)s->start_pos + k;
+            uint64_t slot = (uint64_t)s->block_table[p / bs] * bs + p % bs;
+            ctx->kv_tokens[slot] = s->tokens[k];
+            ctx->kv_written[slot] = 1;
+        }
+    }
+    /* Logits from what the cache holds, read back through the table. */
+    float *row = logits;
+    for (uint32_t i = 0; i < batch->n_seqs; i++) {
+        const orch_seq_input *s = seq_at(batch, i);
+        uint64_t end = (uint64_t)s->start_pos + s->n_tokens;
+        if (s->logits_mode == ORCH_LOGITS_NONE) continue;
+        uint64_t S = 0;
+        for (uint64_t p = 0; p < end; p++) {
+            uint64_t slot = (uint64_t)s->block_table[p / bs] * bs + p % bs;
+            S += (uint64_t)ctx->kv_tokens[slot];
+            int emit = p >= s->start_pos &&
+                       (s->logits_mode == ORCH_LOGITS_ALL || p == end - 1);
+            if (!emit) continue;
+            int64_t next = (int64_t)next_token(S, V);
+            for (uint32_t v = 0; v < V; v++) {
+                int64_t d = (int64_t)v - next;
+                row[v] = -(float)(d < 0 ? -d : d);
+            }
+            row += V;
+        }
+    }
+    return ORCH_OK;
+}
+
+static int32_t mock_kv_copy_blocks(orch_engine_ctx *ctx, const int32_t *src,
+                                   const int32_t *dst, uint32_t n) {
+    if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
+    int32_t st = enter(ctx, CALL_KV_COPY_BLOCKS);
+    if (st) return st;
+    if (!ctx->kv_tokens)
+        return fail(ctx, ORCH_ERR_STATE,
+                    "kv_copy_blocks: no KV pool (call kv_configure first)");
+    if (n == 0) return ORCH_OK;
+    if (!src || !dst)
+        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT, "kv_copy_blocks: %s is NULL",
+                    !src ? "src" : "dst");
+    for (uint32_t i = 0; i < n; i++)
+        if (src[i] < 0 || (uint32_t)src[i] >= ctx->kv_num_blocks ||
+            dst[i] < 0 || (uint32_t)dst[i] >= ctx->kv_num_blocks)
+            return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                        "kv_copy_blocks: pair %u (%d -> %d) names a block outside "
+                        "the pool of %u blocks",
+                        i, src[i], dst[i], ctx->kv_num_blocks);
+    /* Roles: seq 0 = source, 1 = destination. */
+    marks_new_epoch(ctx);
+    const uint32_t ep = ctx->kv_epoch;
+    for (uint32_t i = 0; i < n; i++) {
+        mock_mark *mk = &ctx->kv_marks[src[i]];
+        mk->epoch = ep;
+        mk->seq = 0;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        mock_mark *mk = &ctx->kv_marks[dst[i]];
+        if (mk->epoch == ep)
+            return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                        "kv_copy_blocks: block %d is %s", dst[i],
+                        mk->seq == 0 ? "both a source and a destination"
+                                     : "a destination twice");
+        mk->epoch = ep;
+        mk->seq = 1;
+    }
+    const uint32_t bs = ctx->kv_block_size;
+    for (uint32_t i = 0; i < n; i++) {
+        memcpy(ctx->kv_tokens + (size_t)dst[i] * bs,
+               ctx->kv_tokens + (size_t)src[i] * bs, bs * sizeof(int32_t));
+        memcpy(ctx->kv_written + (size_t)dst[i] * bs,
+               ctx->kv_written + (size_t)src[i] * bs, bs);
+    }
+    return ORCH_OK;
+}
+
+/* ------------------------------------------------------------------------- */
+/* Probe, status strings, the table                                           */
+/* ------------------------------------------------------------------------- */
+
+static int32_t mock_probe(char *msg, uint32_t msg_cap) {
+    if (msg && msg_cap) snprintf(msg, msg_cap, "mock engine, no numerics");
+    return ORCH_OK;
+}
+
+static const char *mock_status_string(int32_t status) {
+    switch (status) {
+    case ORCH_OK: return "ok";
+    case ORCH_ERR_INVALID_ARGUMENT: return "invalid argument";
+    case ORCH_ERR_OUT_OF_MEMORY: return "out of memory";
+    case ORCH_ERR_UNSUPPORTED: return "unsupported";
+    case ORCH_ERR_STATE: return "call out of order";
+    case ORCH_ERR_CAPACITY: return "capacity exceeded";
+    case ORCH_ERR_DEVICE: return "device error";
+    case ORCH_ERR_NUMERIC: return "non-finite value";
+    case ORCH_ERR_INTERNAL: return "internal error";
+    default: return "unknown status";
+    }
+}
+
+static const orch_engine_api mock_api = {
+    .abi_major = ORCH_ENGINE_ABI_MAJOR,
+    .abi_minor = ORCH_ENGINE_ABI_MINOR,
+    .struct_size = sizeof(orch_engine_api),
+    .name = "mock",
+    .version = MOCK_VERSION,
+    .capabilities = ORCH_CAP_TRAIN | ORCH_CAP_INFER | ORCH_CAP_KV_COPY |
+                    ORCH_CAP_EVAL | ORCH_CAP_DETERMINISTIC |
+                    ORCH_CAP_FAULT_INJECTION,
+    .probe = mock_probe,
+    .status_string = mock_status_string,
+    .context_create = mock_context_create,
+    .context_destroy = mock_context_destroy,
+    .last_error = mock_last_error,
+    .tensor_count = mock_tensor_count,
+    .tensor_info = mock_tensor_info,
+    .tensor_read = mock_tensor_read,
+    .tensor_write = mock_tensor_write,
+    .grads_zero = mock_grads_zero,
+    .grads_read = mock_grads_read,
+    .grads_write = mock_grads_write,
+    .forward_backward = mock_forward_backward,
+    .optimizer_step = mock_optimizer_step,
+    .eval_loss = mock_eval_loss,
+    .kv_block_bytes = mock_kv_block_bytes,
+    .kv_configure = mock_kv_configure,
+    .infer_forward = mock_infer_forward,
+    .kv_copy_blocks = mock_kv_copy_blocks,
+};
+
 ORCH_ENGINE_EXPORT const orch_engine_api *orch_engine_get_api(uint32_t abi_major);
-const orch_engine_api *orch_engine_get_api(uint32_t abi_major) { (void)abi_major; return 0; }
+
+/* Returns the table for any abi_major: its frozen fields name our version, so
+ * a loader built for another major can report both. */
+const orch_engine_api *orch_engine_get_api(uint32_t abi_major) {
+    (void)abi_major;
+    return &mock_api;
+}

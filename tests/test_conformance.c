@@ -1,0 +1,1131 @@
+/*
+ * test_conformance.c - the engine conformance suite: checks that every engine
+ * library present behaves as engine_api/orch_engine.h promises, without
+ * assuming any engine's numerics.
+ *
+ * Engines: every $ORCH_BUILD/libengine_*.so (ORCH_BUILD defaults to the
+ * directory above this binary), or the names listed in
+ * ORCH_CONFORMANCE_ENGINES (comma/space separated: "mock,cpu" or paths). An
+ * engine whose probe() says it cannot run here is skipped with one printed
+ * line (if that leaves none, the mock runs); any other load failure fails
+ * the suite. Each test is a Check loop test over the loaded engines (fork
+ * mode: a crash fails one test).
+ *
+ * Model: a tiny GPT-2 (vocab 200, context 64, 2 layers, 2 heads, width 32) so
+ * numeric engines run it in milliseconds.
+ */
+#include <check.h>
+#include <glob.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine_api/orch_engine.h"
+#include "orchestrator/engine_loader.h"
+#include "orchestrator/util.h"
+
+#define MAX_ENGINES 16
+#define V 200u
+#define T 64u
+#define L 2u
+#define H 2u
+#define C 32u
+#define N_TENSORS (2u + 12u * L + 2u)
+#define SEED 1234u
+
+typedef struct conf_engine {
+    char label[256];
+    engine_handle h;
+} conf_engine;
+
+static conf_engine engines[MAX_ENGINES];
+static int n_engines;
+static char load_failures[4096];
+
+/* ------------------------------------------------------------------------- */
+/* Helpers                                                                    */
+/* ------------------------------------------------------------------------- */
+
+#define ENG (&engines[_i])
+#define API (engines[_i].h.api)
+#define ENAME (engines[_i].label)
+
+static orch_model_desc tiny_model(void) {
+    orch_model_desc m;
+    memset(&m, 0, sizeof m);
+    m.struct_size = sizeof m;
+    m.arch = ORCH_ARCH_GPT2;
+    m.vocab_size = V;
+    m.context = T;
+    m.layers = L;
+    m.heads = H;
+    m.width = C;
+    return m;
+}
+
+static orch_engine_ctx *make_ctx_seed(const conf_engine *e, uint64_t seed) {
+    orch_model_desc m = tiny_model();
+    orch_engine_ctx *ctx = NULL;
+    char err[1024];
+    int rc = engine_create_context(&e->h, &m, 1, seed, NULL, &ctx, err, sizeof err);
+    ck_assert_msg(rc == 0, "%s: %s", e->label, err);
+    ck_assert_ptr_nonnull(ctx);
+    return ctx;
+}
+static orch_engine_ctx *make_ctx(const conf_engine *e) { return make_ctx_seed(e, SEED); }
+
+static void expect_error(const conf_engine *e, orch_engine_ctx *ctx, int32_t st,
+                         const char *what) {
+    ck_assert_msg(st != ORCH_OK, "%s: %s was accepted", e->label, what);
+    const char *le = e->h.api->last_error(ctx);
+    ck_assert_msg(le != NULL && *le, "%s: %s failed (%d) without last_error", e->label,
+                  what, st);
+}
+
+static uint64_t rng_state = 88172645463325252ull;
+static uint64_t rnd(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+static float rnd_float(void) { return (float)((double)(rnd() >> 11) / 9007199254740992.0 * 2.0 - 1.0); }
+
+typedef struct table {
+    uint32_t n;
+    orch_tensor_info info[N_TENSORS];
+    uint64_t total;
+} table;
+
+static void read_table(const conf_engine *e, orch_engine_ctx *ctx, uint32_t kind,
+                       table *t) {
+    ck_assert_int_eq(e->h.api->tensor_count(ctx, kind, &t->n), ORCH_OK);
+    ck_assert_msg(t->n == N_TENSORS, "%s: %u tensors, expected %u", e->label, t->n,
+                  N_TENSORS);
+    t->total = 0;
+    for (uint32_t i = 0; i < t->n; i++) {
+        memset(&t->info[i], 0, sizeof t->info[i]);
+        t->info[i].struct_size = sizeof t->info[i];
+        ck_assert_int_eq(e->h.api->tensor_info(ctx, kind, i, &t->info[i]), ORCH_OK);
+        t->total += t->info[i].numel;
+    }
+}
+
+/* All of one kind, concatenated in table order. */
+static float *read_all(const conf_engine *e, orch_engine_ctx *ctx, uint32_t kind,
+                       const table *t) {
+    float *all = malloc(t->total * sizeof(float));
+    ck_assert_ptr_nonnull(all);
+    for (uint32_t i = 0; i < t->n; i++) {
+        int32_t st = e->h.api->tensor_read(ctx, kind, i, all + t->info[i].offset,
+                                           t->info[i].numel * sizeof(float));
+        ck_assert_msg(st == ORCH_OK, "%s: tensor_read %s: %s", e->label,
+                      t->info[i].name, e->h.api->last_error(ctx));
+    }
+    return all;
+}
+
+static float *read_grads(const conf_engine *e, orch_engine_ctx *ctx, uint64_t n) {
+    float *g = malloc(n * sizeof(float));
+    ck_assert_ptr_nonnull(g);
+    ck_assert_msg(e->h.api->grads_read(ctx, 0, n, g) == ORCH_OK, "%s: grads_read: %s",
+                  e->label, e->h.api->last_error(ctx));
+    return g;
+}
+
+static uint64_t total_params(const conf_engine *e, orch_engine_ctx *ctx) {
+    table t;
+    read_table(e, ctx, ORCH_TENSOR_PARAM, &t);
+    return t.total;
+}
+
+/* A fixed training batch: B x S tokens, targets = next token. */
+#define TB 2u
+#define TS 16u
+static void train_batch(int32_t *tok, int32_t *tgt) {
+    uint64_t s = 42;
+    for (uint32_t i = 0; i < TB * TS + 1; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        int32_t v = (int32_t)((s >> 33) % V);
+        if (i < TB * TS) tok[i] = v;
+        if (i > 0) tgt[i - 1] = v;
+    }
+}
+
+static int need(const conf_engine *e, uint64_t cap, const char *what) {
+    if (e->h.api->capabilities & cap) return 1;
+    printf("%s: no %s capability, test skipped\n", e->label, what);
+    return 0;
+}
+
+static int close_to(float a, float b, float rel, float abs_tol) {
+    return fabsf(a - b) <= abs_tol + rel * fmaxf(fabsf(a), fabsf(b));
+}
+
+/* ------------------------------------------------------------------------- */
+/* Lifecycle, errors, status strings                                          */
+/* ------------------------------------------------------------------------- */
+
+START_TEST(test_lifecycle) {
+    for (int k = 0; k < 4; k++) {
+        orch_engine_ctx *ctx = make_ctx_seed(ENG, (uint64_t)k);
+        uint32_t n = 0;
+        ck_assert_int_eq(API->tensor_count(ctx, ORCH_TENSOR_PARAM, &n), ORCH_OK);
+        ck_assert_uint_eq(n, N_TENSORS);
+        API->context_destroy(ctx);
+    }
+    /* Two live at once. */
+    orch_engine_ctx *a = make_ctx(ENG), *b = make_ctx(ENG);
+    ck_assert_ptr_ne(a, b);
+    API->context_destroy(b);
+    API->context_destroy(a);
+    API->context_destroy(NULL);
+}
+END_TEST
+
+START_TEST(test_bad_model_rejected) {
+    struct {
+        const char *what;
+        orch_model_desc m;
+    } cases[8];
+    int n = 0;
+    orch_model_desc base = tiny_model();
+    cases[n].what = "heads not dividing width", cases[n].m = base, cases[n++].m.heads = 3;
+    cases[n].what = "vocab 0", cases[n].m = base, cases[n++].m.vocab_size = 0;
+    cases[n].what = "width 0", cases[n].m = base, cases[n++].m.width = 0;
+    cases[n].what = "layers 0", cases[n].m = base, cases[n++].m.layers = 0;
+    cases[n].what = "context 0", cases[n].m = base, cases[n++].m.context = 0;
+    cases[n].what = "heads 0", cases[n].m = base, cases[n++].m.heads = 0;
+    cases[n].what = "arch 99", cases[n].m = base, cases[n++].m.arch = 99;
+    cases[n].what = "kv_heads != heads", cases[n].m = base, cases[n++].m.kv_heads = 1;
+    for (int i = 0; i < n; i++) {
+        orch_engine_options o = {sizeof o, 1, SEED, NULL};
+        orch_engine_ctx *sentinel = (orch_engine_ctx *)&cases[i];
+        orch_engine_ctx *ctx = sentinel;
+        char err[512];
+        memset(err, 0, sizeof err);
+        int32_t st = API->context_create(&cases[i].m, &o, &ctx, err, sizeof err);
+        ck_assert_msg(st != ORCH_OK, "%s: %s accepted", ENAME, cases[i].what);
+        ck_assert_msg(ctx == sentinel, "%s: %s: out_ctx changed on failure", ENAME,
+                      cases[i].what);
+        ck_assert_msg(err[0] != '\0', "%s: %s: no error message", ENAME,
+                      cases[i].what);
+    }
+    /* NULL model, and a tiny err buffer is respected. */
+    orch_engine_options o = {sizeof o, 1, SEED, NULL};
+    orch_engine_ctx *ctx = NULL;
+    char small[4] = {'x', 'x', 'x', 'x'};
+    ck_assert_int_ne(API->context_create(NULL, &o, &ctx, small, 3), ORCH_OK);
+    ck_assert_ptr_null(ctx);
+    ck_assert_int_eq(small[3], 'x');
+    ck_assert_msg(memchr(small, '\0', 3) != NULL, "%s: err not terminated", ENAME);
+}
+END_TEST
+
+START_TEST(test_unknown_option_rejected) {
+    orch_model_desc m = tiny_model();
+    orch_engine_options o = {sizeof o, 1, SEED, "surely_not_an_option_key=1"};
+    orch_engine_ctx *ctx = NULL;
+    char err[512] = "";
+    int32_t st = API->context_create(&m, &o, &ctx, err, sizeof err);
+    ck_assert_msg(st == ORCH_ERR_INVALID_ARGUMENT, "%s: unknown option gave %d",
+                  ENAME, st);
+    ck_assert_ptr_null(ctx);
+    ck_assert_msg(err[0] != '\0', "%s: no message", ENAME);
+}
+END_TEST
+
+START_TEST(test_last_error) {
+    orch_engine_ctx *ctx = make_ctx(ENG);
+    const char *le = API->last_error(ctx);
+    ck_assert_ptr_nonnull(le);
+    ck_assert_msg(le[0] == '\0', "%s: fresh context has last_error '%s'", ENAME, le);
+
+    uint32_t count = 777;
+    expect_error(ENG, ctx, API->tensor_count(ctx, 99, &count), "tensor kind 99");
+    ck_assert_uint_eq(count, 777);
+
+    orch_tensor_info info, copy;
+    memset(&info, 0xAB, sizeof info);
+    info.struct_size = sizeof info;
+    copy = info;
+    expect_error(ENG, ctx, API->tensor_info(ctx, ORCH_TENSOR_PARAM, N_TENSORS, &info),
+                 "tensor index past the end");
+    ck_assert_msg(memcmp(&info, &copy, sizeof info) == 0,
+                  "%s: tensor_info changed its out-param on failure", ENAME);
+
+    float buf[4] = {1, 2, 3, 4};
+    expect_error(ENG, ctx, API->tensor_read(ctx, ORCH_TENSOR_PARAM, 0, buf, sizeof buf),
+                 "tensor_read with the wrong byte count");
+    ck_assert(buf[0] == 1 && buf[3] == 4);
+
+    if (API->capabilities & ORCH_CAP_TRAIN) {
+        uint64_t n = total_params(ENG, ctx);
+        expect_error(ENG, ctx, API->grads_read(ctx, n - 1, 2, buf), "grads_read past the end");
+        ck_assert(buf[0] == 1 && buf[1] == 2);
+        float loss = 99.0f;
+        int32_t tok[2] = {1, 2}, tgt[2] = {2, (int32_t)V};
+        expect_error(ENG, ctx, API->forward_backward(ctx, tok, tgt, 1, 2, 1.0f, &loss),
+                     "target out of range");
+        ck_assert(loss == 99.0f);
+    }
+    /* Still usable after errors. */
+    ck_assert_int_eq(API->tensor_count(ctx, ORCH_TENSOR_PARAM, &count), ORCH_OK);
+    ck_assert_uint_eq(count, N_TENSORS);
+    API->context_destroy(ctx);
+}
+END_TEST
+
+START_TEST(test_status_strings) {
+    const char *seen[ORCH_STATUS_COUNT_V1];
+    for (int32_t s = 0; s < ORCH_STATUS_COUNT_V1; s++) {
+        const char *str = API->status_string(s);
+        ck_assert_msg(str && *str, "%s: empty status string for %d", ENAME, s);
+        for (int32_t k = 0; k < s; k++)
+            ck_assert_msg(strcmp(seen[k], str) != 0,
+                          "%s: codes %d and %d share '%s'", ENAME, k, s, str);
+        seen[s] = str;
+    }
+    const int32_t unknown[] = {ORCH_STATUS_COUNT_V1, -1, 12345, INT32_MIN};
+    for (size_t i = 0; i < sizeof unknown / sizeof unknown[0]; i++) {
+        const char *str = API->status_string(unknown[i]);
+        ck_assert_ptr_nonnull(str);
+        ck_assert_msg(strstr(str, "unknown") != NULL,
+                      "%s: status %d gives '%s', expected 'unknown status'", ENAME,
+                      unknown[i], str);
+    }
+    char msg[256] = "";
+    ck_assert_int_eq(API->probe(msg, sizeof msg), ORCH_OK);
+    ck_assert_msg(msg[0] != '\0', "%s: probe gave no message", ENAME);
+    ck_assert_msg(API->name && *API->name && API->version && *API->version,
+                  "%s: table lacks name/version", ENAME);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------- */
+/* Tensor tables                                                              */
+/* ------------------------------------------------------------------------- */
+
+/* Expected GPT-2 table entry i. */
+static void expected_entry(uint32_t i, char *name, size_t cap, uint32_t *ndim,
+                           uint64_t shape[2]) {
+    const uint64_t M = 4 * C;
+    if (i == 0) {
+        snprintf(name, cap, "wte.weight"), *ndim = 2, shape[0] = V, shape[1] = C;
+        return;
+    }
+    if (i == 1) {
+        snprintf(name, cap, "wpe.weight"), *ndim = 2, shape[0] = T, shape[1] = C;
+        return;
+    }
+    if (i >= 2 + 12 * L) {
+        snprintf(name, cap, i == 2 + 12 * L ? "ln_f.weight" : "ln_f.bias");
+        *ndim = 1, shape[0] = C;
+        return;
+    }
+    static const struct {
+        const char *suffix;
+        uint32_t ndim;
+        uint64_t a, b; /* in units: 0 -> C, 1 -> 3C, 2 -> M */
+    } layer[12] = {{"ln_1.weight", 1, 0, 0},        {"ln_1.bias", 1, 0, 0},
+                   {"attn.c_attn.weight", 2, 1, 0}, {"attn.c_attn.bias", 1, 1, 0},
+                   {"attn.c_proj.weight", 2, 0, 0}, {"attn.c_proj.bias", 1, 0, 0},
+                   {"ln_2.weight", 1, 0, 0},        {"ln_2.bias", 1, 0, 0},
+                   {"mlp.c_fc.weight", 2, 2, 0},    {"mlp.c_fc.bias", 1, 2, 0},
+                   {"mlp.c_proj.weight", 2, 0, 2},  {"mlp.c_proj.bias", 1, 0, 0}};
+    const uint64_t unit[3] = {C, 3 * C, M};
+    uint32_t l = (i - 2) / 12, k = (i - 2) % 12;
+    snprintf(name, cap, "h.%u.%s", l, layer[k].suffix);
+    *ndim = layer[k].ndim;
+    shape[0] = unit[layer[k].a];
+    shape[1] = unit[layer[k].b];
+}
+
+START_TEST(test_tensor_table) {
+    orch_engine_ctx *ctx = make_ctx(ENG);
+    table kinds[3];
+    for (uint32_t kind = 0; kind < 3; kind++) {
+        table *t = &kinds[kind];
+        read_table(ENG, ctx, kind, t);
+        uint64_t off = 0;
+        for (uint32_t i = 0; i < t->n; i++) {
+            const orch_tensor_info *ti = &t->info[i];
+            char name[64];
+            uint32_t ndim;
+            uint64_t shape[2];
+            expected_entry(i, name, sizeof name, &ndim, shape);
+            ck_assert_msg(strcmp(ti->name, name) == 0, "%s: tensor %u is '%s', expected '%s'",
+                          ENAME, i, ti->name, name);
+            ck_assert_msg(ti->ndim == ndim, "%s: %s ndim %u", ENAME, name, ti->ndim);
+            ck_assert_msg(ti->shape[0] == shape[0] && (ndim == 1 || ti->shape[1] == shape[1]),
+                          "%s: %s shape [%llu,%llu]", ENAME, name,
+                          (unsigned long long)ti->shape[0], (unsigned long long)ti->shape[1]);
+            ck_assert_uint_eq(ti->numel, ndim == 1 ? shape[0] : shape[0] * shape[1]);
+            ck_assert_uint_eq(ti->dtype, ORCH_DTYPE_F32);
+            ck_assert_msg(ti->offset == off, "%s: %s offset %llu, expected %llu", ENAME,
+                          name, (unsigned long long)ti->offset, (unsigned long long)off);
+            int no_decay = (ti->flags & ORCH_TENSOR_FLAG_NO_DECAY) != 0;
+            ck_assert_msg(no_decay == (ndim == 1), "%s: %s NO_DECAY flag is %d", ENAME,
+                          name, no_decay);
+            off += ti->numel;
+            if (kind > 0) {
+                const orch_tensor_info *p = &kinds[0].info[i];
+                ck_assert_msg(strcmp(p->name, ti->name) == 0 && p->numel == ti->numel &&
+                                  p->offset == ti->offset,
+                              "%s: kind %u table differs from the parameter table at %u",
+                              ENAME, kind, i);
+            }
+        }
+        ck_assert_uint_eq(t->total, off);
+    }
+    API->context_destroy(ctx);
+}
+END_TEST
+
+START_TEST(test_tensor_init) {
+    orch_engine_ctx *ctx = make_ctx(ENG);
+    table t;
+    read_table(ENG, ctx, ORCH_TENSOR_PARAM, &t);
+    float *p = read_all(ENG, ctx, ORCH_TENSOR_PARAM, &t);
+    for (uint32_t i = 0; i < t.n; i++) {
+        const orch_tensor_info *ti = &t.info[i];
+        const float *x = p + ti->offset;
+        const char *nm = ti->name;
+        size_t len = strlen(nm);
+        int is_bias = len > 5 && strcmp(nm + len - 5, ".bias") == 0;
+        if (ti->ndim == 1) {
+            float want = is_bias ? 0.0f : 1.0f;
+            for (uint64_t j = 0; j < ti->numel; j++)
+                ck_assert_msg(x[j] == want, "%s: %s[%llu] = %g, expected %g", ENAME, nm,
+                              (unsigned long long)j, (double)x[j], (double)want);
+        } else {
+            double s = 0, s2 = 0;
+            for (uint64_t j = 0; j < ti->numel; j++) s += x[j], s2 += (double)x[j] * x[j];
+            double mean = s / (double)ti->numel;
+            double sd = sqrt(s2 / (double)ti->numel - mean * mean);
+            int resid = strstr(nm, "c_proj.weight") != NULL;
+            double want = resid ? 0.02 / sqrt(2.0 * L) : 0.02;
+            ck_assert_msg(fabs(sd - want) < 0.25 * want && fabs(mean) < 0.25 * want,
+                          "%s: %s has mean %g sd %g, expected N(0, %g)", ENAME, nm, mean,
+                          sd, want);
+        }
+    }
+    free(p);
+    for (uint32_t kind = 1; kind < 3; kind++) {
+        float *m = read_all(ENG, ctx, kind, &t);
+        for (uint64_t j = 0; j < t.total; j++)
+            ck_assert_msg(m[j] == 0.0f, "%s: moment kind %u not zero at %llu", ENAME, kind,
+                          (unsigned long long)j);
+        free(m);
+    }
+    if (API->capabilities & ORCH_CAP_TRAIN) {
+        float *g = read_grads(ENG, ctx, t.total);
+        for (uint64_t j = 0; j < t.total; j++) ck_assert(g[j] == 0.0f);
+        free(g);
+    }
+    API->context_destroy(ctx);
+}
+END_TEST
+
+START_TEST(test_tensor_roundtrip) {
+    orch_engine_ctx *ctx = make_ctx(ENG);
+    table t;
+    read_table(ENG, ctx, ORCH_TENSOR_PARAM, &t);
+    float *want[3];
+    for (uint32_t kind = 0; kind < 3; kind++) {
+        want[kind] = malloc(t.total * sizeof(float));
+        for (uint64_t j = 0; j < t.total; j++)
+            want[kind][j] = kind == 2 ? fabsf(rnd_float()) : rnd_float();
+        for (uint32_t i = 0; i < t.n; i++) {
+            int32_t st = API->tensor_write(ctx, kind, i, want[kind] + t.info[i].offset,
+                                           t.info[i].numel * sizeof(float));
+            ck_assert_msg(st == ORCH_OK, "%s: tensor_write: %s", ENAME, API->last_error(ctx));
+        }
+    }
+    for (uint32_t kind = 0; kind < 3; kind++) {
+        float *got = read_all(ENG, ctx, kind, &t);
+        ck_assert_msg(memcmp(got, want[kind], t.total * sizeof(float)) == 0,
+                      "%s: kind %u did not round-trip", ENAME, kind);
+        free(got);
+    }
+    /* Wrong sizes and NULL buffers are rejected and change nothing. */
+    const orch_tensor_info *ti = &t.info[2];
+    uint64_t bytes = ti->numel * sizeof(float);
+    float *junk = calloc(ti->numel + 1, sizeof(float));
+    expect_error(ENG, ctx, API->tensor_write(ctx, 0, 2, junk, bytes - 4), "short write");
+    expect_error(ENG, ctx, API->tensor_write(ctx, 0, 2, junk, bytes + 4), "long write");
+    expect_error(ENG, ctx, API->tensor_write(ctx, 0, 2, junk, 0), "empty write");
+    expect_error(ENG, ctx, API->tensor_write(ctx, 0, 2, NULL, bytes), "NULL write");
+    expect_error(ENG, ctx, API->tensor_write(ctx, 3, 2, junk, bytes), "write of kind 3");
+    expect_error(ENG, ctx, API->tensor_read(ctx, 0, 2, junk, bytes + 4), "long read");
+    expect_error(ENG, ctx, API->tensor_read(ctx, 0, 2, NULL, bytes), "NULL read");
+    float *got = read_all(ENG, ctx, 0, &t);
+    ck_assert_msg(memcmp(got, want[0], t.total * sizeof(float)) == 0,
+                  "%s: a rejected write changed the parameters", ENAME);
+    free(got);
+    free(junk);
+    for (int k = 0; k < 3; k++) free(want[k]);
+    API->context_destroy(ctx);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------- */
+/* Training                                                                   */
+/* ------------------------------------------------------------------------- */
+
+START_TEST(test_grads_flat) {
+    if (!need(ENG, ORCH_CAP_TRAIN, "train")) return;
+    orch_engine_ctx *ctx = make_ctx(ENG);
+    table t;
+    read_table(ENG, ctx, ORCH_TENSOR_PARAM, &t);
+    uint64_t n = t.total;
+    float *src = malloc(n * sizeof(float));
+    for (uint64_t j = 0; j < n; j++) src[j] = rnd_float();
+    ck_assert_int_eq(API->grads_write(ctx, 0, n, src), ORCH_OK);
+    float *g = read_grads(ENG, ctx, n);
+    ck_assert_msg(memcmp(g, src, n * sizeof(float)) == 0, "%s: grads did not round-trip",
+                  ENAME);
+    /* Per-tensor slices at the table's offsets. */
+    for (uint32_t i = 0; i < t.n; i++) {
+        float *part = malloc(t.info[i].numel * sizeof(float));
+        ck_assert_int_eq(API->grads_read(ctx, t.info[i].offset, t.info[i].numel, part),
+                         ORCH_OK);
+        ck_assert(memcmp(part, src + t.info[i].offset, t.info[i].numel * sizeof(float)) == 0);
+        free(part);
+    }
+    /* Partial write in the middle. */
+    float patch[5] = {1, 2, 3, 4, 5};
+    ck_assert_int_eq(API->grads_write(ctx, 100, 5, patch), ORCH_OK);
+    memcpy(src + 100, patch, sizeof patch);
+    free(g);
+    g = read_grads(ENG, ctx, n);
+    ck_assert(memcmp(g, src, n * sizeof(float)) == 0);
+    /* Out of range. */
+    expect_error(ENG, ctx, API->grads_write(ctx, n, 1, patch), "grads_write at the end");
+    expect_error(ENG, ctx, API->grads_write(ctx, n - 2, 5, patch), "grads_write past the end");
+    expect_error(ENG, ctx, API->grads_read(ctx, UINT64_MAX, 2, patch), "grads_read at 2^64-1");
+    expect_error(ENG, ctx, API->grads_read(ctx, 0, n, NULL), "grads_read into NULL");
+    /* Zero. */
+    ck_assert_int_eq(API->grads_zero(ctx), ORCH_OK);
+    free(g);
+    g = read_grads(ENG, ctx, n);
+    for (uint64_t j = 0; j < n; j++) ck_assert(g[j] == 0.0f);
+    free(g);
+    free(src);
+    API->context_destroy(ctx);
+}
+END_TEST
+
+START_TEST(test_forward_backward_accumulates) {
+    if (!need(ENG, ORCH_CAP_TRAIN, "train")) return;
+    orch_engine_ctx *ctx = make_ctx(ENG);
+    uint64_t n = total_params(ENG, ctx);
+    int32_t tok[TB * TS], tgt[TB * TS];
+    train_batch(tok, tgt);
+    float l1 = -1, l2 = -1;
+    ck_assert_int_eq(API->grads_zero(ctx), ORCH_OK);
+    ck_assert_msg(API->forward_backward(ctx, tok, tgt, TB, TS, 1.0f, &l1) == ORCH_OK,
+                  "%s: %s", ENAME, API->last_error(ctx));
+    ck_assert_msg(isfinite(l1) && l1 > 0, "%s: loss %g", ENAME, (double)l1);
+    ck_assert_msg(fabs(l1 - log((double)V)) < 0.5,
+                  "%s: initial loss %g far from ln(V) = %g", ENAME, (double)l1, log((double)V));
+    float *g1 = read_grads(ENG, ctx, n);
+    double norm = 0;
+    float gmax = 0;
+    for (uint64_t j = 0; j < n; j++) norm += (double)g1[j] * g1[j], gmax = fmaxf(gmax, fabsf(g1[j]));
+    ck_assert_msg(norm > 0, "%s: forward_backward added no gradient", ENAME);
+
+    ck_assert_int_eq(API->forward_backward(ctx, tok, tgt, TB, TS, 1.0f, &l2), ORCH_OK);
+    ck_assert_msg(close_to(l1, l2, 1e-6f, 0), "%s: loss changed %g -> %g without a step",
+                  ENAME, (double)l1, (double)l2);
+    float *g2 = read_grads(ENG, ctx, n);
+    for (uint64_t j = 0; j < n; j++)
+        ck_assert_msg(close_to(g2[j], 2 * g1[j], 1e-4f, 1e-6f * gmax),
+                      "%s: two calls gave %g at %llu, one call %g", ENAME, (double)g2[j],
+                      (unsigned long long)j, (double)g1[j]);
+    /* grad_scale scales what is added. */
+    ck_assert_int_eq(API->grads_zero(ctx), ORCH_OK);
+    ck_assert_int_eq(API->forward_backward(ctx, tok, tgt, TB, TS, 0.25f, &l2), ORCH_OK);
+    free(g2);
+    g2 = read_grads(ENG, ctx, n);
+    for (uint64_t j = 0; j < n; j++)
+        ck_assert_msg(close_to(g2[j], 0.25f * g1[j], 1e-4f, 1e-6f * gmax),
+                      "%s: grad_scale 0.25 gave %g at %llu, scale 1 %g", ENAME,
+                      (double)g2[j], (unsigned long long)j, (double)g1[j]);
+    free(g1);
+    free(g2);
+    API->context_destroy(ctx);
+}
+END_TEST
+
+START_TEST(test_ignored_targets) {
+    if (!need(ENG, ORCH_CAP_TRAIN, "train")) return;
+    orch_engine_ctx *ctx = make_ctx(ENG);
+    uint64_t n = total_params(ENG, ctx);
+    int32_t tok[TB * TS], tgt[TB * TS];
+    train_batch(tok, tgt);
+    float l_one, l_two;
+    ck_assert_int_eq(API->grads_zero(ctx), ORCH_OK);
+    ck_assert_int_eq(API->forward_backward(ctx, tok, tgt, 1, TS, 1.0f, &l_one), ORCH_OK);
+    float *g_one = read_grads(ENG, ctx, n);
+    /* Row 1 fully ignored: same loss and gradient as row 0 alone. */
+    for (uint32_t j = TS; j < TB * TS; j++) tgt[j] = -1;
+    ck_assert_int_eq(API->grads_zero(ctx), ORCH_OK);
+    ck_assert_int_eq(API->forward_backward(ctx, tok, tgt, TB, TS, 1.0f, &l_two), ORCH_OK);
+    float *g_two = read_grads(ENG, ctx, n);
+    ck_assert_msg(close_to(l_one, l_two, 1e-5f, 0), "%s: %g vs %g", ENAME, (double)l_one,
+                  (double)l_two);
+    float gmax = 0;
+    for (uint64_t j = 0; j < n; j++) gmax = fmaxf(gmax, fabsf(g_one[j]));
+    for (uint64_t j = 0; j < n; j++)
+        ck_assert_msg(close_to(g_one[j], g_two[j], 1e-4f, 1e-6f * gmax),
+                      "%s: gradient %llu differs with an ignored row", ENAME,
+                      (unsigned long long)j);
+    free(g_one);
+    free(g_two);
+    API->context_destroy(ctx);
+}
+END_TEST
+
+START_TEST(test_eval_loss_matches) {
+    if (!need(ENG, ORCH_CAP_EVAL, "eval") || !need(ENG, ORCH_CAP_TRAIN, "train")) return;
+    orch_engine_ctx *ctx = make_ctx(ENG);
+    uint64_t n = total_params(ENG, ctx);
+    int32_t tok[TB * TS], tgt[TB * TS];
+    train_batch(tok, tgt);
+    tgt[3] = -1;
+    float fb, ev = -1;
+    ck_assert_int_eq(API->grads_zero(ctx), ORCH_OK);
+    ck_assert_int_eq(API->forward_backward(ctx, tok, tgt, TB, TS, 1.0f, &fb), ORCH_OK);
+    float *before = read_grads(ENG, ctx, n);
+    ck_assert_msg(API->eval_loss(ctx, tok, tgt, TB, TS, &ev) == ORCH_OK, "%s: %s", ENAME,
+                  API->last_error(ctx));
+    ck_assert_msg(close_to(fb, ev, 1e-5f, 0), "%s: eval %g vs forward_backward %g", ENAME,
+                  (double)ev, (double)fb);
+    float *after = read_grads(ENG, ctx, n);
+    ck_assert_msg(memcmp(before, after, n * sizeof(float)) == 0,
+                  "%s: eval_loss touched the gradients", ENAME);
+    float keep = 5.0f;
+    tok[0] = (int32_t)V;
+    expect_error(ENG, ctx, API->eval_loss(ctx, tok, tgt, TB, TS, &keep), "token == vocab");
+    ck_assert(keep == 5.0f);
+    free(before);
+    free(after);
+    API->context_destroy(ctx);
+}
+END_TEST
+
+static orch_adamw_params adamw(uint64_t step, float lr, float clip) {
+    orch_adamw_params p;
+    memset(&p, 0, sizeof p);
+    p.struct_size = sizeof p;
+    p.step = step;
+    p.lr = lr;
+    p.beta1 = 0.9f;
+    p.beta2 = 0.95f;
+    p.eps = 1e-8f;
+    p.weight_decay = 0.1f;
+    p.grad_clip = clip;
+    return p;
+}
+
+START_TEST(test_optimizer_lowers_loss) {
+    if (!need(ENG, ORCH_CAP_TRAIN, "train")) return;
+    orch_engine_ctx *ctx = make_ctx(ENG);
+    table t;
+    read_table(ENG, ctx, ORCH_TENSOR_PARAM, &t);
+    int32_t tok[TB * TS], tgt[TB * TS];
+    train_batch(tok, tgt);
+    float first = 0, loss = 0;
+    for (uint64_t step = 1; step <= 8; step++) {
+        ck_assert_int_eq(API->grads_zero(ctx), ORCH_OK);
+        ck_assert_int_eq(API->forward_backward(ctx, tok, tgt, TB, TS, 1.0f, &loss), ORCH_OK);
+        if (step == 1) first = loss;
+        float *g = read_grads(ENG, ctx, t.total);
+        double sq = 0;
+        for (uint64_t j = 0; j < t.total; j++) sq += (double)g[j] * g[j];
+        free(g);
+        float norm = -1;
+        orch_adamw_params p = adamw(step, 1e-2f, 0.0f);
+        ck_assert_msg(API->optimizer_step(ctx, &p, &norm) == ORCH_OK, "%s: %s", ENAME,
+                      API->last_error(ctx));
+        ck_assert_msg(close_to(norm, (float)sqrt(sq), 1e-4f, 0),
+                      "%s: step %llu norm %g, gradients say %g", ENAME,
+                      (unsigned long long)step, (double)norm, sqrt(sq));
+    }
+    ck_assert_int_eq(API->forward_backward(ctx, tok, tgt, TB, TS, 1.0f, &loss), ORCH_OK);
+    ck_assert_msg(loss < first - 0.05f, "%s: loss %g -> %g after 8 AdamW steps", ENAME,
+                  (double)first, (double)loss);
+    /* The first moments moved. */
+    float *m = read_all(ENG, ctx, ORCH_TENSOR_ADAM_M, &t);
+    int nonzero = 0;
+    for (uint64_t j = 0; j < t.total; j++) nonzero |= m[j] != 0.0f;
+    ck_assert_msg(nonzero, "%s: AdamW left the first moments at zero", ENAME);
+    free(m);
+    /* NULL norm pointer is allowed. */
+    orch_adamw_params p = adamw(9, 1e-3f, 1.0f);
+    ck_assert_int_eq(API->optimizer_step(ctx, &p, NULL), ORCH_OK);
+    API->context_destroy(ctx);
+}
+END_TEST
+
+START_TEST(test_optimizer_nonfinite) {
+    if (!need(ENG, ORCH_CAP_TRAIN, "train")) return;
+    orch_engine_ctx *ctx = make_ctx(ENG);
+    table t;
+    read_table(ENG, ctx, ORCH_TENSOR_PARAM, &t);
+    int32_t tok[TB * TS], tgt[TB * TS];
+    train_batch(tok, tgt);
+    float loss;
+    ck_assert_int_eq(API->forward_backward(ctx, tok, tgt, TB, TS, 1.0f, &loss), ORCH_OK);
+    float nan = NAN;
+    ck_assert_int_eq(API->grads_write(ctx, 7, 1, &nan), ORCH_OK);
+    float *p0 = read_all(ENG, ctx, ORCH_TENSOR_PARAM, &t);
+    float *m0 = read_all(ENG, ctx, ORCH_TENSOR_ADAM_M, &t);
+    float norm = 123.0f;
+    orch_adamw_params p = adamw(1, 1e-2f, 1.0f);
+    int32_t st = API->optimizer_step(ctx, &p, &norm);
+    ck_assert_msg(st == ORCH_ERR_NUMERIC, "%s: NaN gradient gave status %d", ENAME, st);
+    ck_assert(*API->last_error(ctx));
+    ck_assert(norm == 123.0f);
+    float *p1 = read_all(ENG, ctx, ORCH_TENSOR_PARAM, &t);
+    float *m1 = read_all(ENG, ctx, ORCH_TENSOR_ADAM_M, &t);
+    ck_assert_msg(memcmp(p0, p1, t.total * sizeof(float)) == 0 &&
+                      memcmp(m0, m1, t.total * sizeof(float)) == 0,
+                  "%s: a failed step changed the state", ENAME);
+    float inf = INFINITY;
+    ck_assert_int_eq(API->grads_write(ctx, 7, 1, &inf), ORCH_OK);
+    ck_assert_int_eq(API->optimizer_step(ctx, &p, &norm), ORCH_ERR_NUMERIC);
+    expect_error(ENG, ctx, API->optimizer_step(ctx, NULL, &norm), "NULL AdamW params");
+    free(p0);
+    free(p1);
+    free(m0);
+    free(m1);
+    API->context_destroy(ctx);
+}
+END_TEST
+
+START_TEST(test_determinism) {
+    orch_engine_ctx *a = make_ctx(ENG), *b = make_ctx(ENG), *c = make_ctx_seed(ENG, SEED + 1);
+    table t;
+    read_table(ENG, a, ORCH_TENSOR_PARAM, &t);
+    float *pa = read_all(ENG, a, ORCH_TENSOR_PARAM, &t);
+    float *pb = read_all(ENG, b, ORCH_TENSOR_PARAM, &t);
+    float *pc = read_all(ENG, c, ORCH_TENSOR_PARAM, &t);
+    ck_assert_msg(memcmp(pa, pb, t.total * sizeof(float)) == 0,
+                  "%s: same seed, different parameters", ENAME);
+    ck_assert_msg(memcmp(pa, pc, t.info[0].numel * sizeof(float)) != 0,
+                  "%s: different seeds, same wte", ENAME);
+    if (API->capabilities & ORCH_CAP_TRAIN) {
+        int exact = (API->capabilities & ORCH_CAP_DETERMINISTIC) != 0;
+        int32_t tok[TB * TS], tgt[TB * TS];
+        train_batch(tok, tgt);
+        float la[3], lb[3];
+        orch_engine_ctx *ctxs[2] = {a, b};
+        float *ls[2] = {la, lb};
+        for (int k = 0; k < 2; k++)
+            for (uint64_t step = 1; step <= 3; step++) {
+                ck_assert_int_eq(API->grads_zero(ctxs[k]), ORCH_OK);
+                ck_assert_int_eq(API->forward_backward(ctxs[k], tok, tgt, TB, TS, 1.0f,
+                                                       &ls[k][step - 1]),
+                                 ORCH_OK);
+                orch_adamw_params p = adamw(step, 1e-2f, 1.0f);
+                ck_assert_int_eq(API->optimizer_step(ctxs[k], &p, NULL), ORCH_OK);
+            }
+        for (int s = 0; s < 3; s++)
+            ck_assert_msg(exact ? la[s] == lb[s] : close_to(la[s], lb[s], 1e-5f, 0),
+                          "%s: step %d losses %.9g vs %.9g", ENAME, s + 1, (double)la[s],
+                          (double)lb[s]);
+        free(pa);
+        free(pb);
+        pa = read_all(ENG, a, ORCH_TENSOR_PARAM, &t);
+        pb = read_all(ENG, b, ORCH_TENSOR_PARAM, &t);
+        for (uint64_t j = 0; j < t.total; j++)
+            ck_assert_msg(exact ? pa[j] == pb[j] : close_to(pa[j], pb[j], 1e-4f, 1e-6f),
+                          "%s: parameters diverged at %llu", ENAME, (unsigned long long)j);
+    }
+    free(pa);
+    free(pb);
+    free(pc);
+    API->context_destroy(a);
+    API->context_destroy(b);
+    API->context_destroy(c);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------- */
+/* Inference and the KV cache                                                 */
+/* ------------------------------------------------------------------------- */
+
+#define BS 4u      /* block size */
+#define NB 40u     /* pool blocks */
+#define PLEN 10u   /* prompt length */
+
+static const int32_t prompt[PLEN] = {17, 3, 150, 42, 42, 199, 0, 88, 61, 120};
+
+static orch_seq_input seq_in(const int32_t *tokens, uint32_t n, uint32_t start,
+                             const int32_t *table, uint32_t n_blocks, uint32_t mode) {
+    orch_seq_input s;
+    memset(&s, 0, sizeof s);
+    s.tokens = tokens;
+    s.n_tokens = n;
+    s.start_pos = start;
+    s.block_table = table;
+    s.n_blocks = n_blocks;
+    s.logits_mode = mode;
+    return s;
+}
+
+static int32_t run(const conf_engine *e, orch_engine_ctx *ctx, const orch_seq_input *seqs,
+                   uint32_t n, float *logits, uint64_t cap) {
+    orch_infer_batch b;
+    memset(&b, 0, sizeof b);
+    b.struct_size = sizeof b;
+    b.n_seqs = n;
+    b.seq_stride = sizeof(orch_seq_input);
+    b.seqs = seqs;
+    return e->h.api->infer_forward(ctx, &b, logits, cap);
+}
+
+static orch_engine_ctx *kv_ctx(const conf_engine *e) {
+    orch_engine_ctx *ctx = make_ctx(e);
+    uint64_t bytes = 0;
+    ck_assert_int_eq(e->h.api->kv_block_bytes(ctx, BS, &bytes), ORCH_OK);
+    ck_assert_msg(bytes > 0, "%s: kv_block_bytes is 0", e->label);
+    ck_assert_msg(e->h.api->kv_configure(ctx, BS, NB) == ORCH_OK, "%s: %s", e->label,
+                  e->h.api->last_error(ctx));
+    return ctx;
+}
+
+static void rows_close(const conf_engine *e, const float *a, const float *b, uint32_t rows,
+                       const char *what) {
+    for (uint64_t j = 0; j < (uint64_t)rows * V; j++)
+        ck_assert_msg(close_to(a[j], b[j], 1e-4f, 1e-4f), "%s: %s: logit %llu: %g vs %g",
+                      e->label, what, (unsigned long long)j, (double)a[j], (double)b[j]);
+}
+
+START_TEST(test_kv_all_vs_incremental) {
+    if (!need(ENG, ORCH_CAP_INFER, "infer")) return;
+    orch_engine_ctx *ctx = kv_ctx(ENG);
+    float *all = malloc(PLEN * V * sizeof(float));
+    float *one = malloc(V * sizeof(float));
+    /* Whole prompt, every row, blocks scattered through the pool. */
+    const int32_t ta[3] = {3, 37, 1};
+    orch_seq_input s = seq_in(prompt, PLEN, 0, ta, 3, ORCH_LOGITS_ALL);
+    ck_assert_msg(run(ENG, ctx, &s, 1, all, PLEN * V) == ORCH_OK, "%s: %s", ENAME,
+                  API->last_error(ctx));
+    for (uint64_t j = 0; j < (uint64_t)PLEN * V; j++) ck_assert(isfinite(all[j]));
+    /* Same prompt in other blocks: a chunk without logits, a chunk with the
+     * last row, then one token at a time. */
+    const int32_t tb[3] = {20, 5, 11};
+    s = seq_in(prompt, 2, 0, tb, 3, ORCH_LOGITS_NONE);
+    one[0] = 4242.0f;
+    ck_assert_int_eq(run(ENG, ctx, &s, 1, one, V), ORCH_OK);
+    ck_assert_msg(one[0] == 4242.0f, "%s: LOGITS_NONE wrote logits", ENAME);
+    s = seq_in(prompt + 2, 3, 2, tb, 2, ORCH_LOGITS_LAST);
+    ck_assert_int_eq(run(ENG, ctx, &s, 1, one, V), ORCH_OK);
+    rows_close(ENG, one, all + 4 * V, 1, "prefill chunk vs all-rows");
+    for (uint32_t p = 5; p < PLEN; p++) {
+        s = seq_in(prompt + p, 1, p, tb, 3, ORCH_LOGITS_LAST);
+        ck_assert_msg(run(ENG, ctx, &s, 1, one, V) == ORCH_OK, "%s: %s", ENAME,
+                      API->last_error(ctx));
+        char what[64];
+        snprintf(what, sizeof what, "decode at position %u", p);
+        rows_close(ENG, one, all + (uint64_t)p * V, 1, what);
+    }
+    free(all);
+    free(one);
+    API->context_destroy(ctx);
+}
+END_TEST
+
+START_TEST(test_kv_batch_of_sequences) {
+    if (!need(ENG, ORCH_CAP_INFER, "infer")) return;
+    orch_engine_ctx *ctx = kv_ctx(ENG);
+    /* Reference: each sequence alone. */
+    const int32_t t1[3] = {0, 1, 2}, t2[2] = {9, 8};
+    float ref1[V], ref2[V], both[2 * V];
+    orch_seq_input s1 = seq_in(prompt, PLEN, 0, t1, 3, ORCH_LOGITS_LAST);
+    orch_seq_input s2 = seq_in(prompt + 3, 6, 0, t2, 2, ORCH_LOGITS_LAST);
+    ck_assert_int_eq(run(ENG, ctx, &s1, 1, ref1, V), ORCH_OK);
+    ck_assert_int_eq(run(ENG, ctx, &s2, 1, ref2, V), ORCH_OK);
+    /* Together, in fresh blocks, with a stride larger than the struct. */
+    struct {
+        orch_seq_input s;
+        uint64_t future_member;
+    } wide[2];
+    const int32_t u1[3] = {30, 31, 32}, u2[2] = {33, 34};
+    wide[0].s = seq_in(prompt, PLEN, 0, u1, 3, ORCH_LOGITS_LAST);
+    wide[1].s = seq_in(prompt + 3, 6, 0, u2, 2, ORCH_LOGITS_LAST);
+    wide[0].future_member = wide[1].future_member = 0;
+    orch_infer_batch b = {sizeof b, 2, sizeof wide[0], 0, &wide[0].s};
+    ck_assert_msg(API->infer_forward(ctx, &b, both, 2 * V) == ORCH_OK, "%s: %s", ENAME,
+                  API->last_error(ctx));
+    rows_close(ENG, both, ref1, 1, "sequence 0 in a batch");
+    rows_close(ENG, both + V, ref2, 1, "sequence 1 in a batch");
+    /* A shared read-only prefix block is fine: both sequences read block 0
+     * (positions 0..3 = prompt[0..3], written above) and each writes position
+     * 4 into its own block. References: the same tokens in fresh blocks. */
+    const int32_t alt[5] = {prompt[0], prompt[1], prompt[2], prompt[3], prompt[5]};
+    const int32_t r1[2] = {23, 24}, r2[2] = {25, 26};
+    orch_seq_input r = seq_in(prompt, 5, 0, r1, 2, ORCH_LOGITS_LAST);
+    ck_assert_int_eq(run(ENG, ctx, &r, 1, ref1, V), ORCH_OK);
+    r = seq_in(alt, 5, 0, r2, 2, ORCH_LOGITS_LAST);
+    ck_assert_int_eq(run(ENG, ctx, &r, 1, ref2, V), ORCH_OK);
+    const int32_t p1[2] = {0, 35}, p2[2] = {0, 36};
+    orch_seq_input sh[2] = {seq_in(prompt + 4, 1, 4, p1, 2, ORCH_LOGITS_LAST),
+                            seq_in(prompt + 5, 1, 4, p2, 2, ORCH_LOGITS_LAST)};
+    ck_assert_msg(run(ENG, ctx, sh, 2, both, 2 * V) == ORCH_OK,
+                  "%s: shared read-only prefix block rejected: %s", ENAME,
+                  API->last_error(ctx));
+    rows_close(ENG, both, ref1, 1, "shared prefix, sequence 0");
+    rows_close(ENG, both + V, ref2, 1, "shared prefix, sequence 1");
+    API->context_destroy(ctx);
+}
+END_TEST
+
+START_TEST(test_kv_copy_blocks) {
+    if (!need(ENG, ORCH_CAP_KV_COPY, "kv-copy")) return;
+    orch_engine_ctx *ctx = kv_ctx(ENG);
+    const int32_t ta[3] = {3, 7, 1};
+    float a[V], b[V];
+    orch_seq_input s = seq_in(prompt, PLEN, 0, ta, 3, ORCH_LOGITS_NONE);
+    ck_assert_int_eq(run(ENG, ctx, &s, 1, NULL, 0), ORCH_OK);
+    /* Copy-on-write of the partial last block, then decode the same token in
+     * both branches, in one batch (they share blocks 3 and 7 read-only). */
+    const int32_t src[1] = {1}, dst[1] = {12};
+    ck_assert_msg(API->kv_copy_blocks(ctx, src, dst, 1) == ORCH_OK, "%s: %s", ENAME,
+                  API->last_error(ctx));
+    const int32_t tc[3] = {3, 7, 12};
+    const int32_t next = 77;
+    orch_seq_input two[2] = {seq_in(&next, 1, PLEN, ta, 3, ORCH_LOGITS_LAST),
+                             seq_in(&next, 1, PLEN, tc, 3, ORCH_LOGITS_LAST)};
+    float both[2 * V];
+    ck_assert_msg(run(ENG, ctx, two, 2, both, 2 * V) == ORCH_OK, "%s: %s", ENAME,
+                  API->last_error(ctx));
+    memcpy(a, both, sizeof a);
+    memcpy(b, both + V, sizeof b);
+    rows_close(ENG, a, b, 1, "decode from the copy vs the original");
+    /* Copy several blocks at once, then decode a different token from them. */
+    const int32_t src2[3] = {3, 7, 1}, dst2[3] = {20, 21, 22};
+    ck_assert_int_eq(API->kv_copy_blocks(ctx, src2, dst2, 3), ORCH_OK);
+    const int32_t t3[3] = {20, 21, 22};
+    const int32_t other = 5;
+    s = seq_in(&other, 1, PLEN + 1, ta, 3, ORCH_LOGITS_LAST);
+    ck_assert_int_eq(run(ENG, ctx, &s, 1, a, V), ORCH_OK);
+    s = seq_in(&other, 1, PLEN + 1, t3, 3, ORCH_LOGITS_LAST);
+    ck_assert_int_eq(run(ENG, ctx, &s, 1, b, V), ORCH_OK);
+    rows_close(ENG, a, b, 1, "decode after a 3-block copy");
+    /* Bad copies. */
+    const int32_t bad[1] = {(int32_t)NB}, neg[1] = {-1};
+    expect_error(ENG, ctx, API->kv_copy_blocks(ctx, src, bad, 1), "copy to a block past the pool");
+    expect_error(ENG, ctx, API->kv_copy_blocks(ctx, neg, dst, 1), "copy from block -1");
+    const int32_t os[2] = {4, 5}, od[2] = {5, 6};
+    expect_error(ENG, ctx, API->kv_copy_blocks(ctx, os, od, 2), "overlapping copy sets");
+    API->context_destroy(ctx);
+}
+END_TEST
+
+/* Run a bad batch: it must fail, explain itself, and write no logits. */
+static void bad_batch(const conf_engine *e, orch_engine_ctx *ctx, const orch_seq_input *seqs,
+                      uint32_t n, uint64_t cap, const char *what, int strict_invalid) {
+    float *logits = malloc((size_t)(2 * V + 1) * sizeof(float));
+    for (uint32_t j = 0; j < 2 * V + 1; j++) logits[j] = 31337.0f;
+    int32_t st = run(e, ctx, seqs, n, logits, cap);
+    expect_error(e, ctx, st, what);
+    if (strict_invalid)
+        ck_assert_msg(st == ORCH_ERR_INVALID_ARGUMENT, "%s: %s gave %s, expected invalid argument",
+                      e->label, what, e->h.api->status_string(st));
+    else
+        ck_assert_msg(st == ORCH_ERR_INVALID_ARGUMENT || st == ORCH_ERR_CAPACITY,
+                      "%s: %s gave %s", e->label, what, e->h.api->status_string(st));
+    for (uint32_t j = 0; j < 2 * V + 1; j++)
+        ck_assert_msg(logits[j] == 31337.0f, "%s: %s wrote logits", e->label, what);
+    free(logits);
+}
+
+START_TEST(test_kv_bad_calls) {
+    if (!need(ENG, ORCH_CAP_INFER, "infer")) return;
+    /* No pool yet. */
+    orch_engine_ctx *ctx = make_ctx(ENG);
+    const int32_t t0[1] = {0};
+    orch_seq_input s = seq_in(prompt, 1, 0, t0, 1, ORCH_LOGITS_LAST);
+    float row[V];
+    expect_error(ENG, ctx, run(ENG, ctx, &s, 1, row, V), "infer_forward before kv_configure");
+    uint64_t bytes = 9;
+    expect_error(ENG, ctx, API->kv_block_bytes(ctx, BS, NULL), "kv_block_bytes into NULL");
+    expect_error(ENG, ctx, API->kv_block_bytes(ctx, 0, &bytes), "kv_block_bytes of size 0");
+    ck_assert(bytes == 9);
+    expect_error(ENG, ctx, API->kv_configure(ctx, 0, NB), "block size 0");
+    expect_error(ENG, ctx, API->kv_configure(ctx, BS, 0), "zero blocks");
+    API->context_destroy(ctx);
+
+    ctx = kv_ctx(ENG);
+    const int32_t table[3] = {0, 1, 2};
+    /* Token ids out of range. */
+    int32_t badtok[2] = {5, (int32_t)V};
+    s = seq_in(badtok, 2, 0, table, 1, ORCH_LOGITS_LAST);
+    bad_batch(ENG, ctx, &s, 1, V, "token == vocab", 1);
+    badtok[1] = -1;
+    bad_batch(ENG, ctx, &s, 1, V, "token -1", 1);
+    /* Past the context: start T-1, two tokens, enough blocks. */
+    int32_t long_table[T / BS + 1];
+    for (uint32_t j = 0; j < T / BS + 1; j++) long_table[j] = (int32_t)j;
+    s = seq_in(prompt, 2, T - 1, long_table, T / BS + 1, ORCH_LOGITS_LAST);
+    bad_batch(ENG, ctx, &s, 1, V, "positions past the context", 1);
+    /* Block ids outside the pool. */
+    const int32_t out1[1] = {(int32_t)NB}, out2[1] = {-1};
+    s = seq_in(prompt, 2, 0, out1, 1, ORCH_LOGITS_LAST);
+    bad_batch(ENG, ctx, &s, 1, V, "block id == pool size", 1);
+    s = seq_in(prompt, 2, 0, out2, 1, ORCH_LOGITS_LAST);
+    bad_batch(ENG, ctx, &s, 1, V, "block id -1", 1);
+    /* Too few blocks: 6 tokens, one block of 4. */
+    s = seq_in(prompt, 6, 0, table, 1, ORCH_LOGITS_LAST);
+    bad_batch(ENG, ctx, &s, 1, V, "too few blocks", 0);
+    /* logits_cap too small, for LAST and for ALL. */
+    s = seq_in(prompt, 3, 0, table, 1, ORCH_LOGITS_LAST);
+    bad_batch(ENG, ctx, &s, 1, V - 1, "logits_cap one short", 0);
+    s = seq_in(prompt, 3, 0, table, 1, ORCH_LOGITS_ALL);
+    bad_batch(ENG, ctx, &s, 1, 2 * V, "logits_cap of 2 rows for 3", 0);
+    /* adapter_id must be 0. */
+    s = seq_in(prompt, 2, 0, table, 1, ORCH_LOGITS_LAST);
+    s.adapter_id = 1;
+    bad_batch(ENG, ctx, &s, 1, V, "adapter_id 1", 0);
+    /* The same block written by two sequences. */
+    const int32_t same[1] = {5};
+    orch_seq_input two[2] = {seq_in(prompt, 2, 0, same, 1, ORCH_LOGITS_LAST),
+                             seq_in(prompt + 2, 2, 0, same, 1, ORCH_LOGITS_LAST)};
+    bad_batch(ENG, ctx, two, 2, 2 * V, "one block written by two sequences", 1);
+    /* A block written by one sequence and read by another. */
+    const int32_t full[1] = {21};
+    s = seq_in(prompt, 4, 0, full, 1, ORCH_LOGITS_NONE);
+    ck_assert_int_eq(run(ENG, ctx, &s, 1, NULL, 0), ORCH_OK);
+    const int32_t reader[2] = {21, 22};
+    two[0] = seq_in(prompt, 1, 2, full, 1, ORCH_LOGITS_LAST);    /* rewrites block 21 */
+    two[1] = seq_in(prompt, 1, 4, reader, 2, ORCH_LOGITS_LAST);  /* reads block 21 */
+    bad_batch(ENG, ctx, two, 2, 2 * V, "a block written by one sequence, read by another", 1);
+    /* The context still works after all that. */
+    s = seq_in(prompt, PLEN, 0, (const int32_t[3]){30, 31, 32}, 3, ORCH_LOGITS_LAST);
+    ck_assert_msg(run(ENG, ctx, &s, 1, row, V) == ORCH_OK, "%s: %s", ENAME,
+                  API->last_error(ctx));
+    API->context_destroy(ctx);
+}
+END_TEST
+
+START_TEST(test_kv_reconfigure) {
+    if (!need(ENG, ORCH_CAP_INFER, "infer")) return;
+    orch_engine_ctx *ctx = kv_ctx(ENG);
+    float a[V], b[V];
+    const int32_t t[3] = {1, 2, 3};
+    orch_seq_input s = seq_in(prompt, PLEN, 0, t, 3, ORCH_LOGITS_LAST);
+    ck_assert_int_eq(run(ENG, ctx, &s, 1, a, V), ORCH_OK);
+    /* A new pool with another block size gives the same answer. */
+    ck_assert_int_eq(API->kv_configure(ctx, 16, 4), ORCH_OK);
+    const int32_t t16[1] = {2};
+    s = seq_in(prompt, PLEN, 0, t16, 1, ORCH_LOGITS_LAST);
+    ck_assert_int_eq(run(ENG, ctx, &s, 1, b, V), ORCH_OK);
+    rows_close(ENG, a, b, 1, "block size 4 vs 16");
+    /* Old ids beyond the new pool are rejected. */
+    s = seq_in(prompt, 1, 0, (const int32_t[1]){10}, 1, ORCH_LOGITS_LAST);
+    expect_error(ENG, ctx, run(ENG, ctx, &s, 1, b, V), "block id of the old pool");
+    API->context_destroy(ctx);
+}
+END_TEST
+
+START_TEST(test_engines_loaded) {
+    ck_assert_msg(load_failures[0] == '\0', "engines failed to load:%s", load_failures);
+    ck_assert_msg(n_engines > 0, "no engine could be tested");
+}
+END_TEST
+
+/* ------------------------------------------------------------------------- */
+/* Engine discovery and main                                                  */
+/* ------------------------------------------------------------------------- */
+
+static void try_engine(const char *value) {
+    if (n_engines >= MAX_ENGINES) return;
+    conf_engine *e = &engines[n_engines];
+    char err[2048];
+    if (engine_load(value, &e->h, err, sizeof err) != 0) {
+        if (strstr(err, "cannot run here")) {
+            printf("conformance: skipping %s: %s\n", value, err);
+        } else {
+            size_t used = strlen(load_failures);
+            snprintf(load_failures + used, sizeof load_failures - used, " [%s]", err);
+        }
+        return;
+    }
+    snprintf(e->label, sizeof e->label, "%s", e->h.api->name);
+    printf("conformance: testing engine %s (%s) from %s\n", e->h.api->name,
+           e->h.api->version ? e->h.api->version : "?", e->h.path);
+    n_engines++;
+}
+
+static void discover(void) {
+    const char *list = getenv("ORCH_CONFORMANCE_ENGINES");
+    if (list && *list) {
+        char buf[4096];
+        snprintf(buf, sizeof buf, "%s", list);
+        char *save = NULL;
+        for (char *tok = strtok_r(buf, ", \t", &save); tok; tok = strtok_r(NULL, ", \t", &save))
+            try_engine(tok);
+        if (n_engines == 0) try_engine("mock"); /* at least the mock runs */
+        return;
+    }
+    char dir[4096];
+    const char *b = getenv("ORCH_BUILD");
+    if (b && *b)
+        snprintf(dir, sizeof dir, "%s", b);
+    else if (util_exe_dir(dir, sizeof dir - 4) == 0)
+        strcat(dir, "/..");
+    else
+        snprintf(dir, sizeof dir, "build");
+    char pattern[4200];
+    snprintf(pattern, sizeof pattern, "%s/libengine_*.so", dir);
+    glob_t g;
+    int found = 0;
+    if (glob(pattern, 0, NULL, &g) == 0) {
+        for (size_t i = 0; i < g.gl_pathc; i++, found++) try_engine(g.gl_pathv[i]);
+        globfree(&g);
+    }
+    if (!found) try_engine("mock");
+}
+
+int main(void) {
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    discover();
+    Suite *s = suite_create("conformance");
+    TCase *tc = tcase_create("engines");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_engines_loaded);
+    if (n_engines > 0) {
+        tcase_add_loop_test(tc, test_lifecycle, 0, n_engines);
+        tcase_add_loop_test(tc, test_bad_model_rejected, 0, n_engines);
+        tcase_add_loop_test(tc, test_unknown_option_rejected, 0, n_engines);
+        tcase_add_loop_test(tc, test_last_error, 0, n_engines);
+        tcase_add_loop_test(tc, test_status_strings, 0, n_engines);
+        tcase_add_loop_test(tc, test_tensor_table, 0, n_engines);
+        tcase_add_loop_test(tc, test_tensor_init, 0, n_engines);
+        tcase_add_loop_test(tc, test_tensor_roundtrip, 0, n_engines);
+        tcase_add_loop_test(tc, test_grads_flat, 0, n_engines);
+        tcase_add_loop_test(tc, test_forward_backward_accumulates, 0, n_engines);
+        tcase_add_loop_test(tc, test_ignored_targets, 0, n_engines);
+        tcase_add_loop_test(tc, test_eval_loss_matches, 0, n_engines);
+        tcase_add_loop_test(tc, test_optimizer_lowers_loss, 0, n_engines);
+        tcase_add_loop_test(tc, test_optimizer_nonfinite, 0, n_engines);
+        tcase_add_loop_test(tc, test_determinism, 0, n_engines);
+        tcase_add_loop_test(tc, test_kv_all_vs_incremental, 0, n_engines);
+        tcase_add_loop_test(tc, test_kv_batch_of_sequences, 0, n_engines);
+        tcase_add_loop_test(tc, test_kv_copy_blocks, 0, n_engines);
+        tcase_add_loop_test(tc, test_kv_bad_calls, 0, n_engines);
+        tcase_add_loop_test(tc, test_kv_reconfigure, 0, n_engines);
+    }
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    for (int i = 0; i < n_engines; i++) engine_unload(&engines[i].h);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
