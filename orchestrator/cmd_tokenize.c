@@ -1,14 +1,116 @@
 /*
- * cmd_tokenize.c - placeholder for `orch tokenize` until issue 4 lands.
+ * cmd_tokenize.c - `orch tokenize --tokenizer gpt2|byte`: raw bytes on stdin
+ * (every byte, newlines and NULs included) -> token ids on stdout, separated
+ * by spaces, ending with one newline.
  */
+#include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "orchestrator/commands.h"
+#include "orchestrator/tokenizer.h"
 #include "orchestrator/util.h"
 
+/* Read all of f into a malloc'd buffer; returns NULL on failure. Shared by
+   tokenize and detokenize through this declaration (cmd_detokenize.c). */
+char *cmd_tokenize_read_all(FILE *f, size_t *len);
+
+char *cmd_tokenize_read_all(FILE *f, size_t *len) {
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap + 1);
+    if (!buf) return NULL;
+    for (;;) {
+        size_t got = fread(buf + n, 1, cap - n, f);
+        n += got;
+        if (got == 0) break;
+        if (n == cap) {
+            cap *= 2;
+            char *nb = realloc(buf, cap + 1);
+            if (!nb) {
+                free(buf);
+                return NULL;
+            }
+            buf = nb;
+        }
+    }
+    if (ferror(f)) {
+        free(buf);
+        return NULL;
+    }
+    buf[n] = '\0';
+    *len = n;
+    return buf;
+}
+
 int cmd_tokenize(int argc, char **argv) {
-    (void)argc;
-    (void)argv;
-    util_error("tokenize: not available in this build yet (issue 4)");
-    return ORCH_EXIT_USAGE;
+    if (cmd_wants_help(argc, argv)) {
+        printf("usage: orch tokenize [--tokenizer gpt2|byte] [--vocab-dir DIR] "
+               "< text\n\n"
+               "Reads raw bytes on stdin (all of them: newlines, CR, NUL, "
+               "invalid UTF-8)\n"
+               "and prints their token ids separated by spaces, then a "
+               "newline.\n"
+               "  --tokenizer T   gpt2 (default; GPT-2 byte-level BPE) or byte "
+               "(id = byte)\n"
+               "  --vocab-dir D   directory with encoder.json and vocab.bpe\n"
+               "                  (default: $ORCH_DATA_DIR/gpt2, "
+               "<orch>/../data/gpt2, ./data/gpt2)\n"
+               "\"<|endoftext|>\" in the input is ordinary text. Inverse: orch "
+               "detokenize.\n");
+        return ORCH_EXIT_OK;
+    }
+    const char *kind = "gpt2", *vocab_dir = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *v;
+        if ((v = util_flag_value("--tokenizer", argc, argv, &i))) {
+            kind = v;
+        } else if ((v = util_flag_value("--vocab-dir", argc, argv, &i))) {
+            vocab_dir = v;
+        } else {
+            util_error("tokenize: unknown argument '%s' (see orch tokenize --help)",
+                       argv[i]);
+            return ORCH_EXIT_USAGE;
+        }
+    }
+    char err[1024];
+    tokenizer *t;
+    if (tokenizer_open(kind, vocab_dir, &t, err, sizeof err) != 0) {
+        util_error("tokenize: %s", err);
+        return ORCH_EXIT_USAGE;
+    }
+    size_t len;
+    char *text = cmd_tokenize_read_all(stdin, &len);
+    if (!text) {
+        util_error("tokenize: cannot read stdin: %s", strerror(errno));
+        tokenizer_free(t);
+        return ORCH_EXIT_FAILURE;
+    }
+    int32_t *ids;
+    size_t n;
+    int rc = tokenizer_encode(t, text, len, &ids, &n, err, sizeof err);
+    free(text);
+    tokenizer_free(t);
+    if (rc != 0) {
+        util_error("tokenize: %s", err);
+        return ORCH_EXIT_FAILURE;
+    }
+    static char out[1 << 16];
+    size_t o = 0;
+    int bad = 0;
+    for (size_t i = 0; i < n && !bad; i++) {
+        if (o + 16 > sizeof out) {
+            bad = fwrite(out, 1, o, stdout) != o;
+            o = 0;
+        }
+        o += (size_t)snprintf(out + o, sizeof out - o, i ? " %d" : "%d", ids[i]);
+    }
+    free(ids);
+    out[o++] = '\n';
+    if (!bad) bad = fwrite(out, 1, o, stdout) != o;
+    if (fflush(stdout) != 0 || bad) {
+        util_error("tokenize: cannot write stdout: %s", strerror(errno));
+        return ORCH_EXIT_FAILURE;
+    }
+    return ORCH_EXIT_OK;
 }

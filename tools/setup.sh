@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 
 PACKAGES=(
   build-essential pkg-config
-  libcjson-dev libmicrohttpd-dev libopenblas-dev check libpcre2-dev
+  libcjson-dev libmicrohttpd-dev libopenblas-dev check libpcre2-dev libssl-dev
   libopenmpi-dev openmpi-bin
   libcurl4-openssl-dev
   bible-kjv gnuplot-nox prometheus python3-yaml
@@ -51,5 +51,19 @@ if [ "$(md5_of $GPT2_DIR/encoder.json)" != "$ENC_MD5" ] || [ "$(md5_of $GPT2_DIR
     echo "setup: error: md5 mismatch for the GPT-2 vocabulary files in $GPT2_DIR" >&2
     rm -f "$GPT2_DIR/encoder.json" "$GPT2_DIR/vocab.bpe"
     exit 1
+  fi
+fi
+
+# The official OpenAI Node client (npm `openai`, pinned, no dependencies) for
+# the serving tests (tests/openai_client/); installed into data/node/ only when
+# that exact version is missing. Non-fatal: the test skips without it.
+OPENAI_NPM_VERSION=6.30.1
+NODE_DIR=data/node
+if ! grep -qs "\"version\": \"$OPENAI_NPM_VERSION\"" "$NODE_DIR/node_modules/openai/package.json"; then
+  echo "setup: installing npm openai@$OPENAI_NPM_VERSION into $NODE_DIR"
+  mkdir -p "$NODE_DIR"
+  if ! npm install --silent --no-save --no-audit --no-fund --omit=peer \
+        --prefix "$NODE_DIR" "openai@$OPENAI_NPM_VERSION" >/dev/null 2>&1; then
+    echo "setup: warning: could not install npm openai@$OPENAI_NPM_VERSION (the OpenAI client test will be skipped)" >&2
   fi
 fi

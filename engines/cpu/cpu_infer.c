@@ -1,0 +1,583 @@
+/*
+ * cpu_infer.c - paged-KV inference on the CPU engine: validation of a batch,
+ * then one forward over all new tokens of all sequences.
+ *
+ * All new tokens of the batch form one [N, C] activation matrix, so each
+ * weight matrix is read once per forward whatever the number of sequences:
+ * with N <= skinny_max rows (decoding) the product runs on the packed skinny
+ * kernel (bandwidth-bound for one sequence, FMA-bound for 16), otherwise on
+ * OpenBLAS sgemm split across the pool.
+ *
+ * KV pool layout: block b holds, for every layer l, K then V of block_size
+ * positions, each position C floats (all heads):
+ *   kv[(((b * L + l) * 2 + kv) * block_size + slot) * C + channel]
+ * Attention of (sequence, head) first stores the head's K/V of the new
+ * tokens into the sequence's blocks, then attends over positions
+ * 0..start_pos+i through the block table: one query at a time with vector
+ * dot products for short chunks, or by gathering K/V and two sgemms for
+ * prefill chunks. Logits are computed only for the rows asked for: ln_f and
+ * the LM head run on those rows alone.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engines/cpu/cpu_internal.h"
+
+/* Chunks of at least this many new tokens attend with sgemm. */
+#define ATTN_GEMM_MIN 8
+
+static const orch_seq_input *seq_at(const orch_infer_batch *b, uint32_t i) {
+    return (const orch_seq_input *)(const void *)((const char *)b->seqs +
+                                                  (size_t)i * b->seq_stride);
+}
+
+static float *kv_at(const orch_engine_ctx *ctx, uint32_t block, uint32_t l,
+                    int which, uint32_t slot) {
+    return ctx->kv +
+           ((((size_t)block * ctx->L + l) * 2 + (size_t)which) *
+                ctx->kv_block_size +
+            slot) *
+               ctx->C;
+}
+
+void cpu_infer_free(orch_engine_ctx *ctx) {
+    free(ctx->inf.base);
+    free(ctx->inf.row_index);
+    memset(&ctx->inf, 0, sizeof ctx->inf);
+    free(ctx->packed);
+    free(ctx->packed_layer);
+    ctx->packed = NULL;
+    ctx->packed_layer = NULL;
+    ctx->packed_wte = NULL;
+    ctx->packed_valid = 0;
+}
+
+/* ------------------------------------------------------------------------- */
+/* Validation                                                                 */
+/* ------------------------------------------------------------------------- */
+
+static int32_t validate(orch_engine_ctx *ctx, const orch_infer_batch *batch,
+                        const float *logits, uint64_t logits_cap,
+                        uint64_t *out_tokens, uint64_t *out_rows) {
+    if (!batch)
+        return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT, "infer_forward: batch is NULL");
+    if (batch->struct_size < sizeof(orch_infer_batch))
+        return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                        "infer_forward: batch struct_size %u is smaller than "
+                        "ABI 1.0's %zu",
+                        batch->struct_size, sizeof(orch_infer_batch));
+    if (batch->n_seqs == 0 || !batch->seqs)
+        return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                        "infer_forward: empty batch (n_seqs %u, seqs %s)",
+                        batch->n_seqs, batch->seqs ? "set" : "NULL");
+    if (batch->seq_stride < sizeof(orch_seq_input))
+        return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                        "infer_forward: seq_stride %u is smaller than ABI "
+                        "1.0's %zu",
+                        batch->seq_stride, sizeof(orch_seq_input));
+    if (!ctx->kv)
+        return cpu_fail(ctx, ORCH_ERR_STATE,
+                        "infer_forward: no KV pool (call kv_configure first)");
+    const uint32_t bs = ctx->kv_block_size, V = ctx->V;
+    uint64_t tokens = 0, rows = 0;
+    for (uint32_t i = 0; i < batch->n_seqs; i++) {
+        const orch_seq_input *s = seq_at(batch, i);
+        if (!s->tokens || s->n_tokens == 0 || !s->block_table)
+            return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                            "infer_forward: sequence %u: %s", i,
+                            !s->tokens        ? "tokens is NULL"
+                            : s->n_tokens == 0 ? "n_tokens is 0"
+                                               : "block_table is NULL");
+        if (s->logits_mode > ORCH_LOGITS_NONE)
+            return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                            "infer_forward: sequence %u: logits_mode %u is "
+                            "unknown",
+                            i, s->logits_mode);
+        if (s->adapter_id != 0)
+            return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                            "infer_forward: sequence %u: adapter_id %u "
+                            "(adapters are reserved; must be 0)",
+                            i, s->adapter_id);
+        uint64_t end = (uint64_t)s->start_pos + s->n_tokens;
+        if (end > ctx->T)
+            return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                            "infer_forward: sequence %u: positions %u..%llu "
+                            "exceed the model context %u",
+                            i, s->start_pos, (unsigned long long)(end - 1),
+                            ctx->T);
+        for (uint32_t k = 0; k < s->n_tokens; k++)
+            if (s->tokens[k] < 0 || (uint32_t)s->tokens[k] >= V)
+                return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                                "infer_forward: sequence %u: token %d at "
+                                "position %llu outside 0..%u",
+                                i, s->tokens[k],
+                                (unsigned long long)s->start_pos + k, V - 1);
+        uint64_t needed = (end + bs - 1) / bs;
+        if (s->n_blocks < needed)
+            return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                            "infer_forward: sequence %u: %u blocks cover %llu "
+                            "positions, %llu needed",
+                            i, s->n_blocks, (unsigned long long)s->n_blocks * bs,
+                            (unsigned long long)end);
+        for (uint64_t j = 0; j < needed; j++)
+            if (s->block_table[j] < 0 ||
+                (uint32_t)s->block_table[j] >= ctx->kv_num_blocks)
+                return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                                "infer_forward: sequence %u: block id %d "
+                                "(logical block %llu) outside the pool of %u "
+                                "blocks",
+                                i, s->block_table[j], (unsigned long long)j,
+                                ctx->kv_num_blocks);
+        tokens += s->n_tokens;
+        rows += s->logits_mode == ORCH_LOGITS_ALL    ? s->n_tokens
+                : s->logits_mode == ORCH_LOGITS_LAST ? 1u
+                                                     : 0u;
+    }
+    if (tokens > ctx->max_batch_tokens)
+        return cpu_fail(ctx, ORCH_ERR_CAPACITY,
+                        "infer_forward: batch of %llu new tokens exceeds "
+                        "max_batch_tokens=%u (engine option)",
+                        (unsigned long long)tokens, ctx->max_batch_tokens);
+    if (rows > logits_cap / V)
+        return cpu_fail(ctx, ORCH_ERR_CAPACITY,
+                        "infer_forward: %llu logit rows of %u need %llu "
+                        "floats, logits_cap is %llu",
+                        (unsigned long long)rows, V,
+                        (unsigned long long)rows * V,
+                        (unsigned long long)logits_cap);
+    if (rows > 0 && !logits)
+        return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                        "infer_forward: logits is NULL");
+
+    /* Blocks written by a sequence must not be used by another one (nor
+     * twice by the same one). */
+    if (++ctx->kv_epoch == 0) {
+        memset(ctx->kv_mark_epoch, 0, ctx->kv_num_blocks * sizeof(uint32_t));
+        ctx->kv_epoch = 1;
+    }
+    const uint32_t ep = ctx->kv_epoch;
+    for (uint32_t i = 0; i < batch->n_seqs; i++) {
+        const orch_seq_input *s = seq_at(batch, i);
+        uint64_t first = s->start_pos / bs;
+        uint64_t last = ((uint64_t)s->start_pos + s->n_tokens - 1) / bs;
+        for (uint64_t j = first; j <= last; j++) {
+            uint32_t b = (uint32_t)s->block_table[j];
+            if (ctx->kv_mark_epoch[b] == ep && ctx->kv_mark_seq[b] != i)
+                return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                                "infer_forward: block %u is written by "
+                                "sequence %u and also used by sequence %u "
+                                "(copy it first)",
+                                b, ctx->kv_mark_seq[b], i);
+            if (ctx->kv_mark_epoch[b] == ep && ctx->kv_mark_lblock[b] != j)
+                return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                                "infer_forward: block %u appears twice in the "
+                                "block table of sequence %u (logical blocks "
+                                "%u and %llu)",
+                                b, i, ctx->kv_mark_lblock[b],
+                                (unsigned long long)j);
+            ctx->kv_mark_epoch[b] = ep;
+            ctx->kv_mark_seq[b] = i;
+            ctx->kv_mark_lblock[b] = (uint32_t)j;
+        }
+    }
+    for (uint32_t i = 0; i < batch->n_seqs; i++) {
+        const orch_seq_input *s = seq_at(batch, i);
+        uint64_t last = ((uint64_t)s->start_pos + s->n_tokens - 1) / bs;
+        for (uint64_t j = 0; j <= last; j++) {
+            uint32_t b = (uint32_t)s->block_table[j];
+            if (ctx->kv_mark_epoch[b] != ep) continue;
+            if (ctx->kv_mark_seq[b] != i)
+                return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                                "infer_forward: block %u is written by "
+                                "sequence %u and also used by sequence %u "
+                                "(copy it first)",
+                                b, ctx->kv_mark_seq[b], i);
+            if (ctx->kv_mark_lblock[b] != j)
+                return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                                "infer_forward: block %u appears twice in the "
+                                "block table of sequence %u (logical blocks "
+                                "%llu and %u)",
+                                b, i, (unsigned long long)j,
+                                ctx->kv_mark_lblock[b]);
+        }
+        for (uint32_t p = 0; p < s->start_pos; p++) {
+            uint32_t b = (uint32_t)s->block_table[p / bs], o = p % bs;
+            if (!ctx->kv_written[(size_t)b * bs + o])
+                return cpu_fail(ctx, ORCH_ERR_STATE,
+                                "infer_forward: sequence %u reads position %u "
+                                "from block %u slot %u, which was never "
+                                "written",
+                                i, p, b, o);
+        }
+    }
+    *out_tokens = tokens;
+    *out_rows = rows;
+    return ORCH_OK;
+}
+
+/* ------------------------------------------------------------------------- */
+/* Scratch and packed weights                                                 */
+/* ------------------------------------------------------------------------- */
+
+static size_t al16(size_t n) { return (n + 15) & ~(size_t)15; }
+
+static int32_t scratch_ensure(orch_engine_ctx *ctx, size_t N, size_t R,
+                              size_t att_per_thread) {
+    cpu_infer_scratch *s = &ctx->inf;
+    const size_t C = ctx->C, M = ctx->M;
+    att_per_thread = al16(att_per_thread);
+    size_t need = al16(N * C) * 3 + al16(N * 3 * C) + al16(N * M) +
+                  al16(R * C) + att_per_thread * (size_t)ctx->threads;
+    if (need > s->floats) {
+        free(s->base);
+        s->base = NULL;
+        s->floats = 0;
+        void *p = NULL;
+        if (posix_memalign(&p, 64, need * sizeof(float)) != 0)
+            return cpu_fail(ctx, ORCH_ERR_OUT_OF_MEMORY,
+                            "infer_forward: cannot allocate %zu MiB of "
+                            "scratch",
+                            need * sizeof(float) >> 20);
+        s->base = p;
+        s->floats = need;
+    }
+    float *q = s->base;
+    s->x = q; q += al16(N * C);
+    s->ln = q; q += al16(N * C);
+    s->atty = q; q += al16(N * C);
+    s->qkv = q; q += al16(N * 3 * C);
+    s->fc = q; q += al16(N * M);
+    s->rows = q; q += al16(R * C);
+    s->att = q;
+    s->att_per_thread = att_per_thread;
+    if (R > s->row_index_cap || !s->row_index) {
+        free(s->row_index);
+        s->row_index = malloc((R ? R : 1) * sizeof(int32_t));
+        if (!s->row_index) {
+            s->row_index_cap = 0;
+            return cpu_fail(ctx, ORCH_ERR_OUT_OF_MEMORY,
+                            "infer_forward: out of memory");
+        }
+        s->row_index_cap = R ? R : 1;
+    }
+    return ORCH_OK;
+}
+
+typedef struct pack_item {
+    const float *w;
+    float *wp;
+    size_t N, K;
+} pack_item;
+
+typedef struct pack_job {
+    pack_item *items;
+    size_t n;
+} pack_job;
+
+static void pack_run(void *arg, int tid, int nth) {
+    const pack_job *j = arg;
+    for (size_t i = 0; i < j->n; i++) {
+        size_t p0, p1;
+        cpu_pool_range(cpu_panel_count(j->items[i].N), tid, nth, 1, &p0, &p1);
+        cpu_pack_panels(j->items[i].N, j->items[i].K, j->items[i].w,
+                        j->items[i].wp, p0, p1);
+    }
+}
+
+/* Build the packed copy of every weight matrix (once after each change of
+ * the parameters). */
+static int32_t packed_ensure(orch_engine_ctx *ctx) {
+    if (ctx->packed_valid) return ORCH_OK;
+    const size_t C = ctx->C, M = ctx->M, L = ctx->L;
+    const size_t sizes[4][2] = {{3 * C, C}, {C, C}, {M, C}, {C, M}};
+    if (!ctx->packed) {
+        size_t total = al16(cpu_packed_floats(ctx->V, C));
+        for (size_t k = 0; k < 4; k++)
+            total += L * al16(cpu_packed_floats(sizes[k][0], sizes[k][1]));
+        void *p = NULL;
+        ctx->packed_layer = calloc(L * 4, sizeof(float *));
+        if (!ctx->packed_layer ||
+            posix_memalign(&p, 64, total * sizeof(float)) != 0) {
+            free(ctx->packed_layer);
+            ctx->packed_layer = NULL;
+            return cpu_fail(ctx, ORCH_ERR_OUT_OF_MEMORY,
+                            "infer_forward: cannot allocate %zu MiB for the "
+                            "packed weights (engine option skinny=0 avoids "
+                            "them)",
+                            total * sizeof(float) >> 20);
+        }
+        ctx->packed = p;
+        float *q = ctx->packed;
+        ctx->packed_wte = q;
+        q += al16(cpu_packed_floats(ctx->V, C));
+        for (size_t l = 0; l < L; l++)
+            for (size_t k = 0; k < 4; k++) {
+                ctx->packed_layer[l * 4 + k] = q;
+                q += al16(cpu_packed_floats(sizes[k][0], sizes[k][1]));
+            }
+    }
+    pack_item *items = malloc((L * 4 + 1) * sizeof *items);
+    if (!items)
+        return cpu_fail(ctx, ORCH_ERR_OUT_OF_MEMORY, "infer_forward: out of memory");
+    size_t n = 0;
+    items[n++] = (pack_item){ctx->pv.wte, ctx->packed_wte, ctx->V, C};
+    for (size_t l = 0; l < L; l++) {
+        const cpu_layer_view *w = &ctx->pv.layer[l];
+        const float *src[4] = {w->qkv_w, w->ap_w, w->fc_w, w->mp_w};
+        for (size_t k = 0; k < 4; k++)
+            items[n++] = (pack_item){src[k], ctx->packed_layer[l * 4 + k],
+                                     sizes[k][0], sizes[k][1]};
+    }
+    pack_job j = {items, n};
+    cpu_pool_run(ctx->pool, pack_run, &j);
+    free(items);
+    ctx->packed_valid = 1;
+    return ORCH_OK;
+}
+
+/* ------------------------------------------------------------------------- */
+/* Jobs                                                                       */
+/* ------------------------------------------------------------------------- */
+
+typedef struct fwd_state {
+    orch_engine_ctx *ctx;
+    const orch_infer_batch *batch;
+    const uint32_t *tok0;    /* first row of each sequence in x */
+    const int32_t *tokens;   /* [N] token ids */
+    const uint32_t *pos;     /* [N] positions */
+    size_t N;
+    uint32_t layer;
+    double total_cost;
+} fwd_state;
+
+static void embed_run(void *arg, int tid, int nth) {
+    const fwd_state *f = arg;
+    const orch_engine_ctx *ctx = f->ctx;
+    const size_t C = ctx->C;
+    size_t a, b;
+    cpu_pool_range(f->N, tid, nth, 1, &a, &b);
+    for (size_t r = a; r < b; r++) {
+        const float *te = ctx->pv.wte + (size_t)f->tokens[r] * C;
+        const float *pe = ctx->pv.wpe + (size_t)f->pos[r] * C;
+        float *o = ctx->inf.x + r * C;
+        for (size_t c = 0; c < C; c++) o[c] = te[c] + pe[c];
+    }
+}
+
+typedef struct rows_ln_job {
+    orch_engine_ctx *ctx;
+    const float *x;
+    float *out;
+    const int32_t *index; /* NULL: rows 0..n-1 */
+    size_t n;
+    const float *w, *b;
+} rows_ln_job;
+
+static void rows_ln_run(void *arg, int tid, int nth) {
+    const rows_ln_job *j = arg;
+    const uint32_t C = j->ctx->C;
+    size_t a, b;
+    cpu_pool_range(j->n, tid, nth, 1, &a, &b);
+    for (size_t r = a; r < b; r++) {
+        size_t src = j->index ? (size_t)j->index[r] : r;
+        cpu_layernorm_rows(j->x + src * C, j->out + r * C, NULL, NULL, j->w,
+                           j->b, 0, 1, C, j->ctx->eps);
+    }
+}
+
+/* One (sequence, head) task: store K/V of the new tokens, then attend. */
+static void attn_task(const fwd_state *f, uint32_t si, uint32_t h,
+                      float *scratch) {
+    orch_engine_ctx *ctx = f->ctx;
+    const orch_seq_input *s = seq_at(f->batch, si);
+    const uint32_t l = f->layer, bs = ctx->kv_block_size;
+    const size_t C = ctx->C, HS = ctx->HS;
+    const uint32_t n = s->n_tokens, start = s->start_pos, P = start + n;
+    const float scale = 1.0f / sqrtf((float)HS);
+    const float *qkv = ctx->inf.qkv + (size_t)f->tok0[si] * 3 * C;
+    float *out = ctx->inf.atty + (size_t)f->tok0[si] * C + h * HS;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t p = start + i, b = (uint32_t)s->block_table[p / bs];
+        const float *row = qkv + (size_t)i * 3 * C;
+        memcpy(kv_at(ctx, b, l, 0, p % bs) + h * HS, row + C + h * HS,
+               HS * sizeof(float));
+        memcpy(kv_at(ctx, b, l, 1, p % bs) + h * HS, row + 2 * C + h * HS,
+               HS * sizeof(float));
+    }
+    if (n >= ATTN_GEMM_MIN) {
+        float *Kg = scratch, *Vg = Kg + (size_t)P * HS, *S = Vg + (size_t)P * HS;
+        for (uint32_t p = 0; p < P; p++) {
+            uint32_t b = (uint32_t)s->block_table[p / bs];
+            memcpy(Kg + (size_t)p * HS, kv_at(ctx, b, l, 0, p % bs) + h * HS,
+                   HS * sizeof(float));
+            memcpy(Vg + (size_t)p * HS, kv_at(ctx, b, l, 1, p % bs) + h * HS,
+                   HS * sizeof(float));
+        }
+        cpu_sgemm1(0, 1, (int)n, (int)P, (int)HS, scale, qkv + h * HS,
+                   (int)(3 * C), Kg, (int)HS, 0.0f, S, (int)P);
+        for (uint32_t i = 0; i < n; i++) {
+            float *row = S + (size_t)i * P;
+            uint32_t valid = start + i + 1;
+            const float mx = cpu_max(ctx->isa, row, valid);
+            const float sum = cpu_exp_sum(ctx->isa, row, mx, valid);
+            cpu_scale(ctx->isa, row, 1.0f / sum, valid);
+            for (uint32_t j = valid; j < P; j++) row[j] = 0.0f;
+        }
+        cpu_sgemm1(0, 0, (int)n, (int)HS, (int)P, 1.0f, S, (int)P, Vg, (int)HS,
+                   0.0f, out, (int)C);
+        return;
+    }
+    float *sc = scratch;
+    for (uint32_t i = 0; i < n; i++) {
+        const float *q = qkv + (size_t)i * 3 * C + h * HS;
+        uint32_t valid = start + i + 1;
+        float mx = -INFINITY;
+        for (uint32_t p = 0; p < valid; p++) {
+            uint32_t b = (uint32_t)s->block_table[p / bs];
+            sc[p] = cpu_dot(ctx->isa, q, kv_at(ctx, b, l, 0, p % bs) + h * HS,
+                            HS) *
+                    scale;
+            mx = sc[p] > mx ? sc[p] : mx;
+        }
+        float inv = 1.0f / cpu_exp_sum(ctx->isa, sc, mx, valid);
+        float *o = out + (size_t)i * C;
+        memset(o, 0, HS * sizeof(float));
+        for (uint32_t p = 0; p < valid; p++) {
+            uint32_t b = (uint32_t)s->block_table[p / bs];
+            cpu_axpy(ctx->isa, sc[p] * inv,
+                     kv_at(ctx, b, l, 1, p % bs) + h * HS, o, HS);
+        }
+    }
+}
+
+static double task_cost(const orch_seq_input *s) {
+    return (double)s->n_tokens * ((double)s->start_pos + s->n_tokens) + 64.0;
+}
+
+/* Tasks (sequence, head) in order, split by cumulative cost. */
+static void attn_run(void *arg, int tid, int nth) {
+    const fwd_state *f = arg;
+    const uint32_t NH = f->ctx->NH;
+    float *scratch = f->ctx->inf.att + (size_t)tid * f->ctx->inf.att_per_thread;
+    double cum = 0.0;
+    for (uint32_t si = 0; si < f->batch->n_seqs; si++) {
+        double c = task_cost(seq_at(f->batch, si));
+        for (uint32_t h = 0; h < NH; h++) {
+            double mid = cum + 0.5 * c;
+            int owner = (int)(mid * nth / f->total_cost);
+            if (owner >= nth) owner = nth - 1;
+            if (owner == tid) attn_task(f, si, h, scratch);
+            cum += c;
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------- */
+/* Forward                                                                    */
+/* ------------------------------------------------------------------------- */
+
+int32_t cpu_infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *batch,
+                          float *logits, uint64_t logits_cap) {
+    uint64_t n_tok = 0, n_rows = 0;
+    int32_t st = validate(ctx, batch, logits, logits_cap, &n_tok, &n_rows);
+    if (st != ORCH_OK) return st;
+    const size_t N = (size_t)n_tok, R = (size_t)n_rows;
+    const size_t C = ctx->C, M = ctx->M, HS = ctx->HS;
+
+    size_t att = 1;
+    for (uint32_t i = 0; i < batch->n_seqs; i++) {
+        const orch_seq_input *s = seq_at(batch, i);
+        size_t P = (size_t)s->start_pos + s->n_tokens;
+        size_t need = s->n_tokens >= ATTN_GEMM_MIN
+                          ? 2 * P * HS + (size_t)s->n_tokens * P
+                          : P;
+        if (need > att) att = need;
+    }
+    if ((st = scratch_ensure(ctx, N, R, att)) != ORCH_OK) return st;
+    const int skinny_layers = N <= ctx->skinny_max;
+    const int skinny_head = R > 0 && R <= ctx->skinny_max;
+    if ((skinny_layers || skinny_head) && (st = packed_ensure(ctx)) != ORCH_OK)
+        return st;
+
+    /* Per-token tables (token ids, positions, first row of each sequence). */
+    uint32_t *tok0 = malloc(batch->n_seqs * sizeof(uint32_t));
+    int32_t *toks = malloc(N * sizeof(int32_t));
+    uint32_t *pos = malloc(N * sizeof(uint32_t));
+    if (!tok0 || !toks || !pos) {
+        free(tok0);
+        free(toks);
+        free(pos);
+        return cpu_fail(ctx, ORCH_ERR_OUT_OF_MEMORY, "infer_forward: out of memory");
+    }
+    size_t r = 0, row = 0;
+    double total_cost = 0.0;
+    for (uint32_t i = 0; i < batch->n_seqs; i++) {
+        const orch_seq_input *s = seq_at(batch, i);
+        tok0[i] = (uint32_t)r;
+        total_cost += task_cost(s) * ctx->NH;
+        for (uint32_t k = 0; k < s->n_tokens; k++, r++) {
+            toks[r] = s->tokens[k];
+            pos[r] = s->start_pos + k;
+            uint32_t p = s->start_pos + k, bs = ctx->kv_block_size;
+            ctx->kv_written[(size_t)s->block_table[p / bs] * bs + p % bs] = 1;
+            if (s->logits_mode == ORCH_LOGITS_ALL ||
+                (s->logits_mode == ORCH_LOGITS_LAST && k + 1 == s->n_tokens))
+                ctx->inf.row_index[row++] = (int32_t)r;
+        }
+    }
+
+    fwd_state f = {ctx, batch, tok0, toks, pos, N, 0, total_cost};
+    cpu_infer_scratch *sc = &ctx->inf;
+    cpu_pool_run(ctx->pool, embed_run, &f);
+    for (uint32_t l = 0; l < ctx->L; l++) {
+        const cpu_layer_view *w = &ctx->pv.layer[l];
+        float *const *pk = ctx->packed_layer ? ctx->packed_layer + l * 4 : NULL;
+        f.layer = l;
+        rows_ln_job lj = {ctx, sc->x, sc->ln, NULL, N, w->ln1_w, w->ln1_b};
+        cpu_pool_run(ctx->pool, rows_ln_run, &lj);
+        cpu_linear_fwd op = {.R = (int)N, .N = (int)(3 * C), .K = (int)C,
+                             .in = sc->ln, .ldin = (int)C, .W = w->qkv_w,
+                             .packed = skinny_layers ? pk[0] : NULL,
+                             .bias = w->qkv_b, .out = sc->qkv,
+                             .ldout = (int)(3 * C)};
+        cpu_linear_forward(ctx, &op);
+        cpu_pool_run(ctx->pool, attn_run, &f);
+        op = (cpu_linear_fwd){.R = (int)N, .N = (int)C, .K = (int)C,
+                              .in = sc->atty, .ldin = (int)C, .W = w->ap_w,
+                              .packed = skinny_layers ? pk[1] : NULL,
+                              .bias = w->ap_b, .resid = sc->x,
+                              .ldresid = (int)C, .out = sc->x,
+                              .ldout = (int)C};
+        cpu_linear_forward(ctx, &op);
+        lj = (rows_ln_job){ctx, sc->x, sc->ln, NULL, N, w->ln2_w, w->ln2_b};
+        cpu_pool_run(ctx->pool, rows_ln_run, &lj);
+        op = (cpu_linear_fwd){.R = (int)N, .N = (int)M, .K = (int)C,
+                              .in = sc->ln, .ldin = (int)C, .W = w->fc_w,
+                              .packed = skinny_layers ? pk[2] : NULL,
+                              .bias = w->fc_b, .out = sc->fc, .ldout = (int)M,
+                              .gelu_inplace = 1};
+        cpu_linear_forward(ctx, &op);
+        op = (cpu_linear_fwd){.R = (int)N, .N = (int)C, .K = (int)M,
+                              .in = sc->fc, .ldin = (int)M, .W = w->mp_w,
+                              .packed = skinny_layers ? pk[3] : NULL,
+                              .bias = w->mp_b, .resid = sc->x,
+                              .ldresid = (int)C, .out = sc->x,
+                              .ldout = (int)C};
+        cpu_linear_forward(ctx, &op);
+    }
+    if (R > 0) {
+        rows_ln_job lj = {ctx, sc->x, sc->rows, sc->row_index, R,
+                          ctx->pv.lnf_w, ctx->pv.lnf_b};
+        cpu_pool_run(ctx->pool, rows_ln_run, &lj);
+        cpu_linear_fwd op = {.R = (int)R, .N = (int)ctx->V, .K = (int)C,
+                             .in = sc->rows, .ldin = (int)C, .W = ctx->pv.wte,
+                             .packed = skinny_head ? ctx->packed_wte : NULL,
+                             .out = logits, .ldout = (int)ctx->V};
+        cpu_linear_forward(ctx, &op);
+    }
+    free(tok0);
+    free(toks);
+    free(pos);
+    return ORCH_OK;
+}

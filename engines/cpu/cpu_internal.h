@@ -1,0 +1,200 @@
+/*
+ * cpu_internal.h - the CPU engine's context and the functions its modules
+ * share: cpu_engine.c (the ABI: validation, tensor tables, KV pool, options),
+ * cpu_train.c (GPT-2 training forward/backward, AdamW), cpu_infer.c
+ * (paged-KV inference) and cpu_linear.c (threaded matrix products).
+ * Private to engines/cpu; the orchestrator never includes it.
+ *
+ * Memory layout: parameters, gradients and the two AdamW moments are each ONE
+ * allocation laid out in tensor-table order (so the flat gradient buffer of
+ * the ABI is a memcpy away and a checkpoint is a few writes). Gradients and
+ * moments are allocated on first use by training, so a serving-only context
+ * holds just the parameters (plus the KV pool and, once decoding, a packed
+ * copy of the weight matrices for the skinny kernel).
+ *
+ * Threads: a context is driven by one caller thread at a time; heavy work
+ * runs on the context's pool (cpu_pool), statically partitioned, with
+ * OpenBLAS single-threaded inside each pool thread, so results are
+ * bit-identical for a given thread count.
+ */
+#ifndef ORCH_CPU_INTERNAL_H
+#define ORCH_CPU_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine_api/orch_engine.h"
+#include "engines/cpu/cpu_kernels.h"
+#include "engines/cpu/cpu_pool.h"
+
+#define CPU_ERR_MAX 512
+
+/* Per-layer tensor order inside the table (after wte, wpe). */
+enum {
+    L_LN1_W, L_LN1_B, L_QKV_W, L_QKV_B, L_AP_W, L_AP_B,
+    L_LN2_W, L_LN2_B, L_FC_W, L_FC_B, L_MP_W, L_MP_B,
+    L_COUNT
+};
+
+typedef struct cpu_tensor {
+    char name[ORCH_TENSOR_NAME_MAX];
+    uint32_t ndim;
+    uint32_t flags;
+    uint64_t shape[2];
+    uint64_t numel;
+    uint64_t offset;
+} cpu_tensor;
+
+/* Pointers into one flat buffer (parameters or gradients). */
+typedef struct cpu_layer_view {
+    float *ln1_w, *ln1_b, *qkv_w, *qkv_b, *ap_w, *ap_b;
+    float *ln2_w, *ln2_b, *fc_w, *fc_b, *mp_w, *mp_b;
+} cpu_layer_view;
+
+typedef struct cpu_view {
+    float *wte, *wpe, *lnf_w, *lnf_b;
+    cpu_layer_view *layer; /* [L] */
+} cpu_view;
+
+/* Saved activations of one layer for the backward pass. */
+typedef struct cpu_layer_acts {
+    float *res_in;            /* [BT,C] input of the layer */
+    float *ln1, *ln1_mean, *ln1_rstd;
+    float *qkv;               /* [BT,3C] */
+    float *att;               /* [B,NH,T,T] softmax probabilities */
+    float *atty;              /* [BT,C] attention output before c_proj */
+    float *res_mid;           /* [BT,C] after the attention residual */
+    float *ln2, *ln2_mean, *ln2_rstd;
+    float *fc;                /* [BT,M] before GELU */
+    float *fc_tanh;           /* [BT,M] tanh term of GELU */
+    float *gelu;              /* [BT,M] */
+} cpu_layer_acts;
+
+typedef struct cpu_train_acts {
+    float *base;              /* the one allocation */
+    size_t floats;
+    uint32_t B, T;            /* shape the buffers are carved for */
+    cpu_layer_acts *layer;    /* [L] */
+    float *res_out;           /* [BT,C] output of the last layer */
+    float *lnf, *lnf_mean, *lnf_rstd;
+    float *logits;            /* [BT,V], turned into dlogits in place */
+    float *row_loss;          /* [BT] */
+    /* backward scratch */
+    float *dres, *dtmp, *dqkv, *datty, *dfc;
+    float *att_scratch;       /* [threads][T*T] */
+} cpu_train_acts;
+
+/* Inference scratch, grown on demand. */
+typedef struct cpu_infer_scratch {
+    float *base;
+    size_t floats;
+    float *x, *ln, *qkv, *atty, *fc, *rows;
+    float *att;               /* per-thread attention scratch */
+    size_t att_per_thread;
+    int32_t *row_index;       /* token index of each logits row */
+    size_t row_index_cap;
+} cpu_infer_scratch;
+
+struct orch_engine_ctx {
+    char last_error[CPU_ERR_MAX];
+    /* model */
+    uint32_t V, T, L, NH, C, M, HS;
+    float eps;
+    /* execution */
+    int isa;                  /* kernels to use (<= what the CPU has) */
+    int threads;
+    uint32_t skinny_max;      /* row counts up to this use packed kernels */
+    uint32_t max_batch_tokens;
+    cpu_pool *pool;
+    /* tensors */
+    cpu_tensor *tensors;
+    uint32_t n_tensors;
+    uint64_t n_params;
+    float *params, *grads, *adam_m, *adam_v;
+    cpu_view pv, gv;          /* views into params and grads */
+    cpu_train_acts acts;
+    /* packed copies of the weight matrices for skinny products */
+    float *packed;
+    int packed_valid;
+    float **packed_layer;     /* [L*4]: qkv, attn proj, fc, mlp proj */
+    float *packed_wte;
+    /* KV pool */
+    float *kv;
+    uint8_t *kv_written;      /* [blocks*block_size] */
+    uint32_t kv_block_size, kv_num_blocks;
+    uint32_t *kv_mark_epoch, *kv_mark_seq, *kv_mark_lblock;
+    uint32_t kv_epoch;
+    cpu_infer_scratch inf;
+};
+
+/* Record a failure on ctx and return status. */
+int32_t cpu_fail(orch_engine_ctx *ctx, int32_t status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Allocate gradients and moments if training has not touched them yet. */
+int32_t cpu_ensure_train_state(orch_engine_ctx *ctx);
+
+/* ---- cpu_linear.c: threaded matrix products ---- */
+
+/* out[R,N] = in[R,K] * W[N,K]^T (+ bias[N]) (+ resid[R,N]), row strides as
+ * given. With gelu_tanh/gelu_out non-NULL the result (pre-activation) goes to
+ * out and GELU(tanh) of it to gelu_out, its tanh term to gelu_tanh (training);
+ * with gelu_inplace set, out is replaced by GELU(out) (inference).
+ * packed != NULL and R <= ctx->skinny_max selects the packed kernel. */
+typedef struct cpu_linear_fwd {
+    int R, N, K;
+    const float *in; int ldin;
+    const float *W;  /* [N,K] row-major */
+    const float *packed;
+    const float *bias;
+    const float *resid; int ldresid;
+    float *out; int ldout;
+    float *gelu_tanh, *gelu_out; /* [R,N], stride N */
+    int gelu_inplace;
+} cpu_linear_fwd;
+void cpu_linear_forward(orch_engine_ctx *ctx, const cpu_linear_fwd *op);
+
+/* Backward of out = in*W^T + bias over R rows:
+ *   din[R,K] = (din_accumulate ? din : 0) + dout * W    (if din != NULL)
+ *   dW[N,K] += dout^T * in ;  dbias[N] += column sums of dout (if dbias)
+ * With gelu_x/gelu_tanh set, din is then multiplied elementwise by GELU'(x)
+ * (din_accumulate must be 0). */
+typedef struct cpu_linear_bwd {
+    int R, N, K;
+    const float *dout; int lddout;
+    const float *in; int ldin;
+    const float *W;
+    float *din; int lddin; int din_accumulate;
+    const float *gelu_x, *gelu_tanh; /* [R,K] */
+    float *dW, *dbias;
+} cpu_linear_bwd;
+void cpu_linear_backward(orch_engine_ctx *ctx, const cpu_linear_bwd *op);
+
+/* C = alpha*op(A)*op(B) + beta*C with OpenBLAS on the calling thread only
+ * (row-major). */
+void cpu_sgemm1(int trans_a, int trans_b, int M, int N, int K, float alpha,
+                const float *A, int lda, const float *B, int ldb, float beta,
+                float *C, int ldc);
+
+/* Tell OpenBLAS to stay single-threaded (the pool does the threading). */
+void cpu_blas_init(void);
+const char *cpu_blas_name(void);
+
+/* ---- cpu_train.c ---- */
+int32_t cpu_train_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
+                                   const int32_t *targets, uint32_t B,
+                                   uint32_t T, float grad_scale, int backward,
+                                   float *out_loss);
+int32_t cpu_train_optimizer_step(orch_engine_ctx *ctx,
+                                 const orch_adamw_params *p, float *out_norm);
+void cpu_train_free(orch_engine_ctx *ctx);
+void cpu_layernorm_rows(const float *x, float *out, float *mean, float *rstd,
+                        const float *w, const float *b, size_t r0, size_t r1,
+                        uint32_t C, float eps);
+
+/* ---- cpu_infer.c ---- */
+int32_t cpu_infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *batch,
+                          float *logits, uint64_t logits_cap);
+void cpu_infer_free(orch_engine_ctx *ctx);
+
+#endif

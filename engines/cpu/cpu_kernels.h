@@ -1,0 +1,90 @@
+/*
+ * cpu_kernels.h - vector kernels of the CPU engine that plain C does not make
+ * fast at -O2: the skinny (few-row) matrix product used by decoding, the
+ * AdamW update, sums of squares, and the memory-bandwidth probes of the
+ * benchmark. Each has an AVX-512, an AVX2+FMA and a portable C version,
+ * chosen once at run time from the CPU's features (cpu_kernels_isa).
+ *
+ * Skinny products read weights from a packed copy: the rows of a row-major
+ * [N, K] matrix W are grouped in panels of CPU_PANEL rows, each panel stored
+ * k-major ([K][CPU_PANEL], zero-padded past N). A product of M <= ~16
+ * activation rows then streams every weight once, contiguously, with no
+ * horizontal sums: single-sequence decoding runs at memory bandwidth and a
+ * 16-sequence batch close to the FMA peak. (OpenBLAS sgemm packs W on every
+ * call and its gemv reaches about half the bandwidth, measured on this
+ * machine; large products still go to OpenBLAS.)
+ *
+ * Threads: every function is reentrant; callers split work by panel or
+ * element range. Memory: callers own all buffers. Errors: none (callers
+ * validate sizes).
+ */
+#ifndef ORCH_CPU_KERNELS_H
+#define ORCH_CPU_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define CPU_PANEL 16
+
+enum { CPU_ISA_GENERIC = 0, CPU_ISA_AVX2 = 1, CPU_ISA_AVX512 = 2 };
+
+/* The best instruction set this CPU and OS support. Thread-safe. Every
+ * kernel below takes the ISA to use (at most this one) as its first
+ * argument, so an engine option can lower it (tests run all three). */
+int cpu_kernels_isa(void);
+const char *cpu_kernels_isa_name(int isa);
+
+/* Floats of the packed copy of an [N, K] matrix. */
+size_t cpu_packed_floats(size_t N, size_t K);
+size_t cpu_panel_count(size_t N);
+
+/* Pack panels [p0, p1) of the row-major [N, K] matrix w into wp. */
+void cpu_pack_panels(size_t N, size_t K, const float *w, float *wp, size_t p0,
+                     size_t p1);
+
+/* y[m, n] = (accumulate ? y[m, n] : 0) + bias[n] + sum_k x[m, k] W[n, k]
+ * for m < M and the rows n of panels [p0, p1); wp is W packed; bias may be
+ * NULL. The sum order per element depends only on K, so results do not
+ * depend on M, the panel split or the thread count. */
+void cpu_packed_matmul(int isa, int M, size_t N, size_t K, const float *x, size_t ldx,
+                       const float *wp, const float *bias, float *y, size_t ldy,
+                       int accumulate, size_t p0, size_t p1);
+
+/* AdamW over n elements (see cpu_adamw_consts); g is multiplied by
+ * gscale (clipping) and the scaled value written back when gscale != 1. */
+typedef struct cpu_adamw_consts {
+    float beta1, beta2, one_minus_beta1, one_minus_beta2;
+    float decay;     /* 1 - lr*weight_decay, or 1 for NO_DECAY tensors */
+    float step_size; /* lr / (1 - beta1^t) */
+    float inv_bc2_sqrt; /* 1 / sqrt(1 - beta2^t) */
+    float eps;
+    float gscale;
+} cpu_adamw_consts;
+void cpu_adamw(int isa, float *p, float *g, float *m, float *v, size_t n,
+               const cpu_adamw_consts *c);
+
+/* Sum of squares of n floats, accumulated in double (fixed order). */
+double cpu_sumsq(int isa, const float *a, size_t n);
+
+/* Bandwidth probes: the sum of n floats (vectorised, read only) and
+ * a[i] = b[i] + s*c[i]. */
+float cpu_read_sum(int isa, const float *a, size_t n);
+void cpu_triad(int isa, float *a, const float *b, const float *c, float s, size_t n);
+
+/* GELU (tanh form) of n values: gelu[i] = 0.5 x (1 + tanh(u)),
+ * u = sqrt(2/pi) (x + 0.044715 x^3). th (may be NULL) receives tanh(u);
+ * gelu may alias x. */
+void cpu_gelu(int isa, const float *x, float *th, float *gelu, size_t n);
+
+/* Softmax helpers over one row: the maximum; x[i] = exp(x[i] - shift)
+ * returning the sum (fixed order); x[i] *= a. */
+float cpu_max(int isa, const float *x, size_t n);
+float cpu_exp_sum(int isa, float *x, float shift, size_t n);
+void cpu_scale(int isa, float *x, float a, size_t n);
+
+/* Dot product of n floats (fixed order for a given n). */
+float cpu_dot(int isa, const float *a, const float *b, size_t n);
+/* y[i] += a * x[i]. */
+void cpu_axpy(int isa, float a, const float *x, float *y, size_t n);
+
+#endif

@@ -1,0 +1,566 @@
+/*
+ * cpu_train.c - GPT-2 training on the CPU engine: forward pass with saved
+ * activations, fused softmax + cross-entropy, backward pass accumulating into
+ * the flat gradient buffer, global-norm clipping and AdamW.
+ *
+ * Model (per layer, pre-LayerNorm):
+ *   a = x + c_proj(attn(ln_1(x)));   x' = a + mlp_proj(gelu(c_fc(ln_2(a))))
+ * then ln_f and the LM head tied to wte. Attention is causal multi-head with
+ * scale 1/sqrt(head size); GELU is the tanh form.
+ *
+ * Every step is a pool job with a static split (rows, columns or (batch,head)
+ * pairs by thread id) and every reduction has a fixed order, so the same
+ * inputs and thread count give bit-identical losses and gradients. The loss
+ * is summed over rows serially in double.
+ *
+ * Memory: activations live in one allocation (ctx->acts) carved for the
+ * (batch, seq_len) of the call and kept for the next call; the [B*T, V]
+ * logits buffer is reused for its own gradient.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engines/cpu/cpu_internal.h"
+
+/* ------------------------------------------------------------------------- */
+/* Activation buffers                                                         */
+/* ------------------------------------------------------------------------- */
+
+/* Round up to 16 floats so every sub-buffer starts on a cache line. */
+static size_t al16(size_t n) { return (n + 15) & ~(size_t)15; }
+
+typedef struct carver {
+    float *base;
+    size_t used;
+} carver;
+
+static float *carve(carver *c, size_t n) {
+    float *p = c->base ? c->base + c->used : NULL;
+    c->used += al16(n);
+    return p;
+}
+
+/* Lay the activation buffers out for (B, T); with base NULL only counts. */
+static size_t acts_carve(orch_engine_ctx *ctx, float *base, uint32_t B,
+                         uint32_t T) {
+    cpu_train_acts *a = &ctx->acts;
+    const size_t BT = (size_t)B * T, C = ctx->C, M = ctx->M;
+    carver cv = {base, 0};
+    for (uint32_t l = 0; l < ctx->L; l++) {
+        cpu_layer_acts *la = &a->layer[l];
+        la->res_in = carve(&cv, BT * C);
+        la->ln1 = carve(&cv, BT * C);
+        la->ln1_mean = carve(&cv, BT);
+        la->ln1_rstd = carve(&cv, BT);
+        la->qkv = carve(&cv, BT * 3 * C);
+        la->att = carve(&cv, (size_t)B * ctx->NH * T * T);
+        la->atty = carve(&cv, BT * C);
+        la->res_mid = carve(&cv, BT * C);
+        la->ln2 = carve(&cv, BT * C);
+        la->ln2_mean = carve(&cv, BT);
+        la->ln2_rstd = carve(&cv, BT);
+        la->fc = carve(&cv, BT * M);
+        la->fc_tanh = carve(&cv, BT * M);
+        la->gelu = carve(&cv, BT * M);
+    }
+    a->res_out = carve(&cv, BT * C);
+    a->lnf = carve(&cv, BT * C);
+    a->lnf_mean = carve(&cv, BT);
+    a->lnf_rstd = carve(&cv, BT);
+    a->logits = carve(&cv, BT * ctx->V);
+    a->row_loss = carve(&cv, BT);
+    a->dres = carve(&cv, BT * C);
+    a->dtmp = carve(&cv, BT * C);
+    a->dqkv = carve(&cv, BT * 3 * C);
+    a->datty = carve(&cv, BT * C);
+    a->dfc = carve(&cv, BT * M);
+    a->att_scratch = carve(&cv, (size_t)ctx->threads * T * T);
+    return cv.used;
+}
+
+static int32_t acts_ensure(orch_engine_ctx *ctx, uint32_t B, uint32_t T) {
+    cpu_train_acts *a = &ctx->acts;
+    if (a->base && a->B == B && a->T == T) return ORCH_OK;
+    if (!a->layer) {
+        a->layer = calloc(ctx->L, sizeof *a->layer);
+        if (!a->layer)
+            return cpu_fail(ctx, ORCH_ERR_OUT_OF_MEMORY,
+                            "cannot allocate activation tables");
+    }
+    size_t need = acts_carve(ctx, NULL, B, T);
+    if (need > a->floats) {
+        free(a->base);
+        a->base = NULL;
+        a->floats = 0;
+        a->B = a->T = 0;
+        void *p = NULL;
+        if (need > SIZE_MAX / sizeof(float) ||
+            posix_memalign(&p, 64, need * sizeof(float)) != 0)
+            return cpu_fail(ctx, ORCH_ERR_OUT_OF_MEMORY,
+                            "cannot allocate %zu MiB of activations for batch "
+                            "%u x seq_len %u",
+                            need * sizeof(float) >> 20, B, T);
+        a->base = p;
+        a->floats = need;
+    }
+    acts_carve(ctx, a->base, B, T);
+    a->B = B;
+    a->T = T;
+    return ORCH_OK;
+}
+
+void cpu_train_free(orch_engine_ctx *ctx) {
+    free(ctx->acts.base);
+    free(ctx->acts.layer);
+    memset(&ctx->acts, 0, sizeof ctx->acts);
+}
+
+/* ------------------------------------------------------------------------- */
+/* Row kernels                                                                */
+/* ------------------------------------------------------------------------- */
+
+void cpu_layernorm_rows(const float *x, float *out, float *mean, float *rstd,
+                        const float *w, const float *b, size_t r0, size_t r1,
+                        uint32_t C, float eps) {
+    for (size_t r = r0; r < r1; r++) {
+        const float *xr = x + r * C;
+        float *o = out + r * C;
+        double s = 0.0;
+        for (uint32_t c = 0; c < C; c++) s += xr[c];
+        double mu = s / C, var = 0.0;
+        for (uint32_t c = 0; c < C; c++) {
+            double d = xr[c] - mu;
+            var += d * d;
+        }
+        var /= C;
+        float m = (float)mu, rs = (float)(1.0 / sqrt(var + (double)eps));
+        for (uint32_t c = 0; c < C; c++) o[c] = (xr[c] - m) * rs * w[c] + b[c];
+        if (mean) {
+            mean[r] = m;
+            rstd[r] = rs;
+        }
+    }
+}
+
+typedef struct ln_job {
+    const float *x;
+    float *out, *mean, *rstd;
+    const float *w, *b;
+    size_t rows;
+    uint32_t C;
+    float eps;
+} ln_job;
+
+static void ln_run(void *arg, int tid, int nth) {
+    const ln_job *j = arg;
+    size_t r0, r1;
+    cpu_pool_range(j->rows, tid, nth, 1, &r0, &r1);
+    cpu_layernorm_rows(j->x, j->out, j->mean, j->rstd, j->w, j->b, r0, r1, j->C,
+                       j->eps);
+}
+
+static void layernorm(orch_engine_ctx *ctx, const float *x, float *out,
+                      float *mean, float *rstd, const float *w, const float *b,
+                      size_t rows) {
+    ln_job j = {x, out, mean, rstd, w, b, rows, ctx->C, ctx->eps};
+    cpu_pool_run(ctx->pool, ln_run, &j);
+}
+
+/* LayerNorm backward: dx += ..., dw += ..., db += ... (dy = upstream grad).
+ * Rows of dx and columns of dw/db are split independently. */
+typedef struct lnb_job {
+    const float *dy, *x, *mean, *rstd, *w;
+    float *dx, *dw, *db;
+    size_t rows;
+    uint32_t C;
+} lnb_job;
+
+static void lnb_run(void *arg, int tid, int nth) {
+    const lnb_job *j = arg;
+    const uint32_t C = j->C;
+    size_t r0, r1, c0, c1;
+    cpu_pool_range(j->rows, tid, nth, 1, &r0, &r1);
+    for (size_t r = r0; r < r1; r++) {
+        const float *dy = j->dy + r * C, *x = j->x + r * C;
+        float *dx = j->dx + r * C;
+        const float m = j->mean[r], rs = j->rstd[r];
+        float s1 = 0.0f, s2 = 0.0f;
+        for (uint32_t c = 0; c < C; c++) {
+            float dn = dy[c] * j->w[c];
+            s1 += dn;
+            s2 += dn * ((x[c] - m) * rs);
+        }
+        s1 /= (float)C;
+        s2 /= (float)C;
+        for (uint32_t c = 0; c < C; c++) {
+            float xh = (x[c] - m) * rs;
+            dx[c] += rs * (dy[c] * j->w[c] - s1 - xh * s2);
+        }
+    }
+    cpu_pool_range(C, tid, nth, 16, &c0, &c1);
+    for (size_t r = 0; r < j->rows; r++) {
+        const float *dy = j->dy + r * C, *x = j->x + r * C;
+        const float m = j->mean[r], rs = j->rstd[r];
+        for (size_t c = c0; c < c1; c++) {
+            j->dw[c] += dy[c] * ((x[c] - m) * rs);
+            j->db[c] += dy[c];
+        }
+    }
+}
+
+static void layernorm_backward(orch_engine_ctx *ctx, const float *dy,
+                               const float *x, const float *mean,
+                               const float *rstd, const float *w, float *dx,
+                               float *dw, float *db, size_t rows) {
+    lnb_job j = {dy, x, mean, rstd, w, dx, dw, db, rows, ctx->C};
+    cpu_pool_run(ctx->pool, lnb_run, &j);
+}
+
+/* ------------------------------------------------------------------------- */
+/* Embeddings                                                                 */
+/* ------------------------------------------------------------------------- */
+
+typedef struct embed_job {
+    orch_engine_ctx *ctx;
+    const int32_t *tokens;
+    uint32_t T;
+    size_t rows;
+    float *out;
+    const float *dres; /* backward when set */
+} embed_job;
+
+static void embed_run(void *arg, int tid, int nth) {
+    const embed_job *j = arg;
+    const orch_engine_ctx *ctx = j->ctx;
+    const size_t C = ctx->C;
+    size_t a, b;
+    if (!j->dres) {
+        cpu_pool_range(j->rows, tid, nth, 1, &a, &b);
+        for (size_t r = a; r < b; r++) {
+            const float *te = ctx->pv.wte + (size_t)j->tokens[r] * C;
+            const float *pe = ctx->pv.wpe + (r % j->T) * C;
+            float *o = j->out + r * C;
+            for (size_t c = 0; c < C; c++) o[c] = te[c] + pe[c];
+        }
+        return;
+    }
+    /* Backward by columns: no two threads add to the same element. */
+    cpu_pool_range(C, tid, nth, 16, &a, &b);
+    for (size_t r = 0; r < j->rows; r++) {
+        float *te = ctx->gv.wte + (size_t)j->tokens[r] * C;
+        float *pe = ctx->gv.wpe + (r % j->T) * C;
+        const float *d = j->dres + r * C;
+        for (size_t c = a; c < b; c++) {
+            te[c] += d[c];
+            pe[c] += d[c];
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------- */
+/* Attention                                                                  */
+/* ------------------------------------------------------------------------- */
+
+typedef struct attn_job {
+    orch_engine_ctx *ctx;
+    cpu_layer_acts *la;
+    uint32_t B, T;
+    const float *datty; /* backward when set */
+    float *dqkv;
+    float *scratch;
+} attn_job;
+
+static void attn_fwd_task(const attn_job *j, uint32_t b, uint32_t h) {
+    const orch_engine_ctx *ctx = j->ctx;
+    const int T = (int)j->T, C = (int)ctx->C, HS = (int)ctx->HS;
+    const float scale = 1.0f / sqrtf((float)HS);
+    const float *q = j->la->qkv + (size_t)b * T * 3 * C + (size_t)h * HS;
+    const float *k = q + C, *v = q + 2 * C;
+    float *S = j->la->att + ((size_t)b * ctx->NH + h) * T * T;
+    cpu_sgemm1(0, 1, T, T, HS, scale, q, 3 * C, k, 3 * C, 0.0f, S, T);
+    for (int i = 0; i < T; i++) {
+        float *row = S + (size_t)i * T;
+        const float mx = cpu_max(ctx->isa, row, (size_t)i + 1);
+        const float sum = cpu_exp_sum(ctx->isa, row, mx, (size_t)i + 1);
+        cpu_scale(ctx->isa, row, 1.0f / sum, (size_t)i + 1);
+        for (int jj = i + 1; jj < T; jj++) row[jj] = 0.0f;
+    }
+    float *out = j->la->atty + (size_t)b * T * C + (size_t)h * HS;
+    cpu_sgemm1(0, 0, T, HS, T, 1.0f, S, T, v, 3 * C, 0.0f, out, C);
+}
+
+static void attn_bwd_task(const attn_job *j, uint32_t b, uint32_t h,
+                          float *dS) {
+    const orch_engine_ctx *ctx = j->ctx;
+    const int T = (int)j->T, C = (int)ctx->C, HS = (int)ctx->HS;
+    const float scale = 1.0f / sqrtf((float)HS);
+    const size_t off = (size_t)b * T * 3 * C + (size_t)h * HS;
+    const float *q = j->la->qkv + off, *k = q + C, *v = q + 2 * C;
+    float *dq = j->dqkv + off, *dk = dq + C, *dv = dq + 2 * C;
+    const float *S = j->la->att + ((size_t)b * ctx->NH + h) * T * T;
+    const float *dy = j->datty + (size_t)b * T * C + (size_t)h * HS;
+    cpu_sgemm1(0, 1, T, T, HS, 1.0f, dy, C, v, 3 * C, 0.0f, dS, T);
+    cpu_sgemm1(1, 0, T, HS, T, 1.0f, S, T, dy, C, 0.0f, dv, 3 * C);
+    for (int i = 0; i < T; i++) {
+        const float *p = S + (size_t)i * T;
+        float *d = dS + (size_t)i * T;
+        float dot = 0.0f;
+        for (int jj = 0; jj <= i; jj++) dot += p[jj] * d[jj];
+        for (int jj = 0; jj <= i; jj++) d[jj] = p[jj] * (d[jj] - dot) * scale;
+        for (int jj = i + 1; jj < T; jj++) d[jj] = 0.0f;
+    }
+    cpu_sgemm1(0, 0, T, HS, T, 1.0f, dS, T, k, 3 * C, 0.0f, dq, 3 * C);
+    cpu_sgemm1(1, 0, T, HS, T, 1.0f, dS, T, q, 3 * C, 0.0f, dk, 3 * C);
+}
+
+static void attn_run(void *arg, int tid, int nth) {
+    const attn_job *j = arg;
+    const uint32_t NH = j->ctx->NH;
+    size_t a, b;
+    cpu_pool_range((size_t)j->B * NH, tid, nth, 1, &a, &b);
+    float *dS = j->scratch + (size_t)tid * j->T * j->T;
+    for (size_t t = a; t < b; t++) {
+        if (j->datty)
+            attn_bwd_task(j, (uint32_t)(t / NH), (uint32_t)(t % NH), dS);
+        else
+            attn_fwd_task(j, (uint32_t)(t / NH), (uint32_t)(t % NH));
+    }
+}
+
+/* ------------------------------------------------------------------------- */
+/* Softmax + cross-entropy                                                    */
+/* ------------------------------------------------------------------------- */
+
+typedef struct ce_job {
+    float *logits;
+    const int32_t *targets;
+    float *row_loss;
+    size_t rows;
+    uint32_t V;
+    float dscale; /* grad_scale / counted targets; 0: loss only */
+    int backward;
+    int isa;
+} ce_job;
+
+/* Per row: loss = logsumexp(l) - l[y]; with backward the row becomes
+ * dscale * (softmax(l) - onehot(y)) (zero for ignored rows). */
+static void ce_run(void *arg, int tid, int nth) {
+    const ce_job *j = arg;
+    const uint32_t V = j->V;
+    size_t r0, r1;
+    cpu_pool_range(j->rows, tid, nth, 1, &r0, &r1);
+    for (size_t r = r0; r < r1; r++) {
+        float *l = j->logits + r * V;
+        int32_t y = j->targets[r];
+        if (y < 0) {
+            j->row_loss[r] = 0.0f;
+            if (j->backward) memset(l, 0, V * sizeof(float));
+            continue;
+        }
+        const float mx = cpu_max(j->isa, l, V);
+        const float ly = l[y];
+        const float sum = cpu_exp_sum(j->isa, l, mx, V);
+        if (j->backward) {
+            cpu_scale(j->isa, l, j->dscale / sum, V);
+            l[y] -= j->dscale;
+        }
+        j->row_loss[r] = logf(sum) + mx - ly;
+    }
+}
+
+/* ------------------------------------------------------------------------- */
+/* Forward / backward                                                         */
+/* ------------------------------------------------------------------------- */
+
+int32_t cpu_train_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
+                                   const int32_t *targets, uint32_t B,
+                                   uint32_t T, float grad_scale, int backward,
+                                   float *out_loss) {
+    const size_t BT = (size_t)B * T;
+    const int C = (int)ctx->C, M = (int)ctx->M, V = (int)ctx->V;
+    size_t counted = 0;
+    for (size_t i = 0; i < BT; i++) counted += targets[i] != -1;
+    if (counted == 0) { /* nothing to learn from; no gradient */
+        *out_loss = 0.0f;
+        return ORCH_OK;
+    }
+    int32_t st = acts_ensure(ctx, B, T);
+    if (st != ORCH_OK) return st;
+    if (backward && (st = cpu_ensure_train_state(ctx)) != ORCH_OK) return st;
+    cpu_train_acts *a = &ctx->acts;
+    const cpu_view *P = &ctx->pv;
+
+    embed_job ej = {ctx, tokens, T, BT, a->layer[0].res_in, NULL};
+    cpu_pool_run(ctx->pool, embed_run, &ej);
+
+    for (uint32_t l = 0; l < ctx->L; l++) {
+        cpu_layer_acts *la = &a->layer[l];
+        const cpu_layer_view *w = &P->layer[l];
+        float *res_out = l + 1 < ctx->L ? a->layer[l + 1].res_in : a->res_out;
+        layernorm(ctx, la->res_in, la->ln1, la->ln1_mean, la->ln1_rstd,
+                  w->ln1_w, w->ln1_b, BT);
+        cpu_linear_fwd f = {.R = (int)BT, .N = 3 * C, .K = C, .in = la->ln1,
+                            .ldin = C, .W = w->qkv_w, .bias = w->qkv_b,
+                            .out = la->qkv, .ldout = 3 * C};
+        cpu_linear_forward(ctx, &f);
+        attn_job aj = {ctx, la, B, T, NULL, NULL, NULL};
+        cpu_pool_run(ctx->pool, attn_run, &aj);
+        f = (cpu_linear_fwd){.R = (int)BT, .N = C, .K = C, .in = la->atty,
+                             .ldin = C, .W = w->ap_w, .bias = w->ap_b,
+                             .resid = la->res_in, .ldresid = C,
+                             .out = la->res_mid, .ldout = C};
+        cpu_linear_forward(ctx, &f);
+        layernorm(ctx, la->res_mid, la->ln2, la->ln2_mean, la->ln2_rstd,
+                  w->ln2_w, w->ln2_b, BT);
+        f = (cpu_linear_fwd){.R = (int)BT, .N = M, .K = C, .in = la->ln2,
+                             .ldin = C, .W = w->fc_w, .bias = w->fc_b,
+                             .out = la->fc, .ldout = M,
+                             .gelu_tanh = la->fc_tanh, .gelu_out = la->gelu};
+        cpu_linear_forward(ctx, &f);
+        f = (cpu_linear_fwd){.R = (int)BT, .N = C, .K = M, .in = la->gelu,
+                             .ldin = M, .W = w->mp_w, .bias = w->mp_b,
+                             .resid = la->res_mid, .ldresid = C,
+                             .out = res_out, .ldout = C};
+        cpu_linear_forward(ctx, &f);
+    }
+    layernorm(ctx, a->res_out, a->lnf, a->lnf_mean, a->lnf_rstd, P->lnf_w,
+              P->lnf_b, BT);
+    cpu_linear_fwd head = {.R = (int)BT, .N = V, .K = C, .in = a->lnf,
+                           .ldin = C, .W = P->wte, .out = a->logits,
+                           .ldout = V};
+    cpu_linear_forward(ctx, &head);
+    ce_job cj = {a->logits, targets, a->row_loss, BT, ctx->V,
+                 grad_scale / (float)counted, backward, ctx->isa};
+    cpu_pool_run(ctx->pool, ce_run, &cj);
+    double total = 0.0;
+    for (size_t r = 0; r < BT; r++) total += a->row_loss[r];
+    *out_loss = (float)(total / (double)counted);
+    if (!backward) return ORCH_OK;
+
+    /* ---- backward ---- */
+    const cpu_view *G = &ctx->gv;
+    cpu_linear_bwd hb = {.R = (int)BT, .N = V, .K = C, .dout = a->logits,
+                         .lddout = V, .in = a->lnf, .ldin = C, .W = P->wte,
+                         .din = a->dtmp, .lddin = C, .dW = G->wte};
+    cpu_linear_backward(ctx, &hb);
+    memset(a->dres, 0, BT * C * sizeof(float));
+    layernorm_backward(ctx, a->dtmp, a->res_out, a->lnf_mean, a->lnf_rstd,
+                       P->lnf_w, a->dres, G->lnf_w, G->lnf_b, BT);
+    for (uint32_t li = ctx->L; li-- > 0;) {
+        cpu_layer_acts *la = &a->layer[li];
+        const cpu_layer_view *w = &P->layer[li];
+        const cpu_layer_view *g = &G->layer[li];
+        /* MLP: dres is the gradient of the layer output. */
+        cpu_linear_bwd b = {.R = (int)BT, .N = C, .K = M, .dout = a->dres,
+                            .lddout = C, .in = la->gelu, .ldin = M,
+                            .W = w->mp_w, .din = a->dfc, .lddin = M,
+                            .gelu_x = la->fc, .gelu_tanh = la->fc_tanh,
+                            .dW = g->mp_w, .dbias = g->mp_b};
+        cpu_linear_backward(ctx, &b);
+        b = (cpu_linear_bwd){.R = (int)BT, .N = M, .K = C, .dout = a->dfc,
+                             .lddout = M, .in = la->ln2, .ldin = C,
+                             .W = w->fc_w, .din = a->dtmp, .lddin = C,
+                             .dW = g->fc_w, .dbias = g->fc_b};
+        cpu_linear_backward(ctx, &b);
+        layernorm_backward(ctx, a->dtmp, la->res_mid, la->ln2_mean,
+                           la->ln2_rstd, w->ln2_w, a->dres, g->ln2_w, g->ln2_b,
+                           BT);
+        /* Attention: dres is now the gradient of res_mid. */
+        b = (cpu_linear_bwd){.R = (int)BT, .N = C, .K = C, .dout = a->dres,
+                             .lddout = C, .in = la->atty, .ldin = C,
+                             .W = w->ap_w, .din = a->datty, .lddin = C,
+                             .dW = g->ap_w, .dbias = g->ap_b};
+        cpu_linear_backward(ctx, &b);
+        attn_job aj = {ctx, la, B, T, a->datty, a->dqkv, a->att_scratch};
+        cpu_pool_run(ctx->pool, attn_run, &aj);
+        b = (cpu_linear_bwd){.R = (int)BT, .N = 3 * C, .K = C, .dout = a->dqkv,
+                             .lddout = 3 * C, .in = la->ln1, .ldin = C,
+                             .W = w->qkv_w, .din = a->dtmp, .lddin = C,
+                             .dW = g->qkv_w, .dbias = g->qkv_b};
+        cpu_linear_backward(ctx, &b);
+        layernorm_backward(ctx, a->dtmp, la->res_in, la->ln1_mean,
+                           la->ln1_rstd, w->ln1_w, a->dres, g->ln1_w, g->ln1_b,
+                           BT);
+    }
+    embed_job eb = {ctx, tokens, T, BT, NULL, a->dres};
+    cpu_pool_run(ctx->pool, embed_run, &eb);
+    return ORCH_OK;
+}
+
+/* ------------------------------------------------------------------------- */
+/* Optimizer                                                                  */
+/* ------------------------------------------------------------------------- */
+
+#define MAX_POOL_THREADS 1024
+
+typedef struct opt_job {
+    orch_engine_ctx *ctx;
+    double partial[MAX_POOL_THREADS];
+    float lr, wd;
+    cpu_adamw_consts base;
+} opt_job;
+
+static void sumsq_run(void *arg, int tid, int nth) {
+    opt_job *j = arg;
+    size_t a, b;
+    cpu_pool_range(j->ctx->n_params, tid, nth, 16, &a, &b);
+    j->partial[tid] = a < b ? cpu_sumsq(j->ctx->isa, j->ctx->grads + a, b - a) : 0.0;
+}
+
+static void adamw_run(void *arg, int tid, int nth) {
+    opt_job *j = arg;
+    orch_engine_ctx *ctx = j->ctx;
+    for (uint32_t t = 0; t < ctx->n_tensors; t++) {
+        const cpu_tensor *ti = &ctx->tensors[t];
+        size_t a, b;
+        cpu_pool_range(ti->numel, tid, nth, 16, &a, &b);
+        if (a >= b) continue;
+        cpu_adamw_consts c = j->base;
+        c.decay = (ti->flags & ORCH_TENSOR_FLAG_NO_DECAY) ? 1.0f
+                                                         : 1.0f - j->lr * j->wd;
+        size_t o = ti->offset + a;
+        cpu_adamw(ctx->isa, ctx->params + o, ctx->grads + o, ctx->adam_m + o,
+                  ctx->adam_v + o, b - a, &c);
+    }
+}
+
+int32_t cpu_train_optimizer_step(orch_engine_ctx *ctx,
+                                 const orch_adamw_params *p, float *out_norm) {
+    int32_t st = cpu_ensure_train_state(ctx);
+    if (st != ORCH_OK) return st;
+    opt_job *j = calloc(1, sizeof *j);
+    if (!j) return cpu_fail(ctx, ORCH_ERR_OUT_OF_MEMORY, "optimizer_step: out of memory");
+    j->ctx = ctx;
+    cpu_pool_run(ctx->pool, sumsq_run, j);
+    double sq = 0.0;
+    for (int t = 0; t < ctx->threads; t++) sq += j->partial[t];
+    double norm = sqrt(sq);
+    if (!isfinite(norm)) {
+        free(j);
+        return cpu_fail(ctx, ORCH_ERR_NUMERIC,
+                        "optimizer_step: gradient norm is not finite (NaN/Inf "
+                        "gradients); nothing changed");
+    }
+    float gscale = 1.0f;
+    if (p->grad_clip > 0.0f && norm > (double)p->grad_clip)
+        gscale = (float)((double)p->grad_clip / norm);
+    const double t = (double)p->step;
+    const double bc1 = 1.0 - pow((double)p->beta1, t);
+    const double bc2 = 1.0 - pow((double)p->beta2, t);
+    j->lr = p->lr;
+    j->wd = p->weight_decay;
+    j->base.beta1 = p->beta1;
+    j->base.beta2 = p->beta2;
+    j->base.one_minus_beta1 = 1.0f - p->beta1;
+    j->base.one_minus_beta2 = 1.0f - p->beta2;
+    j->base.step_size = (float)((double)p->lr / bc1);
+    j->base.inv_bc2_sqrt = (float)(1.0 / sqrt(bc2));
+    j->base.eps = p->eps;
+    j->base.gscale = gscale;
+    cpu_pool_run(ctx->pool, adamw_run, j);
+    free(j);
+    ctx->packed_valid = 0;
+    if (out_norm) *out_norm = (float)norm;
+    return ORCH_OK;
+}

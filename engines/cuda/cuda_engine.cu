@@ -1,0 +1,1221 @@
+/*
+ * cuda_engine.cu - the orch engine ABI for NVIDIA GPUs (libengine_cuda.so):
+ * function table, probe, context life cycle, options, the GPT-2 tensor table,
+ * input validation, and the public entry points. The numeric work lives in
+ * cuda_model.cu (passes) and cuda_kernels.cu (kernels).
+ *
+ * Semantics mirror the CPU engine: the same tensor names, shapes, order and
+ * flags (NO_DECAY on biases and LayerNorm parameters), the flat gradient
+ * buffer is the concatenation of the tensors in table order, the same KV block
+ * semantics and the same input checks. Parameters, gradients and both AdamW
+ * moments are fp32 on the device, each one cudaMalloc with views at the table
+ * offsets, so tensor and gradient transfers are single copies.
+ *
+ * Options ("key=value" separated by ',' or ';'):
+ *   math=fp32|tf32|bf16   matrix-product precision (default fp32): tf32 and
+ *                         bf16 use cuBLAS's CUBLAS_COMPUTE_32F_FAST_TF32 /
+ *                         _FAST_16BF on fp32 storage; everything else is fp32
+ *   device=N              CUDA device ordinal (default 0)
+ * The `threads` option of the ABI has no meaning here and is ignored.
+ *
+ * Errors: every CUDA/cuBLAS failure becomes a status with the CUDA error text
+ * in last_error; out of device memory is ORCH_ERR_OUT_OF_MEMORY and leaves the
+ * context usable; other device failures mark the context broken (later calls
+ * return ORCH_ERR_DEVICE). Nothing here exits, aborts or prints.
+ *
+ * Threads: one context per thread at a time (ABI rule); every entry point
+ * selects the context's device first, so contexts on different devices can
+ * be driven from different threads. probe/status_string are thread-safe.
+ */
+#include "engines/cuda/cuda_internal.h"
+
+#include <dlfcn.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CU_STR2(x) #x
+#define CU_STR(x) CU_STR2(x)
+#define CU_ENGINE_VERSION "1.0.0 (CUDA runtime " CU_STR(CUDART_VERSION) ", cuBLAS)"
+
+/* Sizes beyond these are refused up front (int arguments of cuBLAS, 32-bit
+ * grid dimensions and index arrays). */
+#define CU_MAX_DIM (1u << 24)
+#define CU_MAX_TOKENS (1u << 26)
+#define CU_BLAS_WORKSPACE (32u << 20)
+
+/* ------------------------------------------------------------------------- */
+/* Errors                                                                     */
+/* ------------------------------------------------------------------------- */
+
+int32_t cu_set_error(orch_engine_ctx *ctx, int32_t status, const char *fmt, ...) {
+    if (!ctx) return status;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(ctx->last_error, sizeof ctx->last_error, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+int32_t cu_cuda_error(orch_engine_ctx *ctx, cudaError_t e, const char *what) {
+    if (e == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError(); /* not sticky: clear it */
+        return cu_set_error(ctx, ORCH_ERR_OUT_OF_MEMORY, "out of device memory in %s: %s",
+                            what, cudaGetErrorString(e));
+    }
+    ctx->broken = 1;
+    return cu_set_error(ctx, ORCH_ERR_DEVICE, "CUDA error in %s: %s (%s)", what,
+                        cudaGetErrorString(e), cudaGetErrorName(e));
+}
+
+int32_t cu_blas_error(orch_engine_ctx *ctx, cublasStatus_t s, const char *what) {
+    if (s == CUBLAS_STATUS_ALLOC_FAILED)
+        return cu_set_error(ctx, ORCH_ERR_OUT_OF_MEMORY, "out of device memory in %s: %s",
+                            what, cublasGetStatusString(s));
+    if (s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_ARCH_MISMATCH)
+        return cu_set_error(ctx, ORCH_ERR_UNSUPPORTED, "cuBLAS error in %s: %s", what,
+                            cublasGetStatusString(s));
+    if (s == CUBLAS_STATUS_INVALID_VALUE)
+        return cu_set_error(ctx, ORCH_ERR_INTERNAL, "cuBLAS error in %s: %s", what,
+                            cublasGetStatusString(s));
+    ctx->broken = 1;
+    return cu_set_error(ctx, ORCH_ERR_DEVICE, "cuBLAS error in %s: %s", what,
+                        cublasGetStatusString(s));
+}
+
+/* Common prologue of every context entry point. */
+static int32_t enter(orch_engine_ctx *ctx) {
+    if (ctx->broken)
+        return cu_set_error(ctx, ORCH_ERR_DEVICE,
+                            "this context hit a CUDA device error earlier and "
+                            "cannot be used (destroy it)");
+    cudaError_t e = cudaSetDevice(ctx->device);
+    if (e != cudaSuccess) return cu_cuda_error(ctx, e, "cudaSetDevice");
+    return ORCH_OK;
+}
+
+#define ENTER(ctx)                                                            \
+    do {                                                                      \
+        if (!(ctx)) return ORCH_ERR_INVALID_ARGUMENT;                         \
+        int32_t en_st_ = enter(ctx);                                          \
+        if (en_st_ != ORCH_OK) return en_st_;                                 \
+    } while (0)
+
+static const char *status_string(int32_t status) {
+    switch (status) {
+    case ORCH_OK: return "ok";
+    case ORCH_ERR_INVALID_ARGUMENT: return "invalid argument";
+    case ORCH_ERR_OUT_OF_MEMORY: return "out of memory";
+    case ORCH_ERR_UNSUPPORTED: return "unsupported";
+    case ORCH_ERR_STATE: return "call out of order";
+    case ORCH_ERR_CAPACITY: return "capacity exceeded";
+    case ORCH_ERR_DEVICE: return "device error";
+    case ORCH_ERR_NUMERIC: return "numeric error (NaN or Inf)";
+    case ORCH_ERR_INTERNAL: return "internal error";
+    default: return "unknown status";
+    }
+}
+
+/* ------------------------------------------------------------------------- */
+/* Probe                                                                      */
+/* ------------------------------------------------------------------------- */
+
+/* probe() must not initialise CUDA in the calling process: CUDA does not
+ * survive fork(), and callers (the conformance suite, `orch serve` workers)
+ * probe in a parent and work in children. So it asks the driver through
+ * NVML (libnvidia-ml.so.1, part of every NVIDIA driver), loaded with dlopen:
+ * device count, names, compute capability, memory, and the CUDA version the
+ * driver supports. The CUDA emulator of tests/cuda_emu has no NVML and goes
+ * through its runtime instead. */
+
+#ifndef ORCH_CUDA_EMU
+/* The few NVML entry points used (stable C ABI of the NVIDIA driver). */
+typedef struct cu_nvml_device *cu_nvml_device_t;
+typedef struct cu_nvml_memory {
+    unsigned long long total, free, used;
+} cu_nvml_memory;
+typedef int (*nvml_void_fn)(void);
+typedef int (*nvml_count_fn)(unsigned int *);
+typedef int (*nvml_handle_fn)(unsigned int, cu_nvml_device_t *);
+typedef int (*nvml_name_fn)(cu_nvml_device_t, char *, unsigned int);
+typedef int (*nvml_cc_fn)(cu_nvml_device_t, int *, int *);
+typedef int (*nvml_mem_fn)(cu_nvml_device_t, cu_nvml_memory *);
+typedef int (*nvml_drv_fn)(int *);
+typedef const char *(*nvml_err_fn)(int);
+
+#define CU_NEED_CC_MAJOR 9 /* sm_90 code + compute_90 PTX in this library */
+
+static void *nvml_sym(void *h, const char *a, const char *b) {
+    void *f = dlsym(h, a);
+    return f || !b ? f : dlsym(h, b);
+}
+
+static int32_t probe_nvml(char *buf, size_t cap) {
+    const char *vis = getenv("CUDA_VISIBLE_DEVICES");
+    if (vis && (vis[0] == '\0' || vis[0] == '-')) {
+        snprintf(buf, cap, "no CUDA device (CUDA_VISIBLE_DEVICES='%.32s' hides them all)", vis);
+        return ORCH_ERR_DEVICE;
+    }
+    void *h = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        snprintf(buf, cap, "no CUDA device (no NVIDIA driver here: libnvidia-ml.so.1 "
+                           "cannot be loaded)");
+        return ORCH_ERR_DEVICE;
+    }
+    /* the handle stays open: dlopen is reference counted, and unloading a
+     * driver library under a live process buys nothing */
+    nvml_void_fn init = (nvml_void_fn)nvml_sym(h, "nvmlInit_v2", "nvmlInit");
+    nvml_void_fn shutdown = (nvml_void_fn)nvml_sym(h, "nvmlShutdown", NULL);
+    nvml_count_fn count = (nvml_count_fn)nvml_sym(h, "nvmlDeviceGetCount_v2", "nvmlDeviceGetCount");
+    nvml_handle_fn handle = (nvml_handle_fn)nvml_sym(h, "nvmlDeviceGetHandleByIndex_v2",
+                                                     "nvmlDeviceGetHandleByIndex");
+    nvml_name_fn name = (nvml_name_fn)nvml_sym(h, "nvmlDeviceGetName", NULL);
+    nvml_cc_fn cc = (nvml_cc_fn)nvml_sym(h, "nvmlDeviceGetCudaComputeCapability", NULL);
+    nvml_mem_fn mem = (nvml_mem_fn)nvml_sym(h, "nvmlDeviceGetMemoryInfo", NULL);
+    nvml_drv_fn drv = (nvml_drv_fn)nvml_sym(h, "nvmlSystemGetCudaDriverVersion_v2",
+                                            "nvmlSystemGetCudaDriverVersion");
+    nvml_err_fn errstr = (nvml_err_fn)nvml_sym(h, "nvmlErrorString", NULL);
+    if (!init || !shutdown || !count || !handle || !name || !cc) {
+        snprintf(buf, cap, "no CUDA device (the NVIDIA driver library lacks the NVML calls "
+                           "this engine uses)");
+        return ORCH_ERR_DEVICE;
+    }
+    int r = init();
+    if (r != 0) {
+        snprintf(buf, cap, "no CUDA device (NVML: %s)", errstr ? errstr(r) : "init failed");
+        return ORCH_ERR_DEVICE;
+    }
+    int32_t st = ORCH_OK;
+    unsigned int n = 0;
+    int dv = 0;
+    r = count(&n);
+    if (r != 0 || n == 0) {
+        snprintf(buf, cap, "no CUDA device (the NVIDIA driver reports %s)",
+                 r != 0 ? (errstr ? errstr(r) : "an error") : "none");
+        st = ORCH_ERR_DEVICE;
+    } else if (drv && drv(&dv) == 0 && dv / 1000 < CUDART_VERSION / 1000) {
+        snprintf(buf, cap, "no usable CUDA device: the NVIDIA driver supports CUDA %d.%d, "
+                           "this build needs %d.x",
+                 dv / 1000, (dv % 1000) / 10, CUDART_VERSION / 1000);
+        st = ORCH_ERR_UNSUPPORTED;
+    } else {
+        int usable = -1, first_major = 0, first_minor = 0;
+        char first_name[96] = "?", use_name[96] = "?";
+        unsigned long long use_mem = 0;
+        for (unsigned int i = 0; i < n; i++) {
+            cu_nvml_device_t d;
+            int ma = 0, mi = 0;
+            char nm[96] = "?";
+            if (handle(i, &d) != 0 || cc(d, &ma, &mi) != 0) continue;
+            (void)name(d, nm, sizeof nm);
+            nm[sizeof nm - 1] = '\0';
+            if (i == 0) {
+                first_major = ma;
+                first_minor = mi;
+                snprintf(first_name, sizeof first_name, "%s", nm);
+            }
+            if (ma >= CU_NEED_CC_MAJOR && usable < 0) {
+                usable = (int)i;
+                snprintf(use_name, sizeof use_name, "%s", nm);
+                cu_nvml_memory m;
+                if (mem && mem(d, &m) == 0) use_mem = m.total;
+            }
+        }
+        if (usable < 0) {
+            snprintf(buf, cap, "no usable CUDA device: %s has compute capability %d.%d; "
+                               "this build needs %d.0 or newer",
+                     first_name, first_major, first_minor, CU_NEED_CC_MAJOR);
+            st = ORCH_ERR_UNSUPPORTED;
+        } else {
+            snprintf(buf, cap, "%u CUDA device%s; device %d: %s, %.0f GiB", n,
+                     n == 1 ? "" : "s", usable, use_name,
+                     (double)use_mem / (1024.0 * 1024.0 * 1024.0));
+        }
+    }
+    (void)shutdown();
+    return st;
+}
+
+#else
+/* The emulator: ask its runtime. */
+static int32_t probe_runtime(char *buf, size_t cap) {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n <= 0) {
+        (void)cudaGetLastError();
+        snprintf(buf, cap, "no CUDA device (%s)",
+                 e != cudaSuccess ? cudaGetErrorString(e) : "none");
+        return ORCH_ERR_DEVICE;
+    }
+    cudaDeviceProp p;
+    if (cudaGetDeviceProperties(&p, 0) != cudaSuccess) {
+        snprintf(buf, cap, "no CUDA device (cannot read its properties)");
+        return ORCH_ERR_DEVICE;
+    }
+    snprintf(buf, cap, "%d CUDA device%s; device 0: %.96s, sm_%d%d", n, n == 1 ? "" : "s",
+             p.name, p.major, p.minor);
+    return ORCH_OK;
+}
+#endif
+
+static int32_t probe(char *msg, uint32_t msg_cap) {
+    char buf[512];
+#ifdef ORCH_CUDA_EMU
+    int32_t st = probe_runtime(buf, sizeof buf);
+#else
+    int32_t st = probe_nvml(buf, sizeof buf);
+#endif
+    if (msg && msg_cap) snprintf(msg, msg_cap, "%s", buf);
+    return st;
+}
+
+/* ------------------------------------------------------------------------- */
+/* Options and model description                                              */
+/* ------------------------------------------------------------------------- */
+
+static int parse_options(const char *opts, cu_math *math, int *device, char *err,
+                         size_t cap) {
+    *math = CU_MATH_FP32;
+    *device = 0;
+    if (!opts) return 0;
+    size_t len = strlen(opts);
+    char *copy = (char *)malloc(len + 1);
+    if (!copy) {
+        snprintf(err, cap, "out of host memory");
+        return -1;
+    }
+    memcpy(copy, opts, len + 1);
+    int rc = 0;
+    char *save = NULL;
+    for (char *item = strtok_r(copy, ",;", &save); item;
+         item = strtok_r(NULL, ",;", &save)) {
+        while (*item == ' ' || *item == '\t') item++;
+        char *end = item + strlen(item);
+        while (end > item && (end[-1] == ' ' || end[-1] == '\t')) *--end = '\0';
+        if (!*item) continue;
+        char *eq = strchr(item, '=');
+        if (!eq) {
+            snprintf(err, cap, "option '%s' is not key=value (cuda options: "
+                               "math=fp32|tf32|bf16, device=N)", item);
+            rc = -1;
+            break;
+        }
+        *eq = '\0';
+        const char *key = item, *val = eq + 1;
+        if (strcmp(key, "math") == 0) {
+            if (strcmp(val, "fp32") == 0) *math = CU_MATH_FP32;
+            else if (strcmp(val, "tf32") == 0) *math = CU_MATH_TF32;
+            else if (strcmp(val, "bf16") == 0) *math = CU_MATH_BF16;
+            else {
+                snprintf(err, cap, "math=%s: expected fp32, tf32 or bf16", val);
+                rc = -1;
+                break;
+            }
+        } else if (strcmp(key, "device") == 0) {
+            char *ep = NULL;
+            long v = strtol(val, &ep, 10);
+            if (!*val || *ep || v < 0 || v > 1024) {
+                snprintf(err, cap, "device=%s: expected a device number", val);
+                rc = -1;
+                break;
+            }
+            *device = (int)v;
+        } else {
+            snprintf(err, cap, "unknown option '%s' (cuda options: "
+                               "math=fp32|tf32|bf16, device=N)", key);
+            rc = -1;
+            break;
+        }
+    }
+    free(copy);
+    return rc;
+}
+
+/* Validate `in` and fill *out with defaults applied (mlp_width 4*width,
+ * layernorm_eps 1e-5), accepting descriptions from older callers that end
+ * after `width` (absent members read as 0). Same rules as the CPU engine. */
+static int32_t normalise_model(const orch_model_desc *in, orch_model_desc *out, char *err,
+                               size_t cap) {
+    if (!in) {
+        snprintf(err, cap, "model description is NULL");
+        return ORCH_ERR_INVALID_ARGUMENT;
+    }
+    const uint32_t need = (uint32_t)(offsetof(orch_model_desc, width) + sizeof(uint32_t));
+    if (in->struct_size < need) {
+        snprintf(err, cap, "model description struct_size %u is too small (need at least %u)",
+                 in->struct_size, need);
+        return ORCH_ERR_INVALID_ARGUMENT;
+    }
+    orch_model_desc m;
+    memset(&m, 0, sizeof m);
+    memcpy(&m, in, in->struct_size < sizeof m ? in->struct_size : sizeof m);
+    m.struct_size = sizeof m;
+    if (m.arch == ORCH_ARCH_LLAMA) {
+        snprintf(err, cap, "model arch %u (llama) is not supported by the cuda engine yet "
+                           "(gpt2 only)", m.arch);
+        return ORCH_ERR_UNSUPPORTED;
+    }
+    if (m.arch != ORCH_ARCH_GPT2) {
+        snprintf(err, cap, "model arch %u is unknown (gpt2 is %u)", m.arch,
+                 (unsigned)ORCH_ARCH_GPT2);
+        return ORCH_ERR_INVALID_ARGUMENT;
+    }
+    if (m.vocab_size == 0 || m.context == 0 || m.layers == 0 || m.heads == 0 ||
+        m.width == 0) {
+        snprintf(err, cap, "model sizes must be > 0 (vocab_size %u, context %u, layers %u, "
+                           "heads %u, width %u)",
+                 m.vocab_size, m.context, m.layers, m.heads, m.width);
+        return ORCH_ERR_INVALID_ARGUMENT;
+    }
+    if (m.width % m.heads != 0) {
+        snprintf(err, cap, "model heads (%u) must divide width (%u)", m.heads, m.width);
+        return ORCH_ERR_INVALID_ARGUMENT;
+    }
+    if (m.kv_heads != 0 && m.kv_heads != m.heads) {
+        snprintf(err, cap, "model kv_heads %u differs from heads %u (grouped-query attention "
+                           "is not supported for gpt2)", m.kv_heads, m.heads);
+        return ORCH_ERR_UNSUPPORTED;
+    }
+    if (m.mlp_width == 0) m.mlp_width = 4u * m.width;
+    if (m.vocab_size > CU_MAX_DIM || m.context > CU_MAX_DIM / 16 || m.layers > 4096 ||
+        m.width > 65536 || m.mlp_width > 4u * 65536) {
+        snprintf(err, cap, "model sizes exceed the cuda engine's limits (vocab_size <= %u, "
+                           "context <= %u, layers <= 4096, width <= 65536, mlp_width <= %u)",
+                 CU_MAX_DIM, CU_MAX_DIM / 16, 4u * 65536);
+        return ORCH_ERR_INVALID_ARGUMENT;
+    }
+    if (!(m.layernorm_eps >= 0.0f) || isinf(m.layernorm_eps)) {
+        snprintf(err, cap, "model layernorm_eps must be a finite value >= 0");
+        return ORCH_ERR_INVALID_ARGUMENT;
+    }
+    if (m.layernorm_eps == 0.0f) m.layernorm_eps = 1e-5f;
+    m.kv_heads = m.heads;
+    *out = m;
+    return ORCH_OK;
+}
+
+/* ------------------------------------------------------------------------- */
+/* Tensor table                                                               */
+/* ------------------------------------------------------------------------- */
+
+static void add_tensor(orch_engine_ctx *ctx, uint64_t *off, const char *name,
+                       uint64_t d0, uint64_t d1) {
+    cu_tensor *t = &ctx->tensors[ctx->n_tensors++];
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->ndim = d1 ? 2 : 1;
+    t->shape[0] = d0;
+    t->shape[1] = d1;
+    t->numel = d1 ? d0 * d1 : d0;
+    t->flags = d1 ? 0 : ORCH_TENSOR_FLAG_NO_DECAY;
+    t->offset = *off;
+    *off += t->numel;
+}
+
+static int32_t build_table(orch_engine_ctx *ctx) {
+    uint32_t count = 2 + ctx->L * CU_PER_LAYER + 2;
+    ctx->tensors = (cu_tensor *)calloc(count, sizeof(cu_tensor));
+    if (!ctx->tensors)
+        return cu_set_error(ctx, ORCH_ERR_OUT_OF_MEMORY, "out of host memory");
+    uint64_t off = 0;
+    uint64_t V = ctx->V, T = ctx->T, C = ctx->C, M = ctx->M;
+    char name[ORCH_TENSOR_NAME_MAX];
+    add_tensor(ctx, &off, "wte.weight", V, C);
+    add_tensor(ctx, &off, "wpe.weight", T, C);
+    for (uint32_t l = 0; l < ctx->L; l++) {
+#define T1(suffix, d0) \
+    (snprintf(name, sizeof name, "h.%u." suffix, l), add_tensor(ctx, &off, name, d0, 0))
+#define T2(suffix, d0, d1) \
+    (snprintf(name, sizeof name, "h.%u." suffix, l), add_tensor(ctx, &off, name, d0, d1))
+        T1("ln_1.weight", C);
+        T1("ln_1.bias", C);
+        T2("attn.c_attn.weight", 3 * C, C);
+        T1("attn.c_attn.bias", 3 * C);
+        T2("attn.c_proj.weight", C, C);
+        T1("attn.c_proj.bias", C);
+        T1("ln_2.weight", C);
+        T1("ln_2.bias", C);
+        T2("mlp.c_fc.weight", M, C);
+        T1("mlp.c_fc.bias", M);
+        T2("mlp.c_proj.weight", C, M);
+        T1("mlp.c_proj.bias", C);
+#undef T1
+#undef T2
+    }
+    add_tensor(ctx, &off, "ln_f.weight", C, 0);
+    add_tensor(ctx, &off, "ln_f.bias", C, 0);
+    ctx->n_params = off;
+    return ORCH_OK;
+}
+
+/* ------------------------------------------------------------------------- */
+/* Context life cycle                                                         */
+/* ------------------------------------------------------------------------- */
+
+/* Keep this library (and with it the CUDA runtime and cuBLAS) mapped for the
+ * life of the process once a context has used the GPU: unloading the CUDA
+ * runtime while its driver state lives on is not something we want to test
+ * our luck with. */
+static void pin_library(void) {
+    static int pinned = 0;
+    if (__atomic_exchange_n(&pinned, 1, __ATOMIC_SEQ_CST)) return;
+    Dl_info info;
+    if (dladdr((void *)&pin_library, &info) && info.dli_fname)
+        (void)dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE);
+}
+
+static void context_destroy(orch_engine_ctx *ctx) {
+    if (!ctx) return;
+    (void)cudaSetDevice(ctx->device);
+    if (ctx->stream) (void)cudaStreamSynchronize(ctx->stream);
+    cu_acts_free(ctx);
+    cu_infer_free(ctx);
+    if (ctx->d_kv) cudaFree(ctx->d_kv);
+    if (ctx->d_params) cudaFree(ctx->d_params);
+    if (ctx->d_red) cudaFree(ctx->d_red);
+    if (ctx->h_red) cudaFreeHost(ctx->h_red);
+    if (ctx->h_stage) cudaFreeHost(ctx->h_stage);
+    if (ctx->blas) cublasDestroy(ctx->blas);
+    if (ctx->blas_ws) cudaFree(ctx->blas_ws);
+    if (ctx->stream) cudaStreamDestroy(ctx->stream);
+    (void)cudaGetLastError();
+    free(ctx->h_kv_writer);
+    free(ctx->h_kv_lblock);
+    free(ctx->h_kv_written);
+    free(ctx->h_tok_map);
+    free(ctx->tensors);
+    free(ctx);
+}
+
+static int32_t create_device_state(orch_engine_ctx *ctx, uint64_t seed) {
+    CU_CHECK(ctx, cudaSetDevice(ctx->device));
+    CU_CHECK(ctx, cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking));
+    CU_BLAS(ctx, cublasCreate(&ctx->blas));
+    CU_BLAS(ctx, cublasSetStream(ctx->blas, ctx->stream));
+    CU_BLAS(ctx, cublasSetPointerMode(ctx->blas, CUBLAS_POINTER_MODE_HOST));
+    CU_BLAS(ctx, cublasSetMathMode(ctx->blas, CUBLAS_DEFAULT_MATH));
+    /* An explicit workspace keeps cuBLAS from allocating inside steps and
+     * keeps its results reproducible on one stream. */
+    ctx->blas_ws_bytes = CU_BLAS_WORKSPACE;
+    CU_CHECK(ctx, cudaMalloc(&ctx->blas_ws, ctx->blas_ws_bytes));
+    CU_BLAS(ctx, cublasSetWorkspace(ctx->blas, ctx->blas_ws, ctx->blas_ws_bytes));
+    switch (ctx->math) {
+    case CU_MATH_TF32: ctx->compute = CUBLAS_COMPUTE_32F_FAST_TF32; break;
+    case CU_MATH_BF16: ctx->compute = CUBLAS_COMPUTE_32F_FAST_16BF; break;
+    default: ctx->compute = CUBLAS_COMPUTE_32F; break;
+    }
+
+    /* parameters, gradients, m, v: one allocation, four views */
+    size_t bytes = (size_t)ctx->n_params * sizeof(float);
+    size_t stride = (bytes + 255) & ~(size_t)255;
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, 4 * stride);
+    if (e != cudaSuccess) {
+        if (e == cudaErrorMemoryAllocation) {
+            (void)cudaGetLastError();
+            return cu_set_error(ctx, ORCH_ERR_OUT_OF_MEMORY,
+                                "out of device memory: parameters, gradients and "
+                                "AdamW moments need %.1f MiB",
+                                4.0 * (double)stride / (1024.0 * 1024.0));
+        }
+        return cu_cuda_error(ctx, e, "cudaMalloc(parameters)");
+    }
+    ctx->d_params = (float *)p;
+    ctx->d_grads = (float *)((char *)p + stride);
+    ctx->d_m = (float *)((char *)p + 2 * stride);
+    ctx->d_v = (float *)((char *)p + 3 * stride);
+
+    CU_CHECK(ctx, cudaMalloc(&p, (CU_NORM_BLOCKS + 1) * sizeof(double) + 64));
+    ctx->d_red = (double *)p;
+    ctx->d_norm = (float *)(ctx->d_red + CU_NORM_BLOCKS + 1);
+    CU_CHECK(ctx, cudaMallocHost(&p, 64));
+    ctx->h_red = (double *)p;
+    ctx->h_norm = (float *)(ctx->h_red + 1);
+
+    /* paged attention keeps one score per position in shared memory */
+    ctx->attn_smem_max = (size_t)ctx->T * sizeof(float);
+    if (ctx->attn_smem_max > 48 * 1024) {
+        int optin = 0;
+        CU_CHECK(ctx, cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
+                                             ctx->device));
+        if ((size_t)optin < ctx->attn_smem_max + 1024)
+            return cu_set_error(ctx, ORCH_ERR_UNSUPPORTED,
+                                "context %u is too long for this device's shared memory "
+                                "(paged attention needs %zu bytes, device allows %d)",
+                                ctx->T, ctx->attn_smem_max, optin);
+        CU_CHECK(ctx, k_paged_attention_smem(ctx->attn_smem_max));
+    }
+    return cu_model_init(ctx, seed);
+}
+
+static int32_t context_create(const orch_model_desc *model,
+                              const orch_engine_options *opts,
+                              orch_engine_ctx **out_ctx, char *err, uint32_t err_cap) {
+    char msg[1024] = "";
+    orch_model_desc md;
+    memset(&md, 0, sizeof md);
+    int32_t st = normalise_model(model, &md, msg, sizeof msg);
+    cu_math math = CU_MATH_FP32;
+    int device = 0;
+    uint64_t seed = 0;
+    if (st == ORCH_OK && !out_ctx) {
+        snprintf(msg, sizeof msg, "out_ctx is NULL");
+        st = ORCH_ERR_INVALID_ARGUMENT;
+    }
+    if (st == ORCH_OK && opts) {
+        if (opts->struct_size >= offsetof(orch_engine_options, seed) + sizeof(uint64_t))
+            seed = opts->seed;
+        const char *o = NULL;
+        if (opts->struct_size >= offsetof(orch_engine_options, options) + sizeof(void *))
+            o = opts->options;
+        if (parse_options(o, &math, &device, msg, sizeof msg) != 0)
+            st = ORCH_ERR_INVALID_ARGUMENT;
+    }
+    if (st == ORCH_OK) {
+        int n = 0;
+        cudaError_t e = cudaGetDeviceCount(&n);
+        if (e != cudaSuccess || n <= 0) {
+            (void)cudaGetLastError();
+            snprintf(msg, sizeof msg, "no CUDA device (%s)",
+                     e != cudaSuccess ? cudaGetErrorString(e) : "the driver reports none");
+            st = ORCH_ERR_DEVICE;
+        } else if (device >= n) {
+            snprintf(msg, sizeof msg, "device=%d but only %d CUDA device%s", device, n,
+                     n == 1 ? "" : "s");
+            st = ORCH_ERR_INVALID_ARGUMENT;
+        }
+    }
+    orch_engine_ctx *ctx = NULL;
+    if (st == ORCH_OK) {
+        ctx = (orch_engine_ctx *)calloc(1, sizeof *ctx);
+        if (!ctx) {
+            snprintf(msg, sizeof msg, "out of host memory");
+            st = ORCH_ERR_OUT_OF_MEMORY;
+        }
+    }
+    if (st == ORCH_OK) {
+        ctx->device = device;
+        ctx->math = math;
+        ctx->V = md.vocab_size;
+        ctx->T = md.context;
+        ctx->L = md.layers;
+        ctx->H = md.heads;
+        ctx->C = md.width;
+        ctx->M = md.mlp_width;
+        ctx->hs = ctx->C / ctx->H;
+        ctx->eps = md.layernorm_eps;
+        st = build_table(ctx);
+        if (st == ORCH_OK) {
+            ctx->h_tok_map = (int32_t *)malloc((size_t)ctx->V * sizeof(int32_t));
+            if (!ctx->h_tok_map)
+                st = cu_set_error(ctx, ORCH_ERR_OUT_OF_MEMORY, "out of host memory");
+            else
+                memset(ctx->h_tok_map, 0xff, (size_t)ctx->V * sizeof(int32_t)); /* -1 */
+        }
+        if (st == ORCH_OK) {
+            pin_library();
+            st = create_device_state(ctx, seed);
+        }
+        if (st != ORCH_OK) {
+            snprintf(msg, sizeof msg, "%s", ctx->last_error);
+            context_destroy(ctx);
+            ctx = NULL;
+        }
+    }
+    if (st != ORCH_OK) {
+        if (err && err_cap) snprintf(err, err_cap, "%s", msg);
+        return st;
+    }
+    ctx->last_error[0] = '\0';
+    *out_ctx = ctx;
+    return ORCH_OK;
+}
+
+static const char *last_error(const orch_engine_ctx *ctx) {
+    return ctx ? ctx->last_error : "";
+}
+
+/* ------------------------------------------------------------------------- */
+/* Tensors and gradients                                                      */
+/* ------------------------------------------------------------------------- */
+
+static int32_t tensor_count(orch_engine_ctx *ctx, uint32_t kind, uint32_t *out_count) {
+    if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
+    if (kind > ORCH_TENSOR_ADAM_V)
+        return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT, "unknown tensor kind %u", kind);
+    if (!out_count)
+        return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT, "out_count is NULL");
+    *out_count = ctx->n_tensors;
+    return ORCH_OK;
+}
+
+static int32_t check_tensor(orch_engine_ctx *ctx, uint32_t kind, uint32_t index) {
+    if (kind > ORCH_TENSOR_ADAM_V)
+        return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT, "unknown tensor kind %u", kind);
+    if (index >= ctx->n_tensors)
+        return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                            "tensor index %u out of range (table has %u)", index,
+                            ctx->n_tensors);
+    return ORCH_OK;
+}
+
+static int32_t tensor_info(orch_engine_ctx *ctx, uint32_t kind, uint32_t index,
+                           orch_tensor_info *out) {
+    if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
+    CU_TRY(check_tensor(ctx, kind, index));
+    if (!out || out->struct_size < sizeof(uint32_t))
+        return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                            "out is NULL or its struct_size is not set");
+    const cu_tensor *t = &ctx->tensors[index];
+    orch_tensor_info info;
+    memset(&info, 0, sizeof info);
+    info.dtype = ORCH_DTYPE_F32;
+    info.ndim = t->ndim;
+    info.flags = t->flags;
+    info.shape[0] = t->shape[0];
+    info.shape[1] = t->shape[1];
+    info.numel = t->numel;
+    info.offset = t->offset;
+    snprintf(info.name, sizeof info.name, "%s", t->name);
+    uint32_t n = out->struct_size < sizeof info ? out->struct_size : (uint32_t)sizeof info;
+    info.struct_size = n;
+    memcpy(out, &info, n);
+    return ORCH_OK;
+}
+
+static float *kind_base(orch_engine_ctx *ctx, uint32_t kind) {
+    return kind == ORCH_TENSOR_PARAM ? ctx->d_params
+           : kind == ORCH_TENSOR_ADAM_M ? ctx->d_m
+                                        : ctx->d_v;
+}
+
+static int32_t tensor_copy(orch_engine_ctx *ctx, uint32_t kind, uint32_t index,
+                           void *host, uint64_t bytes, int to_host) {
+    ENTER(ctx);
+    CU_TRY(check_tensor(ctx, kind, index));
+    const cu_tensor *t = &ctx->tensors[index];
+    if (bytes != t->numel * sizeof(float))
+        return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                            "%s: buffer is %llu bytes, tensor needs %llu", t->name,
+                            (unsigned long long)bytes,
+                            (unsigned long long)(t->numel * sizeof(float)));
+    if (!host)
+        return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT, "%s: buffer is NULL", t->name);
+    float *dev = kind_base(ctx, kind) + t->offset;
+    if (to_host)
+        CU_CHECK(ctx, cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, ctx->stream));
+    else
+        CU_CHECK(ctx, cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, ctx->stream));
+    CU_CHECK(ctx, cudaStreamSynchronize(ctx->stream));
+    return ORCH_OK;
+}
+
+static int32_t tensor_read(orch_engine_ctx *ctx, uint32_t kind, uint32_t index, void *dst,
+                           uint64_t dst_bytes) {
+    return tensor_copy(ctx, kind, index, dst, dst_bytes, 1);
+}
+
+static int32_t tensor_write(orch_engine_ctx *ctx, uint32_t kind, uint32_t index,
+                            const void *src, uint64_t src_bytes) {
+    return tensor_copy(ctx, kind, index, (void *)src, src_bytes, 0);
+}
+
+static int32_t grads_zero(orch_engine_ctx *ctx) {
+    ENTER(ctx);
+    CU_CHECK(ctx, cudaMemsetAsync(ctx->d_grads, 0, ctx->n_params * sizeof(float),
+                                  ctx->stream));
+    CU_CHECK(ctx, cudaStreamSynchronize(ctx->stream));
+    return ORCH_OK;
+}
+
+static int32_t grads_copy(orch_engine_ctx *ctx, uint64_t offset, uint64_t count,
+                          float *host, int to_host) {
+    ENTER(ctx);
+    if (offset > ctx->n_params || count > ctx->n_params - offset)
+        return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                            "gradient range [%llu, %llu+%llu) exceeds %llu parameters",
+                            (unsigned long long)offset, (unsigned long long)offset,
+                            (unsigned long long)count, (unsigned long long)ctx->n_params);
+    if (count == 0) return ORCH_OK;
+    if (!host) return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT, "buffer is NULL");
+    size_t bytes = (size_t)count * sizeof(float);
+    if (to_host)
+        CU_CHECK(ctx, cudaMemcpyAsync(host, ctx->d_grads + offset, bytes,
+                                      cudaMemcpyDeviceToHost, ctx->stream));
+    else
+        CU_CHECK(ctx, cudaMemcpyAsync(ctx->d_grads + offset, host, bytes,
+                                      cudaMemcpyHostToDevice, ctx->stream));
+    CU_CHECK(ctx, cudaStreamSynchronize(ctx->stream));
+    return ORCH_OK;
+}
+
+static int32_t grads_read(orch_engine_ctx *ctx, uint64_t offset, uint64_t count,
+                          float *dst) {
+    return grads_copy(ctx, offset, count, dst, 1);
+}
+
+static int32_t grads_write(orch_engine_ctx *ctx, uint64_t offset, uint64_t count,
+                           const float *src) {
+    return grads_copy(ctx, offset, count, (float *)src, 0);
+}
+
+/* ------------------------------------------------------------------------- */
+/* Training and evaluation                                                    */
+/* ------------------------------------------------------------------------- */
+
+static int32_t check_batch(orch_engine_ctx *ctx, const int32_t *tokens,
+                           const int32_t *targets, uint32_t batch, uint32_t seq_len,
+                           uint64_t *n_valid) {
+    if (!tokens || !targets)
+        return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT, "tokens or targets is NULL");
+    if (batch == 0 || seq_len == 0)
+        return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                            "batch (%u) and seq_len (%u) must be positive", batch, seq_len);
+    if (seq_len > ctx->T)
+        return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                            "seq_len %u exceeds the model context %u", seq_len, ctx->T);
+    uint64_t n = (uint64_t)batch * seq_len;
+    if (n > CU_MAX_TOKENS)
+        return cu_set_error(ctx, ORCH_ERR_CAPACITY,
+                            "batch*seq_len = %llu tokens is more than this engine "
+                            "takes in one call (%u)",
+                            (unsigned long long)n, CU_MAX_TOKENS);
+    uint64_t valid = 0;
+    for (uint64_t i = 0; i < n; i++) {
+        if (tokens[i] < 0 || (uint32_t)tokens[i] >= ctx->V)
+            return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                                "token id %d at index %llu is outside the vocabulary "
+                                "[0, %u)",
+                                tokens[i], (unsigned long long)i, ctx->V);
+        if (targets[i] == -1) continue;
+        if (targets[i] < 0 || (uint32_t)targets[i] >= ctx->V)
+            return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                                "target id %d at index %llu is outside the vocabulary "
+                                "[0, %u) (use -1 to ignore a position)",
+                                targets[i], (unsigned long long)i, ctx->V);
+        valid++;
+    }
+    *n_valid = valid;
+    return ORCH_OK;
+}
+
+static int32_t forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
+                                const int32_t *targets, uint32_t batch, uint32_t seq_len,
+                                float grad_scale, float *out_loss) {
+    ENTER(ctx);
+    uint64_t n_valid = 0;
+    CU_TRY(check_batch(ctx, tokens, targets, batch, seq_len, &n_valid));
+    if (!out_loss)
+        return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT, "out_loss is NULL");
+    if (!isfinite(grad_scale))
+        return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT, "grad_scale is not finite");
+    float loss = 0.0f;
+    CU_TRY(cu_model_train_step(ctx, tokens, targets, batch, seq_len, n_valid, grad_scale,
+                               1, &loss));
+    *out_loss = loss;
+    return ORCH_OK;
+}
+
+static int32_t eval_loss(orch_engine_ctx *ctx, const int32_t *tokens,
+                         const int32_t *targets, uint32_t batch, uint32_t seq_len,
+                         float *out_loss) {
+    ENTER(ctx);
+    uint64_t n_valid = 0;
+    CU_TRY(check_batch(ctx, tokens, targets, batch, seq_len, &n_valid));
+    if (!out_loss)
+        return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT, "out_loss is NULL");
+    float loss = 0.0f;
+    CU_TRY(cu_model_train_step(ctx, tokens, targets, batch, seq_len, n_valid, 0.0f, 0,
+                               &loss));
+    *out_loss = loss;
+    return ORCH_OK;
+}
+
+static int32_t optimizer_step(orch_engine_ctx *ctx, const orch_adamw_params *params,
+                              float *out_grad_norm) {
+    ENTER(ctx);
+    if (!params || params->struct_size < sizeof(orch_adamw_params))
+        return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                            "AdamW parameters are NULL or too short");
+    const orch_adamw_params *p = params;
+    if (p->step == 0)
+        return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT, "AdamW step must be >= 1");
+    if (!isfinite(p->lr) || p->lr < 0.0f || !(p->beta1 >= 0.0f && p->beta1 < 1.0f) ||
+        !(p->beta2 >= 0.0f && p->beta2 < 1.0f) || !(p->eps > 0.0f) || !isfinite(p->eps) ||
+        !isfinite(p->weight_decay) || p->weight_decay < 0.0f || !isfinite(p->grad_clip))
+        return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                            "bad AdamW hyper-parameters (lr %g, beta1 %g, beta2 %g, eps %g, "
+                            "weight_decay %g, grad_clip %g)",
+                            (double)p->lr, (double)p->beta1, (double)p->beta2,
+                            (double)p->eps, (double)p->weight_decay, (double)p->grad_clip);
+    return cu_model_adamw(ctx, p, out_grad_norm);
+}
+
+/* ------------------------------------------------------------------------- */
+/* Inference                                                                  */
+/* ------------------------------------------------------------------------- */
+
+static int32_t kv_block_bytes(orch_engine_ctx *ctx, uint32_t block_size, uint64_t *out) {
+    if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
+    if (block_size == 0)
+        return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT, "block_size must be positive");
+    if (!out) return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT, "out_bytes is NULL");
+    *out = (uint64_t)ctx->L * 2 * block_size * ctx->C * sizeof(float);
+    return ORCH_OK;
+}
+
+static int32_t kv_configure(orch_engine_ctx *ctx, uint32_t block_size, uint32_t num_blocks) {
+    ENTER(ctx);
+    if (block_size == 0 || num_blocks == 0)
+        return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                            "kv_configure: block_size (%u) and num_blocks (%u) must be > 0",
+                            block_size, num_blocks);
+    if (block_size > (1u << 20) || num_blocks > (uint32_t)INT32_MAX)
+        return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                            "kv_configure: block_size %u / num_blocks %u out of range",
+                            block_size, num_blocks);
+    uint64_t block_bytes = (uint64_t)ctx->L * 2 * block_size * ctx->C * sizeof(float);
+    uint64_t slots = (uint64_t)block_size * num_blocks;
+    if (block_bytes > UINT64_MAX / num_blocks)
+        return cu_set_error(ctx, ORCH_ERR_OUT_OF_MEMORY,
+                            "kv_configure: a pool of %u blocks of %u positions is too large",
+                            num_blocks, block_size);
+    uint64_t total = block_bytes * num_blocks;
+    int32_t *writer = (int32_t *)malloc((size_t)num_blocks * sizeof(int32_t));
+    int32_t *lblock = (int32_t *)malloc((size_t)num_blocks * sizeof(int32_t));
+    uint8_t *written = (uint8_t *)calloc((size_t)slots, 1);
+    if (!writer || !lblock || !written) {
+        free(writer);
+        free(lblock);
+        free(written);
+        return cu_set_error(ctx, ORCH_ERR_OUT_OF_MEMORY,
+                            "kv_configure: out of host memory for %u blocks", num_blocks);
+    }
+    /* The new pool is allocated before the old one goes, so a failure leaves
+     * the old pool in place - unless only freeing it makes room. */
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, total);
+    if (e == cudaErrorMemoryAllocation && ctx->d_kv) {
+        (void)cudaGetLastError();
+        cudaFree(ctx->d_kv);
+        ctx->d_kv = NULL;
+        ctx->kv_block_size = ctx->kv_num_blocks = 0;
+        e = cudaMalloc(&p, total);
+    }
+    if (e != cudaSuccess) {
+        free(writer);
+        free(lblock);
+        free(written);
+        if (e == cudaErrorMemoryAllocation) {
+            (void)cudaGetLastError();
+            return cu_set_error(ctx, ORCH_ERR_OUT_OF_MEMORY,
+                                "kv_configure: out of device memory: %u blocks x %u "
+                                "positions need %.1f MiB%s",
+                                num_blocks, block_size, (double)total / (1024.0 * 1024.0),
+                                ctx->d_kv ? "" : " (the previous pool was released)");
+        }
+        return cu_cuda_error(ctx, e, "cudaMalloc(KV pool)");
+    }
+    if (ctx->d_kv) cudaFree(ctx->d_kv);
+    free(ctx->h_kv_writer);
+    free(ctx->h_kv_lblock);
+    free(ctx->h_kv_written);
+    ctx->d_kv = (float *)p;
+    memset(writer, 0xff, (size_t)num_blocks * sizeof(int32_t)); /* -1 */
+    ctx->h_kv_writer = writer;
+    ctx->h_kv_lblock = lblock;
+    ctx->h_kv_written = written;
+    ctx->kv_block_size = block_size;
+    ctx->kv_num_blocks = num_blocks;
+    /* zeroed so that nothing ever reads NaN garbage, even after misuse */
+    CU_CHECK(ctx, cudaMemsetAsync(ctx->d_kv, 0, total, ctx->stream));
+    CU_CHECK(ctx, cudaStreamSynchronize(ctx->stream));
+    return ORCH_OK;
+}
+
+static const orch_seq_input *seq_at(const orch_infer_batch *b, uint32_t i) {
+    return (const orch_seq_input *)((const char *)b->seqs + (size_t)i * b->seq_stride);
+}
+
+/* Validate the whole batch (no device work) and flatten it into *plan, whose
+ * arrays live in one malloc'd block returned in *mem (caller frees). */
+static int32_t plan_batch(orch_engine_ctx *ctx, const orch_infer_batch *batch,
+                          const float *logits, uint64_t logits_cap, cu_infer_plan *plan,
+                          int32_t **mem) {
+    if (!batch)
+        return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT, "batch is NULL");
+    if (batch->struct_size < sizeof(orch_infer_batch))
+        return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                            "batch struct_size %u is too small", batch->struct_size);
+    if (batch->n_seqs == 0)
+        return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT, "batch has no sequences");
+    if (!batch->seqs)
+        return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT, "batch->seqs is NULL");
+    if (batch->seq_stride < sizeof(orch_seq_input))
+        return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                            "seq_stride %u is smaller than orch_seq_input (%zu)",
+                            batch->seq_stride, sizeof(orch_seq_input));
+    if (!ctx->d_kv)
+        return cu_set_error(ctx, ORCH_ERR_STATE, "no KV pool: call kv_configure first");
+    const uint32_t bs = ctx->kv_block_size;
+    uint64_t n_tokens = 0, n_rows = 0, n_table = 0;
+    for (uint32_t i = 0; i < batch->n_seqs; i++) {
+        const orch_seq_input *q = seq_at(batch, i);
+        if (q->n_tokens == 0 || !q->tokens)
+            return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                                "sequence %u: no tokens", i);
+        for (uint32_t k = 0; k < q->n_tokens; k++)
+            if (q->tokens[k] < 0 || (uint32_t)q->tokens[k] >= ctx->V)
+                return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                                    "sequence %u: token id %d outside the vocabulary "
+                                    "[0, %u)",
+                                    i, q->tokens[k], ctx->V);
+        uint64_t end = (uint64_t)q->start_pos + q->n_tokens;
+        if (end > ctx->T)
+            return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                                "sequence %u: positions %u..%llu run past the context (%u)",
+                                i, q->start_pos, (unsigned long long)(end - 1), ctx->T);
+        if (q->logits_mode > ORCH_LOGITS_NONE)
+            return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                                "sequence %u: unknown logits_mode %u", i, q->logits_mode);
+        if (q->adapter_id != 0)
+            return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                                "sequence %u: adapter_id %u (adapters are reserved; must "
+                                "be 0)",
+                                i, q->adapter_id);
+        uint64_t need = (end + bs - 1) / bs;
+        if (q->n_blocks < need || !q->block_table)
+            return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                                "sequence %u: %u blocks of %u positions cannot hold %llu "
+                                "positions (need %llu)",
+                                i, q->block_table ? q->n_blocks : 0, bs,
+                                (unsigned long long)end, (unsigned long long)need);
+        for (uint32_t j = 0; j < need; j++)
+            if (q->block_table[j] < 0 || (uint32_t)q->block_table[j] >= ctx->kv_num_blocks)
+                return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                                    "sequence %u: block id %d (table entry %u) is outside "
+                                    "the pool [0, %u)",
+                                    i, q->block_table[j], j, ctx->kv_num_blocks);
+        n_tokens += q->n_tokens;
+        n_table += need;
+        n_rows += q->logits_mode == ORCH_LOGITS_ALL    ? q->n_tokens
+                  : q->logits_mode == ORCH_LOGITS_LAST ? 1
+                                                       : 0;
+    }
+    if (n_tokens > CU_MAX_TOKENS)
+        return cu_set_error(ctx, ORCH_ERR_CAPACITY,
+                            "batch has %llu tokens; this engine takes at most %u per call",
+                            (unsigned long long)n_tokens, CU_MAX_TOKENS);
+    if (n_rows * ctx->V > logits_cap)
+        return cu_set_error(ctx, ORCH_ERR_CAPACITY,
+                            "logits buffer holds %llu floats; the batch needs %llu "
+                            "(%llu rows x %u)",
+                            (unsigned long long)logits_cap,
+                            (unsigned long long)(n_rows * ctx->V),
+                            (unsigned long long)n_rows, ctx->V);
+    if (n_rows && !logits)
+        return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT, "logits is NULL");
+
+    /* A block written by one sequence must not be used by another one, nor
+     * appear twice in the table of the one writing it; every position before
+     * start_pos must hold K/V already. */
+    int32_t *wseq = ctx->h_kv_writer, *wlb = ctx->h_kv_lblock;
+    int32_t st = ORCH_OK;
+    for (uint32_t i = 0; i < batch->n_seqs && st == ORCH_OK; i++) {
+        const orch_seq_input *q = seq_at(batch, i);
+        uint32_t first = q->start_pos / bs;
+        uint32_t last = (q->start_pos + q->n_tokens - 1) / bs;
+        for (uint32_t j = first; j <= last; j++) {
+            int32_t b = q->block_table[j];
+            if (wseq[b] >= 0 && wseq[b] != (int32_t)i) {
+                st = cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                                  "block %d is written by sequences %d and %u of the same "
+                                  "batch (copy it first)",
+                                  b, wseq[b], i);
+                break;
+            }
+            if (wseq[b] == (int32_t)i && wlb[b] != (int32_t)j) {
+                st = cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                                  "block %d appears twice in the block table of sequence %u "
+                                  "(logical blocks %d and %u)",
+                                  b, i, wlb[b], j);
+                break;
+            }
+            wseq[b] = (int32_t)i;
+            wlb[b] = (int32_t)j;
+        }
+    }
+    for (uint32_t i = 0; i < batch->n_seqs && st == ORCH_OK; i++) {
+        const orch_seq_input *q = seq_at(batch, i);
+        uint32_t last = (q->start_pos + q->n_tokens - 1) / bs;
+        for (uint32_t j = 0; j <= last && st == ORCH_OK; j++) {
+            int32_t b = q->block_table[j];
+            if (wseq[b] < 0) continue;
+            if (wseq[b] != (int32_t)i)
+                st = cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                                  "block %d is written by sequence %d and also used by "
+                                  "sequence %u of the same batch (copy it first)",
+                                  b, wseq[b], i);
+            else if (wlb[b] != (int32_t)j)
+                st = cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                                  "block %d appears twice in the block table of sequence %u "
+                                  "(logical blocks %u and %d)",
+                                  b, i, j, wlb[b]);
+        }
+        for (uint32_t p = 0; p < q->start_pos && st == ORCH_OK; p++) {
+            uint32_t b = (uint32_t)q->block_table[p / bs];
+            if (!ctx->h_kv_written[(size_t)b * bs + p % bs])
+                st = cu_set_error(ctx, ORCH_ERR_STATE,
+                                  "sequence %u reads position %u from block %u slot %u, "
+                                  "which was never written",
+                                  i, p, b, p % bs);
+        }
+    }
+    for (uint32_t i = 0; i < batch->n_seqs; i++) { /* reset the marks */
+        const orch_seq_input *q = seq_at(batch, i);
+        uint32_t first = q->start_pos / bs;
+        uint32_t last = (q->start_pos + q->n_tokens - 1) / bs;
+        for (uint32_t j = first; j <= last; j++) wseq[q->block_table[j]] = -1;
+    }
+    if (st != ORCH_OK) return st;
+
+    size_t ints = 3 * (size_t)n_tokens + n_rows + batch->n_seqs + n_table + 1;
+    int32_t *m = (int32_t *)malloc(ints * sizeof(int32_t));
+    if (!m) return cu_set_error(ctx, ORCH_ERR_OUT_OF_MEMORY, "out of host memory");
+    int32_t *tok = m, *pos = tok + n_tokens, *seq = pos + n_tokens, *rows = seq + n_tokens;
+    int32_t *bt_off = rows + n_rows, *bt_all = bt_off + batch->n_seqs;
+    uint32_t t = 0, r = 0, o = 0;
+    for (uint32_t i = 0; i < batch->n_seqs; i++) {
+        const orch_seq_input *q = seq_at(batch, i);
+        uint32_t need = (q->start_pos + q->n_tokens + bs - 1) / bs;
+        bt_off[i] = (int32_t)o;
+        for (uint32_t j = 0; j < need; j++) bt_all[o++] = q->block_table[j];
+        for (uint32_t k = 0; k < q->n_tokens; k++) {
+            tok[t] = q->tokens[k];
+            pos[t] = (int32_t)(q->start_pos + k);
+            seq[t] = (int32_t)i;
+            if (q->logits_mode == ORCH_LOGITS_ALL ||
+                (q->logits_mode == ORCH_LOGITS_LAST && k + 1 == q->n_tokens))
+                rows[r++] = (int32_t)t;
+            t++;
+        }
+    }
+    plan->n_tokens = (uint32_t)n_tokens;
+    plan->n_rows = (uint32_t)n_rows;
+    plan->n_seqs = batch->n_seqs;
+    plan->n_table = (uint32_t)n_table;
+    plan->tokens = tok;
+    plan->pos = pos;
+    plan->seq = seq;
+    plan->rows = rows;
+    plan->bt_off = bt_off;
+    plan->bt_all = bt_all;
+    *mem = m;
+    return ORCH_OK;
+}
+
+static int32_t infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *batch,
+                             float *logits, uint64_t logits_cap) {
+    ENTER(ctx);
+    cu_infer_plan plan;
+    int32_t *mem = NULL;
+    CU_TRY(plan_batch(ctx, batch, logits, logits_cap, &plan, &mem));
+    int32_t st = cu_model_infer(ctx, &plan, logits);
+    if (st == ORCH_OK) {
+        const uint32_t bs = ctx->kv_block_size;
+        for (uint32_t i = 0; i < batch->n_seqs; i++) {
+            const orch_seq_input *q = seq_at(batch, i);
+            for (uint32_t p = q->start_pos; p < q->start_pos + q->n_tokens; p++)
+                ctx->h_kv_written[(size_t)q->block_table[p / bs] * bs + p % bs] = 1;
+        }
+    }
+    free(mem);
+    return st;
+}
+
+static int32_t kv_copy_blocks(orch_engine_ctx *ctx, const int32_t *src, const int32_t *dst,
+                              uint32_t n) {
+    ENTER(ctx);
+    if (!ctx->d_kv)
+        return cu_set_error(ctx, ORCH_ERR_STATE, "no KV pool: call kv_configure first");
+    if (n == 0) return ORCH_OK;
+    if (!src || !dst)
+        return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT, "src or dst is NULL");
+    for (uint32_t i = 0; i < n; i++) {
+        if (src[i] < 0 || (uint32_t)src[i] >= ctx->kv_num_blocks || dst[i] < 0 ||
+            (uint32_t)dst[i] >= ctx->kv_num_blocks)
+            return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                                "copy %u: block %d -> %d outside the pool [0, %u)", i,
+                                src[i], dst[i], ctx->kv_num_blocks);
+    }
+    /* src and dst must be disjoint sets; mark sources with 1 and dests with 2 */
+    int32_t *mark = ctx->h_kv_writer;
+    int32_t st = ORCH_OK;
+    for (uint32_t i = 0; i < n; i++) mark[src[i]] = 1;
+    for (uint32_t i = 0; i < n && st == ORCH_OK; i++) {
+        if (mark[dst[i]] == 1)
+            st = cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                              "block %d is both a source and a destination", dst[i]);
+        else if (mark[dst[i]] == 2)
+            st = cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                              "block %d is a destination twice", dst[i]);
+        else
+            mark[dst[i]] = 2;
+    }
+    for (uint32_t i = 0; i < n; i++) mark[src[i]] = mark[dst[i]] = -1;
+    if (st != ORCH_OK) return st;
+    size_t block_bytes = (size_t)ctx->L * 2 * ctx->kv_block_size * ctx->C * sizeof(float);
+    size_t block_elems = block_bytes / sizeof(float);
+    for (uint32_t i = 0; i < n; i++)
+        CU_CHECK(ctx, cudaMemcpyAsync(ctx->d_kv + (size_t)dst[i] * block_elems,
+                                      ctx->d_kv + (size_t)src[i] * block_elems, block_bytes,
+                                      cudaMemcpyDeviceToDevice, ctx->stream));
+    CU_CHECK(ctx, cudaStreamSynchronize(ctx->stream));
+    const uint32_t bs = ctx->kv_block_size;
+    for (uint32_t i = 0; i < n; i++)
+        memcpy(ctx->h_kv_written + (size_t)dst[i] * bs,
+               ctx->h_kv_written + (size_t)src[i] * bs, bs);
+    return ORCH_OK;
+}
+
+/* ------------------------------------------------------------------------- */
+/* The table                                                                  */
+/* ------------------------------------------------------------------------- */
+
+static const orch_engine_api cuda_api = {
+    ORCH_ENGINE_ABI_MAJOR,
+    ORCH_ENGINE_ABI_MINOR,
+    (uint32_t)sizeof(orch_engine_api),
+    0,
+    "cuda",
+    CU_ENGINE_VERSION,
+    ORCH_CAP_TRAIN | ORCH_CAP_INFER | ORCH_CAP_KV_COPY | ORCH_CAP_EVAL |
+        ORCH_CAP_DETERMINISTIC | ORCH_CAP_GPU,
+    probe,
+    status_string,
+    context_create,
+    context_destroy,
+    last_error,
+    tensor_count,
+    tensor_info,
+    tensor_read,
+    tensor_write,
+    grads_zero,
+    grads_read,
+    grads_write,
+    forward_backward,
+    optimizer_step,
+    eval_loss,
+    kv_block_bytes,
+    kv_configure,
+    infer_forward,
+    kv_copy_blocks,
+};
+
+extern "C" ORCH_ENGINE_EXPORT const orch_engine_api *orch_engine_get_api(uint32_t abi_major);
+
+extern "C" ORCH_ENGINE_EXPORT const orch_engine_api *orch_engine_get_api(uint32_t abi_major) {
+    (void)abi_major; /* the loader compares the major itself and names both */
+    return &cuda_api;
+}

@@ -1,0 +1,671 @@
+/*
+ * cuda_model.cu - GPT-2 on the device: parameter initialisation, the training
+ * forward/backward pass, the global-norm clip + AdamW step, and the paged-KV
+ * inference forward. Matrix products go through cuBLAS (cu_gemm /
+ * cu_gemm_batched); everything else through the kernels of cuda_kernels.cu.
+ *
+ * Every function here takes a validated request (cuda_engine.cu checks the
+ * inputs), works on the context's stream, and synchronises at most once, at
+ * the end, to hand a scalar or the logits back to the host.
+ *
+ * Training data flow per layer l (N = B*T rows, row-major):
+ *   res[l] -LN1-> ln1 -c_attn-> qkv -split-> q,k,v [B,H,T,hs]
+ *   att = softmax_causal(q k^T / sqrt(hs)); yh = att v -merge-> y
+ *   x2 = res[l] + y W_proj^T + b_proj -LN2-> ln2 -c_fc-> fch -GELU-> fcg
+ *   res[l+1] = x2 + fcg W_fcproj^T + b_fcproj   (fused with the next LN)
+ * The backward pass walks the same steps in reverse with one running residual
+ * gradient (dres) and adds every parameter gradient into ctx->d_grads.
+ */
+#include "engines/cuda/cuda_internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------------- */
+/* GEMM                                                                       */
+/* ------------------------------------------------------------------------- */
+/* cuBLAS is column-major: a row-major [r,c] matrix is, to cuBLAS, its own
+ * transpose. So row-major C = op(A) op(B) is computed as the column-major
+ * C^T = op(B)^T op(A)^T: the operands swap places and keep their op flags. */
+
+int32_t cu_gemm(orch_engine_ctx *ctx, int transA, int transB, int M, int N,
+                int K, float alpha, const float *A, int lda, const float *B,
+                int ldb, float beta, float *C, int ldc) {
+    CU_BLAS(ctx, cublasGemmEx(ctx->blas, transB ? CUBLAS_OP_T : CUBLAS_OP_N,
+                              transA ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K,
+                              &alpha, B, CUDA_R_32F, ldb, A, CUDA_R_32F, lda,
+                              &beta, C, CUDA_R_32F, ldc, ctx->compute,
+                              CUBLAS_GEMM_DEFAULT));
+    return ORCH_OK;
+}
+
+int32_t cu_gemm_batched(orch_engine_ctx *ctx, int transA, int transB, int M,
+                        int N, int K, float alpha, const float *A, int lda,
+                        long long sA, const float *B, int ldb, long long sB,
+                        float beta, float *C, int ldc, long long sC,
+                        int batch) {
+    CU_BLAS(ctx, cublasGemmStridedBatchedEx(
+                     ctx->blas, transB ? CUBLAS_OP_T : CUBLAS_OP_N,
+                     transA ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B,
+                     CUDA_R_32F, ldb, sB, A, CUDA_R_32F, lda, sA, &beta, C,
+                     CUDA_R_32F, ldc, sC, batch, ctx->compute,
+                     CUBLAS_GEMM_DEFAULT));
+    return ORCH_OK;
+}
+
+#define KCHECK(ctx, call)                                                     \
+    do {                                                                      \
+        cudaError_t k_e_ = (call);                                            \
+        if (k_e_ != cudaSuccess) return cu_cuda_error((ctx), k_e_, #call);    \
+    } while (0)
+
+/* ------------------------------------------------------------------------- */
+/* Buffers                                                                    */
+/* ------------------------------------------------------------------------- */
+
+/* Round an element count up to 64 (256-byte alignment of carved views). */
+static uint64_t al64(uint64_t n) { return (n + 63) & ~(uint64_t)63; }
+
+/* Allocate with cudaMalloc; out of memory becomes ORCH_ERR_OUT_OF_MEMORY with
+ * the size in the message. */
+static int32_t dev_alloc(orch_engine_ctx *ctx, void **p, size_t bytes,
+                         const char *what) {
+    cudaError_t e = cudaMalloc(p, bytes ? bytes : 1);
+    if (e == cudaSuccess) return ORCH_OK;
+    *p = NULL;
+    if (e == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError();
+        return cu_set_error(ctx, ORCH_ERR_OUT_OF_MEMORY,
+                            "out of device memory allocating %.1f MiB for %s",
+                            (double)bytes / (1024.0 * 1024.0), what);
+    }
+    return cu_cuda_error(ctx, e, what);
+}
+
+int32_t cu_stage_reserve(orch_engine_ctx *ctx, size_t bytes) {
+    if (bytes <= ctx->h_stage_bytes) return ORCH_OK;
+    /* The stream is idle between API calls (every call ends synchronised),
+     * so the old buffer is not in use. */
+    if (ctx->h_stage) cudaFreeHost(ctx->h_stage);
+    ctx->h_stage = NULL;
+    ctx->h_stage_bytes = 0;
+    size_t want = bytes + bytes / 4 + 4096;
+    cudaError_t e = cudaMallocHost(&ctx->h_stage, want);
+    if (e != cudaSuccess) {
+        ctx->h_stage = NULL;
+        if (e == cudaErrorMemoryAllocation) {
+            (void)cudaGetLastError();
+            return cu_set_error(ctx, ORCH_ERR_OUT_OF_MEMORY,
+                                "out of pinned host memory (%zu bytes)", want);
+        }
+        return cu_cuda_error(ctx, e, "cudaMallocHost");
+    }
+    ctx->h_stage_bytes = want;
+    return ORCH_OK;
+}
+
+void cu_acts_free(orch_engine_ctx *ctx) {
+    if (ctx->acts.base) cudaFree(ctx->acts.base);
+    if (ctx->acts.i_base) cudaFree(ctx->acts.i_base);
+    memset(&ctx->acts, 0, sizeof ctx->acts);
+}
+
+void cu_infer_free(orch_engine_ctx *ctx) {
+    if (ctx->inf.base) cudaFree(ctx->inf.base);
+    if (ctx->inf.i_base) cudaFree(ctx->inf.i_base);
+    memset(&ctx->inf, 0, sizeof ctx->inf);
+}
+
+static uint32_t max_u32(uint32_t a, uint32_t b) { return a > b ? a : b; }
+
+/* Make the training buffers hold N tokens and `att` attention elements per
+ * layer. On failure the old buffers are gone and the context stays usable. */
+static int32_t acts_reserve(orch_engine_ctx *ctx, uint64_t N, uint64_t att) {
+    cu_acts *a = &ctx->acts;
+    if (a->base && N <= a->cap_tokens && att <= a->cap_att) return ORCH_OK;
+    if (a->base) {
+        N = N > a->cap_tokens ? N : a->cap_tokens;
+        att = att > a->cap_att ? att : a->cap_att;
+    }
+    cu_acts_free(ctx);
+    uint64_t L = ctx->L, C = ctx->C, M = ctx->M, V = ctx->V;
+    uint64_t wide = max_u32(3 * ctx->C, ctx->M);
+    uint64_t NC = al64(N * C), Nr = al64(N);
+    uint64_t sizes[32];
+    int k = 0;
+    sizes[k++] = (L + 1) * NC;          /* res */
+    sizes[k++] = L * NC;                /* ln1 */
+    sizes[k++] = L * Nr;                /* ln1_mean */
+    sizes[k++] = L * Nr;                /* ln1_rstd */
+    sizes[k++] = L * 3 * NC;            /* qkvh */
+    sizes[k++] = L * al64(att);         /* att */
+    sizes[k++] = L * NC;                /* y */
+    sizes[k++] = L * NC;                /* x2 */
+    sizes[k++] = L * NC;                /* ln2 */
+    sizes[k++] = L * Nr;                /* ln2_mean */
+    sizes[k++] = L * Nr;                /* ln2_rstd */
+    sizes[k++] = L * al64(N * M);       /* fch */
+    sizes[k++] = L * al64(N * M);       /* fcg */
+    sizes[k++] = NC;                    /* lnf */
+    sizes[k++] = Nr;                    /* lnf_mean */
+    sizes[k++] = Nr;                    /* lnf_rstd */
+    sizes[k++] = al64(N * V);           /* logits */
+    sizes[k++] = Nr;                    /* losses */
+    sizes[k++] = al64(N * wide);        /* s_big */
+    sizes[k++] = NC;                    /* s_c0 */
+    sizes[k++] = NC;                    /* s_c1 */
+    sizes[k++] = 3 * NC;                /* s_heads */
+    sizes[k++] = al64(att);             /* s_att */
+    sizes[k++] = al64(2ull * CU_COLSUM_CHUNKS * wide); /* s_part */
+    uint64_t total = 0;
+    for (int i = 0; i < k; i++) total += sizes[i];
+    void *p = NULL;
+    CU_TRY(dev_alloc(ctx, &p, total * sizeof(float), "training activations"));
+    a->base = (float *)p;
+    float *cur = a->base;
+    float **views[] = {&a->res,      &a->ln1,      &a->ln1_mean, &a->ln1_rstd,
+                       &a->qkvh,     &a->att,      &a->y,        &a->x2,
+                       &a->ln2,      &a->ln2_mean, &a->ln2_rstd, &a->fch,
+                       &a->fcg,      &a->lnf,      &a->lnf_mean, &a->lnf_rstd,
+                       &a->logits,   &a->losses,   &a->s_big,    &a->s_c0,
+                       &a->s_c1,     &a->s_heads,  &a->s_att,    &a->s_part};
+    for (int i = 0; i < k; i++) {
+        *views[i] = cur;
+        cur += sizes[i];
+    }
+    /* int staging on the device: tokens, targets, uniq, start (N+1), rows */
+    p = NULL;
+    int32_t st = dev_alloc(ctx, &p, (5 * N + 1) * sizeof(int32_t),
+                           "training token buffers");
+    if (st != ORCH_OK) {
+        cu_acts_free(ctx);
+        return st;
+    }
+    a->i_base = (int32_t *)p;
+    a->cap_tokens = N;
+    a->cap_att = att;
+    return ORCH_OK;
+}
+
+static int32_t infer_reserve(orch_engine_ctx *ctx, uint64_t n, uint64_t rows,
+                             uint64_t seqs, uint64_t table) {
+    cu_infer_bufs *b = &ctx->inf;
+    if (b->base && n <= b->cap_tokens && rows <= b->cap_rows &&
+        seqs <= b->cap_seqs && table <= b->cap_table)
+        return ORCH_OK;
+    if (b->base) {
+        n = n > b->cap_tokens ? n : b->cap_tokens;
+        rows = rows > b->cap_rows ? rows : b->cap_rows;
+        seqs = seqs > b->cap_seqs ? seqs : b->cap_seqs;
+        table = table > b->cap_table ? table : b->cap_table;
+    }
+    cu_infer_free(ctx);
+    uint64_t C = ctx->C, M = ctx->M, V = ctx->V;
+    uint64_t sizes[16];
+    int k = 0;
+    sizes[k++] = al64(n * C);     /* x */
+    sizes[k++] = al64(n * C);     /* x2 */
+    sizes[k++] = al64(n * C);     /* ln */
+    sizes[k++] = al64(n * 3 * C); /* qkv */
+    sizes[k++] = al64(n * C);     /* q */
+    sizes[k++] = al64(n * C);     /* y */
+    sizes[k++] = al64(n * C);     /* tmp */
+    sizes[k++] = al64(n * M);     /* fc */
+    sizes[k++] = al64(rows * C);  /* sel */
+    sizes[k++] = al64(rows * V);  /* logits */
+    uint64_t total = 0;
+    for (int i = 0; i < k; i++) total += sizes[i];
+    void *p = NULL;
+    CU_TRY(dev_alloc(ctx, &p, total * sizeof(float), "inference activations"));
+    b->base = (float *)p;
+    float *cur = b->base;
+    float **views[] = {&b->x, &b->x2, &b->ln, &b->qkv, &b->q,
+                       &b->y, &b->tmp, &b->fc, &b->sel, &b->logits};
+    for (int i = 0; i < k; i++) {
+        *views[i] = cur;
+        cur += sizes[i];
+    }
+    p = NULL;
+    int32_t st = dev_alloc(ctx, &p, (3 * n + rows + seqs + table + 1) * sizeof(int32_t),
+                           "inference index buffers");
+    if (st != ORCH_OK) {
+        cu_infer_free(ctx);
+        return st;
+    }
+    b->i_base = (int32_t *)p;
+    b->cap_tokens = n;
+    b->cap_rows = rows;
+    b->cap_seqs = seqs;
+    b->cap_table = table;
+    return ORCH_OK;
+}
+
+/* ------------------------------------------------------------------------- */
+/* Initialisation                                                             */
+/* ------------------------------------------------------------------------- */
+
+static int ends_with(const char *s, const char *suffix) {
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && strcmp(s + a - b, suffix) == 0;
+}
+
+/* As the CPU engine: matrices and embeddings N(0, 0.02), the residual
+ * projections (attn.c_proj, mlp.c_proj) N(0, 0.02/sqrt(2*layers)), drawn from
+ * one splitmix64 stream in table order (each matrix takes an even number of
+ * outputs); LayerNorm weights 1, biases 0. */
+int32_t cu_model_init(orch_engine_ctx *ctx, uint64_t seed) {
+    cudaStream_t s = ctx->stream;
+    const double resid_std = 0.02 / sqrt(2.0 * (double)ctx->L);
+    uint64_t stream_pos = 0;
+    for (uint32_t i = 0; i < ctx->n_tensors; i++) {
+        const cu_tensor *t = &ctx->tensors[i];
+        float *p = ctx->d_params + t->offset;
+        if (t->ndim == 2) {
+            int resid = ends_with(t->name, "attn.c_proj.weight") ||
+                        ends_with(t->name, "mlp.c_proj.weight");
+            KCHECK(ctx, k_init_normal(s, p, t->numel, seed, stream_pos,
+                                      resid ? resid_std : 0.02));
+            stream_pos += 2 * ((t->numel + 1) / 2);
+        } else {
+            KCHECK(ctx, k_fill(s, p, t->numel, ends_with(t->name, ".weight") ? 1.0f : 0.0f));
+        }
+    }
+    size_t bytes = ctx->n_params * sizeof(float);
+    KCHECK(ctx, cudaMemsetAsync(ctx->d_grads, 0, bytes, s));
+    KCHECK(ctx, cudaMemsetAsync(ctx->d_m, 0, bytes, s));
+    KCHECK(ctx, cudaMemsetAsync(ctx->d_v, 0, bytes, s));
+    KCHECK(ctx, cudaStreamSynchronize(s));
+    return ORCH_OK;
+}
+
+/* ------------------------------------------------------------------------- */
+/* Training                                                                   */
+/* ------------------------------------------------------------------------- */
+
+/* Build the CSR that groups rows by token id for the deterministic wte
+ * gradient: uniq[u] distinct ids (first-seen order), start[u]..start[u+1]
+ * index rows[], which lists each token's rows in ascending order. `cursor`
+ * is scratch of n ints; map is ctx->h_tok_map (all -1 on entry and exit). */
+static uint32_t build_token_csr(int32_t *map, const int32_t *tok, uint32_t n,
+                                int32_t *uniq, int32_t *start, int32_t *rows,
+                                int32_t *cursor) {
+    uint32_t nu = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        int32_t t = tok[i];
+        if (map[t] < 0) {
+            map[t] = (int32_t)nu;
+            uniq[nu] = t;
+            cursor[nu] = 0;
+            nu++;
+        }
+        cursor[map[t]]++;
+    }
+    start[0] = 0;
+    for (uint32_t u = 0; u < nu; u++) {
+        start[u + 1] = start[u] + cursor[u];
+        cursor[u] = start[u];
+    }
+    for (uint32_t i = 0; i < n; i++) rows[cursor[map[tok[i]]]++] = (int32_t)i;
+    for (uint32_t u = 0; u < nu; u++) map[uniq[u]] = -1;
+    return nu;
+}
+
+int32_t cu_model_train_step(orch_engine_ctx *ctx, const int32_t *tokens,
+                            const int32_t *targets, uint32_t B, uint32_t T,
+                            uint64_t n_valid, float grad_scale, int grad,
+                            float *out_loss) {
+    cudaStream_t s = ctx->stream;
+    const uint32_t C = ctx->C, L = ctx->L, H = ctx->H, hs = ctx->hs, M = ctx->M,
+                   V = ctx->V;
+    const uint32_t N = B * T;
+    const uint32_t BH = B * H;
+    const uint64_t NC = (uint64_t)N * C;
+    const uint64_t A = (uint64_t)BH * T * T; /* attention elements per layer */
+    const long long sTT = (long long)T * T, sTh = (long long)T * hs;
+    const float scale = 1.0f / sqrtf((float)hs);
+    const float eps = ctx->eps;
+    /* attention query chunk: a quarter of T rounded up to 16 (so at most 4
+     * chunks; causal skipping then saves 3/8 of the T x T work) */
+    const uint32_t TC = ((T + 3) / 4 + 15) / 16 * 16 < T ? ((T + 3) / 4 + 15) / 16 * 16 : T;
+
+    if (n_valid == 0) { /* nothing to learn from (as the CPU engine): no work */
+        *out_loss = 0.0f;
+        return ORCH_OK;
+    }
+    CU_TRY(acts_reserve(ctx, N, A));
+    CU_TRY(cu_stage_reserve(ctx, (6 * (size_t)N + 1) * sizeof(int32_t)));
+    cu_acts *a = &ctx->acts;
+
+    /* host staging: tokens | targets | uniq | start (N+1) | rows | cursor */
+    int32_t *h = (int32_t *)ctx->h_stage;
+    memcpy(h, tokens, (size_t)N * sizeof(int32_t));
+    memcpy(h + N, targets, (size_t)N * sizeof(int32_t));
+    uint32_t n_uniq = 0;
+    if (grad)
+        n_uniq = build_token_csr(ctx->h_tok_map, tokens, N, h + 2 * (size_t)N,
+                                 h + 3 * (size_t)N, h + 4 * (size_t)N + 1,
+                                 h + 5 * (size_t)N + 1);
+    size_t up = grad ? 5 * (size_t)N + 1 : 2 * (size_t)N;
+    KCHECK(ctx, cudaMemcpyAsync(a->i_base, h, up * sizeof(int32_t),
+                                cudaMemcpyHostToDevice, s));
+    const int32_t *d_tok = a->i_base;
+    const int32_t *d_tgt = a->i_base + N;
+    const int32_t *d_uniq = a->i_base + 2 * (size_t)N;
+    const int32_t *d_start = a->i_base + 3 * (size_t)N;
+    const int32_t *d_rows = a->i_base + 4 * (size_t)N + 1;
+
+    float *P = ctx->d_params, *G = ctx->d_grads;
+#define PW(l, w) cu_tp(ctx, P, CU_LAYER_TENSOR(l, w))
+#define GW(l, w) cu_tp(ctx, G, CU_LAYER_TENSOR(l, w))
+    const float *wte = cu_tp(ctx, P, 0), *wpe = cu_tp(ctx, P, 1);
+    const float *lnf_w = cu_tp(ctx, P, ctx->n_tensors - 2);
+    const float *lnf_b = cu_tp(ctx, P, ctx->n_tensors - 1);
+
+#define RES(l) (a->res + (uint64_t)(l) * NC)
+#define LN1(l) (a->ln1 + (uint64_t)(l) * NC)
+#define LN1M(l) (a->ln1_mean + (uint64_t)(l) * N)
+#define LN1R(l) (a->ln1_rstd + (uint64_t)(l) * N)
+#define QH(l) (a->qkvh + (uint64_t)(l) * 3 * NC)
+#define KH(l) (QH(l) + NC)
+#define VH(l) (QH(l) + 2 * NC)
+#define ATT(l) (a->att + (uint64_t)(l) * A)
+#define YY(l) (a->y + (uint64_t)(l) * NC)
+#define X2(l) (a->x2 + (uint64_t)(l) * NC)
+#define LN2(l) (a->ln2 + (uint64_t)(l) * NC)
+#define LN2M(l) (a->ln2_mean + (uint64_t)(l) * N)
+#define LN2R(l) (a->ln2_rstd + (uint64_t)(l) * N)
+#define FCH(l) (a->fch + (uint64_t)(l) * N * M)
+#define FCG(l) (a->fcg + (uint64_t)(l) * N * M)
+
+    /* ---- forward ---- */
+    KCHECK(ctx, k_embed(s, RES(0), d_tok, NULL, wte, wpe, N, T, C));
+    KCHECK(ctx, k_layernorm(s, RES(0), PW(0, CU_LN1_W), PW(0, CU_LN1_B), LN1(0),
+                            LN1M(0), LN1R(0), N, C, eps));
+    for (uint32_t l = 0; l < L; l++) {
+        /* qkv = ln1 W_attn^T, then + bias and split into heads */
+        CU_TRY(cu_gemm(ctx, 0, 1, N, 3 * C, C, 1.0f, LN1(l), C, PW(l, CU_ATTN_W),
+                       C, 0.0f, a->s_big, 3 * C));
+        KCHECK(ctx, k_split_heads(s, a->s_big, PW(l, CU_ATTN_B), QH(l), B, T, H, hs));
+        /* att = softmax(q k^T * scale), then yh = att v, per query chunk:
+         * rows q0..q0+nq-1 need keys 0..q0+nq-1 only (causal) */
+        for (uint32_t q0 = 0; q0 < T; q0 += TC) {
+            const int nq = (int)(T - q0 < TC ? T - q0 : TC), nk = (int)q0 + nq;
+            CU_TRY(cu_gemm_batched(ctx, 0, 1, nq, nk, hs, scale, QH(l) + (size_t)q0 * hs, hs,
+                                   sTh, KH(l), hs, sTh, 0.0f, ATT(l) + (size_t)q0 * T, T,
+                                   sTT, BH));
+        }
+        KCHECK(ctx, k_softmax_causal(s, ATT(l), (uint64_t)BH * T, T, TC));
+        for (uint32_t q0 = 0; q0 < T; q0 += TC) {
+            const int nq = (int)(T - q0 < TC ? T - q0 : TC), nk = (int)q0 + nq;
+            CU_TRY(cu_gemm_batched(ctx, 0, 0, nq, hs, nk, 1.0f, ATT(l) + (size_t)q0 * T, T,
+                                   sTT, VH(l), hs, sTh, 0.0f, a->s_heads + (size_t)q0 * hs,
+                                   hs, sTh, BH));
+        }
+        KCHECK(ctx, k_merge_heads(s, a->s_heads, YY(l), B, T, H, hs, 1));
+        /* x2 = res + y W_proj^T + b_proj; ln2 = LN(x2) */
+        CU_TRY(cu_gemm(ctx, 0, 1, N, C, C, 1.0f, YY(l), C, PW(l, CU_PROJ_W), C,
+                       0.0f, a->s_c0, C));
+        KCHECK(ctx, k_residual_layernorm(s, RES(l), a->s_c0, PW(l, CU_PROJ_B), X2(l),
+                                         PW(l, CU_LN2_W), PW(l, CU_LN2_B), LN2(l),
+                                         LN2M(l), LN2R(l), N, C, eps));
+        /* fch = ln2 W_fc^T + b_fc; fcg = gelu(fch) */
+        CU_TRY(cu_gemm(ctx, 0, 1, N, M, C, 1.0f, LN2(l), C, PW(l, CU_FC_W), C, 0.0f,
+                       FCH(l), M));
+        KCHECK(ctx, k_bias_gelu(s, FCH(l), PW(l, CU_FC_B), FCG(l), N, M));
+        /* res[l+1] = x2 + fcg W_fcproj^T + b_fcproj; next LayerNorm */
+        CU_TRY(cu_gemm(ctx, 0, 1, N, C, M, 1.0f, FCG(l), M, PW(l, CU_FCPROJ_W), M,
+                       0.0f, a->s_c0, C));
+        if (l + 1 < L) {
+            KCHECK(ctx, k_residual_layernorm(
+                            s, X2(l), a->s_c0, PW(l, CU_FCPROJ_B), RES(l + 1),
+                            PW(l + 1, CU_LN1_W), PW(l + 1, CU_LN1_B), LN1(l + 1),
+                            LN1M(l + 1), LN1R(l + 1), N, C, eps));
+        } else {
+            KCHECK(ctx, k_residual_layernorm(s, X2(l), a->s_c0, PW(l, CU_FCPROJ_B),
+                                             RES(L), lnf_w, lnf_b, a->lnf,
+                                             a->lnf_mean, a->lnf_rstd, N, C, eps));
+        }
+    }
+    /* logits = lnf wte^T; cross-entropy (and d logits in place) */
+    CU_TRY(cu_gemm(ctx, 0, 1, N, V, C, 1.0f, a->lnf, C, wte, C, 0.0f, a->logits, V));
+    float dscale = grad_scale / (float)n_valid;
+    KCHECK(ctx, k_cross_entropy(s, a->logits, d_tgt, a->losses, N, V, dscale, grad));
+    KCHECK(ctx, k_sum_to_double(s, a->losses, N, ctx->d_red + CU_NORM_BLOCKS));
+    KCHECK(ctx, cudaMemcpyAsync(ctx->h_red, ctx->d_red + CU_NORM_BLOCKS,
+                                sizeof(double), cudaMemcpyDeviceToHost, s));
+
+    if (grad) {
+        float *dres = a->s_c1; /* running d(residual) */
+        float *dln = a->s_c0;  /* d(LayerNorm output) / d(y) */
+        float *dlogits = a->logits;
+        float *part = a->s_part;
+        /* LM head (tied): dlnf = dlogits wte; dwte += dlogits^T lnf */
+        CU_TRY(cu_gemm(ctx, 0, 0, N, C, V, 1.0f, dlogits, V, wte, C, 0.0f, dln, C));
+        CU_TRY(cu_gemm(ctx, 1, 0, V, C, N, 1.0f, dlogits, V, a->lnf, C, 1.0f,
+                       cu_tp(ctx, G, 0), C));
+        KCHECK(ctx, k_layernorm_bwd_dx(s, dln, RES(L), a->lnf_mean, a->lnf_rstd,
+                                       lnf_w, dres, N, C, 0));
+        KCHECK(ctx, k_layernorm_bwd_params(s, dln, RES(L), a->lnf_mean, a->lnf_rstd,
+                                           cu_tp(ctx, G, ctx->n_tensors - 2),
+                                           cu_tp(ctx, G, ctx->n_tensors - 1), N, C,
+                                           part));
+        for (uint32_t li = L; li-- > 0;) {
+            const uint32_t l = li;
+            float *dfc = a->s_big;
+            /* MLP output projection */
+            KCHECK(ctx, k_colsum_add(s, dres, GW(l, CU_FCPROJ_B), N, C, part));
+            CU_TRY(cu_gemm(ctx, 1, 0, C, M, N, 1.0f, dres, C, FCG(l), M, 1.0f,
+                           GW(l, CU_FCPROJ_W), M));
+            CU_TRY(cu_gemm(ctx, 0, 0, N, M, C, 1.0f, dres, C, PW(l, CU_FCPROJ_W), M,
+                           0.0f, dfc, M));
+            /* GELU and c_fc */
+            KCHECK(ctx, k_gelu_bwd(s, FCH(l), dfc, N, M));
+            KCHECK(ctx, k_colsum_add(s, dfc, GW(l, CU_FC_B), N, M, part));
+            CU_TRY(cu_gemm(ctx, 1, 0, M, C, N, 1.0f, dfc, M, LN2(l), C, 1.0f,
+                           GW(l, CU_FC_W), C));
+            CU_TRY(cu_gemm(ctx, 0, 0, N, C, M, 1.0f, dfc, M, PW(l, CU_FC_W), C, 0.0f,
+                           dln, C));
+            /* LN2: d(x2) = dres + LN2 backward */
+            KCHECK(ctx, k_layernorm_bwd_dx(s, dln, X2(l), LN2M(l), LN2R(l),
+                                           PW(l, CU_LN2_W), dres, N, C, 1));
+            KCHECK(ctx, k_layernorm_bwd_params(s, dln, X2(l), LN2M(l), LN2R(l),
+                                               GW(l, CU_LN2_W), GW(l, CU_LN2_B), N,
+                                               C, part));
+            /* attention output projection */
+            KCHECK(ctx, k_colsum_add(s, dres, GW(l, CU_PROJ_B), N, C, part));
+            CU_TRY(cu_gemm(ctx, 1, 0, C, C, N, 1.0f, dres, C, YY(l), C, 1.0f,
+                           GW(l, CU_PROJ_W), C));
+            CU_TRY(cu_gemm(ctx, 0, 0, N, C, C, 1.0f, dres, C, PW(l, CU_PROJ_W), C,
+                           0.0f, dln, C));
+            /* attention core: dyh in s_big[0..NC); dq, dk, dv in s_heads */
+            float *dyh = a->s_big;
+            float *dqh = a->s_heads, *dkh = a->s_heads + NC, *dvh = a->s_heads + 2 * NC;
+            KCHECK(ctx, k_to_heads(s, dln, dyh, B, T, H, hs));
+            /* d(att) = dyh v^T and dq = scale * d(pre) k, per query chunk */
+            for (uint32_t q0 = 0; q0 < T; q0 += TC) {
+                const int nq = (int)(T - q0 < TC ? T - q0 : TC), nk = (int)q0 + nq;
+                CU_TRY(cu_gemm_batched(ctx, 0, 1, nq, nk, hs, 1.0f, dyh + (size_t)q0 * hs, hs,
+                                       sTh, VH(l), hs, sTh, 0.0f, a->s_att + (size_t)q0 * T,
+                                       T, sTT, BH));
+            }
+            KCHECK(ctx, k_softmax_causal_bwd(s, ATT(l), a->s_att, (uint64_t)BH * T, T, TC));
+            for (uint32_t q0 = 0; q0 < T; q0 += TC) {
+                const int nq = (int)(T - q0 < TC ? T - q0 : TC), nk = (int)q0 + nq;
+                CU_TRY(cu_gemm_batched(ctx, 0, 0, nq, hs, nk, scale, a->s_att + (size_t)q0 * T,
+                                       T, sTT, KH(l), hs, sTh, 0.0f, dqh + (size_t)q0 * hs,
+                                       hs, sTh, BH));
+            }
+            /* dv = att^T dyh and dk = scale * d(pre)^T q, per key chunk: keys
+             * k0..k0+nc-1 are used by query rows k0..T-1 */
+            for (uint32_t k0 = 0; k0 < T; k0 += TC) {
+                const int nc = (int)(T - k0 < TC ? T - k0 : TC), nr = (int)(T - k0);
+                const size_t corner = (size_t)k0 * T + k0;
+                CU_TRY(cu_gemm_batched(ctx, 1, 0, nc, hs, nr, 1.0f, ATT(l) + corner, T, sTT,
+                                       dyh + (size_t)k0 * hs, hs, sTh, 0.0f,
+                                       dvh + (size_t)k0 * hs, hs, sTh, BH));
+                CU_TRY(cu_gemm_batched(ctx, 1, 0, nc, hs, nr, scale, a->s_att + corner, T,
+                                       sTT, QH(l) + (size_t)k0 * hs, hs, sTh, 0.0f,
+                                       dkh + (size_t)k0 * hs, hs, sTh, BH));
+            }
+            float *dqkv = a->s_big; /* [N,3C]; dyh is no longer needed */
+            KCHECK(ctx, k_merge_heads(s, a->s_heads, dqkv, B, T, H, hs, 3));
+            /* c_attn */
+            KCHECK(ctx, k_colsum_add(s, dqkv, GW(l, CU_ATTN_B), N, 3 * C, part));
+            CU_TRY(cu_gemm(ctx, 1, 0, 3 * C, C, N, 1.0f, dqkv, 3 * C, LN1(l), C, 1.0f,
+                           GW(l, CU_ATTN_W), C));
+            CU_TRY(cu_gemm(ctx, 0, 0, N, C, 3 * C, 1.0f, dqkv, 3 * C, PW(l, CU_ATTN_W),
+                           C, 0.0f, dln, C));
+            /* LN1: d(res[l]) = dres + LN1 backward */
+            KCHECK(ctx, k_layernorm_bwd_dx(s, dln, RES(l), LN1M(l), LN1R(l),
+                                           PW(l, CU_LN1_W), dres, N, C, 1));
+            KCHECK(ctx, k_layernorm_bwd_params(s, dln, RES(l), LN1M(l), LN1R(l),
+                                               GW(l, CU_LN1_W), GW(l, CU_LN1_B), N,
+                                               C, part));
+        }
+        /* embeddings */
+        KCHECK(ctx, k_embed_bwd_wpe(s, dres, cu_tp(ctx, G, 1), B, T, C));
+        KCHECK(ctx, k_embed_bwd_wte(s, dres, cu_tp(ctx, G, 0), d_uniq, d_start,
+                                    d_rows, n_uniq, C));
+    }
+#undef PW
+#undef GW
+#undef RES
+#undef LN1
+#undef LN1M
+#undef LN1R
+#undef QH
+#undef KH
+#undef VH
+#undef ATT
+#undef YY
+#undef X2
+#undef LN2
+#undef LN2M
+#undef LN2R
+#undef FCH
+#undef FCG
+
+    KCHECK(ctx, cudaStreamSynchronize(s));
+    *out_loss = (float)(*ctx->h_red / (double)n_valid);
+    return ORCH_OK;
+}
+
+/* ------------------------------------------------------------------------- */
+/* AdamW                                                                      */
+/* ------------------------------------------------------------------------- */
+
+int32_t cu_model_adamw(orch_engine_ctx *ctx, const orch_adamw_params *p,
+                       float *out_norm) {
+    cudaStream_t s = ctx->stream;
+    KCHECK(ctx, k_grad_norm(s, ctx->d_grads, ctx->n_params, ctx->d_red,
+                            ctx->d_norm, p->grad_clip));
+    const double t = (double)p->step;
+    const double bc1 = 1.0 - pow((double)p->beta1, t);
+    const double bc2 = 1.0 - pow((double)p->beta2, t);
+    cu_adamw_consts c;
+    c.beta1 = p->beta1;
+    c.beta2 = p->beta2;
+    c.one_minus_beta1 = 1.0f - p->beta1;
+    c.one_minus_beta2 = 1.0f - p->beta2;
+    c.step_size = (float)((double)p->lr / bc1);
+    c.inv_bc2_sqrt = (float)(1.0 / sqrt(bc2));
+    c.eps = p->eps;
+    for (uint32_t i = 0; i < ctx->n_tensors; i++) {
+        const cu_tensor *te = &ctx->tensors[i];
+        c.decay = (te->flags & ORCH_TENSOR_FLAG_NO_DECAY) ? 1.0f
+                                                         : 1.0f - p->lr * p->weight_decay;
+        KCHECK(ctx, k_adamw(s, ctx->d_params + te->offset, ctx->d_grads + te->offset,
+                            ctx->d_m + te->offset, ctx->d_v + te->offset, te->numel,
+                            ctx->d_norm, &c));
+    }
+    KCHECK(ctx, cudaMemcpyAsync(ctx->h_norm, ctx->d_norm, 2 * sizeof(float),
+                                cudaMemcpyDeviceToHost, s));
+    KCHECK(ctx, cudaStreamSynchronize(s));
+    float nrm = ctx->h_norm[0];
+    if (!isfinite(ctx->h_norm[1]))
+        return cu_set_error(ctx, ORCH_ERR_NUMERIC,
+                            "gradient norm is not finite (%g); nothing was updated",
+                            (double)nrm);
+    if (out_norm) *out_norm = nrm;
+    return ORCH_OK;
+}
+
+/* ------------------------------------------------------------------------- */
+/* Inference                                                                  */
+/* ------------------------------------------------------------------------- */
+
+int32_t cu_model_infer(orch_engine_ctx *ctx, const cu_infer_plan *plan,
+                       float *logits_out) {
+    cudaStream_t s = ctx->stream;
+    const uint32_t C = ctx->C, L = ctx->L, H = ctx->H, M = ctx->M, V = ctx->V;
+    const uint32_t n = plan->n_tokens, R = plan->n_rows;
+    const float eps = ctx->eps;
+    CU_TRY(infer_reserve(ctx, n, R, plan->n_seqs, plan->n_table));
+    cu_infer_bufs *b = &ctx->inf;
+
+    /* host staging: tokens | pos | seq | rows | bt_off | bt_all */
+    size_t n_ints = 3 * (size_t)n + R + plan->n_seqs + plan->n_table;
+    CU_TRY(cu_stage_reserve(ctx, n_ints * sizeof(int32_t)));
+    int32_t *h = (int32_t *)ctx->h_stage;
+    size_t o = 0;
+    memcpy(h + o, plan->tokens, (size_t)n * 4); o += n;
+    memcpy(h + o, plan->pos, (size_t)n * 4); o += n;
+    memcpy(h + o, plan->seq, (size_t)n * 4); o += n;
+    if (R) memcpy(h + o, plan->rows, (size_t)R * 4);
+    o += R;
+    memcpy(h + o, plan->bt_off, (size_t)plan->n_seqs * 4); o += plan->n_seqs;
+    memcpy(h + o, plan->bt_all, (size_t)plan->n_table * 4); o += plan->n_table;
+    KCHECK(ctx, cudaMemcpyAsync(b->i_base, h, o * sizeof(int32_t),
+                                cudaMemcpyHostToDevice, s));
+    const int32_t *d_tok = b->i_base;
+    const int32_t *d_pos = d_tok + n;
+    const int32_t *d_seq = d_pos + n;
+    const int32_t *d_rows = d_seq + n;
+    const int32_t *d_btoff = d_rows + R;
+    const int32_t *d_bt = d_btoff + plan->n_seqs;
+
+    float *P = ctx->d_params;
+#define PW(l, w) cu_tp(ctx, P, CU_LAYER_TENSOR(l, w))
+    const float *wte = cu_tp(ctx, P, 0), *wpe = cu_tp(ctx, P, 1);
+    const float *lnf_w = cu_tp(ctx, P, ctx->n_tensors - 2);
+    const float *lnf_b = cu_tp(ctx, P, ctx->n_tensors - 1);
+    const uint32_t bs = ctx->kv_block_size;
+    const size_t smem = (size_t)ctx->T * sizeof(float);
+
+    KCHECK(ctx, k_embed(s, b->x, d_tok, d_pos, wte, wpe, n, ctx->T, C));
+    KCHECK(ctx, k_layernorm(s, b->x, PW(0, CU_LN1_W), PW(0, CU_LN1_B), b->ln, NULL,
+                            NULL, n, C, eps));
+    for (uint32_t l = 0; l < L; l++) {
+        CU_TRY(cu_gemm(ctx, 0, 1, n, 3 * C, C, 1.0f, b->ln, C, PW(l, CU_ATTN_W), C,
+                       0.0f, b->qkv, 3 * C));
+        KCHECK(ctx, k_kv_write(s, b->qkv, PW(l, CU_ATTN_B), b->q, ctx->d_kv, d_pos,
+                               d_seq, d_btoff, d_bt, n, C, bs, L, l));
+        KCHECK(ctx, k_paged_attention(s, b->q, ctx->d_kv, d_pos, d_seq, d_btoff, d_bt,
+                                      b->y, n, C, H, bs, L, l, smem));
+        CU_TRY(cu_gemm(ctx, 0, 1, n, C, C, 1.0f, b->y, C, PW(l, CU_PROJ_W), C, 0.0f,
+                       b->tmp, C));
+        KCHECK(ctx, k_residual_layernorm(s, b->x, b->tmp, PW(l, CU_PROJ_B), b->x2,
+                                         PW(l, CU_LN2_W), PW(l, CU_LN2_B), b->ln, NULL,
+                                         NULL, n, C, eps));
+        CU_TRY(cu_gemm(ctx, 0, 1, n, M, C, 1.0f, b->ln, C, PW(l, CU_FC_W), C, 0.0f,
+                       b->fc, M));
+        KCHECK(ctx, k_bias_gelu(s, b->fc, PW(l, CU_FC_B), b->fc, n, M));
+        CU_TRY(cu_gemm(ctx, 0, 1, n, C, M, 1.0f, b->fc, M, PW(l, CU_FCPROJ_W), M, 0.0f,
+                       b->tmp, C));
+        const float *nw = l + 1 < L ? PW(l + 1, CU_LN1_W) : lnf_w;
+        const float *nb = l + 1 < L ? PW(l + 1, CU_LN1_B) : lnf_b;
+        KCHECK(ctx, k_residual_layernorm(s, b->x2, b->tmp, PW(l, CU_FCPROJ_B), b->x, nw,
+                                         nb, b->ln, NULL, NULL, n, C, eps));
+    }
+#undef PW
+    if (R) {
+        KCHECK(ctx, k_gather_rows(s, b->ln, d_rows, b->sel, R, C));
+        CU_TRY(cu_gemm(ctx, 0, 1, R, V, C, 1.0f, b->sel, C, wte, C, 0.0f, b->logits, V));
+        KCHECK(ctx, cudaMemcpyAsync(logits_out, b->logits,
+                                    (size_t)R * V * sizeof(float),
+                                    cudaMemcpyDeviceToHost, s));
+    }
+    KCHECK(ctx, cudaStreamSynchronize(s));
+    return ORCH_OK;
+}

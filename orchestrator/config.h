@@ -1,0 +1,158 @@
+/*
+ * config.h - the orch run configuration: one JSON document (cJSON) with the
+ * sections `model`, `train`, `data` and `engine`, command-line overrides
+ * (`--set a.b=value`), validation with errors that name the JSON path, defaults
+ * for optional keys, and serialisation back to JSON (for state.json).
+ *
+ * Schema (R = required, otherwise the default shown):
+ *   model:  arch "gpt2" (gpt2|llama), vocab_size R, context R, layers R,
+ *           heads R, width R, mlp_width 4*width, layernorm_eps 1e-5,
+ *           kv_heads = heads (must divide heads), rope_theta 0 (llama only)
+ *   train:  micro_batch R, seq_len R (<= model.context), grad_accum 1,
+ *           max_steps R unless epochs is given (exclusive), epochs (> 0),
+ *           lr R (> 0), min_lr 0 (0 <= min_lr <= lr), warmup_steps 0,
+ *           schedule "cosine" (cosine|linear|constant), weight_decay 0.0,
+ *           beta1 0.9, beta2 0.95, eps 1e-8, grad_clip 1.0 (0 = off),
+ *           seed 1337, eval_every 100 (0 = only at the end), eval_batches 8,
+ *           checkpoint_every 0 (0 = only at the end), keep_checkpoints 3,
+ *           early_stop_patience 0 (0 = off; counted in evaluations)
+ *   data:   tokenizer R (byte|gpt2), train R (shard glob), val R (shard glob)
+ *           Relative paths are relative to the current directory.
+ *   engine: name "cpu", threads 0 (all cores), options ""
+ * Unknown keys anywhere are errors (the message names the nearest valid key).
+ * model.vocab_size must cover the tokenizer (256 byte, 50257 gpt2).
+ *
+ * Error messages have the form "PATH: PROBLEM", e.g.
+ *   "train.lrr: unknown key (did you mean train.lr?)"
+ *   "train.lr: expected a number, got a string"
+ *   "model.heads: 5 does not divide model.width (768)"
+ *   "train.seq_len: 2048 exceeds model.context (1024)"
+ *   "model.width: missing required key"
+ * Functions that read a file prefix the message with "FILE: ".
+ *
+ * The model section is kept exactly as given (after overrides): serialising
+ * never adds defaults to it. The other sections are serialised complete, with
+ * defaults filled in, so a resumed run uses the same values even if defaults
+ * change.
+ *
+ * Memory: an orch_config is allocated by the loaders below and released with
+ * config_free (NULL is fine). Strings in the struct are owned by it.
+ * Threads: a config is immutable after loading except through
+ * config_apply_overrides; concurrent reads are safe.
+ * Errors: every fallible function returns 0 / -1 and writes one line to err
+ * (util_set_err); on failure the outputs are untouched.
+ */
+#ifndef ORCH_CONFIG_H
+#define ORCH_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine_api/orch_engine.h"
+
+#define CONFIG_PATH_MAX 4096
+
+typedef struct config_model {
+    char arch[16];          /* "gpt2" | "llama" */
+    uint32_t vocab_size;
+    uint32_t context;
+    uint32_t layers;
+    uint32_t heads;
+    uint32_t kv_heads;      /* = heads when not given */
+    uint32_t width;
+    uint32_t mlp_width;     /* = 4*width when not given */
+    double layernorm_eps;
+    double rope_theta;      /* 0 when not given */
+} config_model;
+
+typedef struct config_train {
+    uint32_t micro_batch;
+    uint32_t seq_len;
+    uint32_t grad_accum;
+    uint64_t max_steps;     /* 0 when epochs is used instead (see train.h) */
+    double epochs;          /* 0 when max_steps is used */
+    double lr;
+    double min_lr;
+    uint64_t warmup_steps;
+    char schedule[16];      /* "cosine" | "linear" | "constant" */
+    double weight_decay;
+    double beta1;
+    double beta2;
+    double eps;
+    double grad_clip;
+    uint64_t seed;
+    uint64_t eval_every;
+    uint32_t eval_batches;
+    uint64_t checkpoint_every;
+    uint32_t keep_checkpoints;
+    uint32_t early_stop_patience;
+} config_train;
+
+typedef struct config_data {
+    char tokenizer[16];                 /* "byte" | "gpt2" */
+    char train[CONFIG_PATH_MAX];        /* shard glob */
+    char val[CONFIG_PATH_MAX];          /* shard glob */
+} config_data;
+
+typedef struct config_engine {
+    char name[CONFIG_PATH_MAX];         /* --engine value: mock|cpu|cuda|FILE */
+    uint32_t threads;
+    char options[1024];
+} config_engine;
+
+typedef struct orch_config {
+    config_model model;
+    config_train train;
+    config_data data;
+    config_engine engine;
+    char source[CONFIG_PATH_MAX];       /* file name or "<text>" */
+    void *doc;                          /* private: the merged cJSON document */
+} orch_config;
+
+/* Read, parse and validate a config file. *out is a new config (config_free).
+ * Errors are "FILE: PATH: PROBLEM" (or "FILE: line L, column C: invalid
+ * JSON ..."). */
+int config_load_file(const char *path, orch_config **out, char *err,
+                     size_t err_cap);
+
+/* The same for JSON text (e.g. the "config" object of a checkpoint's
+ * state.json printed as text). `origin` names it in errors (may be NULL). */
+int config_parse_text(const char *text, const char *origin, orch_config **out,
+                      char *err, size_t err_cap);
+
+/* The same from a parsed cJSON object (const cJSON *, passed as void * so this
+ * header does not need cJSON.h). The object is copied, not kept. */
+int config_from_cjson(const void *json_object, const char *origin,
+                      orch_config **out, char *err, size_t err_cap);
+
+/* Apply overrides "a.b=value" in order (value parsed as JSON when it parses,
+ * else taken as a string; for string-typed keys the raw text is used unless
+ * it is a quoted JSON string; the value null removes the key, restoring its
+ * default), then re-validate everything. On failure cfg is
+ * unchanged. Errors name the override: "--set train.lr=x: train.lr: ...". */
+int config_apply_overrides(orch_config *cfg, const char *const *sets,
+                           size_t n_sets, char *err, size_t err_cap);
+
+/* Fill *desc (struct_size set, reserved zero) from the model section. */
+void config_model_desc(const orch_config *cfg, orch_model_desc *desc);
+
+/* The merged config as pretty-printed JSON text, malloc'd, caller frees;
+ * NULL on allocation failure. */
+char *config_to_json(const orch_config *cfg);
+
+/* The merged config as a new cJSON object (returned as void *, really a
+ * cJSON *), owned by the caller (cJSON_Delete); NULL on allocation failure. */
+void *config_to_cjson(const orch_config *cfg);
+
+/* True (1) when the two configs have identical model sections. */
+int config_same_model(const orch_config *a, const orch_config *b);
+
+/* A deep copy (config_free it); NULL on allocation failure. */
+orch_config *config_clone(const orch_config *cfg);
+
+void config_free(orch_config *cfg);
+
+/* Levenshtein edit distance between two ASCII strings (exposed for tests). */
+size_t config_edit_distance(const char *a, const char *b);
+
+#endif

@@ -1,0 +1,317 @@
+"""api_checks.py PORT KEY_PORT SMALL_PORT - every endpoint and error case of
+orch serve on the mock engine, with outputs predicted exactly by client.greedy.
+PORT: a default server; KEY_PORT: one started with --api-key sekret;
+SMALL_PORT: one with --max-body 2048."""
+import json
+import socket
+import sys
+import threading
+
+from client import (chat_prompt, check, greedy, metrics, post, request,
+                    stream)
+
+port, key_port, small_port = (int(a) for a in sys.argv[1:4])
+C = "/v1/completions"
+CH = "/v1/chat/completions"
+
+
+def err_of(st, js, status, code=None, param=None):
+    check(st == status, "expected %d got %d: %s" % (status, st, js))
+    check(js and set(js.keys()) == {"error"}, "error shape: %s" % js)
+    e = js["error"]
+    check(set(e.keys()) == {"message", "type", "param", "code"}, "error keys: %s" % e)
+    check(isinstance(e["message"], str) and e["message"], "error message")
+    if code is not None:
+        check(e["code"] == code, "code %r != %r (%s)" % (e["code"], code, e))
+    if param is not None:
+        check(e["param"] == param, "param %r != %r (%s)" % (e["param"], param, e))
+    return e
+
+
+# ---- GET routes ------------------------------------------------------------
+st, hd, body = request(port, "GET", "/health")
+check(st == 200 and json.loads(body) == {"status": "ok"}, "health")
+check(hd["content-type"].startswith("application/json"), "health content type")
+st, _, body = request(port, "GET", "/v1/models")
+js = json.loads(body)
+check(st == 200 and js["object"] == "list" and js["data"][0]["id"] == "mock-gpt2", "models %s" % js)
+check(js["data"][0]["object"] == "model" and js["data"][0]["max_model_len"] == 1024, "model object")
+st, _, body = request(port, "GET", "/v1/models/mock-gpt2")
+check(st == 200 and json.loads(body)["id"] == "mock-gpt2", "model by id")
+st, _, body = request(port, "GET", "/v1/models/other")
+err_of(st, json.loads(body), 404, "model_not_found")
+st, _, body = request(port, "HEAD", "/health")
+check(st == 200 and body == b"", "HEAD health")
+
+# ---- completions -----------------------------------------------------------
+st, js, _ = post(port, C, {"model": "mock-gpt2", "prompt": "Hello", "max_tokens": 7, "temperature": 0})
+check(st == 200, "completion status %d %s" % (st, js))
+check(js["object"] == "text_completion" and js["id"].startswith("cmpl-") and js["model"] == "mock-gpt2", "shape")
+check(isinstance(js["created"], int), "created")
+ch = js["choices"]
+check(len(ch) == 1 and ch[0]["index"] == 0 and ch[0]["text"] == greedy("Hello", 7), "text %s" % ch)
+check(ch[0]["finish_reason"] == "length" and ch[0]["logprobs"] is None, "finish/logprobs")
+check(js["usage"] == {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12}, "usage %s" % js["usage"])
+# default max_tokens is 16; model may be omitted
+st, js, _ = post(port, C, {"prompt": "x", "temperature": 0})
+check(st == 200 and js["choices"][0]["text"] == greedy("x", 16), "default max_tokens")
+# token-array prompt, list of prompts (strings and token arrays), n
+st, js, _ = post(port, C, {"prompt": [72, 105], "max_tokens": 4, "temperature": 0})
+check(st == 200 and js["choices"][0]["text"] == greedy([72, 105], 4), "token prompt")
+st, js, _ = post(port, C, {"prompt": ["ab", [99, 100], "xyz"], "max_tokens": 3, "temperature": 0, "n": 2})
+check(st == 200 and len(js["choices"]) == 6, "list prompts n=2: %s" % js)
+for i, p in enumerate(["ab", [99, 100], "xyz"]):
+    for c in range(2):
+        cc = js["choices"][i * 2 + c]
+        check(cc["index"] == i * 2 + c and cc["text"] == greedy(p, 3), "choice %d" % (i * 2 + c))
+check(js["usage"]["prompt_tokens"] == 7 and js["usage"]["completion_tokens"] == 18, "usage list")
+# echo and logprobs
+st, js, _ = post(port, C, {"prompt": "ab", "max_tokens": 3, "temperature": 0, "echo": True, "logprobs": 2})
+check(st == 200, "echo status")
+c0 = js["choices"][0]
+check(c0["text"] == "ab" + greedy("ab", 3), "echo text %r" % c0["text"])
+lp = c0["logprobs"]
+check(lp["tokens"] == ["a", "b"] + list(greedy("ab", 3)), "logprob tokens %s" % lp["tokens"])
+check(lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None, "first prompt token has no logprob")
+check(lp["text_offset"] == [0, 1, 2, 3, 4], "text offsets %s" % lp["text_offset"])
+check(all(x < 0 for x in lp["token_logprobs"][1:]), "logprobs negative")
+check(len(lp["top_logprobs"][2]) == 2 and greedy("ab", 1) in lp["top_logprobs"][2], "top logprobs %s" % lp)
+# stop strings across token boundaries
+g = greedy("stop-test", 30)
+stop = g[10:13]
+st, js, _ = post(port, C, {"prompt": "stop-test", "max_tokens": 30, "temperature": 0, "stop": ["QQ", stop]})
+want = g[:g.index(stop)]
+check(st == 200 and js["choices"][0]["text"] == want and js["choices"][0]["finish_reason"] == "stop",
+      "stop: %r vs %r" % (js["choices"][0]["text"], want))
+st, js, _ = post(port, C, {"prompt": "stop-test", "max_tokens": 30, "temperature": 0, "stop": stop})
+check(js["choices"][0]["text"] == want, "stop as a string")
+# seeded sampling: same seed, same text; different seeds differ
+body = {"prompt": "seed me", "max_tokens": 24, "temperature": 1.0, "top_p": 0.95, "top_k": 50, "seed": 1234}
+a = post(port, C, body)[1]["choices"][0]["text"]
+b = post(port, C, body)[1]["choices"][0]["text"]
+check(a == b and a != greedy("seed me", 24), "seeded sampling repeatable and not greedy")
+body["seed"] = 99
+check(post(port, C, body)[1]["choices"][0]["text"] != a, "another seed differs")
+body["seed"] = 1234
+# ... and the same inside a busy batch
+busy_results = {}
+
+
+def busy(i):
+    busy_results[i] = post(port, C, {"prompt": "busy %d" % i, "max_tokens": 40, "temperature": 0.7, "seed": i})
+
+
+ths = [threading.Thread(target=busy, args=(i,)) for i in range(16)]
+for t in ths:
+    t.start()
+c = post(port, C, body)[1]["choices"][0]["text"]
+for t in ths:
+    t.join()
+check(c == a, "seeded output changed inside a busy batch: %r vs %r" % (c, a))
+check(all(r[0] == 200 for r in busy_results.values()), "busy requests ok")
+# max_tokens 0 with echo: the prompt only
+st, js, _ = post(port, C, {"prompt": "zero", "max_tokens": 0, "echo": True})
+check(st == 200 and js["choices"][0]["text"] == "zero" and js["usage"]["completion_tokens"] == 0, "max_tokens 0")
+
+# ---- streaming ---------------------------------------------------------------
+st, hd, ev = stream(port, C, {"prompt": "stream", "max_tokens": 5, "temperature": 0, "stream": True})
+check(st == 200 and hd["content-type"].startswith("text/event-stream"), "stream headers %s" % hd)
+check(ev[-1] == "[DONE]" and len(ev) == 6, "5 token events + [DONE]: %s" % ev)
+texts = [e["choices"][0]["text"] for e in ev[:-1]]
+check(texts == list(greedy("stream", 5)), "stream chunks %s" % texts)
+check(all(e["choices"][0]["finish_reason"] is None for e in ev[:4]), "no early finish")
+check(ev[4]["choices"][0]["finish_reason"] == "length", "final finish_reason")
+check(all(e["id"] == ev[0]["id"] and e["object"] == "text_completion" for e in ev[:-1]), "stream ids")
+check(all("usage" not in e for e in ev[:-1]), "no usage without include_usage")
+st, _, ev = stream(port, C, {"prompt": "stream", "max_tokens": 3, "temperature": 0, "stream": True,
+                             "stream_options": {"include_usage": True}, "n": 2})
+check(ev[-1] == "[DONE]", "done")
+usage = ev[-2]
+check(usage["choices"] == [] and usage["usage"] == {"prompt_tokens": 6, "completion_tokens": 6, "total_tokens": 12},
+      "usage chunk %s" % usage)
+for k in range(2):
+    t = "".join(e["choices"][0]["text"] for e in ev[:-2] if e["choices"][0]["index"] == k)
+    check(t == greedy("stream", 3), "choice %d streamed %r" % (k, t))
+check(all(e["usage"] is None for e in ev[:-2]), "usage null in other chunks")
+# stop string while streaming: the stop text never leaks
+st, _, ev = stream(port, C, {"prompt": "stop-test", "max_tokens": 30, "temperature": 0, "stream": True, "stop": stop})
+t = "".join(e["choices"][0]["text"] for e in ev[:-1])
+check(t == want and ev[-2]["choices"][0]["finish_reason"] == "stop", "streamed stop %r" % t)
+# echo + logprobs while streaming
+st, _, ev = stream(port, C, {"prompt": "ab", "max_tokens": 2, "temperature": 0, "stream": True, "echo": True,
+                             "logprobs": 1})
+check(ev[0]["choices"][0]["text"] == "ab" and ev[0]["choices"][0]["logprobs"]["tokens"] == ["a", "b"], "echo event")
+check("".join(e["choices"][0]["text"] for e in ev[:-1]) == "ab" + greedy("ab", 2), "echo stream text")
+check(ev[1]["choices"][0]["logprobs"]["text_offset"] == [2], "stream text offset")
+
+# ---- chat ------------------------------------------------------------------
+msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
+st, js, _ = post(port, CH, {"model": "mock-gpt2", "messages": msgs, "max_tokens": 6, "temperature": 0})
+check(st == 200 and js["object"] == "chat.completion" and js["id"].startswith("chatcmpl-"), "chat shape %s" % js)
+m = js["choices"][0]["message"]
+check(m == {"role": "assistant", "content": greedy(chat_prompt(msgs), 6)}, "chat text %s" % m)
+check(js["usage"]["prompt_tokens"] == len(chat_prompt(msgs).encode()), "chat prompt tokens")
+st, js, _ = post(port, CH, {"messages": msgs, "max_completion_tokens": 3, "max_tokens": 9, "temperature": 0})
+check(js["choices"][0]["message"]["content"] == greedy(chat_prompt(msgs), 3), "max_completion_tokens wins")
+parts = [{"role": "user", "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]}]
+st, js, _ = post(port, CH, {"messages": parts, "max_tokens": 4, "temperature": 0})
+check(js["choices"][0]["message"]["content"] == greedy(chat_prompt([{"role": "user", "content": "Hi there"}]), 4),
+      "content parts")
+st, js, _ = post(port, CH, {"messages": msgs, "max_tokens": 2, "temperature": 0, "logprobs": True, "top_logprobs": 2})
+lc = js["choices"][0]["logprobs"]["content"]
+check(len(lc) == 2 and lc[0]["token"] == greedy(chat_prompt(msgs), 1) and len(lc[0]["top_logprobs"]) == 2, "chat lp")
+check(lc[0]["bytes"] == [ord(lc[0]["token"])], "chat logprob bytes")
+st, _, ev = stream(port, CH, {"messages": msgs, "max_tokens": 4, "temperature": 0, "stream": True,
+                              "stream_options": {"include_usage": True}})
+check(ev[0]["object"] == "chat.completion.chunk" and ev[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""},
+      "chat role chunk %s" % ev[0])
+txt = "".join(e["choices"][0]["delta"].get("content", "") for e in ev[1:-2])
+check(txt == greedy(chat_prompt(msgs), 4), "chat stream text %r" % txt)
+check(ev[-3]["choices"][0]["finish_reason"] == "length" and ev[-2]["usage"]["completion_tokens"] == 4, "chat end")
+# default chat max_tokens fills the context
+st, js, _ = post(port, CH, {"messages": [{"role": "user", "content": "x" * 1000}], "temperature": 0})
+check(st == 200 and js["usage"]["completion_tokens"] == 1024 - len(chat_prompt([{"role": "user", "content": "x" * 1000}])),
+      "chat default max tokens %s" % js.get("usage"))
+
+# ---- errors (400) --------------------------------------------------------------
+st, hd, body = request(port, "POST", C, b'{"prompt": "x",')
+err_of(st, json.loads(body), 400, "invalid_json")
+st, hd, body = request(port, "POST", C, b"[1,2,3]")
+err_of(st, json.loads(body), 400, "invalid_json")
+st, hd, body = request(port, "POST", C, b"")
+err_of(st, json.loads(body), 400)
+bad = [
+    ({"prompt": 5}, "prompt"), ({}, "prompt"), ({"prompt": []}, "prompt"), ({"prompt": [1, "a"]}, "prompt"),
+    ({"prompt": [256]}, "prompt"), ({"prompt": [-1]}, "prompt"), ({"prompt": [1.5]}, "prompt"),
+    ({"prompt": [[1], 2]}, "prompt"), ({"prompt": ""}, "prompt"),
+    ({"prompt": "x", "max_tokens": "5"}, "max_tokens"), ({"prompt": "x", "max_tokens": -1}, "max_tokens"),
+    ({"prompt": "x", "max_tokens": 1.5}, "max_tokens"), ({"prompt": "x", "max_tokens": 1e300}, "max_tokens"),
+    ({"prompt": "x", "temperature": 3}, "temperature"), ({"prompt": "x", "temperature": "hot"}, "temperature"),
+    ({"prompt": "x", "top_p": 0}, "top_p"), ({"prompt": "x", "top_p": 1.5}, "top_p"),
+    ({"prompt": "x", "top_k": -2}, "top_k"), ({"prompt": "x", "n": 0}, "n"), ({"prompt": "x", "n": 1000}, "n"),
+    ({"prompt": "x", "stream": "yes"}, "stream"), ({"prompt": "x", "echo": 1}, "echo"),
+    ({"prompt": "x", "logprobs": 21}, "logprobs"), ({"prompt": "x", "logprobs": True}, "logprobs"),
+    ({"prompt": "x", "stop": 5}, "stop"), ({"prompt": "x", "stop": [""]}, "stop"),
+    ({"prompt": "x", "stop": ["a"] * 17}, "stop"), ({"prompt": "x", "seed": "s"}, "seed"),
+    ({"prompt": "x", "seed": 1e30}, "seed"), ({"prompt": "x", "model": 7}, "model"),
+    ({"prompt": "x", "presence_penalty": 0.5}, "presence_penalty"), ({"prompt": "x", "best_of": 3}, "best_of"),
+    ({"prompt": "x", "stream_options": 3}, "stream_options"), ({"prompt": ["x"] * 300}, "prompt"),
+    ({"prompt": ["x"] * 100, "n": 3}, "n"),
+]
+for body, param in bad:
+    st, js, _ = post(port, C, body)
+    err_of(st, js, 400, param=param)
+st, js, _ = post(port, C, {"prompt": "x", "model": "gpt-4"})
+err_of(st, js, 400, "model_not_found", "model")
+check("gpt-4" in js["error"]["message"] and "mock-gpt2" in js["error"]["message"], "model message")
+# context overflow states both numbers
+st, js, _ = post(port, C, {"prompt": "y" * 1000, "max_tokens": 100})
+e = err_of(st, js, 400, "context_length_exceeded")
+check("1024" in e["message"] and "1000" in e["message"] and "1100" in e["message"], "overflow message %s" % e)
+st, js, _ = post(port, C, {"prompt": "y" * 1030})
+e = err_of(st, js, 400, "context_length_exceeded")
+check("1024" in e["message"] and "1030" in e["message"], "prompt overflow message %s" % e)
+st, js, _ = post(port, CH, {"messages": [{"role": "user", "content": "y" * 1030}]})
+err_of(st, js, 400, "context_length_exceeded")
+for body, param in [({"messages": []}, "messages"), ({"messages": "hi"}, "messages"),
+                    ({"messages": [{"role": "wizard", "content": "x"}]}, "messages"),
+                    ({"messages": [{"role": "user"}]}, "messages"), ({"messages": [{"content": "x"}]}, "messages"),
+                    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages"),
+                    ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, "top_logprobs"),
+                    ({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": -3},
+                     "max_completion_tokens"),
+                    ({"messages": [{"role": "user", "content": "x"}], "tools": [{}]}, "tools"),
+                    ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}},
+                     "response_format")]:
+    st, js, _ = post(port, CH, body)
+    err_of(st, js, 400, param=param)
+
+# ---- routes and methods ------------------------------------------------------
+for method, path in [("GET", "/nope"), ("POST", "/v1/nope"), ("GET", "/v1"), ("GET", "/v1/completions/x")]:
+    st, _, body = request(port, method, path)
+    err_of(st, json.loads(body), 404)
+for method, path, allow in [("GET", C, "POST"), ("PUT", CH, "POST"), ("DELETE", "/health", "GET, HEAD"),
+                            ("POST", "/v1/models", "GET, HEAD"), ("POST", "/metrics", "GET, HEAD")]:
+    st, hd, body = request(port, method, path, b"{}" if method != "GET" else None)
+    err_of(st, json.loads(body), 405)
+    check(hd.get("allow") == allow, "Allow header for %s %s: %s" % (method, path, hd))
+
+# ---- body limit (server with --max-body 2048) ---------------------------------
+st, js, _ = post(small_port, C, {"prompt": "z" * 3000})
+err_of(st, js, 413, "request_too_large")
+st, js, _ = post(small_port, C, {"prompt": "z" * 100, "max_tokens": 1, "temperature": 0})
+check(st == 200, "small body ok on the small server")
+# chunked upload without Content-Length, over the limit
+s = socket.create_connection(("127.0.0.1", small_port), timeout=10)
+chunk = b'{"prompt":"' + b"q" * 3000 + b'"}'
+s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" +
+          (b"%x\r\n" % len(chunk)) + chunk + b"\r\n0\r\n\r\n")
+resp = b""
+while True:
+    try:
+        d = s.recv(65536)
+    except OSError:
+        break
+    if not d:
+        break
+    resp += d
+    if b"\r\n\r\n" in resp and b"request_too_large" in resp:
+        break
+s.close()
+check(resp.startswith(b"HTTP/1.1 413"), "chunked 413: %r" % resp[:80])
+
+# ---- API key (server with --api-key sekret) ---------------------------------------
+ok_body = {"prompt": "k", "max_tokens": 2, "temperature": 0}
+st, js, hd = post(key_port, C, ok_body)
+err_of(st, js, 401, "invalid_api_key")
+st, js, _ = post(key_port, C, ok_body, headers={"Authorization": "Bearer wrong"})
+err_of(st, js, 401)
+st, js, _ = post(key_port, C, ok_body, headers={"Authorization": "Basic c2VrcmV0"})
+err_of(st, js, 401)
+st, js, _ = post(key_port, C, ok_body, headers={"Authorization": "Bearer sekret"})
+check(st == 200 and js["choices"][0]["text"] == greedy("k", 2), "authorized request")
+st, _, _ = request(key_port, "GET", "/v1/models")
+check(st == 401, "models needs the key")
+st, _, _ = request(key_port, "GET", "/health")
+check(st == 200, "health needs no key")
+
+# ---- 64 concurrent requests with distinct prompts -------------------------------
+results = {}
+
+
+def one(i):
+    prompt = "concurrent request number %d says hello" % i
+    n = 8 + i % 17
+    if i % 2:
+        st, _, ev = stream(port, C, {"prompt": prompt, "max_tokens": n, "temperature": 0, "stream": True})
+        text = "".join(e["choices"][0]["text"] for e in ev if e != "[DONE]")
+        results[i] = (st, text, greedy(prompt, n), ev[-1] == "[DONE]")
+    else:
+        st, js, _ = post(port, C, {"prompt": prompt, "max_tokens": n, "temperature": 0})
+        results[i] = (st, js["choices"][0]["text"], greedy(prompt, n), True)
+
+
+ths = [threading.Thread(target=one, args=(i,)) for i in range(64)]
+for t in ths:
+    t.start()
+for t in ths:
+    t.join()
+check(len(results) == 64, "all 64 answered")
+for i, (st, got, want, done) in sorted(results.items()):
+    check(st == 200 and got == want and done, "concurrent %d: %d %r vs %r" % (i, st, got, want))
+
+# ---- metrics ---------------------------------------------------------------------
+mv = metrics(port)
+check(mv['orch_requests_total{endpoint="/v1/completions",status="200"}'] >= 64, "requests counter")
+check(mv['orch_requests_total{endpoint="/v1/completions",status="400"}'] >= len(bad), "400 counter")
+check(mv['orch_requests_total{endpoint="other",status="404"}'] >= 3, "404 counter")
+check(mv["orch_kv_blocks_used"] == 0 and mv["orch_kv_blocks_capacity"] > 0, "kv gauges")
+check(mv["orch_requests_running"] == 0 and mv["orch_requests_waiting"] == 0, "idle gauges")
+check(mv["orch_generation_tokens_total"] > 500 and mv["orch_prompt_tokens_total"] > 500, "token counters")
+check(mv["orch_time_to_first_token_seconds_count"] > 64, "ttft histogram")
+check(mv["orch_e2e_request_latency_seconds_count"] > 64, "e2e histogram")
+check(mv["orch_time_per_output_token_seconds_count"] > 0, "tpot histogram")
+check(mv["orch_batch_size_count"] > 0 and mv['orch_batch_size_bucket{le="+Inf"}'] == mv["orch_batch_size_count"],
+      "batch histogram")
+check(mv["orch_preemptions_total"] == 0, "no preemption on a big pool")
+print("api checks passed")

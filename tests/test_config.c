@@ -1,0 +1,391 @@
+/*
+ * test_config.c - Check suite for orchestrator/config.{c,h}: one test per
+ * error kind (each asserting the message names the JSON path), defaults,
+ * overrides, serialisation and the model description.
+ */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "orchestrator/config.h"
+
+#define MODEL                                                               \
+    "\"model\": {\"arch\": \"gpt2\", \"vocab_size\": 256, \"context\": 64, " \
+    "\"layers\": 2, \"heads\": 4, \"width\": 64}"
+#define TRAIN                                                          \
+    "\"train\": {\"micro_batch\": 4, \"seq_len\": 32, \"max_steps\": 10, " \
+    "\"lr\": 0.001}"
+#define DATA                                                              \
+    "\"data\": {\"tokenizer\": \"byte\", \"train\": \"d/train_*.bin\", "  \
+    "\"val\": \"d/val_*.bin\"}"
+#define DOC(m, t, d, extra) "{" m ", " t ", " d extra "}"
+
+static char err[2048];
+
+/* Parse text; expect failure and that the message contains every needle. */
+static void expect_error(const char *text, const char *n1, const char *n2) {
+    orch_config *c = NULL;
+    err[0] = '\0';
+    int rc = config_parse_text(text, "cfg.json", &c, err, sizeof err);
+    ck_assert_msg(rc == -1, "expected failure for %s", text);
+    ck_assert_ptr_null(c);
+    ck_assert_msg(strstr(err, n1) != NULL, "'%s' lacks '%s'", err, n1);
+    if (n2) ck_assert_msg(strstr(err, n2) != NULL, "'%s' lacks '%s'", err, n2);
+    ck_assert_msg(strncmp(err, "cfg.json: ", 10) == 0, "no origin in '%s'", err);
+    ck_assert_msg(strchr(err, '\n') == NULL, "not one line: '%s'", err);
+}
+
+static orch_config *load_ok(const char *text) {
+    orch_config *c = NULL;
+    int rc = config_parse_text(text, "cfg.json", &c, err, sizeof err);
+    ck_assert_msg(rc == 0, "unexpected error: %s", err);
+    ck_assert_ptr_nonnull(c);
+    return c;
+}
+
+START_TEST(test_valid_and_defaults) {
+    orch_config *c = load_ok(DOC(MODEL, TRAIN, DATA, ""));
+    ck_assert_str_eq(c->model.arch, "gpt2");
+    ck_assert_uint_eq(c->model.mlp_width, 256); /* 4 * width */
+    ck_assert_uint_eq(c->model.kv_heads, 4);    /* = heads */
+    ck_assert(c->model.layernorm_eps == 1e-5);
+    ck_assert_uint_eq(c->train.grad_accum, 1);
+    ck_assert_str_eq(c->train.schedule, "cosine");
+    ck_assert(c->train.beta1 == 0.9 && c->train.beta2 == 0.95);
+    ck_assert(c->train.eps == 1e-8 && c->train.grad_clip == 1.0);
+    ck_assert_uint_eq(c->train.seed, 1337);
+    ck_assert_uint_eq(c->train.eval_every, 100);
+    ck_assert_uint_eq(c->train.eval_batches, 8);
+    ck_assert_uint_eq(c->train.keep_checkpoints, 3);
+    ck_assert_uint_eq(c->train.early_stop_patience, 0);
+    ck_assert_str_eq(c->engine.name, "cpu");
+    ck_assert_uint_eq(c->engine.threads, 0);
+    ck_assert_str_eq(c->engine.options, "");
+    ck_assert_str_eq(c->data.train, "d/train_*.bin");
+    config_free(c);
+}
+END_TEST
+
+START_TEST(test_shipped_configs_valid) {
+    const char *files[] = {"configs/default.json", "configs/tiny-test.json",
+                           "configs/gpt2-124m.json"};
+    for (size_t i = 0; i < 3; i++) {
+        orch_config *c = NULL;
+        int rc = config_load_file(files[i], &c, err, sizeof err);
+        ck_assert_msg(rc == 0, "%s: %s", files[i], err);
+        config_free(c);
+    }
+}
+END_TEST
+
+START_TEST(test_unknown_key_nearest) {
+    expect_error(DOC(MODEL,
+                     "\"train\": {\"micro_batch\": 4, \"seq_len\": 32, "
+                     "\"max_steps\": 10, \"lrr\": 0.001}",
+                     DATA, ""),
+                 "train.lrr: unknown key", "did you mean train.lr?");
+    expect_error(DOC(MODEL, TRAIN, DATA, ", \"modle\": {}"),
+                 "modle: unknown key", "did you mean model?");
+    /* A key from another section points there. */
+    expect_error(DOC(MODEL,
+                     "\"train\": {\"micro_batch\": 4, \"seq_len\": 32, "
+                     "\"max_steps\": 10, \"lr\": 0.001, \"vocab_size\": 3}",
+                     DATA, ""),
+                 "train.vocab_size: unknown key",
+                 "did you mean model.vocab_size?");
+}
+END_TEST
+
+START_TEST(test_wrong_type) {
+    expect_error(DOC(MODEL,
+                     "\"train\": {\"micro_batch\": 4, \"seq_len\": 32, "
+                     "\"max_steps\": 10, \"lr\": \"0.001\"}",
+                     DATA, ""),
+                 "train.lr: expected a number, got a string", NULL);
+    expect_error(DOC("\"model\": {\"vocab_size\": 256, \"context\": 64, "
+                     "\"layers\": 2.5, \"heads\": 4, \"width\": 64}",
+                     TRAIN, DATA, ""),
+                 "model.layers: expected an integer", "2.5");
+    expect_error(DOC(MODEL, TRAIN,
+                     "\"data\": {\"tokenizer\": 7, \"train\": \"a\", \"val\": "
+                     "\"b\"}",
+                     ""),
+                 "data.tokenizer: expected a string, got a number", NULL);
+    expect_error("{\"model\": [], " TRAIN ", " DATA "}",
+                 "model: expected an object, got an array", NULL);
+    expect_error("[1, 2]", "top level: expected an object", NULL);
+}
+END_TEST
+
+START_TEST(test_heads_not_dividing_width) {
+    expect_error(DOC("\"model\": {\"vocab_size\": 256, \"context\": 64, "
+                     "\"layers\": 2, \"heads\": 5, \"width\": 64}",
+                     TRAIN, DATA, ""),
+                 "model.heads", "does not divide model.width");
+}
+END_TEST
+
+START_TEST(test_seq_len_over_context) {
+    expect_error(DOC(MODEL,
+                     "\"train\": {\"micro_batch\": 4, \"seq_len\": 65, "
+                     "\"max_steps\": 10, \"lr\": 0.001}",
+                     DATA, ""),
+                 "train.seq_len", "exceeds model.context (64)");
+}
+END_TEST
+
+START_TEST(test_lr_not_positive) {
+    expect_error(DOC(MODEL,
+                     "\"train\": {\"micro_batch\": 4, \"seq_len\": 32, "
+                     "\"max_steps\": 10, \"lr\": 0}",
+                     DATA, ""),
+                 "train.lr: out of range", "> 0");
+    expect_error(DOC(MODEL,
+                     "\"train\": {\"micro_batch\": 4, \"seq_len\": 32, "
+                     "\"max_steps\": 10, \"lr\": -1e-3}",
+                     DATA, ""),
+                 "train.lr: out of range", NULL);
+}
+END_TEST
+
+START_TEST(test_min_lr_over_lr) {
+    expect_error(DOC(MODEL,
+                     "\"train\": {\"micro_batch\": 4, \"seq_len\": 32, "
+                     "\"max_steps\": 10, \"lr\": 0.001, \"min_lr\": 0.01}",
+                     DATA, ""),
+                 "train.min_lr", "exceeds train.lr");
+}
+END_TEST
+
+START_TEST(test_other_ranges) {
+    expect_error(DOC(MODEL,
+                     "\"train\": {\"micro_batch\": 0, \"seq_len\": 32, "
+                     "\"max_steps\": 10, \"lr\": 0.001}",
+                     DATA, ""),
+                 "train.micro_batch: out of range", NULL);
+    expect_error(DOC(MODEL,
+                     "\"train\": {\"micro_batch\": 4, \"seq_len\": 32, "
+                     "\"max_steps\": 10, \"lr\": 0.001, \"beta2\": 1}",
+                     DATA, ""),
+                 "train.beta2: out of range", "< 1");
+    expect_error(DOC(MODEL,
+                     "\"train\": {\"micro_batch\": 4, \"seq_len\": 32, "
+                     "\"max_steps\": 10, \"lr\": 0.001, \"schedule\": "
+                     "\"cosin\"}",
+                     DATA, ""),
+                 "train.schedule", "not one of cosine,linear,constant");
+    expect_error(DOC(MODEL, TRAIN,
+                     "\"data\": {\"tokenizer\": \"gpt2\", \"train\": \"a\", "
+                     "\"val\": \"b\"}",
+                     ""),
+                 "model.vocab_size", "50257");
+    expect_error(DOC(MODEL, TRAIN,
+                     "\"data\": {\"tokenizer\": \"byte\", \"train\": \"\", "
+                     "\"val\": \"b\"}",
+                     ""),
+                 "data.train: must not be empty", NULL);
+    expect_error(DOC(MODEL,
+                     "\"train\": {\"micro_batch\": 4, \"seq_len\": 32, "
+                     "\"max_steps\": 10, \"epochs\": 2, \"lr\": 0.001}",
+                     DATA, ""),
+                 "train.epochs", "not both");
+}
+END_TEST
+
+START_TEST(test_missing_required) {
+    expect_error(DOC("\"model\": {\"vocab_size\": 256, \"context\": 64, "
+                     "\"layers\": 2, \"heads\": 4}",
+                     TRAIN, DATA, ""),
+                 "model.width: missing required key", NULL);
+    expect_error(DOC(MODEL,
+                     "\"train\": {\"micro_batch\": 4, \"seq_len\": 32, "
+                     "\"lr\": 0.001}",
+                     DATA, ""),
+                 "train.max_steps: missing required key", "train.epochs");
+    expect_error("{" MODEL ", " TRAIN "}", "data: missing required section",
+                 NULL);
+}
+END_TEST
+
+START_TEST(test_duplicate_key) {
+    expect_error(DOC(MODEL,
+                     "\"train\": {\"micro_batch\": 4, \"seq_len\": 32, "
+                     "\"max_steps\": 10, \"lr\": 0.001, \"lr\": 0.002}",
+                     DATA, ""),
+                 "train.lr: duplicate key", NULL);
+}
+END_TEST
+
+START_TEST(test_invalid_json_position) {
+    expect_error("{\n  \"model\": {\n    \"width\": 64,,\n  }\n}",
+                 "line 3, column", "invalid JSON");
+}
+END_TEST
+
+START_TEST(test_file_errors) {
+    orch_config *c = NULL;
+    ck_assert_int_eq(config_load_file("/nonexistent/x.json", &c, err, sizeof err),
+                     -1);
+    ck_assert_ptr_nonnull(strstr(err, "/nonexistent/x.json"));
+    char path[] = "/tmp/test_config_XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    const char *bad = DOC(MODEL,
+                          "\"train\": {\"micro_batch\": 4, \"seq_len\": 32, "
+                          "\"max_steps\": 10, \"lrr\": 0.001}",
+                          DATA, "");
+    ck_assert_int_eq(write(fd, bad, strlen(bad)), (ssize_t)strlen(bad));
+    close(fd);
+    ck_assert_int_eq(config_load_file(path, &c, err, sizeof err), -1);
+    unlink(path);
+    ck_assert_msg(strstr(err, path) && strstr(err, "train.lrr"), "%s", err);
+}
+END_TEST
+
+START_TEST(test_overrides) {
+    orch_config *c = load_ok(DOC(MODEL, TRAIN, DATA, ""));
+    const char *sets[] = {"train.lr=3e-4", "engine.name=123",
+                          "engine.options=sleep_ms=5", "train.schedule=linear",
+                          "model.mlp_width=100"};
+    ck_assert_int_eq(config_apply_overrides(c, sets, 5, err, sizeof err), 0);
+    ck_assert(c->train.lr == 3e-4);
+    ck_assert_str_eq(c->engine.name, "123"); /* string key: raw text */
+    ck_assert_str_eq(c->engine.options, "sleep_ms=5");
+    ck_assert_str_eq(c->train.schedule, "linear");
+    ck_assert_uint_eq(c->model.mlp_width, 100);
+
+    /* Bad overrides name the override and the path; cfg is unchanged. */
+    const char *bad1[] = {"train.lrr=1"};
+    ck_assert_int_eq(config_apply_overrides(c, bad1, 1, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "train.lrr") && strstr(err, "train.lr?"), "%s",
+                  err);
+    const char *bad2[] = {"model.heads=5"};
+    ck_assert_int_eq(config_apply_overrides(c, bad2, 1, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "--set model.heads=5: model.heads"), "%s", err);
+    ck_assert_uint_eq(c->model.heads, 4);
+    const char *bad3[] = {"train.lr=fast"};
+    ck_assert_int_eq(config_apply_overrides(c, bad3, 1, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "train.lr: expected a number, got a string"),
+                  "%s", err);
+    ck_assert(c->train.lr == 3e-4);
+    const char *bad4[] = {"train"};
+    ck_assert_int_eq(config_apply_overrides(c, bad4, 1, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "KEY=VALUE"), "%s", err);
+    const char *bad5[] = {"train.lr.x=1"};
+    ck_assert_int_eq(config_apply_overrides(c, bad5, 1, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "train.lr is not an object"), "%s", err);
+
+    /* null removes a key (its default returns); sets apply in order. */
+    const char *sets2[] = {"train.max_steps=null", "train.epochs=1.5",
+                           "model.mlp_width=null"};
+    ck_assert_int_eq(config_apply_overrides(c, sets2, 3, err, sizeof err), 0);
+    ck_assert_uint_eq(c->train.max_steps, 0);
+    ck_assert(c->train.epochs == 1.5);
+    ck_assert_uint_eq(c->model.mlp_width, 256);
+    config_free(c);
+}
+END_TEST
+
+START_TEST(test_serialise_round_trip) {
+    /* Model section without optional keys and with an odd key order. */
+    const char *text =
+        "{\"model\": {\"width\": 64, \"heads\": 4, \"layers\": 2, "
+        "\"context\": 64, \"vocab_size\": 300},"
+        " " TRAIN ", " DATA "}";
+    orch_config *c = load_ok(text);
+    char *json = config_to_json(c);
+    ck_assert_ptr_nonnull(json);
+    /* Model kept exactly: no defaults added. */
+    ck_assert_ptr_null(strstr(json, "mlp_width"));
+    ck_assert_ptr_null(strstr(json, "layernorm_eps"));
+    ck_assert_ptr_nonnull(strstr(json, "\"vocab_size\":\t300"));
+    /* Other sections complete. */
+    ck_assert_ptr_nonnull(strstr(json, "\"beta2\":\t0.95"));
+    ck_assert_ptr_nonnull(strstr(json, "\"schedule\":\t\"cosine\""));
+    ck_assert_ptr_null(strstr(json, "epochs"));
+    orch_config *c2 = load_ok(json);
+    ck_assert(config_same_model(c, c2));
+    ck_assert_mem_eq(&c->model, &c2->model, sizeof c->model);
+    ck_assert_mem_eq(&c->train, &c2->train, sizeof c->train);
+    ck_assert_mem_eq(&c->data, &c2->data, sizeof c->data);
+    ck_assert_mem_eq(&c->engine, &c2->engine, sizeof c->engine);
+    char *json2 = config_to_json(c2);
+    ck_assert_str_eq(json, json2);
+    free(json);
+    free(json2);
+
+    orch_config *c3 = config_clone(c);
+    const char *s[] = {"model.layers=3"};
+    ck_assert_int_eq(config_apply_overrides(c3, s, 1, err, sizeof err), 0);
+    ck_assert(!config_same_model(c, c3));
+    ck_assert_uint_eq(c->model.layers, 2);
+    config_free(c3);
+    config_free(c2);
+    config_free(c);
+}
+END_TEST
+
+START_TEST(test_model_desc) {
+    orch_config *c = load_ok(
+        "{\"model\": {\"vocab_size\": 260, \"context\": 64, \"layers\": 3, "
+        "\"heads\": 4, \"width\": 64, \"mlp_width\": 200, "
+        "\"layernorm_eps\": 1e-6}, " TRAIN ", " DATA "}");
+    orch_model_desc d;
+    memset(&d, 0xab, sizeof d);
+    config_model_desc(c, &d);
+    ck_assert_uint_eq(d.struct_size, sizeof d);
+    ck_assert_uint_eq(d.arch, ORCH_ARCH_GPT2);
+    ck_assert_uint_eq(d.vocab_size, 260);
+    ck_assert_uint_eq(d.context, 64);
+    ck_assert_uint_eq(d.layers, 3);
+    ck_assert_uint_eq(d.heads, 4);
+    ck_assert_uint_eq(d.kv_heads, 4);
+    ck_assert_uint_eq(d.width, 64);
+    ck_assert_uint_eq(d.mlp_width, 200);
+    ck_assert(d.layernorm_eps == 1e-6f);
+    for (int i = 0; i < 9; i++) ck_assert_uint_eq(d.reserved[i], 0);
+    config_free(c);
+}
+END_TEST
+
+START_TEST(test_edit_distance) {
+    ck_assert_uint_eq(config_edit_distance("", ""), 0);
+    ck_assert_uint_eq(config_edit_distance("lr", "lrr"), 1);
+    ck_assert_uint_eq(config_edit_distance("kitten", "sitting"), 3);
+    ck_assert_uint_eq(config_edit_distance("abc", ""), 3);
+}
+END_TEST
+
+static Suite *config_suite(void) {
+    Suite *s = suite_create("config");
+    TCase *tc = tcase_create("core");
+    tcase_add_test(tc, test_valid_and_defaults);
+    tcase_add_test(tc, test_shipped_configs_valid);
+    tcase_add_test(tc, test_unknown_key_nearest);
+    tcase_add_test(tc, test_wrong_type);
+    tcase_add_test(tc, test_heads_not_dividing_width);
+    tcase_add_test(tc, test_seq_len_over_context);
+    tcase_add_test(tc, test_lr_not_positive);
+    tcase_add_test(tc, test_min_lr_over_lr);
+    tcase_add_test(tc, test_other_ranges);
+    tcase_add_test(tc, test_missing_required);
+    tcase_add_test(tc, test_duplicate_key);
+    tcase_add_test(tc, test_invalid_json_position);
+    tcase_add_test(tc, test_file_errors);
+    tcase_add_test(tc, test_overrides);
+    tcase_add_test(tc, test_serialise_round_trip);
+    tcase_add_test(tc, test_model_desc);
+    tcase_add_test(tc, test_edit_distance);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) {
+    SRunner *sr = srunner_create(config_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

@@ -1,0 +1,963 @@
+/*
+ * test_cpu_engine.c - numeric tests of the CPU engine (libengine_cpu.so):
+ *
+ *   - against PyTorch: tests/fixtures/cpu_gpt2_tiny.safetensors, written by
+ *     tools/torch_reference.py (float64 reference): logits and loss within
+ *     1e-4 absolute, every gradient tensor within 1e-3 relative (max-norm),
+ *     the losses of 10 AdamW steps with clipping and weight decay within
+ *     1e-4, for every kernel set and thread count;
+ *   - central finite differences for sampled entries of every parameter
+ *     tensor of a tiny model;
+ *   - KV-cache equivalence: incremental decoding (uneven prefill chunks, then
+ *     single tokens, across block boundaries, several sequences of different
+ *     lengths in one batch with shuffled block tables) equals one full
+ *     forward within 1e-5, on the packed and the OpenBLAS paths;
+ *   - copy-on-write with kv_copy_blocks;
+ *   - bit-identical results for the same seed and thread count;
+ *   - every bad call returns an error status with a message and changes
+ *     nothing.
+ * The engine is loaded like orch loads it ("cpu" through $ORCH_ENGINE_PATH,
+ * which run_tests.sh points at the build directory).
+ */
+#include <check.h>
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine_api/orch_engine.h"
+#include "orchestrator/engine_loader.h"
+
+#define FIXTURE "tests/fixtures/cpu_gpt2_tiny.safetensors"
+
+static engine_handle H;
+static const orch_engine_api *A;
+
+static void load_engine(void) {
+    char err[1024];
+    ck_assert_msg(engine_load("cpu", &H, err, sizeof err) == 0, "%s", err);
+    A = H.api;
+}
+
+static void unload_engine(void) { engine_unload(&H); }
+
+/* ------------------------------------------------------------------------- */
+/* safetensors reading (the fixture)                                          */
+/* ------------------------------------------------------------------------- */
+
+typedef struct st_file {
+    unsigned char *data;
+    size_t size;
+    cJSON *header;
+    const unsigned char *blob;
+} st_file;
+
+static void st_open(const char *path, st_file *f) {
+    memset(f, 0, sizeof *f);
+    FILE *fp = fopen(path, "rb");
+    ck_assert_msg(fp != NULL, "cannot open %s (run from the repository root)", path);
+    fseek(fp, 0, SEEK_END);
+    long n = ftell(fp);
+    fseek(fp, 0, SEEK_SET);
+    ck_assert(n > 8);
+    f->data = malloc((size_t)n);
+    ck_assert(fread(f->data, 1, (size_t)n, fp) == (size_t)n);
+    fclose(fp);
+    f->size = (size_t)n;
+    uint64_t hlen = 0;
+    for (int i = 7; i >= 0; i--) hlen = hlen << 8 | f->data[i];
+    ck_assert(hlen + 8 <= f->size);
+    f->header = cJSON_ParseWithLength((const char *)f->data + 8, (size_t)hlen);
+    ck_assert_msg(f->header != NULL, "bad safetensors header in %s", path);
+    f->blob = f->data + 8 + hlen;
+}
+
+static void st_close(st_file *f) {
+    cJSON_Delete(f->header);
+    free(f->data);
+}
+
+/* Data of tensor `name` (dtype "F32" or "I32"); *numel receives its size. */
+static const void *st_get(const st_file *f, const char *name, const char *dtype,
+                          size_t *numel) {
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(f->header, name);
+    ck_assert_msg(t != NULL, "fixture lacks tensor %s", name);
+    const cJSON *dt = cJSON_GetObjectItemCaseSensitive(t, "dtype");
+    ck_assert_msg(cJSON_IsString(dt) && strcmp(dt->valuestring, dtype) == 0,
+                  "tensor %s is not %s", name, dtype);
+    const cJSON *off = cJSON_GetObjectItemCaseSensitive(t, "data_offsets");
+    size_t a = (size_t)cJSON_GetArrayItem(off, 0)->valuedouble;
+    size_t b = (size_t)cJSON_GetArrayItem(off, 1)->valuedouble;
+    ck_assert(b >= a && b <= f->size);
+    *numel = (b - a) / 4;
+    return f->blob + a;
+}
+
+static const float *st_f32(const st_file *f, const char *name, size_t *numel) {
+    return st_get(f, name, "F32", numel);
+}
+
+static double st_meta(const st_file *f, const char *key) {
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(f->header, "__metadata__");
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(m, key);
+    ck_assert_msg(cJSON_IsString(v), "fixture metadata lacks %s", key);
+    return atof(v->valuestring);
+}
+
+/* ------------------------------------------------------------------------- */
+/* Helpers                                                                    */
+/* ------------------------------------------------------------------------- */
+
+static orch_model_desc model_of(uint32_t V, uint32_t T, uint32_t L, uint32_t NH,
+                                uint32_t C, uint32_t M) {
+    orch_model_desc m;
+    memset(&m, 0, sizeof m);
+    m.struct_size = sizeof m;
+    m.arch = ORCH_ARCH_GPT2;
+    m.vocab_size = V;
+    m.context = T;
+    m.layers = L;
+    m.heads = NH;
+    m.width = C;
+    m.mlp_width = M;
+    return m;
+}
+
+static orch_model_desc fixture_model(const st_file *f) {
+    orch_model_desc m = model_of(
+        (uint32_t)st_meta(f, "vocab_size"), (uint32_t)st_meta(f, "context"),
+        (uint32_t)st_meta(f, "layers"), (uint32_t)st_meta(f, "heads"),
+        (uint32_t)st_meta(f, "width"), (uint32_t)st_meta(f, "mlp_width"));
+    m.layernorm_eps = (float)st_meta(f, "layernorm_eps");
+    return m;
+}
+
+static orch_engine_ctx *make_ctx(const orch_model_desc *m, uint32_t threads,
+                                 uint64_t seed, const char *options) {
+    orch_engine_ctx *ctx = NULL;
+    char err[1024];
+    int rc = engine_create_context(&H, m, threads, seed, options, &ctx, err,
+                                   sizeof err);
+    ck_assert_msg(rc == 0, "create (%s): %s", options ? options : "", err);
+    return ctx;
+}
+
+static uint32_t n_tensors(orch_engine_ctx *ctx) {
+    uint32_t n = 0;
+    ck_assert_int_eq(A->tensor_count(ctx, ORCH_TENSOR_PARAM, &n), ORCH_OK);
+    return n;
+}
+
+static orch_tensor_info info_of(orch_engine_ctx *ctx, uint32_t i) {
+    orch_tensor_info ti;
+    memset(&ti, 0, sizeof ti);
+    ti.struct_size = sizeof ti;
+    ck_assert_int_eq(A->tensor_info(ctx, ORCH_TENSOR_PARAM, i, &ti), ORCH_OK);
+    return ti;
+}
+
+static uint64_t total_params(orch_engine_ctx *ctx) {
+    orch_tensor_info last = info_of(ctx, n_tensors(ctx) - 1);
+    return last.offset + last.numel;
+}
+
+/* Load the fixture's initial weights through the tensor table. */
+static void load_fixture_params(orch_engine_ctx *ctx, const st_file *f) {
+    uint32_t n = n_tensors(ctx);
+    for (uint32_t i = 0; i < n; i++) {
+        orch_tensor_info ti = info_of(ctx, i);
+        char key[128];
+        snprintf(key, sizeof key, "param.%s", ti.name);
+        size_t numel;
+        const float *src = st_f32(f, key, &numel);
+        ck_assert_msg(numel == ti.numel, "%s: fixture %zu vs engine %llu", ti.name,
+                      numel, (unsigned long long)ti.numel);
+        ck_assert_int_eq(A->tensor_write(ctx, ORCH_TENSOR_PARAM, i, src,
+                                         numel * sizeof(float)),
+                         ORCH_OK);
+    }
+}
+
+/* Fill every parameter with reproducible values of useful size. */
+static void fill_random_params(orch_engine_ctx *ctx, uint32_t seed) {
+    uint32_t n = n_tensors(ctx);
+    uint64_t s = seed * 2654435761u + 1;
+    for (uint32_t i = 0; i < n; i++) {
+        orch_tensor_info ti = info_of(ctx, i);
+        float *buf = malloc(ti.numel * sizeof(float));
+        int ln_w = strstr(ti.name, "ln_") && strstr(ti.name, ".weight");
+        for (uint64_t k = 0; k < ti.numel; k++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            float u = (float)((s >> 40) & 0xFFFFFF) / 16777216.0f - 0.5f;
+            buf[k] = ln_w ? 1.0f + 0.2f * u : (ti.ndim == 2 ? 0.6f * u : 0.2f * u);
+        }
+        ck_assert_int_eq(A->tensor_write(ctx, ORCH_TENSOR_PARAM, i, buf,
+                                         ti.numel * sizeof(float)),
+                         ORCH_OK);
+        free(buf);
+    }
+}
+
+static float *read_grads(orch_engine_ctx *ctx, uint64_t *n) {
+    *n = total_params(ctx);
+    float *g = malloc(*n * sizeof(float));
+    ck_assert_int_eq(A->grads_read(ctx, 0, *n, g), ORCH_OK);
+    return g;
+}
+
+static float *read_params(orch_engine_ctx *ctx, uint64_t *n) {
+    uint32_t nt = n_tensors(ctx);
+    *n = total_params(ctx);
+    float *p = malloc(*n * sizeof(float));
+    for (uint32_t i = 0; i < nt; i++) {
+        orch_tensor_info ti = info_of(ctx, i);
+        ck_assert_int_eq(A->tensor_read(ctx, ORCH_TENSOR_PARAM, i, p + ti.offset,
+                                        ti.numel * sizeof(float)),
+                         ORCH_OK);
+    }
+    return p;
+}
+
+static orch_seq_input seq_of(const int32_t *tokens, uint32_t n, uint32_t start,
+                             const int32_t *table, uint32_t n_blocks,
+                             uint32_t mode) {
+    orch_seq_input s;
+    memset(&s, 0, sizeof s);
+    s.tokens = tokens;
+    s.n_tokens = n;
+    s.start_pos = start;
+    s.block_table = table;
+    s.n_blocks = n_blocks;
+    s.logits_mode = mode;
+    return s;
+}
+
+static int32_t run_batch(orch_engine_ctx *ctx, const orch_seq_input *seqs,
+                         uint32_t n, float *logits, uint64_t cap) {
+    orch_infer_batch b;
+    memset(&b, 0, sizeof b);
+    b.struct_size = sizeof b;
+    b.n_seqs = n;
+    b.seq_stride = sizeof(orch_seq_input);
+    b.seqs = seqs;
+    return A->infer_forward(ctx, &b, logits, cap);
+}
+
+static orch_adamw_params adam_of(const st_file *f, uint64_t step) {
+    orch_adamw_params p;
+    memset(&p, 0, sizeof p);
+    p.struct_size = sizeof p;
+    p.step = step;
+    p.lr = (float)st_meta(f, "lr");
+    p.beta1 = (float)st_meta(f, "beta1");
+    p.beta2 = (float)st_meta(f, "beta2");
+    p.eps = (float)st_meta(f, "eps");
+    p.weight_decay = (float)st_meta(f, "weight_decay");
+    p.grad_clip = (float)st_meta(f, "grad_clip");
+    return p;
+}
+
+/* Option sets every numeric test runs under: kernels, threads, paths. */
+static const char *const variants[] = {
+    "",                        /* all cores, best kernels */
+    "threads=1",
+    "threads=3",
+    "isa=avx2",
+    "isa=generic",
+    "skinny=0",                /* OpenBLAS even for decoding */
+    "skinny=64,isa=avx2",      /* packed kernel for every product */
+    "skinny=64,isa=generic",
+};
+#define N_VARIANTS (int)(sizeof variants / sizeof variants[0])
+
+/* ------------------------------------------------------------------------- */
+/* Against PyTorch                                                            */
+/* ------------------------------------------------------------------------- */
+
+START_TEST(test_torch_forward) {
+    const char *opt = variants[_i];
+    st_file f;
+    st_open(FIXTURE, &f);
+    orch_model_desc m = fixture_model(&f);
+    orch_engine_ctx *ctx = make_ctx(&m, 0, 1, opt);
+    load_fixture_params(ctx, &f);
+    const uint32_t B = (uint32_t)st_meta(&f, "batch"), T = (uint32_t)st_meta(&f, "seq_len");
+    size_t nt, nl;
+    const int32_t *tokens = st_get(&f, "tokens", "I32", &nt);
+    const int32_t *targets = st_get(&f, "targets", "I32", &nt);
+    const float *ref_logits = st_f32(&f, "logits", &nl);
+    const float ref_loss = st_f32(&f, "loss", &nt)[0];
+    ck_assert_uint_eq(nl, (size_t)B * T * m.vocab_size);
+
+    float loss = -1.0f;
+    ck_assert_int_eq(A->eval_loss(ctx, tokens, targets, B, T, &loss), ORCH_OK);
+    ck_assert_msg(fabsf(loss - ref_loss) <= 1e-4f, "[%s] eval loss %.7f vs torch %.7f",
+                  opt, loss, ref_loss);
+
+    /* Logits: both sequences in one batch, blocks of 5 positions, tables
+     * interleaved. */
+    ck_assert_int_eq(A->kv_configure(ctx, 5, 8), ORCH_OK);
+    int32_t t0[3] = {6, 0, 3}, t1[3] = {1, 7, 4};
+    orch_seq_input s[2] = {
+        seq_of(tokens, T, 0, t0, 3, ORCH_LOGITS_ALL),
+        seq_of(tokens + T, T, 0, t1, 3, ORCH_LOGITS_ALL)};
+    float *logits = malloc(nl * sizeof(float));
+    ck_assert_int_eq(run_batch(ctx, s, 2, logits, nl), ORCH_OK);
+    double worst = 0.0;
+    for (size_t i = 0; i < nl; i++) {
+        double d = fabs((double)logits[i] - ref_logits[i]);
+        if (d > worst) worst = d;
+    }
+    ck_assert_msg(worst <= 1e-4, "[%s] logits differ from torch by %g", opt, worst);
+    free(logits);
+    A->context_destroy(ctx);
+    st_close(&f);
+}
+END_TEST
+
+START_TEST(test_torch_gradients) {
+    const char *opt = variants[_i];
+    st_file f;
+    st_open(FIXTURE, &f);
+    orch_model_desc m = fixture_model(&f);
+    orch_engine_ctx *ctx = make_ctx(&m, 0, 1, opt);
+    load_fixture_params(ctx, &f);
+    const uint32_t B = (uint32_t)st_meta(&f, "batch"), T = (uint32_t)st_meta(&f, "seq_len");
+    size_t nt;
+    const int32_t *tokens = st_get(&f, "tokens", "I32", &nt);
+    const int32_t *targets = st_get(&f, "targets", "I32", &nt);
+    const float ref_loss = st_f32(&f, "loss", &nt)[0];
+    float loss = -1.0f;
+    ck_assert_int_eq(A->grads_zero(ctx), ORCH_OK);
+    ck_assert_int_eq(A->forward_backward(ctx, tokens, targets, B, T, 1.0f, &loss),
+                     ORCH_OK);
+    ck_assert_msg(fabsf(loss - ref_loss) <= 1e-4f, "[%s] loss %.7f vs torch %.7f",
+                  opt, loss, ref_loss);
+    uint64_t n;
+    float *g = read_grads(ctx, &n);
+    for (uint32_t i = 0; i < n_tensors(ctx); i++) {
+        orch_tensor_info ti = info_of(ctx, i);
+        char key[128];
+        snprintf(key, sizeof key, "grad.%s", ti.name);
+        size_t numel;
+        const float *ref = st_f32(&f, key, &numel);
+        ck_assert_uint_eq(numel, ti.numel);
+        double diff = 0.0, scale = 0.0;
+        for (size_t k = 0; k < numel; k++) {
+            double d = fabs((double)g[ti.offset + k] - ref[k]);
+            if (d > diff) diff = d;
+            if (fabs(ref[k]) > scale) scale = fabs(ref[k]);
+        }
+        ck_assert_msg(scale > 0.0, "%s: reference gradient is zero", ti.name);
+        ck_assert_msg(diff <= 1e-3 * scale,
+                      "[%s] gradient %s: max diff %g, max |ref| %g (rel %g)", opt,
+                      ti.name, diff, scale, diff / scale);
+    }
+    free(g);
+    A->context_destroy(ctx);
+    st_close(&f);
+}
+END_TEST
+
+START_TEST(test_torch_adamw_steps) {
+    const char *opt = variants[_i];
+    st_file f;
+    st_open(FIXTURE, &f);
+    orch_model_desc m = fixture_model(&f);
+    orch_engine_ctx *ctx = make_ctx(&m, 0, 1, opt);
+    load_fixture_params(ctx, &f);
+    const uint32_t B = (uint32_t)st_meta(&f, "batch"), T = (uint32_t)st_meta(&f, "seq_len");
+    const int steps = (int)st_meta(&f, "steps");
+    size_t nt, nsteps, nn;
+    const int32_t *tokens = st_get(&f, "tokens", "I32", &nt);
+    const int32_t *targets = st_get(&f, "targets", "I32", &nt);
+    const float *ref_losses = st_f32(&f, "train_losses", &nsteps);
+    const float *ref_norms = st_f32(&f, "grad_norms", &nn);
+    ck_assert_int_eq((int)nsteps, steps);
+    int clipped = 0;
+    for (int s = 0; s < steps; s++) {
+        float loss = -1.0f, norm = -1.0f;
+        ck_assert_int_eq(A->grads_zero(ctx), ORCH_OK);
+        ck_assert_int_eq(
+            A->forward_backward(ctx, tokens, targets, B, T, 1.0f, &loss), ORCH_OK);
+        ck_assert_msg(fabsf(loss - ref_losses[s]) <= 1e-4f,
+                      "[%s] step %d: loss %.7f vs torch %.7f", opt, s + 1, loss,
+                      ref_losses[s]);
+        orch_adamw_params p = adam_of(&f, (uint64_t)s + 1);
+        ck_assert_int_eq(A->optimizer_step(ctx, &p, &norm), ORCH_OK);
+        ck_assert_msg(fabsf(norm - ref_norms[s]) <= 1e-4f * ref_norms[s] + 1e-5f,
+                      "[%s] step %d: grad norm %.7f vs torch %.7f", opt, s + 1,
+                      norm, ref_norms[s]);
+        clipped += norm > p.grad_clip;
+        if (norm > p.grad_clip) { /* the buffer now holds clipped gradients */
+            uint64_t n;
+            float *g = read_grads(ctx, &n);
+            double sq = 0.0;
+            for (uint64_t k = 0; k < n; k++) sq += (double)g[k] * g[k];
+            ck_assert_msg(fabs(sqrt(sq) - p.grad_clip) <= 1e-4 * p.grad_clip,
+                          "clipped norm %g vs clip %g", sqrt(sq), (double)p.grad_clip);
+            free(g);
+        }
+    }
+    ck_assert_msg(clipped > 0 && clipped < steps, "fixture should clip some steps");
+    A->context_destroy(ctx);
+    st_close(&f);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------- */
+/* Finite differences                                                         */
+/* ------------------------------------------------------------------------- */
+
+START_TEST(test_gradient_check) {
+    /* Tiny model, 1 x 7 tokens so each entry's gradient is large. */
+    orch_model_desc m = model_of(23, 9, 2, 2, 8, 12);
+    orch_engine_ctx *ctx = make_ctx(&m, 0, 7, NULL);
+    fill_random_params(ctx, 99);
+    const uint32_t T = 7;
+    int32_t tokens[7] = {3, 17, 0, 22, 9, 9, 14};
+    int32_t targets[7] = {17, 0, -1, 9, 9, 14, 5};
+    float loss;
+    ck_assert_int_eq(A->forward_backward(ctx, tokens, targets, 1, T, 1.0f, &loss),
+                     ORCH_OK);
+    uint64_t n;
+    float *g = read_grads(ctx, &n);
+    const float h = 2e-3f;
+    int checked = 0;
+    uint64_t rng = 12345;
+    for (uint32_t i = 0; i < n_tensors(ctx); i++) {
+        orch_tensor_info ti = info_of(ctx, i);
+        float *w = malloc(ti.numel * sizeof(float));
+        ck_assert_int_eq(A->tensor_read(ctx, ORCH_TENSOR_PARAM, i, w,
+                                        ti.numel * sizeof(float)),
+                         ORCH_OK);
+        /* Entries: the largest gradient and three random ones (rows of wpe
+         * that the batch uses). */
+        uint64_t limit = strcmp(ti.name, "wpe.weight") == 0 ? T * m.width : ti.numel;
+        uint64_t pick[4] = {0};
+        for (uint64_t k = 0; k < limit; k++)
+            if (fabsf(g[ti.offset + k]) > fabsf(g[ti.offset + pick[0]])) pick[0] = k;
+        for (int k = 1; k < 4; k++) {
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            pick[k] = (rng >> 33) % limit;
+        }
+        double gmax = fabs(g[ti.offset + pick[0]]);
+        ck_assert_msg(gmax > 1e-3, "%s: gradient too small to check (%g)", ti.name, gmax);
+        for (int k = 0; k < 4; k++) {
+            float orig = w[pick[k]], lp, lm;
+            w[pick[k]] = orig + h;
+            ck_assert_int_eq(A->tensor_write(ctx, ORCH_TENSOR_PARAM, i, w,
+                                             ti.numel * sizeof(float)), ORCH_OK);
+            ck_assert_int_eq(A->eval_loss(ctx, tokens, targets, 1, T, &lp), ORCH_OK);
+            w[pick[k]] = orig - h;
+            ck_assert_int_eq(A->tensor_write(ctx, ORCH_TENSOR_PARAM, i, w,
+                                             ti.numel * sizeof(float)), ORCH_OK);
+            ck_assert_int_eq(A->eval_loss(ctx, tokens, targets, 1, T, &lm), ORCH_OK);
+            w[pick[k]] = orig;
+            double fd = ((double)lp - (double)lm) / (2.0 * h);
+            double an = g[ti.offset + pick[k]];
+            /* Float32 losses: ~1e-7 relative rounding over 2h. */
+            double tol = 2e-3 * gmax + 1e-2 * fabs(an);
+            ck_assert_msg(fabs(fd - an) <= tol,
+                          "%s[%llu]: finite difference %.6g vs backward %.6g", ti.name,
+                          (unsigned long long)pick[k], fd, an);
+            checked++;
+        }
+        ck_assert_int_eq(A->tensor_write(ctx, ORCH_TENSOR_PARAM, i, w,
+                                         ti.numel * sizeof(float)), ORCH_OK);
+        free(w);
+    }
+    ck_assert_int_eq(checked, 4 * (int)n_tensors(ctx));
+    free(g);
+    A->context_destroy(ctx);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------- */
+/* KV-cache equivalence                                                       */
+/* ------------------------------------------------------------------------- */
+
+#define KV_V 61u
+#define KV_T 48u
+#define KV_SEQS 3
+
+START_TEST(test_kv_equivalence) {
+    const char *opt = variants[_i];
+    orch_model_desc m = model_of(KV_V, KV_T, 2, 2, 16, 40);
+    orch_engine_ctx *ctx = make_ctx(&m, 0, 3, opt);
+    fill_random_params(ctx, 5);
+    static const uint32_t len[KV_SEQS] = {41, 23, 9};
+    /* Prefill chunks of uneven length per sequence, then single tokens. */
+    static const uint32_t chunks[KV_SEQS][4] = {{5, 3, 7, 0}, {1, 6, 0, 0}, {4, 0, 0, 0}};
+    int32_t tok[KV_SEQS][KV_T];
+    uint64_t s = 77;
+    for (int q = 0; q < KV_SEQS; q++)
+        for (uint32_t k = 0; k < len[q]; k++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            tok[q][k] = (int32_t)((s >> 33) % KV_V);
+        }
+    const uint32_t bs = 4, nb = 50;
+    ck_assert_int_eq(A->kv_configure(ctx, bs, nb), ORCH_OK);
+
+    /* Reference: each sequence alone, one full forward, all logits. */
+    float *ref[KV_SEQS];
+    int32_t full_table[12];
+    for (uint32_t b = 0; b < 12; b++) full_table[b] = (int32_t)b;
+    for (int q = 0; q < KV_SEQS; q++) {
+        ref[q] = malloc((size_t)len[q] * KV_V * sizeof(float));
+        orch_seq_input one = seq_of(tok[q], len[q], 0, full_table, 12, ORCH_LOGITS_ALL);
+        ck_assert_int_eq(run_batch(ctx, &one, 1, ref[q], (uint64_t)len[q] * KV_V),
+                         ORCH_OK);
+    }
+    /* Incremental: shuffled, interleaved block tables from the other blocks. */
+    int32_t table[KV_SEQS][12];
+    int32_t perm[38];
+    for (int b = 0; b < 38; b++) perm[b] = 12 + b;
+    for (int b = 37; b > 0; b--) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        int r = (int)((s >> 33) % (uint64_t)(b + 1));
+        int32_t t = perm[b];
+        perm[b] = perm[r];
+        perm[r] = t;
+    }
+    for (int q = 0; q < KV_SEQS; q++)
+        for (int b = 0; b < 11; b++) table[q][b] = perm[b * KV_SEQS + q];
+    uint32_t pos[KV_SEQS] = {0}, chunk_i[KV_SEQS] = {0};
+    float *out = malloc((size_t)KV_SEQS * 8 * KV_V * sizeof(float));
+    int steps = 0;
+    double worst = 0.0;
+    for (;;) {
+        orch_seq_input in[KV_SEQS];
+        int idx[KV_SEQS], n = 0;
+        for (int q = 0; q < KV_SEQS; q++) {
+            if (pos[q] >= len[q]) continue;
+            uint32_t c = chunks[q][chunk_i[q]] ? chunks[q][chunk_i[q]++] : 1;
+            if (pos[q] + c > len[q]) c = len[q] - pos[q];
+            /* Chunks ask for all their logits; single tokens for the last. */
+            in[n] = seq_of(tok[q] + pos[q], c, pos[q], table[q],
+                           (pos[q] + c + bs - 1) / bs,
+                           c > 1 ? ORCH_LOGITS_ALL : ORCH_LOGITS_LAST);
+            idx[n++] = q;
+        }
+        if (n == 0) break;
+        int32_t st = run_batch(ctx, in, (uint32_t)n, out, (uint64_t)KV_SEQS * 8 * KV_V);
+        ck_assert_msg(st == ORCH_OK, "[%s] step %d: %s", opt, steps, A->last_error(ctx));
+        const float *row = out;
+        for (int k = 0; k < n; k++) {
+            int q = idx[k];
+            for (uint32_t t = 0; t < in[k].n_tokens; t++, row += KV_V) {
+                const float *r = ref[q] + (size_t)(pos[q] + t) * KV_V;
+                for (uint32_t v = 0; v < KV_V; v++) {
+                    double d = fabs((double)row[v] - r[v]);
+                    if (d > worst) worst = d;
+                }
+            }
+            pos[q] += in[k].n_tokens;
+        }
+        steps++;
+    }
+    ck_assert_msg(worst <= 1e-5, "[%s] incremental vs full logits differ by %g", opt,
+                  worst);
+    ck_assert_int_eq(steps, 29); /* 3 chunks + 26 single tokens */
+    for (int q = 0; q < KV_SEQS; q++) free(ref[q]);
+    free(out);
+    A->context_destroy(ctx);
+}
+END_TEST
+
+START_TEST(test_kv_copy_on_write) {
+    orch_model_desc m = model_of(KV_V, KV_T, 2, 2, 16, 0);
+    orch_engine_ctx *ctx = make_ctx(&m, 0, 3, NULL);
+    fill_random_params(ctx, 8);
+    ck_assert_int_eq(A->kv_configure(ctx, 4, 16), ORCH_OK);
+    int32_t prompt[6] = {1, 2, 3, 4, 5, 6}, a_tok = 7, b_tok = 9;
+    int32_t ta[2] = {0, 1}, tb[2] = {0, 2};
+    float la[KV_V], lb[KV_V], ra[KV_V], rb[KV_V];
+    /* Prefix in blocks 0, 1 (positions 0..5), then fork: block 1 is
+     * partially filled, so branch b gets a copy in block 2. */
+    orch_seq_input s0 = seq_of(prompt, 6, 0, ta, 2, ORCH_LOGITS_NONE);
+    ck_assert_int_eq(run_batch(ctx, &s0, 1, NULL, 0), ORCH_OK);
+    int32_t src = 1, dst = 2;
+    ck_assert_int_eq(A->kv_copy_blocks(ctx, &src, &dst, 1), ORCH_OK);
+    orch_seq_input br[2] = {seq_of(&a_tok, 1, 6, ta, 2, ORCH_LOGITS_LAST),
+                            seq_of(&b_tok, 1, 6, tb, 2, ORCH_LOGITS_LAST)};
+    float both[2 * KV_V];
+    ck_assert_int_eq(run_batch(ctx, br, 2, both, 2 * KV_V), ORCH_OK);
+    memcpy(la, both, sizeof la);
+    memcpy(lb, both + KV_V, sizeof lb);
+    /* References: each branch as one full forward. */
+    int32_t full[7], t3[2] = {4, 5};
+    memcpy(full, prompt, sizeof prompt);
+    full[6] = a_tok;
+    orch_seq_input fa = seq_of(full, 7, 0, t3, 2, ORCH_LOGITS_LAST);
+    ck_assert_int_eq(run_batch(ctx, &fa, 1, ra, KV_V), ORCH_OK);
+    full[6] = b_tok;
+    ck_assert_int_eq(run_batch(ctx, &fa, 1, rb, KV_V), ORCH_OK);
+    for (uint32_t v = 0; v < KV_V; v++) {
+        ck_assert_msg(fabsf(la[v] - ra[v]) <= 1e-5f, "branch a logit %u", v);
+        ck_assert_msg(fabsf(lb[v] - rb[v]) <= 1e-5f, "branch b logit %u", v);
+    }
+    ck_assert_msg(memcmp(la, lb, sizeof la) != 0, "branches should differ");
+    A->context_destroy(ctx);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------- */
+/* Determinism, initialisation, accumulation                                  */
+/* ------------------------------------------------------------------------- */
+
+static void train_steps(orch_engine_ctx *ctx, int steps, float *losses) {
+    int32_t tokens[3 * 16], targets[3 * 16];
+    for (int i = 0; i < 48; i++) {
+        tokens[i] = (i * 37 + 11) % 101;
+        targets[i] = (i * 53 + 7) % 101;
+    }
+    for (int s = 0; s < steps; s++) {
+        orch_adamw_params p = {sizeof p, 0, (uint64_t)s + 1, 3e-3f, 0.9f, 0.95f,
+                               1e-8f, 0.1f, 1.0f};
+        ck_assert_int_eq(A->grads_zero(ctx), ORCH_OK);
+        ck_assert_int_eq(A->forward_backward(ctx, tokens, targets, 3, 16, 0.5f,
+                                             &losses[2 * s]), ORCH_OK);
+        ck_assert_int_eq(A->forward_backward(ctx, tokens + 8, targets + 8, 2, 16,
+                                             0.5f, &losses[2 * s + 1]), ORCH_OK);
+        ck_assert_int_eq(A->optimizer_step(ctx, &p, NULL), ORCH_OK);
+    }
+}
+
+START_TEST(test_determinism) {
+    static const uint32_t threads[] = {1, 2, 3};
+    orch_model_desc m = model_of(101, 32, 2, 4, 32, 0);
+    for (int t = 0; t < 3; t++) {
+        orch_engine_ctx *a = make_ctx(&m, threads[t], 42, NULL);
+        orch_engine_ctx *b = make_ctx(&m, threads[t], 42, NULL);
+        float la[8], lb[8];
+        train_steps(a, 4, la);
+        train_steps(b, 4, lb);
+        ck_assert_msg(memcmp(la, lb, sizeof la) == 0, "losses differ (threads %u)",
+                      threads[t]);
+        uint64_t n;
+        float *pa = read_params(a, &n), *pb = read_params(b, &n);
+        ck_assert_msg(memcmp(pa, pb, n * sizeof(float)) == 0,
+                      "parameters differ (threads %u)", threads[t]);
+        float *ga = read_grads(a, &n), *gb = read_grads(b, &n);
+        ck_assert_msg(memcmp(ga, gb, n * sizeof(float)) == 0,
+                      "gradients differ (threads %u)", threads[t]);
+        free(pa);
+        free(pb);
+        free(ga);
+        free(gb);
+        A->context_destroy(a);
+        A->context_destroy(b);
+    }
+}
+END_TEST
+
+START_TEST(test_init_and_table) {
+    orch_model_desc m = model_of(101, 32, 3, 4, 32, 0);
+    orch_engine_ctx *a = make_ctx(&m, 2, 42, NULL);
+    orch_engine_ctx *b = make_ctx(&m, 3, 42, NULL);
+    orch_engine_ctx *c = make_ctx(&m, 2, 43, NULL);
+    uint64_t n;
+    float *pa = read_params(a, &n), *pb = read_params(b, &n), *pc = read_params(c, &n);
+    ck_assert_msg(memcmp(pa, pb, n * sizeof(float)) == 0,
+                  "initialisation must not depend on the thread count");
+    ck_assert_msg(memcmp(pa, pc, n * sizeof(float)) != 0, "seeds must matter");
+    uint32_t nt = n_tensors(a);
+    ck_assert_uint_eq(nt, 4 + 12 * 3);
+    uint64_t off = 0;
+    for (uint32_t i = 0; i < nt; i++) {
+        orch_tensor_info ti = info_of(a, i);
+        ck_assert_uint_eq(ti.offset, off);
+        off += ti.numel;
+        ck_assert_uint_eq(ti.dtype, ORCH_DTYPE_F32);
+        ck_assert_uint_eq(!!(ti.flags & ORCH_TENSOR_FLAG_NO_DECAY), ti.ndim == 1);
+        const float *p = pa + ti.offset;
+        double sum = 0, sq = 0;
+        for (uint64_t k = 0; k < ti.numel; k++) {
+            sum += p[k];
+            sq += (double)p[k] * p[k];
+        }
+        double mean = sum / ti.numel, sd = sqrt(sq / ti.numel - mean * mean);
+        int ln = strstr(ti.name, "ln_") != NULL;
+        if (ti.ndim == 2) {
+            double want = strstr(ti.name, "c_proj.weight") ? 0.02 / sqrt(6.0) : 0.02;
+            ck_assert_msg(fabs(sd - want) < 0.15 * want && fabs(mean) < 0.2 * want,
+                          "%s: std %g (want %g), mean %g", ti.name, sd, want, mean);
+        } else {
+            float want = ln && strstr(ti.name, ".weight") ? 1.0f : 0.0f;
+            for (uint64_t k = 0; k < ti.numel; k++)
+                ck_assert_msg(p[k] == want, "%s[%llu] = %g", ti.name,
+                              (unsigned long long)k, (double)p[k]);
+        }
+        /* Moments start at zero and round-trip. */
+        float *mm = malloc(ti.numel * sizeof(float));
+        ck_assert_int_eq(A->tensor_read(a, ORCH_TENSOR_ADAM_V, i, mm,
+                                        ti.numel * sizeof(float)), ORCH_OK);
+        for (uint64_t k = 0; k < ti.numel; k++) ck_assert(mm[k] == 0.0f);
+        for (uint64_t k = 0; k < ti.numel; k++) mm[k] = (float)k;
+        ck_assert_int_eq(A->tensor_write(a, ORCH_TENSOR_ADAM_M, i, mm,
+                                         ti.numel * sizeof(float)), ORCH_OK);
+        memset(mm, 0, ti.numel * sizeof(float));
+        ck_assert_int_eq(A->tensor_read(a, ORCH_TENSOR_ADAM_M, i, mm,
+                                        ti.numel * sizeof(float)), ORCH_OK);
+        for (uint64_t k = 0; k < ti.numel; k++) ck_assert(mm[k] == (float)k);
+        free(mm);
+    }
+    ck_assert_uint_eq(off, n);
+    free(pa);
+    free(pb);
+    free(pc);
+    A->context_destroy(a);
+    A->context_destroy(b);
+    A->context_destroy(c);
+}
+END_TEST
+
+START_TEST(test_accumulation_and_flat_grads) {
+    orch_model_desc m = model_of(101, 32, 2, 4, 32, 0);
+    orch_engine_ctx *ctx = make_ctx(&m, 0, 9, NULL);
+    fill_random_params(ctx, 3);
+    int32_t tokens[32], targets[32];
+    for (int i = 0; i < 32; i++) {
+        tokens[i] = (i * 29 + 5) % 101;
+        targets[i] = (i * 31 + 2) % 101;
+    }
+    float l1, l2, l3, le;
+    ck_assert_int_eq(A->forward_backward(ctx, tokens, targets, 2, 16, 1.0f, &l1), ORCH_OK);
+    uint64_t n;
+    float *once = read_grads(ctx, &n);
+    ck_assert_int_eq(A->grads_zero(ctx), ORCH_OK);
+    ck_assert_int_eq(A->forward_backward(ctx, tokens, targets, 2, 16, 0.5f, &l2), ORCH_OK);
+    ck_assert_int_eq(A->forward_backward(ctx, tokens, targets, 2, 16, 0.5f, &l3), ORCH_OK);
+    float *twice = read_grads(ctx, &n);
+    ck_assert(l1 == l2 && l2 == l3);
+    double worst = 0, scale = 0;
+    for (uint64_t k = 0; k < n; k++) {
+        worst = fmax(worst, fabs((double)once[k] - twice[k]));
+        scale = fmax(scale, fabs(once[k]));
+    }
+    ck_assert_msg(worst <= 1e-6 * scale, "accumulated gradients differ by %g", worst);
+    /* eval_loss matches and leaves the gradients alone. */
+    ck_assert_int_eq(A->eval_loss(ctx, tokens, targets, 2, 16, &le), ORCH_OK);
+    ck_assert(le == l1);
+    float *after = read_grads(ctx, &n);
+    ck_assert(memcmp(after, twice, n * sizeof(float)) == 0);
+    /* Flat write/read at an offset round-trips. */
+    for (uint64_t k = 0; k < 100; k++) after[k] = (float)k - 50.0f;
+    ck_assert_int_eq(A->grads_write(ctx, n - 100, 100, after), ORCH_OK);
+    float back[100];
+    ck_assert_int_eq(A->grads_read(ctx, n - 100, 100, back), ORCH_OK);
+    ck_assert(memcmp(back, after, sizeof back) == 0);
+    /* All targets ignored: loss 0, no gradient. */
+    int32_t none[32];
+    for (int i = 0; i < 32; i++) none[i] = -1;
+    ck_assert_int_eq(A->grads_zero(ctx), ORCH_OK);
+    ck_assert_int_eq(A->forward_backward(ctx, tokens, none, 2, 16, 1.0f, &le), ORCH_OK);
+    ck_assert(le == 0.0f);
+    float *zero = read_grads(ctx, &n);
+    for (uint64_t k = 0; k < n; k++) ck_assert(zero[k] == 0.0f);
+    free(once);
+    free(twice);
+    free(after);
+    free(zero);
+    A->context_destroy(ctx);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------- */
+/* Bad calls                                                                  */
+/* ------------------------------------------------------------------------- */
+
+#define EXPECT_ERR(ctx, call, code)                                            \
+    do {                                                                       \
+        int32_t st_ = (call);                                                  \
+        ck_assert_msg(st_ == (code), "%s returned %d, want %d", #call, st_,    \
+                      (code));                                                 \
+        ck_assert_msg(A->last_error(ctx)[0] != '\0', "%s: no message", #call); \
+    } while (0)
+
+START_TEST(test_bad_create) {
+    orch_model_desc m = model_of(50, 16, 1, 3, 16, 0); /* 3 does not divide 16 */
+    orch_engine_options o = {sizeof o, 1, 1, NULL};
+    orch_engine_ctx *ctx = NULL;
+    char err[256] = "";
+    ck_assert_int_eq(A->context_create(&m, &o, &ctx, err, sizeof err),
+                     ORCH_ERR_INVALID_ARGUMENT);
+    ck_assert(ctx == NULL && err[0]);
+    m = model_of(50, 16, 1, 2, 16, 0);
+    m.arch = ORCH_ARCH_LLAMA;
+    err[0] = 0;
+    ck_assert_int_eq(A->context_create(&m, &o, &ctx, err, sizeof err),
+                     ORCH_ERR_UNSUPPORTED);
+    ck_assert(err[0]);
+    m.arch = ORCH_ARCH_GPT2;
+    m.vocab_size = 0;
+    ck_assert_int_eq(A->context_create(&m, &o, &ctx, err, sizeof err),
+                     ORCH_ERR_INVALID_ARGUMENT);
+    m.vocab_size = 50;
+    const char *bad[] = {"bogus=1", "threads=x", "isa=sse9", "skinny=-1", "noequals",
+                         "max_batch_tokens=0"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        o.options = bad[i];
+        err[0] = 0;
+        ck_assert_msg(A->context_create(&m, &o, &ctx, err, sizeof err) ==
+                          ORCH_ERR_INVALID_ARGUMENT,
+                      "option '%s' accepted", bad[i]);
+        ck_assert(ctx == NULL && err[0]);
+    }
+    o.options = " threads = 2 ; isa=generic, skinny=4 ";
+    ck_assert_int_eq(A->context_create(&m, &o, &ctx, err, sizeof err), ORCH_OK);
+    A->context_destroy(ctx);
+    A->context_destroy(NULL);
+}
+END_TEST
+
+START_TEST(test_bad_calls) {
+    orch_model_desc m = model_of(50, 16, 1, 2, 16, 0);
+    orch_engine_ctx *ctx = make_ctx(&m, 2, 1, "max_batch_tokens=20");
+    uint64_t n = total_params(ctx);
+    float *buf = calloc(n, sizeof(float));
+    float loss;
+    orch_tensor_info ti;
+    memset(&ti, 0, sizeof ti);
+    ti.struct_size = sizeof ti;
+    uint32_t cnt;
+    EXPECT_ERR(ctx, A->tensor_count(ctx, 7, &cnt), ORCH_ERR_INVALID_ARGUMENT);
+    EXPECT_ERR(ctx, A->tensor_info(ctx, 0, 999, &ti), ORCH_ERR_INVALID_ARGUMENT);
+    EXPECT_ERR(ctx, A->tensor_read(ctx, 0, 0, buf, 12), ORCH_ERR_INVALID_ARGUMENT);
+    EXPECT_ERR(ctx, A->tensor_write(ctx, 0, 0, NULL, 50 * 16 * 4),
+               ORCH_ERR_INVALID_ARGUMENT);
+    EXPECT_ERR(ctx, A->grads_read(ctx, n - 5, 6, buf), ORCH_ERR_INVALID_ARGUMENT);
+    EXPECT_ERR(ctx, A->grads_write(ctx, 0, 10, NULL), ORCH_ERR_INVALID_ARGUMENT);
+
+    int32_t tok[8] = {1, 2, 3, 4, 5, 6, 7, 8}, tgt[8] = {2, 3, 4, 5, 6, 7, 8, 9};
+    int32_t badtok[8] = {1, 2, 3, 50, 5, 6, 7, 8}, badtgt[8] = {2, 3, 4, 5, 6, -2, 8, 9};
+    int32_t longtok[17] = {0}, longtgt[17] = {0};
+    EXPECT_ERR(ctx, A->forward_backward(ctx, badtok, tgt, 1, 8, 1.0f, &loss),
+               ORCH_ERR_INVALID_ARGUMENT);
+    EXPECT_ERR(ctx, A->forward_backward(ctx, tok, badtgt, 1, 8, 1.0f, &loss),
+               ORCH_ERR_INVALID_ARGUMENT);
+    EXPECT_ERR(ctx, A->forward_backward(ctx, longtok, longtgt, 1, 17, 1.0f, &loss),
+               ORCH_ERR_INVALID_ARGUMENT);
+    EXPECT_ERR(ctx, A->forward_backward(ctx, tok, tgt, 1, 8, 1.0f, NULL),
+               ORCH_ERR_INVALID_ARGUMENT);
+    EXPECT_ERR(ctx, A->forward_backward(ctx, tok, tgt, 1, 8, NAN, &loss),
+               ORCH_ERR_INVALID_ARGUMENT);
+    EXPECT_ERR(ctx, A->forward_backward(ctx, tok, tgt, 0, 8, 1.0f, &loss),
+               ORCH_ERR_INVALID_ARGUMENT);
+    EXPECT_ERR(ctx, A->eval_loss(ctx, badtok, tgt, 1, 8, &loss),
+               ORCH_ERR_INVALID_ARGUMENT);
+    orch_adamw_params p = {sizeof p, 0, 0, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, 1.0f};
+    EXPECT_ERR(ctx, A->optimizer_step(ctx, &p, NULL), ORCH_ERR_INVALID_ARGUMENT);
+    p.step = 1;
+    p.beta1 = 1.0f;
+    EXPECT_ERR(ctx, A->optimizer_step(ctx, &p, NULL), ORCH_ERR_INVALID_ARGUMENT);
+    p.beta1 = 0.9f;
+    /* A non-finite gradient: NUMERIC, parameters and moments unchanged. */
+    uint64_t np;
+    float *before = read_params(ctx, &np);
+    buf[3] = INFINITY;
+    ck_assert_int_eq(A->grads_write(ctx, 0, n, buf), ORCH_OK);
+    float norm = -7.0f;
+    EXPECT_ERR(ctx, A->optimizer_step(ctx, &p, &norm), ORCH_ERR_NUMERIC);
+    ck_assert(norm == -7.0f);
+    float *after = read_params(ctx, &np);
+    ck_assert(memcmp(before, after, np * sizeof(float)) == 0);
+    free(before);
+    free(after);
+
+    /* Inference. */
+    float logits[4 * 50];
+    int32_t table[4] = {0, 1, 2, 3};
+    orch_seq_input s = seq_of(tok, 4, 0, table, 1, ORCH_LOGITS_LAST);
+    EXPECT_ERR(ctx, run_batch(ctx, &s, 1, logits, 50), ORCH_ERR_STATE);
+    EXPECT_ERR(ctx, A->kv_configure(ctx, 0, 4), ORCH_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(A->kv_configure(ctx, 4, 4), ORCH_OK);
+    ck_assert_int_eq(run_batch(ctx, &s, 1, logits, 50), ORCH_OK);
+    s = seq_of(badtok, 4, 0, table, 1, ORCH_LOGITS_LAST);
+    EXPECT_ERR(ctx, run_batch(ctx, &s, 1, logits, 50), ORCH_ERR_INVALID_ARGUMENT);
+    s = seq_of(tok, 4, 14, table, 4, ORCH_LOGITS_LAST); /* past context 16 */
+    EXPECT_ERR(ctx, run_batch(ctx, &s, 1, logits, 50), ORCH_ERR_INVALID_ARGUMENT);
+    int32_t outside[2] = {0, 4};
+    s = seq_of(tok, 8, 0, outside, 2, ORCH_LOGITS_LAST);
+    EXPECT_ERR(ctx, run_batch(ctx, &s, 1, logits, 50), ORCH_ERR_INVALID_ARGUMENT);
+    s = seq_of(tok, 8, 0, table, 1, ORCH_LOGITS_LAST); /* too few blocks */
+    EXPECT_ERR(ctx, run_batch(ctx, &s, 1, logits, 50), ORCH_ERR_INVALID_ARGUMENT);
+    s = seq_of(tok, 4, 0, table, 1, ORCH_LOGITS_ALL); /* 4 rows, room for 3 */
+    EXPECT_ERR(ctx, run_batch(ctx, &s, 1, logits, 150), ORCH_ERR_CAPACITY);
+    s = seq_of(tok, 4, 0, table, 1, ORCH_LOGITS_LAST);
+    EXPECT_ERR(ctx, run_batch(ctx, &s, 1, NULL, 50), ORCH_ERR_INVALID_ARGUMENT);
+    s.logits_mode = 9;
+    EXPECT_ERR(ctx, run_batch(ctx, &s, 1, logits, 50), ORCH_ERR_INVALID_ARGUMENT);
+    s.logits_mode = ORCH_LOGITS_LAST;
+    s.adapter_id = 1;
+    EXPECT_ERR(ctx, run_batch(ctx, &s, 1, logits, 50), ORCH_ERR_INVALID_ARGUMENT);
+    /* Over max_batch_tokens (20): 3 sequences of 8. */
+    int32_t t1[2] = {0, 1}, t2[2] = {2, 3}, t3[2] = {0, 1};
+    orch_seq_input three[3] = {seq_of(tok, 8, 0, t1, 2, ORCH_LOGITS_NONE),
+                               seq_of(tok, 8, 0, t2, 2, ORCH_LOGITS_NONE),
+                               seq_of(tok, 8, 0, t3, 2, ORCH_LOGITS_NONE)};
+    EXPECT_ERR(ctx, run_batch(ctx, three, 3, logits, 200), ORCH_ERR_CAPACITY);
+    /* A block written by one sequence and read by another. */
+    int32_t wa[1] = {0}, wb[2] = {0, 2};
+    orch_seq_input pair[2] = {seq_of(tok, 4, 0, wa, 1, ORCH_LOGITS_NONE),
+                              seq_of(tok + 4, 1, 4, wb, 2, ORCH_LOGITS_LAST)};
+    EXPECT_ERR(ctx, run_batch(ctx, pair, 2, logits, 50), ORCH_ERR_INVALID_ARGUMENT);
+    /* Reading a position never written. */
+    ck_assert_int_eq(A->kv_configure(ctx, 4, 4), ORCH_OK);
+    s = seq_of(tok, 1, 5, t1, 2, ORCH_LOGITS_LAST);
+    EXPECT_ERR(ctx, run_batch(ctx, &s, 1, logits, 50), ORCH_ERR_STATE);
+    int32_t src[2] = {0, 1}, dst[2] = {1, 2}, far[1] = {9};
+    EXPECT_ERR(ctx, A->kv_copy_blocks(ctx, src, dst, 2), ORCH_ERR_INVALID_ARGUMENT);
+    EXPECT_ERR(ctx, A->kv_copy_blocks(ctx, src, far, 1), ORCH_ERR_INVALID_ARGUMENT);
+    uint64_t bb;
+    EXPECT_ERR(ctx, A->kv_block_bytes(ctx, 0, &bb), ORCH_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(A->kv_block_bytes(ctx, 16, &bb), ORCH_OK);
+    ck_assert_uint_ge(bb, 16u * 2 * 16 * 4);
+    /* After all that the context still works. */
+    s = seq_of(tok, 4, 0, table, 1, ORCH_LOGITS_LAST);
+    ck_assert_int_eq(run_batch(ctx, &s, 1, logits, 50), ORCH_OK);
+    ck_assert_int_eq(A->forward_backward(ctx, tok, tgt, 1, 8, 1.0f, &loss), ORCH_OK);
+    ck_assert(isfinite(loss));
+    free(buf);
+    A->context_destroy(ctx);
+}
+END_TEST
+
+static Suite *suite(void) {
+    Suite *s = suite_create("cpu_engine");
+    TCase *tc = tcase_create("torch");
+    tcase_add_unchecked_fixture(tc, load_engine, unload_engine);
+    tcase_set_timeout(tc, 60);
+    tcase_add_loop_test(tc, test_torch_forward, 0, N_VARIANTS);
+    tcase_add_loop_test(tc, test_torch_gradients, 0, N_VARIANTS);
+    tcase_add_loop_test(tc, test_torch_adamw_steps, 0, N_VARIANTS);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("numerics");
+    tcase_add_unchecked_fixture(tc, load_engine, unload_engine);
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_gradient_check);
+    tcase_add_loop_test(tc, test_kv_equivalence, 0, N_VARIANTS);
+    tcase_add_test(tc, test_kv_copy_on_write);
+    tcase_add_test(tc, test_determinism);
+    tcase_add_test(tc, test_init_and_table);
+    tcase_add_test(tc, test_accumulation_and_flat_grads);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("errors");
+    tcase_add_unchecked_fixture(tc, load_engine, unload_engine);
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_bad_create);
+    tcase_add_test(tc, test_bad_calls);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) {
+    if (!getenv("ORCH_ENGINE_PATH")) setenv("ORCH_ENGINE_PATH", "build", 1);
+    SRunner *sr = srunner_create(suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}

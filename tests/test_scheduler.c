@@ -1,0 +1,500 @@
+/*
+ * test_scheduler.c - continuous batching on the mock engine, whose greedy
+ * next token is 97 + (S mod 26), S = sum of the token ids at positions 0..p
+ * read back from the KV cache (engines/mock/README.md). The tests predict
+ * every output exactly: many sequences with chunked prefill, preemption when
+ * the KV pool runs out (all outputs still exact, pool empty afterwards), stop
+ * strings across token boundaries and the streaming hold-back, cancellation
+ * freeing blocks, an injected engine fault failing only its batch, the
+ * waiting-queue limit, seeded sampling that is the same alone and in a busy
+ * batch, prompt log-probabilities, and submission/creation errors.
+ */
+#include <check.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "orchestrator/engine_loader.h"
+#include "orchestrator/scheduler.h"
+#include "orchestrator/tokenizer.h"
+#include "orchestrator/util.h"
+
+static engine_handle eng;
+static orch_engine_ctx *ctx;
+static tokenizer *tok;
+static scheduler *sch;
+static pthread_mutex_t seq_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
+static int n_finished;
+static int stream_violation;
+
+static void notify(sched_seq *q, int fin) {
+    pthread_mutex_lock(&seq_lock);
+    /* the streamable text never runs past what stays in the final text */
+    if (q->text_ready > q->text_len) stream_violation = 1;
+    pthread_mutex_unlock(&seq_lock);
+    if (!fin) return;
+    pthread_mutex_lock(&mu);
+    n_finished++;
+    pthread_cond_broadcast(&cv);
+    pthread_mutex_unlock(&mu);
+}
+
+static void wait_finished(int n) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += 20;
+    pthread_mutex_lock(&mu);
+    while (n_finished < n)
+        if (pthread_cond_timedwait(&cv, &mu, &ts) != 0) break;
+    int got = n_finished;
+    pthread_mutex_unlock(&mu);
+    ck_assert_msg(got >= n, "only %d of %d sequences finished", got, n);
+}
+
+/* Start a scheduler over a fresh mock context. */
+static void start(uint32_t context, uint32_t blocks, uint32_t max_seqs, uint32_t max_batch, uint32_t max_waiting,
+                  const char *options) {
+    char err[512];
+    ck_assert_msg(engine_load("mock", &eng, err, sizeof err) == 0, "%s", err);
+    orch_model_desc d;
+    memset(&d, 0, sizeof d);
+    d.struct_size = sizeof d;
+    d.arch = ORCH_ARCH_GPT2;
+    d.vocab_size = 256;
+    d.context = context;
+    d.layers = 1;
+    d.heads = 1;
+    d.width = 8;
+    ck_assert_msg(engine_create_context(&eng, &d, 1, 1, options, &ctx, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(tokenizer_open("byte", NULL, &tok, err, sizeof err) == 0, "%s", err);
+    scheduler_config c = {.engine = &eng, .ctx = ctx, .tok = tok, .vocab_size = 256, .context = context,
+                          .block_size = 16, .num_blocks = blocks, .max_seqs = max_seqs,
+                          .max_batch_tokens = max_batch, .max_waiting = max_waiting};
+    ck_assert_msg(scheduler_create(&c, &sch, err, sizeof err) == 0, "%s", err);
+    n_finished = 0;
+    stream_violation = 0;
+}
+
+static void stop(void) {
+    scheduler_destroy(sch);
+    sch = NULL;
+    eng.api->context_destroy(ctx);
+    engine_unload(&eng);
+    tokenizer_free(tok);
+}
+
+/* The mock's greedy continuation of prompt. */
+static void predict(const int32_t *p, uint32_t n, uint32_t k, char *out) {
+    uint64_t s = 0;
+    for (uint32_t i = 0; i < n; i++) s += (uint64_t)p[i];
+    for (uint32_t i = 0; i < k; i++) {
+        int next = 97 + (int)(s % 26);
+        out[i] = (char)next;
+        s += (uint64_t)next;
+    }
+    out[k] = '\0';
+}
+
+static void init_seq(sched_seq *q, const int32_t *prompt, uint32_t n, uint32_t max_tokens) {
+    memset(q, 0, sizeof *q);
+    q->prompt = prompt;
+    q->n_prompt = n;
+    q->max_tokens = max_tokens;
+    q->sampling = sampler_params_default();
+    q->sampling.temperature = 0;
+    q->lock = &seq_lock;
+    q->notify = notify;
+    atomic_init(&q->cancel, 0);
+}
+
+static int32_t *make_prompt(uint32_t n, uint32_t salt) {
+    int32_t *p = malloc(n * sizeof *p);
+    for (uint32_t i = 0; i < n; i++) p[i] = 32 + (int32_t)((i * 7 + salt * 13 + i * salt) % 90);
+    return p;
+}
+
+static void submit_all(sched_seq *seqs, uint32_t n) {
+    sched_seq **ptrs = malloc(n * sizeof *ptrs);
+    for (uint32_t i = 0; i < n; i++) ptrs[i] = &seqs[i];
+    char err[256];
+    ck_assert_int_eq(scheduler_submit(sch, ptrs, n, err, sizeof err), SCHED_OK);
+    free(ptrs);
+}
+
+START_TEST(many_sequences_exact_with_chunked_prefill) {
+    enum { N = 24 };
+    start(256, 64, 8, 32, 100, NULL);
+    sched_seq seqs[N];
+    int32_t *prompts[N];
+    for (uint32_t i = 0; i < N; i++) {
+        uint32_t len = 1 + i * 5; /* 1 .. 116 tokens: chunks of <= 32 */
+        prompts[i] = make_prompt(len, i);
+        init_seq(&seqs[i], prompts[i], len, 10 + i);
+    }
+    submit_all(seqs, N);
+    wait_finished(N);
+    for (uint32_t i = 0; i < N; i++) {
+        char want[64];
+        predict(prompts[i], seqs[i].n_prompt, seqs[i].max_tokens, want);
+        ck_assert_int_eq(seqs[i].finish, SCHED_FINISH_LENGTH);
+        ck_assert_uint_eq(seqs[i].n_out, seqs[i].max_tokens);
+        ck_assert_str_eq(seqs[i].text, want);
+        ck_assert_uint_eq(seqs[i].text_ready, seqs[i].text_len);
+        ck_assert(seqs[i].t_first_token >= seqs[i].t_submit && seqs[i].t_done >= seqs[i].t_first_token);
+        sched_seq_free_outputs(&seqs[i]);
+        free(prompts[i]);
+    }
+    scheduler_stats st;
+    scheduler_get_stats(sch, &st);
+    ck_assert_uint_eq(st.kv_blocks_used, 0);
+    ck_assert_uint_eq(st.running, 0);
+    ck_assert_uint_eq(scheduler_active(sch), 0);
+    stop();
+}
+END_TEST
+
+START_TEST(preemption_when_pool_runs_out) {
+    enum { N = 6 };
+    /* context 128 needs 8 blocks; a pool of 10 cannot hold 6 sequences of 90 */
+    start(128, 10, 6, 64, 100, NULL);
+    sched_seq seqs[N];
+    int32_t *prompts[N];
+    for (uint32_t i = 0; i < N; i++) {
+        prompts[i] = make_prompt(20, 100 + i);
+        init_seq(&seqs[i], prompts[i], 20, 70);
+    }
+    submit_all(seqs, N);
+    wait_finished(N);
+    scheduler_stats st;
+    scheduler_get_stats(sch, &st);
+    ck_assert_msg(st.preemptions > 0, "no preemption happened");
+    uint32_t preempted = 0;
+    for (uint32_t i = 0; i < N; i++) {
+        char want[128];
+        predict(prompts[i], 20, 70, want);
+        ck_assert_int_eq(seqs[i].finish, SCHED_FINISH_LENGTH);
+        ck_assert_str_eq(seqs[i].text, want);
+        preempted += seqs[i].preemptions;
+        sched_seq_free_outputs(&seqs[i]);
+        free(prompts[i]);
+    }
+    ck_assert_uint_eq(preempted, st.preemptions);
+    ck_assert_uint_eq(st.kv_blocks_used, 0);
+    stop();
+}
+END_TEST
+
+START_TEST(stop_strings_across_tokens) {
+    start(256, 32, 4, 64, 100, NULL);
+    int32_t prompt[3] = {'a', 'b', 'c'};
+    char g[41];
+    predict(prompt, 3, 40, g);
+    /* a stop string that spans tokens 5..7; one that never occurs */
+    char stop3[4] = {g[5], g[6], g[7], 0};
+    const char *stops_a[2] = {"never-there", stop3};
+    const char *stops_b[1] = {"ZZ"};
+    sched_seq a, b;
+    init_seq(&a, prompt, 3, 40);
+    a.stop = stops_a;
+    a.n_stop = 2;
+    a.stream = 1;
+    init_seq(&b, prompt, 3, 12);
+    b.stop = stops_b;
+    b.n_stop = 1;
+    b.stream = 1;
+    sched_seq *ptrs[2] = {&a, &b};
+    char err[128];
+    ck_assert_int_eq(scheduler_submit(sch, ptrs, 2, err, sizeof err), SCHED_OK);
+    wait_finished(2);
+    const char *first = strstr(g, stop3); /* earliest occurrence */
+    size_t cut = (size_t)(first - g);
+    ck_assert_int_eq(a.finish, SCHED_FINISH_STOP);
+    ck_assert_uint_eq(a.text_len, cut);
+    ck_assert_int_eq(strncmp(a.text, g, cut), 0);
+    ck_assert_uint_eq(a.n_out, cut + 3); /* generation stopped at the match */
+    ck_assert_uint_eq(a.out_text_end[a.n_out - 1], cut);
+    ck_assert_int_eq(b.finish, SCHED_FINISH_LENGTH);
+    ck_assert_int_eq(strncmp(b.text, g, 12), 0);
+    ck_assert(!stream_violation);
+    sched_seq_free_outputs(&a);
+    sched_seq_free_outputs(&b);
+    stop();
+}
+END_TEST
+
+START_TEST(cancel_frees_blocks) {
+    start(1024, 128, 4, 64, 100, "sleep_ms=5");
+    int32_t *p = make_prompt(100, 3);
+    sched_seq q;
+    init_seq(&q, p, 100, 500);
+    q.stream = 1;
+    submit_all(&q, 1);
+    /* wait until it runs and holds blocks */
+    scheduler_stats st;
+    for (int i = 0; i < 400; i++) {
+        scheduler_get_stats(sch, &st);
+        pthread_mutex_lock(&seq_lock);
+        uint32_t n = q.n_out;
+        pthread_mutex_unlock(&seq_lock);
+        if (n >= 2 && st.kv_blocks_used > 0) break;
+        struct timespec ts = {0, 5000000};
+        nanosleep(&ts, NULL);
+    }
+    ck_assert_uint_ge(st.kv_blocks_used, 7);
+    atomic_store(&q.cancel, 1);
+    scheduler_wake(sch);
+    wait_finished(1);
+    ck_assert_int_eq(q.finish, SCHED_FINISH_CANCELLED);
+    ck_assert(q.n_out < 500);
+    scheduler_get_stats(sch, &st);
+    ck_assert_uint_eq(st.kv_blocks_used, 0);
+    sched_seq_free_outputs(&q);
+    free(p);
+    stop();
+}
+END_TEST
+
+START_TEST(engine_fault_fails_only_its_batch) {
+    start(256, 32, 4, 64, 100, "fault=infer_forward:4"); /* call 1: warm-up */
+    int32_t p[2] = {'h', 'i'};
+    sched_seq a;
+    init_seq(&a, p, 2, 10);
+    submit_all(&a, 1);
+    wait_finished(1);
+    ck_assert_int_eq(a.finish, SCHED_FINISH_ERROR);
+    ck_assert_int_eq(a.http_status, 500);
+    ck_assert_msg(strstr(a.error, "injected fault"), "%s", a.error);
+    ck_assert_uint_eq(a.n_out, 2); /* calls 2 and 3 produced tokens */
+    sched_seq b;
+    init_seq(&b, p, 2, 10);
+    submit_all(&b, 1);
+    wait_finished(2);
+    char want[16];
+    predict(p, 2, 10, want);
+    ck_assert_int_eq(b.finish, SCHED_FINISH_LENGTH);
+    ck_assert_str_eq(b.text, want);
+    scheduler_stats st;
+    scheduler_get_stats(sch, &st);
+    ck_assert_uint_eq(st.engine_errors, 1);
+    ck_assert_uint_eq(st.kv_blocks_used, 0);
+    sched_seq_free_outputs(&a);
+    sched_seq_free_outputs(&b);
+    stop();
+}
+END_TEST
+
+START_TEST(waiting_queue_limit) {
+    start(256, 32, 1, 64, 2, "sleep_ms=20");
+    int32_t p[2] = {'x', 'y'};
+    sched_seq s[5];
+    for (int i = 0; i < 5; i++) init_seq(&s[i], p, 2, 8);
+    sched_seq *ab[2] = {&s[0], &s[1]};
+    char err[128];
+    ck_assert_int_eq(scheduler_submit(sch, ab, 2, err, sizeof err), SCHED_OK);
+    scheduler_stats st;
+    for (int i = 0; i < 200; i++) {
+        scheduler_get_stats(sch, &st);
+        if (st.running == 1) break;
+        struct timespec ts = {0, 2000000};
+        nanosleep(&ts, NULL);
+    }
+    ck_assert_uint_eq(st.running, 1);
+    ck_assert_uint_eq(st.waiting, 1);
+    sched_seq *c = &s[2], *d = &s[3];
+    ck_assert_int_eq(scheduler_submit(sch, &c, 1, err, sizeof err), SCHED_OK);
+    ck_assert_int_eq(scheduler_submit(sch, &d, 1, err, sizeof err), SCHED_QUEUE_FULL);
+    ck_assert(strstr(err, "full"));
+    scheduler_stop_accepting(sch);
+    sched_seq *e = &s[4];
+    ck_assert_int_eq(scheduler_submit(sch, &e, 1, err, sizeof err), SCHED_STOPPED);
+    wait_finished(3);
+    for (int i = 0; i < 3; i++) {
+        ck_assert_int_eq(s[i].finish, SCHED_FINISH_LENGTH);
+        sched_seq_free_outputs(&s[i]);
+    }
+    stop();
+}
+END_TEST
+
+/* A seeded sampled sequence gives the same tokens alone and in a batch. */
+START_TEST(seeded_sampling_alone_equals_batched) {
+    start(512, 256, 16, 64, 100, NULL);
+    int32_t *p = make_prompt(30, 5);
+    sched_seq alone;
+    init_seq(&alone, p, 30, 40);
+    alone.sampling.temperature = 1.0f;
+    alone.sampling.top_p = 0.9f;
+    sampler_rng_seed_stream(&alone.rng, 77, 0);
+    submit_all(&alone, 1);
+    wait_finished(1);
+    enum { N = 12 };
+    sched_seq busy[N];
+    int32_t *others[N];
+    for (int i = 0; i < N; i++) {
+        others[i] = make_prompt(10 + (uint32_t)i * 9, 50 + (uint32_t)i);
+        init_seq(&busy[i], others[i], 10 + (uint32_t)i * 9, 30 + (uint32_t)i);
+        busy[i].sampling.temperature = 0.8f;
+        sampler_rng_seed_stream(&busy[i].rng, 1000 + (uint64_t)i, 0);
+    }
+    init_seq(&busy[N / 2], p, 30, 40); /* the same request, mid-batch */
+    busy[N / 2].sampling.temperature = 1.0f;
+    busy[N / 2].sampling.top_p = 0.9f;
+    sampler_rng_seed_stream(&busy[N / 2].rng, 77, 0);
+    submit_all(busy, N);
+    wait_finished(1 + N);
+    ck_assert_uint_eq(busy[N / 2].n_out, 40);
+    ck_assert_mem_eq(busy[N / 2].out_tokens, alone.out_tokens, 40 * sizeof(int32_t));
+    ck_assert_str_eq(busy[N / 2].text, alone.text);
+    char greedy[64];
+    predict(p, 30, 40, greedy);
+    ck_assert_str_ne(alone.text, greedy); /* it really sampled */
+    sched_seq_free_outputs(&alone);
+    for (int i = 0; i < N; i++) {
+        sched_seq_free_outputs(&busy[i]);
+        free(others[i]);
+    }
+    free(p);
+    stop();
+}
+END_TEST
+
+START_TEST(prompt_and_token_logprobs) {
+    start(512, 64, 4, 48, 100, NULL);
+    uint32_t n = 150; /* more than SCHED_PROMPT_LOGPROB_ROWS */
+    int32_t *p = make_prompt(n, 9);
+    sched_seq q;
+    init_seq(&q, p, n, 3);
+    q.want_logprobs = 1;
+    q.want_prompt_logprobs = 1;
+    q.top_logprobs = 2;
+    submit_all(&q, 1);
+    wait_finished(1);
+    ck_assert_int_eq(q.finish, SCHED_FINISH_LENGTH);
+    ck_assert(isnan(q.prompt_logprob[0]));
+    double lse_cache[26];
+    for (int c = 0; c < 26; c++) {
+        double s = 0;
+        for (int v = 0; v < 256; v++) s += exp(-fabs((double)v - (97 + c)));
+        lse_cache[c] = log(s);
+    }
+    uint64_t s = 0;
+    for (uint32_t j = 0; j + 1 < n; j++) {
+        s += (uint64_t)p[j];
+        int next = 97 + (int)(s % 26);
+        double want = -fabs((double)p[j + 1] - next) - lse_cache[next - 97];
+        ck_assert_msg(fabs(q.prompt_logprob[j + 1] - want) < 1e-4, "pos %u: %g vs %g", j + 1,
+                      q.prompt_logprob[j + 1], want);
+        ck_assert_int_eq(q.prompt_top_ids[(size_t)(j + 1) * 2], next);
+    }
+    for (uint32_t i = 0; i < 3; i++) {
+        ck_assert_double_eq_tol(q.out_logprob[i], -lse_cache[q.out_tokens[i] - 97], 1e-4);
+        ck_assert_int_eq(q.out_top_ids[i * 2], q.out_tokens[i]);
+    }
+    sched_seq_free_outputs(&q);
+    /* max_tokens 0: prompt only */
+    sched_seq z;
+    init_seq(&z, p, 10, 0);
+    z.want_prompt_logprobs = 1;
+    z.want_logprobs = 1;
+    submit_all(&z, 1);
+    wait_finished(2);
+    ck_assert_int_eq(z.finish, SCHED_FINISH_LENGTH);
+    ck_assert_uint_eq(z.n_out, 0);
+    ck_assert(!isnan(z.prompt_logprob[9]));
+    sched_seq_free_outputs(&z);
+    free(p);
+    stop();
+}
+END_TEST
+
+START_TEST(submit_and_create_errors) {
+    start(64, 4, 2, 16, 10, NULL);
+    char err[256];
+    int32_t *p = make_prompt(60, 1);
+    sched_seq q;
+    init_seq(&q, p, 60, 10); /* 70 > context 64 */
+    sched_seq *ptr = &q;
+    ck_assert_int_eq(scheduler_submit(sch, &ptr, 1, err, sizeof err), SCHED_BAD);
+    ck_assert(strstr(err, "context"));
+    int32_t bad[2] = {5, 300};
+    init_seq(&q, bad, 2, 1);
+    ck_assert_int_eq(scheduler_submit(sch, &ptr, 1, err, sizeof err), SCHED_BAD);
+    ck_assert(strstr(err, "300"));
+    free(p);
+    stop();
+    /* a pool that cannot hold one full context, max_batch < max_seqs */
+    ck_assert(engine_load("mock", &eng, err, sizeof err) == 0);
+    orch_model_desc d = {.struct_size = sizeof d, .arch = ORCH_ARCH_GPT2, .vocab_size = 256, .context = 64,
+                         .layers = 1, .heads = 1, .width = 8};
+    ck_assert(engine_create_context(&eng, &d, 1, 1, NULL, &ctx, err, sizeof err) == 0);
+    ck_assert(tokenizer_open("byte", NULL, &tok, err, sizeof err) == 0);
+    scheduler_config c = {.engine = &eng, .ctx = ctx, .tok = tok, .vocab_size = 256, .context = 64,
+                          .num_blocks = 3, .max_seqs = 2, .max_batch_tokens = 16, .max_waiting = 4};
+    scheduler *s2 = NULL;
+    ck_assert_int_eq(scheduler_create(&c, &s2, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "too small"), "%s", err);
+    c.num_blocks = 4;
+    c.max_batch_tokens = 1;
+    ck_assert_int_eq(scheduler_create(&c, &s2, err, sizeof err), -1);
+    ck_assert(strstr(err, "max-batch-tokens"));
+    eng.api->context_destroy(ctx);
+    /* a failing engine is reported by the warm-up forward */
+    ck_assert(engine_create_context(&eng, &d, 1, 1, "fault=infer_forward:1", &ctx, err, sizeof err) == 0);
+    c.ctx = ctx;
+    c.max_batch_tokens = 16;
+    ck_assert_int_eq(scheduler_create(&c, &s2, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "warm-up") && strstr(err, "injected fault"), "%s", err);
+    eng.api->context_destroy(ctx);
+    engine_unload(&eng);
+    tokenizer_free(tok);
+}
+END_TEST
+
+START_TEST(utf8_hold_back) {
+    ck_assert_uint_eq(sched_utf8_complete("abc", 3), 3);
+    ck_assert_uint_eq(sched_utf8_complete("ab\xC3", 3), 2);
+    ck_assert_uint_eq(sched_utf8_complete("ab\xC3\xA9", 4), 4);
+    ck_assert_uint_eq(sched_utf8_complete("a\xE2\x82", 3), 1);
+    ck_assert_uint_eq(sched_utf8_complete("a\xF0\x9F\x98", 4), 1);
+    ck_assert_uint_eq(sched_utf8_complete("a\xF0\x9F\x98\x80", 5), 5);
+    ck_assert_uint_eq(sched_utf8_complete("a\x80", 2), 2); /* stray continuation: not held */
+    ck_assert_uint_eq(sched_utf8_complete("", 0), 0);
+}
+END_TEST
+
+static Suite *suite(void) {
+    Suite *s = suite_create("scheduler");
+    TCase *tc = tcase_create("mock");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, many_sequences_exact_with_chunked_prefill);
+    tcase_add_test(tc, preemption_when_pool_runs_out);
+    tcase_add_test(tc, stop_strings_across_tokens);
+    tcase_add_test(tc, cancel_frees_blocks);
+    tcase_add_test(tc, engine_fault_fails_only_its_batch);
+    tcase_add_test(tc, waiting_queue_limit);
+    tcase_add_test(tc, seeded_sampling_alone_equals_batched);
+    tcase_add_test(tc, prompt_and_token_logprobs);
+    tcase_add_test(tc, submit_and_create_errors);
+    tcase_add_test(tc, utf8_hold_back);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) {
+    if (!getenv("ORCH_ENGINE_PATH")) {
+        char d[4096];
+        if (util_exe_dir(d, sizeof d - 4) == 0) {
+            strcat(d, "/..");
+            setenv("ORCH_ENGINE_PATH", d, 1);
+        }
+    }
+    SRunner *sr = srunner_create(suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
