@@ -54,7 +54,7 @@ CUDA_C_SRCS := $(wildcard engines/cuda/*.c)
 
 NVCC := $(shell command -v nvcc 2>/dev/null || ( [ -x /usr/local/cuda/bin/nvcc ] && echo /usr/local/cuda/bin/nvcc ))
 CUDA_HOME ?= $(if $(NVCC),$(patsubst %/bin/nvcc,%,$(NVCC)),/usr/local/cuda)
-NVCC_FLAGS := -O2 -std=c++17 -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra,-Werror \
+NVCC_FLAGS := -O2 -std=c++17 -MMD -MP -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra,-Werror \
   -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 -I.
 
 TEST_SRCS := $(wildcard tests/test_*.c)

@@ -384,25 +384,30 @@ typedef const orch_engine_api *(*orch_engine_get_api_fn)(uint32_t abi_major);
 /* ------------------------------------------------------------------------- */
 /* Layout pins (LP64). Changing any of these breaks every engine binary.      */
 /* ------------------------------------------------------------------------- */
+#ifdef __cplusplus
+#define ORCH_ABI_STATIC_ASSERT(cond, msg) static_assert(cond, msg)
+#else
+#define ORCH_ABI_STATIC_ASSERT(cond, msg) _Static_assert(cond, msg)
+#endif
 #if defined(__LP64__) || defined(_LP64)
-_Static_assert(offsetof(orch_engine_api, abi_major) == 0, "abi_major");
-_Static_assert(offsetof(orch_engine_api, abi_minor) == 4, "abi_minor");
-_Static_assert(offsetof(orch_engine_api, struct_size) == 8, "struct_size");
-_Static_assert(offsetof(orch_engine_api, name) == 16, "name");
-_Static_assert(offsetof(orch_engine_api, version) == 24, "version");
-_Static_assert(offsetof(orch_engine_api, capabilities) == 32, "caps");
-_Static_assert(offsetof(orch_engine_api, probe) == 40, "probe");
-_Static_assert(offsetof(orch_engine_api, kv_copy_blocks) == 40 + 8 * 18,
+ORCH_ABI_STATIC_ASSERT(offsetof(orch_engine_api, abi_major) == 0, "abi_major");
+ORCH_ABI_STATIC_ASSERT(offsetof(orch_engine_api, abi_minor) == 4, "abi_minor");
+ORCH_ABI_STATIC_ASSERT(offsetof(orch_engine_api, struct_size) == 8, "struct_size");
+ORCH_ABI_STATIC_ASSERT(offsetof(orch_engine_api, name) == 16, "name");
+ORCH_ABI_STATIC_ASSERT(offsetof(orch_engine_api, version) == 24, "version");
+ORCH_ABI_STATIC_ASSERT(offsetof(orch_engine_api, capabilities) == 32, "caps");
+ORCH_ABI_STATIC_ASSERT(offsetof(orch_engine_api, probe) == 40, "probe");
+ORCH_ABI_STATIC_ASSERT(offsetof(orch_engine_api, kv_copy_blocks) == 40 + 8 * 18,
                "function members of ABI 1.0");
-_Static_assert(sizeof(orch_engine_api) == 40 + 8 * 19, "api size 1.0");
-_Static_assert(sizeof(orch_model_desc) == 80, "model desc size");
-_Static_assert(offsetof(orch_model_desc, layernorm_eps) == 36, "eps offset");
-_Static_assert(sizeof(orch_engine_options) == 24, "options size");
-_Static_assert(sizeof(orch_tensor_info) == 128, "tensor info size");
-_Static_assert(offsetof(orch_tensor_info, name) == 64, "tensor name offset");
-_Static_assert(sizeof(orch_adamw_params) == 40, "adamw size");
-_Static_assert(sizeof(orch_seq_input) == 40, "seq input size");
-_Static_assert(sizeof(orch_infer_batch) == 24, "batch size");
+ORCH_ABI_STATIC_ASSERT(sizeof(orch_engine_api) == 40 + 8 * 19, "api size 1.0");
+ORCH_ABI_STATIC_ASSERT(sizeof(orch_model_desc) == 80, "model desc size");
+ORCH_ABI_STATIC_ASSERT(offsetof(orch_model_desc, layernorm_eps) == 36, "eps offset");
+ORCH_ABI_STATIC_ASSERT(sizeof(orch_engine_options) == 24, "options size");
+ORCH_ABI_STATIC_ASSERT(sizeof(orch_tensor_info) == 128, "tensor info size");
+ORCH_ABI_STATIC_ASSERT(offsetof(orch_tensor_info, name) == 64, "tensor name offset");
+ORCH_ABI_STATIC_ASSERT(sizeof(orch_adamw_params) == 40, "adamw size");
+ORCH_ABI_STATIC_ASSERT(sizeof(orch_seq_input) == 40, "seq input size");
+ORCH_ABI_STATIC_ASSERT(sizeof(orch_infer_batch) == 24, "batch size");
 #endif
 
 #ifdef __cplusplus

@@ -9,6 +9,12 @@
  *                    built from cuBLAS GEMMs and the kernels below
  *   cuda_kernels.cu  the CUDA kernels and their host-side launchers
  *
+ * The same sources also compile as plain C++ against the CPU emulator of
+ * tests/cuda_emu (tests/cuda_emu.sh runs the parity suite on it without a
+ * GPU), so kernels are launched through KLAUNCH and dynamic shared memory is
+ * declared with CU_DYN_SHARED (cuda_kernels.cu), and nothing else from CUDA
+ * is used beyond what the headers of tests/cuda_emu declare.
+ *
  * Conventions
  *   - Row-major tensors everywhere; nn.Linear weights are [out, in].
  *   - Every launcher returns the cudaError_t of the launch
@@ -16,18 +22,10 @@
  *   - No atomics anywhere: every reduction has a fixed order, so the same inputs
  *     give the same bits run to run (ORCH_CAP_DETERMINISTIC).
  *   - Everything runs on the context's one stream.
- *
- * The ABI header uses C11 _Static_assert, which CUDA C++ spells static_assert;
- * the define below lets nvcc's C++ front end read the header unchanged.
  */
 #ifndef ORCH_CUDA_INTERNAL_H
 #define ORCH_CUDA_INTERNAL_H
 
-#ifdef __cplusplus
-#ifndef _Static_assert
-#define _Static_assert static_assert
-#endif
-#endif
 #include "engine_api/orch_engine.h"
 
 #include <cublas_v2.h>

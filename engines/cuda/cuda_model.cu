@@ -15,6 +15,9 @@
  *   res[l+1] = x2 + fcg W_fcproj^T + b_fcproj   (fused with the next LN)
  * The backward pass walks the same steps in reverse with one running residual
  * gradient (dres) and adds every parameter gradient into ctx->d_grads.
+ * The T x T attention products run per query chunk (attn_chunk), skipping the
+ * keys no row of the chunk can see; dK and dV run per key chunk over the
+ * query rows at or below it.
  */
 #include "engines/cuda/cuda_internal.h"
 
@@ -311,6 +314,14 @@ static uint32_t build_token_csr(int32_t *map, const int32_t *tok, uint32_t n,
     return nu;
 }
 
+/* Query rows per attention chunk: a quarter of T rounded up to 16, at most T.
+ * Chunk r multiplies only against keys below its last row, so with 4 chunks
+ * the T x T products and the softmax touch 5/8 of the full square. */
+static uint32_t attn_chunk(uint32_t T) {
+    uint32_t tc = ((T + 3) / 4 + 15) / 16 * 16;
+    return tc < T ? tc : T;
+}
+
 int32_t cu_model_train_step(orch_engine_ctx *ctx, const int32_t *tokens,
                             const int32_t *targets, uint32_t B, uint32_t T,
                             uint64_t n_valid, float grad_scale, int grad,
@@ -325,9 +336,7 @@ int32_t cu_model_train_step(orch_engine_ctx *ctx, const int32_t *tokens,
     const long long sTT = (long long)T * T, sTh = (long long)T * hs;
     const float scale = 1.0f / sqrtf((float)hs);
     const float eps = ctx->eps;
-    /* attention query chunk: a quarter of T rounded up to 16 (so at most 4
-     * chunks; causal skipping then saves 3/8 of the T x T work) */
-    const uint32_t TC = ((T + 3) / 4 + 15) / 16 * 16 < T ? ((T + 3) / 4 + 15) / 16 * 16 : T;
+    const uint32_t TC = attn_chunk(T);
 
     if (n_valid == 0) { /* nothing to learn from (as the CPU engine): no work */
         *out_loss = 0.0f;
