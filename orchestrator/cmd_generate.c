@@ -30,10 +30,14 @@ static void usage(FILE *f) {
             "  --top-p P            nucleus sampling, 0 < P <= 1 (default 1 = off)\n"
             "  --seed S             sampling seed (default: random)\n"
             "  --no-echo            print only the generated text, not the prompt\n"
+            "  --no-context-shift   stop when the model's context is full instead\n"
+            "                       of keeping its last half and recomputing\n"
             "  --engine E           engine (default: the checkpoint config's)\n"
             "  --threads N          engine threads (default: the config's)\n"
-            "\nGeneration stops after --max-tokens, at the end-of-text token (gpt2)\n"
-            "or when the model's context is full.\n"
+            "\nGeneration stops after --max-tokens or at the end-of-text token\n"
+            "(gpt2). When the context fills up, the last half of it is kept and\n"
+            "recomputed (a context shift) and generation goes on, unless\n"
+            "--no-context-shift is given.\n"
             "exit status: 0 ok, 1 runtime failure, 2 bad usage/checkpoint/engine\n");
 }
 
@@ -83,7 +87,7 @@ int cmd_generate(int argc, char **argv) {
     const char *ckpt = NULL, *prompt = NULL, *prompt_file = NULL,
                *engine = NULL;
     uint64_t max_tokens = 200, seed = 0;
-    int have_seed = 0, echo = 1, threads = -1;
+    int have_seed = 0, echo = 1, threads = -1, context_shift = 1;
     sampler_params sp = sampler_params_default();
     for (int i = 1; i < argc; i++) {
         const char *v;
@@ -140,6 +144,8 @@ int cmd_generate(int argc, char **argv) {
             threads = (int)u;
         } else if (strcmp(argv[i], "--no-echo") == 0) {
             echo = 0;
+        } else if (strcmp(argv[i], "--no-context-shift") == 0) {
+            context_shift = 0;
         } else {
             util_error("generate: unknown or incomplete option '%s' (see orch "
                        "generate --help)",
@@ -177,7 +183,7 @@ int cmd_generate(int argc, char **argv) {
     generate_model m;
     generate_session *s = NULL;
     sampler_ws *ws = NULL;
-    int32_t *ids = NULL;
+    int32_t *ids = NULL, *history = NULL;
     size_t n_ids = 0;
     generate_model_opts mo = {ckpt, engine, threads, NULL, 1};
     if (generate_model_open(&mo, &m, warn, sizeof warn, err, sizeof err) != 0) {
@@ -236,17 +242,12 @@ int cmd_generate(int argc, char **argv) {
     size_t plen = 0;
     int last_newline = prompt_len == 0 || prompt[prompt_len - 1] == '\n' || !echo;
     int printed = echo && prompt_len > 0;
+    /* The tokens in the context window, for a context shift. */
+    history = malloc(sizeof *history * m.desc.context);
+    if (!history) goto oom;
+    memcpy(history, ids, sizeof *ids * n_ids);
+    size_t n_hist = n_ids;
     for (uint64_t k = 0; k < max_tokens; k++) {
-        if (generate_position(s) >= generate_context(s)) {
-            /* The next token would not fit in the model's context. */
-            emit(pending, &plen, 1);
-            if (printed && !last_newline) fputc('\n', stdout);
-            fflush(stdout);
-            printed = 0;
-            util_warn("generate: stopped at the model's context of %u tokens",
-                      generate_context(s));
-            break;
-        }
         int32_t tok = sampler_sample(&sp, generate_logits(s), m.desc.vocab_size,
                                      NULL, &rng, ws);
         if (tok < 0) {
@@ -272,7 +273,34 @@ int cmd_generate(int argc, char **argv) {
         }
         emit(pending, &plen, 0);
         if (k + 1 == max_tokens) break;
-        if (generate_feed(s, &tok, 1, err, sizeof err) != 0) {
+        int rc_feed;
+        if (generate_position(s) >= generate_context(s)) {
+            /* The next token does not fit in the context. */
+            if (!context_shift) {
+                emit(pending, &plen, 1);
+                if (printed && !last_newline) fputc('\n', stdout);
+                fflush(stdout);
+                printed = 0;
+                util_warn("generate: stopped at the model's context of %u "
+                          "tokens",
+                          generate_context(s));
+                break;
+            }
+            /* Context shift: keep the newest half (ending with tok) and
+             * recompute its KV from position 0. */
+            size_t keep = m.desc.context / 2;
+            if (keep < 1) keep = 1;
+            memmove(history, history + n_hist - (keep - 1),
+                    sizeof *history * (keep - 1));
+            history[keep - 1] = tok;
+            n_hist = keep;
+            generate_reset(s);
+            rc_feed = generate_feed(s, history, n_hist, err, sizeof err);
+        } else {
+            history[n_hist++] = tok;
+            rc_feed = generate_feed(s, &tok, 1, err, sizeof err);
+        }
+        if (rc_feed != 0) {
             emit(pending, &plen, 1);
             if (!last_newline) fputc('\n', stdout);
             util_error("generate: %s", err);
@@ -288,6 +316,7 @@ oom:
     util_error("generate: out of memory");
     rc = ORCH_EXIT_FAILURE;
 out:
+    free(history);
     sampler_ws_free(ws);
     generate_session_free(s);
     generate_model_close(&m);

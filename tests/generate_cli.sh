@@ -2,7 +2,7 @@
 # generate_cli.sh - `orch generate` and `orch eval` end to end on the mock
 # engine: exact greedy text (the mock's next-token rule, engines/mock/README.md),
 # seeded sampling is reproducible, top-k 1 is greedy, the context limit stops
-# generation, a corrupt newest checkpoint falls back with a warning, usage
+# generation (--no-context-shift) or shifts the window, a corrupt newest checkpoint falls back with a warning, usage
 # errors exit 2; eval prints the run's own validation loss.
 set -u
 ORCH_BIN=${ORCH_BIN:-build/orch}
@@ -68,11 +68,31 @@ out=$(g --prompt ab --max-tokens 10 --temperature 2 --top-k 1 --seed 3) || fail 
 out=$(g --prompt ab --max-tokens 10 --temperature 0.7 --top-p 0.01 --seed 3) || fail "top-p"
 [ "$out" = "$want" ] || fail "tiny top-p: got '$out'"
 
-# 4. The context (24) stops generation with a warning; the text is still right.
-out=$(g --prompt abcdefghij --max-tokens 100 --temperature 0 2>err.txt) || fail "context stop"
-want=$(expect_greedy abcdefghij 14)
+# 4. --no-context-shift: the context (24) stops generation with a warning
+# after the token drawn from the last position; the text is still right.
+out=$(g --prompt abcdefghij --max-tokens 100 --temperature 0 --no-context-shift 2>err.txt) || fail "context stop"
+want=$(expect_greedy abcdefghij 15)
 [ "$out" = "$want" ] || fail "context stop: got '$out', want '$want'"
 grep -q "context of 24" err.txt || fail "no context warning: $(cat err.txt)"
+# Default: a context shift keeps the newest 12 tokens and goes on. The mock's
+# next token then sums only what is in the cache (the kept window).
+expect_shift() { # prompt n context
+  local p=$1 n=$2 ctx=$3 out=$1 i c keep=$(($3 / 2)) hist=()
+  for ((i = 0; i < ${#p}; i++)); do printf -v c '%d' "'${p:i:1}"; hist+=("$c"); done
+  for ((i = 0; i < n; i++)); do
+    local s=0 v
+    for v in "${hist[@]}"; do s=$((s + v)); done
+    c=$((97 + s % 26))
+    out+=$(printf "\\$(printf %03o "$c")")
+    if [ "${#hist[@]}" -ge "$ctx" ]; then hist=("${hist[@]:${#hist[@]}-keep+1}" "$c"); else hist+=("$c"); fi
+  done
+  printf '%s\n' "$out"
+}
+out=$(g --prompt abcdefghij --max-tokens 40 --temperature 0 2>err.txt) || fail "context shift"
+want=$(expect_shift abcdefghij 40 24)
+[ "${#out}" -eq 50 ] || fail "context shift: expected 50 chars, got ${#out}: '$out'"
+[ "$out" = "$want" ] || fail "context shift: got '$out', want '$want'"
+[ -s err.txt ] && fail "context shift warned: $(cat err.txt)"
 long=$(printf 'x%.0s' $(seq 1 30))
 g --prompt "$long" >/dev/null 2>err.txt; rc=$?
 [ $rc -eq 2 ] && grep -q "prompt is 30 tokens but the model's context is 24" err.txt ||
