@@ -152,7 +152,7 @@ static int got_signal(const sigset_t *set, long ms) {
 /* Default model name: the last path component of the run/checkpoint path. */
 static void default_name(const char *path, char *out, size_t cap) {
     char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s", path);
+    snprintf(tmp, sizeof tmp, "%.4000s", path);
     size_t n = strlen(tmp);
     while (n > 1 && tmp[n - 1] == '/') tmp[--n] = '\0';
     const char *base = strrchr(tmp, '/');
@@ -162,7 +162,7 @@ static void default_name(const char *path, char *out, size_t cap) {
         const char *b2 = strrchr(tmp, '/');
         base = b2 ? b2 + 1 : tmp;
     }
-    snprintf(out, cap, "%s", *base && strcmp(base, ".") != 0 ? base : "orch-model");
+    snprintf(out, cap, "%.200s", *base && strcmp(base, ".") != 0 ? base : "orch-model");
 }
 
 int cmd_serve(int argc, char **argv) {
@@ -185,7 +185,7 @@ int cmd_serve(int argc, char **argv) {
     int rc = ORCH_EXIT_USAGE;
     char err[2048], warn[2048];
     char name[256];
-    if (o.model_name) snprintf(name, sizeof name, "%s", o.model_name);
+    if (o.model_name) snprintf(name, sizeof name, "%.200s", o.model_name);
     else if (o.ckpt) default_name(o.ckpt, name, sizeof name);
     else snprintf(name, sizeof name, "mock-gpt2");
 

@@ -27,7 +27,7 @@ void sampler_rng_seed(sampler_rng *rng, uint64_t seed) {
 
 void sampler_rng_seed_stream(sampler_rng *rng, uint64_t seed, uint64_t stream) {
     uint64_t x = stream;
-    uint64_t mix = splitmix64(&x);
+    uint64_t mix = stream ? splitmix64(&x) : 0; /* stream 0 = plain seed */
     sampler_rng_seed(rng, seed ^ mix);
 }
 

@@ -31,7 +31,9 @@ typedef struct sampler_rng {
 /* Seed deterministically from a 64-bit seed (any value, including 0). */
 void sampler_rng_seed(sampler_rng *rng, uint64_t seed);
 /* Seed from (seed, stream): distinct streams give independent sequences
- * (used for choice i of an n>1 request). */
+ * (used for choice i of an n>1 request). Stream 0 is the same as
+ * sampler_rng_seed(seed), so `orch generate --seed S` and a served request
+ * with seed S draw the same numbers. */
 void sampler_rng_seed_stream(sampler_rng *rng, uint64_t seed, uint64_t stream);
 /* Next raw 64-bit value. */
 uint64_t sampler_rng_next(sampler_rng *rng);

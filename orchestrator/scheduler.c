@@ -39,6 +39,7 @@ struct scheduler {
     sched_seq **running;
     uint32_t n_running;
     sched_seq *wait_head, *wait_tail;
+    sched_seq *fin_head, *fin_tail; /* finished, not yet notified */
     orch_seq_input *inputs;
     sched_seq **batch;
     uint32_t *batch_rows; /* logits rows of entry i */
@@ -143,8 +144,25 @@ static void seq_finish(scheduler *s, sched_seq *q, int reason, int status,
             metrics_histogram_observe(s->m_tpot,
                                       (now - t_first) / (double)(n_out - 1));
     }
-    atomic_fetch_sub(&s->n_active, 1);
-    q->notify(q, 1);
+    /* Notified later (flush_finished), once no scheduler structure points
+     * at q any more: the caller may free it from inside notify. */
+    q->priv.prev = NULL;
+    q->priv.next = NULL;
+    if (s->fin_tail) s->fin_tail->priv.next = q;
+    else s->fin_head = q;
+    s->fin_tail = q;
+}
+
+/* Tell the owners of finished sequences (after compact_running). */
+static void flush_finished(scheduler *s) {
+    sched_seq *q = s->fin_head;
+    s->fin_head = s->fin_tail = NULL;
+    while (q) {
+        sched_seq *next = q->priv.next;
+        atomic_fetch_sub(&s->n_active, 1);
+        q->notify(q, 1);
+        q = next;
+    }
 }
 
 static int grow(void **p, size_t elem, uint32_t need, uint32_t *cap) {
@@ -867,10 +885,13 @@ static void run_batch(scheduler *s, const plan *p) {
             any_done = 1;
             continue;
         }
-        int32_t tok = sampler_sample(&q->sampling, last, V, NULL, &q->rng, s->ws);
+        const uint32_t *mask = q->token_mask ? q->token_mask(q) : NULL;
+        int32_t tok = sampler_sample(&q->sampling, last, V, mask, &q->rng, s->ws);
         if (tok < 0) {
             q->priv.state = ST_DONE;
-            seq_finish(s, q, SCHED_FINISH_ERROR, 500, "sampling failed: no finite logit");
+            seq_finish(s, q, SCHED_FINISH_ERROR, 500,
+                       mask ? "sampling failed: the token mask allows no token"
+                            : "sampling failed: no finite logit");
             any_done = 1;
             continue;
         }
@@ -936,10 +957,9 @@ static void *sched_main(void *arg) {
         }
         if (s->cfg.poll) s->cfg.poll(s->cfg.poll_arg);
         handle_cancels(s, cancel_all, ca_status, ca_msg);
-        if (stop) {
-            update_gauges(s);
-            break;
-        }
+        update_gauges(s);
+        flush_finished(s);
+        if (stop) break;
         if (s->n_running == 0 && !s->wait_head) {
             update_gauges(s);
             continue;
@@ -956,6 +976,7 @@ static void *sched_main(void *arg) {
         atomic_fetch_add(&s->st_iter, 1);
         run_batch(s, &p);
         update_gauges(s);
+        flush_finished(s);
     }
     return NULL;
 }

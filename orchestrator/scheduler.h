@@ -103,6 +103,11 @@ struct sched_seq {
     int want_prompt_logprobs; /* log-probs of prompt tokens (echo+logprobs) */
     int stream;               /* notify on every new output, not only at end */
     int ignore_eot;           /* keep going after the end-of-text token */
+    /* Optional allowed-token mask for the next token (structured output):
+     * called on the scheduler thread before each sampling step with the
+     * tokens generated so far readable in out_tokens; returns a bitset as in
+     * sampler.h (valid until the next call) or NULL for no restriction. */
+    const uint32_t *(*token_mask)(sched_seq *seq);
     pthread_mutex_t *lock;    /* guards the outputs below (caller's mutex) */
     sched_notify_fn notify;
     void *user;               /* for the caller */

@@ -207,6 +207,7 @@ struct http_req {
     char *body;
     size_t body_len, body_cap;
     int too_big;   /* the body went over the limit: 413 after the upload */
+    int counted;   /* in server_inflight (accepted by the scheduler) */
     int responded;
 
     /* generation request */
@@ -357,7 +358,7 @@ static void hr_free(http_req *hr) {
     free(hr->body);
     free(hr->obuf);
     if (hr->lock_init) pthread_mutex_destroy(&hr->lock);
-    atomic_fetch_sub(&hr->srv->inflight, 1);
+    if (hr->counted) atomic_fetch_sub(&hr->srv->inflight, 1);
     free(hr);
 }
 
@@ -1453,6 +1454,8 @@ static enum MHD_Result start_generation(http_req *hr) {
         if (rc == SCHED_STOPPED) return queue_err(hr, 503, NULL, "server_draining", err);
         return queue_err(hr, 400, NULL, "invalid_value", err);
     }
+    hr->counted = 1;
+    atomic_fetch_add(&s->inflight, 1);
     if (hr->stream) {
         struct MHD_Response *r = MHD_create_response_from_callback(
             MHD_SIZE_UNKNOWN, 16 * 1024, stream_reader, hr, stream_free);
@@ -1515,7 +1518,6 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
         hr->srv = s;
         hr->conn = conn;
         hr->refs = 1;
-        atomic_fetch_add(&s->inflight, 1);
         const union MHD_ConnectionInfo *ci =
             MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
         hr->cc = ci ? (conn_ctx *)ci->socket_context : NULL;
@@ -1537,7 +1539,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
         if (strncmp(url, "/v1/", 4) == 0 && !auth_ok(s, conn))
             return queue_err(hr, 401, NULL, "invalid_api_key",
                              "missing or invalid API key (send 'Authorization: Bearer KEY')");
-        if (!post_route) return answer_get(hr, url);
+        /* GET routes answer on the next call, once the request is complete:
+         * a response queued now would make libmicrohttpd close the
+         * connection (no keep-alive). */
+        if (!post_route) return MHD_YES;
         const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
         uint64_t clen = 0;
         if (cl && util_parse_u64(cl, &clen) == 0 && clen > s->cfg.max_body) {
@@ -1577,6 +1582,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
         hr->body[hr->body_len] = '\0';
         return MHD_YES;
     }
+    if (hr->route != R_COMPLETIONS && hr->route != R_CHAT) return answer_get(hr, url);
     if (hr->too_big) {
         char msg[128];
         snprintf(msg, sizeof msg, "request body is over the limit of %zu bytes", s->cfg.max_body);
@@ -1651,7 +1657,7 @@ int server_start(const server_config *cfg, server **out, char *err,
         MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
         MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
         MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
-        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)60,
         MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(64 * 1024),
         MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)1024,
         MHD_OPTION_THREAD_POOL_SIZE, (unsigned)(s->cfg.http_threads > 1 ? s->cfg.http_threads : 0),

@@ -77,7 +77,8 @@ void server_drain_begin(server *s);
  * 503; sequences still in the scheduler are finished by its destroy. */
 void server_detach_scheduler(server *s);
 
-/* HTTP requests accepted and not yet completely answered. */
+/* Generation requests accepted by the scheduler whose answer has not been
+ * completely sent yet (what a drain waits for). */
 uint32_t server_inflight(const server *s);
 
 /* Stop the HTTP daemon and free the server. NULL is a no-op. */

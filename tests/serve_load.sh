@@ -43,10 +43,28 @@ text = "".join(e["choices"][0]["text"] for e in ev if e != "[DONE]")
 print("status", st, "done", ev[-1] == "[DONE]", "exact", text == greedy("drain", 60))
 PYEOF
 CLIENT=$!
+# a keep-alive connection opened before the signal: its next requests get 503
+"$PY" - "$PORT" "$T/termed" >"$T/keepalive.out" 2>&1 <<'PYEOF' &
+import http.client, json, os, sys, time
+port, flag = int(sys.argv[1]), sys.argv[2]
+c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+c.request("GET", "/health"); r = c.getresponse(); r.read()
+assert r.status == 200
+while not os.path.exists(flag):
+    time.sleep(0.01)
+time.sleep(0.05)
+c.request("POST", "/v1/completions", body=json.dumps({"prompt": "late", "max_tokens": 2}),
+          headers={"Content-Type": "application/json"})
+r = c.getresponse(); js = json.loads(r.read())
+c.request("GET", "/health"); h = c.getresponse(); hb = json.loads(h.read())
+print("post", r.status, js["error"]["code"], "health", h.status, hb["status"])
+PYEOF
+KEEPALIVE=$!
 "$PY" -c "
 import sys, client
 client.wait_for(lambda: client.metrics($PORT)['orch_generation_tokens_total'] >= 3, 10, 'the stream to start')"
 kill -TERM "$PID"
+touch "$T/termed"
 sleep 0.2
 # new connections are refused while draining
 if "$PY" -c "import socket; socket.create_connection(('127.0.0.1', $PORT), timeout=2)" 2>/dev/null; then
@@ -54,6 +72,8 @@ if "$PY" -c "import socket; socket.create_connection(('127.0.0.1', $PORT), timeo
 fi
 wait "$CLIENT"
 grep -q "status 200 done True exact True" "$T/drain.out" || { cat "$T/drain.out"; fail "request during drain"; }
+wait "$KEEPALIVE"
+grep -q "post 503 server_draining health 503 draining" "$T/keepalive.out" || { cat "$T/keepalive.out"; fail "503 while draining"; }
 for _ in $(seq 1 200); do kill -0 "$PID" 2>/dev/null || break; sleep 0.05; done
 wait "$PID"; rc=$?
 [ "$rc" -eq 0 ] || { cat "$T/drain.log"; fail "exit status $rc after drain"; }

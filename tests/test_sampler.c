@@ -162,6 +162,11 @@ START_TEST(seeded_determinism_and_streams) {
         same_c += x == z;
     }
     ck_assert(same_c < 200);
+    /* stream 0 is the plain seed */
+    sampler_rng p0, q0;
+    sampler_rng_seed(&p0, 42);
+    sampler_rng_seed_stream(&q0, 42, 0);
+    ck_assert_mem_eq(&p0, &q0, sizeof p0);
     /* a draw consumes exactly one RNG value */
     sampler_rng d, e;
     sampler_rng_seed(&d, 3);

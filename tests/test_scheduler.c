@@ -99,6 +99,19 @@ static void predict(const int32_t *p, uint32_t n, uint32_t k, char *out) {
     out[k] = '\0';
 }
 
+/* The gauges are refreshed at the end of each iteration, just after the
+ * notifications: poll for the pool to drain. */
+static void wait_pool_empty(void) {
+    scheduler_stats st;
+    for (int i = 0; i < 1000; i++) {
+        scheduler_get_stats(sch, &st);
+        if (st.kv_blocks_used == 0 && st.running == 0) return;
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    ck_abort_msg("the KV pool did not drain: %u blocks used", st.kv_blocks_used);
+}
+
 static void init_seq(sched_seq *q, const int32_t *prompt, uint32_t n, uint32_t max_tokens) {
     memset(q, 0, sizeof *q);
     q->prompt = prompt;
@@ -148,10 +161,7 @@ START_TEST(many_sequences_exact_with_chunked_prefill) {
         sched_seq_free_outputs(&seqs[i]);
         free(prompts[i]);
     }
-    scheduler_stats st;
-    scheduler_get_stats(sch, &st);
-    ck_assert_uint_eq(st.kv_blocks_used, 0);
-    ck_assert_uint_eq(st.running, 0);
+    wait_pool_empty();
     ck_assert_uint_eq(scheduler_active(sch), 0);
     stop();
 }
@@ -169,6 +179,7 @@ START_TEST(preemption_when_pool_runs_out) {
     }
     submit_all(seqs, N);
     wait_finished(N);
+    wait_pool_empty();
     scheduler_stats st;
     scheduler_get_stats(sch, &st);
     ck_assert_msg(st.preemptions > 0, "no preemption happened");
@@ -250,8 +261,7 @@ START_TEST(cancel_frees_blocks) {
     wait_finished(1);
     ck_assert_int_eq(q.finish, SCHED_FINISH_CANCELLED);
     ck_assert(q.n_out < 500);
-    scheduler_get_stats(sch, &st);
-    ck_assert_uint_eq(st.kv_blocks_used, 0);
+    wait_pool_empty();
     sched_seq_free_outputs(&q);
     free(p);
     stop();
@@ -277,10 +287,10 @@ START_TEST(engine_fault_fails_only_its_batch) {
     predict(p, 2, 10, want);
     ck_assert_int_eq(b.finish, SCHED_FINISH_LENGTH);
     ck_assert_str_eq(b.text, want);
+    wait_pool_empty();
     scheduler_stats st;
     scheduler_get_stats(sch, &st);
     ck_assert_uint_eq(st.engine_errors, 1);
-    ck_assert_uint_eq(st.kv_blocks_used, 0);
     sched_seq_free_outputs(&a);
     sched_seq_free_outputs(&b);
     stop();
@@ -454,6 +464,36 @@ START_TEST(submit_and_create_errors) {
 }
 END_TEST
 
+/* A token mask hook (structured output): only even ids 'b','d',... then
+ * nothing after 5 tokens (an error). */
+static uint32_t even_mask[8], no_mask[8];
+static const uint32_t *mask_even(sched_seq *q) {
+    return q->n_out < 5 ? even_mask : no_mask;
+}
+
+START_TEST(token_mask_hook) {
+    start(256, 32, 4, 64, 100, NULL);
+    memset(even_mask, 0, sizeof even_mask);
+    for (int v = 'a'; v <= 'z'; v++)
+        if (v % 2 == 0) even_mask[v / 32] |= 1u << (v % 32);
+    int32_t p[2] = {'o', 'k'};
+    sched_seq q;
+    init_seq(&q, p, 2, 10);
+    q.sampling.temperature = 0.7f;
+    sampler_rng_seed(&q.rng, 3);
+    q.token_mask = mask_even;
+    submit_all(&q, 1);
+    wait_finished(1);
+    ck_assert_uint_eq(q.n_out, 5);
+    for (uint32_t i = 0; i < q.n_out; i++) ck_assert_int_eq(q.out_tokens[i] % 2, 0);
+    ck_assert_int_eq(q.finish, SCHED_FINISH_ERROR);
+    ck_assert_msg(strstr(q.error, "mask"), "%s", q.error);
+    sched_seq_free_outputs(&q);
+    wait_pool_empty();
+    stop();
+}
+END_TEST
+
 START_TEST(utf8_hold_back) {
     ck_assert_uint_eq(sched_utf8_complete("abc", 3), 3);
     ck_assert_uint_eq(sched_utf8_complete("ab\xC3", 3), 2);
@@ -479,6 +519,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, seeded_sampling_alone_equals_batched);
     tcase_add_test(tc, prompt_and_token_logprobs);
     tcase_add_test(tc, submit_and_create_errors);
+    tcase_add_test(tc, token_mask_hook);
     tcase_add_test(tc, utf8_hold_back);
     suite_add_tcase(s, tc);
     return s;

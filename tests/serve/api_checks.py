@@ -8,7 +8,7 @@ import sys
 import threading
 
 from client import (chat_prompt, check, greedy, metrics, post, request,
-                    stream)
+                    stream, wait_for)
 
 port, key_port, small_port = (int(a) for a in sys.argv[1:4])
 C = "/v1/completions"
@@ -301,6 +301,9 @@ for i, (st, got, want, done) in sorted(results.items()):
     check(st == 200 and got == want and done, "concurrent %d: %d %r vs %r" % (i, st, got, want))
 
 # ---- metrics ---------------------------------------------------------------------
+# (gauges are refreshed at the end of each scheduler iteration)
+wait_for(lambda: metrics(port)["orch_kv_blocks_used"] == 0 and metrics(port)["orch_requests_running"] == 0, 5,
+         "the pool to drain")
 mv = metrics(port)
 check(mv['orch_requests_total{endpoint="/v1/completions",status="200"}'] >= 64, "requests counter")
 check(mv['orch_requests_total{endpoint="/v1/completions",status="400"}'] >= len(bad), "400 counter")

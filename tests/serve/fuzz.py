@@ -115,8 +115,14 @@ for i in range(iters):
         expect(send_raw(post_body(body, path)), "random body")
     elif k == 1:  # garbage request line / headers
         junk = bytes(rnd.randrange(256) for _ in range(rnd.randrange(1, 200)))
-        data = rnd.choice([junk, b"GET " + junk + b" HTTP/1.1\r\n\r\n", junk + b"\r\n\r\n"])
-        expect(send_raw(data, half_close=True), "garbage")
+        if rnd.random() < 0.3:
+            # an unterminated line: libmicrohttpd may not notice a half-close
+            # that arrives with the data (edge-triggered epoll) and keeps such
+            # a connection until its timeout, so do not wait for an answer
+            send_raw(junk, read=False, close_early=True)
+        else:
+            data = rnd.choice([b"GET " + junk + b" HTTP/1.1\r\n\r\n", junk + b"\r\n\r\n"])
+            expect(send_raw(data, half_close=True), "garbage")
     elif k in (2, 3, 4, 5):  # structured JSON with random fields and values
         obj = {f: rvalue() for f in rnd.sample(FIELDS, rnd.randrange(1, 7))}
         if rnd.random() < 0.5:

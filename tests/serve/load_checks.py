@@ -34,6 +34,7 @@ def preemption():
     for i in range(16):
         st, got, want = res[i]
         check(st == 200 and got == want, "request %d after preemption: %s" % (i, str(got)[:80]))
+    wait_for(lambda: metrics(port)["orch_kv_blocks_used"] == 0, 5, "the pool to drain")
     m = metrics(port)
     check(m["orch_preemptions_total"] > 0, "no preemption counted")
     check(m["orch_kv_blocks_used"] == 0 and m["orch_kv_blocks_capacity"] == 64, "pool not empty afterwards")
@@ -96,6 +97,7 @@ def engine_fault():
           "engine error -> 500: %d %s" % (st, js))
     st, js, _ = post(port, C, {"prompt": "after", "max_tokens": 4, "temperature": 0})
     check(st == 200 and js["choices"][0]["text"] == greedy("after", 4), "server survives an engine error")
+    wait_for(lambda: metrics(port)["orch_kv_blocks_used"] == 0, 5, "the pool to drain")
     m = metrics(port)
     check(m["orch_engine_errors_total"] == 1 and m["orch_kv_blocks_used"] == 0, "error counted, blocks freed")
     print("engine fault ok")
