@@ -11,7 +11,6 @@
 #include "orchestrator/tokenizer.h"
 #include "orchestrator/util.h"
 
-char *cmd_tokenize_read_all(FILE *f, size_t *len); /* cmd_tokenize.c */
 
 static int is_space(char c) {
     return c == ' ' || c == '\n' || c == '\t' || c == '\r' || c == '\v' ||
@@ -52,7 +51,7 @@ int cmd_detokenize(int argc, char **argv) {
         return ORCH_EXIT_USAGE;
     }
     size_t len;
-    char *in = cmd_tokenize_read_all(stdin, &len);
+    char *in = util_read_stream(stdin, &len);
     if (!in) {
         util_error("detokenize: cannot read stdin: %s", strerror(errno));
         tokenizer_free(t);

@@ -3,6 +3,7 @@
  * of a prompt as it is produced (flushed per token, never splitting a UTF-8
  * character), sampling with the sampler (temperature, top-k, top-p, seed).
  */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,32 +42,6 @@ static void usage(FILE *f) {
             "exit status: 0 ok, 1 runtime failure, 2 bad usage/checkpoint/engine\n");
 }
 
-static int read_all(const char *path, char **out, size_t *len) {
-    FILE *fp = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
-    if (!fp) return -1;
-    size_t cap = 4096, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        if (n + 1 >= cap) {
-            char *nb = realloc(buf, cap *= 2);
-            if (!nb) {
-                free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = nb;
-        }
-        size_t r = fread(buf + n, 1, cap - 1 - n, fp);
-        n += r;
-        if (r == 0) break;
-    }
-    if (fp != stdin) fclose(fp);
-    if (!buf) return -1;
-    buf[n] = '\0';
-    *out = buf;
-    *len = n;
-    return 0;
-}
 
 /* Print the bytes of pending that form whole UTF-8 characters; keep the rest. */
 static void emit(char *pending, size_t *plen, int final) {
@@ -170,8 +145,10 @@ int cmd_generate(int argc, char **argv) {
     char *prompt_buf = NULL;
     size_t prompt_len = prompt ? strlen(prompt) : 0;
     if (prompt_file) {
-        if (read_all(prompt_file, &prompt_buf, &prompt_len) != 0) {
-            util_error("generate: cannot read prompt file '%s'", prompt_file);
+        prompt_buf = util_read_file(prompt_file, &prompt_len);
+        if (!prompt_buf) {
+            util_error("generate: cannot read prompt file '%s': %s", prompt_file,
+                       strerror(errno));
             return ORCH_EXIT_USAGE;
         }
         prompt = prompt_buf;

@@ -12,36 +12,6 @@
 #include "orchestrator/tokenizer.h"
 #include "orchestrator/util.h"
 
-/* Read all of f into a malloc'd buffer; returns NULL on failure. Shared by
-   tokenize and detokenize through this declaration (cmd_detokenize.c). */
-char *cmd_tokenize_read_all(FILE *f, size_t *len);
-
-char *cmd_tokenize_read_all(FILE *f, size_t *len) {
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap + 1);
-    if (!buf) return NULL;
-    for (;;) {
-        size_t got = fread(buf + n, 1, cap - n, f);
-        n += got;
-        if (got == 0) break;
-        if (n == cap) {
-            cap *= 2;
-            char *nb = realloc(buf, cap + 1);
-            if (!nb) {
-                free(buf);
-                return NULL;
-            }
-            buf = nb;
-        }
-    }
-    if (ferror(f)) {
-        free(buf);
-        return NULL;
-    }
-    buf[n] = '\0';
-    *len = n;
-    return buf;
-}
 
 int cmd_tokenize(int argc, char **argv) {
     if (cmd_wants_help(argc, argv)) {
@@ -80,7 +50,7 @@ int cmd_tokenize(int argc, char **argv) {
         return ORCH_EXIT_USAGE;
     }
     size_t len;
-    char *text = cmd_tokenize_read_all(stdin, &len);
+    char *text = util_read_stream(stdin, &len);
     if (!text) {
         util_error("tokenize: cannot read stdin: %s", strerror(errno));
         tokenizer_free(t);

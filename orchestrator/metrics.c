@@ -3,6 +3,7 @@
  * text exposition and a tiny /metrics HTTP endpoint. See metrics.h.
  */
 #include "orchestrator/metrics.h"
+#include "orchestrator/strbuf.h"
 
 #include <arpa/inet.h>
 #include <math.h>
@@ -345,63 +346,13 @@ double metrics_histogram_sum(const metrics_series *s) {
 /* ------------------------------------------------------------------------- */
 /* Exposition                                                                 */
 /* ------------------------------------------------------------------------- */
-typedef struct sbuf {
-    char *p;
-    size_t len, cap;
-    int oom;
-} sbuf;
-
-static void sb_grow(sbuf *b, size_t need) {
-    if (b->oom || b->len + need + 1 <= b->cap) return;
-    size_t cap = b->cap ? b->cap : 4096;
-    while (cap < b->len + need + 1) cap *= 2;
-    char *p = realloc(b->p, cap);
-    if (!p) {
-        b->oom = 1;
-        return;
-    }
-    b->p = p;
-    b->cap = cap;
-}
-
-static void sb_put(sbuf *b, const char *s, size_t n) {
-    sb_grow(b, n);
-    if (b->oom) return;
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = '\0';
-}
-
-static void sb_str(sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
-
-static void sb_printf(sbuf *b, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-static void sb_printf(sbuf *b, const char *fmt, ...) {
-    char tmp[128];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
-    va_end(ap);
-    if (n < 0) return;
-    if ((size_t)n < sizeof tmp) {
-        sb_put(b, tmp, (size_t)n);
-        return;
-    }
-    sb_grow(b, (size_t)n);
-    if (b->oom) return;
-    va_start(ap, fmt);
-    vsnprintf(b->p + b->len, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    b->len += (size_t)n;
-}
-
 /* Escape for HELP (\\ and \n) or label values (also \"). */
-static void sb_escaped(sbuf *b, const char *s, int quote) {
+static void sb_escaped(strbuf *b, const char *s, int quote) {
     for (; *s; s++) {
-        if (*s == '\\') sb_str(b, "\\\\");
-        else if (*s == '\n') sb_str(b, "\\n");
-        else if (quote && *s == '"') sb_str(b, "\\\"");
-        else sb_put(b, s, 1);
+        if (*s == '\\') strbuf_puts(b, "\\\\");
+        else if (*s == '\n') strbuf_puts(b, "\\n");
+        else if (quote && *s == '"') strbuf_puts(b, "\\\"");
+        else strbuf_put(b, s, 1);
     }
 }
 
@@ -425,44 +376,44 @@ static void fmt_double(char *out, size_t cap, double v) {
     }
 }
 
-static void sb_labels(sbuf *b, const metrics_series *s, const char *le) {
+static void sb_labels(strbuf *b, const metrics_series *s, const char *le) {
     const metrics_family *f = s->fam;
     if (f->n_labels == 0 && !le) return;
-    sb_str(b, "{");
+    strbuf_puts(b, "{");
     for (size_t i = 0; i < f->n_labels; i++) {
-        if (i) sb_str(b, ",");
-        sb_str(b, f->labels[i]);
-        sb_str(b, "=\"");
+        if (i) strbuf_puts(b, ",");
+        strbuf_puts(b, f->labels[i]);
+        strbuf_puts(b, "=\"");
         sb_escaped(b, s->values[i], 1);
-        sb_str(b, "\"");
+        strbuf_puts(b, "\"");
     }
     if (le) {
-        if (f->n_labels) sb_str(b, ",");
-        sb_str(b, "le=\"");
-        sb_str(b, le);
-        sb_str(b, "\"");
+        if (f->n_labels) strbuf_puts(b, ",");
+        strbuf_puts(b, "le=\"");
+        strbuf_puts(b, le);
+        strbuf_puts(b, "\"");
     }
-    sb_str(b, "}");
+    strbuf_puts(b, "}");
 }
 
 int metrics_render(metrics_registry *r, char **out, size_t *len) {
     if (!r || !out) return -1;
-    sbuf b = {0};
-    sb_grow(&b, 1024);
+    strbuf b = {0};
+    strbuf_reserve(&b, 1024);
     if (b.p) b.p[0] = '\0';
     char num[64];
     pthread_mutex_lock(&r->lock);
     for (metrics_family *f = r->first; f; f = f->next) {
         static const char *tn[] = {"counter", "gauge", "histogram"};
-        sb_printf(&b, "# HELP %s ", f->name);
+        strbuf_printf(&b, "# HELP %s ", f->name);
         sb_escaped(&b, f->help, 0);
-        sb_printf(&b, "\n# TYPE %s %s\n", f->name, tn[f->type]);
+        strbuf_printf(&b, "\n# TYPE %s %s\n", f->name, tn[f->type]);
         for (metrics_series *s = f->first; s; s = s->next) {
             if (f->type != M_HISTOGRAM) {
-                sb_str(&b, f->name);
+                strbuf_puts(&b, f->name);
                 sb_labels(&b, s, NULL);
                 fmt_double(num, sizeof num, metrics_series_value(s));
-                sb_printf(&b, " %s\n", num);
+                strbuf_printf(&b, " %s\n", num);
                 continue;
             }
             uint64_t counts[65], total;
@@ -478,17 +429,17 @@ int metrics_render(metrics_registry *r, char **out, size_t *len) {
                 char le[64];
                 if (i < f->n_buckets) fmt_double(le, sizeof le, f->buckets[i]);
                 else snprintf(le, sizeof le, "+Inf");
-                sb_printf(&b, "%s_bucket", f->name);
+                strbuf_printf(&b, "%s_bucket", f->name);
                 sb_labels(&b, s, le);
-                sb_printf(&b, " %llu\n", (unsigned long long)cum);
+                strbuf_printf(&b, " %llu\n", (unsigned long long)cum);
             }
             fmt_double(num, sizeof num, sum);
-            sb_printf(&b, "%s_sum", f->name);
+            strbuf_printf(&b, "%s_sum", f->name);
             sb_labels(&b, s, NULL);
-            sb_printf(&b, " %s\n", num);
-            sb_printf(&b, "%s_count", f->name);
+            strbuf_printf(&b, " %s\n", num);
+            strbuf_printf(&b, "%s_count", f->name);
             sb_labels(&b, s, NULL);
-            sb_printf(&b, " %llu\n", (unsigned long long)total);
+            strbuf_printf(&b, " %llu\n", (unsigned long long)total);
         }
     }
     pthread_mutex_unlock(&r->lock);

@@ -4,6 +4,7 @@
  * responses, disconnect detection. See server.h.
  */
 #include "orchestrator/server.h"
+#include "orchestrator/strbuf.h"
 
 #include <arpa/inet.h>
 #include <cjson/cJSON.h>
@@ -35,55 +36,6 @@
 /* ------------------------------------------------------------------------- */
 /* JSON text builder                                                          */
 /* ------------------------------------------------------------------------- */
-typedef struct jb {
-    char *p;
-    size_t len, cap;
-    int oom;
-} jb;
-
-static void jb_reserve(jb *b, size_t extra) {
-    if (b->oom || b->len + extra + 1 <= b->cap) return;
-    size_t cap = b->cap ? b->cap : 1024;
-    while (cap < b->len + extra + 1) cap *= 2;
-    char *p = realloc(b->p, cap);
-    if (!p) {
-        b->oom = 1;
-        return;
-    }
-    b->p = p;
-    b->cap = cap;
-}
-
-static void jb_raw(jb *b, const char *s, size_t n) {
-    jb_reserve(b, n);
-    if (b->oom) return;
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = '\0';
-}
-
-static void jb_s(jb *b, const char *s) { jb_raw(b, s, strlen(s)); }
-
-static void jb_fmt(jb *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void jb_fmt(jb *b, const char *fmt, ...) {
-    char tmp[256];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
-    va_end(ap);
-    if (n < 0) return;
-    if ((size_t)n < sizeof tmp) {
-        jb_raw(b, tmp, (size_t)n);
-        return;
-    }
-    jb_reserve(b, (size_t)n);
-    if (b->oom) return;
-    va_start(ap, fmt);
-    vsnprintf(b->p + b->len, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    b->len += (size_t)n;
-}
-
 /* Length of the valid UTF-8 character at s[0..n), or 0 if invalid. */
 static size_t utf8_char_len(const unsigned char *s, size_t n) {
     unsigned char c = s[0];
@@ -107,8 +59,8 @@ static size_t utf8_char_len(const unsigned char *s, size_t n) {
 }
 
 /* A JSON string: quotes, escapes, invalid UTF-8 bytes become U+FFFD. */
-static void jb_str(jb *b, const char *s, size_t n) {
-    jb_reserve(b, n + 2);
+static void jb_str(strbuf *b, const char *s, size_t n) {
+    strbuf_reserve(b, n + 2);
     if (b->oom) return;
     b->p[b->len++] = '"';
     const unsigned char *u = (const unsigned char *)s;
@@ -116,29 +68,29 @@ static void jb_str(jb *b, const char *s, size_t n) {
     while (i < n) {
         size_t start = i;
         while (i < n && u[i] >= 0x20 && u[i] < 0x80 && u[i] != '"' && u[i] != '\\') i++;
-        if (i > start) jb_raw(b, s + start, i - start);
+        if (i > start) strbuf_put(b, s + start, i - start);
         if (i >= n) break;
         unsigned char c = u[i];
-        if (c == '"') { jb_raw(b, "\\\"", 2); i++; }
-        else if (c == '\\') { jb_raw(b, "\\\\", 2); i++; }
-        else if (c == '\n') { jb_raw(b, "\\n", 2); i++; }
-        else if (c == '\r') { jb_raw(b, "\\r", 2); i++; }
-        else if (c == '\t') { jb_raw(b, "\\t", 2); i++; }
-        else if (c < 0x20) { jb_fmt(b, "\\u%04x", c); i++; }
+        if (c == '"') { strbuf_put(b, "\\\"", 2); i++; }
+        else if (c == '\\') { strbuf_put(b, "\\\\", 2); i++; }
+        else if (c == '\n') { strbuf_put(b, "\\n", 2); i++; }
+        else if (c == '\r') { strbuf_put(b, "\\r", 2); i++; }
+        else if (c == '\t') { strbuf_put(b, "\\t", 2); i++; }
+        else if (c < 0x20) { strbuf_printf(b, "\\u%04x", c); i++; }
         else {
             size_t l = utf8_char_len(u + i, n - i);
-            if (l == 0) { jb_raw(b, "\xEF\xBF\xBD", 3); i++; }
-            else { jb_raw(b, s + i, l); i += l; }
+            if (l == 0) { strbuf_put(b, "\xEF\xBF\xBD", 3); i++; }
+            else { strbuf_put(b, s + i, l); i += l; }
         }
     }
-    jb_raw(b, "\"", 1);
+    strbuf_put(b, "\"", 1);
 }
 
-static void jb_cstr(jb *b, const char *s) { jb_str(b, s, strlen(s)); }
+static void jb_cstr(strbuf *b, const char *s) { jb_str(b, s, strlen(s)); }
 
-static void jb_dbl(jb *b, double v) {
+static void jb_dbl(strbuf *b, double v) {
     if (!isfinite(v)) v = -9999.0; /* what OpenAI reports for -inf */
-    jb_fmt(b, "%.9g", v);
+    strbuf_printf(b, "%.9g", v);
 }
 
 /* ------------------------------------------------------------------------- */
@@ -268,18 +220,18 @@ static int set_err(api_err *e, unsigned status, const char *param,
     return -1;
 }
 
-static void jb_error_object(jb *b, const api_err *e) {
-    jb_s(b, "{\"error\":{\"message\":");
+static void jb_error_object(strbuf *b, const api_err *e) {
+    strbuf_puts(b, "{\"error\":{\"message\":");
     jb_cstr(b, e->msg);
-    jb_s(b, ",\"type\":");
+    strbuf_puts(b, ",\"type\":");
     jb_cstr(b, e->type);
-    jb_s(b, ",\"param\":");
+    strbuf_puts(b, ",\"param\":");
     if (e->param) jb_cstr(b, e->param);
-    else jb_s(b, "null");
-    jb_s(b, ",\"code\":");
+    else strbuf_puts(b, "null");
+    strbuf_puts(b, ",\"code\":");
     if (e->code) jb_cstr(b, e->code);
-    else jb_s(b, "null");
-    jb_s(b, "}}");
+    else strbuf_puts(b, "null");
+    strbuf_puts(b, "}}");
 }
 
 /* ------------------------------------------------------------------------- */
@@ -316,7 +268,7 @@ static enum MHD_Result queue_body(http_req *hr, unsigned status, char *body,
     return ret;
 }
 
-static enum MHD_Result queue_json(http_req *hr, unsigned status, jb *b) {
+static enum MHD_Result queue_json(http_req *hr, unsigned status, strbuf *b) {
     if (b->oom || !b->p) {
         free(b->p);
         return MHD_NO;
@@ -325,7 +277,7 @@ static enum MHD_Result queue_json(http_req *hr, unsigned status, jb *b) {
 }
 
 static enum MHD_Result queue_error(http_req *hr, const api_err *e) {
-    jb b = {0};
+    strbuf b = {0};
     jb_error_object(&b, e);
     return queue_json(hr, e->status, &b);
 }
@@ -684,8 +636,8 @@ static int chat_content(const cJSON *m, int idx, const char *role, char **out,
     }
     if (!cJSON_IsArray(c))
         return set_err(e, 400, "messages", "invalid_type", "messages[%d].content must be a string or an array of text parts", idx);
-    jb b = {0};
-    jb_reserve(&b, 0);
+    strbuf b = {0};
+    strbuf_reserve(&b, 0);
     const cJSON *part;
     int k = 0;
     cJSON_ArrayForEach(part, c) {
@@ -697,7 +649,7 @@ static int chat_content(const cJSON *m, int idx, const char *role, char **out,
             return set_err(e, 400, "messages", "invalid_value",
                            "messages[%d].content[%d] must be {\"type\":\"text\",\"text\":STRING} (only text parts are supported)", idx, k);
         }
-        jb_s(&b, text->valuestring);
+        strbuf_puts(&b, text->valuestring);
         k++;
     }
     if (b.oom || !b.p) {
@@ -970,28 +922,28 @@ static const char *finish_str(int f) {
     return f == SCHED_FINISH_STOP ? "\"stop\"" : f == SCHED_FINISH_LENGTH ? "\"length\"" : "null";
 }
 
-static void jb_usage(jb *b, const http_req *hr) {
+static void jb_usage(strbuf *b, const http_req *hr) {
     uint64_t p = 0, c = 0;
     for (uint32_t i = 0; i < hr->n_prompts; i++) p += hr->prompt_len[i];
     for (uint32_t i = 0; i < hr->n_seqs; i++) c += hr->seqs[i].n_out;
-    jb_fmt(b, "{\"prompt_tokens\":%" PRIu64 ",\"completion_tokens\":%" PRIu64
+    strbuf_printf(b, "{\"prompt_tokens\":%" PRIu64 ",\"completion_tokens\":%" PRIu64
               ",\"total_tokens\":%" PRIu64 "}", p, c, p + c);
 }
 
-static void jb_token_str(jb *b, const server *s, int32_t id) {
+static void jb_token_str(strbuf *b, const server *s, int32_t id) {
     const char *bytes = "";
     size_t n = 0;
     if (id < 0 || tokenizer_token_bytes(s->tok, id, &bytes, &n) != 0) n = 0;
     jb_str(b, bytes, n);
 }
 
-static void jb_token_bytes(jb *b, const server *s, int32_t id) {
+static void jb_token_bytes(strbuf *b, const server *s, int32_t id) {
     const char *bytes = "";
     size_t n = 0;
     if (id < 0 || tokenizer_token_bytes(s->tok, id, &bytes, &n) != 0) n = 0;
-    jb_s(b, "[");
-    for (size_t i = 0; i < n; i++) jb_fmt(b, i ? ",%u" : "%u", (unsigned char)bytes[i]);
-    jb_s(b, "]");
+    strbuf_puts(b, "[");
+    for (size_t i = 0; i < n; i++) strbuf_printf(b, i ? ",%u" : "%u", (unsigned char)bytes[i]);
+    strbuf_puts(b, "]");
 }
 
 /* One logprobs item: a prompt token (prompt_pos >= 0) or generated token. */
@@ -1031,7 +983,7 @@ static lp_item item_of(const http_req *hr, const sched_seq *q, uint32_t p,
 
 /* Completions logprobs object over (prompt tokens if with_prompt) and
  * generated tokens [g0, g1). */
-static void jb_cmpl_logprobs(jb *b, const http_req *hr, const sched_seq *q,
+static void jb_cmpl_logprobs(strbuf *b, const http_req *hr, const sched_seq *q,
                              uint32_t p, int with_prompt, uint32_t g0,
                              uint32_t g1, size_t echo_len) {
     uint32_t np = with_prompt ? hr->prompt_len[p] : 0;
@@ -1039,73 +991,73 @@ static void jb_cmpl_logprobs(jb *b, const http_req *hr, const sched_seq *q,
     static const char *const keys[4] = {"{\"tokens\":[", "],\"token_logprobs\":[",
                                         "],\"top_logprobs\":[", "],\"text_offset\":["};
     for (int pass = 0; pass < 4; pass++) {
-        jb_s(b, keys[pass]);
+        strbuf_puts(b, keys[pass]);
         size_t poff = 0;
         for (uint32_t t = 0; t < total; t++) {
             lp_item it = item_of(hr, q, p, t < np ? (int)t : -1, g0 + (t - np), echo_len, &poff);
-            if (t) jb_s(b, ",");
+            if (t) strbuf_puts(b, ",");
             switch (pass) {
             case 0: jb_token_str(b, hr->srv, it.id); break;
             case 1:
-                if (isnan(it.lp)) jb_s(b, "null");
+                if (isnan(it.lp)) strbuf_puts(b, "null");
                 else jb_dbl(b, it.lp);
                 break;
             case 2:
                 if (isnan(it.lp)) {
-                    jb_s(b, "null");
+                    strbuf_puts(b, "null");
                     break;
                 }
-                jb_s(b, "{");
+                strbuf_puts(b, "{");
                 for (uint32_t j = 0, w = 0; it.top_ids && j < k; j++) {
                     if (it.top_ids[j] < 0) continue;
-                    if (w++) jb_s(b, ",");
+                    if (w++) strbuf_puts(b, ",");
                     jb_token_str(b, hr->srv, it.top_ids[j]);
-                    jb_s(b, ":");
+                    strbuf_puts(b, ":");
                     jb_dbl(b, it.top_lp[j]);
                 }
-                jb_s(b, "}");
+                strbuf_puts(b, "}");
                 break;
-            default: jb_fmt(b, "%zu", it.offset); break;
+            default: strbuf_printf(b, "%zu", it.offset); break;
             }
         }
     }
-    jb_s(b, "]}");
+    strbuf_puts(b, "]}");
 }
 
 /* Chat logprobs object over generated tokens [g0, g1). */
-static void jb_chat_logprobs(jb *b, const http_req *hr, const sched_seq *q,
+static void jb_chat_logprobs(strbuf *b, const http_req *hr, const sched_seq *q,
                              uint32_t g0, uint32_t g1) {
     uint32_t k = hr->top_logprobs;
-    jb_s(b, "{\"content\":[");
+    strbuf_puts(b, "{\"content\":[");
     for (uint32_t i = g0; i < g1; i++) {
-        if (i > g0) jb_s(b, ",");
+        if (i > g0) strbuf_puts(b, ",");
         int32_t id = q->out_tokens[i];
-        jb_s(b, "{\"token\":");
+        strbuf_puts(b, "{\"token\":");
         jb_token_str(b, hr->srv, id);
-        jb_s(b, ",\"logprob\":");
+        strbuf_puts(b, ",\"logprob\":");
         jb_dbl(b, q->out_logprob ? q->out_logprob[i] : 0.0);
-        jb_s(b, ",\"bytes\":");
+        strbuf_puts(b, ",\"bytes\":");
         jb_token_bytes(b, hr->srv, id);
-        jb_s(b, ",\"top_logprobs\":[");
+        strbuf_puts(b, ",\"top_logprobs\":[");
         for (uint32_t j = 0, w = 0; q->out_top_ids && j < k; j++) {
             int32_t t = q->out_top_ids[(size_t)i * k + j];
             if (t < 0) continue;
-            if (w++) jb_s(b, ",");
-            jb_s(b, "{\"token\":");
+            if (w++) strbuf_puts(b, ",");
+            strbuf_puts(b, "{\"token\":");
             jb_token_str(b, hr->srv, t);
-            jb_s(b, ",\"logprob\":");
+            strbuf_puts(b, ",\"logprob\":");
             jb_dbl(b, q->out_top_lp[(size_t)i * k + j]);
-            jb_s(b, ",\"bytes\":");
+            strbuf_puts(b, ",\"bytes\":");
             jb_token_bytes(b, hr->srv, t);
-            jb_s(b, "}");
+            strbuf_puts(b, "}");
         }
-        jb_s(b, "]}");
+        strbuf_puts(b, "]}");
     }
-    jb_s(b, "]}");
+    strbuf_puts(b, "]}");
 }
 
 /* A JSON string made of two byte ranges. */
-static void jb_str2(jb *b, const char *a, size_t na, const char *c, size_t nc) {
+static void jb_str2(strbuf *b, const char *a, size_t na, const char *c, size_t nc) {
     if (na == 0) {
         jb_str(b, c, nc);
         return;
@@ -1125,91 +1077,91 @@ static void jb_str2(jb *b, const char *a, size_t na, const char *c, size_t nc) {
     free(t);
 }
 
-static void jb_head(jb *b, const http_req *hr, const char *object) {
-    jb_s(b, "{\"id\":\"");
-    jb_s(b, hr->id);
-    jb_fmt(b, "\",\"object\":\"%s\",\"created\":%ld,\"model\":", object, hr->created);
+static void jb_head(strbuf *b, const http_req *hr, const char *object) {
+    strbuf_puts(b, "{\"id\":\"");
+    strbuf_puts(b, hr->id);
+    strbuf_printf(b, "\",\"object\":\"%s\",\"created\":%ld,\"model\":", object, hr->created);
     jb_cstr(b, hr->srv->model_name);
 }
 
-static void build_final(const http_req *hr, jb *b) {
+static void build_final(const http_req *hr, strbuf *b) {
     jb_head(b, hr, hr->chat ? "chat.completion" : "text_completion");
-    jb_s(b, ",\"choices\":[");
+    strbuf_puts(b, ",\"choices\":[");
     for (uint32_t i = 0; i < hr->n_seqs; i++) {
         const sched_seq *q = &hr->seqs[i];
         uint32_t p = i / hr->n;
-        if (i) jb_s(b, ",");
-        jb_fmt(b, "{\"index\":%u,", i);
+        if (i) strbuf_puts(b, ",");
+        strbuf_printf(b, "{\"index\":%u,", i);
         if (hr->chat) {
-            jb_s(b, "\"message\":{\"role\":\"assistant\",\"content\":");
+            strbuf_puts(b, "\"message\":{\"role\":\"assistant\",\"content\":");
             jb_str(b, q->text ? q->text : "", q->text_len);
-            jb_s(b, "},\"logprobs\":");
+            strbuf_puts(b, "},\"logprobs\":");
             if (hr->logprobs) jb_chat_logprobs(b, hr, q, 0, q->n_out);
-            else jb_s(b, "null");
+            else strbuf_puts(b, "null");
         } else {
             size_t el = hr->echo ? hr->prompt_text_len[p] : 0;
-            jb_s(b, "\"text\":");
+            strbuf_puts(b, "\"text\":");
             jb_str2(b, hr->echo ? hr->prompt_text[p] : "", el, q->text ? q->text : "", q->text_len);
-            jb_s(b, ",\"logprobs\":");
+            strbuf_puts(b, ",\"logprobs\":");
             if (hr->logprobs) jb_cmpl_logprobs(b, hr, q, p, hr->echo, 0, q->n_out, el);
-            else jb_s(b, "null");
+            else strbuf_puts(b, "null");
         }
-        jb_fmt(b, ",\"finish_reason\":%s}", finish_str(q->finish));
+        strbuf_printf(b, ",\"finish_reason\":%s}", finish_str(q->finish));
     }
-    jb_s(b, "],\"usage\":");
+    strbuf_puts(b, "],\"usage\":");
     jb_usage(b, hr);
-    jb_s(b, "}");
+    strbuf_puts(b, "}");
 }
 
 /* ------------------------------------------------------------------------- */
 /* Streaming                                                                  */
 /* ------------------------------------------------------------------------- */
-static void sse_begin(jb *b, const http_req *hr) {
-    jb_s(b, "data: ");
+static void sse_begin(strbuf *b, const http_req *hr) {
+    strbuf_puts(b, "data: ");
     jb_head(b, hr, hr->chat ? "chat.completion.chunk" : "text_completion");
-    jb_s(b, ",\"choices\":[");
+    strbuf_puts(b, ",\"choices\":[");
 }
 
-static void sse_end(jb *b, const http_req *hr) {
-    jb_s(b, "]");
-    if (hr->include_usage) jb_s(b, ",\"usage\":null");
-    jb_s(b, "}\n\n");
+static void sse_end(strbuf *b, const http_req *hr) {
+    strbuf_puts(b, "]");
+    if (hr->include_usage) strbuf_puts(b, ",\"usage\":null");
+    strbuf_puts(b, "}\n\n");
 }
 
 /* One SSE event for choice i: text [t0, t1), logprobs of generated tokens
  * [g0, g1), finish reason (NONE = null). */
-static void emit_delta(jb *b, const http_req *hr, const sched_seq *q, uint32_t i,
+static void emit_delta(strbuf *b, const http_req *hr, const sched_seq *q, uint32_t i,
                        uint32_t p, size_t t0, size_t t1, uint32_t g0, uint32_t g1,
                        int fin, size_t echo_len) {
     const char *t = q->text ? q->text + t0 : "";
     size_t n = t1 > t0 ? t1 - t0 : 0;
     sse_begin(b, hr);
-    jb_fmt(b, "{\"index\":%u,", i);
+    strbuf_printf(b, "{\"index\":%u,", i);
     if (hr->chat) {
         if (n) {
-            jb_s(b, "\"delta\":{\"content\":");
+            strbuf_puts(b, "\"delta\":{\"content\":");
             jb_str(b, t, n);
-            jb_s(b, "}");
+            strbuf_puts(b, "}");
         } else {
-            jb_s(b, "\"delta\":{}");
+            strbuf_puts(b, "\"delta\":{}");
         }
-        jb_s(b, ",\"logprobs\":");
+        strbuf_puts(b, ",\"logprobs\":");
         if (hr->logprobs) jb_chat_logprobs(b, hr, q, g0, g1);
-        else jb_s(b, "null");
+        else strbuf_puts(b, "null");
     } else {
-        jb_s(b, "\"text\":");
+        strbuf_puts(b, "\"text\":");
         jb_str(b, t, n);
-        jb_s(b, ",\"logprobs\":");
+        strbuf_puts(b, ",\"logprobs\":");
         if (hr->logprobs) jb_cmpl_logprobs(b, hr, q, p, 0, g0, g1, echo_len);
-        else jb_s(b, "null");
+        else strbuf_puts(b, "null");
     }
-    jb_fmt(b, ",\"finish_reason\":%s}", finish_str(fin));
+    strbuf_printf(b, ",\"finish_reason\":%s}", finish_str(fin));
     sse_end(b, hr);
 }
 
 /* Append every event that is ready to the output buffer (under hr->lock).
  * Returns 1 when the scheduler should be woken (cancellation). */
-static int render_stream(http_req *hr, jb *b) {
+static int render_stream(http_req *hr, strbuf *b) {
     int wake = 0, all_finished = 1;
     for (uint32_t i = 0; i < hr->n_seqs; i++) {
         sched_seq *q = &hr->seqs[i];
@@ -1222,9 +1174,9 @@ static int render_stream(http_req *hr, jb *b) {
                 api_err e;
                 set_err(&e, q->http_status ? (unsigned)q->http_status : 500, NULL, NULL, "%s",
                         q->error[0] ? q->error : "request failed");
-                jb_s(b, "data: ");
+                strbuf_puts(b, "data: ");
                 jb_error_object(b, &e);
-                jb_s(b, "\n\n");
+                strbuf_puts(b, "\n\n");
                 hr->error_sent = 1;
                 cancel_all_seqs_locked(hr);
                 wake = 1;
@@ -1241,7 +1193,7 @@ static int render_stream(http_req *hr, jb *b) {
         if (!st->sent_first) {
             if (hr->chat) {
                 sse_begin(b, hr);
-                jb_fmt(b, "{\"index\":%u,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},"
+                strbuf_printf(b, "{\"index\":%u,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},"
                           "\"logprobs\":null,\"finish_reason\":null}", i);
                 sse_end(b, hr);
                 st->sent_first = 1;
@@ -1249,12 +1201,12 @@ static int render_stream(http_req *hr, jb *b) {
                 st->sent_first = 1;
             } else if (q->n_out > 0 || fin) {
                 sse_begin(b, hr);
-                jb_fmt(b, "{\"index\":%u,\"text\":", i);
+                strbuf_printf(b, "{\"index\":%u,\"text\":", i);
                 jb_str(b, hr->prompt_text[p], echo_len);
-                jb_s(b, ",\"logprobs\":");
+                strbuf_puts(b, ",\"logprobs\":");
                 if (hr->logprobs) jb_cmpl_logprobs(b, hr, q, p, 1, 0, 0, echo_len);
-                else jb_s(b, "null");
-                jb_s(b, ",\"finish_reason\":null}");
+                else strbuf_puts(b, "null");
+                strbuf_puts(b, ",\"finish_reason\":null}");
                 sse_end(b, hr);
                 st->sent_first = 1;
             } else {
@@ -1291,13 +1243,13 @@ static int render_stream(http_req *hr, jb *b) {
     }
     if (all_finished && !hr->stream_done) {
         if (hr->include_usage && !hr->error_sent) {
-            jb_s(b, "data: ");
+            strbuf_puts(b, "data: ");
             jb_head(b, hr, hr->chat ? "chat.completion.chunk" : "text_completion");
-            jb_s(b, ",\"choices\":[],\"usage\":");
+            strbuf_puts(b, ",\"choices\":[],\"usage\":");
             jb_usage(b, hr);
-            jb_s(b, "}\n\n");
+            strbuf_puts(b, "}\n\n");
         }
-        jb_s(b, "data: [DONE]\n\n");
+        strbuf_puts(b, "data: [DONE]\n\n");
         hr->stream_done = 1;
     }
     return wake;
@@ -1311,7 +1263,7 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     hr->suspended = 0;
     hr->resume_requested = 0;
     if (hr->ooff == hr->olen) {
-        jb b = {hr->obuf, 0, hr->ocap, 0};
+        strbuf b = {hr->obuf, 0, hr->ocap, 0};
         wake = render_stream(hr, &b);
         if (b.oom) {
             hr->obuf = b.p;
@@ -1370,27 +1322,27 @@ static int auth_ok(server *s, struct MHD_Connection *conn) {
     return diff == 0;
 }
 
-static void jb_model_object(jb *b, const server *s) {
-    jb_s(b, "{\"id\":");
+static void jb_model_object(strbuf *b, const server *s) {
+    strbuf_puts(b, "{\"id\":");
     jb_cstr(b, s->model_name);
-    jb_fmt(b, ",\"object\":\"model\",\"created\":%ld,\"owned_by\":\"orch\",\"max_model_len\":%u}",
+    strbuf_printf(b, ",\"object\":\"model\",\"created\":%ld,\"owned_by\":\"orch\",\"max_model_len\":%u}",
            s->created, s->context);
 }
 
 static enum MHD_Result answer_get(http_req *hr, const char *url) {
     server *s = hr->srv;
-    jb b = {0};
+    strbuf b = {0};
     switch (hr->route) {
     case R_HEALTH: {
         int st = atomic_load(&s->state);
-        jb_s(&b, st == ST_READY ? "{\"status\":\"ok\"}" : st == ST_LOADING ? "{\"status\":\"loading\"}"
+        strbuf_puts(&b, st == ST_READY ? "{\"status\":\"ok\"}" : st == ST_LOADING ? "{\"status\":\"loading\"}"
                                                                           : "{\"status\":\"draining\"}");
         return queue_json(hr, st == ST_READY ? 200 : 503, &b);
     }
     case R_MODELS:
-        jb_s(&b, "{\"object\":\"list\",\"data\":[");
+        strbuf_puts(&b, "{\"object\":\"list\",\"data\":[");
         jb_model_object(&b, s);
-        jb_s(&b, "]}");
+        strbuf_puts(&b, "]}");
         return queue_json(hr, 200, &b);
     case R_MODEL:
         if (strcmp(url + 11, s->model_name) != 0) {
@@ -1500,7 +1452,7 @@ static enum MHD_Result finish_or_wait(http_req *hr) {
                              q->error[0] ? q->error : "request failed");
         }
     }
-    jb b = {0};
+    strbuf b = {0};
     build_final(hr, &b);
     return queue_json(hr, 200, &b);
 }

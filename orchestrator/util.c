@@ -108,3 +108,43 @@ const char *util_flag_value(const char *name, int argc, char **argv, int *i) {
     }
     return NULL;
 }
+
+char *util_read_stream(FILE *f, size_t *len) {
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap + 1);
+    if (!buf) return NULL;
+    for (;;) {
+        size_t got = fread(buf + n, 1, cap - n, f);
+        n += got;
+        if (got == 0) break;
+        if (n == cap) {
+            cap *= 2;
+            char *nb = realloc(buf, cap + 1);
+            if (!nb) {
+                free(buf);
+                errno = ENOMEM;
+                return NULL;
+            }
+            buf = nb;
+        }
+    }
+    if (ferror(f)) {
+        free(buf);
+        if (!errno) errno = EIO;
+        return NULL;
+    }
+    buf[n] = '\0';
+    *len = n;
+    return buf;
+}
+
+char *util_read_file(const char *path, size_t *len) {
+    if (strcmp(path, "-") == 0) return util_read_stream(stdin, len);
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *buf = util_read_stream(f, len);
+    int saved = errno;
+    fclose(f);
+    errno = saved;
+    return buf;
+}

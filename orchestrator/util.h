@@ -48,4 +48,12 @@ int util_parse_double(const char *s, double *out);
  * exists, return it and advance *i. Otherwise NULL. */
 const char *util_flag_value(const char *name, int argc, char **argv, int *i);
 
+/* Read all of f into a malloc'd, NUL-terminated buffer (caller frees); *len
+ * gets the byte count (embedded NULs allowed). Returns NULL on a read error or
+ * out of memory (errno says which). */
+char *util_read_stream(FILE *f, size_t *len);
+
+/* util_read_stream on a file path, or stdin when path is "-". */
+char *util_read_file(const char *path, size_t *len);
+
 #endif
