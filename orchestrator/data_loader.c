@@ -13,43 +13,13 @@
 #include "orchestrator/util.h"
 
 /* ------------------------------------------------------------------------- */
-/* RNG: splitmix64 seeding, xoshiro256** generation                           */
+/* RNG: the shared xoshiro256** (rng.h), plus hex for state.json            */
 /* ------------------------------------------------------------------------- */
-static uint64_t splitmix64(uint64_t *x) {
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
+void data_rng_seed(data_rng *r, uint64_t seed) { rng_seed(r, seed); }
 
-void data_rng_seed(data_rng *r, uint64_t seed) {
-    uint64_t x = seed;
-    for (int i = 0; i < 4; i++) r->s[i] = splitmix64(&x);
-}
+uint64_t data_rng_next(data_rng *r) { return rng_next(r); }
 
-static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
-uint64_t data_rng_next(data_rng *r) {
-    uint64_t *s = r->s;
-    uint64_t result = rotl(s[1] * 5, 7) * 9;
-    uint64_t t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = rotl(s[3], 45);
-    return result;
-}
-
-uint64_t data_rng_below(data_rng *r, uint64_t n) {
-    if (n <= 1) return 0;
-    uint64_t threshold = (0 - n) % n; /* 2^64 mod n */
-    for (;;) {
-        uint64_t x = data_rng_next(r);
-        if (x >= threshold) return x % n;
-    }
-}
+uint64_t data_rng_below(data_rng *r, uint64_t n) { return rng_below(r, n); }
 
 void data_rng_to_hex(const data_rng *r, char out[65]) {
     for (int i = 0; i < 4; i++)

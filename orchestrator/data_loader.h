@@ -31,11 +31,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "orchestrator/rng.h"
 #include "orchestrator/shard.h"
 
-typedef struct data_rng {
-    uint64_t s[4];
-} data_rng;
+typedef orch_rng data_rng;
 
 /* Seed the generator from one 64-bit seed (splitmix64 expansion). */
 void data_rng_seed(data_rng *r, uint64_t seed);

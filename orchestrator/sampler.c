@@ -13,44 +13,17 @@
 /* ------------------------------------------------------------------------- */
 /* RNG                                                                        */
 /* ------------------------------------------------------------------------- */
-static uint64_t splitmix64(uint64_t *x) {
-    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-void sampler_rng_seed(sampler_rng *rng, uint64_t seed) {
-    uint64_t x = seed;
-    for (int i = 0; i < 4; i++) rng->s[i] = splitmix64(&x);
-}
+void sampler_rng_seed(sampler_rng *rng, uint64_t seed) { rng_seed(rng, seed); }
 
 void sampler_rng_seed_stream(sampler_rng *rng, uint64_t seed, uint64_t stream) {
     uint64_t x = stream;
-    uint64_t mix = stream ? splitmix64(&x) : 0; /* stream 0 = plain seed */
-    sampler_rng_seed(rng, seed ^ mix);
+    uint64_t mix = stream ? rng_splitmix64(&x) : 0; /* stream 0 = plain seed */
+    rng_seed(rng, seed ^ mix);
 }
 
-static inline uint64_t rotl(uint64_t x, int k) {
-    return (x << k) | (x >> (64 - k));
-}
+uint64_t sampler_rng_next(sampler_rng *rng) { return rng_next(rng); }
 
-uint64_t sampler_rng_next(sampler_rng *rng) {
-    uint64_t *s = rng->s;
-    uint64_t result = rotl(s[1] * 5, 7) * 9;
-    uint64_t t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = rotl(s[3], 45);
-    return result;
-}
-
-double sampler_rng_uniform(sampler_rng *rng) {
-    return (double)(sampler_rng_next(rng) >> 11) * 0x1.0p-53;
-}
+double sampler_rng_uniform(sampler_rng *rng) { return rng_uniform(rng); }
 
 /* ------------------------------------------------------------------------- */
 /* Parameters                                                                 */

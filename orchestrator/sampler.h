@@ -22,11 +22,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* RNG: xoshiro256** seeded through splitmix64. Plain struct: copy it to
+#include "orchestrator/rng.h"
+
+/* RNG: the orchestrator's xoshiro256** (rng.h). Plain struct: copy it to
  * snapshot a stream, store it in a checkpoint, etc. */
-typedef struct sampler_rng {
-    uint64_t s[4];
-} sampler_rng;
+typedef orch_rng sampler_rng;
 
 /* Seed deterministically from a 64-bit seed (any value, including 0). */
 void sampler_rng_seed(sampler_rng *rng, uint64_t seed);

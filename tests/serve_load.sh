@@ -9,7 +9,8 @@
 source "$(dirname "$0")/serve/common.sh"
 run() { "$PY" "$SERVE_DIR/load_checks.py" "$@" || fail "$1"; }
 
-start_server preempt --kv-blocks 64 --max-seqs 16 --max-batch-tokens 256
+# sleep_ms=2 keeps every request running long enough for all 16 to overlap.
+start_server preempt --kv-blocks 64 --max-seqs 16 --max-batch-tokens 256 --engine-options sleep_ms=2
 run preemption "$PORT"
 stop_server "$PID" || fail "exit status after SIGTERM"
 
