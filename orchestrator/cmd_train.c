@@ -18,6 +18,7 @@
 #include "orchestrator/commands.h"
 #include "orchestrator/config.h"
 #include "orchestrator/corpus.h"
+#include "orchestrator/dist.h"
 #include "orchestrator/train.h"
 #include "orchestrator/util.h"
 
@@ -62,6 +63,11 @@ static void usage(FILE *f) {
         "signals: SIGINT, SIGTERM or SIGUSR1 finish the current step, write a\n"
         "checkpoint and exit with status 3 (requeue, then --resume); a second\n"
         "SIGINT exits at once with status 130, leaving the last good checkpoint.\n"
+        "\n"
+        "data parallel: `mpirun -np N orch train ...` or `srun orch train ...`\n"
+        "runs N ranks (one micro-batch each per accumulation step, gradients\n"
+        "averaged over ranks); rank 0 logs and checkpoints. A rank that dies or\n"
+        "hangs stops the others after ORCH_DIST_TIMEOUT seconds (default 60).\n"
         "\n"
         "exit status: 0 done (or early-stopped, or --stop-after reached),\n"
         "1 runtime failure, 2 bad usage, config, data or engine, 3 stopped by a\n"
@@ -287,6 +293,7 @@ int cmd_train(int argc, char **argv) {
                                           strcmp(getenv("TERM"), "dumb") == 0);
     orch_config *cfg = NULL, *ckpt_cfg = NULL;
     int rc = ORCH_EXIT_USAGE;
+    int trained = 0; /* train_run succeeded (on every rank) */
     char run_dir[PATH_MAX], ckpt_dir[PATH_MAX] = "", init_dir[PATH_MAX] = "";
     char default_root[PATH_MAX] = "";
     int using_default = config_path == NULL && !resume && !init_arg;
@@ -458,8 +465,33 @@ int cmd_train(int argc, char **argv) {
         }
     }
 
+    /* Data parallel under mpirun/srun (dist.h): from here on every rank
+     * takes part; rank 0 alone prepares data, prints and serves metrics. */
+    if (dist_init(err, sizeof err) != 0) {
+        util_error("train: %s", err);
+        goto done;
+    }
+    if (dist_world() > 1) {
+        char *cj = config_to_json(cfg);
+        int oom = cj == NULL;
+        int same = cj && dist_check_same(cj, strlen(cj), "the merged config",
+                                         err, sizeof err) == 0 &&
+                   dist_check_same(ckpt_dir, strlen(ckpt_dir),
+                                   "the checkpoint to resume from", err,
+                                   sizeof err) == 0;
+        free(cj);
+        if (!same) {
+            util_error("train: rank %d: %s", dist_rank(),
+                       oom ? "out of memory" : err);
+            goto done;
+        }
+    }
+
     /* The default corpus, prepared on first use. */
-    if (ensure_kjv(cfg, live, err, sizeof err) != 0) {
+    err[0] = '\0';
+    int prep = dist_is_root() ? ensure_kjv(cfg, live, err, sizeof err) : 0;
+    if (dist_share_status(&prep, err, sizeof err, err, sizeof err) != 0 ||
+        prep != 0) {
         util_error("train: %s", err);
         rc = ORCH_EXIT_FAILURE;
         goto done;
@@ -472,21 +504,37 @@ int cmd_train(int argc, char **argv) {
     o.resume_ckpt = resume ? ckpt_dir : NULL;
     o.init_ckpt = init_arg ? init_dir : NULL;
     o.stop_after = stop_after;
-    o.metrics_port = metrics_port;
+    o.metrics_port = dist_is_root() ? metrics_port : -1;
     o.stop_flag = &g_stop;
-    o.out = stdout;
-    o.live = live;
+    o.out = dist_is_root() ? stdout : NULL;
+    o.live = live && dist_world() == 1; /* launchers fake a terminal */
     train_result res;
     int kind = TRAIN_ERR_RUNTIME;
     g_stop = 0;
     g_sigints = 0;
     g_live = live;
     install_signals();
+    if (dist_world() > 1 && dist_is_root()) {
+        printf("train: data parallel over %d ranks (MPI); rank 0 logs and "
+               "writes checkpoints\n",
+               dist_world());
+        fflush(stdout);
+    }
     int trc = train_run(&o, &res, &kind, err, sizeof err);
     restore_signals();
     if (trc != 0) {
-        util_error("train: %s", err);
+        if (dist_world() > 1)
+            util_error("train: rank %d of %d: %s", dist_rank(), dist_world(), err);
+        else
+            util_error("train: %s", err);
         rc = kind == TRAIN_ERR_INPUT ? ORCH_EXIT_USAGE : ORCH_EXIT_FAILURE;
+        goto done;
+    }
+
+    trained = 1;
+    if (!dist_is_root()) { /* rank 0 prints the summary */
+        rc = res.outcome == TRAIN_INTERRUPTED ? TRAIN_EXIT_INTERRUPTED
+                                              : ORCH_EXIT_OK;
         goto done;
     }
 
@@ -531,5 +579,7 @@ int cmd_train(int argc, char **argv) {
 done:
     config_free(cfg);
     config_free(ckpt_cfg);
-    return rc;
+    /* Every rank that finished train_run agrees on rc; any other failure
+     * stops all ranks (MPI_Abort). */
+    return dist_finish(rc, trained);
 }

@@ -16,6 +16,7 @@
 
 #include "orchestrator/checkpoint.h"
 #include "orchestrator/data_loader.h"
+#include "orchestrator/dist.h"
 #include "orchestrator/engine_loader.h"
 #include "orchestrator/metrics.h"
 #include "orchestrator/schedule.h"
@@ -457,20 +458,40 @@ static int engine_fail(trainer *t, int32_t st, const char *what, uint64_t step,
                 last);
 }
 
-/* Mean validation loss over the eval set. */
+/* Mean validation loss over the eval set. Data parallel (dist.h): rank r
+ * evaluates batches r, r+N, ...; the per-batch losses are summed over the
+ * ranks and added up in batch order, as one process would. */
 static int evaluate(trainer *t, double *out, int *kind, char *err, size_t cap) {
     const data_eval_set *e = &t->eval;
     const orch_engine_api *api = t->eng.api;
     double sum = 0;
     size_t per = (size_t)e->micro_batch * e->seq_len;
+    double *shared = NULL;
+    if (dist_world() > 1 && !(shared = calloc(e->n_batches, sizeof *shared)))
+        return fail(kind, TRAIN_ERR_RUNTIME, err, cap, "evaluation: out of memory");
     for (uint32_t b = 0; b < e->n_batches; b++) {
+        if (shared && b % (uint32_t)dist_world() != (uint32_t)dist_rank())
+            continue;
         float l = 0;
         int32_t st = api->eval_loss(t->ctx, e->tokens + b * per,
                                     e->targets + b * per, e->micro_batch,
                                     e->seq_len, &l);
-        if (st != ORCH_OK)
+        if (st != ORCH_OK) {
+            free(shared);
             return engine_fail(t, st, "eval_loss", t->st.step, kind, err, cap);
-        sum += (double)l;
+        }
+        if (shared) shared[b] = (double)l;
+        else sum += (double)l;
+    }
+    if (shared) {
+        char msg[1024];
+        int rc = dist_allreduce_sum(shared, e->n_batches, "evaluation", msg,
+                                    sizeof msg);
+        for (uint32_t b = 0; b < e->n_batches; b++) sum += shared[b];
+        free(shared);
+        if (rc != 0)
+            return fail(kind, TRAIN_ERR_RUNTIME, err, cap, "step %llu: %s",
+                        (unsigned long long)t->st.step, msg);
     }
     *out = sum / e->n_batches;
     return 0;
@@ -503,6 +524,25 @@ static int save_checkpoint(trainer *t, double val_loss, int *kind, char *err,
     t->ckpt_step = t->st.step;
     t->have_ckpt = 1;
     metrics_counter_add(t->m.ckpts, 1);
+    return 0;
+}
+
+/* Data parallel (dist.h): rank 0 alone writes checkpoints; tell every rank
+ * how it went (the directory, or rank 0's error). */
+static int share_checkpoint(trainer *t, int *saved, int *kind, char *err,
+                            size_t cap) {
+    if (dist_world() == 1) return 0;
+    char text[4096], msg[1024];
+    snprintf(text, sizeof text, "%s", *saved == 0 ? t->ckpt_dir : err);
+    if (dist_share_status(saved, text, sizeof text, msg, sizeof msg) != 0)
+        return fail(kind, TRAIN_ERR_RUNTIME, err, cap, "step %llu: %s",
+                    (unsigned long long)t->st.step, msg);
+    if (dist_is_root()) return 0;
+    if (*saved != 0)
+        return fail(kind, TRAIN_ERR_RUNTIME, err, cap, "rank 0: %s", text);
+    snprintf(t->ckpt_dir, sizeof t->ckpt_dir, "%s", text);
+    t->ckpt_step = t->st.step;
+    t->have_ckpt = 1;
     return 0;
 }
 
@@ -542,7 +582,7 @@ static int open_data(trainer *t, int *kind, char *err, size_t cap) {
 static uint64_t total_steps_of(const orch_config *c, const dataset *train) {
     if (c->train.max_steps) return c->train.max_steps;
     double per_step = (double)c->train.micro_batch * c->train.seq_len *
-                      c->train.grad_accum;
+                      c->train.grad_accum * dist_world();
     double steps = ceil(c->train.epochs * (double)dataset_total_tokens(train) /
                         per_step);
     return steps < 1 ? 1 : (uint64_t)steps;
@@ -637,8 +677,10 @@ static int train_loop(trainer *t, train_result *res, int *kind, char *err,
     const config_train *c = &t->cfg->train;
     const orch_engine_api *api = t->eng.api;
     uint32_t B = c->micro_batch, T = c->seq_len;
-    double step_tokens = (double)B * T * c->grad_accum;
-    float grad_scale = 1.0f / (float)c->grad_accum;
+    /* Data parallel (dist.h): each of N ranks runs grad_accum micro-batches
+     * of its own; the gradient sum over ranks is the mean over all. */
+    double step_tokens = (double)B * T * c->grad_accum * dist_world();
+    float grad_scale = 1.0f / (float)(c->grad_accum * (uint32_t)dist_world());
     double run_start = util_now();
     double elapsed0 = t->st.elapsed_s;
     uint64_t first = t->st.step;
@@ -666,7 +708,13 @@ static int train_loop(trainer *t, train_result *res, int *kind, char *err,
                                    cap);
             loss_sum += (double)l;
         }
-        double loss = loss_sum / c->grad_accum;
+        double shared[2] = {loss_sum, o->stop_flag && *o->stop_flag};
+        if (dist_allreduce_grads(&t->eng, t->ctx, shared, 2, step, msg,
+                                 sizeof msg) != 0)
+            return fail(kind, TRAIN_ERR_RUNTIME, err, cap, "step %llu: %s",
+                        (unsigned long long)step, msg);
+        loss_sum = shared[0];
+        double loss = loss_sum / ((double)c->grad_accum * dist_world());
         double lr = schedule_lr(&t->sched, step);
         orch_adamw_params ap;
         memset(&ap, 0, sizeof ap);
@@ -733,11 +781,18 @@ static int train_loop(trainer *t, train_result *res, int *kind, char *err,
         metrics_counter_add(t->m.tokens, step_tokens);
         metrics_histogram_observe(t->m.step_seconds, dt);
 
-        int signalled = o->stop_flag && *o->stop_flag;
+        /* Ranks stop together: a signal counts when any rank had it at the
+         * all-reduce of this step. */
+        int signalled = dist_world() > 1 ? shared[1] > 0
+                                         : o->stop_flag && *o->stop_flag;
         int paused = o->stop_after && steps_run >= o->stop_after && !last;
         int periodic = c->checkpoint_every && step % c->checkpoint_every == 0;
         if (periodic || last || signalled || paused || stop_early) {
-            if (save_checkpoint(t, val_at_step, kind, err, cap) != 0) return -1;
+            int saved = dist_is_root()
+                            ? save_checkpoint(t, val_at_step, kind, err, cap)
+                            : 0;
+            if (share_checkpoint(t, &saved, kind, err, cap) != 0 || saved != 0)
+                return -1;
             if (periodic && !last && !signalled && !paused && !stop_early)
                 say(t, "step %llu: checkpoint %s\n", (unsigned long long)step,
                     t->ckpt_dir);
@@ -806,6 +861,15 @@ int train_run(const train_opts *o, train_result *res, int *err_kind,
         fail(err_kind, TRAIN_ERR_INPUT, err, err_cap, "--init: %s", msg);
         goto out;
     }
+    /* Data parallel: every rank continues from rank 0's weights, moments
+     * and state. */
+    if (dist_world() > 1 &&
+        (dist_bcast_model(&t.eng, t.ctx, msg, sizeof msg) != 0 ||
+         dist_bcast_bytes(&t.st, sizeof t.st, "training state", msg,
+                          sizeof msg) != 0)) {
+        fail(err_kind, TRAIN_ERR_RUNTIME, err, err_cap, "%s", msg);
+        goto out;
+    }
     res->start_step = t.st.step;
 
     schedule_kind kind = SCHEDULE_COSINE;
@@ -830,14 +894,16 @@ int train_run(const train_opts *o, train_result *res, int *err_kind,
         goto out;
     }
 
-    data_loader_opts lo = {c->micro_batch, c->seq_len, 0, 1, 1};
+    data_loader_opts lo = {c->micro_batch, c->seq_len, (uint32_t)dist_rank(),
+                           (uint32_t)dist_world(), 1};
     if (data_loader_open(t.train_ds, &lo, &t.st.rng, &t.loader, msg,
                          sizeof msg) != 0) {
         fail(err_kind, TRAIN_ERR_INPUT, err, err_cap, "data.train: %s", msg);
         goto out;
     }
-    if (write_config_copy(&t, msg, sizeof msg) != 0 ||
-        jsonl_open(&t, t.st.step, o->resume_ckpt == NULL, msg, sizeof msg) != 0) {
+    if (dist_is_root() && /* rank 0 alone writes the run's files */
+        (write_config_copy(&t, msg, sizeof msg) != 0 ||
+         jsonl_open(&t, t.st.step, o->resume_ckpt == NULL, msg, sizeof msg) != 0)) {
         fail(err_kind, TRAIN_ERR_RUNTIME, err, err_cap, "%s", msg);
         goto out;
     }
