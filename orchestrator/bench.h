@@ -16,7 +16,8 @@
  *
  * Memory bandwidth is the better of a vectorised read-only sum and a STREAM
  * triad (a = b + s*c) over buffers of 128 MiB each, on all benchmark
- * threads. Decode reads every weight once per step, so
+ * threads, measured right before and right after the single-sequence decode
+ * (the better of the two counts: on a shared machine it varies). Decode reads every weight once per step, so
  *     decode_bw_fraction = weight bytes * single-sequence steps/s / bandwidth
  * with weight bytes = 4 * (N + width) (one position-embedding row).
  *

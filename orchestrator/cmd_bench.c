@@ -48,8 +48,10 @@ static void usage(void) {
         "  sequences decoding together (each after a --decode-prompt (32) token\n"
         "  prompt; median of --decode-steps (64) steps); mem_bw_gb_per_s: the\n"
         "  better of a vectorised read-only sum and a STREAM triad over 3 x 128\n"
-        "  MiB on all threads; decode_bw_fraction = weight bytes per step *\n"
-        "  single-sequence steps/s / mem_bw (weight bytes = 4*(N + width)).\n"
+        "  MiB on all threads, measured right before and after the single-\n"
+        "  sequence decode (the better counts); decode_bw_fraction = weight\n"
+        "  bytes per step * single-sequence steps/s / mem_bw (weight bytes =\n"
+        "  4*(N + width)).\n"
         "\n"
         "Exit status: 0 done, 1 engine failure, 2 bad usage, config or engine.\n",
         BENCH_DEFAULT_CONFIG);
@@ -166,6 +168,19 @@ int cmd_bench(int argc, char **argv) {
     snprintf(options_buf, sizeof options_buf, "%s", options ? options : "");
     config_free(cfg);
 
+    if (train && seq > model.context) {
+        util_error("bench train: --seq %u exceeds the model context %u", seq,
+                   model.context);
+        return ORCH_EXIT_USAGE;
+    }
+    if (!train && (prompt == 0 || dprompt == 0 || dsteps == 0 ||
+                   (uint64_t)dprompt + dsteps + 1 > model.context)) {
+        util_error("bench infer: --prompt, --decode-prompt and --decode-steps must "
+                   "be > 0 and decode-prompt + decode-steps must stay below the "
+                   "model context %u",
+                   model.context);
+        return ORCH_EXIT_USAGE;
+    }
     engine_handle h;
     if (engine_load(engine_buf, &h, err, sizeof err) != 0) {
         util_error("%s", err);

@@ -15,7 +15,9 @@
  *   - copy-on-write with kv_copy_blocks;
  *   - bit-identical results for the same seed and thread count;
  *   - every bad call returns an error status with a message and changes
- *     nothing.
+ *     nothing;
+ *   - the benchmark code behind `orch bench` (orchestrator/bench.c) on a tiny
+ *     model: the FLOPs formula, and that every reported figure is sane.
  * The engine is loaded like orch loads it ("cpu" through $ORCH_ENGINE_PATH,
  * which run_tests.sh points at the build directory).
  */
@@ -27,6 +29,7 @@
 #include <string.h>
 
 #include "engine_api/orch_engine.h"
+#include "orchestrator/bench.h"
 #include "orchestrator/engine_loader.h"
 
 #define FIXTURE "tests/fixtures/cpu_gpt2_tiny.safetensors"
@@ -566,6 +569,44 @@ START_TEST(test_kv_equivalence) {
 }
 END_TEST
 
+
+START_TEST(test_kv_long_prefill) {
+    /* Chunks longer than the engine's 64-row attention blocks, and a chunk
+     * that starts mid-sequence, against one full forward. */
+    const uint32_t T = 150, V = 53;
+    orch_model_desc m = model_of(V, 160, 2, 2, 16, 0);
+    orch_engine_ctx *ctx = make_ctx(&m, 0, 3, variants[_i]);
+    fill_random_params(ctx, 12);
+    ck_assert_int_eq(A->kv_configure(ctx, 16, 24), ORCH_OK);
+    int32_t tok[150], ta[10], tb[10];
+    for (uint32_t k = 0; k < T; k++) tok[k] = (int32_t)((k * 7919u + 3u) % V);
+    for (int b = 0; b < 10; b++) {
+        ta[b] = b;
+        tb[b] = 23 - b;
+    }
+    float *ref = malloc((size_t)T * V * sizeof(float));
+    float *got = malloc((size_t)T * V * sizeof(float));
+    orch_seq_input s = seq_of(tok, T, 0, ta, 10, ORCH_LOGITS_ALL);
+    ck_assert_int_eq(run_batch(ctx, &s, 1, ref, (uint64_t)T * V), ORCH_OK);
+    s = seq_of(tok, 100, 0, tb, 7, ORCH_LOGITS_ALL);
+    ck_assert_int_eq(run_batch(ctx, &s, 1, got, (uint64_t)T * V), ORCH_OK);
+    s = seq_of(tok + 100, 40, 100, tb, 9, ORCH_LOGITS_ALL);
+    ck_assert_int_eq(run_batch(ctx, &s, 1, got + (size_t)100 * V, (uint64_t)40 * V),
+                     ORCH_OK);
+    for (uint32_t k = 140; k < T; k++) {
+        s = seq_of(tok + k, 1, k, tb, 10, ORCH_LOGITS_LAST);
+        ck_assert_int_eq(run_batch(ctx, &s, 1, got + (size_t)k * V, V), ORCH_OK);
+    }
+    double worst = 0.0;
+    for (size_t i = 0; i < (size_t)T * V; i++) worst = fmax(worst, fabs((double)got[i] - ref[i]));
+    ck_assert_msg(worst <= 1e-5, "[%s] chunked vs full logits differ by %g", variants[_i],
+                  worst);
+    free(ref);
+    free(got);
+    A->context_destroy(ctx);
+}
+END_TEST
+
 START_TEST(test_kv_copy_on_write) {
     orch_model_desc m = model_of(KV_V, KV_T, 2, 2, 16, 0);
     orch_engine_ctx *ctx = make_ctx(&m, 0, 3, NULL);
@@ -925,6 +966,48 @@ START_TEST(test_bad_calls) {
 }
 END_TEST
 
+
+/* ------------------------------------------------------------------------- */
+/* orch bench (orchestrator/bench.c)                                          */
+/* ------------------------------------------------------------------------- */
+
+START_TEST(test_bench_formula) {
+    /* GPT-2 124M: 124,439,808 parameters, 786,432 of them in wpe. */
+    orch_model_desc m = model_of(50257, 1024, 12, 12, 768, 3072);
+    uint64_t all = 0, no_wpe = 0;
+    double f = bench_train_flops_per_token(&m, 64, &all, &no_wpe);
+    ck_assert_uint_eq(all, 124439808u);
+    ck_assert_uint_eq(no_wpe, 124439808u - 786432u);
+    ck_assert(f == 6.0 * (124439808.0 - 786432.0) + 12.0 * 12 * 64 * 768);
+}
+END_TEST
+
+START_TEST(test_bench_runs) {
+    orch_model_desc m = model_of(97, 64, 2, 2, 32, 0);
+    char err[512];
+    bench_train_opts to = {2, 16, 2, 1, 2, 1, NULL};
+    bench_train_result tr;
+    ck_assert_msg(bench_train(&H, &m, &to, &tr, err, sizeof err) == 0, "%s", err);
+    ck_assert(tr.tokens_per_s > 0 && tr.ms_per_step > 0 && tr.model_gflops_per_s > 0);
+    ck_assert_msg(tr.sgemm_peak_gflops_per_s > 0 && tr.mfu > 0,
+                  "the cpu engine brings OpenBLAS: the peak must be measured");
+    ck_assert(fabs(tr.tokens_per_s * tr.ms_per_step / 1e3 - 32.0) < 1e-6);
+    ck_assert(isfinite(tr.first_loss) && isfinite(tr.last_loss));
+    bench_infer_opts io = {40, 8, 4, 4, 2, 1, NULL};
+    bench_infer_result ir;
+    ck_assert_msg(bench_infer(&H, &m, &io, &ir, err, sizeof err) == 0, "%s", err);
+    ck_assert(ir.prefill_tokens_per_s > 0 && ir.mem_bw_gb_per_s > 0);
+    for (int k = 0; k < BENCH_DECODE_BATCHES; k++) ck_assert(ir.decode_tokens_per_s[k] > 0);
+    ck_assert(ir.mem_bw_gb_per_s == fmax(ir.read_gb_per_s, ir.triad_gb_per_s));
+    ck_assert(fabs(ir.decode_bw_fraction - ir.weight_bytes * ir.decode_tokens_per_s[0] /
+                                               (ir.mem_bw_gb_per_s * 1e9)) < 1e-9);
+    /* Bad shapes are refused with a message. */
+    bench_train_opts bad = {2, 65, 1, 0, 1, 1, NULL};
+    err[0] = 0;
+    ck_assert(bench_train(&H, &m, &bad, &tr, err, sizeof err) == -1 && err[0]);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("cpu_engine");
     TCase *tc = tcase_create("torch");
@@ -939,6 +1022,7 @@ static Suite *suite(void) {
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_gradient_check);
     tcase_add_loop_test(tc, test_kv_equivalence, 0, N_VARIANTS);
+    tcase_add_loop_test(tc, test_kv_long_prefill, 0, N_VARIANTS);
     tcase_add_test(tc, test_kv_copy_on_write);
     tcase_add_test(tc, test_determinism);
     tcase_add_test(tc, test_init_and_table);
@@ -949,6 +1033,12 @@ static Suite *suite(void) {
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_bad_create);
     tcase_add_test(tc, test_bad_calls);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("bench");
+    tcase_add_unchecked_fixture(tc, load_engine, unload_engine);
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_bench_formula);
+    tcase_add_test(tc, test_bench_runs);
     suite_add_tcase(s, tc);
     return s;
 }

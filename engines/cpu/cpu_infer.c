@@ -4,9 +4,10 @@
  *
  * All new tokens of the batch form one [N, C] activation matrix, so each
  * weight matrix is read once per forward whatever the number of sequences:
- * with N <= skinny_max rows (decoding) the product runs on the packed skinny
- * kernel (bandwidth-bound for one sequence, FMA-bound for 16), otherwise on
- * OpenBLAS sgemm split across the pool.
+ * with N <= skinny_max rows (decoding, short chunks; engine option skinny,
+ * default 64) the product runs on the packed kernel (bandwidth-bound for one
+ * sequence, FMA-bound for 16), otherwise on OpenBLAS sgemm split across the
+ * pool.
  *
  * KV pool layout: block b holds, for every layer l, K then V of block_size
  * positions, each position C floats (all heads):
@@ -24,8 +25,10 @@
 
 #include "engines/cpu/cpu_internal.h"
 
-/* Chunks of at least this many new tokens attend with sgemm. */
+/* Chunks of at least this many new tokens attend with sgemm, in blocks of
+ * ATTN_ROW_BLOCK query rows (each block skips the keys it cannot see). */
 #define ATTN_GEMM_MIN 8
+#define ATTN_ROW_BLOCK 64
 
 static const orch_seq_input *seq_at(const orch_infer_batch *b, uint32_t i) {
     return (const orch_seq_input *)(const void *)((const char *)b->seqs +
@@ -268,21 +271,25 @@ typedef struct pack_item {
     const float *w;
     float *wp;
     size_t N, K;
+    size_t first_chunk; /* chunks of PACK_PANELS panels, numbered across items */
 } pack_item;
+
+#define PACK_PANELS 32
 
 typedef struct pack_job {
     pack_item *items;
     size_t n;
 } pack_job;
 
-static void pack_run(void *arg, int tid, int nth) {
+static void pack_chunk(void *arg, size_t c, int tid) {
+    (void)tid;
     const pack_job *j = arg;
-    for (size_t i = 0; i < j->n; i++) {
-        size_t p0, p1;
-        cpu_pool_range(cpu_panel_count(j->items[i].N), tid, nth, 1, &p0, &p1);
-        cpu_pack_panels(j->items[i].N, j->items[i].K, j->items[i].w,
-                        j->items[i].wp, p0, p1);
-    }
+    size_t i = 0;
+    while (i + 1 < j->n && j->items[i + 1].first_chunk <= c) i++;
+    const pack_item *it = &j->items[i];
+    size_t p0 = (c - it->first_chunk) * PACK_PANELS, np = cpu_panel_count(it->N);
+    size_t p1 = p0 + PACK_PANELS < np ? p0 + PACK_PANELS : np;
+    cpu_pack_panels(it->N, it->K, it->w, it->wp, p0, p1);
 }
 
 /* Build the packed copy of every weight matrix (once after each change of
@@ -321,16 +328,21 @@ static int32_t packed_ensure(orch_engine_ctx *ctx) {
     if (!items)
         return cpu_fail(ctx, ORCH_ERR_OUT_OF_MEMORY, "infer_forward: out of memory");
     size_t n = 0;
-    items[n++] = (pack_item){ctx->pv.wte, ctx->packed_wte, ctx->V, C};
+    items[n++] = (pack_item){ctx->pv.wte, ctx->packed_wte, ctx->V, C, 0};
     for (size_t l = 0; l < L; l++) {
         const cpu_layer_view *w = &ctx->pv.layer[l];
         const float *src[4] = {w->qkv_w, w->ap_w, w->fc_w, w->mp_w};
         for (size_t k = 0; k < 4; k++)
             items[n++] = (pack_item){src[k], ctx->packed_layer[l * 4 + k],
-                                     sizes[k][0], sizes[k][1]};
+                                     sizes[k][0], sizes[k][1], 0};
+    }
+    size_t chunks = 0;
+    for (size_t i = 0; i < n; i++) {
+        items[i].first_chunk = chunks;
+        chunks += (cpu_panel_count(items[i].N) + PACK_PANELS - 1) / PACK_PANELS;
     }
     pack_job j = {items, n};
-    cpu_pool_run(ctx->pool, pack_run, &j);
+    cpu_pool_for(ctx->pool, chunks, pack_chunk, &j);
     free(items);
     ctx->packed_valid = 1;
     return ORCH_OK;
@@ -348,21 +360,22 @@ typedef struct fwd_state {
     const uint32_t *pos;     /* [N] positions */
     size_t N;
     uint32_t layer;
-    double total_cost;
+    size_t row_chunks;
+    uint32_t *order; /* attention tasks, most expensive first */
 } fwd_state;
 
-static void embed_run(void *arg, int tid, int nth) {
+#define ROW_CHUNKS 4
+
+static void embed_chunk(void *arg, size_t c, int tid) {
+    (void)tid;
     const fwd_state *f = arg;
     const orch_engine_ctx *ctx = f->ctx;
     const size_t C = ctx->C;
     size_t a, b;
-    cpu_pool_range(f->N, tid, nth, 1, &a, &b);
-    for (size_t r = a; r < b; r++) {
-        const float *te = ctx->pv.wte + (size_t)f->tokens[r] * C;
-        const float *pe = ctx->pv.wpe + (size_t)f->pos[r] * C;
-        float *o = ctx->inf.x + r * C;
-        for (size_t c = 0; c < C; c++) o[c] = te[c] + pe[c];
-    }
+    cpu_pool_range(f->N, (int)c, (int)f->row_chunks, 1, &a, &b);
+    for (size_t r = a; r < b; r++)
+        cpu_add(ctx->isa, ctx->pv.wte + (size_t)f->tokens[r] * C,
+                ctx->pv.wpe + (size_t)f->pos[r] * C, ctx->inf.x + r * C, C);
 }
 
 typedef struct rows_ln_job {
@@ -372,17 +385,19 @@ typedef struct rows_ln_job {
     const int32_t *index; /* NULL: rows 0..n-1 */
     size_t n;
     const float *w, *b;
+    size_t chunks;
 } rows_ln_job;
 
-static void rows_ln_run(void *arg, int tid, int nth) {
+static void rows_ln_chunk(void *arg, size_t c, int tid) {
+    (void)tid;
     const rows_ln_job *j = arg;
     const uint32_t C = j->ctx->C;
     size_t a, b;
-    cpu_pool_range(j->n, tid, nth, 1, &a, &b);
+    cpu_pool_range(j->n, (int)c, (int)j->chunks, 1, &a, &b);
     for (size_t r = a; r < b; r++) {
         size_t src = j->index ? (size_t)j->index[r] : r;
-        cpu_layernorm_rows(j->x + src * C, j->out + r * C, NULL, NULL, j->w,
-                           j->b, 0, 1, C, j->ctx->eps);
+        cpu_layernorm(j->ctx->isa, j->x + src * C, j->out + r * C, j->w, j->b, C,
+                      j->ctx->eps, NULL, NULL);
     }
 }
 
@@ -414,63 +429,67 @@ static void attn_task(const fwd_state *f, uint32_t si, uint32_t h,
             memcpy(Vg + (size_t)p * HS, kv_at(ctx, b, l, 1, p % bs) + h * HS,
                    HS * sizeof(float));
         }
-        cpu_sgemm1(0, 1, (int)n, (int)P, (int)HS, scale, qkv + h * HS,
-                   (int)(3 * C), Kg, (int)HS, 0.0f, S, (int)P);
-        for (uint32_t i = 0; i < n; i++) {
-            float *row = S + (size_t)i * P;
-            uint32_t valid = start + i + 1;
-            const float mx = cpu_max(ctx->isa, row, valid);
-            const float sum = cpu_exp_sum(ctx->isa, row, mx, valid);
-            cpu_scale(ctx->isa, row, 1.0f / sum, valid);
-            for (uint32_t j = valid; j < P; j++) row[j] = 0.0f;
+        /* Blocks of query rows attend only to the keys they can see. */
+        for (uint32_t i0 = 0; i0 < n; i0 += ATTN_ROW_BLOCK) {
+            const uint32_t i1 = i0 + ATTN_ROW_BLOCK < n ? i0 + ATTN_ROW_BLOCK : n;
+            const uint32_t rows = i1 - i0, Pc = start + i1;
+            cpu_sgemm1(0, 1, (int)rows, (int)Pc, (int)HS, scale,
+                       qkv + (size_t)i0 * 3 * C + h * HS, (int)(3 * C), Kg,
+                       (int)HS, 0.0f, S, (int)Pc);
+            for (uint32_t i = i0; i < i1; i++) {
+                float *row = S + (size_t)(i - i0) * Pc;
+                uint32_t valid = start + i + 1;
+                const float mx = cpu_max(ctx->isa, row, valid);
+                const float sum = cpu_exp_sum(ctx->isa, row, mx, valid);
+                cpu_scale(ctx->isa, row, 1.0f / sum, valid);
+                for (uint32_t j = valid; j < Pc; j++) row[j] = 0.0f;
+            }
+            cpu_sgemm1(0, 0, (int)rows, (int)HS, (int)Pc, 1.0f, S, (int)Pc, Vg,
+                       (int)HS, 0.0f, out + (size_t)i0 * C, (int)C);
         }
-        cpu_sgemm1(0, 0, (int)n, (int)HS, (int)P, 1.0f, S, (int)P, Vg, (int)HS,
-                   0.0f, out, (int)C);
         return;
     }
-    float *sc = scratch;
+    /* Short chunks (decoding): pointers to each position's K and V. */
+    const float **kp = (const float **)(void *)scratch;
+    const float **vp = kp + P;
+    float *sc = (float *)(void *)(vp + P);
+    for (uint32_t p = 0; p < P; p++) {
+        uint32_t b = (uint32_t)s->block_table[p / bs];
+        kp[p] = kv_at(ctx, b, l, 0, p % bs) + h * HS;
+        vp[p] = kv_at(ctx, b, l, 1, p % bs) + h * HS;
+    }
     for (uint32_t i = 0; i < n; i++) {
         const float *q = qkv + (size_t)i * 3 * C + h * HS;
         uint32_t valid = start + i + 1;
-        float mx = -INFINITY;
-        for (uint32_t p = 0; p < valid; p++) {
-            uint32_t b = (uint32_t)s->block_table[p / bs];
-            sc[p] = cpu_dot(ctx->isa, q, kv_at(ctx, b, l, 0, p % bs) + h * HS,
-                            HS) *
-                    scale;
-            mx = sc[p] > mx ? sc[p] : mx;
-        }
-        float inv = 1.0f / cpu_exp_sum(ctx->isa, sc, mx, valid);
-        float *o = out + (size_t)i * C;
-        memset(o, 0, HS * sizeof(float));
-        for (uint32_t p = 0; p < valid; p++) {
-            uint32_t b = (uint32_t)s->block_table[p / bs];
-            cpu_axpy(ctx->isa, sc[p] * inv,
-                     kv_at(ctx, b, l, 1, p % bs) + h * HS, o, HS);
-        }
+        cpu_attn_scores(ctx->isa, q, kp, valid, HS, scale, sc);
+        const float mx = cpu_max(ctx->isa, sc, valid);
+        cpu_scale(ctx->isa, sc, 1.0f / cpu_exp_sum(ctx->isa, sc, mx, valid), valid);
+        cpu_attn_mix(ctx->isa, sc, vp, valid, HS, out + (size_t)i * C);
     }
 }
 
 static double task_cost(const orch_seq_input *s) {
-    return (double)s->n_tokens * ((double)s->start_pos + s->n_tokens) + 64.0;
+    return (double)s->n_tokens * ((double)s->start_pos + s->n_tokens);
 }
 
-/* Tasks (sequence, head) in order, split by cumulative cost. */
-static void attn_run(void *arg, int tid, int nth) {
+/* One chunk = one (sequence, head) task, taken most expensive first. */
+static void attn_chunk(void *arg, size_t c, int tid) {
     const fwd_state *f = arg;
     const uint32_t NH = f->ctx->NH;
-    float *scratch = f->ctx->inf.att + (size_t)tid * f->ctx->inf.att_per_thread;
-    double cum = 0.0;
-    for (uint32_t si = 0; si < f->batch->n_seqs; si++) {
-        double c = task_cost(seq_at(f->batch, si));
-        for (uint32_t h = 0; h < NH; h++) {
-            double mid = cum + 0.5 * c;
-            int owner = (int)(mid * nth / f->total_cost);
-            if (owner >= nth) owner = nth - 1;
-            if (owner == tid) attn_task(f, si, h, scratch);
-            cum += c;
-        }
-    }
+    uint32_t si = f->order[c / NH];
+    attn_task(f, si, (uint32_t)(c % NH),
+              f->ctx->inf.att + (size_t)tid * f->ctx->inf.att_per_thread);
+}
+
+typedef struct task_key {
+    double cost;
+    uint32_t seq;
+} task_key;
+
+static int by_cost_desc(const void *a, const void *b) {
+    const task_key *x = a, *y = b;
+    if (x->cost != y->cost) return x->cost > y->cost ? -1 : 1;
+    return x->seq < y->seq ? -1 : x->seq > y->seq;
 }
 
 /* ------------------------------------------------------------------------- */
@@ -489,9 +508,10 @@ int32_t cpu_infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *batch,
     for (uint32_t i = 0; i < batch->n_seqs; i++) {
         const orch_seq_input *s = seq_at(batch, i);
         size_t P = (size_t)s->start_pos + s->n_tokens;
+        /* gather + scores, or 2 pointers (4 floats' room) + a score each */
         size_t need = s->n_tokens >= ATTN_GEMM_MIN
-                          ? 2 * P * HS + (size_t)s->n_tokens * P
-                          : P;
+                          ? 2 * P * HS + (size_t)ATTN_ROW_BLOCK * P
+                          : 5 * P + 16;
         if (need > att) att = need;
     }
     if ((st = scratch_ensure(ctx, N, R, att)) != ORCH_OK) return st;
@@ -500,22 +520,26 @@ int32_t cpu_infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *batch,
     if ((skinny_layers || skinny_head) && (st = packed_ensure(ctx)) != ORCH_OK)
         return st;
 
-    /* Per-token tables (token ids, positions, first row of each sequence). */
+    /* Per-token tables (token ids, positions, first row of each sequence),
+     * and the attention tasks' order. */
     uint32_t *tok0 = malloc(batch->n_seqs * sizeof(uint32_t));
+    uint32_t *order = malloc(batch->n_seqs * sizeof(uint32_t));
+    task_key *keys = malloc(batch->n_seqs * sizeof(task_key));
     int32_t *toks = malloc(N * sizeof(int32_t));
     uint32_t *pos = malloc(N * sizeof(uint32_t));
-    if (!tok0 || !toks || !pos) {
+    if (!tok0 || !order || !keys || !toks || !pos) {
         free(tok0);
+        free(order);
+        free(keys);
         free(toks);
         free(pos);
         return cpu_fail(ctx, ORCH_ERR_OUT_OF_MEMORY, "infer_forward: out of memory");
     }
     size_t r = 0, row = 0;
-    double total_cost = 0.0;
     for (uint32_t i = 0; i < batch->n_seqs; i++) {
         const orch_seq_input *s = seq_at(batch, i);
         tok0[i] = (uint32_t)r;
-        total_cost += task_cost(s) * ctx->NH;
+        keys[i] = (task_key){task_cost(s), i};
         for (uint32_t k = 0; k < s->n_tokens; k++, r++) {
             toks[r] = s->tokens[k];
             pos[r] = s->start_pos + k;
@@ -526,23 +550,27 @@ int32_t cpu_infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *batch,
                 ctx->inf.row_index[row++] = (int32_t)r;
         }
     }
+    qsort(keys, batch->n_seqs, sizeof *keys, by_cost_desc);
+    for (uint32_t i = 0; i < batch->n_seqs; i++) order[i] = keys[i].seq;
+    free(keys);
 
-    fwd_state f = {ctx, batch, tok0, toks, pos, N, 0, total_cost};
+    const size_t row_chunks = cpu_pool_chunks(ctx->pool, N, 4, ROW_CHUNKS);
+    fwd_state f = {ctx, batch, tok0, toks, pos, N, 0, row_chunks, order};
     cpu_infer_scratch *sc = &ctx->inf;
-    cpu_pool_run(ctx->pool, embed_run, &f);
+    cpu_pool_for(ctx->pool, row_chunks, embed_chunk, &f);
     for (uint32_t l = 0; l < ctx->L; l++) {
         const cpu_layer_view *w = &ctx->pv.layer[l];
         float *const *pk = ctx->packed_layer ? ctx->packed_layer + l * 4 : NULL;
         f.layer = l;
-        rows_ln_job lj = {ctx, sc->x, sc->ln, NULL, N, w->ln1_w, w->ln1_b};
-        cpu_pool_run(ctx->pool, rows_ln_run, &lj);
+        rows_ln_job lj = {ctx, sc->x, sc->ln, NULL, N, w->ln1_w, w->ln1_b, row_chunks};
+        cpu_pool_for(ctx->pool, row_chunks, rows_ln_chunk, &lj);
         cpu_linear_fwd op = {.R = (int)N, .N = (int)(3 * C), .K = (int)C,
                              .in = sc->ln, .ldin = (int)C, .W = w->qkv_w,
                              .packed = skinny_layers ? pk[0] : NULL,
                              .bias = w->qkv_b, .out = sc->qkv,
                              .ldout = (int)(3 * C)};
         cpu_linear_forward(ctx, &op);
-        cpu_pool_run(ctx->pool, attn_run, &f);
+        cpu_pool_for(ctx->pool, (size_t)batch->n_seqs * ctx->NH, attn_chunk, &f);
         op = (cpu_linear_fwd){.R = (int)N, .N = (int)C, .K = (int)C,
                               .in = sc->atty, .ldin = (int)C, .W = w->ap_w,
                               .packed = skinny_layers ? pk[1] : NULL,
@@ -550,8 +578,8 @@ int32_t cpu_infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *batch,
                               .ldresid = (int)C, .out = sc->x,
                               .ldout = (int)C};
         cpu_linear_forward(ctx, &op);
-        lj = (rows_ln_job){ctx, sc->x, sc->ln, NULL, N, w->ln2_w, w->ln2_b};
-        cpu_pool_run(ctx->pool, rows_ln_run, &lj);
+        lj = (rows_ln_job){ctx, sc->x, sc->ln, NULL, N, w->ln2_w, w->ln2_b, row_chunks};
+        cpu_pool_for(ctx->pool, row_chunks, rows_ln_chunk, &lj);
         op = (cpu_linear_fwd){.R = (int)N, .N = (int)M, .K = (int)C,
                               .in = sc->ln, .ldin = (int)C, .W = w->fc_w,
                               .packed = skinny_layers ? pk[2] : NULL,
@@ -567,9 +595,9 @@ int32_t cpu_infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *batch,
         cpu_linear_forward(ctx, &op);
     }
     if (R > 0) {
-        rows_ln_job lj = {ctx, sc->x, sc->rows, sc->row_index, R,
-                          ctx->pv.lnf_w, ctx->pv.lnf_b};
-        cpu_pool_run(ctx->pool, rows_ln_run, &lj);
+        rows_ln_job lj = {ctx, sc->x, sc->rows, sc->row_index, R, ctx->pv.lnf_w,
+                          ctx->pv.lnf_b, cpu_pool_chunks(ctx->pool, R, 4, ROW_CHUNKS)};
+        cpu_pool_for(ctx->pool, lj.chunks, rows_ln_chunk, &lj);
         cpu_linear_fwd op = {.R = (int)R, .N = (int)ctx->V, .K = (int)C,
                              .in = sc->rows, .ldin = (int)C, .W = ctx->pv.wte,
                              .packed = skinny_head ? ctx->packed_wte : NULL,
@@ -577,6 +605,7 @@ int32_t cpu_infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *batch,
         cpu_linear_forward(ctx, &op);
     }
     free(tok0);
+    free(order);
     free(toks);
     free(pos);
     return ORCH_OK;

@@ -13,8 +13,8 @@
  * copy of the weight matrices for the skinny kernel).
  *
  * Threads: a context is driven by one caller thread at a time; heavy work
- * runs on the context's pool (cpu_pool), statically partitioned, with
- * OpenBLAS single-threaded inside each pool thread, so results are
+ * runs on the context's pool (cpu_pool) in chunks with fixed boundaries,
+ * with OpenBLAS single-threaded inside each pool thread, so results are
  * bit-identical for a given thread count.
  */
 #ifndef ORCH_CPU_INTERNAL_H
@@ -188,9 +188,9 @@ int32_t cpu_train_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
 int32_t cpu_train_optimizer_step(orch_engine_ctx *ctx,
                                  const orch_adamw_params *p, float *out_norm);
 void cpu_train_free(orch_engine_ctx *ctx);
-void cpu_layernorm_rows(const float *x, float *out, float *mean, float *rstd,
-                        const float *w, const float *b, size_t r0, size_t r1,
-                        uint32_t C, float eps);
+void cpu_layernorm_rows(int isa, const float *x, float *out, float *mean,
+                        float *rstd, const float *w, const float *b, size_t r0,
+                        size_t r1, uint32_t C, float eps);
 
 /* ---- cpu_infer.c ---- */
 int32_t cpu_infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *batch,

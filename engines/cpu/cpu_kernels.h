@@ -7,12 +7,14 @@
  *
  * Skinny products read weights from a packed copy: the rows of a row-major
  * [N, K] matrix W are grouped in panels of CPU_PANEL rows, each panel stored
- * k-major ([K][CPU_PANEL], zero-padded past N). A product of M <= ~16
- * activation rows then streams every weight once, contiguously, with no
- * horizontal sums: single-sequence decoding runs at memory bandwidth and a
- * 16-sequence batch close to the FMA peak. (OpenBLAS sgemm packs W on every
- * call and its gemv reaches about half the bandwidth, measured on this
- * machine; large products still go to OpenBLAS.)
+ * k-major ([K][CPU_PANEL], zero-padded past N). A product of a few
+ * activation rows (decoding, short prefill chunks) then streams every weight
+ * once, contiguously, with broadcast FMAs and no horizontal sums: one row
+ * runs at the read bandwidth of the machine, 16 rows near the FMA peak.
+ * Measured on this machine: OpenBLAS sgemv reaches ~44% of the bandwidth,
+ * and OpenBLAS sgemm (which packs W on every call, AVX2 kernel) reaches
+ * about half this kernel's speed at 16-64 rows. Training and long prefills
+ * stay on OpenBLAS.
  *
  * Threads: every function is reentrant; callers split work by panel or
  * element range. Memory: callers own all buffers. Errors: none (callers
@@ -25,6 +27,8 @@
 #include <stdint.h>
 
 #define CPU_PANEL 16
+/* Activation rows one tile of the packed kernel handles at once. */
+#define CPU_PACKED_TILE_ROWS 6
 
 enum { CPU_ISA_GENERIC = 0, CPU_ISA_AVX2 = 1, CPU_ISA_AVX512 = 2 };
 
@@ -76,11 +80,38 @@ void cpu_triad(int isa, float *a, const float *b, const float *c, float s, size_
  * gelu may alias x. */
 void cpu_gelu(int isa, const float *x, float *th, float *gelu, size_t n);
 
+/* d[i] *= GELU'(x[i]) given th[i] = tanh(u) from the forward. */
+void cpu_gelu_backward(int isa, float *d, const float *x, const float *th,
+                       size_t n);
+
+/* out[i] = a[i] + b[i] (b may be NULL: a copy). out may alias a. */
+void cpu_add(int isa, const float *a, const float *b, float *out, size_t n);
+
+/* LayerNorm of one row of n values: two passes (mean, then variance of
+ * x - mean), out = (x - mean) * rstd * w + b; mean/rstd may be NULL. */
+void cpu_layernorm(int isa, const float *x, float *out, const float *w,
+                   const float *b, size_t n, float eps, float *mean,
+                   float *rstd);
+
+/* LayerNorm backward of one row: dx += rstd * (dy*w - mean(dy*w)
+ * - xhat * mean(dy*w*xhat)), xhat = (x - mean) * rstd. */
+void cpu_layernorm_backward(int isa, const float *dy, const float *x,
+                            const float *w, float mean, float rstd, float *dx,
+                            size_t n);
+
 /* Softmax helpers over one row: the maximum; x[i] = exp(x[i] - shift)
  * returning the sum (fixed order); x[i] *= a. */
 float cpu_max(int isa, const float *x, size_t n);
 float cpu_exp_sum(int isa, float *x, float shift, size_t n);
 void cpu_scale(int isa, float *x, float a, size_t n);
+
+/* Attention of one query over n positions whose head vectors (hs floats)
+ * are reached through pointers (KV blocks are not contiguous):
+ * scores: out[p] = scale * dot(q, k[p]);  mix: out = sum_p w[p] * v[p]. */
+void cpu_attn_scores(int isa, const float *q, const float *const *k, size_t n,
+                     size_t hs, float scale, float *out);
+void cpu_attn_mix(int isa, const float *w, const float *const *v, size_t n,
+                  size_t hs, float *out);
 
 /* Dot product of n floats (fixed order for a given n). */
 float cpu_dot(int isa, const float *a, const float *b, size_t n);

@@ -3,10 +3,11 @@
  * backward of a linear layer (bias, residual and GELU fused in), on OpenBLAS
  * sgemm or, for a few rows, on the packed skinny kernel.
  *
- * Threading: OpenBLAS runs single-threaded; each pool thread calls sgemm on
- * its own static slice of the output (columns of the forward and of dX, rows
- * of dW), so no two threads touch the same output element and the split
- * depends only on the thread count (bit-identical results run to run).
+ * Threading: OpenBLAS runs single-threaded; the output is cut into chunks
+ * (columns of the forward and of dX, rows of dW) that pool threads take one
+ * at a time and compute with their own sgemm call. No two chunks touch the
+ * same output element and the cut depends only on the shapes and the thread
+ * count, so results are bit-identical run to run.
  */
 #include <cblas.h>
 #include <string.h>
@@ -27,9 +28,6 @@ void cpu_sgemm1(int trans_a, int trans_b, int M, int N, int K, float alpha,
 }
 
 /* GELU, tanh form, as torch.nn.functional.gelu(approximate='tanh'). */
-#define GELU_S 0.7978845608028654f /* sqrt(2/pi) */
-#define GELU_C 0.044715f
-
 /* Columns [c0, c1) of rows [0, R): GELU of out. */
 static void gelu_cols(int isa, const cpu_linear_fwd *op, size_t c0, size_t c1) {
     for (int r = 0; r < op->R; r++) {
@@ -44,20 +42,37 @@ static void gelu_cols(int isa, const cpu_linear_fwd *op, size_t c0, size_t c1) {
     }
 }
 
+/* Chunks per thread for the sgemm paths. Every chunk re-packs the shared
+ * operand inside OpenBLAS, so one chunk per thread is fastest here (2 per
+ * thread measured 2-3% slower on an idle machine and no faster with a
+ * competing process). Packed products have no such cost: more chunks than
+ * threads let a running thread take over from one the OS has descheduled,
+ * which matters for decoding on a shared machine. */
+#define SGEMM_CHUNKS_PER_THREAD 1
+#define SGEMM_MIN_COLS 64
+#define PACKED_CHUNKS_PER_THREAD 8
+#define PACKED_MIN_PANELS 8
+/* With more rows than one tile holds, the kernel prefetches the next panel
+ * group while computing; long chunks keep that pipeline full. */
+#define PACKED_WIDE_CHUNKS_PER_THREAD 2
+#define PACKED_WIDE_MIN_PANELS 32
+
 typedef struct linfwd_job {
     orch_engine_ctx *ctx;
     const cpu_linear_fwd *op;
     int packed;
+    size_t chunks;
 } linfwd_job;
 
-static void linfwd_run(void *arg, int tid, int nth) {
+static void linfwd_chunk(void *arg, size_t chunk, int tid) {
+    (void)tid;
     const linfwd_job *j = arg;
     const cpu_linear_fwd *op = j->op;
     const int has_gelu = op->gelu_inplace || op->gelu_out;
     size_t c0, c1;
     if (j->packed) {
         size_t p0, p1, np = cpu_panel_count((size_t)op->N);
-        cpu_pool_range(np, tid, nth, 4, &p0, &p1);
+        cpu_pool_range(np, (int)chunk, (int)j->chunks, 4, &p0, &p1);
         if (p0 >= p1) return;
         c0 = p0 * CPU_PANEL;
         c1 = p1 * CPU_PANEL < (size_t)op->N ? p1 * CPU_PANEL : (size_t)op->N;
@@ -74,16 +89,17 @@ static void linfwd_run(void *arg, int tid, int nth) {
                           op->in, (size_t)op->ldin, op->packed, op->bias,
                           op->out, (size_t)op->ldout, acc, p0, p1);
     } else {
-        cpu_pool_range((size_t)op->N, tid, nth, 16, &c0, &c1);
+        cpu_pool_range((size_t)op->N, (int)chunk, (int)j->chunks, 16, &c0, &c1);
         if (c0 >= c1) return;
         float beta = 0.0f;
         if (op->bias || op->resid) {
             for (int r = 0; r < op->R; r++) {
-                float *o = op->out + (size_t)r * op->ldout;
-                const float *rs =
-                    op->resid ? op->resid + (size_t)r * op->ldresid : NULL;
-                for (size_t c = c0; c < c1; c++)
-                    o[c] = (rs ? rs[c] : 0.0f) + (op->bias ? op->bias[c] : 0.0f);
+                float *o = op->out + (size_t)r * op->ldout + c0;
+                if (op->resid)
+                    cpu_add(j->ctx->isa, op->resid + (size_t)r * op->ldresid + c0,
+                            op->bias ? op->bias + c0 : NULL, o, c1 - c0);
+                else
+                    memcpy(o, op->bias + c0, (c1 - c0) * sizeof(float));
             }
             beta = 1.0f;
         }
@@ -96,55 +112,63 @@ static void linfwd_run(void *arg, int tid, int nth) {
 
 void cpu_linear_forward(orch_engine_ctx *ctx, const cpu_linear_fwd *op) {
     linfwd_job j = {ctx, op,
-                    op->packed != NULL && (uint32_t)op->R <= ctx->skinny_max};
-    cpu_pool_run(ctx->pool, linfwd_run, &j);
+                    op->packed != NULL && (uint32_t)op->R <= ctx->skinny_max, 1};
+    if (!j.packed)
+        j.chunks = cpu_pool_chunks(ctx->pool, (size_t)op->N, SGEMM_MIN_COLS,
+                                   SGEMM_CHUNKS_PER_THREAD);
+    else if (op->R > CPU_PACKED_TILE_ROWS)
+        j.chunks = cpu_pool_chunks(ctx->pool, cpu_panel_count((size_t)op->N),
+                                   PACKED_WIDE_MIN_PANELS,
+                                   PACKED_WIDE_CHUNKS_PER_THREAD);
+    else
+        j.chunks = cpu_pool_chunks(ctx->pool, cpu_panel_count((size_t)op->N),
+                                   PACKED_MIN_PANELS, PACKED_CHUNKS_PER_THREAD);
+    cpu_pool_for(ctx->pool, j.chunks, linfwd_chunk, &j);
 }
 
 typedef struct linbwd_job {
     const cpu_linear_bwd *op;
+    int isa;
+    size_t kx, kw; /* chunks of dX columns, then of dW rows */
 } linbwd_job;
 
-static void linbwd_run(void *arg, int tid, int nth) {
-    const cpu_linear_bwd *op = ((const linbwd_job *)arg)->op;
+static void linbwd_chunk(void *arg, size_t chunk, int tid) {
+    (void)tid;
+    const linbwd_job *j = arg;
+    const cpu_linear_bwd *op = j->op;
+    const int isa = j->isa;
     const int R = op->R, N = op->N, K = op->K;
     size_t a, b;
-    /* dX columns [a, b). */
-    if (op->din) {
-        cpu_pool_range((size_t)K, tid, nth, 16, &a, &b);
-        if (a < b) {
-            cpu_sgemm1(0, 0, R, (int)(b - a), N, 1.0f, op->dout, op->lddout,
-                       op->W + a, K, op->din_accumulate ? 1.0f : 0.0f,
-                       op->din + a, op->lddin);
-            if (op->gelu_x) {
-                for (int r = 0; r < R; r++) {
-                    float *d = op->din + (size_t)r * op->lddin;
-                    const float *x = op->gelu_x + (size_t)r * K;
-                    const float *t = op->gelu_tanh + (size_t)r * K;
-                    for (size_t c = a; c < b; c++) {
-                        float xv = x[c], th = t[c];
-                        float dg = 0.5f * (1.0f + th) +
-                                   0.5f * xv * (1.0f - th * th) * GELU_S *
-                                       (1.0f + 3.0f * GELU_C * xv * xv);
-                        d[c] *= dg;
-                    }
-                }
-            }
-        }
+    if (chunk < j->kx) { /* dX columns [a, b) */
+        cpu_pool_range((size_t)K, (int)chunk, (int)j->kx, 16, &a, &b);
+        if (a >= b) return;
+        cpu_sgemm1(0, 0, R, (int)(b - a), N, 1.0f, op->dout, op->lddout,
+                   op->W + a, K, op->din_accumulate ? 1.0f : 0.0f, op->din + a,
+                   op->lddin);
+        if (op->gelu_x)
+            for (int r = 0; r < R; r++)
+                cpu_gelu_backward(isa, op->din + (size_t)r * op->lddin + a,
+                                  op->gelu_x + (size_t)r * K + a,
+                                  op->gelu_tanh + (size_t)r * K + a, b - a);
+        return;
     }
     /* dW rows [a, b) and their bias. */
-    cpu_pool_range((size_t)N, tid, nth, 16, &a, &b);
+    cpu_pool_range((size_t)N, (int)(chunk - j->kx), (int)j->kw, 16, &a, &b);
     if (a >= b) return;
     cpu_sgemm1(1, 0, (int)(b - a), K, R, 1.0f, op->dout + a, op->lddout, op->in,
                op->ldin, 1.0f, op->dW + a * (size_t)K, K);
-    if (op->dbias) {
-        for (int r = 0; r < R; r++) {
-            const float *d = op->dout + (size_t)r * op->lddout;
-            for (size_t c = a; c < b; c++) op->dbias[c] += d[c];
-        }
-    }
+    if (op->dbias)
+        for (int r = 0; r < R; r++)
+            cpu_add(isa, op->dbias + a, op->dout + (size_t)r * op->lddout + a,
+                    op->dbias + a, b - a);
 }
 
 void cpu_linear_backward(orch_engine_ctx *ctx, const cpu_linear_bwd *op) {
-    linbwd_job j = {op};
-    cpu_pool_run(ctx->pool, linbwd_run, &j);
+    linbwd_job j = {op, ctx->isa, 0, 0};
+    if (op->din)
+        j.kx = cpu_pool_chunks(ctx->pool, (size_t)op->K, SGEMM_MIN_COLS,
+                               SGEMM_CHUNKS_PER_THREAD);
+    j.kw = cpu_pool_chunks(ctx->pool, (size_t)op->N, SGEMM_MIN_COLS,
+                           SGEMM_CHUNKS_PER_THREAD);
+    cpu_pool_for(ctx->pool, j.kx + j.kw, linbwd_chunk, &j);
 }

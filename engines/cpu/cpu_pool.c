@@ -25,10 +25,11 @@
 #define POOL_RELAX() ((void)0)
 #endif
 
-/* Spin iterations before sleeping: a few hundred microseconds. Jobs of a
- * forward pass follow each other within microseconds; between engine calls
- * the workers go to sleep. */
-#define POOL_SPIN 20000
+/* Spin iterations (a pause is ~25 ns here) before sleeping: about 40 us.
+ * Jobs of a forward pass follow each other within microseconds; a longer
+ * spin only burns a core that another process (or our own descheduled
+ * thread) could use. */
+#define POOL_SPIN 1600
 
 typedef struct pool_worker {
     cpu_pool *pool;
@@ -48,6 +49,7 @@ struct cpu_pool {
     _Atomic uint32_t remaining;       /* workers still running the job */
     _Atomic uint32_t sleepers;        /* workers asleep on gen */
     _Atomic uint32_t driver_sleeping; /* driver asleep on remaining */
+    _Atomic uint32_t parked;          /* 1: workers sleep without spinning */
 #if !POOL_HAVE_FUTEX
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -87,7 +89,8 @@ static void *pool_main(void *varg) {
         int spins = 0;
         while ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) ==
                seen) {
-            if (spins < POOL_SPIN) {
+            if (spins < POOL_SPIN && !atomic_load_explicit(&p->parked,
+                                                           memory_order_relaxed)) {
                 POOL_RELAX();
                 spins++;
                 continue;
@@ -127,6 +130,7 @@ cpu_pool *cpu_pool_create(int threads) {
     atomic_init(&p->remaining, 0);
     atomic_init(&p->sleepers, 0);
     atomic_init(&p->driver_sleeping, 0);
+    atomic_init(&p->parked, 1);
 #if !POOL_HAVE_FUTEX
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);
@@ -188,6 +192,7 @@ void cpu_pool_run(cpu_pool *p, cpu_pool_fn fn, void *arg) {
     }
     p->fn = fn;
     p->arg = arg;
+    atomic_store_explicit(&p->parked, 0, memory_order_relaxed);
     atomic_store(&p->remaining, (uint32_t)(p->nth - 1));
     atomic_fetch_add(&p->gen, 1); /* release: publishes fn/arg */
     if (atomic_load(&p->sleepers) > 0) pool_wake(p, &p->gen);
@@ -206,6 +211,47 @@ void cpu_pool_run(cpu_pool *p, cpu_pool_fn fn, void *arg) {
         if (r != 0) pool_wait(p, &p->remaining, r);
         atomic_store(&p->driver_sleeping, 0);
     }
+}
+
+typedef struct for_job {
+    cpu_chunk_fn fn;
+    void *arg;
+    size_t n;
+    _Atomic size_t next;
+} for_job;
+
+static void for_run(void *varg, int tid, int nth) {
+    (void)nth;
+    for_job *j = varg;
+    for (;;) {
+        size_t c = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+        if (c >= j->n) break;
+        j->fn(j->arg, c, tid);
+    }
+}
+
+void cpu_pool_for(cpu_pool *p, size_t n_chunks, cpu_chunk_fn fn, void *arg) {
+    if (n_chunks == 0) return;
+    if (p->nth == 1 || n_chunks == 1) {
+        for (size_t c = 0; c < n_chunks; c++) fn(arg, c, 0);
+        return;
+    }
+    for_job j = {fn, arg, n_chunks, 0};
+    atomic_init(&j.next, 0);
+    cpu_pool_run(p, for_run, &j);
+}
+
+size_t cpu_pool_chunks(const cpu_pool *p, size_t n, size_t min_items,
+                       size_t per_thread) {
+    if (min_items == 0) min_items = 1;
+    size_t k = (n + min_items - 1) / min_items;
+    size_t cap = per_thread * (size_t)p->nth;
+    if (k > cap) k = cap;
+    return k ? k : 1;
+}
+
+void cpu_pool_park(cpu_pool *p) {
+    if (p) atomic_store(&p->parked, 1);
 }
 
 void cpu_pool_range(size_t n, int tid, int nth, size_t align, size_t *lo,

@@ -8,10 +8,12 @@
  * then ln_f and the LM head tied to wte. Attention is causal multi-head with
  * scale 1/sqrt(head size); GELU is the tanh form.
  *
- * Every step is a pool job with a static split (rows, columns or (batch,head)
- * pairs by thread id) and every reduction has a fixed order, so the same
- * inputs and thread count give bit-identical losses and gradients. The loss
- * is summed over rows serially in double.
+ * Every step is a pool job cut into chunks (rows, columns, (batch, head)
+ * pairs, fixed-size pieces of the flat buffers) whose boundaries depend only
+ * on the shapes and the thread count; every reduction has a fixed order
+ * (per-chunk partials summed in chunk order, the loss summed over rows
+ * serially in double). The same inputs and thread count therefore give
+ * bit-identical losses and gradients.
  *
  * Memory: activations live in one allocation (ctx->acts) carved for the
  * (batch, seq_len) of the call and kept for the next call; the [B*T, V]
@@ -120,51 +122,44 @@ void cpu_train_free(orch_engine_ctx *ctx) {
 /* Row kernels                                                                */
 /* ------------------------------------------------------------------------- */
 
-void cpu_layernorm_rows(const float *x, float *out, float *mean, float *rstd,
-                        const float *w, const float *b, size_t r0, size_t r1,
-                        uint32_t C, float eps) {
-    for (size_t r = r0; r < r1; r++) {
-        const float *xr = x + r * C;
-        float *o = out + r * C;
-        double s = 0.0;
-        for (uint32_t c = 0; c < C; c++) s += xr[c];
-        double mu = s / C, var = 0.0;
-        for (uint32_t c = 0; c < C; c++) {
-            double d = xr[c] - mu;
-            var += d * d;
-        }
-        var /= C;
-        float m = (float)mu, rs = (float)(1.0 / sqrt(var + (double)eps));
-        for (uint32_t c = 0; c < C; c++) o[c] = (xr[c] - m) * rs * w[c] + b[c];
-        if (mean) {
-            mean[r] = m;
-            rstd[r] = rs;
-        }
-    }
+void cpu_layernorm_rows(int isa, const float *x, float *out, float *mean,
+                        float *rstd, const float *w, const float *b, size_t r0,
+                        size_t r1, uint32_t C, float eps) {
+    for (size_t r = r0; r < r1; r++)
+        cpu_layernorm(isa, x + r * C, out + r * C, w, b, C, eps,
+                      mean ? mean + r : NULL, rstd ? rstd + r : NULL);
 }
+
+/* Rows per chunk: at least ROW_MIN rows, ROW_CHUNKS chunks per thread. */
+#define ROW_MIN 4
+#define ROW_CHUNKS 4
 
 typedef struct ln_job {
     const float *x;
     float *out, *mean, *rstd;
     const float *w, *b;
-    size_t rows;
+    size_t rows, chunks;
     uint32_t C;
     float eps;
+    int isa;
 } ln_job;
 
-static void ln_run(void *arg, int tid, int nth) {
+static void ln_chunk(void *arg, size_t c, int tid) {
+    (void)tid;
     const ln_job *j = arg;
     size_t r0, r1;
-    cpu_pool_range(j->rows, tid, nth, 1, &r0, &r1);
-    cpu_layernorm_rows(j->x, j->out, j->mean, j->rstd, j->w, j->b, r0, r1, j->C,
-                       j->eps);
+    cpu_pool_range(j->rows, (int)c, (int)j->chunks, 1, &r0, &r1);
+    cpu_layernorm_rows(j->isa, j->x, j->out, j->mean, j->rstd, j->w, j->b, r0, r1,
+                       j->C, j->eps);
 }
 
 static void layernorm(orch_engine_ctx *ctx, const float *x, float *out,
                       float *mean, float *rstd, const float *w, const float *b,
                       size_t rows) {
-    ln_job j = {x, out, mean, rstd, w, b, rows, ctx->C, ctx->eps};
-    cpu_pool_run(ctx->pool, ln_run, &j);
+    ln_job j = {x, out, mean, rstd, w, b, rows,
+                cpu_pool_chunks(ctx->pool, rows, ROW_MIN, ROW_CHUNKS), ctx->C,
+                ctx->eps, ctx->isa};
+    cpu_pool_for(ctx->pool, j.chunks, ln_chunk, &j);
 }
 
 /* LayerNorm backward: dx += ..., dw += ..., db += ... (dy = upstream grad).
@@ -174,37 +169,29 @@ typedef struct lnb_job {
     float *dx, *dw, *db;
     size_t rows;
     uint32_t C;
+    int isa;
+    size_t kr, kc; /* chunks of dx rows, then of dw/db columns */
 } lnb_job;
 
-static void lnb_run(void *arg, int tid, int nth) {
+static void lnb_chunk(void *arg, size_t c, int tid) {
+    (void)tid;
     const lnb_job *j = arg;
     const uint32_t C = j->C;
-    size_t r0, r1, c0, c1;
-    cpu_pool_range(j->rows, tid, nth, 1, &r0, &r1);
-    for (size_t r = r0; r < r1; r++) {
-        const float *dy = j->dy + r * C, *x = j->x + r * C;
-        float *dx = j->dx + r * C;
-        const float m = j->mean[r], rs = j->rstd[r];
-        float s1 = 0.0f, s2 = 0.0f;
-        for (uint32_t c = 0; c < C; c++) {
-            float dn = dy[c] * j->w[c];
-            s1 += dn;
-            s2 += dn * ((x[c] - m) * rs);
-        }
-        s1 /= (float)C;
-        s2 /= (float)C;
-        for (uint32_t c = 0; c < C; c++) {
-            float xh = (x[c] - m) * rs;
-            dx[c] += rs * (dy[c] * j->w[c] - s1 - xh * s2);
-        }
+    size_t a, b;
+    if (c < j->kr) {
+        cpu_pool_range(j->rows, (int)c, (int)j->kr, 1, &a, &b);
+        for (size_t r = a; r < b; r++)
+            cpu_layernorm_backward(j->isa, j->dy + r * C, j->x + r * C, j->w,
+                                   j->mean[r], j->rstd[r], j->dx + r * C, C);
+        return;
     }
-    cpu_pool_range(C, tid, nth, 16, &c0, &c1);
+    cpu_pool_range(C, (int)(c - j->kr), (int)j->kc, 16, &a, &b);
     for (size_t r = 0; r < j->rows; r++) {
         const float *dy = j->dy + r * C, *x = j->x + r * C;
         const float m = j->mean[r], rs = j->rstd[r];
-        for (size_t c = c0; c < c1; c++) {
-            j->dw[c] += dy[c] * ((x[c] - m) * rs);
-            j->db[c] += dy[c];
+        for (size_t k = a; k < b; k++) {
+            j->dw[k] += dy[k] * ((x[k] - m) * rs);
+            j->db[k] += dy[k];
         }
     }
 }
@@ -213,8 +200,10 @@ static void layernorm_backward(orch_engine_ctx *ctx, const float *dy,
                                const float *x, const float *mean,
                                const float *rstd, const float *w, float *dx,
                                float *dw, float *db, size_t rows) {
-    lnb_job j = {dy, x, mean, rstd, w, dx, dw, db, rows, ctx->C};
-    cpu_pool_run(ctx->pool, lnb_run, &j);
+    lnb_job j = {dy, x, mean, rstd, w, dx, dw, db, rows, ctx->C, ctx->isa,
+                 cpu_pool_chunks(ctx->pool, rows, ROW_MIN, ROW_CHUNKS),
+                 cpu_pool_chunks(ctx->pool, ctx->C, 64, 2)};
+    cpu_pool_for(ctx->pool, j.kr + j.kc, lnb_chunk, &j);
 }
 
 /* ------------------------------------------------------------------------- */
@@ -228,34 +217,41 @@ typedef struct embed_job {
     size_t rows;
     float *out;
     const float *dres; /* backward when set */
+    size_t chunks;
 } embed_job;
 
-static void embed_run(void *arg, int tid, int nth) {
+static void embed_chunk(void *arg, size_t c, int tid) {
+    (void)tid;
     const embed_job *j = arg;
     const orch_engine_ctx *ctx = j->ctx;
     const size_t C = ctx->C;
     size_t a, b;
     if (!j->dres) {
-        cpu_pool_range(j->rows, tid, nth, 1, &a, &b);
-        for (size_t r = a; r < b; r++) {
-            const float *te = ctx->pv.wte + (size_t)j->tokens[r] * C;
-            const float *pe = ctx->pv.wpe + (r % j->T) * C;
-            float *o = j->out + r * C;
-            for (size_t c = 0; c < C; c++) o[c] = te[c] + pe[c];
-        }
+        cpu_pool_range(j->rows, (int)c, (int)j->chunks, 1, &a, &b);
+        for (size_t r = a; r < b; r++)
+            cpu_add(ctx->isa, ctx->pv.wte + (size_t)j->tokens[r] * C,
+                    ctx->pv.wpe + (r % j->T) * C, j->out + r * C, C);
         return;
     }
-    /* Backward by columns: no two threads add to the same element. */
-    cpu_pool_range(C, tid, nth, 16, &a, &b);
+    /* Backward by columns: no two chunks add to the same element. */
+    cpu_pool_range(C, (int)c, (int)j->chunks, 16, &a, &b);
     for (size_t r = 0; r < j->rows; r++) {
         float *te = ctx->gv.wte + (size_t)j->tokens[r] * C;
         float *pe = ctx->gv.wpe + (r % j->T) * C;
         const float *d = j->dres + r * C;
-        for (size_t c = a; c < b; c++) {
-            te[c] += d[c];
-            pe[c] += d[c];
+        for (size_t k = a; k < b; k++) {
+            te[k] += d[k];
+            pe[k] += d[k];
         }
     }
+}
+
+static void embed(orch_engine_ctx *ctx, const int32_t *tokens, uint32_t T,
+                  size_t rows, float *out, const float *dres) {
+    embed_job j = {ctx, tokens, T, rows, out, dres,
+                   dres ? cpu_pool_chunks(ctx->pool, ctx->C, 64, 2)
+                        : cpu_pool_chunks(ctx->pool, rows, ROW_MIN, ROW_CHUNKS)};
+    cpu_pool_for(ctx->pool, j.chunks, embed_chunk, &j);
 }
 
 /* ------------------------------------------------------------------------- */
@@ -314,18 +310,15 @@ static void attn_bwd_task(const attn_job *j, uint32_t b, uint32_t h,
     cpu_sgemm1(1, 0, T, HS, T, 1.0f, dS, T, q, 3 * C, 0.0f, dk, 3 * C);
 }
 
-static void attn_run(void *arg, int tid, int nth) {
+/* One chunk = one (batch row, head) task; scratch belongs to the thread. */
+static void attn_chunk(void *arg, size_t t, int tid) {
     const attn_job *j = arg;
     const uint32_t NH = j->ctx->NH;
-    size_t a, b;
-    cpu_pool_range((size_t)j->B * NH, tid, nth, 1, &a, &b);
-    float *dS = j->scratch + (size_t)tid * j->T * j->T;
-    for (size_t t = a; t < b; t++) {
-        if (j->datty)
-            attn_bwd_task(j, (uint32_t)(t / NH), (uint32_t)(t % NH), dS);
-        else
-            attn_fwd_task(j, (uint32_t)(t / NH), (uint32_t)(t % NH));
-    }
+    if (j->datty)
+        attn_bwd_task(j, (uint32_t)(t / NH), (uint32_t)(t % NH),
+                      j->scratch + (size_t)tid * j->T * j->T);
+    else
+        attn_fwd_task(j, (uint32_t)(t / NH), (uint32_t)(t % NH));
 }
 
 /* ------------------------------------------------------------------------- */
@@ -341,15 +334,17 @@ typedef struct ce_job {
     float dscale; /* grad_scale / counted targets; 0: loss only */
     int backward;
     int isa;
+    size_t chunks;
 } ce_job;
 
 /* Per row: loss = logsumexp(l) - l[y]; with backward the row becomes
  * dscale * (softmax(l) - onehot(y)) (zero for ignored rows). */
-static void ce_run(void *arg, int tid, int nth) {
+static void ce_chunk(void *arg, size_t c, int tid) {
+    (void)tid;
     const ce_job *j = arg;
     const uint32_t V = j->V;
     size_t r0, r1;
-    cpu_pool_range(j->rows, tid, nth, 1, &r0, &r1);
+    cpu_pool_range(j->rows, (int)c, (int)j->chunks, 1, &r0, &r1);
     for (size_t r = r0; r < r1; r++) {
         float *l = j->logits + r * V;
         int32_t y = j->targets[r];
@@ -391,8 +386,7 @@ int32_t cpu_train_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
     cpu_train_acts *a = &ctx->acts;
     const cpu_view *P = &ctx->pv;
 
-    embed_job ej = {ctx, tokens, T, BT, a->layer[0].res_in, NULL};
-    cpu_pool_run(ctx->pool, embed_run, &ej);
+    embed(ctx, tokens, T, BT, a->layer[0].res_in, NULL);
 
     for (uint32_t l = 0; l < ctx->L; l++) {
         cpu_layer_acts *la = &a->layer[l];
@@ -405,7 +399,7 @@ int32_t cpu_train_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
                             .out = la->qkv, .ldout = 3 * C};
         cpu_linear_forward(ctx, &f);
         attn_job aj = {ctx, la, B, T, NULL, NULL, NULL};
-        cpu_pool_run(ctx->pool, attn_run, &aj);
+        cpu_pool_for(ctx->pool, (size_t)B * ctx->NH, attn_chunk, &aj);
         f = (cpu_linear_fwd){.R = (int)BT, .N = C, .K = C, .in = la->atty,
                              .ldin = C, .W = w->ap_w, .bias = w->ap_b,
                              .resid = la->res_in, .ldresid = C,
@@ -431,8 +425,9 @@ int32_t cpu_train_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
                            .ldout = V};
     cpu_linear_forward(ctx, &head);
     ce_job cj = {a->logits, targets, a->row_loss, BT, ctx->V,
-                 grad_scale / (float)counted, backward, ctx->isa};
-    cpu_pool_run(ctx->pool, ce_run, &cj);
+                 grad_scale / (float)counted, backward, ctx->isa,
+                 cpu_pool_chunks(ctx->pool, BT, 1, ROW_CHUNKS)};
+    cpu_pool_for(ctx->pool, cj.chunks, ce_chunk, &cj);
     double total = 0.0;
     for (size_t r = 0; r < BT; r++) total += a->row_loss[r];
     *out_loss = (float)(total / (double)counted);
@@ -473,7 +468,7 @@ int32_t cpu_train_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
                              .dW = g->ap_w, .dbias = g->ap_b};
         cpu_linear_backward(ctx, &b);
         attn_job aj = {ctx, la, B, T, a->datty, a->dqkv, a->att_scratch};
-        cpu_pool_run(ctx->pool, attn_run, &aj);
+        cpu_pool_for(ctx->pool, (size_t)B * ctx->NH, attn_chunk, &aj);
         b = (cpu_linear_bwd){.R = (int)BT, .N = 3 * C, .K = C, .dout = a->dqkv,
                              .lddout = 3 * C, .in = la->ln1, .ldin = C,
                              .W = w->qkv_w, .din = a->dtmp, .lddin = C,
@@ -483,8 +478,7 @@ int32_t cpu_train_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
                            la->ln1_rstd, w->ln1_w, a->dres, g->ln1_w, g->ln1_b,
                            BT);
     }
-    embed_job eb = {ctx, tokens, T, BT, NULL, a->dres};
-    cpu_pool_run(ctx->pool, embed_run, &eb);
+    embed(ctx, tokens, T, BT, NULL, a->dres);
     return ORCH_OK;
 }
 
@@ -492,36 +486,41 @@ int32_t cpu_train_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
 /* Optimizer                                                                  */
 /* ------------------------------------------------------------------------- */
 
-#define MAX_POOL_THREADS 1024
+/* Fixed-size chunks of the flat buffers: the gradient norm is a sum of
+ * per-chunk partial sums in chunk order, the same for every thread count. */
+#define OPT_CHUNK ((size_t)1 << 18)
 
 typedef struct opt_job {
     orch_engine_ctx *ctx;
-    double partial[MAX_POOL_THREADS];
+    double *partial; /* [chunks] */
     float lr, wd;
     cpu_adamw_consts base;
 } opt_job;
 
-static void sumsq_run(void *arg, int tid, int nth) {
+static void sumsq_chunk(void *arg, size_t c, int tid) {
+    (void)tid;
     opt_job *j = arg;
-    size_t a, b;
-    cpu_pool_range(j->ctx->n_params, tid, nth, 16, &a, &b);
-    j->partial[tid] = a < b ? cpu_sumsq(j->ctx->isa, j->ctx->grads + a, b - a) : 0.0;
+    size_t a = c * OPT_CHUNK, b = a + OPT_CHUNK;
+    if (b > j->ctx->n_params) b = j->ctx->n_params;
+    j->partial[c] = cpu_sumsq(j->ctx->isa, j->ctx->grads + a, b - a);
 }
 
-static void adamw_run(void *arg, int tid, int nth) {
+static void adamw_chunk(void *arg, size_t c, int tid) {
+    (void)tid;
     opt_job *j = arg;
     orch_engine_ctx *ctx = j->ctx;
+    const size_t lo = c * OPT_CHUNK;
+    const size_t hi = lo + OPT_CHUNK < ctx->n_params ? lo + OPT_CHUNK : ctx->n_params;
     for (uint32_t t = 0; t < ctx->n_tensors; t++) {
         const cpu_tensor *ti = &ctx->tensors[t];
-        size_t a, b;
-        cpu_pool_range(ti->numel, tid, nth, 16, &a, &b);
+        size_t a = ti->offset > lo ? ti->offset : lo;
+        size_t b = ti->offset + ti->numel < hi ? ti->offset + ti->numel : hi;
         if (a >= b) continue;
-        cpu_adamw_consts c = j->base;
-        c.decay = (ti->flags & ORCH_TENSOR_FLAG_NO_DECAY) ? 1.0f
+        cpu_adamw_consts k = j->base;
+        k.decay = (ti->flags & ORCH_TENSOR_FLAG_NO_DECAY) ? 1.0f
                                                          : 1.0f - j->lr * j->wd;
-        size_t o = ti->offset + a;
-        cpu_adamw(ctx->isa, ctx->params + o, ctx->grads + o, ctx->adam_m + o,
-                  ctx->adam_v + o, b - a, &c);
+        cpu_adamw(ctx->isa, ctx->params + a, ctx->grads + a, ctx->adam_m + a,
+                  ctx->adam_v + a, b - a, &k);
     }
 }
 
@@ -529,37 +528,39 @@ int32_t cpu_train_optimizer_step(orch_engine_ctx *ctx,
                                  const orch_adamw_params *p, float *out_norm) {
     int32_t st = cpu_ensure_train_state(ctx);
     if (st != ORCH_OK) return st;
-    opt_job *j = calloc(1, sizeof *j);
-    if (!j) return cpu_fail(ctx, ORCH_ERR_OUT_OF_MEMORY, "optimizer_step: out of memory");
-    j->ctx = ctx;
-    cpu_pool_run(ctx->pool, sumsq_run, j);
+    const size_t chunks = (ctx->n_params + OPT_CHUNK - 1) / OPT_CHUNK;
+    opt_job j;
+    memset(&j, 0, sizeof j);
+    j.ctx = ctx;
+    j.partial = calloc(chunks ? chunks : 1, sizeof(double));
+    if (!j.partial)
+        return cpu_fail(ctx, ORCH_ERR_OUT_OF_MEMORY, "optimizer_step: out of memory");
+    cpu_pool_for(ctx->pool, chunks, sumsq_chunk, &j);
     double sq = 0.0;
-    for (int t = 0; t < ctx->threads; t++) sq += j->partial[t];
+    for (size_t c = 0; c < chunks; c++) sq += j.partial[c];
+    free(j.partial);
     double norm = sqrt(sq);
-    if (!isfinite(norm)) {
-        free(j);
+    if (!isfinite(norm))
         return cpu_fail(ctx, ORCH_ERR_NUMERIC,
                         "optimizer_step: gradient norm is not finite (NaN/Inf "
                         "gradients); nothing changed");
-    }
     float gscale = 1.0f;
     if (p->grad_clip > 0.0f && norm > (double)p->grad_clip)
         gscale = (float)((double)p->grad_clip / norm);
     const double t = (double)p->step;
     const double bc1 = 1.0 - pow((double)p->beta1, t);
     const double bc2 = 1.0 - pow((double)p->beta2, t);
-    j->lr = p->lr;
-    j->wd = p->weight_decay;
-    j->base.beta1 = p->beta1;
-    j->base.beta2 = p->beta2;
-    j->base.one_minus_beta1 = 1.0f - p->beta1;
-    j->base.one_minus_beta2 = 1.0f - p->beta2;
-    j->base.step_size = (float)((double)p->lr / bc1);
-    j->base.inv_bc2_sqrt = (float)(1.0 / sqrt(bc2));
-    j->base.eps = p->eps;
-    j->base.gscale = gscale;
-    cpu_pool_run(ctx->pool, adamw_run, j);
-    free(j);
+    j.lr = p->lr;
+    j.wd = p->weight_decay;
+    j.base.beta1 = p->beta1;
+    j.base.beta2 = p->beta2;
+    j.base.one_minus_beta1 = 1.0f - p->beta1;
+    j.base.one_minus_beta2 = 1.0f - p->beta2;
+    j.base.step_size = (float)((double)p->lr / bc1);
+    j.base.inv_bc2_sqrt = (float)(1.0 / sqrt(bc2));
+    j.base.eps = p->eps;
+    j.base.gscale = gscale;
+    cpu_pool_for(ctx->pool, chunks, adamw_chunk, &j);
     ctx->packed_valid = 0;
     if (out_norm) *out_norm = (float)norm;
     return ORCH_OK;
