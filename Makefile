@@ -51,6 +51,8 @@ MOCK_SRCS := $(wildcard engines/mock/*.c)
 CPU_SRCS := $(wildcard engines/cpu/*.c)
 CUDA_CU_SRCS := $(wildcard engines/cuda/*.cu)
 CUDA_C_SRCS := $(wildcard engines/cuda/*.c)
+# engine-side code shared by every engine (engines/common), linked into each .so
+COMMON_OBJS := $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard engines/common/*.c))
 
 NVCC := $(shell command -v nvcc 2>/dev/null || ( [ -x /usr/local/cuda/bin/nvcc ] && echo /usr/local/cuda/bin/nvcc ))
 CUDA_HOME ?= $(if $(NVCC),$(patsubst %/bin/nvcc,%,$(NVCC)),/usr/local/cuda)
@@ -95,17 +97,17 @@ $(BUILD)/obj/engines/%.o: engines/%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(ENGINE_CFLAGS) -c $< -o $@
 
-$(BUILD)/libengine_mock.so: $(patsubst %.c,$(BUILD)/obj/%.o,$(MOCK_SRCS))
+$(BUILD)/libengine_mock.so: $(patsubst %.c,$(BUILD)/obj/%.o,$(MOCK_SRCS)) $(COMMON_OBJS)
 	$(CC) $(LDFLAGS_COMMON) -shared -o $@ $^ -lm -lpthread
 
-$(BUILD)/libengine_cpu.so: $(patsubst %.c,$(BUILD)/obj/%.o,$(CPU_SRCS))
+$(BUILD)/libengine_cpu.so: $(patsubst %.c,$(BUILD)/obj/%.o,$(CPU_SRCS)) $(COMMON_OBJS)
 	$(CC) $(LDFLAGS_COMMON) -shared -o $@ $^ -lopenblas -lm -lpthread
 
 $(BUILD)/obj/engines/cuda/%.cu.o: engines/cuda/%.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) -c $< -o $@
 
-$(BUILD)/libengine_cuda.so: $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(CUDA_CU_SRCS)) $(patsubst %.c,$(BUILD)/obj/%.o,$(CUDA_C_SRCS))
+$(BUILD)/libengine_cuda.so: $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(CUDA_CU_SRCS)) $(patsubst %.c,$(BUILD)/obj/%.o,$(CUDA_C_SRCS)) $(COMMON_OBJS)
 	$(NVCC) -shared -o $@ $^ -L$(CUDA_HOME)/lib64 -lcublas -lcublasLt -lcudart -Xlinker -rpath,$(CUDA_HOME)/lib64
 
 $(BUILD)/tests/%: tests/%.c $(ORCH_LIB_OBJS)

@@ -26,9 +26,12 @@ if [ ! -x "$BUILD_DIR/tests/test_cuda_engine" ] || [ ! -f "$BUILD_DIR/libengine_
 fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-if ! "$CXX" -std=c++17 -O2 -g -fPIC -shared -fvisibility=hidden -Wall -Wextra \
+# engines/common is C11: compiled by the C compiler, linked in like the .so rule.
+if ! "${CC:-cc}" -std=c11 -O2 -g -fPIC -fvisibility=hidden -Wall -Wextra -D_GNU_SOURCE \
+    -I . -c engines/common/engine_common.c -o "$tmp/engine_common.o" ||
+   ! "$CXX" -std=c++17 -O2 -g -fPIC -shared -fvisibility=hidden -Wall -Wextra \
     -I tests/cuda_emu -I . -x c++ engines/cuda/*.cu tests/cuda_emu/emu.cpp \
-    -o "$tmp/libengine_cuda_emu.so"; then
+    -x none "$tmp/engine_common.o" -o "$tmp/libengine_cuda_emu.so"; then
   echo "cuda_emu: FAIL: the CUDA engine does not compile against the emulator"
   exit 1
 fi

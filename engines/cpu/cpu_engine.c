@@ -24,8 +24,9 @@
  * Initialisation (context_create): N(0, 0.02) for matrices and embeddings,
  * N(0, 0.02/sqrt(2*layers)) for attn.c_proj.weight and mlp.c_proj.weight,
  * zero biases, LayerNorm weights 1, drawn from one splitmix64 stream seeded
- * with opts->seed, tensors in table order, Box-Muller pairs - the same
- * numbers as the mock engine, computed in parallel (splitmix64 can jump).
+ * with opts->seed, tensors in table order, Box-Muller pairs, computed in
+ * parallel (splitmix64 can jump). The CUDA engine draws the same numbers; the
+ * mock engine seeds each tensor separately and differs.
  */
 #include <math.h>
 #include <pthread.h>
@@ -53,19 +54,6 @@ int32_t cpu_fail(orch_engine_ctx *ctx, int32_t status, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(ctx->last_error, sizeof ctx->last_error, fmt, ap);
     va_end(ap);
-    return status;
-}
-
-static int32_t fail_buf(char *err, uint32_t cap, int32_t status,
-                        const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-static int32_t fail_buf(char *err, uint32_t cap, int32_t status,
-                        const char *fmt, ...) {
-    if (err && cap) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, cap, fmt, ap);
-        va_end(ap);
-    }
     return status;
 }
 
@@ -107,19 +95,6 @@ typedef struct cpu_options {
     uint64_t max_batch_tokens;
 } cpu_options;
 
-static int parse_u64(const char *s, size_t len, uint64_t *out) {
-    if (len == 0 || len > 19) return -1;
-    uint64_t v = 0;
-    for (size_t i = 0; i < len; i++) {
-        if (s[i] < '0' || s[i] > '9') return -1;
-        v = v * 10u + (uint64_t)(s[i] - '0');
-    }
-    *out = v;
-    return 0;
-}
-
-static int is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
-
 static int key_is(const char *k, size_t klen, const char *name) {
     return strlen(name) == klen && memcmp(k, name, klen) == 0;
 }
@@ -127,29 +102,18 @@ static int key_is(const char *k, size_t klen, const char *name) {
 static int32_t parse_options(const char *s, cpu_options *o, char *err,
                              uint32_t cap) {
     if (!s) return ORCH_OK;
-    const char *p = s;
-    while (*p) {
-        while (*p && (*p == ',' || *p == ';' || is_space(*p))) p++;
-        if (!*p) break;
-        const char *start = p;
-        while (*p && *p != ',' && *p != ';') p++;
-        const char *end = p;
-        while (end > start && is_space(end[-1])) end--;
-        size_t len = (size_t)(end - start);
-        const char *eq = memchr(start, '=', len);
-        if (!eq)
-            return fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
-                            "cpu options: '%.*s' is not key=value", (int)len,
-                            start);
-        size_t klen = (size_t)(eq - start);
-        while (klen > 0 && is_space(start[klen - 1])) klen--;
-        const char *v = eq + 1;
-        while (v < end && is_space(*v)) v++;
-        size_t vlen = (size_t)(end - v);
+    engine_opt_item it;
+    while (engine_opts_next(&s, &it)) {
+        if (!it.has_eq)
+            return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+                                   "cpu options: '%.*s' is not key=value",
+                                   (int)it.item_len, it.item);
+        const char *start = it.key, *v = it.value;
+        size_t klen = it.key_len, vlen = it.value_len;
         uint64_t num = 0;
         if (key_is(start, klen, "threads")) {
-            if (parse_u64(v, vlen, &num) || num > CPU_MAX_THREADS)
-                return fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+            if (engine_parse_u64(v, vlen, &num) || num > CPU_MAX_THREADS)
+                return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
                                 "cpu options: threads '%.*s' is not an integer "
                                 "0..%u",
                                 (int)vlen, v, CPU_MAX_THREADS);
@@ -160,26 +124,26 @@ static int32_t parse_options(const char *s, cpu_options *o, char *err,
             else if (key_is(v, vlen, "avx2")) o->isa = CPU_ISA_AVX2;
             else if (key_is(v, vlen, "generic")) o->isa = CPU_ISA_GENERIC;
             else
-                return fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+                return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
                                 "cpu options: isa '%.*s' is not avx512, avx2 "
                                 "or generic",
                                 (int)vlen, v);
         } else if (key_is(start, klen, "skinny")) {
-            if (parse_u64(v, vlen, &num) || num > 1024)
-                return fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+            if (engine_parse_u64(v, vlen, &num) || num > 1024)
+                return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
                                 "cpu options: skinny '%.*s' is not an integer "
                                 "0..1024",
                                 (int)vlen, v);
             o->skinny = num;
         } else if (key_is(start, klen, "max_batch_tokens")) {
-            if (parse_u64(v, vlen, &num) || num == 0 || num > (1u << 24))
-                return fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+            if (engine_parse_u64(v, vlen, &num) || num == 0 || num > (1u << 24))
+                return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
                                 "cpu options: max_batch_tokens '%.*s' is not "
                                 "an integer 1..%u",
                                 (int)vlen, v, 1u << 24);
             o->max_batch_tokens = num;
         } else {
-            return fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+            return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
                             "cpu options: unknown option '%.*s' (the cpu "
                             "engine knows threads, isa, skinny, "
                             "max_batch_tokens)",
@@ -198,7 +162,7 @@ static int32_t model_normalise(const orch_model_desc *in, orch_model_desc *out,
     const uint32_t need =
         (uint32_t)(offsetof(orch_model_desc, width) + sizeof(uint32_t));
     if (in->struct_size < need)
-        return fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
                         "model description struct_size %u is too small (need "
                         "at least %u)",
                         in->struct_size, need);
@@ -207,12 +171,12 @@ static int32_t model_normalise(const orch_model_desc *in, orch_model_desc *out,
     memcpy(&m, in, in->struct_size < sizeof m ? in->struct_size : sizeof m);
     m.struct_size = sizeof m;
     if (m.arch == ORCH_ARCH_LLAMA)
-        return fail_buf(err, cap, ORCH_ERR_UNSUPPORTED,
+        return engine_fail_buf(err, cap, ORCH_ERR_UNSUPPORTED,
                         "model arch %u (llama) is not supported by the cpu "
                         "engine yet (gpt2 only)",
                         m.arch);
     if (m.arch != ORCH_ARCH_GPT2)
-        return fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
                         "model arch %u is unknown (gpt2 is %u)", m.arch,
                         (unsigned)ORCH_ARCH_GPT2);
     const struct {
@@ -223,33 +187,33 @@ static int32_t model_normalise(const orch_model_desc *in, orch_model_desc *out,
                 {"width", m.width},           {"mlp_width", m.mlp_width}};
     for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++) {
         if (dims[i].v == 0 && strcmp(dims[i].name, "mlp_width") != 0)
-            return fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+            return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
                             "model %s must be > 0", dims[i].name);
         if (dims[i].v > CPU_MAX_DIM)
-            return fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+            return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
                             "model %s %u exceeds the cpu engine's limit %u",
                             dims[i].name, dims[i].v, CPU_MAX_DIM);
     }
     if (m.layers > CPU_MAX_LAYERS)
-        return fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
                         "model layers %u exceeds the limit %u", m.layers,
                         CPU_MAX_LAYERS);
     if (m.width % m.heads != 0)
-        return fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
                         "model heads (%u) must divide width (%u)", m.heads,
                         m.width);
     if (m.kv_heads != 0 && m.kv_heads != m.heads)
-        return fail_buf(err, cap, ORCH_ERR_UNSUPPORTED,
+        return engine_fail_buf(err, cap, ORCH_ERR_UNSUPPORTED,
                         "model kv_heads %u differs from heads %u (grouped-query "
                         "attention is not supported for gpt2)",
                         m.kv_heads, m.heads);
     if (m.mlp_width == 0) m.mlp_width = 4u * m.width;
     if (m.mlp_width > CPU_MAX_DIM)
-        return fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
                         "model mlp_width %u exceeds the cpu engine's limit %u",
                         m.mlp_width, CPU_MAX_DIM);
     if (!(m.layernorm_eps >= 0.0f) || isinf(m.layernorm_eps))
-        return fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
                         "model layernorm_eps must be a finite value >= 0");
     if (m.layernorm_eps == 0.0f) m.layernorm_eps = 1e-5f;
     m.kv_heads = m.heads;
@@ -257,58 +221,18 @@ static int32_t model_normalise(const orch_model_desc *in, orch_model_desc *out,
     return ORCH_OK;
 }
 
-static void tensor_add(orch_engine_ctx *ctx, uint64_t *offset, const char *name,
-                       uint32_t ndim, uint64_t d0, uint64_t d1) {
-    cpu_tensor *t = &ctx->tensors[ctx->n_tensors++];
-    memset(t, 0, sizeof *t);
-    snprintf(t->name, sizeof t->name, "%s", name);
-    t->ndim = ndim;
-    t->shape[0] = d0;
-    t->shape[1] = ndim > 1 ? d1 : 0;
-    t->numel = ndim > 1 ? d0 * d1 : d0;
-    t->flags = ndim == 1 ? ORCH_TENSOR_FLAG_NO_DECAY : 0;
-    t->offset = *offset;
-    *offset += t->numel;
-}
+_Static_assert(L_COUNT == ENGINE_GPT2_PER_LAYER, "L_* follow the common table");
 
 static int32_t table_build(orch_engine_ctx *ctx) {
-    const uint64_t C = ctx->C, V = ctx->V, T = ctx->T, M = ctx->M;
-    uint32_t count = 4u + L_COUNT * ctx->L;
+    uint32_t count = engine_gpt2_tensor_count(ctx->L);
     ctx->tensors = calloc(count, sizeof *ctx->tensors);
     ctx->pv.layer = calloc(ctx->L, sizeof *ctx->pv.layer);
     ctx->gv.layer = calloc(ctx->L, sizeof *ctx->gv.layer);
     if (!ctx->tensors || !ctx->pv.layer || !ctx->gv.layer)
         return ORCH_ERR_OUT_OF_MEMORY;
-    uint64_t off = 0;
-    char name[ORCH_TENSOR_NAME_MAX];
-    tensor_add(ctx, &off, "wte.weight", 2, V, C);
-    tensor_add(ctx, &off, "wpe.weight", 2, T, C);
-    for (uint32_t i = 0; i < ctx->L; i++) {
-        static const struct {
-            const char *suffix;
-            uint32_t ndim;
-            int d0, d1; /* 1 = C, 3 = 3C, 4 = M */
-        } spec[L_COUNT] = {
-            {"ln_1.weight", 1, 1, 0},        {"ln_1.bias", 1, 1, 0},
-            {"attn.c_attn.weight", 2, 3, 1}, {"attn.c_attn.bias", 1, 3, 0},
-            {"attn.c_proj.weight", 2, 1, 1}, {"attn.c_proj.bias", 1, 1, 0},
-            {"ln_2.weight", 1, 1, 0},        {"ln_2.bias", 1, 1, 0},
-            {"mlp.c_fc.weight", 2, 4, 1},    {"mlp.c_fc.bias", 1, 4, 0},
-            {"mlp.c_proj.weight", 2, 1, 4},  {"mlp.c_proj.bias", 1, 1, 0},
-        };
-        for (int k = 0; k < L_COUNT; k++) {
-            uint64_t d[2];
-            for (int a = 0; a < 2; a++) {
-                int code = a == 0 ? spec[k].d0 : spec[k].d1;
-                d[a] = code == 1 ? C : code == 3 ? 3 * C : code == 4 ? M : 0;
-            }
-            snprintf(name, sizeof name, "h.%u.%s", i, spec[k].suffix);
-            tensor_add(ctx, &off, name, spec[k].ndim, d[0], d[1]);
-        }
-    }
-    tensor_add(ctx, &off, "ln_f.weight", 1, C, 0);
-    tensor_add(ctx, &off, "ln_f.bias", 1, C, 0);
-    ctx->n_params = off;
+    ctx->n_params = engine_gpt2_table_fill(ctx->tensors, ctx->L, ctx->V, ctx->T,
+                                           ctx->C, ctx->M);
+    ctx->n_tensors = count;
     return ORCH_OK;
 }
 
@@ -350,7 +274,7 @@ static int param_count(const orch_model_desc *m, uint64_t *out) {
 }
 
 /* ------------------------------------------------------------------------- */
-/* Initialisation (same stream as the mock engine)                            */
+/* Initialisation (same stream as the CUDA engine)                            */
 /* ------------------------------------------------------------------------- */
 
 static uint64_t splitmix_at(uint64_t seed, uint64_t k) {
@@ -437,12 +361,10 @@ static int32_t params_init(orch_engine_ctx *ctx, uint64_t seed) {
 static void kv_free(orch_engine_ctx *ctx) {
     free(ctx->kv);
     free(ctx->kv_written);
-    free(ctx->kv_mark_epoch);
-    free(ctx->kv_mark_seq);
-    free(ctx->kv_mark_lblock);
+    free(ctx->kv_marks);
     ctx->kv = NULL;
     ctx->kv_written = NULL;
-    ctx->kv_mark_epoch = ctx->kv_mark_seq = ctx->kv_mark_lblock = NULL;
+    ctx->kv_marks = NULL;
     ctx->kv_block_size = ctx->kv_num_blocks = 0;
     ctx->kv_epoch = 0;
 }
@@ -484,23 +406,12 @@ static int32_t cpu_context_create(const orch_model_desc *model,
                                   const orch_engine_options *opts,
                                   orch_engine_ctx **out_ctx, char *err,
                                   uint32_t err_cap) {
-    if (err && err_cap) err[0] = '\0';
-    if (!model || !out_ctx)
-        return fail_buf(err, err_cap, ORCH_ERR_INVALID_ARGUMENT,
-                        "context_create: %s is NULL",
-                        !model ? "model" : "out_ctx");
     orch_engine_options o;
-    memset(&o, 0, sizeof o);
-    if (opts) {
-        if (opts->struct_size < sizeof(uint32_t))
-            return fail_buf(err, err_cap, ORCH_ERR_INVALID_ARGUMENT,
-                            "engine options struct_size %u is too small",
-                            opts->struct_size);
-        memcpy(&o, opts, opts->struct_size < sizeof o ? opts->struct_size : sizeof o);
-    }
+    int32_t st = engine_create_args(model, opts, out_ctx, &o, err, err_cap);
+    if (st != ORCH_OK) return st;
     orch_model_desc m;
     memset(&m, 0, sizeof m);
-    int32_t st = model_normalise(model, &m, err, err_cap);
+    st = model_normalise(model, &m, err, err_cap);
     if (st != ORCH_OK) return st;
     cpu_options co = {0, 0, cpu_kernels_isa(), 64, 16384};
     const int best_isa = co.isa;
@@ -508,7 +419,7 @@ static int32_t cpu_context_create(const orch_model_desc *model,
     if (co.isa > best_isa) co.isa = best_isa;
     uint64_t threads = co.has_threads ? co.threads : o.threads;
     if (threads > CPU_MAX_THREADS)
-        return fail_buf(err, err_cap, ORCH_ERR_INVALID_ARGUMENT,
+        return engine_fail_buf(err, err_cap, ORCH_ERR_INVALID_ARGUMENT,
                         "threads %llu exceeds the limit %u",
                         (unsigned long long)threads, CPU_MAX_THREADS);
     if (threads == 0) threads = (uint64_t)cpu_pool_available_cpus();
@@ -516,12 +427,12 @@ static int32_t cpu_context_create(const orch_model_desc *model,
 
     uint64_t n_params;
     if (param_count(&m, &n_params) != 0 || n_params > SIZE_MAX / 16)
-        return fail_buf(err, err_cap, ORCH_ERR_OUT_OF_MEMORY,
+        return engine_fail_buf(err, err_cap, ORCH_ERR_OUT_OF_MEMORY,
                         "model too large (parameter count overflows)");
     long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
     if (pages > 0 && page > 0 &&
         n_params * sizeof(float) / (uint64_t)page > (uint64_t)pages)
-        return fail_buf(err, err_cap, ORCH_ERR_OUT_OF_MEMORY,
+        return engine_fail_buf(err, err_cap, ORCH_ERR_OUT_OF_MEMORY,
                         "model needs %llu bytes for its %llu parameters, more "
                         "than this machine's %llu bytes of memory",
                         (unsigned long long)(n_params * sizeof(float)),
@@ -530,7 +441,7 @@ static int32_t cpu_context_create(const orch_model_desc *model,
 
     orch_engine_ctx *ctx = calloc(1, sizeof *ctx);
     if (!ctx)
-        return fail_buf(err, err_cap, ORCH_ERR_OUT_OF_MEMORY,
+        return engine_fail_buf(err, err_cap, ORCH_ERR_OUT_OF_MEMORY,
                         "cannot allocate a context");
     ctx->V = m.vocab_size;
     ctx->T = m.context;
@@ -546,13 +457,13 @@ static int32_t cpu_context_create(const orch_model_desc *model,
     ctx->max_batch_tokens = (uint32_t)co.max_batch_tokens;
     if (table_build(ctx) != ORCH_OK) {
         cpu_context_destroy(ctx);
-        return fail_buf(err, err_cap, ORCH_ERR_OUT_OF_MEMORY,
+        return engine_fail_buf(err, err_cap, ORCH_ERR_OUT_OF_MEMORY,
                         "cannot allocate the tensor table");
     }
     void *p = NULL;
     if (posix_memalign(&p, 64, (size_t)ctx->n_params * sizeof(float)) != 0) {
         cpu_context_destroy(ctx);
-        return fail_buf(err, err_cap, ORCH_ERR_OUT_OF_MEMORY,
+        return engine_fail_buf(err, err_cap, ORCH_ERR_OUT_OF_MEMORY,
                         "cannot allocate %llu MiB for %llu parameters",
                         (unsigned long long)(ctx->n_params * 4 >> 20),
                         (unsigned long long)ctx->n_params);
@@ -563,14 +474,14 @@ static int32_t cpu_context_create(const orch_model_desc *model,
     ctx->pool = cpu_pool_create(ctx->threads);
     if (!ctx->pool) {
         cpu_context_destroy(ctx);
-        return fail_buf(err, err_cap, ORCH_ERR_OUT_OF_MEMORY,
+        return engine_fail_buf(err, err_cap, ORCH_ERR_OUT_OF_MEMORY,
                         "cannot start %d worker threads", (int)threads);
     }
     int32_t ist = params_init(ctx, o.seed);
     cpu_pool_park(ctx->pool);
     if (ist != ORCH_OK) {
         cpu_context_destroy(ctx);
-        return fail_buf(err, err_cap, ORCH_ERR_OUT_OF_MEMORY,
+        return engine_fail_buf(err, err_cap, ORCH_ERR_OUT_OF_MEMORY,
                         "out of memory initialising parameters");
     }
     *out_ctx = ctx;
@@ -587,16 +498,8 @@ static const char *cpu_last_error(const orch_engine_ctx *ctx) {
 
 static int32_t check_kind_index(orch_engine_ctx *ctx, const char *fn,
                                 uint32_t kind, uint32_t index) {
-    if (kind > ORCH_TENSOR_ADAM_V)
-        return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                        "%s: tensor kind %u is unknown (0 param, 1 adam_m, 2 "
-                        "adam_v)",
-                        fn, kind);
-    if (index >= ctx->n_tensors)
-        return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                        "%s: tensor index %u out of range (table has %u)", fn,
-                        index, ctx->n_tensors);
-    return ORCH_OK;
+    return engine_check_kind_index(fn, kind, index, ctx->n_tensors,
+                                   ctx->last_error, sizeof ctx->last_error);
 }
 
 static int32_t cpu_tensor_count(orch_engine_ctx *ctx, uint32_t kind,
@@ -623,20 +526,7 @@ static int32_t cpu_tensor_info(orch_engine_ctx *ctx, uint32_t kind,
                         out->struct_size);
     int32_t st = check_kind_index(ctx, "tensor_info", kind, index);
     if (st) return st;
-    const cpu_tensor *t = &ctx->tensors[index];
-    orch_tensor_info info;
-    memset(&info, 0, sizeof info);
-    size_t n = out->struct_size < sizeof info ? out->struct_size : sizeof info;
-    info.struct_size = (uint32_t)n;
-    info.dtype = ORCH_DTYPE_F32;
-    info.ndim = t->ndim;
-    info.flags = t->flags;
-    info.shape[0] = t->shape[0];
-    info.shape[1] = t->shape[1];
-    info.numel = t->numel;
-    info.offset = t->offset;
-    memcpy(info.name, t->name, sizeof info.name);
-    memcpy(out, &info, n);
+    engine_tensor_info_fill(&ctx->tensors[index], out);
     return ORCH_OK;
 }
 
@@ -645,16 +535,8 @@ static int32_t check_tensor_io(orch_engine_ctx *ctx, const char *fn,
                                uint64_t bytes) {
     int32_t st = check_kind_index(ctx, fn, kind, index);
     if (st) return st;
-    const cpu_tensor *t = &ctx->tensors[index];
-    if (!buf)
-        return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT, "%s: buffer is NULL", fn);
-    if (bytes != t->numel * sizeof(float))
-        return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                        "%s: tensor %s needs %llu bytes (%llu f32), got %llu",
-                        fn, t->name,
-                        (unsigned long long)(t->numel * sizeof(float)),
-                        (unsigned long long)t->numel, (unsigned long long)bytes);
-    return ORCH_OK;
+    return engine_check_tensor_bytes(fn, &ctx->tensors[index], buf, bytes,
+                                     ctx->last_error, sizeof ctx->last_error);
 }
 
 static float *kind_buffer(orch_engine_ctx *ctx, uint32_t kind) {
@@ -762,37 +644,17 @@ static int32_t cpu_grads_write(orch_engine_ctx *ctx, uint64_t offset,
 static int32_t check_batch(orch_engine_ctx *ctx, const char *fn,
                            const int32_t *tokens, const int32_t *targets,
                            uint32_t batch, uint32_t seq_len) {
-    if (!tokens || !targets)
-        return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn,
-                        !tokens ? "tokens" : "targets");
-    if (batch == 0 || seq_len == 0)
-        return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                        "%s: batch (%u) and seq_len (%u) must be > 0", fn,
-                        batch, seq_len);
-    if (seq_len > ctx->T)
-        return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                        "%s: seq_len %u exceeds the model context %u", fn,
-                        seq_len, ctx->T);
+    int32_t st = engine_check_batch_shape(fn, tokens, targets, batch, seq_len,
+                                          ctx->T,
+                                          ctx->last_error, sizeof ctx->last_error);
+    if (st != ORCH_OK) return st;
     if ((uint64_t)batch * seq_len > (1u << 24))
         return cpu_fail(ctx, ORCH_ERR_CAPACITY,
                         "%s: batch %u x seq_len %u tokens exceeds the cpu "
                         "engine's limit of %u per call",
                         fn, batch, seq_len, 1u << 24);
-    const uint64_t n = (uint64_t)batch * seq_len;
-    const int32_t V = (int32_t)ctx->V;
-    for (uint64_t i = 0; i < n; i++) {
-        if (tokens[i] < 0 || tokens[i] >= V)
-            return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                            "%s: token %d at [%llu,%llu] outside 0..%d", fn,
-                            tokens[i], (unsigned long long)(i / seq_len),
-                            (unsigned long long)(i % seq_len), V - 1);
-        if (targets[i] < -1 || targets[i] >= V)
-            return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                            "%s: target %d at [%llu,%llu] outside -1..%d", fn,
-                            targets[i], (unsigned long long)(i / seq_len),
-                            (unsigned long long)(i % seq_len), V - 1);
-    }
-    return ORCH_OK;
+    return engine_check_batch_ids(fn, tokens, targets, batch, seq_len, ctx->V,
+                                  ctx->last_error, sizeof ctx->last_error);
 }
 
 static int32_t cpu_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
@@ -838,32 +700,12 @@ static int32_t cpu_optimizer_step(orch_engine_ctx *ctx,
                                   const orch_adamw_params *params,
                                   float *out_grad_norm) {
     ENTER(ctx);
-    if (!params)
-        return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                        "optimizer_step: params is NULL");
-    if (params->struct_size < sizeof(orch_adamw_params))
-        return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                        "optimizer_step: params struct_size %u is smaller than "
-                        "ABI 1.0's %zu",
-                        params->struct_size, sizeof(orch_adamw_params));
-    const orch_adamw_params p = *params;
-    if (p.step == 0)
-        return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                        "optimizer_step: step must be >= 1 (it is 1-based)");
-    if (!(p.lr >= 0.0f) || isinf(p.lr) || !(p.beta1 >= 0.0f && p.beta1 < 1.0f) ||
-        !(p.beta2 >= 0.0f && p.beta2 < 1.0f) || !(p.eps > 0.0f) ||
-        isinf(p.eps) || !(p.weight_decay >= 0.0f) || isinf(p.weight_decay) ||
-        !isfinite(p.grad_clip))
-        return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                        "optimizer_step: bad hyper-parameters (need finite lr "
-                        ">= 0, 0 <= beta1, beta2 < 1, eps > 0, weight_decay >= "
-                        "0, finite grad_clip): lr=%g beta1=%g beta2=%g eps=%g "
-                        "wd=%g clip=%g",
-                        (double)p.lr, (double)p.beta1, (double)p.beta2,
-                        (double)p.eps, (double)p.weight_decay,
-                        (double)p.grad_clip);
+    orch_adamw_params p;
+    int32_t st = engine_check_adamw(params, &p, ctx->last_error,
+                                    sizeof ctx->last_error);
+    if (st != ORCH_OK) return st;
     float norm = 0.0f;
-    int32_t st = cpu_train_optimizer_step(ctx, &p, &norm);
+    st = cpu_train_optimizer_step(ctx, &p, &norm);
     cpu_pool_park(ctx->pool);
     if (st == ORCH_OK && out_grad_norm) *out_grad_norm = norm;
     return st;
@@ -928,15 +770,11 @@ static int32_t cpu_kv_configure(orch_engine_ctx *ctx, uint32_t block_size,
     void *p = NULL;
     if (posix_memalign(&p, 64, floats * sizeof(float)) == 0) kv = p;
     uint8_t *wr = calloc((size_t)slots, 1);
-    uint32_t *me = calloc(num_blocks, sizeof(uint32_t));
-    uint32_t *ms = calloc(num_blocks, sizeof(uint32_t));
-    uint32_t *ml = calloc(num_blocks, sizeof(uint32_t));
-    if (!kv || !wr || !me || !ms || !ml) {
+    engine_kv_mark *marks = calloc(num_blocks, sizeof *marks);
+    if (!kv || !wr || !marks) {
         free(kv);
         free(wr);
-        free(me);
-        free(ms);
-        free(ml);
+        free(marks);
         return cpu_fail(ctx, ORCH_ERR_OUT_OF_MEMORY,
                         "kv_configure: cannot allocate %llu MiB for %u blocks "
                         "of %u positions",
@@ -946,9 +784,7 @@ static int32_t cpu_kv_configure(orch_engine_ctx *ctx, uint32_t block_size,
     kv_free(ctx);
     ctx->kv = kv;
     ctx->kv_written = wr;
-    ctx->kv_mark_epoch = me;
-    ctx->kv_mark_seq = ms;
-    ctx->kv_mark_lblock = ml;
+    ctx->kv_marks = marks;
     ctx->kv_block_size = block_size;
     ctx->kv_num_blocks = num_blocks;
     return ORCH_OK;
@@ -982,37 +818,10 @@ static int32_t cpu_kv_copy_blocks(orch_engine_ctx *ctx, const int32_t *src,
         return cpu_fail(ctx, ORCH_ERR_STATE,
                         "kv_copy_blocks: no KV pool (call kv_configure first)");
     if (n == 0) return ORCH_OK;
-    if (!src || !dst)
-        return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                        "kv_copy_blocks: %s is NULL", !src ? "src" : "dst");
-    for (uint32_t i = 0; i < n; i++)
-        if (src[i] < 0 || (uint32_t)src[i] >= ctx->kv_num_blocks ||
-            dst[i] < 0 || (uint32_t)dst[i] >= ctx->kv_num_blocks)
-            return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                            "kv_copy_blocks: pair %u (%d -> %d) names a block "
-                            "outside the pool of %u blocks",
-                            i, src[i], dst[i], ctx->kv_num_blocks);
-    /* Sources and destinations must be disjoint; no destination twice. */
-    if (++ctx->kv_epoch == 0) {
-        memset(ctx->kv_mark_epoch, 0, ctx->kv_num_blocks * sizeof(uint32_t));
-        ctx->kv_epoch = 1;
-    }
-    const uint32_t ep = ctx->kv_epoch;
-    for (uint32_t i = 0; i < n; i++) {
-        ctx->kv_mark_epoch[src[i]] = ep;
-        ctx->kv_mark_seq[src[i]] = 0;
-    }
-    for (uint32_t i = 0; i < n; i++) {
-        uint32_t b = (uint32_t)dst[i];
-        if (ctx->kv_mark_epoch[b] == ep)
-            return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                            "kv_copy_blocks: block %d is %s", dst[i],
-                            ctx->kv_mark_seq[b] == 0
-                                ? "both a source and a destination"
-                                : "a destination twice");
-        ctx->kv_mark_epoch[b] = ep;
-        ctx->kv_mark_seq[b] = 1;
-    }
+    int32_t st = engine_kv_copy_check(src, dst, n, ctx->kv_marks, ctx->kv_num_blocks,
+                                      &ctx->kv_epoch, ctx->last_error,
+                                      sizeof ctx->last_error);
+    if (st != ORCH_OK) return st;
     copy_job j = {ctx, src, dst, n};
     cpu_pool_for(ctx->pool, n, copy_chunk, &j);
     cpu_pool_park(ctx->pool);
@@ -1040,21 +849,6 @@ static int32_t cpu_probe(char *msg, uint32_t msg_cap) {
     return ORCH_OK;
 }
 
-static const char *cpu_status_string(int32_t status) {
-    switch (status) {
-    case ORCH_OK: return "ok";
-    case ORCH_ERR_INVALID_ARGUMENT: return "invalid argument";
-    case ORCH_ERR_OUT_OF_MEMORY: return "out of memory";
-    case ORCH_ERR_UNSUPPORTED: return "unsupported";
-    case ORCH_ERR_STATE: return "call out of order";
-    case ORCH_ERR_CAPACITY: return "capacity exceeded";
-    case ORCH_ERR_DEVICE: return "device error";
-    case ORCH_ERR_NUMERIC: return "non-finite value";
-    case ORCH_ERR_INTERNAL: return "internal error";
-    default: return "unknown status";
-    }
-}
-
 static const orch_engine_api cpu_api = {
     .abi_major = ORCH_ENGINE_ABI_MAJOR,
     .abi_minor = ORCH_ENGINE_ABI_MINOR,
@@ -1064,7 +858,7 @@ static const orch_engine_api cpu_api = {
     .capabilities = ORCH_CAP_TRAIN | ORCH_CAP_INFER | ORCH_CAP_KV_COPY |
                     ORCH_CAP_EVAL | ORCH_CAP_DETERMINISTIC,
     .probe = cpu_probe,
-    .status_string = cpu_status_string,
+    .status_string = engine_status_string,
     .context_create = cpu_context_create,
     .context_destroy = cpu_context_destroy,
     .last_error = cpu_last_error,

@@ -30,11 +30,6 @@
 #define ATTN_GEMM_MIN 8
 #define ATTN_ROW_BLOCK 64
 
-static const orch_seq_input *seq_at(const orch_infer_batch *b, uint32_t i) {
-    return (const orch_seq_input *)(const void *)((const char *)b->seqs +
-                                                  (size_t)i * b->seq_stride);
-}
-
 static float *kv_at(const orch_engine_ctx *ctx, uint32_t block, uint32_t l,
                     int which, uint32_t slot) {
     return ctx->kv +
@@ -63,17 +58,10 @@ void cpu_infer_free(orch_engine_ctx *ctx) {
 static int32_t validate(orch_engine_ctx *ctx, const orch_infer_batch *batch,
                         const float *logits, uint64_t logits_cap,
                         uint64_t *out_tokens, uint64_t *out_rows) {
-    if (!batch)
-        return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT, "infer_forward: batch is NULL");
-    if (batch->struct_size < sizeof(orch_infer_batch))
-        return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                        "infer_forward: batch struct_size %u is smaller than "
-                        "ABI 1.0's %zu",
-                        batch->struct_size, sizeof(orch_infer_batch));
-    if (batch->n_seqs == 0 || !batch->seqs)
-        return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                        "infer_forward: empty batch (n_seqs %u, seqs %s)",
-                        batch->n_seqs, batch->seqs ? "set" : "NULL");
+    char *err = ctx->last_error;
+    const size_t cap = sizeof ctx->last_error;
+    int32_t st = engine_infer_check_header(batch, err, cap);
+    if (st != ORCH_OK) return st;
     if (batch->seq_stride < sizeof(orch_seq_input))
         return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
                         "infer_forward: seq_stride %u is smaller than ABI "
@@ -83,137 +71,19 @@ static int32_t validate(orch_engine_ctx *ctx, const orch_infer_batch *batch,
         return cpu_fail(ctx, ORCH_ERR_STATE,
                         "infer_forward: no KV pool (call kv_configure first)");
     const uint32_t bs = ctx->kv_block_size, V = ctx->V;
-    uint64_t tokens = 0, rows = 0;
-    for (uint32_t i = 0; i < batch->n_seqs; i++) {
-        const orch_seq_input *s = seq_at(batch, i);
-        if (!s->tokens || s->n_tokens == 0 || !s->block_table)
-            return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                            "infer_forward: sequence %u: %s", i,
-                            !s->tokens        ? "tokens is NULL"
-                            : s->n_tokens == 0 ? "n_tokens is 0"
-                                               : "block_table is NULL");
-        if (s->logits_mode > ORCH_LOGITS_NONE)
-            return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                            "infer_forward: sequence %u: logits_mode %u is "
-                            "unknown",
-                            i, s->logits_mode);
-        if (s->adapter_id != 0)
-            return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                            "infer_forward: sequence %u: adapter_id %u "
-                            "(adapters are reserved; must be 0)",
-                            i, s->adapter_id);
-        uint64_t end = (uint64_t)s->start_pos + s->n_tokens;
-        if (end > ctx->T)
-            return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                            "infer_forward: sequence %u: positions %u..%llu "
-                            "exceed the model context %u",
-                            i, s->start_pos, (unsigned long long)(end - 1),
-                            ctx->T);
-        for (uint32_t k = 0; k < s->n_tokens; k++)
-            if (s->tokens[k] < 0 || (uint32_t)s->tokens[k] >= V)
-                return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                                "infer_forward: sequence %u: token %d at "
-                                "position %llu outside 0..%u",
-                                i, s->tokens[k],
-                                (unsigned long long)s->start_pos + k, V - 1);
-        uint64_t needed = (end + bs - 1) / bs;
-        if (s->n_blocks < needed)
-            return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                            "infer_forward: sequence %u: %u blocks cover %llu "
-                            "positions, %llu needed",
-                            i, s->n_blocks, (unsigned long long)s->n_blocks * bs,
-                            (unsigned long long)end);
-        for (uint64_t j = 0; j < needed; j++)
-            if (s->block_table[j] < 0 ||
-                (uint32_t)s->block_table[j] >= ctx->kv_num_blocks)
-                return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                                "infer_forward: sequence %u: block id %d "
-                                "(logical block %llu) outside the pool of %u "
-                                "blocks",
-                                i, s->block_table[j], (unsigned long long)j,
-                                ctx->kv_num_blocks);
-        tokens += s->n_tokens;
-        rows += s->logits_mode == ORCH_LOGITS_ALL    ? s->n_tokens
-                : s->logits_mode == ORCH_LOGITS_LAST ? 1u
-                                                     : 0u;
-    }
+    uint64_t tokens, rows;
+    if ((st = engine_infer_check_seqs(batch, V, ctx->T, bs, ctx->kv_num_blocks,
+                                      &tokens, &rows, err, cap)) != ORCH_OK)
+        return st;
     if (tokens > ctx->max_batch_tokens)
         return cpu_fail(ctx, ORCH_ERR_CAPACITY,
                         "infer_forward: batch of %llu new tokens exceeds "
                         "max_batch_tokens=%u (engine option)",
                         (unsigned long long)tokens, ctx->max_batch_tokens);
-    if (rows > logits_cap / V)
-        return cpu_fail(ctx, ORCH_ERR_CAPACITY,
-                        "infer_forward: %llu logit rows of %u need %llu "
-                        "floats, logits_cap is %llu",
-                        (unsigned long long)rows, V,
-                        (unsigned long long)rows * V,
-                        (unsigned long long)logits_cap);
-    if (rows > 0 && !logits)
-        return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                        "infer_forward: logits is NULL");
-
-    /* Blocks written by a sequence must not be used by another one (nor
-     * twice by the same one). */
-    if (++ctx->kv_epoch == 0) {
-        memset(ctx->kv_mark_epoch, 0, ctx->kv_num_blocks * sizeof(uint32_t));
-        ctx->kv_epoch = 1;
-    }
-    const uint32_t ep = ctx->kv_epoch;
-    for (uint32_t i = 0; i < batch->n_seqs; i++) {
-        const orch_seq_input *s = seq_at(batch, i);
-        uint64_t first = s->start_pos / bs;
-        uint64_t last = ((uint64_t)s->start_pos + s->n_tokens - 1) / bs;
-        for (uint64_t j = first; j <= last; j++) {
-            uint32_t b = (uint32_t)s->block_table[j];
-            if (ctx->kv_mark_epoch[b] == ep && ctx->kv_mark_seq[b] != i)
-                return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                                "infer_forward: block %u is written by "
-                                "sequence %u and also used by sequence %u "
-                                "(copy it first)",
-                                b, ctx->kv_mark_seq[b], i);
-            if (ctx->kv_mark_epoch[b] == ep && ctx->kv_mark_lblock[b] != j)
-                return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                                "infer_forward: block %u appears twice in the "
-                                "block table of sequence %u (logical blocks "
-                                "%u and %llu)",
-                                b, i, ctx->kv_mark_lblock[b],
-                                (unsigned long long)j);
-            ctx->kv_mark_epoch[b] = ep;
-            ctx->kv_mark_seq[b] = i;
-            ctx->kv_mark_lblock[b] = (uint32_t)j;
-        }
-    }
-    for (uint32_t i = 0; i < batch->n_seqs; i++) {
-        const orch_seq_input *s = seq_at(batch, i);
-        uint64_t last = ((uint64_t)s->start_pos + s->n_tokens - 1) / bs;
-        for (uint64_t j = 0; j <= last; j++) {
-            uint32_t b = (uint32_t)s->block_table[j];
-            if (ctx->kv_mark_epoch[b] != ep) continue;
-            if (ctx->kv_mark_seq[b] != i)
-                return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                                "infer_forward: block %u is written by "
-                                "sequence %u and also used by sequence %u "
-                                "(copy it first)",
-                                b, ctx->kv_mark_seq[b], i);
-            if (ctx->kv_mark_lblock[b] != j)
-                return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                                "infer_forward: block %u appears twice in the "
-                                "block table of sequence %u (logical blocks "
-                                "%llu and %u)",
-                                b, i, (unsigned long long)j,
-                                ctx->kv_mark_lblock[b]);
-        }
-        for (uint32_t p = 0; p < s->start_pos; p++) {
-            uint32_t b = (uint32_t)s->block_table[p / bs], o = p % bs;
-            if (!ctx->kv_written[(size_t)b * bs + o])
-                return cpu_fail(ctx, ORCH_ERR_STATE,
-                                "infer_forward: sequence %u reads position %u "
-                                "from block %u slot %u, which was never "
-                                "written",
-                                i, p, b, o);
-        }
-    }
+    if ((st = engine_infer_check_logits(rows, V, logits, logits_cap, err, cap)) ||
+        (st = engine_infer_check_blocks(batch, bs, ctx->kv_marks, ctx->kv_num_blocks,
+                                        &ctx->kv_epoch, ctx->kv_written, err, cap)))
+        return st;
     *out_tokens = tokens;
     *out_rows = rows;
     return ORCH_OK;
@@ -405,7 +275,7 @@ static void rows_ln_chunk(void *arg, size_t c, int tid) {
 static void attn_task(const fwd_state *f, uint32_t si, uint32_t h,
                       float *scratch) {
     orch_engine_ctx *ctx = f->ctx;
-    const orch_seq_input *s = seq_at(f->batch, si);
+    const orch_seq_input *s = engine_batch_seq(f->batch, si);
     const uint32_t l = f->layer, bs = ctx->kv_block_size;
     const size_t C = ctx->C, HS = ctx->HS;
     const uint32_t n = s->n_tokens, start = s->start_pos, P = start + n;
@@ -506,7 +376,7 @@ int32_t cpu_infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *batch,
 
     size_t att = 1;
     for (uint32_t i = 0; i < batch->n_seqs; i++) {
-        const orch_seq_input *s = seq_at(batch, i);
+        const orch_seq_input *s = engine_batch_seq(batch, i);
         size_t P = (size_t)s->start_pos + s->n_tokens;
         /* gather + scores, or 2 pointers (4 floats' room) + a score each */
         size_t need = s->n_tokens >= ATTN_GEMM_MIN
@@ -537,7 +407,7 @@ int32_t cpu_infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *batch,
     }
     size_t r = 0, row = 0;
     for (uint32_t i = 0; i < batch->n_seqs; i++) {
-        const orch_seq_input *s = seq_at(batch, i);
+        const orch_seq_input *s = engine_batch_seq(batch, i);
         tok0[i] = (uint32_t)r;
         keys[i] = (task_key){task_cost(s), i};
         for (uint32_t k = 0; k < s->n_tokens; k++, r++) {

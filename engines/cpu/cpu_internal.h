@@ -24,6 +24,7 @@
 #include <stdint.h>
 
 #include "engine_api/orch_engine.h"
+#include "engines/common/engine_common.h"
 #include "engines/cpu/cpu_kernels.h"
 #include "engines/cpu/cpu_pool.h"
 
@@ -36,14 +37,8 @@ enum {
     L_COUNT
 };
 
-typedef struct cpu_tensor {
-    char name[ORCH_TENSOR_NAME_MAX];
-    uint32_t ndim;
-    uint32_t flags;
-    uint64_t shape[2];
-    uint64_t numel;
-    uint64_t offset;
-} cpu_tensor;
+/* The GPT-2 table (engines/common); L_* index a layer's tensors in it. */
+typedef engine_tensor cpu_tensor;
 
 /* Pointers into one flat buffer (parameters or gradients). */
 typedef struct cpu_layer_view {
@@ -122,7 +117,7 @@ struct orch_engine_ctx {
     float *kv;
     uint8_t *kv_written;      /* [blocks*block_size] */
     uint32_t kv_block_size, kv_num_blocks;
-    uint32_t *kv_mark_epoch, *kv_mark_seq, *kv_mark_lblock;
+    engine_kv_mark *kv_marks; /* [blocks] validation marks */
     uint32_t kv_epoch;
     cpu_infer_scratch inf;
 };

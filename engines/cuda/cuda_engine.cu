@@ -104,18 +104,9 @@ static int32_t enter(orch_engine_ctx *ctx) {
     } while (0)
 
 static const char *status_string(int32_t status) {
-    switch (status) {
-    case ORCH_OK: return "ok";
-    case ORCH_ERR_INVALID_ARGUMENT: return "invalid argument";
-    case ORCH_ERR_OUT_OF_MEMORY: return "out of memory";
-    case ORCH_ERR_UNSUPPORTED: return "unsupported";
-    case ORCH_ERR_STATE: return "call out of order";
-    case ORCH_ERR_CAPACITY: return "capacity exceeded";
-    case ORCH_ERR_DEVICE: return "device error";
-    case ORCH_ERR_NUMERIC: return "numeric error (NaN or Inf)";
-    case ORCH_ERR_INTERNAL: return "internal error";
-    default: return "unknown status";
-    }
+    /* this engine words ORCH_ERR_NUMERIC its own way; the rest is common */
+    return status == ORCH_ERR_NUMERIC ? "numeric error (NaN or Inf)"
+                                      : engine_status_string(status);
 }
 
 /* ------------------------------------------------------------------------- */
@@ -400,52 +391,16 @@ static int32_t normalise_model(const orch_model_desc *in, orch_model_desc *out, 
 /* Tensor table                                                               */
 /* ------------------------------------------------------------------------- */
 
-static void add_tensor(orch_engine_ctx *ctx, uint64_t *off, const char *name,
-                       uint64_t d0, uint64_t d1) {
-    cu_tensor *t = &ctx->tensors[ctx->n_tensors++];
-    snprintf(t->name, sizeof t->name, "%s", name);
-    t->ndim = d1 ? 2 : 1;
-    t->shape[0] = d0;
-    t->shape[1] = d1;
-    t->numel = d1 ? d0 * d1 : d0;
-    t->flags = d1 ? 0 : ORCH_TENSOR_FLAG_NO_DECAY;
-    t->offset = *off;
-    *off += t->numel;
-}
+static_assert(CU_PER_LAYER == ENGINE_GPT2_PER_LAYER, "CU_* follow the common table");
 
 static int32_t build_table(orch_engine_ctx *ctx) {
-    uint32_t count = 2 + ctx->L * CU_PER_LAYER + 2;
+    uint32_t count = engine_gpt2_tensor_count(ctx->L);
     ctx->tensors = (cu_tensor *)calloc(count, sizeof(cu_tensor));
     if (!ctx->tensors)
         return cu_set_error(ctx, ORCH_ERR_OUT_OF_MEMORY, "out of host memory");
-    uint64_t off = 0;
-    uint64_t V = ctx->V, T = ctx->T, C = ctx->C, M = ctx->M;
-    char name[ORCH_TENSOR_NAME_MAX];
-    add_tensor(ctx, &off, "wte.weight", V, C);
-    add_tensor(ctx, &off, "wpe.weight", T, C);
-    for (uint32_t l = 0; l < ctx->L; l++) {
-#define T1(suffix, d0) \
-    (snprintf(name, sizeof name, "h.%u." suffix, l), add_tensor(ctx, &off, name, d0, 0))
-#define T2(suffix, d0, d1) \
-    (snprintf(name, sizeof name, "h.%u." suffix, l), add_tensor(ctx, &off, name, d0, d1))
-        T1("ln_1.weight", C);
-        T1("ln_1.bias", C);
-        T2("attn.c_attn.weight", 3 * C, C);
-        T1("attn.c_attn.bias", 3 * C);
-        T2("attn.c_proj.weight", C, C);
-        T1("attn.c_proj.bias", C);
-        T1("ln_2.weight", C);
-        T1("ln_2.bias", C);
-        T2("mlp.c_fc.weight", M, C);
-        T1("mlp.c_fc.bias", M);
-        T2("mlp.c_proj.weight", C, M);
-        T1("mlp.c_proj.bias", C);
-#undef T1
-#undef T2
-    }
-    add_tensor(ctx, &off, "ln_f.weight", C, 0);
-    add_tensor(ctx, &off, "ln_f.bias", C, 0);
-    ctx->n_params = off;
+    ctx->n_params = engine_gpt2_table_fill(ctx->tensors, ctx->L, ctx->V, ctx->T, ctx->C,
+                                           ctx->M);
+    ctx->n_tensors = count;
     return ORCH_OK;
 }
 
@@ -667,20 +622,7 @@ static int32_t tensor_info(orch_engine_ctx *ctx, uint32_t kind, uint32_t index,
     if (!out || out->struct_size < sizeof(uint32_t))
         return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
                             "out is NULL or its struct_size is not set");
-    const cu_tensor *t = &ctx->tensors[index];
-    orch_tensor_info info;
-    memset(&info, 0, sizeof info);
-    info.dtype = ORCH_DTYPE_F32;
-    info.ndim = t->ndim;
-    info.flags = t->flags;
-    info.shape[0] = t->shape[0];
-    info.shape[1] = t->shape[1];
-    info.numel = t->numel;
-    info.offset = t->offset;
-    snprintf(info.name, sizeof info.name, "%s", t->name);
-    uint32_t n = out->struct_size < sizeof info ? out->struct_size : (uint32_t)sizeof info;
-    info.struct_size = n;
-    memcpy(out, &info, n);
+    engine_tensor_info_fill(&ctx->tensors[index], out);
     return ORCH_OK;
 }
 

@@ -27,6 +27,7 @@
 #define ORCH_CUDA_INTERNAL_H
 
 #include "engine_api/orch_engine.h"
+#include "engines/common/engine_common.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -57,14 +58,8 @@ enum {
  * ln_f.weight / ln_f.bias are the last two. */
 #define CU_LAYER_TENSOR(l, which) (2u + (uint32_t)(l) * CU_PER_LAYER + (uint32_t)(which))
 
-typedef struct cu_tensor {
-    char name[ORCH_TENSOR_NAME_MAX];
-    uint32_t ndim;
-    uint32_t flags; /* ORCH_TENSOR_FLAG_* */
-    uint64_t shape[2];
-    uint64_t numel;
-    uint64_t offset; /* element offset in the flat buffers */
-} cu_tensor;
+/* One tensor of the GPT-2 table (engines/common). */
+typedef engine_tensor cu_tensor;
 
 typedef enum cu_math { CU_MATH_FP32 = 0, CU_MATH_TF32 = 1, CU_MATH_BF16 = 2 } cu_math;
 

@@ -85,6 +85,7 @@
 #include <unistd.h>
 
 #include "engine_api/orch_engine.h"
+#include "engines/common/engine_common.h"
 
 #define MOCK_VERSION "mock 1.0"
 #define MOCK_MAX_LAYERS 4096u
@@ -133,21 +134,10 @@ typedef struct mock_config {
     uint32_t sleep_ms;
 } mock_config;
 
-typedef struct mock_tensor {
-    char name[ORCH_TENSOR_NAME_MAX];
-    uint32_t ndim;
-    uint32_t flags;
-    uint64_t shape[ORCH_TENSOR_MAX_DIMS];
-    uint64_t numel;
-    uint64_t offset; /* element offset in the flat buffers */
-} mock_tensor;
+typedef engine_tensor mock_tensor;
 
 /* Per-block marks used to validate one infer_forward / kv_copy_blocks. */
-typedef struct mock_mark {
-    uint32_t epoch;   /* mark is valid when equal to ctx->kv_epoch */
-    uint32_t seq;     /* sequence that writes the block (or a copy role) */
-    uint32_t lblock;  /* logical index in that sequence's table */
-} mock_mark;
+typedef engine_kv_mark mock_mark;
 
 struct orch_engine_ctx {
     orch_model_desc model; /* normalised: defaults filled in */
@@ -183,18 +173,6 @@ fail(orch_engine_ctx *ctx, int32_t status, const char *fmt, ...) {
     return status;
 }
 
-/* Same, into a caller buffer (no context yet). */
-__attribute__((format(printf, 4, 5))) static int32_t
-fail_buf(char *err, uint32_t cap, int32_t status, const char *fmt, ...) {
-    if (err && cap > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, cap, fmt, ap);
-        va_end(ap);
-    }
-    return status;
-}
-
 /* Count a call and fire an injected fault if one matches. Returns ORCH_OK or
  * ORCH_ERR_INTERNAL (with last_error set). */
 static int32_t enter(orch_engine_ctx *ctx, enum mock_call call) {
@@ -220,23 +198,12 @@ static void sleep_ms(uint32_t ms) {
 /* Options and fault injection                                                */
 /* ------------------------------------------------------------------------- */
 
-static int parse_u64(const char *s, size_t len, uint64_t *out) {
-    if (len == 0 || len > 19) return -1;
-    uint64_t v = 0;
-    for (size_t i = 0; i < len; i++) {
-        if (s[i] < '0' || s[i] > '9') return -1;
-        v = v * 10u + (uint64_t)(s[i] - '0');
-    }
-    *out = v;
-    return 0;
-}
-
 /* Parse "CALL:N" or "CALL:N+" (len bytes of s) into cfg. */
 static int32_t parse_fault(const char *s, size_t len, const char *where,
                            mock_config *cfg, char *err, uint32_t cap) {
     const char *colon = memchr(s, ':', len);
     if (!colon)
-        return fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
                         "%s: fault '%.*s' is not CALL:N", where, (int)len, s);
     size_t name_len = (size_t)(colon - s);
     int call = -1;
@@ -245,7 +212,7 @@ static int32_t parse_fault(const char *s, size_t len, const char *where,
             memcmp(call_names[i], s, name_len) == 0)
             call = i;
     if (call < 0)
-        return fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
                         "%s: fault names unknown call '%.*s' (known: "
                         "tensor_count, tensor_info, tensor_read, tensor_write, "
                         "grads_zero, grads_read, grads_write, forward_backward, "
@@ -260,12 +227,12 @@ static int32_t parse_fault(const char *s, size_t len, const char *where,
         num_len--;
     }
     uint64_t nth;
-    if (parse_u64(num, num_len, &nth) != 0 || nth == 0)
-        return fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+    if (engine_parse_u64(num, num_len, &nth) != 0 || nth == 0)
+        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
                         "%s: fault '%.*s': N must be an integer >= 1", where,
                         (int)len, s);
     if (cfg->n_faults >= MOCK_MAX_FAULTS)
-        return fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
                         "%s: more than %u faults", where, MOCK_MAX_FAULTS);
     mock_fault *f = &cfg->faults[cfg->n_faults++];
     f->call = (uint32_t)call;
@@ -277,50 +244,32 @@ static int32_t parse_fault(const char *s, size_t len, const char *where,
 static int32_t parse_sleep(const char *s, size_t len, const char *where,
                            mock_config *cfg, char *err, uint32_t cap) {
     uint64_t ms;
-    if (parse_u64(s, len, &ms) != 0 || ms > MOCK_MAX_SLEEP_MS)
-        return fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+    if (engine_parse_u64(s, len, &ms) != 0 || ms > MOCK_MAX_SLEEP_MS)
+        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
                         "%s: sleep_ms '%.*s' is not an integer 0..%u", where,
                         (int)len, s, MOCK_MAX_SLEEP_MS);
     cfg->sleep_ms = (uint32_t)ms;
     return ORCH_OK;
 }
 
-static int is_sep(char c) { return c == ',' || c == ';'; }
-static int is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
-
-/* Split s at ',' / ';' and call item(start, len) for each trimmed, non-empty
- * item. kind 0: "key=value" options; kind 1: a list of faults. */
+/* Call the parser of each item of s (split at ',' / ';', trimmed). kind 0:
+ * "key=value" options; kind 1: a list of faults. */
 static int32_t parse_list(const char *s, int kind, const char *where,
                           mock_config *cfg, char *err, uint32_t cap) {
-    const char *p = s;
-    while (*p) {
-        while (*p && (is_sep(*p) || is_space(*p))) p++;
-        if (!*p) break;
-        const char *start = p;
-        while (*p && !is_sep(*p)) p++;
-        const char *end = p;
-        while (end > start && is_space(end[-1])) end--;
-        size_t len = (size_t)(end - start);
+    engine_opt_item it;
+    while (engine_opts_next(&s, &it)) {
         int32_t st;
         if (kind == 1) {
-            st = parse_fault(start, len, where, cfg, err, cap);
+            st = parse_fault(it.item, it.item_len, where, cfg, err, cap);
+        } else if (it.has_eq && it.key_len == 5 && memcmp(it.key, "fault", 5) == 0) {
+            st = parse_fault(it.value, it.value_len, where, cfg, err, cap);
+        } else if (it.has_eq && it.key_len == 8 && memcmp(it.key, "sleep_ms", 8) == 0) {
+            st = parse_sleep(it.value, it.value_len, where, cfg, err, cap);
         } else {
-            const char *eq = memchr(start, '=', len);
-            size_t klen = eq ? (size_t)(eq - start) : len;
-            while (klen > 0 && is_space(start[klen - 1])) klen--;
-            const char *v = eq ? eq + 1 : end;
-            while (v < end && is_space(*v)) v++;
-            size_t vlen = (size_t)(end - v);
-            if (eq && klen == 5 && memcmp(start, "fault", 5) == 0) {
-                st = parse_fault(v, vlen, where, cfg, err, cap);
-            } else if (eq && klen == 8 && memcmp(start, "sleep_ms", 8) == 0) {
-                st = parse_sleep(v, vlen, where, cfg, err, cap);
-            } else {
-                st = fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
-                              "%s: unknown option '%.*s' (the mock engine knows "
-                              "fault=CALL:N[+] and sleep_ms=N)",
-                              where, (int)len, start);
-            }
+            st = engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+                          "%s: unknown option '%.*s' (the mock engine knows "
+                          "fault=CALL:N[+] and sleep_ms=N)",
+                          where, (int)it.item_len, it.item);
         }
         if (st != ORCH_OK) return st;
     }
@@ -362,7 +311,7 @@ static int32_t model_normalise(const orch_model_desc *in, orch_model_desc *out,
                                char *err, uint32_t cap) {
     const uint32_t need = (uint32_t)(offsetof(orch_model_desc, width) + sizeof(uint32_t));
     if (in->struct_size < need)
-        return fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
                         "model description struct_size %u is too small (need "
                         "at least %u)",
                         in->struct_size, need);
@@ -371,11 +320,11 @@ static int32_t model_normalise(const orch_model_desc *in, orch_model_desc *out,
     memcpy(&m, in, in->struct_size < sizeof m ? in->struct_size : sizeof m);
     m.struct_size = sizeof m;
     if (m.arch == ORCH_ARCH_LLAMA)
-        return fail_buf(err, cap, ORCH_ERR_UNSUPPORTED,
+        return engine_fail_buf(err, cap, ORCH_ERR_UNSUPPORTED,
                         "model arch %u (llama) is not supported by the mock "
                         "engine (gpt2 only)", m.arch);
     if (m.arch != ORCH_ARCH_GPT2)
-        return fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
                         "model arch %u is unknown (gpt2 is %u)", m.arch,
                         (unsigned)ORCH_ARCH_GPT2);
     const struct {
@@ -386,33 +335,33 @@ static int32_t model_normalise(const orch_model_desc *in, orch_model_desc *out,
               {"width", m.width}};
     for (size_t i = 0; i < sizeof nz / sizeof nz[0]; i++)
         if (nz[i].v == 0)
-            return fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+            return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
                             "model %s must be > 0", nz[i].name);
     if (m.width % m.heads != 0)
-        return fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
                         "model heads (%u) must divide width (%u)", m.heads,
                         m.width);
     if (m.kv_heads != 0 && m.kv_heads != m.heads)
-        return fail_buf(err, cap, ORCH_ERR_UNSUPPORTED,
+        return engine_fail_buf(err, cap, ORCH_ERR_UNSUPPORTED,
                         "model kv_heads %u differs from heads %u (grouped-query "
                         "attention is not supported for gpt2)",
                         m.kv_heads, m.heads);
     if (m.layers > MOCK_MAX_LAYERS)
-        return fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
                         "model layers %u exceeds the limit %u", m.layers,
                         MOCK_MAX_LAYERS);
     if (m.vocab_size > (uint32_t)INT32_MAX)
-        return fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
                         "model vocab_size %u does not fit int32 token ids",
                         m.vocab_size);
     if (m.mlp_width == 0) {
         if (m.width > UINT32_MAX / 4u)
-            return fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+            return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
                             "model width %u too large", m.width);
         m.mlp_width = 4u * m.width;
     }
     if (!(m.layernorm_eps >= 0.0f) || isinf(m.layernorm_eps))
-        return fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
                         "model layernorm_eps must be a finite value >= 0");
     if (m.layernorm_eps == 0.0f) m.layernorm_eps = 1e-5f;
     m.kv_heads = m.heads;
@@ -420,57 +369,15 @@ static int32_t model_normalise(const orch_model_desc *in, orch_model_desc *out,
     return ORCH_OK;
 }
 
-static void tensor_add(mock_tensor *t, uint32_t *n, uint64_t *offset,
-                       const char *name, uint32_t ndim, uint64_t d0,
-                       uint64_t d1) {
-    mock_tensor *x = &t[(*n)++];
-    memset(x, 0, sizeof *x);
-    snprintf(x->name, sizeof x->name, "%s", name);
-    x->ndim = ndim;
-    x->shape[0] = d0;
-    x->shape[1] = ndim > 1 ? d1 : 0;
-    x->numel = ndim > 1 ? d0 * d1 : d0;
-    x->flags = ndim == 1 ? ORCH_TENSOR_FLAG_NO_DECAY : 0;
-    x->offset = *offset;
-    *offset += x->numel;
-}
-
 /* Build the GPT-2 table. Sizes were checked for overflow by the caller. */
 static int32_t table_build(orch_engine_ctx *ctx) {
     const orch_model_desc *m = &ctx->model;
-    uint64_t C = m->width, V = m->vocab_size, T = m->context, M = m->mlp_width;
-    uint32_t count = 2u + 12u * m->layers + 2u;
-    ctx->tensors = calloc(count, sizeof *ctx->tensors);
+    uint32_t n = engine_gpt2_tensor_count(m->layers);
+    ctx->tensors = calloc(n, sizeof *ctx->tensors);
     if (!ctx->tensors) return ORCH_ERR_OUT_OF_MEMORY;
-    uint32_t n = 0;
-    uint64_t off = 0;
-    char name[ORCH_TENSOR_NAME_MAX];
-    tensor_add(ctx->tensors, &n, &off, "wte.weight", 2, V, C);
-    tensor_add(ctx->tensors, &n, &off, "wpe.weight", 2, T, C);
-    for (uint32_t i = 0; i < m->layers; i++) {
-#define ADD(suffix, nd, a, b)                                          \
-    do {                                                               \
-        snprintf(name, sizeof name, "h.%u." suffix, i);                \
-        tensor_add(ctx->tensors, &n, &off, name, nd, a, b);            \
-    } while (0)
-        ADD("ln_1.weight", 1, C, 0);
-        ADD("ln_1.bias", 1, C, 0);
-        ADD("attn.c_attn.weight", 2, 3 * C, C);
-        ADD("attn.c_attn.bias", 1, 3 * C, 0);
-        ADD("attn.c_proj.weight", 2, C, C);
-        ADD("attn.c_proj.bias", 1, C, 0);
-        ADD("ln_2.weight", 1, C, 0);
-        ADD("ln_2.bias", 1, C, 0);
-        ADD("mlp.c_fc.weight", 2, M, C);
-        ADD("mlp.c_fc.bias", 1, M, 0);
-        ADD("mlp.c_proj.weight", 2, C, M);
-        ADD("mlp.c_proj.bias", 1, C, 0);
-#undef ADD
-    }
-    tensor_add(ctx->tensors, &n, &off, "ln_f.weight", 1, C, 0);
-    tensor_add(ctx->tensors, &n, &off, "ln_f.bias", 1, C, 0);
+    ctx->n_params = engine_gpt2_table_fill(ctx->tensors, m->layers, m->vocab_size,
+                                           m->context, m->width, m->mlp_width);
     ctx->n_tensors = n;
-    ctx->n_params = off;
     ctx->off_wte = ctx->tensors[0].offset;
     ctx->off_wpe = ctx->tensors[1].offset;
     ctx->off_lnf_bias = ctx->tensors[n - 1].offset;
@@ -573,21 +480,11 @@ static int32_t mock_context_create(const orch_model_desc *model,
                                    const orch_engine_options *opts,
                                    orch_engine_ctx **out_ctx, char *err,
                                    uint32_t err_cap) {
-    if (err && err_cap) err[0] = '\0';
-    if (!model || !out_ctx)
-        return fail_buf(err, err_cap, ORCH_ERR_INVALID_ARGUMENT,
-                        "context_create: %s is NULL", !model ? "model" : "out_ctx");
     orch_engine_options o;
-    memset(&o, 0, sizeof o);
-    if (opts) {
-        if (opts->struct_size < sizeof(uint32_t))
-            return fail_buf(err, err_cap, ORCH_ERR_INVALID_ARGUMENT,
-                            "engine options struct_size %u is too small",
-                            opts->struct_size);
-        memcpy(&o, opts, opts->struct_size < sizeof o ? opts->struct_size : sizeof o);
-    }
+    int32_t st = engine_create_args(model, opts, out_ctx, &o, err, err_cap);
+    if (st != ORCH_OK) return st;
     orch_model_desc m;
-    int32_t st = model_normalise(model, &m, err, err_cap);
+    st = model_normalise(model, &m, err, err_cap);
     if (st != ORCH_OK) return st;
     mock_config cfg;
     st = config_read(o.options, &cfg, err, err_cap);
@@ -595,29 +492,29 @@ static int32_t mock_context_create(const orch_model_desc *model,
 
     uint64_t n_params, bytes;
     if (param_count(&m, &n_params) != 0 || mul_u64(n_params, 16, &bytes) != 0)
-        return fail_buf(err, err_cap, ORCH_ERR_OUT_OF_MEMORY,
+        return engine_fail_buf(err, err_cap, ORCH_ERR_OUT_OF_MEMORY,
                         "model too large (parameter count overflows)");
     long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
     if (pages > 0 && page > 0 &&
         bytes / (uint64_t)page > (uint64_t)pages)
-        return fail_buf(err, err_cap, ORCH_ERR_OUT_OF_MEMORY,
+        return engine_fail_buf(err, err_cap, ORCH_ERR_OUT_OF_MEMORY,
                         "model needs %llu bytes (%llu parameters; parameters, "
                         "gradients and two moments), more than this machine's "
                         "%llu bytes of memory",
                         (unsigned long long)bytes, (unsigned long long)n_params,
                         (unsigned long long)pages * (unsigned long long)page);
     if (n_params > SIZE_MAX / sizeof(float))
-        return fail_buf(err, err_cap, ORCH_ERR_OUT_OF_MEMORY, "model too large");
+        return engine_fail_buf(err, err_cap, ORCH_ERR_OUT_OF_MEMORY, "model too large");
 
     orch_engine_ctx *ctx = calloc(1, sizeof *ctx);
     if (!ctx)
-        return fail_buf(err, err_cap, ORCH_ERR_OUT_OF_MEMORY,
+        return engine_fail_buf(err, err_cap, ORCH_ERR_OUT_OF_MEMORY,
                         "cannot allocate a context");
     ctx->model = m;
     ctx->cfg = cfg;
     if (table_build(ctx) != ORCH_OK) {
         mock_context_destroy(ctx);
-        return fail_buf(err, err_cap, ORCH_ERR_OUT_OF_MEMORY,
+        return engine_fail_buf(err, err_cap, ORCH_ERR_OUT_OF_MEMORY,
                         "cannot allocate the tensor table");
     }
     /* calloc: pages of untouched buffers (moments, gradients) stay lazy. */
@@ -630,7 +527,7 @@ static int32_t mock_context_create(const orch_model_desc *model,
     if (!ctx->params || !ctx->grads || !ctx->adam_m || !ctx->adam_v ||
         !ctx->param_ready) {
         mock_context_destroy(ctx);
-        return fail_buf(err, err_cap, ORCH_ERR_OUT_OF_MEMORY,
+        return engine_fail_buf(err, err_cap, ORCH_ERR_OUT_OF_MEMORY,
                         "cannot allocate %llu bytes for %llu parameters",
                         (unsigned long long)bytes, (unsigned long long)n_params);
     }
@@ -658,15 +555,8 @@ static float *kind_buffer(orch_engine_ctx *ctx, uint32_t kind) {
 
 static int32_t check_kind_index(orch_engine_ctx *ctx, const char *fn,
                                 uint32_t kind, uint32_t index) {
-    if (!kind_buffer(ctx, kind))
-        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                    "%s: tensor kind %u is unknown (0 param, 1 adam_m, 2 adam_v)",
-                    fn, kind);
-    if (index >= ctx->n_tensors)
-        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                    "%s: tensor index %u out of range (table has %u)", fn, index,
-                    ctx->n_tensors);
-    return ORCH_OK;
+    return engine_check_kind_index(fn, kind, index, ctx->n_tensors,
+                                   ctx->last_error, sizeof ctx->last_error);
 }
 
 static int32_t mock_tensor_count(orch_engine_ctx *ctx, uint32_t kind,
@@ -694,19 +584,7 @@ static int32_t mock_tensor_info(orch_engine_ctx *ctx, uint32_t kind,
                     "tensor_info: out->struct_size %u is too small",
                     out->struct_size);
     if ((st = check_kind_index(ctx, "tensor_info", kind, index))) return st;
-    const mock_tensor *t = &ctx->tensors[index];
-    orch_tensor_info info;
-    memset(&info, 0, sizeof info);
-    size_t n = out->struct_size < sizeof info ? out->struct_size : sizeof info;
-    info.struct_size = (uint32_t)n;
-    info.dtype = ORCH_DTYPE_F32;
-    info.ndim = t->ndim;
-    info.flags = t->flags;
-    memcpy(info.shape, t->shape, sizeof info.shape);
-    info.numel = t->numel;
-    info.offset = t->offset;
-    memcpy(info.name, t->name, sizeof info.name);
-    memcpy(out, &info, n);
+    engine_tensor_info_fill(&ctx->tensors[index], out);
     return ORCH_OK;
 }
 
@@ -715,15 +593,8 @@ static int32_t check_tensor_io(orch_engine_ctx *ctx, const char *fn,
                                uint64_t bytes) {
     int32_t st = check_kind_index(ctx, fn, kind, index);
     if (st) return st;
-    const mock_tensor *t = &ctx->tensors[index];
-    if (!buf)
-        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT, "%s: buffer is NULL", fn);
-    if (bytes != t->numel * sizeof(float))
-        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                    "%s: tensor %s needs %llu bytes (%llu f32), got %llu", fn,
-                    t->name, (unsigned long long)(t->numel * sizeof(float)),
-                    (unsigned long long)t->numel, (unsigned long long)bytes);
-    return ORCH_OK;
+    return engine_check_tensor_bytes(fn, &ctx->tensors[index], buf, bytes,
+                                     ctx->last_error, sizeof ctx->last_error);
 }
 
 static int32_t mock_tensor_read(orch_engine_ctx *ctx, uint32_t kind,
@@ -802,32 +673,13 @@ static int32_t mock_grads_write(orch_engine_ctx *ctx, uint64_t offset,
 static int32_t check_batch(orch_engine_ctx *ctx, const char *fn,
                            const int32_t *tokens, const int32_t *targets,
                            uint32_t batch, uint32_t seq_len) {
-    if (!tokens || !targets)
-        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn,
-                    !tokens ? "tokens" : "targets");
-    if (batch == 0 || seq_len == 0)
-        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                    "%s: batch (%u) and seq_len (%u) must be > 0", fn, batch,
-                    seq_len);
-    if (seq_len > ctx->model.context)
-        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                    "%s: seq_len %u exceeds the model context %u", fn, seq_len,
-                    ctx->model.context);
-    uint64_t n = (uint64_t)batch * seq_len;
-    int32_t V = (int32_t)ctx->model.vocab_size;
-    for (uint64_t i = 0; i < n; i++) {
-        if (tokens[i] < 0 || tokens[i] >= V)
-            return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                        "%s: token %d at [%llu,%llu] outside 0..%d", fn,
-                        tokens[i], (unsigned long long)(i / seq_len),
-                        (unsigned long long)(i % seq_len), V - 1);
-        if (targets[i] < -1 || targets[i] >= V)
-            return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                        "%s: target %d at [%llu,%llu] outside -1..%d", fn,
-                        targets[i], (unsigned long long)(i / seq_len),
-                        (unsigned long long)(i % seq_len), V - 1);
-    }
-    return ORCH_OK;
+    int32_t st = engine_check_batch_shape(fn, tokens, targets, batch, seq_len,
+                                          ctx->model.context,
+                                          ctx->last_error, sizeof ctx->last_error);
+    if (st != ORCH_OK) return st;
+    return engine_check_batch_ids(fn, tokens, targets, batch, seq_len,
+                                  ctx->model.vocab_size,
+                                  ctx->last_error, sizeof ctx->last_error);
 }
 
 /* The four parameter entries (element offsets) term (x,y,t) reads. */
@@ -912,26 +764,10 @@ static int32_t mock_optimizer_step(orch_engine_ctx *ctx,
     if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
     int32_t st = enter(ctx, CALL_OPTIMIZER_STEP);
     if (st) return st;
-    if (!params)
-        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT, "optimizer_step: params is NULL");
-    if (params->struct_size < sizeof(orch_adamw_params))
-        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                    "optimizer_step: params struct_size %u is smaller than ABI "
-                    "1.0's %zu",
-                    params->struct_size, sizeof(orch_adamw_params));
-    const orch_adamw_params p = *params;
-    if (p.step == 0)
-        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                    "optimizer_step: step must be >= 1 (it is 1-based)");
-    if (!(p.lr >= 0.0f) || isinf(p.lr) || !(p.beta1 >= 0.0f && p.beta1 < 1.0f) ||
-        !(p.beta2 >= 0.0f && p.beta2 < 1.0f) || !(p.eps > 0.0f) || isinf(p.eps) ||
-        !(p.weight_decay >= 0.0f) || isinf(p.weight_decay) || !isfinite(p.grad_clip))
-        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                    "optimizer_step: bad hyper-parameters (need finite lr >= 0, "
-                    "0 <= beta1, beta2 < 1, eps > 0, weight_decay >= 0, finite "
-                    "grad_clip): lr=%g beta1=%g beta2=%g eps=%g wd=%g clip=%g",
-                    (double)p.lr, (double)p.beta1, (double)p.beta2,
-                    (double)p.eps, (double)p.weight_decay, (double)p.grad_clip);
+    orch_adamw_params p;
+    if ((st = engine_check_adamw(params, &p, ctx->last_error,
+                                 sizeof ctx->last_error)) != ORCH_OK)
+        return st;
     double sq = 0.0;
     for (uint64_t i = 0; i < ctx->n_params; i++)
         sq += (double)ctx->grads[i] * (double)ctx->grads[i];
@@ -1027,19 +863,6 @@ static int32_t mock_kv_configure(orch_engine_ctx *ctx, uint32_t block_size,
     return ORCH_OK;
 }
 
-/* Start a new validation round: marks from earlier rounds become stale. */
-static void marks_new_epoch(orch_engine_ctx *ctx) {
-    if (++ctx->kv_epoch == 0) {
-        memset(ctx->kv_marks, 0, (size_t)ctx->kv_num_blocks * sizeof(mock_mark));
-        ctx->kv_epoch = 1;
-    }
-}
-
-static const orch_seq_input *seq_at(const orch_infer_batch *b, uint32_t i) {
-    return (const orch_seq_input *)(const void *)((const char *)b->seqs +
-                                                  (size_t)i * b->seq_stride);
-}
-
 /* The next token after a prefix whose token ids sum to S (see the top). */
 static uint32_t next_token(uint64_t S, uint32_t vocab) {
     return vocab >= 123u ? 97u + (uint32_t)(S % 26u) : (uint32_t)(S % vocab);
@@ -1052,17 +875,9 @@ static int32_t mock_infer_forward(orch_engine_ctx *ctx,
     int32_t st = enter(ctx, CALL_INFER_FORWARD);
     if (st) return st;
     sleep_ms(ctx->cfg.sleep_ms);
-    if (!batch)
-        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT, "infer_forward: batch is NULL");
-    if (batch->struct_size < sizeof(orch_infer_batch))
-        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                    "infer_forward: batch struct_size %u is smaller than ABI "
-                    "1.0's %zu",
-                    batch->struct_size, sizeof(orch_infer_batch));
-    if (batch->n_seqs == 0 || !batch->seqs)
-        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                    "infer_forward: empty batch (n_seqs %u, seqs %s)",
-                    batch->n_seqs, batch->seqs ? "set" : "NULL");
+    if ((st = engine_infer_check_header(batch, ctx->last_error,
+                                        sizeof ctx->last_error)) != ORCH_OK)
+        return st;
     if (batch->seq_stride < sizeof(orch_seq_input) ||
         batch->seq_stride % _Alignof(orch_seq_input) != 0)
         return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
@@ -1075,128 +890,20 @@ static int32_t mock_infer_forward(orch_engine_ctx *ctx,
                     "infer_forward: no KV pool (call kv_configure first)");
 
     const uint32_t bs = ctx->kv_block_size, V = ctx->model.vocab_size;
-    uint64_t rows = 0;
-
-    /* Pass 1: each sequence on its own. */
-    for (uint32_t i = 0; i < batch->n_seqs; i++) {
-        const orch_seq_input *s = seq_at(batch, i);
-        if (!s->tokens || s->n_tokens == 0 || !s->block_table)
-            return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                        "infer_forward: sequence %u: %s", i,
-                        !s->tokens ? "tokens is NULL"
-                        : s->n_tokens == 0 ? "n_tokens is 0"
-                                           : "block_table is NULL");
-        if (s->logits_mode > ORCH_LOGITS_NONE)
-            return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                        "infer_forward: sequence %u: logits_mode %u is unknown",
-                        i, s->logits_mode);
-        if (s->adapter_id != 0)
-            return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                        "infer_forward: sequence %u: adapter_id %u (adapters are "
-                        "reserved; must be 0)",
-                        i, s->adapter_id);
-        uint64_t end = (uint64_t)s->start_pos + s->n_tokens;
-        if (end > ctx->model.context)
-            return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                        "infer_forward: sequence %u: positions %u..%llu exceed "
-                        "the model context %u",
-                        i, s->start_pos, (unsigned long long)(end - 1),
-                        ctx->model.context);
-        for (uint32_t k = 0; k < s->n_tokens; k++)
-            if (s->tokens[k] < 0 || (uint32_t)s->tokens[k] >= V)
-                return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                            "infer_forward: sequence %u: token %d at position "
-                            "%llu outside 0..%u",
-                            i, s->tokens[k],
-                            (unsigned long long)s->start_pos + k, V - 1);
-        uint64_t needed = (end + bs - 1) / bs;
-        if (s->n_blocks < needed)
-            return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                        "infer_forward: sequence %u: %u blocks cover %llu "
-                        "positions, %llu needed",
-                        i, s->n_blocks, (unsigned long long)s->n_blocks * bs,
-                        (unsigned long long)end);
-        for (uint64_t j = 0; j < needed; j++)
-            if (s->block_table[j] < 0 ||
-                (uint32_t)s->block_table[j] >= ctx->kv_num_blocks)
-                return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                            "infer_forward: sequence %u: block id %d (logical "
-                            "block %llu) outside the pool of %u blocks",
-                            i, s->block_table[j], (unsigned long long)j,
-                            ctx->kv_num_blocks);
-        rows += s->logits_mode == ORCH_LOGITS_ALL    ? s->n_tokens
-                : s->logits_mode == ORCH_LOGITS_LAST ? 1u
-                                                     : 0u;
-    }
-    uint64_t need_floats;
-    if (mul_u64(rows, V, &need_floats) || need_floats > logits_cap)
-        return fail(ctx, ORCH_ERR_CAPACITY,
-                    "infer_forward: %llu logit rows of %u need %llu floats, "
-                    "logits_cap is %llu",
-                    (unsigned long long)rows, V,
-                    (unsigned long long)rows * V, (unsigned long long)logits_cap);
-    if (rows > 0 && !logits)
-        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT, "infer_forward: logits is NULL");
-
-    /* Pass 2: mark the blocks each sequence writes; two writers is misuse. */
-    marks_new_epoch(ctx);
-    const uint32_t ep = ctx->kv_epoch;
-    for (uint32_t i = 0; i < batch->n_seqs; i++) {
-        const orch_seq_input *s = seq_at(batch, i);
-        uint64_t first = s->start_pos / bs;
-        uint64_t last = ((uint64_t)s->start_pos + s->n_tokens - 1) / bs;
-        for (uint64_t j = first; j <= last; j++) {
-            mock_mark *mk = &ctx->kv_marks[s->block_table[j]];
-            if (mk->epoch == ep && mk->seq != i)
-                return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                            "infer_forward: block %d is written by sequence %u "
-                            "and also used by sequence %u (copy it first)",
-                            s->block_table[j], mk->seq, i);
-            if (mk->epoch == ep && mk->lblock != j)
-                return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                            "infer_forward: block %d appears twice in the block "
-                            "table of sequence %u (logical blocks %u and %llu)",
-                            s->block_table[j], i, mk->lblock,
-                            (unsigned long long)j);
-            mk->epoch = ep;
-            mk->seq = i;
-            mk->lblock = (uint32_t)j;
-        }
-    }
-    /* Pass 3: nobody reads a block another sequence writes; earlier positions
-     * must already hold K/V. */
-    for (uint32_t i = 0; i < batch->n_seqs; i++) {
-        const orch_seq_input *s = seq_at(batch, i);
-        uint64_t last = ((uint64_t)s->start_pos + s->n_tokens - 1) / bs;
-        for (uint64_t j = 0; j <= last; j++) {
-            const mock_mark *mk = &ctx->kv_marks[s->block_table[j]];
-            if (mk->epoch != ep) continue;
-            if (mk->seq != i)
-                return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                            "infer_forward: block %d is written by sequence %u "
-                            "and also used by sequence %u (copy it first)",
-                            s->block_table[j], mk->seq, i);
-            if (mk->lblock != j)
-                return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                            "infer_forward: block %d appears twice in the block "
-                            "table of sequence %u (logical blocks %llu and %u)",
-                            s->block_table[j], i, (unsigned long long)j,
-                            mk->lblock);
-        }
-        for (uint32_t p = 0; p < s->start_pos; p++) {
-            int32_t b = s->block_table[p / bs];
-            uint32_t o = p % bs;
-            if (!ctx->kv_written[(uint64_t)b * bs + o])
-                return fail(ctx, ORCH_ERR_STATE,
-                            "infer_forward: sequence %u reads position %u from "
-                            "block %d slot %u, which was never written",
-                            i, p, b, o);
-        }
-    }
+    uint64_t tokens, rows;
+    if ((st = engine_infer_check_seqs(batch, V, ctx->model.context, bs,
+                                      ctx->kv_num_blocks, &tokens, &rows,
+                                      ctx->last_error, sizeof ctx->last_error)) ||
+        (st = engine_infer_check_logits(rows, V, logits, logits_cap, ctx->last_error,
+                                        sizeof ctx->last_error)) ||
+        (st = engine_infer_check_blocks(batch, bs, ctx->kv_marks, ctx->kv_num_blocks,
+                                        &ctx->kv_epoch, ctx->kv_written,
+                                        ctx->last_error, sizeof ctx->last_error)))
+        return st;
 
     /* Write the new tokens' "K/V". */
     for (uint32_t i = 0; i < batch->n_seqs; i++) {
-        const orch_seq_input *s = seq_at(batch, i);
+        const orch_seq_input *s = engine_batch_seq(batch, i);
         for (uint32_t k = 0; k < s->n_tokens; k++) {
             uint64_t p = (uint64_t)s->start_pos + k;
             uint64_t slot = (uint64_t)s->block_table[p / bs] * bs + p % bs;
@@ -1207,7 +914,7 @@ static int32_t mock_infer_forward(orch_engine_ctx *ctx,
     /* Logits from what the cache holds, read back through the table. */
     float *row = logits;
     for (uint32_t i = 0; i < batch->n_seqs; i++) {
-        const orch_seq_input *s = seq_at(batch, i);
+        const orch_seq_input *s = engine_batch_seq(batch, i);
         uint64_t end = (uint64_t)s->start_pos + s->n_tokens;
         if (s->logits_mode == ORCH_LOGITS_NONE) continue;
         uint64_t S = 0;
@@ -1237,34 +944,10 @@ static int32_t mock_kv_copy_blocks(orch_engine_ctx *ctx, const int32_t *src,
         return fail(ctx, ORCH_ERR_STATE,
                     "kv_copy_blocks: no KV pool (call kv_configure first)");
     if (n == 0) return ORCH_OK;
-    if (!src || !dst)
-        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT, "kv_copy_blocks: %s is NULL",
-                    !src ? "src" : "dst");
-    for (uint32_t i = 0; i < n; i++)
-        if (src[i] < 0 || (uint32_t)src[i] >= ctx->kv_num_blocks ||
-            dst[i] < 0 || (uint32_t)dst[i] >= ctx->kv_num_blocks)
-            return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                        "kv_copy_blocks: pair %u (%d -> %d) names a block outside "
-                        "the pool of %u blocks",
-                        i, src[i], dst[i], ctx->kv_num_blocks);
-    /* Roles: seq 0 = source, 1 = destination. */
-    marks_new_epoch(ctx);
-    const uint32_t ep = ctx->kv_epoch;
-    for (uint32_t i = 0; i < n; i++) {
-        mock_mark *mk = &ctx->kv_marks[src[i]];
-        mk->epoch = ep;
-        mk->seq = 0;
-    }
-    for (uint32_t i = 0; i < n; i++) {
-        mock_mark *mk = &ctx->kv_marks[dst[i]];
-        if (mk->epoch == ep)
-            return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                        "kv_copy_blocks: block %d is %s", dst[i],
-                        mk->seq == 0 ? "both a source and a destination"
-                                     : "a destination twice");
-        mk->epoch = ep;
-        mk->seq = 1;
-    }
+    if ((st = engine_kv_copy_check(src, dst, n, ctx->kv_marks, ctx->kv_num_blocks,
+                                   &ctx->kv_epoch, ctx->last_error,
+                                   sizeof ctx->last_error)) != ORCH_OK)
+        return st;
     const uint32_t bs = ctx->kv_block_size;
     for (uint32_t i = 0; i < n; i++) {
         memcpy(ctx->kv_tokens + (size_t)dst[i] * bs,
@@ -1284,21 +967,6 @@ static int32_t mock_probe(char *msg, uint32_t msg_cap) {
     return ORCH_OK;
 }
 
-static const char *mock_status_string(int32_t status) {
-    switch (status) {
-    case ORCH_OK: return "ok";
-    case ORCH_ERR_INVALID_ARGUMENT: return "invalid argument";
-    case ORCH_ERR_OUT_OF_MEMORY: return "out of memory";
-    case ORCH_ERR_UNSUPPORTED: return "unsupported";
-    case ORCH_ERR_STATE: return "call out of order";
-    case ORCH_ERR_CAPACITY: return "capacity exceeded";
-    case ORCH_ERR_DEVICE: return "device error";
-    case ORCH_ERR_NUMERIC: return "non-finite value";
-    case ORCH_ERR_INTERNAL: return "internal error";
-    default: return "unknown status";
-    }
-}
-
 static const orch_engine_api mock_api = {
     .abi_major = ORCH_ENGINE_ABI_MAJOR,
     .abi_minor = ORCH_ENGINE_ABI_MINOR,
@@ -1309,7 +977,7 @@ static const orch_engine_api mock_api = {
                     ORCH_CAP_EVAL | ORCH_CAP_DETERMINISTIC |
                     ORCH_CAP_FAULT_INJECTION,
     .probe = mock_probe,
-    .status_string = mock_status_string,
+    .status_string = engine_status_string,
     .context_create = mock_context_create,
     .context_destroy = mock_context_destroy,
     .last_error = mock_last_error,
