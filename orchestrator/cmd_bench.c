@@ -21,7 +21,8 @@ static void usage(void) {
     printf(
         "usage: orch bench train [--engine=E] [--config FILE] [--batch B] [--seq T]\n"
         "                        [--steps N] [--warmup N] [--threads N]\n"
-        "                        [--options S] [--seed N] [--json]\n"
+        "                        [--options S] [--seed N] [--peak-gflops G]\n"
+        "                        [--json]\n"
         "       orch bench infer [--engine=E] [--config FILE] [--prompt N]\n"
         "                        [--decode-prompt N] [--decode-steps N]\n"
         "                        [--block-size N] [--threads N] [--options S]\n"
@@ -42,6 +43,10 @@ static void usage(void) {
         "  rate over the model's training shapes ([batch*seq, out, in] of c_attn,\n"
         "  c_fc, mlp.c_proj and the LM head), measured in this process with the\n"
         "  same threads, each running single-threaded sgemm on a column slice.\n"
+        "  --peak-gflops G: compute mfu against G GFLOP/s instead (e.g. a GPU's\n"
+        "  dense peak for the math mode used: H200 fp32 67000, tf32 494700,\n"
+        "  bf16 989400); the JSON then has peak_gflops_per_s and\n"
+        "  mfu_peak = \"given\".\n"
         "\n"
         "infer: prefill_tokens_per_s for one --prompt (512) token prompt;\n"
         "  decode_tokens_per_s_1/_4/_16: aggregate tokens/s of 1, 4 and 16\n"
@@ -97,6 +102,7 @@ int cmd_bench(int argc, char **argv) {
     uint32_t batch = 0, seq = 0, steps = 10, warmup = 2, threads = 0;
     uint32_t prompt = 512, dprompt = 32, dsteps = 64, block = 16;
     int have_threads = 0, have_seed = 0, json = 0;
+    double peak_given = 0;
     uint64_t seed = 0;
     for (int i = 2; i < argc; i++) {
         const char *v;
@@ -138,6 +144,11 @@ int cmd_bench(int argc, char **argv) {
         } else if (!train && (v = util_flag_value("--block-size", argc, argv, &i))) {
             if (parse_u32("--block-size", v, &block) || block == 0) {
                 if (block == 0) util_error("bench: --block-size must be > 0");
+                return ORCH_EXIT_USAGE;
+            }
+        } else if (train && (v = util_flag_value("--peak-gflops", argc, argv, &i))) {
+            if (util_parse_double(v, &peak_given) != 0 || !(peak_given > 0)) {
+                util_error("bench: --peak-gflops expects a number > 0, got '%s'", v);
                 return ORCH_EXIT_USAGE;
             }
         } else if (strcmp(argv[i], "--json") == 0) {
@@ -197,6 +208,7 @@ int cmd_bench(int argc, char **argv) {
             return ORCH_EXIT_FAILURE;
         }
         const int peak = r.sgemm_peak_gflops_per_s > 0;
+        if (peak_given > 0) r.mfu = r.model_gflops_per_s / peak_given;
         if (json) {
             cJSON *j = cJSON_CreateObject();
             cJSON_AddStringToObject(j, "bench", "train");
@@ -212,7 +224,14 @@ int cmd_bench(int argc, char **argv) {
             cJSON_AddNumberToObject(j, "flops_per_token", r.flops_per_token);
             cJSON_AddNumberToObject(j, "model_gflops_per_s", r.model_gflops_per_s);
             add_num_or_null(j, "sgemm_peak_gflops_per_s", r.sgemm_peak_gflops_per_s, peak);
-            add_num_or_null(j, "mfu", r.mfu, peak);
+            if (peak_given > 0) {
+                cJSON_AddNumberToObject(j, "peak_gflops_per_s", peak_given);
+                cJSON_AddNumberToObject(j, "mfu", r.mfu);
+                cJSON_AddStringToObject(j, "mfu_peak", "given");
+            } else {
+                add_num_or_null(j, "mfu", r.mfu, peak);
+                cJSON_AddStringToObject(j, "mfu_peak", "sgemm");
+            }
             cJSON_AddNumberToObject(j, "first_loss", r.first_loss);
             cJSON_AddNumberToObject(j, "last_loss", r.last_loss);
             print_json(j);
@@ -226,8 +245,12 @@ int cmd_bench(int argc, char **argv) {
             printf("  tokens_per_s             %10.1f\n", r.tokens_per_s);
             printf("  model_gflops_per_s       %10.1f   (%.3g FLOPs/token)\n",
                    r.model_gflops_per_s, r.flops_per_token);
-            if (peak) {
+            if (peak)
                 printf("  sgemm_peak_gflops_per_s  %10.1f\n", r.sgemm_peak_gflops_per_s);
+            if (peak_given > 0) {
+                printf("  peak (given)             %10.1f\n", peak_given);
+                printf("  mfu                      %10.3f   (against the given peak)\n", r.mfu);
+            } else if (peak) {
                 printf("  mfu                      %10.3f\n", r.mfu);
             } else {
                 printf("  sgemm peak               n/a (no OpenBLAS in this process)\n");
