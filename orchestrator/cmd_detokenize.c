@@ -30,33 +30,12 @@ int cmd_detokenize(int argc, char **argv) {
                "  --vocab-dir D   directory with encoder.json and vocab.bpe\n");
         return ORCH_EXIT_OK;
     }
-    const char *kind = "gpt2", *vocab_dir = NULL;
-    for (int i = 1; i < argc; i++) {
-        const char *v;
-        if ((v = util_flag_value("--tokenizer", argc, argv, &i))) {
-            kind = v;
-        } else if ((v = util_flag_value("--vocab-dir", argc, argv, &i))) {
-            vocab_dir = v;
-        } else {
-            util_error("detokenize: unknown argument '%s' (see orch detokenize "
-                       "--help)",
-                       argv[i]);
-            return ORCH_EXIT_USAGE;
-        }
-    }
-    char err[1024];
     tokenizer *t;
-    if (tokenizer_open(kind, vocab_dir, &t, err, sizeof err) != 0) {
-        util_error("detokenize: %s", err);
-        return ORCH_EXIT_USAGE;
-    }
     size_t len;
-    char *in = util_read_stream(stdin, &len);
-    if (!in) {
-        util_error("detokenize: cannot read stdin: %s", strerror(errno));
-        tokenizer_free(t);
-        return ORCH_EXIT_FAILURE;
-    }
+    char *in;
+    int st = cmd_open_tokenizer_read_stdin(argc, argv, &t, &in, &len);
+    if (st != ORCH_EXIT_OK) return st;
+    char err[1024];
     /* Every id takes at least 2 bytes of input with its separator. */
     int32_t *ids = malloc((len / 2 + 1) * sizeof *ids);
     size_t n = 0;

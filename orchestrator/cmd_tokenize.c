@@ -30,32 +30,12 @@ int cmd_tokenize(int argc, char **argv) {
                "detokenize.\n");
         return ORCH_EXIT_OK;
     }
-    const char *kind = "gpt2", *vocab_dir = NULL;
-    for (int i = 1; i < argc; i++) {
-        const char *v;
-        if ((v = util_flag_value("--tokenizer", argc, argv, &i))) {
-            kind = v;
-        } else if ((v = util_flag_value("--vocab-dir", argc, argv, &i))) {
-            vocab_dir = v;
-        } else {
-            util_error("tokenize: unknown argument '%s' (see orch tokenize --help)",
-                       argv[i]);
-            return ORCH_EXIT_USAGE;
-        }
-    }
-    char err[1024];
     tokenizer *t;
-    if (tokenizer_open(kind, vocab_dir, &t, err, sizeof err) != 0) {
-        util_error("tokenize: %s", err);
-        return ORCH_EXIT_USAGE;
-    }
     size_t len;
-    char *text = util_read_stream(stdin, &len);
-    if (!text) {
-        util_error("tokenize: cannot read stdin: %s", strerror(errno));
-        tokenizer_free(t);
-        return ORCH_EXIT_FAILURE;
-    }
+    char *text;
+    int st = cmd_open_tokenizer_read_stdin(argc, argv, &t, &text, &len);
+    if (st != ORCH_EXIT_OK) return st;
+    char err[1024];
     int32_t *ids;
     size_t n;
     int rc = tokenizer_encode(t, text, len, &ids, &n, err, sizeof err);

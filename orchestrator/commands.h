@@ -9,6 +9,8 @@
 #ifndef ORCH_COMMANDS_H
 #define ORCH_COMMANDS_H
 
+#include <stddef.h>
+
 int cmd_info(int argc, char **argv);
 int cmd_train(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
@@ -20,6 +22,15 @@ int cmd_detokenize(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_config(int argc, char **argv);
 int cmd_import_gpt2(int argc, char **argv);
+
+struct tokenizer;
+/* Shared front half of `tokenize` and `detokenize`: parse --tokenizer and
+ * --vocab-dir (argv[0] is the command name, used in messages), open the
+ * tokenizer and read all of stdin. Returns ORCH_EXIT_OK with *t and *in
+ * (NUL-terminated, *len bytes) owned by the caller (tokenizer_free, free), or
+ * the exit status after printing one error line (nothing held). */
+int cmd_open_tokenizer_read_stdin(int argc, char **argv, struct tokenizer **t,
+                                  char **in, size_t *len);
 
 /* True if any argument is --help or -h. */
 int cmd_wants_help(int argc, char **argv);
