@@ -6,7 +6,7 @@
 #   make asan       the same suites under ASan+UBSan, in build/asan
 #   make clean
 #
-# Sources are picked up by wildcard: orchestrator/*.c -> build/orch,
+# Sources are picked up by wildcard: orchestrator/*/*.c -> build/orch,
 # engines/<name>/*.c (and *.cu) -> build/libengine_<name>.so,
 # tests/test_*.c -> build/tests/test_* (Check suites),
 # tests/engines/*.c -> build/tests/engines/*.so (deliberately broken engines),
@@ -40,9 +40,9 @@ PKG_LIBS = $(shell pkg-config --libs libcjson libmicrohttpd libpcre2-8 libcrypto
 PKG_CFLAGS = $(shell pkg-config --cflags libcjson libmicrohttpd libpcre2-8 libcrypto 2>/dev/null)
 CHECK_LIBS = $(shell pkg-config --libs check 2>/dev/null || echo -lcheck -lsubunit -lrt -lm -lpthread)
 
-ORCH_SRCS := $(wildcard orchestrator/*.c)
+ORCH_SRCS := $(wildcard orchestrator/*/*.c)
 ORCH_OBJS := $(patsubst %.c,$(BUILD)/obj/%.o,$(ORCH_SRCS))
-ORCH_LIB_OBJS := $(filter-out $(BUILD)/obj/orchestrator/main.o,$(ORCH_OBJS))
+ORCH_LIB_OBJS := $(filter-out $(BUILD)/obj/orchestrator/cli/main.o,$(ORCH_OBJS))
 ORCH_LIBS = $(PKG_LIBS) -ldl -lpthread -lm
 
 ENGINE_CFLAGS := $(CFLAGS_COMMON) -fPIC -fvisibility=hidden

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "orchestrator/block_manager.h"
+#include "orchestrator/serve/block_manager.h"
 
 START_TEST(alloc_release_all_or_nothing) {
     ck_assert_ptr_null(block_manager_create(0, 16));

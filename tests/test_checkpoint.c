@@ -20,12 +20,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "orchestrator/checkpoint.h"
-#include "orchestrator/commands.h"
-#include "orchestrator/engine_loader.h"
-#include "orchestrator/generate.h"
-#include "orchestrator/safetensors.h"
-#include "orchestrator/util.h"
+#include "orchestrator/store/checkpoint.h"
+#include "orchestrator/cli/commands.h"
+#include "orchestrator/core/engine_loader.h"
+#include "orchestrator/infer/generate.h"
+#include "orchestrator/store/safetensors.h"
+#include "orchestrator/core/util.h"
 
 static char dir[256];
 static engine_handle mock;
@@ -658,10 +658,10 @@ static void check_imported(const char *out, int extras) {
     ck_assert_int_eq(ckpt_verify(out, err, sizeof err), 0);
     ck_assert_int_eq(ckpt_has_optimizer(out), 0);
     /* The model loads by name into an engine context of the config's shape. */
-    generate_model m;
-    generate_model_opts mo = {out, "mock", 1, NULL, 0};
+    inference_model m;
+    inference_model_opts mo = {out, "mock", 1, NULL, 0};
     char warn[512];
-    if (generate_model_open(&mo, &m, warn, sizeof warn, err, sizeof err) != 0)
+    if (inference_model_open(&mo, &m, warn, sizeof warn, err, sizeof err) != 0)
         ck_abort_msg("open imported: %s", err);
     ck_assert_uint_eq(m.desc.width, 8);
     ck_assert_uint_eq(m.desc.layers, 2);
@@ -670,7 +670,7 @@ static void check_imported(const char *out, int extras) {
     ck_assert_uint_eq(m.desc.mlp_width, 32);
     ck_assert_uint_eq(m.desc.vocab_size, 256);
     ck_assert_str_eq(m.cfg->data.tokenizer, "byte");
-    generate_model_close(&m);
+    inference_model_close(&m);
 }
 
 START_TEST(import_gpt2_round_trip) {

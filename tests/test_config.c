@@ -1,5 +1,5 @@
 /*
- * test_config.c - Check suite for orchestrator/config.{c,h}: one test per
+ * test_config.c - Check suite for orchestrator/core/config.{c,h}: one test per
  * error kind (each asserting the message names the JSON path), defaults,
  * overrides, serialisation and the model description.
  */
@@ -9,7 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "orchestrator/config.h"
+#include "orchestrator/core/config.h"
 
 #define MODEL                                                               \
     "\"model\": {\"arch\": \"gpt2\", \"vocab_size\": 256, \"context\": 64, " \

@@ -22,8 +22,8 @@
 #include <string.h>
 
 #include "engine_api/orch_engine.h"
-#include "orchestrator/engine_loader.h"
-#include "orchestrator/util.h"
+#include "orchestrator/core/engine_loader.h"
+#include "orchestrator/core/util.h"
 
 #define MAX_ENGINES 16
 #define V 200u

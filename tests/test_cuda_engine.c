@@ -34,7 +34,7 @@
 #include <string.h>
 
 #include "engine_api/orch_engine.h"
-#include "orchestrator/engine_loader.h"
+#include "orchestrator/core/engine_loader.h"
 
 /* the tiny model: odd sizes everywhere to catch index mistakes */
 #define V 67u

@@ -1,5 +1,5 @@
 /*
- * test_data_loader.c - Check suite for orchestrator/data_loader.{c,h}: the
+ * test_data_loader.c - Check suite for orchestrator/data/data_loader.{c,h}: the
  * seeded RNG (determinism, state round trip, bounds), training windows
  * (contiguous, targets shifted by one, taken from the dataset), prefetch and
  * synchronous loaders agree, a loader restarted from a saved RNG state
@@ -11,8 +11,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "orchestrator/data_loader.h"
-#include "orchestrator/shard.h"
+#include "orchestrator/data/data_loader.h"
+#include "orchestrator/data/shard.h"
 
 #define N_TOKENS 5000u
 static char dir[64];

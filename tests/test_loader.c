@@ -14,8 +14,8 @@
 #include <unistd.h>
 
 #include "engine_api/orch_engine.h"
-#include "orchestrator/engine_loader.h"
-#include "orchestrator/util.h"
+#include "orchestrator/core/engine_loader.h"
+#include "orchestrator/core/util.h"
 
 #define DIR_MAX 1024
 static char exe_dir[DIR_MAX];   /* <build>/tests */

@@ -15,7 +15,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "orchestrator/metrics.h"
+#include "orchestrator/core/metrics.h"
 
 static char *render(metrics_registry *r) {
     char *t = NULL;

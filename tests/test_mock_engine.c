@@ -13,8 +13,8 @@
 #include <string.h>
 
 #include "engine_api/orch_engine.h"
-#include "orchestrator/engine_loader.h"
-#include "orchestrator/util.h"
+#include "orchestrator/core/engine_loader.h"
+#include "orchestrator/core/util.h"
 
 static engine_handle mock;
 #define API (mock.api)

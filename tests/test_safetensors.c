@@ -12,8 +12,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "orchestrator/safetensors.h"
-#include "orchestrator/sha256.h"
+#include "orchestrator/store/safetensors.h"
+#include "orchestrator/store/sha256.h"
 
 static char dir[256];
 static char path[300];

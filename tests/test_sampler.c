@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "orchestrator/sampler.h"
+#include "orchestrator/serve/sampler.h"
 
 static const float L[6] = {1.0f, 3.0f, 2.0f, 3.0f, -1.0f, 0.5f};
 

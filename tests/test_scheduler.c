@@ -16,10 +16,10 @@
 #include <string.h>
 #include <time.h>
 
-#include "orchestrator/engine_loader.h"
-#include "orchestrator/scheduler.h"
-#include "orchestrator/tokenizer.h"
-#include "orchestrator/util.h"
+#include "orchestrator/core/engine_loader.h"
+#include "orchestrator/serve/scheduler.h"
+#include "orchestrator/data/tokenizer.h"
+#include "orchestrator/core/util.h"
 
 static engine_handle eng;
 static orch_engine_ctx *ctx;

@@ -1,6 +1,6 @@
 /*
- * test_shard.c - Check suite for orchestrator/shard.{c,h} and
- * orchestrator/corpus.{c,h}: shard write/read round trips (2- and 4-byte
+ * test_shard.c - Check suite for orchestrator/data/shard.{c,h} and
+ * orchestrator/data/corpus.{c,h}: shard write/read round trips (2- and 4-byte
  * tokens), atomic writes, every corrupt-file case (bad magic, foreign file,
  * wrong version, corrupt header, truncated, size mismatch, payload checksum,
  * empty file), mixed tokenizers, dataset reads across shard boundaries
@@ -20,10 +20,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "orchestrator/corpus.h"
-#include "orchestrator/shard.h"
-#include "orchestrator/tokenizer.h"
-#include "orchestrator/util.h"
+#include "orchestrator/data/corpus.h"
+#include "orchestrator/data/shard.h"
+#include "orchestrator/data/tokenizer.h"
+#include "orchestrator/core/util.h"
 
 static char dir[64];
 static char err[2048];

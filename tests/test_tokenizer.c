@@ -1,5 +1,5 @@
 /*
- * test_tokenizer.c - Check suite for orchestrator/tokenizer.{c,h}: every case
+ * test_tokenizer.c - Check suite for orchestrator/data/tokenizer.{c,h}: every case
  * of the shared GPT-2 fixture (llama.cpp's r50k cases) and of a random
  * fixture made with the reference npm encoder, decode(encode(x)) == x for
  * random UTF-8 over all planes and for random (invalid) bytes, long pieces,
@@ -16,8 +16,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "orchestrator/tokenizer.h"
-#include "orchestrator/util.h"
+#include "orchestrator/data/tokenizer.h"
+#include "orchestrator/core/util.h"
 
 static char root[PATH_MAX]; /* repository root (holds tests/fixtures) */
 static char vocab_dir[PATH_MAX + 16];

@@ -69,7 +69,7 @@ def greedy(prompt, n):
 
 
 def chat_prompt(messages):
-    """The orch-plain-v1 chat template (orchestrator/chat_template.h)."""
+    """The orch-plain-v1 chat template (orchestrator/serve/chat_template.h)."""
     label = {"system": "System: ", "developer": "System: ", "user": "User: ", "assistant": "Assistant: "}
     out = ""
     for m in messages:

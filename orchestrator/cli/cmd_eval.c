@@ -1,0 +1,143 @@
+/*
+ * cmd_eval.c - `orch eval`: validation loss and perplexity of a checkpoint
+ * over the validation shards named in its config, on the same fixed,
+ * evenly spaced evaluation windows the training loop uses
+ * (data_eval_set_build), so the numbers match the run's val_loss.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "orchestrator/cli/commands.h"
+#include "orchestrator/data/data_loader.h"
+#include "orchestrator/infer/generate.h"
+#include "orchestrator/data/shard.h"
+#include "orchestrator/core/util.h"
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: orch eval --checkpoint DIR [options]\n"
+            "\n"
+            "Print the validation loss and perplexity of a checkpoint over the\n"
+            "validation shards named in its config (data.val), on the same fixed\n"
+            "windows training evaluates (train.eval_batches batches of\n"
+            "train.micro_batch x train.seq_len tokens).\n"
+            "\noptions:\n"
+            "  --checkpoint DIR   run directory (newest complete checkpoint) or a\n"
+            "                     checkpoint directory (required)\n"
+            "  --batches N        number of batches (default: train.eval_batches)\n"
+            "  --val GLOB         validation shards (default: the config's data.val)\n"
+            "  --engine E         engine (default: the checkpoint config's)\n"
+            "  --threads N        engine threads (default: the config's)\n"
+            "\noutput lines: checkpoint, step, tokens, val_loss, perplexity\n"
+            "exit status: 0 ok, 1 runtime failure, 2 bad usage/checkpoint/data/engine\n");
+}
+
+int cmd_eval(int argc, char **argv) {
+    if (cmd_wants_help(argc, argv)) {
+        usage(stdout);
+        return ORCH_EXIT_OK;
+    }
+    const char *ckpt = NULL, *engine = NULL, *val = NULL;
+    uint64_t batches = 0;
+    int threads = -1;
+    for (int i = 1; i < argc; i++) {
+        const char *v;
+        uint64_t u;
+        if ((v = util_flag_value("--checkpoint", argc, argv, &i))) {
+            ckpt = v;
+        } else if ((v = util_flag_value("--batches", argc, argv, &i))) {
+            if (util_parse_u64(v, &batches) != 0 || batches == 0 ||
+                batches > 1048576) {
+                util_error("eval: --batches: '%s' is not a count in 1..1048576",
+                           v);
+                return ORCH_EXIT_USAGE;
+            }
+        } else if ((v = util_flag_value("--val", argc, argv, &i))) {
+            val = v;
+        } else if ((v = util_flag_value("--engine", argc, argv, &i))) {
+            engine = v;
+        } else if ((v = util_flag_value("--threads", argc, argv, &i))) {
+            if (util_parse_u64(v, &u) != 0 || u > 4096) {
+                util_error("eval: --threads: '%s' is not a thread count", v);
+                return ORCH_EXIT_USAGE;
+            }
+            threads = (int)u;
+        } else {
+            util_error("eval: unknown or incomplete option '%s' (see orch eval "
+                       "--help)",
+                       argv[i]);
+            return ORCH_EXIT_USAGE;
+        }
+    }
+    if (!ckpt) {
+        util_error("eval: --checkpoint DIR is required (see orch eval --help)");
+        return ORCH_EXIT_USAGE;
+    }
+    char err[2048], warn[2048];
+    inference_model m;
+    inference_model_opts mo = {ckpt, engine, threads, NULL, 0};
+    if (inference_model_open(&mo, &m, warn, sizeof warn, err, sizeof err) != 0) {
+        util_error("eval: %s", err);
+        return ORCH_EXIT_USAGE;
+    }
+    if (warn[0]) util_warn("%s", warn);
+    int rc = ORCH_EXIT_USAGE;
+    dataset *ds = NULL;
+    data_eval_set es;
+    memset(&es, 0, sizeof es);
+    const orch_config *cfg = m.cfg;
+    if (!(m.engine.api->capabilities & ORCH_CAP_EVAL)) {
+        util_error("eval: engine %s cannot evaluate (no eval capability)",
+                   m.engine.api->name);
+        goto out;
+    }
+    if (!val) val = cfg->data.val;
+    if (dataset_open(val, &ds, err, sizeof err) != 0) {
+        util_error("eval: validation data: %s", err);
+        goto out;
+    }
+    if (strcmp(dataset_tokenizer_name(ds), cfg->data.tokenizer) != 0 ||
+        dataset_vocab_size(ds) > m.desc.vocab_size) {
+        util_error("eval: validation shards '%s' were made with tokenizer %s "
+                   "(vocab %u) but the model uses %s (vocab %u)",
+                   val, dataset_tokenizer_name(ds), dataset_vocab_size(ds),
+                   cfg->data.tokenizer, m.desc.vocab_size);
+        goto out;
+    }
+    uint32_t nb = batches ? (uint32_t)batches : cfg->train.eval_batches;
+    uint32_t bsz = cfg->train.micro_batch, T = cfg->train.seq_len;
+    if (data_eval_set_build(ds, nb, bsz, T, &es, err, sizeof err) != 0) {
+        util_error("eval: %s", err);
+        goto out;
+    }
+    rc = ORCH_EXIT_FAILURE;
+    double sum = 0;
+    size_t per = (size_t)bsz * T;
+    for (uint32_t b = 0; b < es.n_batches; b++) {
+        float loss = 0;
+        int32_t st = m.engine.api->eval_loss(m.ctx, es.tokens + b * per,
+                                             es.targets + b * per, bsz, T, &loss);
+        if (st != ORCH_OK) {
+            engine_format_error(&m.engine, m.ctx, st, err, sizeof err);
+            util_error("eval: eval_loss (batch %u): %s", b, err);
+            goto out;
+        }
+        sum += loss;
+    }
+    double mean = sum / es.n_batches;
+    printf("checkpoint: %s\n", m.ckpt_dir);
+    printf("step: %llu\n", (unsigned long long)m.step);
+    printf("tokens: %llu (%u batches x %u x %u)\n",
+           (unsigned long long)es.n_batches * per, es.n_batches, bsz, T);
+    printf("val_loss: %.9g\n", mean);
+    printf("perplexity: %.9g\n", exp(mean));
+    rc = isfinite(mean) ? ORCH_EXIT_OK : ORCH_EXIT_FAILURE;
+    if (rc != ORCH_EXIT_OK) util_error("eval: the loss is not finite");
+out:
+    data_eval_set_free(&es);
+    dataset_close(ds);
+    inference_model_close(&m);
+    return rc;
+}

@@ -1,0 +1,66 @@
+/*
+ * cmd_tokenize.c - `orch tokenize --tokenizer gpt2|byte`: raw bytes on stdin
+ * (every byte, newlines and NULs included) -> token ids on stdout, separated
+ * by spaces, ending with one newline.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "orchestrator/cli/commands.h"
+#include "orchestrator/data/tokenizer.h"
+#include "orchestrator/core/util.h"
+
+
+int cmd_tokenize(int argc, char **argv) {
+    if (cmd_wants_help(argc, argv)) {
+        printf("usage: orch tokenize [--tokenizer gpt2|byte] [--vocab-dir DIR] "
+               "< text\n\n"
+               "Reads raw bytes on stdin (all of them: newlines, CR, NUL, "
+               "invalid UTF-8)\n"
+               "and prints their token ids separated by spaces, then a "
+               "newline.\n"
+               "  --tokenizer T   gpt2 (default; GPT-2 byte-level BPE) or byte "
+               "(id = byte)\n"
+               "  --vocab-dir D   directory with encoder.json and vocab.bpe\n"
+               "                  (default: $ORCH_DATA_DIR/gpt2, "
+               "<orch>/../data/gpt2, ./data/gpt2)\n"
+               "\"<|endoftext|>\" in the input is ordinary text. Inverse: orch "
+               "detokenize.\n");
+        return ORCH_EXIT_OK;
+    }
+    tokenizer *t;
+    size_t len;
+    char *text;
+    int st = cmd_open_tokenizer_read_stdin(argc, argv, &t, &text, &len);
+    if (st != ORCH_EXIT_OK) return st;
+    char err[1024];
+    int32_t *ids;
+    size_t n;
+    int rc = tokenizer_encode(t, text, len, &ids, &n, err, sizeof err);
+    free(text);
+    tokenizer_free(t);
+    if (rc != 0) {
+        util_error("tokenize: %s", err);
+        return ORCH_EXIT_FAILURE;
+    }
+    static char out[1 << 16];
+    size_t o = 0;
+    int bad = 0;
+    for (size_t i = 0; i < n && !bad; i++) {
+        if (o + 16 > sizeof out) {
+            bad = fwrite(out, 1, o, stdout) != o;
+            o = 0;
+        }
+        o += (size_t)snprintf(out + o, sizeof out - o, i ? " %d" : "%d", ids[i]);
+    }
+    free(ids);
+    out[o++] = '\n';
+    if (!bad) bad = fwrite(out, 1, o, stdout) != o;
+    if (fflush(stdout) != 0 || bad) {
+        util_error("tokenize: cannot write stdout: %s", strerror(errno));
+        return ORCH_EXIT_FAILURE;
+    }
+    return ORCH_EXIT_OK;
+}

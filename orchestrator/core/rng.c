@@ -1,0 +1,46 @@
+/*
+ * rng.c - xoshiro256** with splitmix64 seeding. See rng.h.
+ */
+#include "orchestrator/core/rng.h"
+
+uint64_t rng_splitmix64(uint64_t *x) {
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+void rng_seed(orch_rng *r, uint64_t seed) {
+    uint64_t x = seed;
+    for (int i = 0; i < 4; i++) r->s[i] = rng_splitmix64(&x);
+}
+
+static inline uint64_t rotl(uint64_t x, int k) {
+    return (x << k) | (x >> (64 - k));
+}
+
+uint64_t rng_next(orch_rng *r) {
+    uint64_t *s = r->s;
+    uint64_t result = rotl(s[1] * 5, 7) * 9;
+    uint64_t t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return result;
+}
+
+uint64_t rng_below(orch_rng *r, uint64_t n) {
+    if (n <= 1) return 0;
+    uint64_t threshold = (0 - n) % n; /* 2^64 mod n */
+    for (;;) {
+        uint64_t x = rng_next(r);
+        if (x >= threshold) return x % n;
+    }
+}
+
+double rng_uniform(orch_rng *r) {
+    return (double)(rng_next(r) >> 11) * 0x1.0p-53;
+}

@@ -1,0 +1,249 @@
+/*
+ * generate.c - one-sequence incremental decoding through infer_forward with an
+ * identity block table. See generate.h.
+ */
+#include "orchestrator/infer/generate.h"
+
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "orchestrator/store/checkpoint.h"
+#include "orchestrator/core/util.h"
+
+struct generate_session {
+    const engine_handle *h;
+    orch_engine_ctx *ctx;
+    uint32_t vocab;
+    uint32_t context;
+    uint32_t chunk;
+    uint32_t pos;
+    int have_logits;
+    int broken;
+    int32_t *blocks; /* block i of the sequence = pool block i */
+    uint32_t n_blocks;
+    float *logits;
+};
+
+int generate_session_create(const engine_handle *h, orch_engine_ctx *ctx,
+                            uint32_t vocab_size, uint32_t context,
+                            uint32_t prefill_chunk, generate_session **out,
+                            char *err, size_t err_cap) {
+    if (!h || !h->api || !ctx || vocab_size == 0 || context == 0) {
+        util_set_err(err, err_cap, "generate: bad arguments");
+        return -1;
+    }
+    if (!(h->api->capabilities & ORCH_CAP_INFER)) {
+        util_set_err(err, err_cap, "engine %s cannot run inference",
+                     h->api->name);
+        return -1;
+    }
+    generate_session *s = util_calloc(1, sizeof *s);
+    if (!s) goto oom;
+    s->h = h;
+    s->ctx = ctx;
+    s->vocab = vocab_size;
+    s->context = context;
+    s->chunk = prefill_chunk ? prefill_chunk : 512;
+    s->n_blocks = (context + GENERATE_BLOCK_SIZE - 1) / GENERATE_BLOCK_SIZE;
+    s->blocks = util_calloc(s->n_blocks, sizeof *s->blocks);
+    s->logits = util_calloc(vocab_size, sizeof *s->logits);
+    if (!s->blocks || !s->logits) goto oom;
+    for (uint32_t i = 0; i < s->n_blocks; i++) s->blocks[i] = (int32_t)i;
+    int32_t st = h->api->kv_configure(ctx, GENERATE_BLOCK_SIZE, s->n_blocks);
+    if (st != ORCH_OK) {
+        char msg[512];
+        engine_format_error(h, ctx, st, msg, sizeof msg);
+        util_set_err(err, err_cap, "kv_configure(%u blocks of %u): %s",
+                     s->n_blocks, GENERATE_BLOCK_SIZE, msg);
+        generate_session_free(s);
+        return -1;
+    }
+    *out = s;
+    return 0;
+oom:
+    util_set_err(err, err_cap, "generate: out of memory");
+    generate_session_free(s);
+    return -1;
+}
+
+void generate_session_free(generate_session *s) {
+    if (!s) return;
+    free(s->blocks);
+    free(s->logits);
+    free(s);
+}
+
+int generate_feed(generate_session *s, const int32_t *ids, size_t n,
+                  char *err, size_t err_cap) {
+    if (s->broken) {
+        util_set_err(err, err_cap, "generate: session failed earlier; reset it");
+        return -1;
+    }
+    if (n == 0 || !ids) {
+        util_set_err(err, err_cap, "generate: no tokens to feed");
+        return -1;
+    }
+    if (n > (size_t)(s->context - s->pos)) {
+        util_set_err(err, err_cap,
+                     "context full: %u tokens so far + %zu new exceed the "
+                     "model's context of %u",
+                     s->pos, n, s->context);
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] < 0 || (uint32_t)ids[i] >= s->vocab) {
+            util_set_err(err, err_cap, "token id %d outside the vocabulary (%u)",
+                         ids[i], s->vocab);
+            return -1;
+        }
+    size_t done = 0;
+    while (done < n) {
+        uint32_t take = (uint32_t)((n - done) < s->chunk ? (n - done) : s->chunk);
+        int last = done + take == n;
+        uint32_t end = s->pos + take;
+        orch_seq_input seq;
+        memset(&seq, 0, sizeof seq);
+        seq.tokens = ids + done;
+        seq.n_tokens = take;
+        seq.start_pos = s->pos;
+        seq.block_table = s->blocks;
+        seq.n_blocks = (end + GENERATE_BLOCK_SIZE - 1) / GENERATE_BLOCK_SIZE;
+        seq.logits_mode = last ? ORCH_LOGITS_LAST : ORCH_LOGITS_NONE;
+        orch_infer_batch b;
+        memset(&b, 0, sizeof b);
+        b.struct_size = sizeof b;
+        b.n_seqs = 1;
+        b.seq_stride = sizeof seq;
+        b.seqs = &seq;
+        int32_t st = s->h->api->infer_forward(s->ctx, &b, s->logits,
+                                              last ? s->vocab : 0);
+        if (st != ORCH_OK) {
+            char msg[512];
+            engine_format_error(s->h, s->ctx, st, msg, sizeof msg);
+            util_set_err(err, err_cap, "infer_forward at position %u: %s",
+                         s->pos, msg);
+            s->broken = 1;
+            s->have_logits = 0;
+            return -1;
+        }
+        s->pos = end;
+        done += take;
+    }
+    s->have_logits = 1;
+    return 0;
+}
+
+const float *generate_logits(const generate_session *s) {
+    return s && s->have_logits ? s->logits : NULL;
+}
+
+uint32_t generate_position(const generate_session *s) { return s->pos; }
+uint32_t generate_context(const generate_session *s) { return s->context; }
+
+void generate_reset(generate_session *s) {
+    s->pos = 0;
+    s->have_logits = 0;
+    s->broken = 0;
+}
+
+size_t generate_utf8_ready(const char *buf, size_t len) {
+    const unsigned char *p = (const unsigned char *)buf;
+    /* Look back at most 3 bytes for the lead byte of the last character. */
+    size_t back = 0;
+    while (back < 3 && back < len && (p[len - 1 - back] & 0xC0) == 0x80) back++;
+    if (back == len) return len; /* only continuation bytes: invalid, emit */
+    unsigned char lead = p[len - 1 - back];
+    size_t need;
+    if (lead >= 0xC2 && lead <= 0xDF) need = 2;
+    else if (lead >= 0xE0 && lead <= 0xEF) need = 3;
+    else if (lead >= 0xF0 && lead <= 0xF4) need = 4;
+    else return len; /* ASCII or invalid lead: nothing to wait for */
+    if (back + 1 < need) return len - back - 1; /* incomplete: hold it back */
+    return len;
+}
+
+/* ------------------------------------------------------------------------- */
+/* Opening a checkpoint for inference                                         */
+/* ------------------------------------------------------------------------- */
+
+void inference_model_close(inference_model *m) {
+    if (!m) return;
+    tokenizer_free(m->tok);
+    if (m->ctx && m->engine.api) m->engine.api->context_destroy(m->ctx);
+    engine_unload(&m->engine);
+    config_free(m->cfg);
+    memset(m, 0, sizeof *m);
+}
+
+/* The "config" object of state.json and its "tokenizer" string. */
+static int read_ckpt_config(const char *ckpt_dir, orch_config **cfg,
+                            char *tok, size_t tok_cap, char *err,
+                            size_t err_cap) {
+    char *text = NULL;
+    if (ckpt_read_state(ckpt_dir, &text, err, err_cap) != 0) return -1;
+    cJSON *root = cJSON_Parse(text);
+    free(text);
+    char origin[4200];
+    snprintf(origin, sizeof origin, "%s/state.json: config", ckpt_dir);
+    const cJSON *c = cJSON_GetObjectItemCaseSensitive(root, "config");
+    if (!cJSON_IsObject(c)) {
+        util_set_err(err, err_cap, "%s/state.json: no \"config\" object",
+                     ckpt_dir);
+        cJSON_Delete(root);
+        return -1;
+    }
+    if (config_from_cjson(c, origin, cfg, err, err_cap) != 0) {
+        cJSON_Delete(root);
+        return -1;
+    }
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(root, "tokenizer");
+    snprintf(tok, tok_cap, "%s",
+             cJSON_IsString(t) ? t->valuestring : (*cfg)->data.tokenizer);
+    cJSON_Delete(root);
+    return 0;
+}
+
+int inference_model_open(const inference_model_opts *o, inference_model *m,
+                        char *warn, size_t warn_cap, char *err,
+                        size_t err_cap) {
+    memset(m, 0, sizeof *m);
+    if (ckpt_find_latest(o->checkpoint, m->ckpt_dir, sizeof m->ckpt_dir, warn,
+                         warn_cap, err, err_cap) != 0)
+        return -1;
+    if (ckpt_read_step(m->ckpt_dir, &m->step, NULL, 0) != 0) m->step = 0;
+    char tok[64];
+    if (read_ckpt_config(m->ckpt_dir, &m->cfg, tok, sizeof tok, err,
+                         err_cap) != 0)
+        goto fail;
+    config_model_desc(m->cfg, &m->desc);
+    const char *eng = o->engine ? o->engine : m->cfg->engine.name;
+    if (engine_load(eng, &m->engine, err, err_cap) != 0) goto fail;
+    uint32_t threads = o->threads >= 0 ? (uint32_t)o->threads
+                                       : m->cfg->engine.threads;
+    const char *opts = o->options ? o->options
+                       : (o->engine && strcmp(o->engine, m->cfg->engine.name) != 0)
+                           ? "" /* options belong to the config's engine */
+                           : m->cfg->engine.options;
+    if (engine_create_context(&m->engine, &m->desc, threads,
+                              m->cfg->train.seed, opts[0] ? opts : NULL,
+                              &m->ctx, err, err_cap) != 0)
+        goto fail;
+    if (ckpt_load_weights(m->ckpt_dir, &m->engine, m->ctx, 0, err, err_cap) != 0)
+        goto fail;
+    if (o->open_tokenizer) {
+        if (tokenizer_open(tok, NULL, &m->tok, err, err_cap) != 0) goto fail;
+        if (tokenizer_vocab_size(m->tok) > m->desc.vocab_size) {
+            util_set_err(err, err_cap,
+                         "tokenizer %s has %u tokens but the model's vocabulary "
+                         "is %u",
+                         tok, tokenizer_vocab_size(m->tok), m->desc.vocab_size);
+            goto fail;
+        }
+    }
+    return 0;
+fail:
+    inference_model_close(m);
+    return -1;
+}

@@ -1,0 +1,99 @@
+/*
+ * generate.h - incremental decoding of ONE sequence through the engine's
+ * infer_forward with a simple block table (used by `orch generate`).
+ *
+ * A session configures the engine's KV pool for one sequence of up to
+ * `context` positions (blocks of GENERATE_BLOCK_SIZE positions, block i of
+ * the sequence = pool block i), then takes tokens with generate_feed: the first
+ * call is the prefill (processed in chunks of at most `prefill_chunk`
+ * tokens), later calls usually feed the one sampled token. After each feed the
+ * logits of the last fed token are available from generate_logits.
+ *
+ * Also a small helper for streaming text: generate_utf8_ready tells how many
+ * leading bytes of a buffer can be printed without splitting a multi-byte
+ * UTF-8 character that later tokens will complete.
+ *
+ * Memory: the session owns its logits buffer and block table; it borrows the
+ * engine handle and context, which must outlive it (the KV pool it configured
+ * stays allocated in the context).
+ * Threads: a session is used by one thread at a time, and nothing else may use
+ * its engine context meanwhile.
+ * Errors: 0 / -1 with a one-line message in err; nothing is printed.
+ */
+#ifndef ORCH_GENERATE_H
+#define ORCH_GENERATE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "orchestrator/core/config.h"
+#include "orchestrator/core/engine_loader.h"
+#include "orchestrator/data/tokenizer.h"
+
+#define GENERATE_BLOCK_SIZE 16u
+
+/* A model ready for inference or evaluation: checkpoint resolved and
+ * verified, config read from its state.json, engine loaded, context created,
+ * weights loaded, tokenizer opened. Shared by `orch generate` and `orch eval`
+ * (and usable by serve). */
+typedef struct inference_model {
+    char ckpt_dir[4096];   /* the checkpoint actually used */
+    uint64_t step;         /* its step */
+    orch_config *cfg;      /* merged config from state.json (owned) */
+    engine_handle engine;  /* loaded engine (owned) */
+    orch_engine_ctx *ctx;  /* context with the weights (owned) */
+    orch_model_desc desc;
+    tokenizer *tok;        /* NULL when open_tokenizer was 0 (owned) */
+} inference_model;
+
+typedef struct inference_model_opts {
+    const char *checkpoint;  /* run dir or checkpoint dir (required) */
+    const char *engine;      /* NULL = the config's engine.name */
+    int threads;             /* < 0 = the config's engine.threads */
+    const char *options;     /* NULL = the config's engine.options */
+    int open_tokenizer;      /* 1: also open the config's tokenizer */
+} inference_model_opts;
+
+/* Open everything. warn (may be NULL) receives a fallback warning from
+ * ckpt_find_latest ("" when none). On failure *m is left zeroed and nothing
+ * is held. */
+int inference_model_open(const inference_model_opts *o, inference_model *m,
+                        char *warn, size_t warn_cap, char *err,
+                        size_t err_cap);
+/* Release everything (safe on a zeroed struct). */
+void inference_model_close(inference_model *m);
+
+typedef struct generate_session generate_session;
+
+/* Configure ctx's KV pool for one sequence of up to `context` positions and
+ * return a session. prefill_chunk 0 = 512. Requires ORCH_CAP_INFER. */
+int generate_session_create(const engine_handle *h, orch_engine_ctx *ctx,
+                            uint32_t vocab_size, uint32_t context,
+                            uint32_t prefill_chunk, generate_session **out,
+                            char *err, size_t err_cap);
+void generate_session_free(generate_session *s); /* NULL is a no-op */
+
+/* Append n >= 1 tokens at the current position and run the forward.
+ * Errors: position + n over the context (nothing is run), bad token id,
+ * engine failure (the session is then unusable until generate_reset). */
+int generate_feed(generate_session *s, const int32_t *ids, size_t n,
+                  char *err, size_t err_cap);
+
+/* vocab_size logits of the last fed token; NULL before the first feed. Valid
+ * until the next feed/reset/free. */
+const float *generate_logits(const generate_session *s);
+
+/* Tokens fed so far (= position of the next token), and the limit. */
+uint32_t generate_position(const generate_session *s);
+uint32_t generate_context(const generate_session *s);
+
+/* Forget the sequence (position 0); the KV pool is reused. */
+void generate_reset(generate_session *s);
+
+/* Number of leading bytes of buf[0..len) that end on a UTF-8 character
+ * boundary: a trailing lead byte whose continuation bytes have not all
+ * arrived yet is held back (at most 3 bytes). Invalid bytes are never held
+ * back (they will not become valid later). */
+size_t generate_utf8_ready(const char *buf, size_t len);
+
+#endif

@@ -1,0 +1,982 @@
+/*
+ * scheduler.c - continuous batching with chunked prefill, paged KV blocks,
+ * preemption by recomputation, sampling and stop handling, on one thread that
+ * owns the engine context. See scheduler.h.
+ */
+#include "orchestrator/serve/scheduler.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "orchestrator/core/util.h"
+
+enum { ST_NEW = 0, ST_WAITING = 1, ST_RUNNING = 2, ST_DONE = 3 };
+
+struct scheduler {
+    scheduler_config cfg;
+    block_manager *bm;
+    pthread_t thread;
+    int thread_started;
+
+    /* shared with submitters, under mu */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    sched_seq *inbox_head, *inbox_tail;
+    int stop;
+    int wake_flag;
+    int sleeping;
+    uint64_t next_arrival;
+    int cancel_all;
+    int cancel_all_status;
+    char cancel_all_msg[256];
+    atomic_int accepting;
+    atomic_uint n_waiting; /* inbox + waiting list */
+    atomic_uint n_active;  /* submitted, not finished */
+
+    /* scheduler thread only */
+    sched_seq **running;
+    uint32_t n_running;
+    sched_seq *wait_head, *wait_tail;
+    sched_seq *fin_head, *fin_tail; /* finished, not yet notified */
+    orch_seq_input *inputs;
+    sched_seq **batch;
+    uint32_t *batch_rows; /* logits rows of entry i */
+    float *logits;
+    uint64_t logits_cap;  /* floats */
+    uint32_t rows_cap;
+    sampler_ws *ws;
+
+    /* stats */
+    atomic_uint st_running, st_waiting, st_kv_used;
+    atomic_ullong st_preempt, st_iter, st_errors;
+
+    /* metrics (NULL without a registry: updates are no-ops) */
+    metrics_series *m_running, *m_waiting, *m_kv_used, *m_kv_total;
+    metrics_series *m_prompt_tokens, *m_gen_tokens, *m_preempt, *m_errors;
+    metrics_series *m_ttft, *m_tpot, *m_e2e, *m_batch_seqs, *m_batch_tokens;
+    metrics_series *m_iter_seconds;
+};
+
+/* ------------------------------------------------------------------------- */
+/* Helpers                                                                    */
+/* ------------------------------------------------------------------------- */
+size_t sched_utf8_complete(const char *buf, size_t len) {
+    const unsigned char *b = (const unsigned char *)buf;
+    /* look at most 3 bytes back for a lead byte whose character is cut off */
+    for (size_t back = 1; back <= 3 && back <= len; back++) {
+        unsigned char c = b[len - back];
+        if ((c & 0xC0) == 0x80) continue; /* continuation: keep looking */
+        size_t need = (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3
+                    : (c & 0xF8) == 0xF0 ? 4 : 1;
+        if (need > back) return len - back; /* incomplete: hold it back */
+        return len;
+    }
+    return len;
+}
+
+void sched_seq_free_outputs(sched_seq *s) {
+    if (!s) return;
+    free(s->out_tokens);
+    free(s->out_logprob);
+    free(s->out_top_ids);
+    free(s->out_top_lp);
+    free(s->out_text_end);
+    free(s->prompt_logprob);
+    free(s->prompt_top_ids);
+    free(s->prompt_top_lp);
+    free(s->text);
+    s->out_tokens = NULL;
+    s->out_logprob = s->out_top_lp = s->prompt_logprob = s->prompt_top_lp = NULL;
+    s->out_top_ids = s->prompt_top_ids = NULL;
+    s->out_text_end = NULL;
+    s->text = NULL;
+    s->n_out = s->cap_out = 0;
+    s->text_len = s->text_cap = s->text_ready = 0;
+}
+
+static void wait_push_back(scheduler *s, sched_seq *q) {
+    q->priv.prev = s->wait_tail;
+    q->priv.next = NULL;
+    if (s->wait_tail) s->wait_tail->priv.next = q;
+    else s->wait_head = q;
+    s->wait_tail = q;
+}
+
+static void wait_push_front(scheduler *s, sched_seq *q) {
+    q->priv.prev = NULL;
+    q->priv.next = s->wait_head;
+    if (s->wait_head) s->wait_head->priv.prev = q;
+    else s->wait_tail = q;
+    s->wait_head = q;
+}
+
+static void wait_remove(scheduler *s, sched_seq *q) {
+    if (q->priv.prev) q->priv.prev->priv.next = q->priv.next;
+    else s->wait_head = q->priv.next;
+    if (q->priv.next) q->priv.next->priv.prev = q->priv.prev;
+    else s->wait_tail = q->priv.prev;
+    q->priv.prev = q->priv.next = NULL;
+}
+
+/* Finish q (already out of the running array / waiting list). */
+static void seq_finish(scheduler *s, sched_seq *q, int reason, int status,
+                       const char *msg) {
+    block_table_free(s->bm, &q->priv.blocks);
+    free(q->priv.all);
+    q->priv.all = NULL;
+    q->priv.n_all = q->priv.cap_all = 0;
+    q->priv.state = ST_DONE;
+    double now = util_now();
+    pthread_mutex_lock(q->lock);
+    q->finish = reason;
+    q->http_status = status;
+    if (msg) util_set_err(q->error, sizeof q->error, "%s", msg);
+    q->text_ready = q->text_len;
+    q->t_done = now;
+    uint32_t n_out = q->n_out;
+    double t_first = q->t_first_token;
+    pthread_mutex_unlock(q->lock);
+    if (reason == SCHED_FINISH_STOP || reason == SCHED_FINISH_LENGTH) {
+        metrics_histogram_observe(s->m_e2e, now - q->t_submit);
+        if (n_out > 1)
+            metrics_histogram_observe(s->m_tpot,
+                                      (now - t_first) / (double)(n_out - 1));
+    }
+    /* Notified later (flush_finished), once no scheduler structure points
+     * at q any more: the caller may free it from inside notify. */
+    q->priv.prev = NULL;
+    q->priv.next = NULL;
+    if (s->fin_tail) s->fin_tail->priv.next = q;
+    else s->fin_head = q;
+    s->fin_tail = q;
+}
+
+/* Tell the owners of finished sequences (after compact_running). */
+static void flush_finished(scheduler *s) {
+    sched_seq *q = s->fin_head;
+    s->fin_head = s->fin_tail = NULL;
+    while (q) {
+        sched_seq *next = q->priv.next;
+        atomic_fetch_sub(&s->n_active, 1);
+        q->notify(q, 1);
+        q = next;
+    }
+}
+
+static int grow(void **p, size_t elem, uint32_t need, uint32_t *cap) {
+    if (need <= *cap) return 0;
+    uint32_t c = *cap ? *cap : 16;
+    while (c < need) c *= 2;
+    void *n = realloc(*p, (size_t)c * elem);
+    if (!n) return -1;
+    *p = n;
+    *cap = c;
+    return 0;
+}
+
+/* Append one id to q->priv.all. */
+static int all_push(sched_seq *q, int32_t tok) {
+    if (grow((void **)&q->priv.all, sizeof(int32_t), q->priv.n_all + 1,
+             &q->priv.cap_all) != 0)
+        return -1;
+    q->priv.all[q->priv.n_all++] = tok;
+    return 0;
+}
+
+/* Earliest stop-string match at or after the region new text can affect;
+ * returns 1 and *pos, or 0. */
+static int find_stop(const sched_seq *q, size_t old_len, size_t *pos) {
+    size_t best = SIZE_MAX;
+    for (uint32_t i = 0; i < q->n_stop; i++) {
+        size_t sl = strlen(q->stop[i]);
+        if (sl == 0 || sl > q->text_len) continue;
+        size_t from = old_len >= sl - 1 ? old_len - (sl - 1) : 0;
+        const char *hit = memmem(q->text + from, q->text_len - from, q->stop[i], sl);
+        if (hit && (size_t)(hit - q->text) < best) best = (size_t)(hit - q->text);
+    }
+    if (best == SIZE_MAX) return 0;
+    *pos = best;
+    return 1;
+}
+
+/* Longest suffix of the text that is a proper prefix of a stop string. */
+static size_t stop_holdback(const sched_seq *q) {
+    size_t hold = 0;
+    for (uint32_t i = 0; i < q->n_stop; i++) {
+        size_t sl = strlen(q->stop[i]);
+        size_t k = sl > 0 ? sl - 1 : 0;
+        if (k > q->text_len) k = q->text_len;
+        for (; k > hold; k--) {
+            if (memcmp(q->text + q->text_len - k, q->stop[i], k) == 0) {
+                hold = k;
+                break;
+            }
+        }
+    }
+    return hold;
+}
+
+/* ------------------------------------------------------------------------- */
+/* Creation, submission, shutdown                                             */
+/* ------------------------------------------------------------------------- */
+static void *sched_main(void *arg);
+
+static void register_metrics(scheduler *s) {
+    metrics_registry *r = s->cfg.metrics;
+    if (!r) return;
+    static const double ttft_b[] = {.001, .0025, .005, .01, .025, .05, .1,
+                                    .25,  .5,    1,    2.5, 5,    10,  30};
+    static const double tpot_b[] = {.0005, .001, .0025, .005, .01, .025,
+                                    .05,   .1,   .25,   .5,   1,   2.5};
+    static const double e2e_b[] = {.005, .01, .025, .05, .1, .25, .5,
+                                   1,    2.5, 5,    10,  30, 60, 120};
+    static const double batch_b[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
+    static const double tok_b[] = {1, 4, 16, 64, 256, 1024, 4096, 16384};
+    static const double iter_b[] = {.0001, .00025, .0005, .001, .0025, .005,
+                                    .01,   .025,   .05,   .1,   .25,   1};
+#define SERIES(fam) metrics_series_get((fam), NULL)
+    s->m_running = SERIES(metrics_gauge(r, "orch_requests_running",
+        "Sequences currently scheduled (holding KV blocks).", 0, NULL));
+    s->m_waiting = SERIES(metrics_gauge(r, "orch_requests_waiting",
+        "Sequences waiting to be scheduled.", 0, NULL));
+    s->m_kv_used = SERIES(metrics_gauge(r, "orch_kv_blocks_used",
+        "KV cache blocks in use.", 0, NULL));
+    s->m_kv_total = SERIES(metrics_gauge(r, "orch_kv_blocks_capacity",
+        "KV cache blocks in the pool (capacity).", 0, NULL));
+    s->m_prompt_tokens = SERIES(metrics_counter(r, "orch_prompt_tokens_total",
+        "Prompt tokens of accepted sequences.", 0, NULL));
+    s->m_gen_tokens = SERIES(metrics_counter(r, "orch_generation_tokens_total",
+        "Generated tokens.", 0, NULL));
+    s->m_preempt = SERIES(metrics_counter(r, "orch_preemptions_total",
+        "Sequences preempted because the KV pool ran out (recomputed later).",
+        0, NULL));
+    s->m_errors = SERIES(metrics_counter(r, "orch_engine_errors_total",
+        "Engine forward calls that failed (their sequences got HTTP 500).", 0,
+        NULL));
+    s->m_ttft = SERIES(metrics_histogram(r, "orch_time_to_first_token_seconds",
+        "Time from submission to the first generated token.", 0, NULL, ttft_b,
+        sizeof ttft_b / sizeof *ttft_b));
+    s->m_tpot = SERIES(metrics_histogram(r, "orch_time_per_output_token_seconds",
+        "Mean time per generated token after the first, per sequence.", 0, NULL,
+        tpot_b, sizeof tpot_b / sizeof *tpot_b));
+    s->m_e2e = SERIES(metrics_histogram(r, "orch_e2e_request_latency_seconds",
+        "Time from submission to the last token, per completed sequence.", 0,
+        NULL, e2e_b, sizeof e2e_b / sizeof *e2e_b));
+    s->m_batch_seqs = SERIES(metrics_histogram(r, "orch_batch_size",
+        "Sequences per scheduler iteration (engine forward).", 0, NULL, batch_b,
+        sizeof batch_b / sizeof *batch_b));
+    s->m_batch_tokens = SERIES(metrics_histogram(r, "orch_batch_tokens",
+        "Tokens per scheduler iteration (decode + prefill).", 0, NULL, tok_b,
+        sizeof tok_b / sizeof *tok_b));
+    s->m_iter_seconds = SERIES(metrics_histogram(r, "orch_iteration_seconds",
+        "Wall time of one scheduler iteration's engine forward.", 0, NULL,
+        iter_b, sizeof iter_b / sizeof *iter_b));
+#undef SERIES
+    metrics_gauge_set(s->m_kv_total, block_manager_total(s->bm));
+    metrics_gauge_set(s->m_kv_used, 0);
+    metrics_gauge_set(s->m_running, 0);
+    metrics_gauge_set(s->m_waiting, 0);
+}
+
+int scheduler_create(const scheduler_config *cfg, scheduler **out, char *err,
+                     size_t err_cap) {
+    if (!cfg || !cfg->engine || !cfg->ctx || !cfg->tok || !out) {
+        util_set_err(err, err_cap, "scheduler: missing engine, context or tokenizer");
+        return -1;
+    }
+    scheduler_config c = *cfg;
+    if (c.block_size == 0) c.block_size = BLOCK_MANAGER_DEFAULT_BLOCK_SIZE;
+    if (c.max_seqs == 0 || c.max_batch_tokens == 0 || c.vocab_size == 0 ||
+        c.context == 0) {
+        util_set_err(err, err_cap, "scheduler: max_seqs, max_batch_tokens, vocab and context must be > 0");
+        return -1;
+    }
+    if (c.max_batch_tokens < c.max_seqs) {
+        util_set_err(err, err_cap,
+                     "--max-batch-tokens (%u) must be at least --max-seqs (%u)",
+                     c.max_batch_tokens, c.max_seqs);
+        return -1;
+    }
+    uint32_t per_ctx = (c.context + c.block_size - 1) / c.block_size;
+    if (c.num_blocks < per_ctx) {
+        util_set_err(err, err_cap,
+                     "KV pool of %u blocks is too small: one sequence of the "
+                     "full context (%u tokens) needs %u blocks of %u",
+                     c.num_blocks, c.context, per_ctx, c.block_size);
+        return -1;
+    }
+    scheduler *s = util_calloc(1, sizeof *s);
+    if (!s) {
+        util_set_err(err, err_cap, "scheduler: out of memory");
+        return -1;
+    }
+    s->cfg = c;
+    s->rows_cap = c.max_seqs + SCHED_PROMPT_LOGPROB_ROWS;
+    s->logits_cap = (uint64_t)s->rows_cap * c.vocab_size;
+    s->bm = block_manager_create(c.num_blocks, c.block_size);
+    s->running = util_calloc(c.max_seqs, sizeof *s->running);
+    s->inputs = util_calloc(c.max_seqs, sizeof *s->inputs);
+    s->batch = util_calloc(c.max_seqs, sizeof *s->batch);
+    s->batch_rows = util_calloc(c.max_seqs, sizeof *s->batch_rows);
+    s->logits = malloc(s->logits_cap * sizeof(float));
+    s->ws = sampler_ws_create(c.vocab_size);
+    if (!s->bm || !s->running || !s->inputs || !s->batch || !s->batch_rows ||
+        !s->logits || !s->ws) {
+        util_set_err(err, err_cap, "scheduler: out of memory (logits for %u rows of %u)",
+                     s->rows_cap, c.vocab_size);
+        scheduler_destroy(s);
+        return -1;
+    }
+    int32_t st = c.engine->api->kv_configure(c.ctx, c.block_size, c.num_blocks);
+    if (st != ORCH_OK) {
+        char msg[512];
+        engine_format_error(c.engine, c.ctx, st, msg, sizeof msg);
+        util_set_err(err, err_cap, "KV pool of %u blocks: %s", c.num_blocks, msg);
+        scheduler_destroy(s);
+        return -1;
+    }
+    /* Warm-up: one forward of one token (block 0), so a broken engine fails
+     * here instead of on the first request, and lazy engine set-up (kernel
+     * loading, thread pools) happens before traffic arrives. */
+    {
+        int32_t tok0 = 0, blk0 = 0;
+        orch_seq_input in;
+        memset(&in, 0, sizeof in);
+        in.tokens = &tok0;
+        in.n_tokens = 1;
+        in.block_table = &blk0;
+        in.n_blocks = 1;
+        in.logits_mode = ORCH_LOGITS_LAST;
+        orch_infer_batch b = {.struct_size = sizeof b, .n_seqs = 1, .seq_stride = sizeof in, .seqs = &in};
+        st = c.engine->api->infer_forward(c.ctx, &b, s->logits, s->logits_cap);
+        if (st != ORCH_OK) {
+            char msg[512];
+            engine_format_error(c.engine, c.ctx, st, msg, sizeof msg);
+            util_set_err(err, err_cap, "engine warm-up forward failed: %s", msg);
+            scheduler_destroy(s);
+            return -1;
+        }
+    }
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    atomic_init(&s->accepting, 1);
+    register_metrics(s);
+    if (pthread_create(&s->thread, NULL, sched_main, s) != 0) {
+        util_set_err(err, err_cap, "scheduler: cannot start thread");
+        pthread_mutex_destroy(&s->mu);
+        pthread_cond_destroy(&s->cv);
+        scheduler_destroy(s);
+        return -1;
+    }
+    s->thread_started = 1;
+    *out = s;
+    return 0;
+}
+
+int scheduler_submit(scheduler *s, sched_seq *const *seqs, uint32_t n,
+                     char *err, size_t err_cap) {
+    if (!s || !seqs || n == 0) {
+        util_set_err(err, err_cap, "nothing to submit");
+        return SCHED_BAD;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        sched_seq *q = seqs[i];
+        if (!q->prompt || q->n_prompt == 0 || !q->lock || !q->notify) {
+            util_set_err(err, err_cap, "sequence %u: empty prompt or missing lock/notify", i);
+            return SCHED_BAD;
+        }
+        if ((uint64_t)q->n_prompt + q->max_tokens > s->cfg.context) {
+            util_set_err(err, err_cap,
+                         "%u prompt tokens + %u max tokens exceed the context (%u)",
+                         q->n_prompt, q->max_tokens, s->cfg.context);
+            return SCHED_BAD;
+        }
+        if (q->top_logprobs > SCHED_MAX_TOP_LOGPROBS) {
+            util_set_err(err, err_cap, "top logprobs over %u", SCHED_MAX_TOP_LOGPROBS);
+            return SCHED_BAD;
+        }
+        for (uint32_t j = 0; j < q->n_prompt; j++) {
+            if (q->prompt[j] < 0 || (uint32_t)q->prompt[j] >= s->cfg.vocab_size) {
+                util_set_err(err, err_cap, "token id %d at prompt position %u is outside the vocabulary (0..%u)",
+                             q->prompt[j], j, s->cfg.vocab_size - 1);
+                return SCHED_BAD;
+            }
+        }
+    }
+    pthread_mutex_lock(&s->mu);
+    if (!atomic_load(&s->accepting) || s->stop) {
+        pthread_mutex_unlock(&s->mu);
+        util_set_err(err, err_cap, "the server is shutting down");
+        return SCHED_STOPPED;
+    }
+    unsigned waiting = atomic_load(&s->n_waiting);
+    if (waiting > 0 && waiting + n > s->cfg.max_waiting) {
+        pthread_mutex_unlock(&s->mu);
+        util_set_err(err, err_cap, "the waiting queue is full (%u sequences)", waiting);
+        return SCHED_QUEUE_FULL;
+    }
+    double now = util_now();
+    uint64_t prompt_tokens = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        sched_seq *q = seqs[i];
+        memset(&q->priv, 0, sizeof q->priv);
+        q->priv.arrival = s->next_arrival++;
+        q->priv.state = ST_NEW;
+        q->finish = SCHED_FINISH_NONE;
+        q->t_submit = now;
+        q->priv.next = NULL;
+        if (s->inbox_tail) s->inbox_tail->priv.next = q;
+        else s->inbox_head = q;
+        s->inbox_tail = q;
+        prompt_tokens += q->n_prompt;
+    }
+    atomic_fetch_add(&s->n_waiting, n);
+    atomic_fetch_add(&s->n_active, n);
+    if (s->sleeping) pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    metrics_counter_add(s->m_prompt_tokens, (double)prompt_tokens);
+    return SCHED_OK;
+}
+
+void scheduler_wake(scheduler *s) {
+    if (!s) return;
+    pthread_mutex_lock(&s->mu);
+    s->wake_flag = 1;
+    if (s->sleeping) pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+void scheduler_stop_accepting(scheduler *s) {
+    if (!s) return;
+    pthread_mutex_lock(&s->mu);
+    atomic_store(&s->accepting, 0);
+    pthread_mutex_unlock(&s->mu);
+}
+
+void scheduler_cancel_all(scheduler *s, int http_status, const char *message) {
+    if (!s) return;
+    pthread_mutex_lock(&s->mu);
+    s->cancel_all = 1;
+    s->cancel_all_status = http_status;
+    util_set_err(s->cancel_all_msg, sizeof s->cancel_all_msg, "%s",
+                 message ? message : "cancelled");
+    s->wake_flag = 1;
+    if (s->sleeping) pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+uint32_t scheduler_active(const scheduler *s) {
+    return s ? atomic_load(&((scheduler *)s)->n_active) : 0;
+}
+
+void scheduler_get_stats(const scheduler *s, scheduler_stats *st) {
+    scheduler *m = (scheduler *)s;
+    memset(st, 0, sizeof *st);
+    if (!s) return;
+    st->running = atomic_load(&m->st_running);
+    st->waiting = atomic_load(&m->n_waiting);
+    st->kv_blocks_used = atomic_load(&m->st_kv_used);
+    st->kv_blocks_total = block_manager_total(m->bm);
+    st->preemptions = atomic_load(&m->st_preempt);
+    st->iterations = atomic_load(&m->st_iter);
+    st->engine_errors = atomic_load(&m->st_errors);
+}
+
+void scheduler_destroy(scheduler *s) {
+    if (!s) return;
+    if (s->thread_started) {
+        pthread_mutex_lock(&s->mu);
+        s->stop = 1;
+        atomic_store(&s->accepting, 0);
+        pthread_cond_signal(&s->cv);
+        pthread_mutex_unlock(&s->mu);
+        pthread_join(s->thread, NULL);
+        pthread_mutex_destroy(&s->mu);
+        pthread_cond_destroy(&s->cv);
+    }
+    block_manager_free(s->bm);
+    free(s->running);
+    free(s->inputs);
+    free(s->batch);
+    free(s->batch_rows);
+    free(s->logits);
+    sampler_ws_free(s->ws);
+    free(s);
+}
+
+/* ------------------------------------------------------------------------- */
+/* The scheduler thread                                                       */
+/* ------------------------------------------------------------------------- */
+
+/* Preempt q (running): free its blocks, queue it at the front of waiting. */
+static void preempt(scheduler *s, sched_seq *q) {
+    block_table_release(s->bm, &q->priv.blocks);
+    q->priv.n_computed = 0;
+    q->priv.state = ST_WAITING;
+    q->priv.preempted = 1;
+    q->preemptions++;
+    wait_push_front(s, q);
+    atomic_fetch_add(&s->n_waiting, 1);
+    atomic_fetch_add(&s->st_preempt, 1);
+    metrics_counter_add(s->m_preempt, 1);
+}
+
+/* Drop running entries that are no longer running (preempted/finished). */
+static void compact_running(scheduler *s) {
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < s->n_running; i++)
+        if (s->running[i]->priv.state == ST_RUNNING) s->running[k++] = s->running[i];
+    s->n_running = k;
+}
+
+static void cancel_one(scheduler *s, sched_seq *q, int status, const char *msg) {
+    if (q->priv.state == ST_WAITING) {
+        wait_remove(s, q);
+        atomic_fetch_sub(&s->n_waiting, 1);
+    }
+    q->priv.state = ST_DONE; /* for compact_running */
+    seq_finish(s, q, SCHED_FINISH_CANCELLED, status, msg);
+}
+
+static void handle_cancels(scheduler *s, int all, int status, const char *msg) {
+    int any = 0;
+    for (uint32_t i = 0; i < s->n_running; i++) {
+        sched_seq *q = s->running[i];
+        if (all || atomic_load_explicit(&q->cancel, memory_order_relaxed)) {
+            cancel_one(s, q, all ? status : 499, all ? msg : "cancelled by the client");
+            any = 1;
+        }
+    }
+    if (any) compact_running(s);
+    sched_seq *q = s->wait_head;
+    while (q) {
+        sched_seq *next = q->priv.next;
+        if (all || atomic_load_explicit(&q->cancel, memory_order_relaxed))
+            cancel_one(s, q, all ? status : 499, all ? msg : "cancelled by the client");
+        q = next;
+    }
+}
+
+/* Record log-probabilities for generated token tok from row. */
+static void logprob_of(const sched_seq *q, const float *row, uint32_t vocab,
+                       int32_t tok, double *lp, int32_t *top_ids,
+                       double *top_lp) {
+    *lp = sampler_logprob(row, vocab, tok);
+    if (q->top_logprobs) {
+        uint32_t got = sampler_top_logprobs(row, vocab, q->top_logprobs, top_ids, top_lp);
+        for (uint32_t k = got; k < q->top_logprobs; k++) {
+            top_ids[k] = -1;
+            top_lp[k] = -INFINITY;
+        }
+    }
+}
+
+/* Append a sampled token: outputs (under the lock), stop checks. Returns a
+ * sched_finish reason (NONE to continue). */
+static int append_token(scheduler *s, sched_seq *q, int32_t tok,
+                        const float *row, double now) {
+    uint32_t V = s->cfg.vocab_size;
+    double lp = 0;
+    int32_t top_ids[SCHED_MAX_TOP_LOGPROBS];
+    double top_lp[SCHED_MAX_TOP_LOGPROBS];
+    if (q->want_logprobs) logprob_of(q, row, V, tok, &lp, top_ids, top_lp);
+    const char *bytes = "";
+    size_t nb = 0;
+    int32_t eot = tokenizer_eot(s->cfg.tok);
+    int is_eot = !q->ignore_eot && eot >= 0 && tok == eot;
+    if (!is_eot && tokenizer_token_bytes(s->cfg.tok, tok, &bytes, &nb) != 0) nb = 0;
+    if (all_push(q, tok) != 0) return -1;
+
+    int reason = SCHED_FINISH_NONE;
+    pthread_mutex_lock(q->lock);
+    uint32_t n = q->n_out + 1, cap = q->cap_out;
+    int oom = 0;
+    if (n > cap) {
+        uint32_t c = cap ? cap * 2 : 16;
+        while (c < n) c *= 2;
+        int32_t *t = realloc(q->out_tokens, c * sizeof *t);
+        if (t) q->out_tokens = t;
+        uint32_t *te = realloc(q->out_text_end, c * sizeof *te);
+        if (te) q->out_text_end = te;
+        oom = !t || !te;
+        if (!oom && q->want_logprobs) {
+            double *l = realloc(q->out_logprob, c * sizeof *l);
+            if (l) q->out_logprob = l;
+            oom = !l;
+            if (!oom && q->top_logprobs) {
+                int32_t *ti = realloc(q->out_top_ids, (size_t)c * q->top_logprobs * sizeof *ti);
+                if (ti) q->out_top_ids = ti;
+                double *tl = realloc(q->out_top_lp, (size_t)c * q->top_logprobs * sizeof *tl);
+                if (tl) q->out_top_lp = tl;
+                oom = !ti || !tl;
+            }
+        }
+        if (!oom) q->cap_out = c;
+    }
+    if (!oom && q->text_len + nb + 1 > q->text_cap) {
+        size_t c = q->text_cap ? q->text_cap * 2 : 64;
+        while (c < q->text_len + nb + 1) c *= 2;
+        char *t = realloc(q->text, c);
+        if (t) {
+            q->text = t;
+            q->text_cap = c;
+        } else {
+            oom = 1;
+        }
+    }
+    if (oom) {
+        pthread_mutex_unlock(q->lock);
+        return -1;
+    }
+    uint32_t i = q->n_out;
+    q->out_tokens[i] = tok;
+    if (q->want_logprobs) {
+        q->out_logprob[i] = lp;
+        if (q->top_logprobs) {
+            memcpy(q->out_top_ids + (size_t)i * q->top_logprobs, top_ids, q->top_logprobs * sizeof *top_ids);
+            memcpy(q->out_top_lp + (size_t)i * q->top_logprobs, top_lp, q->top_logprobs * sizeof *top_lp);
+        }
+    }
+    size_t old_len = q->text_len;
+    memcpy(q->text + q->text_len, bytes, nb);
+    q->text_len += nb;
+    q->text[q->text_len] = '\0';
+    q->n_out = n;
+    if (i == 0) q->t_first_token = now;
+    size_t stop_at;
+    if (is_eot) {
+        reason = SCHED_FINISH_STOP;
+    } else if (q->n_stop && find_stop(q, old_len, &stop_at)) {
+        q->text_len = stop_at;
+        q->text[stop_at] = '\0';
+        for (uint32_t k = 0; k <= i; k++)
+            if (q->out_text_end[k] > stop_at) q->out_text_end[k] = (uint32_t)stop_at;
+        reason = SCHED_FINISH_STOP;
+    }
+    q->out_text_end[i] = (uint32_t)q->text_len;
+    if (reason == SCHED_FINISH_NONE) {
+        if (q->n_out >= q->max_tokens || q->priv.n_all >= s->cfg.context)
+            reason = SCHED_FINISH_LENGTH;
+    }
+    if (reason == SCHED_FINISH_NONE) {
+        size_t hold = q->n_stop ? stop_holdback(q) : 0;
+        size_t ready = sched_utf8_complete(q->text, q->text_len - hold);
+        if (ready > q->text_ready) q->text_ready = ready;
+    }
+    pthread_mutex_unlock(q->lock);
+    if (i == 0) metrics_histogram_observe(s->m_ttft, now - q->t_submit);
+    return reason;
+}
+
+/* Prompt log-probabilities from ALL-mode rows: row r is position pos0+r and
+ * predicts prompt[pos0+r+1]. */
+static int record_prompt_logprobs(scheduler *s, sched_seq *q, uint32_t pos0,
+                                  uint32_t rows, const float *logits) {
+    uint32_t V = s->cfg.vocab_size, k = q->top_logprobs;
+    pthread_mutex_lock(q->lock);
+    if (!q->prompt_logprob) {
+        q->prompt_logprob = malloc(q->n_prompt * sizeof(double));
+        if (k) {
+            q->prompt_top_ids = malloc((size_t)q->n_prompt * k * sizeof(int32_t));
+            q->prompt_top_lp = malloc((size_t)q->n_prompt * k * sizeof(double));
+        }
+        if (!q->prompt_logprob || (k && (!q->prompt_top_ids || !q->prompt_top_lp))) {
+            pthread_mutex_unlock(q->lock);
+            return -1;
+        }
+        for (uint32_t p = 0; p < q->n_prompt; p++) {
+            q->prompt_logprob[p] = NAN;
+            for (uint32_t j = 0; j < k; j++) {
+                q->prompt_top_ids[(size_t)p * k + j] = -1;
+                q->prompt_top_lp[(size_t)p * k + j] = -INFINITY;
+            }
+        }
+    }
+    for (uint32_t r = 0; r < rows; r++) {
+        uint32_t target = pos0 + r + 1;
+        if (target >= q->n_prompt) break;
+        const float *row = logits + (size_t)r * V;
+        logprob_of(q, row, V, q->prompt[target], &q->prompt_logprob[target],
+                   k ? q->prompt_top_ids + (size_t)target * k : NULL,
+                   k ? q->prompt_top_lp + (size_t)target * k : NULL);
+    }
+    pthread_mutex_unlock(q->lock);
+    return 0;
+}
+
+typedef struct plan {
+    uint32_t n;        /* batch entries */
+    uint32_t rows;     /* logits rows */
+    uint32_t tokens;
+} plan;
+
+static void plan_add(scheduler *s, plan *p, sched_seq *q, uint32_t chunk,
+                     uint32_t mode) {
+    orch_seq_input *in = &s->inputs[p->n];
+    memset(in, 0, sizeof *in);
+    in->tokens = q->priv.all + q->priv.n_computed;
+    in->n_tokens = chunk;
+    in->start_pos = q->priv.n_computed;
+    in->block_table = q->priv.blocks.ids;
+    in->n_blocks = q->priv.blocks.n;
+    in->logits_mode = mode;
+    uint32_t rows = mode == ORCH_LOGITS_ALL ? chunk : mode == ORCH_LOGITS_LAST ? 1 : 0;
+    s->batch[p->n] = q;
+    s->batch_rows[p->n] = rows;
+    p->n++;
+    p->rows += rows;
+    p->tokens += chunk;
+}
+
+/* Logits mode and chunk length for a prefill step of q. */
+static uint32_t prefill_chunk(const sched_seq *q, uint32_t budget,
+                              uint32_t *plp_left, uint32_t *mode) {
+    uint32_t remaining = q->priv.n_all - q->priv.n_computed;
+    uint32_t chunk = remaining < budget ? remaining : budget;
+    int want_all = q->want_prompt_logprobs && !q->priv.prompt_lp_done &&
+                   q->priv.n_computed < q->n_prompt;
+    if (want_all) {
+        if (chunk > *plp_left) chunk = *plp_left;
+        if (chunk == 0) return 0;
+        *plp_left -= chunk;
+        *mode = ORCH_LOGITS_ALL;
+    } else {
+        *mode = q->priv.n_computed + chunk == q->priv.n_all ? ORCH_LOGITS_LAST
+                                                           : ORCH_LOGITS_NONE;
+    }
+    return chunk;
+}
+
+static int build_batch(scheduler *s, plan *p) {
+    memset(p, 0, sizeof *p);
+    uint32_t budget = s->cfg.max_batch_tokens;
+    uint32_t plp_left = SCHED_PROMPT_LOGPROB_ROWS;
+
+    /* 1. decodes, oldest first; preempt the newest when blocks run out */
+    int preempted_any = 0;
+    for (uint32_t i = 0; i < s->n_running && budget > 0; i++) {
+        sched_seq *q = s->running[i];
+        if (q->priv.state != ST_RUNNING) continue;
+        if (q->priv.n_all - q->priv.n_computed != 1) continue;
+        while (block_table_reserve(s->bm, &q->priv.blocks, q->priv.n_computed + 1) != 0) {
+            sched_seq *victim = NULL;
+            for (uint32_t j = s->n_running; j-- > i;)
+                if (s->running[j]->priv.state == ST_RUNNING) {
+                    victim = s->running[j];
+                    break;
+                }
+            if (!victim) break;
+            preempt(s, victim);
+            preempted_any = 1;
+            if (victim == q) break;
+        }
+        if (q->priv.state != ST_RUNNING) continue;
+        plan_add(s, p, q, 1, ORCH_LOGITS_LAST);
+        budget--;
+    }
+    if (preempted_any) compact_running(s);
+
+    /* 2. partially prefilled running sequences */
+    for (uint32_t i = 0; i < s->n_running && budget > 0; i++) {
+        sched_seq *q = s->running[i];
+        if (q->priv.n_all - q->priv.n_computed <= 1) continue;
+        uint32_t mode;
+        uint32_t chunk = prefill_chunk(q, budget, &plp_left, &mode);
+        if (chunk == 0) continue;
+        plan_add(s, p, q, chunk, mode);
+        budget -= chunk;
+    }
+
+    /* 3. admit waiting sequences in arrival order while blocks allow */
+    uint32_t total = block_manager_total(s->bm);
+    uint32_t watermark = total / 100 > 0 ? total / 100 : 1;
+    while (s->wait_head && budget > 0 && s->n_running < s->cfg.max_seqs && !preempted_any) {
+        sched_seq *q = s->wait_head;
+        uint32_t need = block_table_missing(s->bm, &q->priv.blocks, q->priv.n_all);
+        uint32_t spare = s->n_running > 0 ? watermark : 0;
+        if (block_manager_free_count(s->bm) < need + spare) break;
+        uint32_t mode;
+        uint32_t chunk = prefill_chunk(q, budget, &plp_left, &mode);
+        if (chunk == 0) break;
+        if (block_table_reserve(s->bm, &q->priv.blocks, q->priv.n_all) != 0) break;
+        wait_remove(s, q);
+        atomic_fetch_sub(&s->n_waiting, 1);
+        q->priv.state = ST_RUNNING;
+        s->running[s->n_running++] = q;
+        plan_add(s, p, q, chunk, mode);
+        budget -= chunk;
+    }
+    return 0;
+}
+
+/* Start of a fresh sequence: its token array = the prompt. */
+static int seq_init(sched_seq *q) {
+    q->priv.cap_all = 0;
+    q->priv.all = NULL;
+    if (grow((void **)&q->priv.all, sizeof(int32_t), q->n_prompt + 1, &q->priv.cap_all) != 0)
+        return -1;
+    memcpy(q->priv.all, q->prompt, q->n_prompt * sizeof(int32_t));
+    q->priv.n_all = q->n_prompt;
+    return 0;
+}
+
+static void fail_batch(scheduler *s, const plan *p, const char *msg) {
+    for (uint32_t i = 0; i < p->n; i++) {
+        sched_seq *q = s->batch[i];
+        if (q->priv.state == ST_RUNNING) {
+            q->priv.state = ST_DONE;
+            seq_finish(s, q, SCHED_FINISH_ERROR, 500, msg);
+        }
+    }
+    compact_running(s);
+}
+
+static void run_batch(scheduler *s, const plan *p) {
+    const orch_engine_api *api = s->cfg.engine->api;
+    orch_infer_batch b;
+    memset(&b, 0, sizeof b);
+    b.struct_size = sizeof b;
+    b.n_seqs = p->n;
+    b.seq_stride = sizeof(orch_seq_input);
+    b.seqs = s->inputs;
+    double t0 = util_now();
+    int32_t st = api->infer_forward(s->cfg.ctx, &b, s->logits, s->logits_cap);
+    double now = util_now();
+    metrics_histogram_observe(s->m_iter_seconds, now - t0);
+    metrics_histogram_observe(s->m_batch_seqs, p->n);
+    metrics_histogram_observe(s->m_batch_tokens, p->tokens);
+    if (st != ORCH_OK) {
+        char msg[512], full[600];
+        engine_format_error(s->cfg.engine, s->cfg.ctx, st, msg, sizeof msg);
+        snprintf(full, sizeof full, "engine error: %s", msg);
+        atomic_fetch_add(&s->st_errors, 1);
+        metrics_counter_add(s->m_errors, 1);
+        fail_batch(s, p, full);
+        return;
+    }
+    uint32_t V = s->cfg.vocab_size;
+    const float *row = s->logits;
+    uint64_t generated = 0;
+    int any_done = 0;
+    for (uint32_t i = 0; i < p->n; i++) {
+        sched_seq *q = s->batch[i];
+        const orch_seq_input *in = &s->inputs[i];
+        uint32_t rows = s->batch_rows[i];
+        const float *last = rows ? row + (size_t)(rows - 1) * V : NULL;
+        if (in->logits_mode == ORCH_LOGITS_ALL) {
+            if (record_prompt_logprobs(s, q, in->start_pos, rows, row) != 0) {
+                q->priv.state = ST_DONE;
+                seq_finish(s, q, SCHED_FINISH_ERROR, 500, "out of memory");
+                any_done = 1;
+                row += (size_t)rows * V;
+                continue;
+            }
+            if (in->start_pos + rows >= q->n_prompt) q->priv.prompt_lp_done = 1;
+        }
+        row += (size_t)rows * V;
+        q->priv.n_computed += in->n_tokens;
+        if (q->priv.n_computed != q->priv.n_all || !last) continue;
+        /* the next token is due */
+        if (q->n_out >= q->max_tokens) { /* max_tokens 0: prompt only */
+            q->priv.state = ST_DONE;
+            seq_finish(s, q, SCHED_FINISH_LENGTH, 200, NULL);
+            any_done = 1;
+            continue;
+        }
+        const uint32_t *mask = q->token_mask ? q->token_mask(q) : NULL;
+        int32_t tok = sampler_sample(&q->sampling, last, V, mask, &q->rng, s->ws);
+        if (tok < 0) {
+            q->priv.state = ST_DONE;
+            seq_finish(s, q, SCHED_FINISH_ERROR, 500,
+                       mask ? "sampling failed: the token mask allows no token"
+                            : "sampling failed: no finite logit");
+            any_done = 1;
+            continue;
+        }
+        int reason = append_token(s, q, tok, last, now);
+        generated++;
+        if (reason < 0) {
+            q->priv.state = ST_DONE;
+            seq_finish(s, q, SCHED_FINISH_ERROR, 500, "out of memory");
+            any_done = 1;
+        } else if (reason != SCHED_FINISH_NONE) {
+            q->priv.state = ST_DONE;
+            seq_finish(s, q, reason, 200, NULL);
+            any_done = 1;
+        } else if (q->stream) {
+            q->notify(q, 0);
+        }
+    }
+    if (generated) metrics_counter_add(s->m_gen_tokens, (double)generated);
+    if (any_done) compact_running(s);
+}
+
+static void update_gauges(scheduler *s) {
+    uint32_t used = block_manager_used(s->bm);
+    atomic_store(&s->st_running, s->n_running);
+    atomic_store(&s->st_kv_used, used);
+    metrics_gauge_set(s->m_running, s->n_running);
+    metrics_gauge_set(s->m_waiting, atomic_load(&s->n_waiting));
+    metrics_gauge_set(s->m_kv_used, used);
+}
+
+static void *sched_main(void *arg) {
+    scheduler *s = arg;
+    for (;;) {
+        pthread_mutex_lock(&s->mu);
+        while (!s->stop && !s->inbox_head && !s->wake_flag && !s->cancel_all &&
+               s->n_running == 0 && !s->wait_head) {
+            s->sleeping = 1;
+            pthread_cond_wait(&s->cv, &s->mu);
+            s->sleeping = 0;
+        }
+        sched_seq *in = s->inbox_head;
+        s->inbox_head = s->inbox_tail = NULL;
+        s->wake_flag = 0;
+        int stop = s->stop;
+        int cancel_all = s->cancel_all || stop;
+        int ca_status = s->cancel_all ? s->cancel_all_status : 503;
+        char ca_msg[256];
+        snprintf(ca_msg, sizeof ca_msg, "%s",
+                 s->cancel_all ? s->cancel_all_msg : "the server is shutting down");
+        s->cancel_all = 0;
+        pthread_mutex_unlock(&s->mu);
+
+        while (in) {
+            sched_seq *next = in->priv.next;
+            if (seq_init(in) != 0) {
+                atomic_fetch_sub(&s->n_waiting, 1);
+                seq_finish(s, in, SCHED_FINISH_ERROR, 500, "out of memory");
+            } else {
+                in->priv.state = ST_WAITING;
+                wait_push_back(s, in);
+            }
+            in = next;
+        }
+        if (s->cfg.poll) s->cfg.poll(s->cfg.poll_arg);
+        handle_cancels(s, cancel_all, ca_status, ca_msg);
+        update_gauges(s);
+        flush_finished(s);
+        if (stop) break;
+        if (s->n_running == 0 && !s->wait_head) {
+            update_gauges(s);
+            continue;
+        }
+        plan p;
+        build_batch(s, &p);
+        if (p.n == 0) {
+            /* nothing runnable (should not happen): do not spin */
+            update_gauges(s);
+            struct timespec ts = {0, 1000000};
+            nanosleep(&ts, NULL);
+            continue;
+        }
+        atomic_fetch_add(&s->st_iter, 1);
+        run_batch(s, &p);
+        update_gauges(s);
+        flush_finished(s);
+    }
+    return NULL;
+}

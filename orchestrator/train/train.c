@@ -1,0 +1,954 @@
+/*
+ * train.c - the training loop: engine context, data loader, schedule,
+ * accumulation, evaluation, early stopping, checkpoints, exact resume,
+ * metrics.jsonl and /metrics. See train.h.
+ */
+#include "orchestrator/train/train.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "orchestrator/store/checkpoint.h"
+#include "orchestrator/data/data_loader.h"
+#include "orchestrator/train/dist.h"
+#include "orchestrator/core/engine_loader.h"
+#include "orchestrator/core/metrics.h"
+#include "orchestrator/train/lr_schedule.h"
+#include "orchestrator/data/shard.h"
+#include "orchestrator/core/util.h"
+
+#define STATE_FORMAT 1
+
+/* Everything a checkpoint must carry besides tensors and the config. */
+typedef struct train_state {
+    uint64_t step;
+    uint64_t total_steps;
+    data_rng rng;
+    uint64_t tokens_seen;
+    double best_val_loss; /* NaN: none yet */
+    uint64_t best_val_step;
+    uint32_t evals_since_best;
+    double last_loss;
+    double last_val_loss;
+    double last_lr;
+    double elapsed_s;
+    double tokens_per_s;
+} train_state;
+
+/* Figures exported on --metrics-port. */
+typedef struct train_metrics {
+    metrics_registry *reg;
+    metrics_http *http;
+    metrics_series *step, *max_steps, *loss, *val_loss, *val_ppl, *lr,
+        *grad_norm, *tps, *elapsed, *tokens, *ckpts, *step_seconds;
+} train_metrics;
+
+/* The state of one train_run call. */
+typedef struct trainer {
+    const train_opts *o;
+    const orch_config *cfg;
+    engine_handle eng;
+    int eng_loaded;
+    orch_engine_ctx *ctx;
+    dataset *train_ds, *val_ds;
+    data_loader *loader;
+    data_eval_set eval;
+    lr_schedule sched;
+    train_state st;
+    FILE *jsonl;
+    train_metrics m;
+    int progress_open; /* a live line is on screen */
+    double last_print;
+    char ckpt_dir[4096];
+    uint64_t ckpt_step; /* step of the newest checkpoint (saved or resumed) */
+    int have_ckpt;
+} trainer;
+
+/* ------------------------------------------------------------------------- */
+/* Small helpers                                                              */
+/* ------------------------------------------------------------------------- */
+static int fail(int *kind, int k, char *err, size_t cap, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static int fail(int *kind, int k, char *err, size_t cap, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    if (err && cap) vsnprintf(err, cap, fmt, ap);
+    va_end(ap);
+    if (kind) *kind = k;
+    return -1;
+}
+
+static int mkdir_p(const char *path) {
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s", path);
+    size_t n = strlen(buf);
+    if (n == 0) return -1;
+    for (size_t i = 1; i <= n; i++) {
+        if (buf[i] == '/' || buf[i] == '\0') {
+            char c = buf[i];
+            buf[i] = '\0';
+            if (mkdir(buf, 0777) != 0 && errno != EEXIST) return -1;
+            buf[i] = c;
+        }
+    }
+    struct stat sb;
+    return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode) ? 0 : -1;
+}
+
+static void fmt_duration(double s, char *buf, size_t cap) {
+    if (!(s >= 0) || s > 1e9) {
+        snprintf(buf, cap, "?");
+        return;
+    }
+    long t = (long)(s + 0.5);
+    if (t >= 3600)
+        snprintf(buf, cap, "%ldh%02ldm", t / 3600, (t / 60) % 60);
+    else if (t >= 60)
+        snprintf(buf, cap, "%ldm%02lds", t / 60, t % 60);
+    else
+        snprintf(buf, cap, "%lds", t);
+}
+
+static void fmt_rate(double r, char *buf, size_t cap) {
+    if (r >= 1e6) snprintf(buf, cap, "%.2fM", r / 1e6);
+    else if (r >= 1e3) snprintf(buf, cap, "%.1fk", r / 1e3);
+    else snprintf(buf, cap, "%.0f", r);
+}
+
+static cJSON *num_or_null(double v) {
+    return isfinite(v) ? cJSON_CreateNumber(v) : cJSON_CreateNull();
+}
+
+static double get_num(const cJSON *obj, const char *key, double def) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    return cJSON_IsNumber(v) ? v->valuedouble : def;
+}
+
+/* ------------------------------------------------------------------------- */
+/* state.json                                                                 */
+/* ------------------------------------------------------------------------- */
+static char *state_to_json(const trainer *t) {
+    const train_state *s = &t->st;
+    cJSON *root = cJSON_CreateObject();
+    char hex[65];
+    data_rng_to_hex(&s->rng, hex);
+    cJSON_AddNumberToObject(root, "format", STATE_FORMAT);
+    cJSON_AddNumberToObject(root, "step", (double)s->step);
+    cJSON_AddNumberToObject(root, "total_steps", (double)s->total_steps);
+    cJSON_AddStringToObject(root, "engine", t->eng.api->name);
+    cJSON_AddNumberToObject(root, "engine_threads", t->cfg->engine.threads);
+    cJSON_AddStringToObject(root, "tokenizer", t->cfg->data.tokenizer);
+    cJSON *data = cJSON_AddObjectToObject(root, "data");
+    cJSON_AddStringToObject(data, "rng", hex);
+    cJSON_AddNumberToObject(data, "tokens_seen", (double)s->tokens_seen);
+    cJSON *sch = cJSON_AddObjectToObject(root, "schedule");
+    cJSON_AddStringToObject(sch, "kind", lr_schedule_kind_name(t->sched.kind));
+    cJSON_AddNumberToObject(sch, "lr", t->sched.lr);
+    cJSON_AddNumberToObject(sch, "min_lr", t->sched.min_lr);
+    cJSON_AddNumberToObject(sch, "warmup_steps", (double)t->sched.warmup_steps);
+    cJSON_AddNumberToObject(sch, "total_steps", (double)t->sched.total_steps);
+    cJSON_AddItemToObject(sch, "last_lr", num_or_null(s->last_lr));
+    cJSON_AddItemToObject(root, "best_val_loss", num_or_null(s->best_val_loss));
+    cJSON_AddNumberToObject(root, "best_val_step", (double)s->best_val_step);
+    cJSON_AddNumberToObject(root, "evals_since_best", s->evals_since_best);
+    cJSON *met = cJSON_AddObjectToObject(root, "metrics");
+    cJSON_AddItemToObject(met, "loss", num_or_null(s->last_loss));
+    cJSON_AddItemToObject(met, "val_loss", num_or_null(s->last_val_loss));
+    cJSON_AddNumberToObject(met, "elapsed_s", s->elapsed_s);
+    cJSON_AddNumberToObject(met, "tokens_per_s", s->tokens_per_s);
+    cJSON *cfg = config_to_cjson(t->cfg);
+    if (cfg) cJSON_AddItemToObject(root, "config", cfg);
+    char *text = cfg ? cJSON_Print(root) : NULL;
+    cJSON_Delete(root);
+    return text;
+}
+
+static int state_from_json(const char *text, train_state *s, char *tok,
+                           size_t tok_cap, char *err, size_t cap) {
+    cJSON *root = cJSON_Parse(text);
+    if (!root || !cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        util_set_err(err, cap, "state.json is not a JSON object");
+        return -1;
+    }
+    int rc = -1;
+    const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(root, "format");
+    const cJSON *step = cJSON_GetObjectItemCaseSensitive(root, "step");
+    const cJSON *data = cJSON_GetObjectItemCaseSensitive(root, "data");
+    const cJSON *rng = cJSON_GetObjectItemCaseSensitive(data, "rng");
+    const cJSON *tk = cJSON_GetObjectItemCaseSensitive(root, "tokenizer");
+    if (!cJSON_IsNumber(fmt) || fmt->valuedouble != STATE_FORMAT) {
+        util_set_err(err, cap, "state.json: unsupported format (want %d)",
+                     STATE_FORMAT);
+        goto out;
+    }
+    if (!cJSON_IsNumber(step) || step->valuedouble < 0) {
+        util_set_err(err, cap, "state.json: missing or bad \"step\"");
+        goto out;
+    }
+    memset(s, 0, sizeof *s);
+    s->step = (uint64_t)step->valuedouble;
+    s->total_steps = (uint64_t)get_num(root, "total_steps", 0);
+    if (!cJSON_IsString(rng) || data_rng_from_hex(rng->valuestring, &s->rng)) {
+        util_set_err(err, cap, "state.json: missing or bad \"data.rng\"");
+        goto out;
+    }
+    s->tokens_seen = (uint64_t)get_num(data, "tokens_seen", 0);
+    s->best_val_loss = get_num(root, "best_val_loss", NAN);
+    s->best_val_step = (uint64_t)get_num(root, "best_val_step", 0);
+    s->evals_since_best = (uint32_t)get_num(root, "evals_since_best", 0);
+    const cJSON *met = cJSON_GetObjectItemCaseSensitive(root, "metrics");
+    s->last_loss = get_num(met, "loss", NAN);
+    s->last_val_loss = get_num(met, "val_loss", NAN);
+    s->elapsed_s = get_num(met, "elapsed_s", 0);
+    s->tokens_per_s = get_num(met, "tokens_per_s", 0);
+    const cJSON *sch = cJSON_GetObjectItemCaseSensitive(root, "schedule");
+    s->last_lr = get_num(sch, "last_lr", NAN);
+    if (tok) snprintf(tok, tok_cap, "%s", cJSON_IsString(tk) ? tk->valuestring : "");
+    rc = 0;
+out:
+    cJSON_Delete(root);
+    return rc;
+}
+
+int train_read_checkpoint_config(const char *ckpt_dir, orch_config **out,
+                                 char *tokenizer, size_t tokenizer_cap,
+                                 char *err, size_t err_cap) {
+    char *text = NULL;
+    char msg[1024];
+    if (ckpt_read_state(ckpt_dir, &text, msg, sizeof msg) != 0) {
+        util_set_err(err, err_cap, "%s", msg);
+        return -1;
+    }
+    cJSON *root = cJSON_Parse(text);
+    free(text);
+    const cJSON *cfg = cJSON_GetObjectItemCaseSensitive(root, "config");
+    if (!cJSON_IsObject(cfg)) {
+        cJSON_Delete(root);
+        util_set_err(err, err_cap, "%s/state.json: no \"config\" object",
+                     ckpt_dir);
+        return -1;
+    }
+    char origin[4200];
+    snprintf(origin, sizeof origin, "%s/state.json config", ckpt_dir);
+    int rc = config_from_cjson(cfg, origin, out, err, err_cap);
+    if (rc == 0 && tokenizer) {
+        const cJSON *tk = cJSON_GetObjectItemCaseSensitive(root, "tokenizer");
+        snprintf(tokenizer, tokenizer_cap, "%s",
+                 cJSON_IsString(tk) ? tk->valuestring : (*out)->data.tokenizer);
+    }
+    cJSON_Delete(root);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------- */
+/* metrics.jsonl                                                              */
+/* ------------------------------------------------------------------------- */
+
+/* Keep only lines whose step is <= keep_step (resume) or none (fresh), then
+ * open for appending. */
+static int jsonl_open(trainer *t, uint64_t keep_step, int fresh, char *err,
+                      size_t cap) {
+    char path[4200], tmp[4300];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", t->o->run_dir);
+    if (!fresh) {
+        FILE *in = fopen(path, "r");
+        if (in) {
+            snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+            FILE *outf = fopen(tmp, "w");
+            if (!outf) {
+                fclose(in);
+                util_set_err(err, cap, "%s: %s", tmp, strerror(errno));
+                return -1;
+            }
+            char *line = NULL;
+            size_t lcap = 0;
+            ssize_t n;
+            while ((n = getline(&line, &lcap, in)) > 0) {
+                if (line[n - 1] != '\n') break; /* torn last line */
+                cJSON *j = cJSON_Parse(line);
+                const cJSON *s = cJSON_GetObjectItemCaseSensitive(j, "step");
+                int keep = cJSON_IsNumber(s) && s->valuedouble <= (double)keep_step;
+                cJSON_Delete(j);
+                if (keep) fputs(line, outf);
+            }
+            free(line);
+            fclose(in);
+            if (fflush(outf) != 0 || fsync(fileno(outf)) != 0) {
+                fclose(outf);
+                unlink(tmp);
+                util_set_err(err, cap, "%s: write failed", tmp);
+                return -1;
+            }
+            fclose(outf);
+            if (rename(tmp, path) != 0) {
+                unlink(tmp);
+                util_set_err(err, cap, "%s: %s", path, strerror(errno));
+                return -1;
+            }
+        }
+    }
+    t->jsonl = fopen(path, fresh ? "w" : "a");
+    if (!t->jsonl) {
+        util_set_err(err, cap, "%s: %s", path, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+static void jsonl_write(trainer *t, uint64_t step, double loss, double lr,
+                        double gnorm, double tps, double elapsed,
+                        double val_loss) {
+    if (!t->jsonl) return;
+    fprintf(t->jsonl,
+            "{\"step\":%llu,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,"
+            "\"tokens_per_s\":%.1f,\"elapsed\":%.3f",
+            (unsigned long long)step, loss, lr, gnorm, tps, elapsed);
+    if (isfinite(val_loss))
+        fprintf(t->jsonl, ",\"val_loss\":%.9g,\"val_ppl\":%.9g", val_loss,
+                exp(val_loss));
+    fprintf(t->jsonl, "}\n");
+    fflush(t->jsonl);
+}
+
+/* ------------------------------------------------------------------------- */
+/* /metrics                                                                   */
+/* ------------------------------------------------------------------------- */
+static metrics_series *gauge(metrics_registry *r, const char *name,
+                             const char *help) {
+    return metrics_series_get(metrics_gauge(r, name, help, 0, NULL), NULL);
+}
+
+static int metrics_start(trainer *t, char *err, size_t cap) {
+    train_metrics *m = &t->m;
+    if (t->o->metrics_port < 0) return 0;
+    if (t->o->metrics_port > 65535) {
+        util_set_err(err, cap, "--metrics-port %d: out of range",
+                     t->o->metrics_port);
+        return -1;
+    }
+    m->reg = metrics_registry_create();
+    if (!m->reg) {
+        util_set_err(err, cap, "metrics: out of memory");
+        return -1;
+    }
+    metrics_registry *r = m->reg;
+    m->step = gauge(r, "orch_train_step", "Last completed training step.");
+    m->max_steps = gauge(r, "orch_train_max_steps", "Steps this run trains for.");
+    m->loss = gauge(r, "orch_train_loss", "Training loss of the last step.");
+    m->val_loss = gauge(r, "orch_train_val_loss",
+                        "Validation loss of the last evaluation.");
+    m->val_ppl = gauge(r, "orch_train_val_perplexity",
+                       "Validation perplexity of the last evaluation.");
+    m->lr = gauge(r, "orch_train_learning_rate", "Learning rate of the last step.");
+    m->grad_norm = gauge(r, "orch_train_grad_norm",
+                         "Global gradient L2 norm before clipping.");
+    m->tps = gauge(r, "orch_train_tokens_per_second",
+                   "Training throughput of the last step.");
+    m->elapsed = gauge(r, "orch_train_elapsed_seconds",
+                       "Training time across resumes.");
+    m->tokens = metrics_series_get(
+        metrics_counter(r, "orch_train_tokens_total",
+                        "Tokens trained on in this process.", 0, NULL),
+        NULL);
+    m->ckpts = metrics_series_get(
+        metrics_counter(r, "orch_train_checkpoints_total",
+                        "Checkpoints written by this process.", 0, NULL),
+        NULL);
+    m->step_seconds = metrics_series_get(
+        metrics_histogram(r, "orch_train_step_seconds",
+                          "Wall time of one optimizer step.", 0, NULL, NULL, 0),
+        NULL);
+    metrics_gauge_set(m->max_steps, (double)t->st.total_steps);
+    metrics_gauge_set(m->step, (double)t->st.step);
+    metrics_gauge_set(m->elapsed, t->st.elapsed_s);
+    char msg[512] = "";
+    m->http = metrics_http_start(r, NULL, (uint16_t)t->o->metrics_port, msg,
+                                 sizeof msg);
+    if (!m->http) {
+        util_set_err(err, cap, "--metrics-port %d: %s", t->o->metrics_port, msg);
+        return -1;
+    }
+    if (t->o->out)
+        fprintf(t->o->out, "metrics: http://127.0.0.1:%u/metrics\n",
+                metrics_http_port(m->http));
+    return 0;
+}
+
+static void metrics_stop(trainer *t) {
+    metrics_http_stop(t->m.http);
+    metrics_registry_free(t->m.reg);
+    t->m.http = NULL;
+    t->m.reg = NULL;
+}
+
+/* ------------------------------------------------------------------------- */
+/* Output                                                                     */
+/* ------------------------------------------------------------------------- */
+/* End a live progress line before printing a normal one. */
+static void progress_break(trainer *t) {
+    if (t->progress_open && t->o->out) {
+        fputc('\n', t->o->out);
+        t->progress_open = 0;
+    }
+}
+
+static void progress(trainer *t, uint64_t step, double loss, double lr,
+                     double tps, double eta, int force) {
+    FILE *f = t->o->out;
+    if (!f) return;
+    double now = util_now();
+    /* Live: at most 10 updates a second; plain lines: one every 2 s. */
+    if (!force && now - t->last_print < (t->o->live ? 0.1 : 2.0)) return;
+    t->last_print = now;
+    char rate[32], etas[32];
+    fmt_rate(tps, rate, sizeof rate);
+    fmt_duration(eta, etas, sizeof etas);
+    int w = snprintf(NULL, 0, "%llu", (unsigned long long)t->st.total_steps);
+    if (t->o->live) {
+        fprintf(f,
+                "\rstep %*llu/%llu | loss %.4f | lr %.2e | %s tok/s | ETA %s"
+                "\033[K",
+                w, (unsigned long long)step,
+                (unsigned long long)t->st.total_steps, loss, lr, rate, etas);
+        t->progress_open = 1;
+    } else {
+        fprintf(f, "step %*llu/%llu | loss %.4f | lr %.2e | %s tok/s | ETA %s\n",
+                w, (unsigned long long)step,
+                (unsigned long long)t->st.total_steps, loss, lr, rate, etas);
+    }
+    fflush(f);
+}
+
+static void say(trainer *t, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void say(trainer *t, const char *fmt, ...) {
+    if (!t->o->out) return;
+    progress_break(t);
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(t->o->out, fmt, ap);
+    va_end(ap);
+    fflush(t->o->out);
+}
+
+/* ------------------------------------------------------------------------- */
+/* Engine calls                                                               */
+/* ------------------------------------------------------------------------- */
+static int engine_fail(trainer *t, int32_t st, const char *what, uint64_t step,
+                       int *kind, char *err, size_t cap) {
+    char msg[1024];
+    engine_format_error(&t->eng, t->ctx, st, msg, sizeof msg);
+    const char *hint = st == ORCH_ERR_NUMERIC
+                           ? " (training diverged: try a lower train.lr or "
+                             "train.grad_clip)"
+                           : "";
+    char last[4300] = "";
+    if (t->have_ckpt)
+        snprintf(last, sizeof last, "; last good checkpoint: %s", t->ckpt_dir);
+    return fail(kind, TRAIN_ERR_RUNTIME, err, cap,
+                "step %llu: engine %s: %s failed: %s%s%s",
+                (unsigned long long)step, t->eng.api->name, what, msg, hint,
+                last);
+}
+
+/* Mean validation loss over the eval set. Data parallel (dist.h): rank r
+ * evaluates batches r, r+N, ...; the per-batch losses are summed over the
+ * ranks and added up in batch order, as one process would. */
+static int evaluate(trainer *t, double *out, int *kind, char *err, size_t cap) {
+    const data_eval_set *e = &t->eval;
+    const orch_engine_api *api = t->eng.api;
+    double sum = 0;
+    size_t per = (size_t)e->micro_batch * e->seq_len;
+    double *shared = NULL;
+    if (dist_world() > 1 && !(shared = calloc(e->n_batches, sizeof *shared)))
+        return fail(kind, TRAIN_ERR_RUNTIME, err, cap, "evaluation: out of memory");
+    for (uint32_t b = 0; b < e->n_batches; b++) {
+        if (shared && b % (uint32_t)dist_world() != (uint32_t)dist_rank())
+            continue;
+        float l = 0;
+        int32_t st = api->eval_loss(t->ctx, e->tokens + b * per,
+                                    e->targets + b * per, e->micro_batch,
+                                    e->seq_len, &l);
+        if (st != ORCH_OK) {
+            free(shared);
+            return engine_fail(t, st, "eval_loss", t->st.step, kind, err, cap);
+        }
+        if (shared) shared[b] = (double)l;
+        else sum += (double)l;
+    }
+    if (shared) {
+        char msg[1024];
+        int rc = dist_allreduce_sum(shared, e->n_batches, "evaluation", msg,
+                                    sizeof msg);
+        for (uint32_t b = 0; b < e->n_batches; b++) sum += shared[b];
+        free(shared);
+        if (rc != 0)
+            return fail(kind, TRAIN_ERR_RUNTIME, err, cap, "step %llu: %s",
+                        (unsigned long long)t->st.step, msg);
+    }
+    *out = sum / e->n_batches;
+    return 0;
+}
+
+static int save_checkpoint(trainer *t, double val_loss, int *kind, char *err,
+                           size_t cap) {
+    char *state = state_to_json(t);
+    if (!state)
+        return fail(kind, TRAIN_ERR_RUNTIME, err, cap,
+                    "checkpoint: out of memory");
+    ckpt_save_opts so = ckpt_save_opts_default();
+    so.keep_last = (int)t->cfg->train.keep_checkpoints;
+    so.with_optimizer = 1;
+    so.val_loss = val_loss;
+    char dir[4096], msg[1024];
+    int rc = ckpt_save(t->o->run_dir, t->st.step, &t->eng, t->ctx, state, &so,
+                       dir, sizeof dir, msg, sizeof msg);
+    free(state);
+    if (rc != 0) {
+        char last[4300] = "";
+        if (t->have_ckpt)
+            snprintf(last, sizeof last, " (last good checkpoint: %s)",
+                     t->ckpt_dir);
+        return fail(kind, TRAIN_ERR_RUNTIME, err, cap,
+                    "step %llu: cannot save checkpoint: %s%s",
+                    (unsigned long long)t->st.step, msg, last);
+    }
+    snprintf(t->ckpt_dir, sizeof t->ckpt_dir, "%s", dir);
+    t->ckpt_step = t->st.step;
+    t->have_ckpt = 1;
+    metrics_counter_add(t->m.ckpts, 1);
+    return 0;
+}
+
+/* Data parallel (dist.h): rank 0 alone writes checkpoints; tell every rank
+ * how it went (the directory, or rank 0's error). */
+static int share_checkpoint(trainer *t, int *saved, int *kind, char *err,
+                            size_t cap) {
+    if (dist_world() == 1) return 0;
+    char text[4096], msg[1024];
+    snprintf(text, sizeof text, "%s", *saved == 0 ? t->ckpt_dir : err);
+    if (dist_share_status(saved, text, sizeof text, msg, sizeof msg) != 0)
+        return fail(kind, TRAIN_ERR_RUNTIME, err, cap, "step %llu: %s",
+                    (unsigned long long)t->st.step, msg);
+    if (dist_is_root()) return 0;
+    if (*saved != 0)
+        return fail(kind, TRAIN_ERR_RUNTIME, err, cap, "rank 0: %s", text);
+    snprintf(t->ckpt_dir, sizeof t->ckpt_dir, "%s", text);
+    t->ckpt_step = t->st.step;
+    t->have_ckpt = 1;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------- */
+/* Setup                                                                      */
+/* ------------------------------------------------------------------------- */
+static int open_data(trainer *t, int *kind, char *err, size_t cap) {
+    const orch_config *c = t->cfg;
+    char msg[2048];
+    if (dataset_open(c->data.train, &t->train_ds, msg, sizeof msg) != 0)
+        return fail(kind, TRAIN_ERR_INPUT, err, cap, "data.train: %s", msg);
+    if (dataset_open(c->data.val, &t->val_ds, msg, sizeof msg) != 0)
+        return fail(kind, TRAIN_ERR_INPUT, err, cap, "data.val: %s", msg);
+    const dataset *ds[2] = {t->train_ds, t->val_ds};
+    const char *which[2] = {"data.train", "data.val"};
+    for (int i = 0; i < 2; i++) {
+        if (strcmp(dataset_tokenizer_name(ds[i]), c->data.tokenizer) != 0)
+            return fail(kind, TRAIN_ERR_INPUT, err, cap,
+                        "%s: shards were made with the '%s' tokenizer but "
+                        "data.tokenizer is '%s'",
+                        which[i], dataset_tokenizer_name(ds[i]),
+                        c->data.tokenizer);
+        if (dataset_vocab_size(ds[i]) > c->model.vocab_size)
+            return fail(kind, TRAIN_ERR_INPUT, err, cap,
+                        "%s: shard vocabulary (%u) exceeds model.vocab_size "
+                        "(%u)",
+                        which[i], dataset_vocab_size(ds[i]),
+                        c->model.vocab_size);
+    }
+    if (data_eval_set_build(t->val_ds, c->train.eval_batches,
+                            c->train.micro_batch, c->train.seq_len, &t->eval,
+                            msg, sizeof msg) != 0)
+        return fail(kind, TRAIN_ERR_INPUT, err, cap, "data.val: %s", msg);
+    return 0;
+}
+
+static uint64_t total_steps_of(const orch_config *c, const dataset *train) {
+    if (c->train.max_steps) return c->train.max_steps;
+    double per_step = (double)c->train.micro_batch * c->train.seq_len *
+                      c->train.grad_accum * dist_world();
+    double steps = ceil(c->train.epochs * (double)dataset_total_tokens(train) /
+                        per_step);
+    return steps < 1 ? 1 : (uint64_t)steps;
+}
+
+static int open_engine(trainer *t, int *kind, char *err, size_t cap) {
+    const orch_config *c = t->cfg;
+    char msg[2048];
+    if (engine_load(c->engine.name, &t->eng, msg, sizeof msg) != 0)
+        return fail(kind, TRAIN_ERR_INPUT, err, cap, "%s", msg);
+    t->eng_loaded = 1;
+    uint64_t caps = t->eng.api->capabilities;
+    if (!(caps & ORCH_CAP_TRAIN) || !(caps & ORCH_CAP_EVAL))
+        return fail(kind, TRAIN_ERR_INPUT, err, cap,
+                    "engine %s cannot train (needs the train and eval "
+                    "capabilities)",
+                    t->eng.api->name);
+    orch_model_desc desc;
+    config_model_desc(c, &desc);
+    if (engine_create_context(&t->eng, &desc, c->engine.threads, c->train.seed,
+                              c->engine.options, &t->ctx, msg,
+                              sizeof msg) != 0)
+        return fail(kind, TRAIN_ERR_INPUT, err, cap, "%s", msg);
+    return 0;
+}
+
+static int restore(trainer *t, int *kind, char *err, size_t cap) {
+    const char *dir = t->o->resume_ckpt;
+    char *text = NULL, msg[2048], tok[64] = "";
+    if (ckpt_read_state(dir, &text, msg, sizeof msg) != 0)
+        return fail(kind, TRAIN_ERR_INPUT, err, cap, "resume: %s", msg);
+    train_state s;
+    int rc = state_from_json(text, &s, tok, sizeof tok, msg, sizeof msg);
+    free(text);
+    if (rc != 0)
+        return fail(kind, TRAIN_ERR_INPUT, err, cap, "resume: %s: %s", dir, msg);
+    if (*tok && strcmp(tok, t->cfg->data.tokenizer) != 0)
+        return fail(kind, TRAIN_ERR_INPUT, err, cap,
+                    "resume: %s was trained with the '%s' tokenizer, the config "
+                    "says '%s'",
+                    dir, tok, t->cfg->data.tokenizer);
+    if (!ckpt_has_optimizer(dir))
+        return fail(kind, TRAIN_ERR_INPUT, err, cap,
+                    "resume: %s has no optimizer state (it can seed a new run "
+                    "but not continue one)",
+                    dir);
+    if (ckpt_load_weights(dir, &t->eng, t->ctx, 1, msg, sizeof msg) != 0)
+        return fail(kind, TRAIN_ERR_INPUT, err, cap, "resume: %s", msg);
+    uint64_t total = t->st.total_steps; /* from this run's config */
+    t->st = s;
+    t->st.total_steps = total;
+    snprintf(t->ckpt_dir, sizeof t->ckpt_dir, "%s", dir);
+    t->ckpt_step = s.step;
+    t->have_ckpt = 1;
+    return 0;
+}
+
+static int write_config_copy(trainer *t, char *err, size_t cap) {
+    char path[4200], tmp[4300];
+    snprintf(path, sizeof path, "%s/config.json", t->o->run_dir);
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    char *text = config_to_json(t->cfg);
+    FILE *f = text ? fopen(tmp, "w") : NULL;
+    int ok = f && fputs(text, f) >= 0 && fputc('\n', f) != EOF;
+    if (f && fclose(f) != 0) ok = 0;
+    free(text);
+    if (!ok || rename(tmp, path) != 0) {
+        unlink(tmp);
+        util_set_err(err, cap, "%s: cannot write: %s", path, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+static void trainer_close(trainer *t) {
+    metrics_stop(t);
+    if (t->jsonl) fclose(t->jsonl);
+    data_loader_close(t->loader);
+    data_eval_set_free(&t->eval);
+    if (t->ctx) t->eng.api->context_destroy(t->ctx);
+    if (t->eng_loaded) engine_unload(&t->eng);
+    dataset_close(t->train_ds);
+    dataset_close(t->val_ds);
+}
+
+/* ------------------------------------------------------------------------- */
+/* The loop                                                                   */
+/* ------------------------------------------------------------------------- */
+static int train_loop(trainer *t, train_result *res, int *kind, char *err,
+                      size_t cap) {
+    const train_opts *o = t->o;
+    const config_train *c = &t->cfg->train;
+    const orch_engine_api *api = t->eng.api;
+    uint32_t B = c->micro_batch, T = c->seq_len;
+    /* Data parallel (dist.h): each of N ranks runs grad_accum micro-batches
+     * of its own; the gradient sum over ranks is the mean over all. */
+    double step_tokens = (double)B * T * c->grad_accum * dist_world();
+    float grad_scale = 1.0f / (float)(c->grad_accum * (uint32_t)dist_world());
+    double run_start = util_now();
+    double elapsed0 = t->st.elapsed_s;
+    uint64_t first = t->st.step;
+    uint64_t steps_run = 0;
+    double val_at_step = NAN; /* val loss measured at the current step */
+    char msg[1024];
+
+    res->outcome = TRAIN_COMPLETED;
+    while (t->st.step < t->st.total_steps) {
+        uint64_t step = t->st.step + 1;
+        double t0 = util_now();
+        int32_t st = api->grads_zero(t->ctx);
+        if (st != ORCH_OK)
+            return engine_fail(t, st, "grads_zero", step, kind, err, cap);
+        double loss_sum = 0;
+        for (uint32_t m = 0; m < c->grad_accum; m++) {
+            const int32_t *tok, *tgt;
+            if (data_loader_next(t->loader, &tok, &tgt, msg, sizeof msg) != 0)
+                return fail(kind, TRAIN_ERR_RUNTIME, err, cap, "step %llu: %s",
+                            (unsigned long long)step, msg);
+            float l = 0;
+            st = api->forward_backward(t->ctx, tok, tgt, B, T, grad_scale, &l);
+            if (st != ORCH_OK)
+                return engine_fail(t, st, "forward_backward", step, kind, err,
+                                   cap);
+            loss_sum += (double)l;
+        }
+        double shared[2] = {loss_sum, o->stop_flag && *o->stop_flag};
+        if (dist_allreduce_grads(&t->eng, t->ctx, shared, 2, step, msg,
+                                 sizeof msg) != 0)
+            return fail(kind, TRAIN_ERR_RUNTIME, err, cap, "step %llu: %s",
+                        (unsigned long long)step, msg);
+        loss_sum = shared[0];
+        double loss = loss_sum / ((double)c->grad_accum * dist_world());
+        double lr = lr_schedule_at(&t->sched, step);
+        orch_adamw_params ap;
+        memset(&ap, 0, sizeof ap);
+        ap.struct_size = sizeof ap;
+        ap.step = step;
+        ap.lr = (float)lr;
+        ap.beta1 = (float)c->beta1;
+        ap.beta2 = (float)c->beta2;
+        ap.eps = (float)c->eps;
+        ap.weight_decay = (float)c->weight_decay;
+        ap.grad_clip = (float)c->grad_clip;
+        float gnorm = 0;
+        st = api->optimizer_step(t->ctx, &ap, &gnorm);
+        if (st != ORCH_OK)
+            return engine_fail(t, st, "optimizer_step", step, kind, err, cap);
+        double dt = util_now() - t0;
+        steps_run++;
+        t->st.step = step;
+        t->st.tokens_seen += (uint64_t)step_tokens;
+        t->st.last_loss = loss;
+        t->st.last_lr = lr;
+        t->st.tokens_per_s = dt > 0 ? step_tokens / dt : 0;
+        t->st.elapsed_s = elapsed0 + (util_now() - run_start);
+        data_loader_rng_state(t->loader, &t->st.rng);
+
+        int last = step == t->st.total_steps;
+        double avg = (util_now() - run_start) / (double)steps_run;
+        double eta = avg * (double)(t->st.total_steps - step);
+        progress(t, step, loss, lr, t->st.tokens_per_s, eta,
+                 step == first + 1 || last);
+
+        /* Evaluation and early stopping. */
+        val_at_step = NAN;
+        int stop_early = 0;
+        if ((c->eval_every && step % c->eval_every == 0) || last) {
+            double v = NAN;
+            if (evaluate(t, &v, kind, err, cap) != 0) return -1;
+            val_at_step = v;
+            t->st.last_val_loss = v;
+            int improved = !isfinite(t->st.best_val_loss) || v < t->st.best_val_loss;
+            if (improved) {
+                t->st.best_val_loss = v;
+                t->st.best_val_step = step;
+                t->st.evals_since_best = 0;
+            } else {
+                t->st.evals_since_best++;
+            }
+            say(t, "step %llu: val loss %.4f | ppl %.2f%s\n",
+                (unsigned long long)step, v, exp(v), improved ? " (best)" : "");
+            metrics_gauge_set(t->m.val_loss, v);
+            metrics_gauge_set(t->m.val_ppl, exp(v));
+            if (c->early_stop_patience &&
+                t->st.evals_since_best >= c->early_stop_patience)
+                stop_early = 1;
+        }
+        jsonl_write(t, step, loss, lr, gnorm, t->st.tokens_per_s,
+                    t->st.elapsed_s, val_at_step);
+        metrics_gauge_set(t->m.step, (double)step);
+        metrics_gauge_set(t->m.loss, loss);
+        metrics_gauge_set(t->m.lr, lr);
+        metrics_gauge_set(t->m.grad_norm, gnorm);
+        metrics_gauge_set(t->m.tps, t->st.tokens_per_s);
+        metrics_gauge_set(t->m.elapsed, t->st.elapsed_s);
+        metrics_counter_add(t->m.tokens, step_tokens);
+        metrics_histogram_observe(t->m.step_seconds, dt);
+
+        /* Ranks stop together: a signal counts when any rank had it at the
+         * all-reduce of this step. */
+        int signalled = dist_world() > 1 ? shared[1] > 0
+                                         : o->stop_flag && *o->stop_flag;
+        int paused = o->stop_after && steps_run >= o->stop_after && !last;
+        int periodic = c->checkpoint_every && step % c->checkpoint_every == 0;
+        if (periodic || last || signalled || paused || stop_early) {
+            int saved = dist_is_root()
+                            ? save_checkpoint(t, val_at_step, kind, err, cap)
+                            : 0;
+            if (share_checkpoint(t, &saved, kind, err, cap) != 0 || saved != 0)
+                return -1;
+            if (periodic && !last && !signalled && !paused && !stop_early)
+                say(t, "step %llu: checkpoint %s\n", (unsigned long long)step,
+                    t->ckpt_dir);
+        }
+        if (stop_early) {
+            res->outcome = TRAIN_EARLY_STOPPED;
+            say(t,
+                "early stop: validation loss has not improved for %u "
+                "evaluations (best %.4f at step %llu)\n",
+                t->st.evals_since_best, t->st.best_val_loss,
+                (unsigned long long)t->st.best_val_step);
+            break;
+        }
+        if (signalled) {
+            res->outcome = TRAIN_INTERRUPTED;
+            break;
+        }
+        if (paused) {
+            res->outcome = TRAIN_PAUSED;
+            break;
+        }
+    }
+    progress_break(t);
+    double run_s = util_now() - run_start;
+    res->step = t->st.step;
+    res->total_steps = t->st.total_steps;
+    res->last_loss = t->st.last_loss;
+    res->last_val_loss = t->st.last_val_loss;
+    res->best_val_loss = t->st.best_val_loss;
+    res->best_val_step = t->st.best_val_step;
+    res->elapsed_s = t->st.elapsed_s;
+    res->run_s = run_s;
+    res->tokens_per_s =
+        run_s > 0 ? (double)steps_run * step_tokens / run_s : 0;
+    snprintf(res->checkpoint, sizeof res->checkpoint, "%s", t->ckpt_dir);
+    return 0;
+}
+
+int train_run(const train_opts *o, train_result *res, int *err_kind,
+              char *err, size_t err_cap) {
+    trainer t;
+    memset(&t, 0, sizeof t);
+    memset(res, 0, sizeof *res);
+    res->last_loss = res->last_val_loss = res->best_val_loss = NAN;
+    t.o = o;
+    t.cfg = o->cfg;
+    t.st.best_val_loss = NAN;
+    t.st.last_loss = t.st.last_val_loss = t.st.last_lr = NAN;
+    data_rng_seed(&t.st.rng, o->cfg->train.seed);
+    const config_train *c = &o->cfg->train;
+    int rc = -1;
+    char msg[2048];
+
+    if (mkdir_p(o->run_dir) != 0) {
+        fail(err_kind, TRAIN_ERR_INPUT, err, err_cap,
+             "--out %s: cannot create directory: %s", o->run_dir,
+             strerror(errno));
+        goto out;
+    }
+    if (open_data(&t, err_kind, err, err_cap) != 0) goto out;
+    t.st.total_steps = total_steps_of(t.cfg, t.train_ds);
+    if (open_engine(&t, err_kind, err, err_cap) != 0) goto out;
+    if (o->resume_ckpt && restore(&t, err_kind, err, err_cap) != 0) goto out;
+    if (!o->resume_ckpt && o->init_ckpt &&
+        ckpt_load_weights(o->init_ckpt, &t.eng, t.ctx, 0, msg, sizeof msg) != 0) {
+        fail(err_kind, TRAIN_ERR_INPUT, err, err_cap, "--init: %s", msg);
+        goto out;
+    }
+    /* Data parallel: every rank continues from rank 0's weights, moments
+     * and state. */
+    if (dist_world() > 1 &&
+        (dist_bcast_model(&t.eng, t.ctx, msg, sizeof msg) != 0 ||
+         dist_bcast_bytes(&t.st, sizeof t.st, "training state", msg,
+                          sizeof msg) != 0)) {
+        fail(err_kind, TRAIN_ERR_RUNTIME, err, err_cap, "%s", msg);
+        goto out;
+    }
+    res->start_step = t.st.step;
+
+    lr_schedule_kind kind = LR_SCHEDULE_COSINE;
+    lr_schedule_parse_kind(c->schedule, &kind);
+    t.sched.kind = kind;
+    t.sched.lr = c->lr;
+    t.sched.min_lr = c->min_lr;
+    t.sched.warmup_steps = c->warmup_steps;
+    t.sched.total_steps = t.st.total_steps;
+
+    if (t.st.step >= t.st.total_steps) {
+        res->outcome = TRAIN_ALREADY_DONE;
+        res->step = t.st.step;
+        res->total_steps = t.st.total_steps;
+        res->last_loss = t.st.last_loss;
+        res->last_val_loss = t.st.last_val_loss;
+        res->best_val_loss = t.st.best_val_loss;
+        res->best_val_step = t.st.best_val_step;
+        res->elapsed_s = t.st.elapsed_s;
+        snprintf(res->checkpoint, sizeof res->checkpoint, "%s", t.ckpt_dir);
+        rc = 0;
+        goto out;
+    }
+
+    data_loader_opts lo = {c->micro_batch, c->seq_len, (uint32_t)dist_rank(),
+                           (uint32_t)dist_world(), 1};
+    if (data_loader_open(t.train_ds, &lo, &t.st.rng, &t.loader, msg,
+                         sizeof msg) != 0) {
+        fail(err_kind, TRAIN_ERR_INPUT, err, err_cap, "data.train: %s", msg);
+        goto out;
+    }
+    if (dist_is_root() && /* rank 0 alone writes the run's files */
+        (write_config_copy(&t, msg, sizeof msg) != 0 ||
+         jsonl_open(&t, t.st.step, o->resume_ckpt == NULL, msg, sizeof msg) != 0)) {
+        fail(err_kind, TRAIN_ERR_RUNTIME, err, err_cap, "%s", msg);
+        goto out;
+    }
+    if (metrics_start(&t, msg, sizeof msg) != 0) {
+        fail(err_kind, TRAIN_ERR_INPUT, err, err_cap, "%s", msg);
+        goto out;
+    }
+    if (o->out) {
+        char ntok[32];
+        fmt_rate((double)dataset_total_tokens(t.train_ds), ntok, sizeof ntok);
+        orch_model_desc d;
+        config_model_desc(t.cfg, &d);
+        uint32_t n_tensors = 0;
+        uint64_t n_params = 0;
+        if (t.eng.api->tensor_count(t.ctx, ORCH_TENSOR_PARAM, &n_tensors) ==
+            ORCH_OK) {
+            for (uint32_t i = 0; i < n_tensors; i++) {
+                orch_tensor_info ti;
+                memset(&ti, 0, sizeof ti);
+                ti.struct_size = sizeof ti;
+                if (t.eng.api->tensor_info(t.ctx, ORCH_TENSOR_PARAM, i, &ti) ==
+                    ORCH_OK)
+                    n_params += ti.numel;
+            }
+        }
+        fprintf(o->out,
+                "train: engine %s (%s) | model %u layers, %u heads, width %u, "
+                "context %u, %.2fM parameters\n"
+                "train: data %s tokens (%s tokenizer) | batch %u x %u x %u "
+                "accum | %llu steps | out %s\n",
+                t.eng.api->name, t.eng.probe_msg, d.layers, d.heads, d.width,
+                d.context, (double)n_params / 1e6, ntok, t.cfg->data.tokenizer,
+                c->micro_batch, c->seq_len, c->grad_accum,
+                (unsigned long long)t.st.total_steps, o->run_dir);
+        if (o->resume_ckpt)
+            fprintf(o->out, "train: resuming from %s (step %llu)\n",
+                    o->resume_ckpt, (unsigned long long)t.st.step);
+        else if (o->init_ckpt)
+            fprintf(o->out, "train: starting from the weights of %s\n",
+                    o->init_ckpt);
+        fflush(o->out);
+    }
+    rc = train_loop(&t, res, err_kind, err, err_cap);
+out:
+    progress_break(&t);
+    trainer_close(&t);
+    return rc;
+}
