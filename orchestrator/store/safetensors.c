@@ -55,6 +55,45 @@ int safetensors_dtype_parse(const char *s) {
 /* Reader                                                                     */
 /* ------------------------------------------------------------------------- */
 
+float safetensors_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h >> 15) << 31, ex = (h >> 10) & 0x1f, man = h & 0x3ffu;
+    uint32_t bits;
+    if (ex == 0) {
+        float f = ldexpf((float)man, -24); /* zero and subnormals */
+        return sign ? -f : f;
+    }
+    if (ex == 31)
+        bits = sign | 0x7f800000u | man << 13;
+    else
+        bits = sign | (ex + 112) << 23 | man << 13;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+float safetensors_bf16_to_f32(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+int safetensors_to_f32(int dtype, const void *src, float *dst, uint64_t n) {
+    const uint8_t *p = src;
+    switch (dtype) {
+    case SAFETENSORS_F32: memcpy(dst, src, (size_t)n * 4); return 0;
+    case SAFETENSORS_F16:
+        for (uint64_t e = 0; e < n; e++)
+            dst[e] = safetensors_f16_to_f32((uint16_t)(p[2 * e] | p[2 * e + 1] << 8));
+        return 0;
+    case SAFETENSORS_BF16:
+        for (uint64_t e = 0; e < n; e++)
+            dst[e] = safetensors_bf16_to_f32((uint16_t)(p[2 * e] | p[2 * e + 1] << 8));
+        return 0;
+    default: return -1;
+    }
+}
+
 typedef struct meta_kv {
     char *key;
     char *value;

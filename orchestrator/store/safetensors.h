@@ -67,6 +67,14 @@ const char *safetensors_dtype_name(int dtype);
 /* Parse "F32" etc.; returns the dtype or -1. */
 int safetensors_dtype_parse(const char *s);
 
+/* Widen n little-endian elements of an F32, F16 or BF16 tensor at src to
+ * float (subnormals, infinities and NaNs kept). Returns 0, or -1 for any
+ * other dtype (nothing written). src and dst may not overlap. */
+int safetensors_to_f32(int dtype, const void *src, float *dst, uint64_t n);
+/* One IEEE half or bfloat16 value as float. */
+float safetensors_f16_to_f32(uint16_t h);
+float safetensors_bf16_to_f32(uint16_t h);
+
 typedef struct safetensors_tensor {
     const char *name;    /* NUL-terminated UTF-8, owned by the file */
     int dtype;           /* safetensors_dtype */
