@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "orchestrator/serve/block_manager.h"
+#include "tests/test_util.h"
 
 START_TEST(alloc_release_all_or_nothing) {
     ck_assert_ptr_null(block_manager_create(0, 16));
@@ -171,10 +172,4 @@ static Suite *suite(void) {
     return s;
 }
 
-int main(void) {
-    SRunner *sr = srunner_create(suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+int main(void) { return test_run_suite(suite()); }
