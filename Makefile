@@ -4,6 +4,9 @@
 #   make run        install, build, train the default model, generate from it
 #   make test       install missing packages (tools/setup.sh), build, run all suites
 #   make asan       the same suites under ASan+UBSan, in build/asan
+#   make tsan       the threaded suites under ThreadSanitizer, in build/tsan
+#   make analyze    static analysis (cppcheck) of orchestrator/, engines/, tools/
+#   make format     apply .clang-format; make format-check fails on any difference
 #   make clean
 #
 # Sources are picked up by wildcard: orchestrator/*/*.c -> build/orch,
@@ -17,14 +20,19 @@ SAN ?= 0
 CC ?= cc
 
 OPT := -O2
+SAN_FLAGS :=
 ifeq ($(SAN),1)
-  OPT := -O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
+  SAN_FLAGS := -fsanitize=address,undefined
+  OPT := -O1 -fno-omit-frame-pointer $(SAN_FLAGS) -fno-sanitize-recover=undefined
+endif
+ifeq ($(SAN),thread)
+  SAN_FLAGS := -fsanitize=thread
+  OPT := -O1 -fno-omit-frame-pointer $(SAN_FLAGS)
 endif
 
 WARN := -Wall -Wextra -Werror
 CFLAGS_COMMON := -std=c11 $(WARN) $(OPT) -g -D_GNU_SOURCE -I. -MMD -MP
-SAN_FLAGS := -fsanitize=address,undefined
-LDFLAGS_COMMON := $(if $(filter 1,$(SAN)),$(SAN_FLAGS))
+LDFLAGS_COMMON := $(SAN_FLAGS)
 
 # --- MPI: the orchestrator is compiled with mpicc where it exists ------------
 MPICC := $(shell command -v mpicc 2>/dev/null)
@@ -72,13 +80,13 @@ ifneq ($(CPU_SRCS),)
 endif
 ifneq ($(NVCC),)
   ifneq ($(CUDA_CU_SRCS),)
-    ifneq ($(SAN),1)
+    ifeq ($(SAN),0)
       ENGINES += $(BUILD)/libengine_cuda.so
     endif
   endif
 endif
 
-.PHONY: all test asan clean setup test-bins cuda-note run
+.PHONY: all test asan tsan analyze format format-check clean setup test-bins cuda-note run
 all: $(BUILD)/orch $(ENGINES) $(TOOL_BINS) cuda-note
 
 cuda-note:
@@ -147,6 +155,36 @@ asan:
 	@$(MAKE) --no-print-directory BUILD=build/asan SAN=1 test-bins
 	@BUILD=build/asan ORCH_SAN=1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 tests/run_tests.sh
+
+# ThreadSanitizer over the suites whose code runs threads: the serving
+# scheduler and HTTP threads, the data prefetcher, the engines' thread pools,
+# training signals and the MPI watchdog. tests/tsan.supp names the few
+# third-party libraries whose internals are not ours to report.
+TSAN_SUITES := test_scheduler test_data_loader test_metrics test_cpu_engine \
+  test_mock_engine serve_api serve_load serve_cpu train_signals train_cli dist_train
+tsan:
+	@tools/setup.sh
+	@$(MAKE) --no-print-directory BUILD=build/tsan SAN=thread test-bins
+	@BUILD=build/tsan ORCH_SAN=thread TESTS="$(TSAN_SUITES)" \
+	  TSAN_OPTIONS="suppressions=$(CURDIR)/tests/tsan.supp:halt_on_error=1:second_deadlock_stack=1" \
+	  tests/run_tests.sh
+
+# Static analysis: cppcheck over every C source of the project (warnings,
+# portability and performance checks; CUDA sources are C++ and left to nvcc's
+# own warnings). Any finding fails the target.
+ANALYZE_SRCS = $(ORCH_SRCS) $(MOCK_SRCS) $(CPU_SRCS) $(wildcard engines/common/*.c) $(TOOL_SRCS)
+analyze:
+	@cppcheck --quiet --error-exitcode=1 --std=c11 --enable=warning,portability,performance \
+	  --inline-suppr --suppressions-list=tools/cppcheck.supp -D_GNU_SOURCE -DORCH_HAVE_MPI=1 \
+	  -I. $(ANALYZE_SRCS)
+	@echo "analyze: cppcheck clean ($(words $(ANALYZE_SRCS)) files)"
+
+FORMAT_SRCS = $(shell git ls-files '*.c' '*.h' '*.cu' '*.cpp' 2>/dev/null)
+format:
+	@clang-format -i $(FORMAT_SRCS)
+format-check:
+	@clang-format --dry-run --Werror $(FORMAT_SRCS)
+	@echo "format-check: $(words $(FORMAT_SRCS)) files follow .clang-format"
 
 clean:
 	rm -rf build

@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
 # run_tests.sh - runs every Check suite (build/tests/test_*) and every shell
 # suite (tests/*.sh) and prints one closing line "N passed, N failed, N skipped".
-# A suite that exits 77 counts as skipped (it printed why). TESTS=glob limits
-# which suites run (e.g. TESTS='*serve*').
+# A suite that exits 77 counts as skipped (it printed why). TESTS limits which
+# suites run: one or more space-separated globs (e.g. TESTS='*serve* test_sampler').
 set -u
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 export ORCH_BIN="$PWD/$BUILD/orch" ORCH_BUILD="$PWD/$BUILD"
 export ORCH_ENGINE_PATH="$PWD/$BUILD"
 export CK_FORK=yes
-pattern=${TESTS:-*}
+read -r -a patterns <<<"${TESTS:-*}"
+selected() { # name
+  local p
+  for p in "${patterns[@]}"; do [[ $1 == $p ]] && return 0; done
+  return 1
+}
 passed=0 failed=0 skipped=0
 failed_names=()
 log_dir="$BUILD/test-logs"
@@ -50,14 +55,14 @@ run_one() { # name, command...
 for t in "$BUILD"/tests/test_*; do
   [ -x "$t" ] || continue
   name=$(basename "$t")
-  [[ $name == $pattern ]] || continue
+  selected "$name" || continue
   run_one "$name" "$t"
 done
 for s in tests/*.sh; do
   [ -f "$s" ] || continue
   name=$(basename "$s" .sh)
   [ "$name" = run_tests ] && continue
-  [[ $name == $pattern ]] || continue
+  selected "$name" || continue
   run_one "$name" bash "$s"
 done
 

@@ -14,6 +14,7 @@ PACKAGES=(
   libopenmpi-dev openmpi-bin
   libcurl4-openssl-dev
   bible-kjv gnuplot-nox prometheus python3-yaml
+  cppcheck clang-format
   nodejs
 )
 
