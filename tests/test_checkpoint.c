@@ -4,7 +4,9 @@
  * layout, atomicity (leftover temp dirs, failed saves, re-saving a step),
  * corrupt/torn checkpoints falling back with a warning, retention (keep K +
  * best), loading by name with shape checks, cross-engine loading, the GPT-2
- * import (Conv1D transposes, prefixes, dtypes) and the generate library.
+ * import (Conv1D transposes, prefixes, dtypes) and reading the run config
+ * back (ckpt_read_config). The generate library has its own suite,
+ * test_inference.c.
  */
 /* Paths in tests are short; truncation warnings on fixed buffers are noise. */
 #pragma GCC diagnostic ignored "-Wformat-truncation"
@@ -26,13 +28,13 @@
 #include "orchestrator/infer/generate.h"
 #include "orchestrator/store/safetensors.h"
 #include "orchestrator/core/util.h"
+#include "tests/test_util.h"
 
 static char dir[256];
 static engine_handle mock;
 
 static void setup(void) {
-    snprintf(dir, sizeof dir, "/tmp/orch_ckpt_XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(dir));
+    test_tmpdir(dir, sizeof dir, "ckpt");
     char err[512];
     if (engine_load("mock", &mock, err, sizeof err) != 0)
         ck_abort_msg("cannot load the mock engine: %s", err);
@@ -40,29 +42,12 @@ static void setup(void) {
 
 static void teardown(void) {
     engine_unload(&mock);
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    ck_assert_int_eq(system(cmd), 0);
-}
-
-static orch_model_desc model(uint32_t width, uint32_t layers) {
-    orch_model_desc d;
-    memset(&d, 0, sizeof d);
-    d.struct_size = sizeof d;
-    d.arch = ORCH_ARCH_GPT2;
-    d.vocab_size = 256;
-    d.context = 32;
-    d.layers = layers;
-    d.heads = 2;
-    d.width = width;
-    d.mlp_width = 4 * width;
-    d.layernorm_eps = 1e-5f;
-    return d;
+    test_rmdir(dir);
 }
 
 static orch_engine_ctx *mk(const engine_handle *h, uint32_t width,
                            uint32_t layers, uint64_t seed, const char *opts) {
-    orch_model_desc d = model(width, layers);
+    orch_model_desc d = test_model_desc(256, 32, layers, 2, width);
     orch_engine_ctx *c = NULL;
     char err[512];
     if (engine_create_context(h, &d, 1, seed, opts, &c, err, sizeof err) != 0)
@@ -728,77 +713,66 @@ START_TEST(import_rejects_foreign_files) {
 }
 END_TEST
 
-/* ---- generate library --------------------------------------------------- */
+/* ---- the run config in state.json ---------------------------------------- */
 
-START_TEST(generate_session_mock_rule) {
-    orch_engine_ctx *a = mk(&mock, 8, 1, 1, NULL);
-    generate_session *s = NULL;
-    char err[512];
-    ck_assert_int_eq(generate_session_create(&mock, a, 256, 32, 3, &s, err, sizeof err), 0);
-    ck_assert_ptr_null(generate_logits(s));
-    /* "ab" -> 'n', then 't' (README example); prefill in chunks of 3. */
-    int32_t prompt[7] = {'x', 'y', 'z', 'w', 'v', 'a', 'b'};
-    int32_t sum = 0;
-    for (int i = 0; i < 7; i++) sum += prompt[i];
-    ck_assert_int_eq(generate_feed(s, prompt, 7, err, sizeof err), 0);
-    ck_assert_uint_eq(generate_position(s), 7);
-    const float *lg = generate_logits(s);
-    int best = 0;
-    for (int v = 1; v < 256; v++)
-        if (lg[v] > lg[best]) best = v;
-    ck_assert_int_eq(best, 97 + sum % 26);
-    for (int k = 0; k < 25; k++) {
-        int32_t t = best;
-        sum += t;
-        ck_assert_int_eq(generate_feed(s, &t, 1, err, sizeof err), 0);
-        lg = generate_logits(s);
-        best = 0;
-        for (int v = 1; v < 256; v++)
-            if (lg[v] > lg[best]) best = v;
-        ck_assert_int_eq(best, 97 + sum % 26);
-    }
-    ck_assert_uint_eq(generate_position(s), 32);
-    int32_t t = 'a';
-    ck_assert_int_eq(generate_feed(s, &t, 1, err, sizeof err), -1);
-    ck_assert_ptr_nonnull(strstr(err, "context"));
-    generate_reset(s);
-    t = 300;
-    ck_assert_int_eq(generate_feed(s, &t, 1, err, sizeof err), -1);
-    ck_assert_ptr_nonnull(strstr(err, "outside the vocabulary"));
-    int32_t ab[2] = {'a', 'b'};
-    ck_assert_int_eq(generate_feed(s, ab, 2, err, sizeof err), 0);
-    lg = generate_logits(s);
-    ck_assert(lg['n'] > lg['m'] && lg['n'] > lg['o']);
-    generate_session_free(s);
-    generate_session_free(NULL);
-    mock.api->context_destroy(a);
-    /* An engine failure is reported and poisons the session until reset. */
-    a = mk(&mock, 8, 1, 1, "fault=infer_forward:2");
-    ck_assert_int_eq(generate_session_create(&mock, a, 256, 32, 0, &s, err, sizeof err), 0);
-    ck_assert_int_eq(generate_feed(s, ab, 2, err, sizeof err), 0);
-    ck_assert_int_eq(generate_feed(s, ab, 1, err, sizeof err), -1);
-    ck_assert_ptr_nonnull(strstr(err, "injected fault"));
-    ck_assert_int_eq(generate_feed(s, ab, 1, err, sizeof err), -1);
-    ck_assert_ptr_nonnull(strstr(err, "reset"));
-    generate_reset(s);
-    ck_assert_int_eq(generate_feed(s, ab, 2, err, sizeof err), 0);
-    generate_session_free(s);
-    mock.api->context_destroy(a);
+static void put_state(const char *ckdir, const char *text) {
+    char p[700];
+    snprintf(p, sizeof p, "%s/state.json", ckdir);
+    FILE *fp = fopen(p, "w");
+    ck_assert_ptr_nonnull(fp);
+    fputs(text, fp);
+    fclose(fp);
 }
-END_TEST
 
-START_TEST(utf8_ready) {
-    ck_assert_uint_eq(generate_utf8_ready("abc", 3), 3);
-    ck_assert_uint_eq(generate_utf8_ready("", 0), 0);
-    ck_assert_uint_eq(generate_utf8_ready("a\xc3", 2), 1);         /* é lead only */
-    ck_assert_uint_eq(generate_utf8_ready("a\xc3\xa9", 3), 3);     /* é complete */
-    ck_assert_uint_eq(generate_utf8_ready("\xe2\x82", 2), 0);      /* € partial */
-    ck_assert_uint_eq(generate_utf8_ready("\xe2\x82\xac", 3), 3);
-    ck_assert_uint_eq(generate_utf8_ready("x\xf0\x9f\x98", 4), 1); /* emoji partial */
-    ck_assert_uint_eq(generate_utf8_ready("x\xf0\x9f\x98\x80", 5), 5);
-    ck_assert_uint_eq(generate_utf8_ready("\x80\x80", 2), 2);      /* stray: emit */
-    ck_assert_uint_eq(generate_utf8_ready("a\xff", 2), 2);         /* invalid: emit */
-    ck_assert_uint_eq(generate_utf8_ready("a\xc0", 2), 2);         /* overlong lead */
+#define CFG_JSON                                                                  \
+    "{\"model\": {\"vocab_size\": 256, \"context\": 32, \"layers\": 1, \"heads\": 2, "   \
+    "\"width\": 8}, \"train\": {\"micro_batch\": 1, \"seq_len\": 8, \"max_steps\": 3, " \
+    "\"lr\": 0.01}, \"data\": {\"tokenizer\": \"byte\", \"train\": \"/d/t_*.bin\", "       \
+    "\"val\": \"/d/v_*.bin\"}}"
+
+START_TEST(read_config_and_its_errors) {
+    char ck[600], err[1024], tok[32];
+    snprintf(ck, sizeof ck, "%s/ck", dir);
+    ck_assert_int_eq(mkdir(ck, 0755), 0);
+    orch_config *c = NULL, *sentinel = (orch_config *)0x1;
+    /* A checkpoint written by a run: config and tokenizer. */
+    put_state(ck, "{\"step\": 3, \"tokenizer\": \"byte\", \"config\": " CFG_JSON "}");
+    ck_assert_msg(ckpt_read_config(ck, &c, tok, sizeof tok, err, sizeof err) == 0, "%s", err);
+    ck_assert_str_eq(tok, "byte");
+    ck_assert_uint_eq(c->model.width, 8);
+    ck_assert_uint_eq(c->model.mlp_width, 32);
+    ck_assert_str_eq(c->data.val, "/d/v_*.bin");
+    config_free(c);
+    /* Without "tokenizer" the config's data.tokenizer is used; tok may be NULL. */
+    put_state(ck, "{\"config\": " CFG_JSON "}");
+    tok[0] = 'x';
+    ck_assert_int_eq(ckpt_read_config(ck, &c, tok, sizeof tok, err, sizeof err), 0);
+    ck_assert_str_eq(tok, "byte");
+    config_free(c);
+    ck_assert_int_eq(ckpt_read_config(ck, &c, NULL, 0, err, sizeof err), 0);
+    config_free(c);
+    /* Each failure names state.json and the problem; *out is untouched. */
+    static const struct {
+        const char *text, *expect;
+    } bad[] = {
+        {NULL, "state.json: no such file or directory"},
+        {"{not json", "state.json: not valid JSON"},
+        {"[1, 2]", "state.json: no \"config\" object"},
+        {"{\"config\": 7}", "state.json: no \"config\" object"},
+        {"{\"config\": {\"model\": {}}}", "state.json: config: model.vocab_size: missing required key"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char p[700];
+        snprintf(p, sizeof p, "%s/state.json", ck);
+        if (bad[i].text)
+            put_state(ck, bad[i].text);
+        else
+            unlink(p);
+        c = sentinel;
+        ck_assert_int_eq(ckpt_read_config(ck, &c, tok, sizeof tok, err, sizeof err), -1);
+        ck_assert_ptr_eq(c, sentinel);
+        ck_assert_msg(strstr(err, bad[i].expect) && strstr(err, ck), "case %zu: '%s'", i, err);
+    }
 }
 END_TEST
 
@@ -818,24 +792,9 @@ static Suite *suite(void) {
     tcase_add_test(tc, cross_engine_load);
     tcase_add_test(tc, import_gpt2_round_trip);
     tcase_add_test(tc, import_rejects_foreign_files);
-    tcase_add_test(tc, generate_session_mock_rule);
-    tcase_add_test(tc, utf8_ready);
+    tcase_add_test(tc, read_config_and_its_errors);
     suite_add_tcase(s, tc);
     return s;
 }
 
-int main(void) {
-    /* Find engines next to the build dir when run by hand. */
-    if (!getenv("ORCH_ENGINE_PATH")) {
-        char d[4096];
-        if (util_exe_dir(d, sizeof d - 4) == 0) {
-            strcat(d, "/..");
-            setenv("ORCH_ENGINE_PATH", d, 1);
-        }
-    }
-    SRunner *sr = srunner_create(suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+int main(void) { return test_run_suite(suite()); }

@@ -7,9 +7,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "orchestrator/core/config.h"
+#include "tests/test_util.h"
 
 #define MODEL                                                               \
     "\"model\": {\"arch\": \"gpt2\", \"vocab_size\": 256, \"context\": 64, " \
@@ -241,6 +243,69 @@ START_TEST(test_file_errors) {
     ck_assert_int_eq(config_load_file(path, &c, err, sizeof err), -1);
     unlink(path);
     ck_assert_msg(strstr(err, path) && strstr(err, "train.lrr"), "%s", err);
+    /* A missing file, a directory, a FIFO (refused at once, not read). */
+    ck_assert_int_eq(config_load_file("/nonexistent/x.json", &c, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "x.json: cannot open: No such file"), "%s", err);
+    ck_assert_int_eq(config_load_file("/tmp", &c, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "/tmp: cannot open: not a regular file"), "%s", err);
+    char d[64], fifo[128];
+    test_tmpdir(d, sizeof d, "config");
+    snprintf(fifo, sizeof fifo, "%s/fifo.json", d);
+    ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+    ck_assert_int_eq(config_load_file(fifo, &c, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "not a regular file"), "%s", err);
+    test_rmdir(d);
+    ck_assert_ptr_null(c);
+}
+END_TEST
+
+/* Relative data globs become absolute: the directory part through
+ * realpath(3) when it exists, else joined to the working directory. */
+START_TEST(test_absolute_data_paths) {
+    char d[64], cwd[4096], real[4096], want[8192];
+    test_tmpdir(d, sizeof d, "config");
+    ck_assert_ptr_nonnull(getcwd(cwd, sizeof cwd));
+    ck_assert_ptr_nonnull(realpath(d, real));
+    char sub[128];
+    snprintf(sub, sizeof sub, "%s/shards", d);
+    ck_assert_int_eq(mkdir(sub, 0755), 0);
+    ck_assert_int_eq(chdir(d), 0);
+    orch_config *c = load_ok(
+        DOC(MODEL, TRAIN,
+            "\"data\": {\"tokenizer\": \"byte\", \"train\": \"./shards/../shards/train_*.bin\", "
+            "\"val\": \"missing/val_*.bin\"}",
+            ""));
+    ck_assert_msg(config_absolute_data_paths(c, err, sizeof err) == 0, "%s", err);
+    snprintf(want, sizeof want, "%s/shards/train_*.bin", real);
+    ck_assert_str_eq(c->data.train, want);
+    ck_assert_int_eq(chdir(cwd), 0);
+    char here[4096];
+    /* The missing directory is joined to the directory we were in. */
+    snprintf(want, sizeof want, "/missing/val_*.bin");
+    ck_assert_msg(c->data.val[0] == '/' && strstr(c->data.val, want), "%s", c->data.val);
+    snprintf(here, sizeof here, "%.4000s", c->data.val);
+    here[strlen(here) - strlen(want)] = '\0';
+    ck_assert_ptr_nonnull(realpath(here, want));
+    ck_assert_str_eq(want, real);
+    /* Serialised (what state.json stores) and idempotent; absolute paths
+     * are left alone. */
+    char *text = config_to_json(c);
+    ck_assert_ptr_nonnull(strstr(text, "/shards/train_*.bin"));
+    free(text);
+    char before[4096];
+    snprintf(before, sizeof before, "%s", c->data.train);
+    ck_assert_int_eq(config_absolute_data_paths(c, err, sizeof err), 0);
+    ck_assert_str_eq(c->data.train, before);
+    /* A glob without a directory part lives in the working directory. */
+    const char *set[] = {"data.val=val_*.bin"};
+    ck_assert_int_eq(config_apply_overrides(c, set, 1, err, sizeof err), 0);
+    ck_assert_int_eq(config_absolute_data_paths(c, err, sizeof err), 0);
+    snprintf(want, sizeof want, "%s/val_*.bin", cwd);
+    ck_assert_str_eq(c->data.val, want);
+    /* The model section is untouched. */
+    ck_assert_uint_eq(c->model.width, 64);
+    config_free(c);
+    test_rmdir(d);
 }
 END_TEST
 
@@ -327,7 +392,7 @@ START_TEST(test_serialise_round_trip) {
 }
 END_TEST
 
-START_TEST(test_model_desc) {
+START_TEST(test_model_description) {
     orch_config *c = load_ok(
         "{\"model\": {\"vocab_size\": 260, \"context\": 64, \"layers\": 3, "
         "\"heads\": 4, \"width\": 64, \"mlp_width\": 200, "
@@ -374,18 +439,13 @@ static Suite *config_suite(void) {
     tcase_add_test(tc, test_duplicate_key);
     tcase_add_test(tc, test_invalid_json_position);
     tcase_add_test(tc, test_file_errors);
+    tcase_add_test(tc, test_absolute_data_paths);
     tcase_add_test(tc, test_overrides);
     tcase_add_test(tc, test_serialise_round_trip);
-    tcase_add_test(tc, test_model_desc);
+    tcase_add_test(tc, test_model_description);
     tcase_add_test(tc, test_edit_distance);
     suite_add_tcase(s, tc);
     return s;
 }
 
-int main(void) {
-    SRunner *sr = srunner_create(config_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+int main(void) { return test_run_suite(config_suite()); }

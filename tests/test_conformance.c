@@ -11,8 +11,8 @@
  * the suite. Each test is a Check loop test over the loaded engines (fork
  * mode: a crash fails one test).
  *
- * Model: a tiny GPT-2 (vocab 200, context 64, 2 layers, 2 heads, width 32) so
- * numeric engines run it in milliseconds.
+ * Model: a tiny GPT-2 (vocab 200, context 64, 2 layers, 2 heads, width 32,
+ * test_model_desc's defaults) so numeric engines run it in milliseconds.
  */
 #include <check.h>
 #include <glob.h>
@@ -23,7 +23,7 @@
 
 #include "engine_api/orch_engine.h"
 #include "orchestrator/core/engine_loader.h"
-#include "orchestrator/core/util.h"
+#include "tests/test_util.h"
 
 #define MAX_ENGINES 16
 #define V 200u
@@ -51,21 +51,8 @@ static char load_failures[4096];
 #define API (engines[_i].h.api)
 #define ENAME (engines[_i].label)
 
-static orch_model_desc tiny_model(void) {
-    orch_model_desc m;
-    memset(&m, 0, sizeof m);
-    m.struct_size = sizeof m;
-    m.arch = ORCH_ARCH_GPT2;
-    m.vocab_size = V;
-    m.context = T;
-    m.layers = L;
-    m.heads = H;
-    m.width = C;
-    return m;
-}
-
 static orch_engine_ctx *make_ctx_seed(const conf_engine *e, uint64_t seed) {
-    orch_model_desc m = tiny_model();
+    orch_model_desc m = test_model_desc(V, T, L, H, C);
     orch_engine_ctx *ctx = NULL;
     char err[1024];
     int rc = engine_create_context(&e->h, &m, 1, seed, NULL, &ctx, err, sizeof err);
@@ -84,58 +71,21 @@ static void expect_error(const conf_engine *e, orch_engine_ctx *ctx, int32_t st,
 }
 
 static uint64_t rng_state = 88172645463325252ull;
-static uint64_t rnd(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return rng_state;
+static float rnd_float(void) { /* [-1, 1) */
+    double u = (double)(test_xorshift64(&rng_state) >> 11) / 9007199254740992.0;
+    return (float)(u * 2.0 - 1.0);
 }
-static float rnd_float(void) { return (float)((double)(rnd() >> 11) / 9007199254740992.0 * 2.0 - 1.0); }
 
-typedef struct table {
-    uint32_t n;
-    orch_tensor_info info[N_TENSORS];
-    uint64_t total;
-} table;
-
+/* The table of `kind`, with the tiny model's tensor count. */
 static void read_table(const conf_engine *e, orch_engine_ctx *ctx, uint32_t kind,
-                       table *t) {
-    ck_assert_int_eq(e->h.api->tensor_count(ctx, kind, &t->n), ORCH_OK);
+                       test_table *t) {
+    test_read_table(e->h.api, ctx, kind, t);
     ck_assert_msg(t->n == N_TENSORS, "%s: %u tensors, expected %u", e->label, t->n,
                   N_TENSORS);
-    t->total = 0;
-    for (uint32_t i = 0; i < t->n; i++) {
-        memset(&t->info[i], 0, sizeof t->info[i]);
-        t->info[i].struct_size = sizeof t->info[i];
-        ck_assert_int_eq(e->h.api->tensor_info(ctx, kind, i, &t->info[i]), ORCH_OK);
-        t->total += t->info[i].numel;
-    }
-}
-
-/* All of one kind, concatenated in table order. */
-static float *read_all(const conf_engine *e, orch_engine_ctx *ctx, uint32_t kind,
-                       const table *t) {
-    float *all = malloc(t->total * sizeof(float));
-    ck_assert_ptr_nonnull(all);
-    for (uint32_t i = 0; i < t->n; i++) {
-        int32_t st = e->h.api->tensor_read(ctx, kind, i, all + t->info[i].offset,
-                                           t->info[i].numel * sizeof(float));
-        ck_assert_msg(st == ORCH_OK, "%s: tensor_read %s: %s", e->label,
-                      t->info[i].name, e->h.api->last_error(ctx));
-    }
-    return all;
-}
-
-static float *read_grads(const conf_engine *e, orch_engine_ctx *ctx, uint64_t n) {
-    float *g = malloc(n * sizeof(float));
-    ck_assert_ptr_nonnull(g);
-    ck_assert_msg(e->h.api->grads_read(ctx, 0, n, g) == ORCH_OK, "%s: grads_read: %s",
-                  e->label, e->h.api->last_error(ctx));
-    return g;
 }
 
 static uint64_t total_params(const conf_engine *e, orch_engine_ctx *ctx) {
-    table t;
+    test_table t;
     read_table(e, ctx, ORCH_TENSOR_PARAM, &t);
     return t.total;
 }
@@ -146,8 +96,7 @@ static uint64_t total_params(const conf_engine *e, orch_engine_ctx *ctx) {
 static void train_batch(int32_t *tok, int32_t *tgt) {
     uint64_t s = 42;
     for (uint32_t i = 0; i < TB * TS + 1; i++) {
-        s = s * 6364136223846793005ull + 1442695040888963407ull;
-        int32_t v = (int32_t)((s >> 33) % V);
+        int32_t v = (int32_t)((test_lcg64(&s) >> 33) % V);
         if (i < TB * TS) tok[i] = v;
         if (i > 0) tgt[i - 1] = v;
     }
@@ -157,10 +106,6 @@ static int need(const conf_engine *e, uint64_t cap, const char *what) {
     if (e->h.api->capabilities & cap) return 1;
     printf("%s: no %s capability, test skipped\n", e->label, what);
     return 0;
-}
-
-static int close_to(float a, float b, float rel, float abs_tol) {
-    return fabsf(a - b) <= abs_tol + rel * fmaxf(fabsf(a), fabsf(b));
 }
 
 /* ------------------------------------------------------------------------- */
@@ -190,7 +135,7 @@ START_TEST(test_bad_model_rejected) {
         orch_model_desc m;
     } cases[8];
     int n = 0;
-    orch_model_desc base = tiny_model();
+    orch_model_desc base = test_model_desc(V, T, L, H, C);
     cases[n].what = "heads not dividing width", cases[n].m = base, cases[n++].m.heads = 3;
     cases[n].what = "vocab 0", cases[n].m = base, cases[n++].m.vocab_size = 0;
     cases[n].what = "width 0", cases[n].m = base, cases[n++].m.width = 0;
@@ -224,7 +169,7 @@ START_TEST(test_bad_model_rejected) {
 END_TEST
 
 START_TEST(test_unknown_option_rejected) {
-    orch_model_desc m = tiny_model();
+    orch_model_desc m = test_model_desc(V, T, L, H, C);
     orch_engine_options o = {sizeof o, 1, SEED, "surely_not_an_option_key=1"};
     orch_engine_ctx *ctx = NULL;
     char err[512] = "";
@@ -344,9 +289,9 @@ static void expected_entry(uint32_t i, char *name, size_t cap, uint32_t *ndim,
 
 START_TEST(test_tensor_table) {
     orch_engine_ctx *ctx = make_ctx(ENG);
-    table kinds[3];
+    test_table kinds[3];
     for (uint32_t kind = 0; kind < 3; kind++) {
-        table *t = &kinds[kind];
+        test_table *t = &kinds[kind];
         read_table(ENG, ctx, kind, t);
         uint64_t off = 0;
         for (uint32_t i = 0; i < t->n; i++) {
@@ -385,9 +330,9 @@ END_TEST
 
 START_TEST(test_tensor_init) {
     orch_engine_ctx *ctx = make_ctx(ENG);
-    table t;
+    test_table t;
     read_table(ENG, ctx, ORCH_TENSOR_PARAM, &t);
-    float *p = read_all(ENG, ctx, ORCH_TENSOR_PARAM, &t);
+    float *p = test_read_kind(API, ctx, ORCH_TENSOR_PARAM, &t);
     for (uint32_t i = 0; i < t.n; i++) {
         const orch_tensor_info *ti = &t.info[i];
         const float *x = p + ti->offset;
@@ -413,14 +358,14 @@ START_TEST(test_tensor_init) {
     }
     free(p);
     for (uint32_t kind = 1; kind < 3; kind++) {
-        float *m = read_all(ENG, ctx, kind, &t);
+        float *m = test_read_kind(API, ctx, kind, &t);
         for (uint64_t j = 0; j < t.total; j++)
             ck_assert_msg(m[j] == 0.0f, "%s: moment kind %u not zero at %llu", ENAME, kind,
                           (unsigned long long)j);
         free(m);
     }
     if (API->capabilities & ORCH_CAP_TRAIN) {
-        float *g = read_grads(ENG, ctx, t.total);
+        float *g = test_read_grads(API, ctx, t.total);
         for (uint64_t j = 0; j < t.total; j++) ck_assert(g[j] == 0.0f);
         free(g);
     }
@@ -430,7 +375,7 @@ END_TEST
 
 START_TEST(test_tensor_roundtrip) {
     orch_engine_ctx *ctx = make_ctx(ENG);
-    table t;
+    test_table t;
     read_table(ENG, ctx, ORCH_TENSOR_PARAM, &t);
     float *want[3];
     for (uint32_t kind = 0; kind < 3; kind++) {
@@ -444,7 +389,7 @@ START_TEST(test_tensor_roundtrip) {
         }
     }
     for (uint32_t kind = 0; kind < 3; kind++) {
-        float *got = read_all(ENG, ctx, kind, &t);
+        float *got = test_read_kind(API, ctx, kind, &t);
         ck_assert_msg(memcmp(got, want[kind], t.total * sizeof(float)) == 0,
                       "%s: kind %u did not round-trip", ENAME, kind);
         free(got);
@@ -460,7 +405,7 @@ START_TEST(test_tensor_roundtrip) {
     expect_error(ENG, ctx, API->tensor_write(ctx, 3, 2, junk, bytes), "write of kind 3");
     expect_error(ENG, ctx, API->tensor_read(ctx, 0, 2, junk, bytes + 4), "long read");
     expect_error(ENG, ctx, API->tensor_read(ctx, 0, 2, NULL, bytes), "NULL read");
-    float *got = read_all(ENG, ctx, 0, &t);
+    float *got = test_read_kind(API, ctx, 0, &t);
     ck_assert_msg(memcmp(got, want[0], t.total * sizeof(float)) == 0,
                   "%s: a rejected write changed the parameters", ENAME);
     free(got);
@@ -477,13 +422,13 @@ END_TEST
 START_TEST(test_grads_flat) {
     if (!need(ENG, ORCH_CAP_TRAIN, "train")) return;
     orch_engine_ctx *ctx = make_ctx(ENG);
-    table t;
+    test_table t;
     read_table(ENG, ctx, ORCH_TENSOR_PARAM, &t);
     uint64_t n = t.total;
     float *src = malloc(n * sizeof(float));
     for (uint64_t j = 0; j < n; j++) src[j] = rnd_float();
     ck_assert_int_eq(API->grads_write(ctx, 0, n, src), ORCH_OK);
-    float *g = read_grads(ENG, ctx, n);
+    float *g = test_read_grads(API, ctx, n);
     ck_assert_msg(memcmp(g, src, n * sizeof(float)) == 0, "%s: grads did not round-trip",
                   ENAME);
     /* Per-tensor slices at the table's offsets. */
@@ -499,7 +444,7 @@ START_TEST(test_grads_flat) {
     ck_assert_int_eq(API->grads_write(ctx, 100, 5, patch), ORCH_OK);
     memcpy(src + 100, patch, sizeof patch);
     free(g);
-    g = read_grads(ENG, ctx, n);
+    g = test_read_grads(API, ctx, n);
     ck_assert(memcmp(g, src, n * sizeof(float)) == 0);
     /* Out of range. */
     expect_error(ENG, ctx, API->grads_write(ctx, n, 1, patch), "grads_write at the end");
@@ -509,7 +454,7 @@ START_TEST(test_grads_flat) {
     /* Zero. */
     ck_assert_int_eq(API->grads_zero(ctx), ORCH_OK);
     free(g);
-    g = read_grads(ENG, ctx, n);
+    g = test_read_grads(API, ctx, n);
     for (uint64_t j = 0; j < n; j++) ck_assert(g[j] == 0.0f);
     free(g);
     free(src);
@@ -530,27 +475,28 @@ START_TEST(test_forward_backward_accumulates) {
     ck_assert_msg(isfinite(l1) && l1 > 0, "%s: loss %g", ENAME, (double)l1);
     ck_assert_msg(fabs(l1 - log((double)V)) < 0.5,
                   "%s: initial loss %g far from ln(V) = %g", ENAME, (double)l1, log((double)V));
-    float *g1 = read_grads(ENG, ctx, n);
+    float *g1 = test_read_grads(API, ctx, n);
     double norm = 0;
     float gmax = 0;
     for (uint64_t j = 0; j < n; j++) norm += (double)g1[j] * g1[j], gmax = fmaxf(gmax, fabsf(g1[j]));
     ck_assert_msg(norm > 0, "%s: forward_backward added no gradient", ENAME);
 
     ck_assert_int_eq(API->forward_backward(ctx, tok, tgt, TB, TS, 1.0f, &l2), ORCH_OK);
-    ck_assert_msg(close_to(l1, l2, 1e-6f, 0), "%s: loss changed %g -> %g without a step",
-                  ENAME, (double)l1, (double)l2);
-    float *g2 = read_grads(ENG, ctx, n);
+    ck_assert_msg(test_close(l1, l2, 1e-6f, 0),
+                  "%s: loss changed %g -> %g without a step", ENAME, (double)l1,
+                  (double)l2);
+    float *g2 = test_read_grads(API, ctx, n);
     for (uint64_t j = 0; j < n; j++)
-        ck_assert_msg(close_to(g2[j], 2 * g1[j], 1e-4f, 1e-6f * gmax),
+        ck_assert_msg(test_close(g2[j], 2 * g1[j], 1e-4f, 1e-6f * gmax),
                       "%s: two calls gave %g at %llu, one call %g", ENAME, (double)g2[j],
                       (unsigned long long)j, (double)g1[j]);
     /* grad_scale scales what is added. */
     ck_assert_int_eq(API->grads_zero(ctx), ORCH_OK);
     ck_assert_int_eq(API->forward_backward(ctx, tok, tgt, TB, TS, 0.25f, &l2), ORCH_OK);
     free(g2);
-    g2 = read_grads(ENG, ctx, n);
+    g2 = test_read_grads(API, ctx, n);
     for (uint64_t j = 0; j < n; j++)
-        ck_assert_msg(close_to(g2[j], 0.25f * g1[j], 1e-4f, 1e-6f * gmax),
+        ck_assert_msg(test_close(g2[j], 0.25f * g1[j], 1e-4f, 1e-6f * gmax),
                       "%s: grad_scale 0.25 gave %g at %llu, scale 1 %g", ENAME,
                       (double)g2[j], (unsigned long long)j, (double)g1[j]);
     free(g1);
@@ -568,18 +514,18 @@ START_TEST(test_ignored_targets) {
     float l_one, l_two;
     ck_assert_int_eq(API->grads_zero(ctx), ORCH_OK);
     ck_assert_int_eq(API->forward_backward(ctx, tok, tgt, 1, TS, 1.0f, &l_one), ORCH_OK);
-    float *g_one = read_grads(ENG, ctx, n);
+    float *g_one = test_read_grads(API, ctx, n);
     /* Row 1 fully ignored: same loss and gradient as row 0 alone. */
     for (uint32_t j = TS; j < TB * TS; j++) tgt[j] = -1;
     ck_assert_int_eq(API->grads_zero(ctx), ORCH_OK);
     ck_assert_int_eq(API->forward_backward(ctx, tok, tgt, TB, TS, 1.0f, &l_two), ORCH_OK);
-    float *g_two = read_grads(ENG, ctx, n);
-    ck_assert_msg(close_to(l_one, l_two, 1e-5f, 0), "%s: %g vs %g", ENAME, (double)l_one,
-                  (double)l_two);
+    float *g_two = test_read_grads(API, ctx, n);
+    ck_assert_msg(test_close(l_one, l_two, 1e-5f, 0), "%s: %g vs %g", ENAME,
+                  (double)l_one, (double)l_two);
     float gmax = 0;
     for (uint64_t j = 0; j < n; j++) gmax = fmaxf(gmax, fabsf(g_one[j]));
     for (uint64_t j = 0; j < n; j++)
-        ck_assert_msg(close_to(g_one[j], g_two[j], 1e-4f, 1e-6f * gmax),
+        ck_assert_msg(test_close(g_one[j], g_two[j], 1e-4f, 1e-6f * gmax),
                       "%s: gradient %llu differs with an ignored row", ENAME,
                       (unsigned long long)j);
     free(g_one);
@@ -598,12 +544,12 @@ START_TEST(test_eval_loss_matches) {
     float fb, ev = -1;
     ck_assert_int_eq(API->grads_zero(ctx), ORCH_OK);
     ck_assert_int_eq(API->forward_backward(ctx, tok, tgt, TB, TS, 1.0f, &fb), ORCH_OK);
-    float *before = read_grads(ENG, ctx, n);
+    float *before = test_read_grads(API, ctx, n);
     ck_assert_msg(API->eval_loss(ctx, tok, tgt, TB, TS, &ev) == ORCH_OK, "%s: %s", ENAME,
                   API->last_error(ctx));
-    ck_assert_msg(close_to(fb, ev, 1e-5f, 0), "%s: eval %g vs forward_backward %g", ENAME,
-                  (double)ev, (double)fb);
-    float *after = read_grads(ENG, ctx, n);
+    ck_assert_msg(test_close(fb, ev, 1e-5f, 0), "%s: eval %g vs forward_backward %g",
+                  ENAME, (double)ev, (double)fb);
+    float *after = test_read_grads(API, ctx, n);
     ck_assert_msg(memcmp(before, after, n * sizeof(float)) == 0,
                   "%s: eval_loss touched the gradients", ENAME);
     float keep = 5.0f;
@@ -616,24 +562,15 @@ START_TEST(test_eval_loss_matches) {
 }
 END_TEST
 
+/* AdamW with the suite's betas, eps and weight decay 0.1. */
 static orch_adamw_params adamw(uint64_t step, float lr, float clip) {
-    orch_adamw_params p;
-    memset(&p, 0, sizeof p);
-    p.struct_size = sizeof p;
-    p.step = step;
-    p.lr = lr;
-    p.beta1 = 0.9f;
-    p.beta2 = 0.95f;
-    p.eps = 1e-8f;
-    p.weight_decay = 0.1f;
-    p.grad_clip = clip;
-    return p;
+    return test_adamw(step, lr, 0.1f, clip);
 }
 
 START_TEST(test_optimizer_lowers_loss) {
     if (!need(ENG, ORCH_CAP_TRAIN, "train")) return;
     orch_engine_ctx *ctx = make_ctx(ENG);
-    table t;
+    test_table t;
     read_table(ENG, ctx, ORCH_TENSOR_PARAM, &t);
     int32_t tok[TB * TS], tgt[TB * TS];
     train_batch(tok, tgt);
@@ -642,7 +579,7 @@ START_TEST(test_optimizer_lowers_loss) {
         ck_assert_int_eq(API->grads_zero(ctx), ORCH_OK);
         ck_assert_int_eq(API->forward_backward(ctx, tok, tgt, TB, TS, 1.0f, &loss), ORCH_OK);
         if (step == 1) first = loss;
-        float *g = read_grads(ENG, ctx, t.total);
+        float *g = test_read_grads(API, ctx, t.total);
         double sq = 0;
         for (uint64_t j = 0; j < t.total; j++) sq += (double)g[j] * g[j];
         free(g);
@@ -650,7 +587,7 @@ START_TEST(test_optimizer_lowers_loss) {
         orch_adamw_params p = adamw(step, 1e-2f, 0.0f);
         ck_assert_msg(API->optimizer_step(ctx, &p, &norm) == ORCH_OK, "%s: %s", ENAME,
                       API->last_error(ctx));
-        ck_assert_msg(close_to(norm, (float)sqrt(sq), 1e-4f, 0),
+        ck_assert_msg(test_close(norm, (float)sqrt(sq), 1e-4f, 0),
                       "%s: step %llu norm %g, gradients say %g", ENAME,
                       (unsigned long long)step, (double)norm, sqrt(sq));
     }
@@ -658,7 +595,7 @@ START_TEST(test_optimizer_lowers_loss) {
     ck_assert_msg(loss < first - 0.05f, "%s: loss %g -> %g after 8 AdamW steps", ENAME,
                   (double)first, (double)loss);
     /* The first moments moved. */
-    float *m = read_all(ENG, ctx, ORCH_TENSOR_ADAM_M, &t);
+    float *m = test_read_kind(API, ctx, ORCH_TENSOR_ADAM_M, &t);
     int nonzero = 0;
     for (uint64_t j = 0; j < t.total; j++) nonzero |= m[j] != 0.0f;
     ck_assert_msg(nonzero, "%s: AdamW left the first moments at zero", ENAME);
@@ -673,7 +610,7 @@ END_TEST
 START_TEST(test_optimizer_nonfinite) {
     if (!need(ENG, ORCH_CAP_TRAIN, "train")) return;
     orch_engine_ctx *ctx = make_ctx(ENG);
-    table t;
+    test_table t;
     read_table(ENG, ctx, ORCH_TENSOR_PARAM, &t);
     int32_t tok[TB * TS], tgt[TB * TS];
     train_batch(tok, tgt);
@@ -681,16 +618,16 @@ START_TEST(test_optimizer_nonfinite) {
     ck_assert_int_eq(API->forward_backward(ctx, tok, tgt, TB, TS, 1.0f, &loss), ORCH_OK);
     float nan = NAN;
     ck_assert_int_eq(API->grads_write(ctx, 7, 1, &nan), ORCH_OK);
-    float *p0 = read_all(ENG, ctx, ORCH_TENSOR_PARAM, &t);
-    float *m0 = read_all(ENG, ctx, ORCH_TENSOR_ADAM_M, &t);
+    float *p0 = test_read_kind(API, ctx, ORCH_TENSOR_PARAM, &t);
+    float *m0 = test_read_kind(API, ctx, ORCH_TENSOR_ADAM_M, &t);
     float norm = 123.0f;
     orch_adamw_params p = adamw(1, 1e-2f, 1.0f);
     int32_t st = API->optimizer_step(ctx, &p, &norm);
     ck_assert_msg(st == ORCH_ERR_NUMERIC, "%s: NaN gradient gave status %d", ENAME, st);
     ck_assert(*API->last_error(ctx));
     ck_assert(norm == 123.0f);
-    float *p1 = read_all(ENG, ctx, ORCH_TENSOR_PARAM, &t);
-    float *m1 = read_all(ENG, ctx, ORCH_TENSOR_ADAM_M, &t);
+    float *p1 = test_read_kind(API, ctx, ORCH_TENSOR_PARAM, &t);
+    float *m1 = test_read_kind(API, ctx, ORCH_TENSOR_ADAM_M, &t);
     ck_assert_msg(memcmp(p0, p1, t.total * sizeof(float)) == 0 &&
                       memcmp(m0, m1, t.total * sizeof(float)) == 0,
                   "%s: a failed step changed the state", ENAME);
@@ -708,11 +645,11 @@ END_TEST
 
 START_TEST(test_determinism) {
     orch_engine_ctx *a = make_ctx(ENG), *b = make_ctx(ENG), *c = make_ctx_seed(ENG, SEED + 1);
-    table t;
+    test_table t;
     read_table(ENG, a, ORCH_TENSOR_PARAM, &t);
-    float *pa = read_all(ENG, a, ORCH_TENSOR_PARAM, &t);
-    float *pb = read_all(ENG, b, ORCH_TENSOR_PARAM, &t);
-    float *pc = read_all(ENG, c, ORCH_TENSOR_PARAM, &t);
+    float *pa = test_read_kind(API, a, ORCH_TENSOR_PARAM, &t);
+    float *pb = test_read_kind(API, b, ORCH_TENSOR_PARAM, &t);
+    float *pc = test_read_kind(API, c, ORCH_TENSOR_PARAM, &t);
     ck_assert_msg(memcmp(pa, pb, t.total * sizeof(float)) == 0,
                   "%s: same seed, different parameters", ENAME);
     ck_assert_msg(memcmp(pa, pc, t.info[0].numel * sizeof(float)) != 0,
@@ -734,16 +671,17 @@ START_TEST(test_determinism) {
                 ck_assert_int_eq(API->optimizer_step(ctxs[k], &p, NULL), ORCH_OK);
             }
         for (int s = 0; s < 3; s++)
-            ck_assert_msg(exact ? la[s] == lb[s] : close_to(la[s], lb[s], 1e-5f, 0),
+            ck_assert_msg(exact ? la[s] == lb[s] : test_close(la[s], lb[s], 1e-5f, 0),
                           "%s: step %d losses %.9g vs %.9g", ENAME, s + 1, (double)la[s],
                           (double)lb[s]);
         free(pa);
         free(pb);
-        pa = read_all(ENG, a, ORCH_TENSOR_PARAM, &t);
-        pb = read_all(ENG, b, ORCH_TENSOR_PARAM, &t);
+        pa = test_read_kind(API, a, ORCH_TENSOR_PARAM, &t);
+        pb = test_read_kind(API, b, ORCH_TENSOR_PARAM, &t);
         for (uint64_t j = 0; j < t.total; j++)
-            ck_assert_msg(exact ? pa[j] == pb[j] : close_to(pa[j], pb[j], 1e-4f, 1e-6f),
-                          "%s: parameters diverged at %llu", ENAME, (unsigned long long)j);
+            ck_assert_msg(exact ? pa[j] == pb[j] : test_close(pa[j], pb[j], 1e-4f, 1e-6f),
+                          "%s: parameters diverged at %llu", ENAME,
+                          (unsigned long long)j);
     }
     free(pa);
     free(pb);
@@ -764,30 +702,6 @@ END_TEST
 
 static const int32_t prompt[PLEN] = {17, 3, 150, 42, 42, 199, 0, 88, 61, 120};
 
-static orch_seq_input seq_in(const int32_t *tokens, uint32_t n, uint32_t start,
-                             const int32_t *table, uint32_t n_blocks, uint32_t mode) {
-    orch_seq_input s;
-    memset(&s, 0, sizeof s);
-    s.tokens = tokens;
-    s.n_tokens = n;
-    s.start_pos = start;
-    s.block_table = table;
-    s.n_blocks = n_blocks;
-    s.logits_mode = mode;
-    return s;
-}
-
-static int32_t run(const conf_engine *e, orch_engine_ctx *ctx, const orch_seq_input *seqs,
-                   uint32_t n, float *logits, uint64_t cap) {
-    orch_infer_batch b;
-    memset(&b, 0, sizeof b);
-    b.struct_size = sizeof b;
-    b.n_seqs = n;
-    b.seq_stride = sizeof(orch_seq_input);
-    b.seqs = seqs;
-    return e->h.api->infer_forward(ctx, &b, logits, cap);
-}
-
 static orch_engine_ctx *kv_ctx(const conf_engine *e) {
     orch_engine_ctx *ctx = make_ctx(e);
     uint64_t bytes = 0;
@@ -801,8 +715,9 @@ static orch_engine_ctx *kv_ctx(const conf_engine *e) {
 static void rows_close(const conf_engine *e, const float *a, const float *b, uint32_t rows,
                        const char *what) {
     for (uint64_t j = 0; j < (uint64_t)rows * V; j++)
-        ck_assert_msg(close_to(a[j], b[j], 1e-4f, 1e-4f), "%s: %s: logit %llu: %g vs %g",
-                      e->label, what, (unsigned long long)j, (double)a[j], (double)b[j]);
+        ck_assert_msg(test_close(a[j], b[j], 1e-4f, 1e-4f),
+                      "%s: %s: logit %llu: %g vs %g", e->label, what,
+                      (unsigned long long)j, (double)a[j], (double)b[j]);
 }
 
 START_TEST(test_kv_all_vs_incremental) {
@@ -812,23 +727,23 @@ START_TEST(test_kv_all_vs_incremental) {
     float *one = malloc(V * sizeof(float));
     /* Whole prompt, every row, blocks scattered through the pool. */
     const int32_t ta[3] = {3, 37, 1};
-    orch_seq_input s = seq_in(prompt, PLEN, 0, ta, 3, ORCH_LOGITS_ALL);
-    ck_assert_msg(run(ENG, ctx, &s, 1, all, PLEN * V) == ORCH_OK, "%s: %s", ENAME,
+    orch_seq_input s = test_seq_input(prompt, PLEN, 0, ta, 3, ORCH_LOGITS_ALL);
+    ck_assert_msg(test_infer(API, ctx, &s, 1, all, PLEN * V) == ORCH_OK, "%s: %s", ENAME,
                   API->last_error(ctx));
     for (uint64_t j = 0; j < (uint64_t)PLEN * V; j++) ck_assert(isfinite(all[j]));
     /* Same prompt in other blocks: a chunk without logits, a chunk with the
      * last row, then one token at a time. */
     const int32_t tb[3] = {20, 5, 11};
-    s = seq_in(prompt, 2, 0, tb, 3, ORCH_LOGITS_NONE);
+    s = test_seq_input(prompt, 2, 0, tb, 3, ORCH_LOGITS_NONE);
     one[0] = 4242.0f;
-    ck_assert_int_eq(run(ENG, ctx, &s, 1, one, V), ORCH_OK);
+    ck_assert_int_eq(test_infer(API, ctx, &s, 1, one, V), ORCH_OK);
     ck_assert_msg(one[0] == 4242.0f, "%s: LOGITS_NONE wrote logits", ENAME);
-    s = seq_in(prompt + 2, 3, 2, tb, 2, ORCH_LOGITS_LAST);
-    ck_assert_int_eq(run(ENG, ctx, &s, 1, one, V), ORCH_OK);
+    s = test_seq_input(prompt + 2, 3, 2, tb, 2, ORCH_LOGITS_LAST);
+    ck_assert_int_eq(test_infer(API, ctx, &s, 1, one, V), ORCH_OK);
     rows_close(ENG, one, all + 4 * V, 1, "prefill chunk vs all-rows");
     for (uint32_t p = 5; p < PLEN; p++) {
-        s = seq_in(prompt + p, 1, p, tb, 3, ORCH_LOGITS_LAST);
-        ck_assert_msg(run(ENG, ctx, &s, 1, one, V) == ORCH_OK, "%s: %s", ENAME,
+        s = test_seq_input(prompt + p, 1, p, tb, 3, ORCH_LOGITS_LAST);
+        ck_assert_msg(test_infer(API, ctx, &s, 1, one, V) == ORCH_OK, "%s: %s", ENAME,
                       API->last_error(ctx));
         char what[64];
         snprintf(what, sizeof what, "decode at position %u", p);
@@ -846,18 +761,18 @@ START_TEST(test_kv_batch_of_sequences) {
     /* Reference: each sequence alone. */
     const int32_t t1[3] = {0, 1, 2}, t2[2] = {9, 8};
     float ref1[V], ref2[V], both[2 * V];
-    orch_seq_input s1 = seq_in(prompt, PLEN, 0, t1, 3, ORCH_LOGITS_LAST);
-    orch_seq_input s2 = seq_in(prompt + 3, 6, 0, t2, 2, ORCH_LOGITS_LAST);
-    ck_assert_int_eq(run(ENG, ctx, &s1, 1, ref1, V), ORCH_OK);
-    ck_assert_int_eq(run(ENG, ctx, &s2, 1, ref2, V), ORCH_OK);
+    orch_seq_input s1 = test_seq_input(prompt, PLEN, 0, t1, 3, ORCH_LOGITS_LAST);
+    orch_seq_input s2 = test_seq_input(prompt + 3, 6, 0, t2, 2, ORCH_LOGITS_LAST);
+    ck_assert_int_eq(test_infer(API, ctx, &s1, 1, ref1, V), ORCH_OK);
+    ck_assert_int_eq(test_infer(API, ctx, &s2, 1, ref2, V), ORCH_OK);
     /* Together, in fresh blocks, with a stride larger than the struct. */
     struct {
         orch_seq_input s;
         uint64_t future_member;
     } wide[2];
     const int32_t u1[3] = {30, 31, 32}, u2[2] = {33, 34};
-    wide[0].s = seq_in(prompt, PLEN, 0, u1, 3, ORCH_LOGITS_LAST);
-    wide[1].s = seq_in(prompt + 3, 6, 0, u2, 2, ORCH_LOGITS_LAST);
+    wide[0].s = test_seq_input(prompt, PLEN, 0, u1, 3, ORCH_LOGITS_LAST);
+    wide[1].s = test_seq_input(prompt + 3, 6, 0, u2, 2, ORCH_LOGITS_LAST);
     wide[0].future_member = wide[1].future_member = 0;
     orch_infer_batch b = {sizeof b, 2, sizeof wide[0], 0, &wide[0].s};
     ck_assert_msg(API->infer_forward(ctx, &b, both, 2 * V) == ORCH_OK, "%s: %s", ENAME,
@@ -869,14 +784,14 @@ START_TEST(test_kv_batch_of_sequences) {
      * 4 into its own block. References: the same tokens in fresh blocks. */
     const int32_t alt[5] = {prompt[0], prompt[1], prompt[2], prompt[3], prompt[5]};
     const int32_t r1[2] = {23, 24}, r2[2] = {25, 26};
-    orch_seq_input r = seq_in(prompt, 5, 0, r1, 2, ORCH_LOGITS_LAST);
-    ck_assert_int_eq(run(ENG, ctx, &r, 1, ref1, V), ORCH_OK);
-    r = seq_in(alt, 5, 0, r2, 2, ORCH_LOGITS_LAST);
-    ck_assert_int_eq(run(ENG, ctx, &r, 1, ref2, V), ORCH_OK);
+    orch_seq_input r = test_seq_input(prompt, 5, 0, r1, 2, ORCH_LOGITS_LAST);
+    ck_assert_int_eq(test_infer(API, ctx, &r, 1, ref1, V), ORCH_OK);
+    r = test_seq_input(alt, 5, 0, r2, 2, ORCH_LOGITS_LAST);
+    ck_assert_int_eq(test_infer(API, ctx, &r, 1, ref2, V), ORCH_OK);
     const int32_t p1[2] = {0, 35}, p2[2] = {0, 36};
-    orch_seq_input sh[2] = {seq_in(prompt + 4, 1, 4, p1, 2, ORCH_LOGITS_LAST),
-                            seq_in(prompt + 5, 1, 4, p2, 2, ORCH_LOGITS_LAST)};
-    ck_assert_msg(run(ENG, ctx, sh, 2, both, 2 * V) == ORCH_OK,
+    orch_seq_input sh[2] = { test_seq_input(prompt + 4, 1, 4, p1, 2, ORCH_LOGITS_LAST),
+                             test_seq_input(prompt + 5, 1, 4, p2, 2, ORCH_LOGITS_LAST) };
+    ck_assert_msg(test_infer(API, ctx, sh, 2, both, 2 * V) == ORCH_OK,
                   "%s: shared read-only prefix block rejected: %s", ENAME,
                   API->last_error(ctx));
     rows_close(ENG, both, ref1, 1, "shared prefix, sequence 0");
@@ -890,8 +805,8 @@ START_TEST(test_kv_copy_blocks) {
     orch_engine_ctx *ctx = kv_ctx(ENG);
     const int32_t ta[3] = {3, 7, 1};
     float a[V], b[V];
-    orch_seq_input s = seq_in(prompt, PLEN, 0, ta, 3, ORCH_LOGITS_NONE);
-    ck_assert_int_eq(run(ENG, ctx, &s, 1, NULL, 0), ORCH_OK);
+    orch_seq_input s = test_seq_input(prompt, PLEN, 0, ta, 3, ORCH_LOGITS_NONE);
+    ck_assert_int_eq(test_infer(API, ctx, &s, 1, NULL, 0), ORCH_OK);
     /* Copy-on-write of the partial last block, then decode the same token in
      * both branches, in one batch (they share blocks 3 and 7 read-only). */
     const int32_t src[1] = {1}, dst[1] = {12};
@@ -899,10 +814,10 @@ START_TEST(test_kv_copy_blocks) {
                   API->last_error(ctx));
     const int32_t tc[3] = {3, 7, 12};
     const int32_t next = 77;
-    orch_seq_input two[2] = {seq_in(&next, 1, PLEN, ta, 3, ORCH_LOGITS_LAST),
-                             seq_in(&next, 1, PLEN, tc, 3, ORCH_LOGITS_LAST)};
+    orch_seq_input two[2] = { test_seq_input(&next, 1, PLEN, ta, 3, ORCH_LOGITS_LAST),
+                              test_seq_input(&next, 1, PLEN, tc, 3, ORCH_LOGITS_LAST) };
     float both[2 * V];
-    ck_assert_msg(run(ENG, ctx, two, 2, both, 2 * V) == ORCH_OK, "%s: %s", ENAME,
+    ck_assert_msg(test_infer(API, ctx, two, 2, both, 2 * V) == ORCH_OK, "%s: %s", ENAME,
                   API->last_error(ctx));
     memcpy(a, both, sizeof a);
     memcpy(b, both + V, sizeof b);
@@ -912,10 +827,10 @@ START_TEST(test_kv_copy_blocks) {
     ck_assert_int_eq(API->kv_copy_blocks(ctx, src2, dst2, 3), ORCH_OK);
     const int32_t t3[3] = {20, 21, 22};
     const int32_t other = 5;
-    s = seq_in(&other, 1, PLEN + 1, ta, 3, ORCH_LOGITS_LAST);
-    ck_assert_int_eq(run(ENG, ctx, &s, 1, a, V), ORCH_OK);
-    s = seq_in(&other, 1, PLEN + 1, t3, 3, ORCH_LOGITS_LAST);
-    ck_assert_int_eq(run(ENG, ctx, &s, 1, b, V), ORCH_OK);
+    s = test_seq_input(&other, 1, PLEN + 1, ta, 3, ORCH_LOGITS_LAST);
+    ck_assert_int_eq(test_infer(API, ctx, &s, 1, a, V), ORCH_OK);
+    s = test_seq_input(&other, 1, PLEN + 1, t3, 3, ORCH_LOGITS_LAST);
+    ck_assert_int_eq(test_infer(API, ctx, &s, 1, b, V), ORCH_OK);
     rows_close(ENG, a, b, 1, "decode after a 3-block copy");
     /* Bad copies. */
     const int32_t bad[1] = {(int32_t)NB}, neg[1] = {-1};
@@ -932,7 +847,7 @@ static void bad_batch(const conf_engine *e, orch_engine_ctx *ctx, const orch_seq
                       uint32_t n, uint64_t cap, const char *what, int strict_invalid) {
     float *logits = malloc((size_t)(2 * V + 1) * sizeof(float));
     for (uint32_t j = 0; j < 2 * V + 1; j++) logits[j] = 31337.0f;
-    int32_t st = run(e, ctx, seqs, n, logits, cap);
+    int32_t st = test_infer(e->h.api, ctx, seqs, n, logits, cap);
     expect_error(e, ctx, st, what);
     if (strict_invalid)
         ck_assert_msg(st == ORCH_ERR_INVALID_ARGUMENT, "%s: %s gave %s, expected invalid argument",
@@ -950,9 +865,10 @@ START_TEST(test_kv_bad_calls) {
     /* No pool yet. */
     orch_engine_ctx *ctx = make_ctx(ENG);
     const int32_t t0[1] = {0};
-    orch_seq_input s = seq_in(prompt, 1, 0, t0, 1, ORCH_LOGITS_LAST);
+    orch_seq_input s = test_seq_input(prompt, 1, 0, t0, 1, ORCH_LOGITS_LAST);
     float row[V];
-    expect_error(ENG, ctx, run(ENG, ctx, &s, 1, row, V), "infer_forward before kv_configure");
+    expect_error(ENG, ctx, test_infer(API, ctx, &s, 1, row, V),
+                 "infer_forward before kv_configure");
     uint64_t bytes = 9;
     expect_error(ENG, ctx, API->kv_block_bytes(ctx, BS, NULL), "kv_block_bytes into NULL");
     expect_error(ENG, ctx, API->kv_block_bytes(ctx, 0, &bytes), "kv_block_bytes of size 0");
@@ -965,49 +881,51 @@ START_TEST(test_kv_bad_calls) {
     const int32_t table[3] = {0, 1, 2};
     /* Token ids out of range. */
     int32_t badtok[2] = {5, (int32_t)V};
-    s = seq_in(badtok, 2, 0, table, 1, ORCH_LOGITS_LAST);
+    s = test_seq_input(badtok, 2, 0, table, 1, ORCH_LOGITS_LAST);
     bad_batch(ENG, ctx, &s, 1, V, "token == vocab", 1);
     badtok[1] = -1;
     bad_batch(ENG, ctx, &s, 1, V, "token -1", 1);
     /* Past the context: start T-1, two tokens, enough blocks. */
     int32_t long_table[T / BS + 1];
     for (uint32_t j = 0; j < T / BS + 1; j++) long_table[j] = (int32_t)j;
-    s = seq_in(prompt, 2, T - 1, long_table, T / BS + 1, ORCH_LOGITS_LAST);
+    s = test_seq_input(prompt, 2, T - 1, long_table, T / BS + 1, ORCH_LOGITS_LAST);
     bad_batch(ENG, ctx, &s, 1, V, "positions past the context", 1);
     /* Block ids outside the pool. */
     const int32_t out1[1] = {(int32_t)NB}, out2[1] = {-1};
-    s = seq_in(prompt, 2, 0, out1, 1, ORCH_LOGITS_LAST);
+    s = test_seq_input(prompt, 2, 0, out1, 1, ORCH_LOGITS_LAST);
     bad_batch(ENG, ctx, &s, 1, V, "block id == pool size", 1);
-    s = seq_in(prompt, 2, 0, out2, 1, ORCH_LOGITS_LAST);
+    s = test_seq_input(prompt, 2, 0, out2, 1, ORCH_LOGITS_LAST);
     bad_batch(ENG, ctx, &s, 1, V, "block id -1", 1);
     /* Too few blocks: 6 tokens, one block of 4. */
-    s = seq_in(prompt, 6, 0, table, 1, ORCH_LOGITS_LAST);
+    s = test_seq_input(prompt, 6, 0, table, 1, ORCH_LOGITS_LAST);
     bad_batch(ENG, ctx, &s, 1, V, "too few blocks", 0);
     /* logits_cap too small, for LAST and for ALL. */
-    s = seq_in(prompt, 3, 0, table, 1, ORCH_LOGITS_LAST);
+    s = test_seq_input(prompt, 3, 0, table, 1, ORCH_LOGITS_LAST);
     bad_batch(ENG, ctx, &s, 1, V - 1, "logits_cap one short", 0);
-    s = seq_in(prompt, 3, 0, table, 1, ORCH_LOGITS_ALL);
+    s = test_seq_input(prompt, 3, 0, table, 1, ORCH_LOGITS_ALL);
     bad_batch(ENG, ctx, &s, 1, 2 * V, "logits_cap of 2 rows for 3", 0);
     /* adapter_id must be 0. */
-    s = seq_in(prompt, 2, 0, table, 1, ORCH_LOGITS_LAST);
+    s = test_seq_input(prompt, 2, 0, table, 1, ORCH_LOGITS_LAST);
     s.adapter_id = 1;
     bad_batch(ENG, ctx, &s, 1, V, "adapter_id 1", 0);
     /* The same block written by two sequences. */
     const int32_t same[1] = {5};
-    orch_seq_input two[2] = {seq_in(prompt, 2, 0, same, 1, ORCH_LOGITS_LAST),
-                             seq_in(prompt + 2, 2, 0, same, 1, ORCH_LOGITS_LAST)};
+    orch_seq_input two[2] = { test_seq_input(prompt, 2, 0, same, 1, ORCH_LOGITS_LAST),
+                              test_seq_input(prompt + 2, 2, 0, same, 1,
+                                             ORCH_LOGITS_LAST) };
     bad_batch(ENG, ctx, two, 2, 2 * V, "one block written by two sequences", 1);
     /* A block written by one sequence and read by another. */
     const int32_t full[1] = {21};
-    s = seq_in(prompt, 4, 0, full, 1, ORCH_LOGITS_NONE);
-    ck_assert_int_eq(run(ENG, ctx, &s, 1, NULL, 0), ORCH_OK);
+    s = test_seq_input(prompt, 4, 0, full, 1, ORCH_LOGITS_NONE);
+    ck_assert_int_eq(test_infer(API, ctx, &s, 1, NULL, 0), ORCH_OK);
     const int32_t reader[2] = {21, 22};
-    two[0] = seq_in(prompt, 1, 2, full, 1, ORCH_LOGITS_LAST);    /* rewrites block 21 */
-    two[1] = seq_in(prompt, 1, 4, reader, 2, ORCH_LOGITS_LAST);  /* reads block 21 */
+    two[0] = test_seq_input(prompt, 1, 2, full, 1, ORCH_LOGITS_LAST);   /* rewrites 21 */
+    two[1] = test_seq_input(prompt, 1, 4, reader, 2, ORCH_LOGITS_LAST); /* reads 21 */
     bad_batch(ENG, ctx, two, 2, 2 * V, "a block written by one sequence, read by another", 1);
     /* The context still works after all that. */
-    s = seq_in(prompt, PLEN, 0, (const int32_t[3]){30, 31, 32}, 3, ORCH_LOGITS_LAST);
-    ck_assert_msg(run(ENG, ctx, &s, 1, row, V) == ORCH_OK, "%s: %s", ENAME,
+    s = test_seq_input(prompt, PLEN, 0, (const int32_t[3]){ 30, 31, 32 }, 3,
+                       ORCH_LOGITS_LAST);
+    ck_assert_msg(test_infer(API, ctx, &s, 1, row, V) == ORCH_OK, "%s: %s", ENAME,
                   API->last_error(ctx));
     API->context_destroy(ctx);
 }
@@ -1018,17 +936,17 @@ START_TEST(test_kv_reconfigure) {
     orch_engine_ctx *ctx = kv_ctx(ENG);
     float a[V], b[V];
     const int32_t t[3] = {1, 2, 3};
-    orch_seq_input s = seq_in(prompt, PLEN, 0, t, 3, ORCH_LOGITS_LAST);
-    ck_assert_int_eq(run(ENG, ctx, &s, 1, a, V), ORCH_OK);
+    orch_seq_input s = test_seq_input(prompt, PLEN, 0, t, 3, ORCH_LOGITS_LAST);
+    ck_assert_int_eq(test_infer(API, ctx, &s, 1, a, V), ORCH_OK);
     /* A new pool with another block size gives the same answer. */
     ck_assert_int_eq(API->kv_configure(ctx, 16, 4), ORCH_OK);
     const int32_t t16[1] = {2};
-    s = seq_in(prompt, PLEN, 0, t16, 1, ORCH_LOGITS_LAST);
-    ck_assert_int_eq(run(ENG, ctx, &s, 1, b, V), ORCH_OK);
+    s = test_seq_input(prompt, PLEN, 0, t16, 1, ORCH_LOGITS_LAST);
+    ck_assert_int_eq(test_infer(API, ctx, &s, 1, b, V), ORCH_OK);
     rows_close(ENG, a, b, 1, "block size 4 vs 16");
     /* Old ids beyond the new pool are rejected. */
-    s = seq_in(prompt, 1, 0, (const int32_t[1]){10}, 1, ORCH_LOGITS_LAST);
-    expect_error(ENG, ctx, run(ENG, ctx, &s, 1, b, V), "block id of the old pool");
+    s = test_seq_input(prompt, 1, 0, (const int32_t[1]){ 10 }, 1, ORCH_LOGITS_LAST);
+    expect_error(ENG, ctx, test_infer(API, ctx, &s, 1, b, V), "block id of the old pool");
     API->context_destroy(ctx);
 }
 END_TEST
@@ -1073,16 +991,8 @@ static void discover(void) {
         if (n_engines == 0) try_engine("mock"); /* at least the mock runs */
         return;
     }
-    char dir[4096];
-    const char *b = getenv("ORCH_BUILD");
-    if (b && *b)
-        snprintf(dir, sizeof dir, "%s", b);
-    else if (util_exe_dir(dir, sizeof dir - 4) == 0)
-        strcat(dir, "/..");
-    else
-        snprintf(dir, sizeof dir, "build");
     char pattern[4200];
-    snprintf(pattern, sizeof pattern, "%s/libengine_*.so", dir);
+    snprintf(pattern, sizeof pattern, "%s/libengine_*.so", test_build_dir());
     glob_t g;
     int found = 0;
     if (glob(pattern, 0, NULL, &g) == 0) {
@@ -1094,6 +1004,7 @@ static void discover(void) {
 
 int main(void) {
     setvbuf(stdout, NULL, _IOLBF, 0);
+    test_default_engine_path();
     discover();
     Suite *s = suite_create("conformance");
     TCase *tc = tcase_create("engines");
@@ -1122,10 +1033,7 @@ int main(void) {
         tcase_add_loop_test(tc, test_kv_reconfigure, 0, n_engines);
     }
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
+    int rc = test_run_suite(s);
     for (int i = 0; i < n_engines; i++) engine_unload(&engines[i].h);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return rc;
 }

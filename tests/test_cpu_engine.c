@@ -22,7 +22,6 @@
  * which run_tests.sh points at the build directory).
  */
 #include <check.h>
-#include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,6 +30,8 @@
 #include "engine_api/orch_engine.h"
 #include "orchestrator/bench/bench.h"
 #include "orchestrator/core/engine_loader.h"
+#include "orchestrator/store/safetensors.h"
+#include "tests/test_util.h"
 
 #define FIXTURE "tests/fixtures/cpu_gpt2_tiny.safetensors"
 
@@ -46,93 +47,50 @@ static void load_engine(void) {
 static void unload_engine(void) { engine_unload(&H); }
 
 /* ------------------------------------------------------------------------- */
-/* safetensors reading (the fixture)                                          */
+/* The fixture (read with orchestrator/store/safetensors)                     */
 /* ------------------------------------------------------------------------- */
 
-typedef struct st_file {
-    unsigned char *data;
-    size_t size;
-    cJSON *header;
-    const unsigned char *blob;
-} st_file;
-
-static void st_open(const char *path, st_file *f) {
-    memset(f, 0, sizeof *f);
-    FILE *fp = fopen(path, "rb");
-    ck_assert_msg(fp != NULL, "cannot open %s (run from the repository root)", path);
-    fseek(fp, 0, SEEK_END);
-    long n = ftell(fp);
-    fseek(fp, 0, SEEK_SET);
-    ck_assert(n > 8);
-    f->data = malloc((size_t)n);
-    ck_assert(fread(f->data, 1, (size_t)n, fp) == (size_t)n);
-    fclose(fp);
-    f->size = (size_t)n;
-    uint64_t hlen = 0;
-    for (int i = 7; i >= 0; i--) hlen = hlen << 8 | f->data[i];
-    ck_assert(hlen + 8 <= f->size);
-    f->header = cJSON_ParseWithLength((const char *)f->data + 8, (size_t)hlen);
-    ck_assert_msg(f->header != NULL, "bad safetensors header in %s", path);
-    f->blob = f->data + 8 + hlen;
+static safetensors_file *fixture_open(void) {
+    safetensors_file *f = NULL;
+    char err[1024];
+    ck_assert_msg(safetensors_open(FIXTURE, &f, err, sizeof err) == 0,
+                  "%s (run from the repository root)", err);
+    return f;
 }
 
-static void st_close(st_file *f) {
-    cJSON_Delete(f->header);
-    free(f->data);
-}
-
-/* Data of tensor `name` (dtype "F32" or "I32"); *numel receives its size. */
-static const void *st_get(const st_file *f, const char *name, const char *dtype,
-                          size_t *numel) {
-    const cJSON *t = cJSON_GetObjectItemCaseSensitive(f->header, name);
+/* Data of tensor `name` of the given dtype; *numel receives its size. */
+static const void *fixture_get(const safetensors_file *f, const char *name, int dtype,
+                               size_t *numel) {
+    const safetensors_tensor *t = safetensors_find(f, name);
     ck_assert_msg(t != NULL, "fixture lacks tensor %s", name);
-    const cJSON *dt = cJSON_GetObjectItemCaseSensitive(t, "dtype");
-    ck_assert_msg(cJSON_IsString(dt) && strcmp(dt->valuestring, dtype) == 0,
-                  "tensor %s is not %s", name, dtype);
-    const cJSON *off = cJSON_GetObjectItemCaseSensitive(t, "data_offsets");
-    size_t a = (size_t)cJSON_GetArrayItem(off, 0)->valuedouble;
-    size_t b = (size_t)cJSON_GetArrayItem(off, 1)->valuedouble;
-    ck_assert(b >= a && b <= f->size);
-    *numel = (b - a) / 4;
-    return f->blob + a;
+    ck_assert_msg(t->dtype == dtype, "tensor %s is not %s", name,
+                  safetensors_dtype_name(dtype));
+    *numel = (size_t)t->numel;
+    return t->data;
 }
 
-static const float *st_f32(const st_file *f, const char *name, size_t *numel) {
-    return st_get(f, name, "F32", numel);
+static const float *fixture_f32(const safetensors_file *f, const char *name,
+                                size_t *numel) {
+    return fixture_get(f, name, SAFETENSORS_F32, numel);
 }
 
-static double st_meta(const st_file *f, const char *key) {
-    const cJSON *m = cJSON_GetObjectItemCaseSensitive(f->header, "__metadata__");
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(m, key);
-    ck_assert_msg(cJSON_IsString(v), "fixture metadata lacks %s", key);
-    return atof(v->valuestring);
+static double fixture_meta(const safetensors_file *f, const char *key) {
+    const char *v = safetensors_metadata(f, key);
+    ck_assert_msg(v != NULL, "fixture metadata lacks %s", key);
+    return atof(v);
 }
 
 /* ------------------------------------------------------------------------- */
 /* Helpers                                                                    */
 /* ------------------------------------------------------------------------- */
 
-static orch_model_desc model_of(uint32_t V, uint32_t T, uint32_t L, uint32_t NH,
-                                uint32_t C, uint32_t M) {
-    orch_model_desc m;
-    memset(&m, 0, sizeof m);
-    m.struct_size = sizeof m;
-    m.arch = ORCH_ARCH_GPT2;
-    m.vocab_size = V;
-    m.context = T;
-    m.layers = L;
-    m.heads = NH;
-    m.width = C;
-    m.mlp_width = M;
-    return m;
-}
-
-static orch_model_desc fixture_model(const st_file *f) {
-    orch_model_desc m = model_of(
-        (uint32_t)st_meta(f, "vocab_size"), (uint32_t)st_meta(f, "context"),
-        (uint32_t)st_meta(f, "layers"), (uint32_t)st_meta(f, "heads"),
-        (uint32_t)st_meta(f, "width"), (uint32_t)st_meta(f, "mlp_width"));
-    m.layernorm_eps = (float)st_meta(f, "layernorm_eps");
+static orch_model_desc fixture_model(const safetensors_file *f) {
+    orch_model_desc m = test_model_desc(
+        (uint32_t)fixture_meta(f, "vocab_size"), (uint32_t)fixture_meta(f, "context"),
+        (uint32_t)fixture_meta(f, "layers"), (uint32_t)fixture_meta(f, "heads"),
+        (uint32_t)fixture_meta(f, "width"));
+    m.mlp_width = (uint32_t)fixture_meta(f, "mlp_width");
+    m.layernorm_eps = (float)fixture_meta(f, "layernorm_eps");
     return m;
 }
 
@@ -146,36 +104,18 @@ static orch_engine_ctx *make_ctx(const orch_model_desc *m, uint32_t threads,
     return ctx;
 }
 
-static uint32_t n_tensors(orch_engine_ctx *ctx) {
-    uint32_t n = 0;
-    ck_assert_int_eq(A->tensor_count(ctx, ORCH_TENSOR_PARAM, &n), ORCH_OK);
-    return n;
-}
-
-static orch_tensor_info info_of(orch_engine_ctx *ctx, uint32_t i) {
-    orch_tensor_info ti;
-    memset(&ti, 0, sizeof ti);
-    ti.struct_size = sizeof ti;
-    ck_assert_int_eq(A->tensor_info(ctx, ORCH_TENSOR_PARAM, i, &ti), ORCH_OK);
-    return ti;
-}
-
-static uint64_t total_params(orch_engine_ctx *ctx) {
-    orch_tensor_info last = info_of(ctx, n_tensors(ctx) - 1);
-    return last.offset + last.numel;
-}
-
 /* Load the fixture's initial weights through the tensor table. */
-static void load_fixture_params(orch_engine_ctx *ctx, const st_file *f) {
-    uint32_t n = n_tensors(ctx);
-    for (uint32_t i = 0; i < n; i++) {
-        orch_tensor_info ti = info_of(ctx, i);
+static void load_fixture_params(orch_engine_ctx *ctx, const safetensors_file *f) {
+    test_table t;
+    test_read_table(A, ctx, ORCH_TENSOR_PARAM, &t);
+    for (uint32_t i = 0; i < t.n; i++) {
+        const orch_tensor_info *ti = &t.info[i];
         char key[128];
-        snprintf(key, sizeof key, "param.%s", ti.name);
+        snprintf(key, sizeof key, "param.%s", ti->name);
         size_t numel;
-        const float *src = st_f32(f, key, &numel);
-        ck_assert_msg(numel == ti.numel, "%s: fixture %zu vs engine %llu", ti.name,
-                      numel, (unsigned long long)ti.numel);
+        const float *src = fixture_f32(f, key, &numel);
+        ck_assert_msg(numel == ti->numel, "%s: fixture %zu vs engine %llu", ti->name,
+                      numel, (unsigned long long)ti->numel);
         ck_assert_int_eq(A->tensor_write(ctx, ORCH_TENSOR_PARAM, i, src,
                                          numel * sizeof(float)),
                          ORCH_OK);
@@ -184,80 +124,47 @@ static void load_fixture_params(orch_engine_ctx *ctx, const st_file *f) {
 
 /* Fill every parameter with reproducible values of useful size. */
 static void fill_random_params(orch_engine_ctx *ctx, uint32_t seed) {
-    uint32_t n = n_tensors(ctx);
+    test_table t;
+    test_read_table(A, ctx, ORCH_TENSOR_PARAM, &t);
+    float *all = malloc(t.total * sizeof(float));
     uint64_t s = seed * 2654435761u + 1;
-    for (uint32_t i = 0; i < n; i++) {
-        orch_tensor_info ti = info_of(ctx, i);
-        float *buf = malloc(ti.numel * sizeof(float));
-        int ln_w = strstr(ti.name, "ln_") && strstr(ti.name, ".weight");
-        for (uint64_t k = 0; k < ti.numel; k++) {
-            s = s * 6364136223846793005ull + 1442695040888963407ull;
-            float u = (float)((s >> 40) & 0xFFFFFF) / 16777216.0f - 0.5f;
-            buf[k] = ln_w ? 1.0f + 0.2f * u : (ti.ndim == 2 ? 0.6f * u : 0.2f * u);
+    for (uint32_t i = 0; i < t.n; i++) {
+        const orch_tensor_info *ti = &t.info[i];
+        float *buf = all + ti->offset;
+        int ln_w = strstr(ti->name, "ln_") && strstr(ti->name, ".weight");
+        for (uint64_t k = 0; k < ti->numel; k++) {
+            float u = (float)((test_lcg64(&s) >> 40) & 0xFFFFFF) / 16777216.0f - 0.5f;
+            buf[k] = ln_w ? 1.0f + 0.2f * u : (ti->ndim == 2 ? 0.6f * u : 0.2f * u);
         }
-        ck_assert_int_eq(A->tensor_write(ctx, ORCH_TENSOR_PARAM, i, buf,
-                                         ti.numel * sizeof(float)),
-                         ORCH_OK);
-        free(buf);
     }
+    test_write_kind(A, ctx, ORCH_TENSOR_PARAM, &t, all);
+    free(all);
 }
 
+/* The flat gradient buffer and the parameters of ctx; *n receives their
+ * length. */
 static float *read_grads(orch_engine_ctx *ctx, uint64_t *n) {
-    *n = total_params(ctx);
-    float *g = malloc(*n * sizeof(float));
-    ck_assert_int_eq(A->grads_read(ctx, 0, *n, g), ORCH_OK);
-    return g;
+    test_table t;
+    test_read_table(A, ctx, ORCH_TENSOR_PARAM, &t);
+    *n = t.total;
+    return test_read_grads(A, ctx, t.total);
 }
 
 static float *read_params(orch_engine_ctx *ctx, uint64_t *n) {
-    uint32_t nt = n_tensors(ctx);
-    *n = total_params(ctx);
-    float *p = malloc(*n * sizeof(float));
-    for (uint32_t i = 0; i < nt; i++) {
-        orch_tensor_info ti = info_of(ctx, i);
-        ck_assert_int_eq(A->tensor_read(ctx, ORCH_TENSOR_PARAM, i, p + ti.offset,
-                                        ti.numel * sizeof(float)),
-                         ORCH_OK);
-    }
-    return p;
+    test_table t;
+    test_read_table(A, ctx, ORCH_TENSOR_PARAM, &t);
+    *n = t.total;
+    return test_read_kind(A, ctx, ORCH_TENSOR_PARAM, &t);
 }
 
-static orch_seq_input seq_of(const int32_t *tokens, uint32_t n, uint32_t start,
-                             const int32_t *table, uint32_t n_blocks,
-                             uint32_t mode) {
-    orch_seq_input s;
-    memset(&s, 0, sizeof s);
-    s.tokens = tokens;
-    s.n_tokens = n;
-    s.start_pos = start;
-    s.block_table = table;
-    s.n_blocks = n_blocks;
-    s.logits_mode = mode;
-    return s;
-}
-
-static int32_t run_batch(orch_engine_ctx *ctx, const orch_seq_input *seqs,
-                         uint32_t n, float *logits, uint64_t cap) {
-    orch_infer_batch b;
-    memset(&b, 0, sizeof b);
-    b.struct_size = sizeof b;
-    b.n_seqs = n;
-    b.seq_stride = sizeof(orch_seq_input);
-    b.seqs = seqs;
-    return A->infer_forward(ctx, &b, logits, cap);
-}
-
-static orch_adamw_params adam_of(const st_file *f, uint64_t step) {
-    orch_adamw_params p;
-    memset(&p, 0, sizeof p);
-    p.struct_size = sizeof p;
-    p.step = step;
-    p.lr = (float)st_meta(f, "lr");
-    p.beta1 = (float)st_meta(f, "beta1");
-    p.beta2 = (float)st_meta(f, "beta2");
-    p.eps = (float)st_meta(f, "eps");
-    p.weight_decay = (float)st_meta(f, "weight_decay");
-    p.grad_clip = (float)st_meta(f, "grad_clip");
+/* The fixture's AdamW hyper-parameters for `step`. */
+static orch_adamw_params adam_of(const safetensors_file *f, uint64_t step) {
+    orch_adamw_params p = test_adamw(step, (float)fixture_meta(f, "lr"),
+                                     (float)fixture_meta(f, "weight_decay"),
+                                     (float)fixture_meta(f, "grad_clip"));
+    p.beta1 = (float)fixture_meta(f, "beta1");
+    p.beta2 = (float)fixture_meta(f, "beta2");
+    p.eps = (float)fixture_meta(f, "eps");
     return p;
 }
 
@@ -278,35 +185,56 @@ static const char *const variants[] = {
 /* Against PyTorch                                                            */
 /* ------------------------------------------------------------------------- */
 
+/* A context of the fixture's model with its initial weights, and the
+ * fixture's [B, T] batch (pointers into the open fixture). */
+typedef struct torch_run {
+    safetensors_file *f;
+    orch_model_desc m;
+    orch_engine_ctx *ctx;
+    uint32_t B, T;
+    const int32_t *tokens, *targets;
+} torch_run;
+
+static void torch_open(torch_run *r, const char *options) {
+    r->f = fixture_open();
+    r->m = fixture_model(r->f);
+    r->ctx = make_ctx(&r->m, 0, 1, options);
+    load_fixture_params(r->ctx, r->f);
+    r->B = (uint32_t)fixture_meta(r->f, "batch");
+    r->T = (uint32_t)fixture_meta(r->f, "seq_len");
+    size_t n;
+    r->tokens = fixture_get(r->f, "tokens", SAFETENSORS_I32, &n);
+    r->targets = fixture_get(r->f, "targets", SAFETENSORS_I32, &n);
+}
+
+static void torch_close(torch_run *r) {
+    A->context_destroy(r->ctx);
+    safetensors_close(r->f);
+}
+
 START_TEST(test_torch_forward) {
     const char *opt = variants[_i];
-    st_file f;
-    st_open(FIXTURE, &f);
-    orch_model_desc m = fixture_model(&f);
-    orch_engine_ctx *ctx = make_ctx(&m, 0, 1, opt);
-    load_fixture_params(ctx, &f);
-    const uint32_t B = (uint32_t)st_meta(&f, "batch"), T = (uint32_t)st_meta(&f, "seq_len");
+    torch_run r;
+    torch_open(&r, opt);
     size_t nt, nl;
-    const int32_t *tokens = st_get(&f, "tokens", "I32", &nt);
-    const int32_t *targets = st_get(&f, "targets", "I32", &nt);
-    const float *ref_logits = st_f32(&f, "logits", &nl);
-    const float ref_loss = st_f32(&f, "loss", &nt)[0];
-    ck_assert_uint_eq(nl, (size_t)B * T * m.vocab_size);
+    const float *ref_logits = fixture_f32(r.f, "logits", &nl);
+    const float ref_loss = fixture_f32(r.f, "loss", &nt)[0];
+    ck_assert_uint_eq(nl, (size_t)r.B * r.T * r.m.vocab_size);
 
     float loss = -1.0f;
-    ck_assert_int_eq(A->eval_loss(ctx, tokens, targets, B, T, &loss), ORCH_OK);
+    ck_assert_int_eq(A->eval_loss(r.ctx, r.tokens, r.targets, r.B, r.T, &loss), ORCH_OK);
     ck_assert_msg(fabsf(loss - ref_loss) <= 1e-4f, "[%s] eval loss %.7f vs torch %.7f",
                   opt, loss, ref_loss);
 
     /* Logits: both sequences in one batch, blocks of 5 positions, tables
      * interleaved. */
-    ck_assert_int_eq(A->kv_configure(ctx, 5, 8), ORCH_OK);
+    ck_assert_int_eq(A->kv_configure(r.ctx, 5, 8), ORCH_OK);
     int32_t t0[3] = {6, 0, 3}, t1[3] = {1, 7, 4};
-    orch_seq_input s[2] = {
-        seq_of(tokens, T, 0, t0, 3, ORCH_LOGITS_ALL),
-        seq_of(tokens + T, T, 0, t1, 3, ORCH_LOGITS_ALL)};
+    orch_seq_input s[2] = { test_seq_input(r.tokens, r.T, 0, t0, 3, ORCH_LOGITS_ALL),
+                            test_seq_input(r.tokens + r.T, r.T, 0, t1, 3,
+                                           ORCH_LOGITS_ALL) };
     float *logits = malloc(nl * sizeof(float));
-    ck_assert_int_eq(run_batch(ctx, s, 2, logits, nl), ORCH_OK);
+    ck_assert_int_eq(test_infer(A, r.ctx, s, 2, logits, nl), ORCH_OK);
     double worst = 0.0;
     for (size_t i = 0; i < nl; i++) {
         double d = fabs((double)logits[i] - ref_logits[i]);
@@ -314,37 +242,31 @@ START_TEST(test_torch_forward) {
     }
     ck_assert_msg(worst <= 1e-4, "[%s] logits differ from torch by %g", opt, worst);
     free(logits);
-    A->context_destroy(ctx);
-    st_close(&f);
+    torch_close(&r);
 }
 END_TEST
 
 START_TEST(test_torch_gradients) {
     const char *opt = variants[_i];
-    st_file f;
-    st_open(FIXTURE, &f);
-    orch_model_desc m = fixture_model(&f);
-    orch_engine_ctx *ctx = make_ctx(&m, 0, 1, opt);
-    load_fixture_params(ctx, &f);
-    const uint32_t B = (uint32_t)st_meta(&f, "batch"), T = (uint32_t)st_meta(&f, "seq_len");
+    torch_run r;
+    torch_open(&r, opt);
     size_t nt;
-    const int32_t *tokens = st_get(&f, "tokens", "I32", &nt);
-    const int32_t *targets = st_get(&f, "targets", "I32", &nt);
-    const float ref_loss = st_f32(&f, "loss", &nt)[0];
+    const float ref_loss = fixture_f32(r.f, "loss", &nt)[0];
     float loss = -1.0f;
-    ck_assert_int_eq(A->grads_zero(ctx), ORCH_OK);
-    ck_assert_int_eq(A->forward_backward(ctx, tokens, targets, B, T, 1.0f, &loss),
-                     ORCH_OK);
+    ck_assert_int_eq(A->grads_zero(r.ctx), ORCH_OK);
+    ck_assert_int_eq(
+        A->forward_backward(r.ctx, r.tokens, r.targets, r.B, r.T, 1.0f, &loss), ORCH_OK);
     ck_assert_msg(fabsf(loss - ref_loss) <= 1e-4f, "[%s] loss %.7f vs torch %.7f",
                   opt, loss, ref_loss);
-    uint64_t n;
-    float *g = read_grads(ctx, &n);
-    for (uint32_t i = 0; i < n_tensors(ctx); i++) {
-        orch_tensor_info ti = info_of(ctx, i);
+    test_table t;
+    test_read_table(A, r.ctx, ORCH_TENSOR_PARAM, &t);
+    float *g = test_read_grads(A, r.ctx, t.total);
+    for (uint32_t i = 0; i < t.n; i++) {
+        const orch_tensor_info ti = t.info[i];
         char key[128];
         snprintf(key, sizeof key, "grad.%s", ti.name);
         size_t numel;
-        const float *ref = st_f32(&f, key, &numel);
+        const float *ref = fixture_f32(r.f, key, &numel);
         ck_assert_uint_eq(numel, ti.numel);
         double diff = 0.0, scale = 0.0;
         for (size_t k = 0; k < numel; k++) {
@@ -358,44 +280,38 @@ START_TEST(test_torch_gradients) {
                       ti.name, diff, scale, diff / scale);
     }
     free(g);
-    A->context_destroy(ctx);
-    st_close(&f);
+    torch_close(&r);
 }
 END_TEST
 
 START_TEST(test_torch_adamw_steps) {
     const char *opt = variants[_i];
-    st_file f;
-    st_open(FIXTURE, &f);
-    orch_model_desc m = fixture_model(&f);
-    orch_engine_ctx *ctx = make_ctx(&m, 0, 1, opt);
-    load_fixture_params(ctx, &f);
-    const uint32_t B = (uint32_t)st_meta(&f, "batch"), T = (uint32_t)st_meta(&f, "seq_len");
-    const int steps = (int)st_meta(&f, "steps");
-    size_t nt, nsteps, nn;
-    const int32_t *tokens = st_get(&f, "tokens", "I32", &nt);
-    const int32_t *targets = st_get(&f, "targets", "I32", &nt);
-    const float *ref_losses = st_f32(&f, "train_losses", &nsteps);
-    const float *ref_norms = st_f32(&f, "grad_norms", &nn);
+    torch_run r;
+    torch_open(&r, opt);
+    const int steps = (int)fixture_meta(r.f, "steps");
+    size_t nsteps, nn;
+    const float *ref_losses = fixture_f32(r.f, "train_losses", &nsteps);
+    const float *ref_norms = fixture_f32(r.f, "grad_norms", &nn);
     ck_assert_int_eq((int)nsteps, steps);
     int clipped = 0;
     for (int s = 0; s < steps; s++) {
         float loss = -1.0f, norm = -1.0f;
-        ck_assert_int_eq(A->grads_zero(ctx), ORCH_OK);
+        ck_assert_int_eq(A->grads_zero(r.ctx), ORCH_OK);
         ck_assert_int_eq(
-            A->forward_backward(ctx, tokens, targets, B, T, 1.0f, &loss), ORCH_OK);
+            A->forward_backward(r.ctx, r.tokens, r.targets, r.B, r.T, 1.0f, &loss),
+            ORCH_OK);
         ck_assert_msg(fabsf(loss - ref_losses[s]) <= 1e-4f,
                       "[%s] step %d: loss %.7f vs torch %.7f", opt, s + 1, loss,
                       ref_losses[s]);
-        orch_adamw_params p = adam_of(&f, (uint64_t)s + 1);
-        ck_assert_int_eq(A->optimizer_step(ctx, &p, &norm), ORCH_OK);
+        orch_adamw_params p = adam_of(r.f, (uint64_t)s + 1);
+        ck_assert_int_eq(A->optimizer_step(r.ctx, &p, &norm), ORCH_OK);
         ck_assert_msg(fabsf(norm - ref_norms[s]) <= 1e-4f * ref_norms[s] + 1e-5f,
                       "[%s] step %d: grad norm %.7f vs torch %.7f", opt, s + 1,
                       norm, ref_norms[s]);
         clipped += norm > p.grad_clip;
         if (norm > p.grad_clip) { /* the buffer now holds clipped gradients */
             uint64_t n;
-            float *g = read_grads(ctx, &n);
+            float *g = read_grads(r.ctx, &n);
             double sq = 0.0;
             for (uint64_t k = 0; k < n; k++) sq += (double)g[k] * g[k];
             ck_assert_msg(fabs(sqrt(sq) - p.grad_clip) <= 1e-4 * p.grad_clip,
@@ -404,8 +320,7 @@ START_TEST(test_torch_adamw_steps) {
         }
     }
     ck_assert_msg(clipped > 0 && clipped < steps, "fixture should clip some steps");
-    A->context_destroy(ctx);
-    st_close(&f);
+    torch_close(&r);
 }
 END_TEST
 
@@ -415,7 +330,8 @@ END_TEST
 
 START_TEST(test_gradient_check) {
     /* Tiny model, 1 x 7 tokens so each entry's gradient is large. */
-    orch_model_desc m = model_of(23, 9, 2, 2, 8, 12);
+    orch_model_desc m = test_model_desc(23, 9, 2, 2, 8);
+    m.mlp_width = 12;
     orch_engine_ctx *ctx = make_ctx(&m, 0, 7, NULL);
     fill_random_params(ctx, 99);
     const uint32_t T = 7;
@@ -424,13 +340,14 @@ START_TEST(test_gradient_check) {
     float loss;
     ck_assert_int_eq(A->forward_backward(ctx, tokens, targets, 1, T, 1.0f, &loss),
                      ORCH_OK);
-    uint64_t n;
-    float *g = read_grads(ctx, &n);
+    test_table t;
+    test_read_table(A, ctx, ORCH_TENSOR_PARAM, &t);
+    float *g = test_read_grads(A, ctx, t.total);
     const float h = 2e-3f;
     int checked = 0;
     uint64_t rng = 12345;
-    for (uint32_t i = 0; i < n_tensors(ctx); i++) {
-        orch_tensor_info ti = info_of(ctx, i);
+    for (uint32_t i = 0; i < t.n; i++) {
+        const orch_tensor_info ti = t.info[i];
         float *w = malloc(ti.numel * sizeof(float));
         ck_assert_int_eq(A->tensor_read(ctx, ORCH_TENSOR_PARAM, i, w,
                                         ti.numel * sizeof(float)),
@@ -442,8 +359,7 @@ START_TEST(test_gradient_check) {
         for (uint64_t k = 0; k < limit; k++)
             if (fabsf(g[ti.offset + k]) > fabsf(g[ti.offset + pick[0]])) pick[0] = k;
         for (int k = 1; k < 4; k++) {
-            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-            pick[k] = (rng >> 33) % limit;
+            pick[k] = (test_lcg64(&rng) >> 33) % limit;
         }
         double gmax = fabs(g[ti.offset + pick[0]]);
         ck_assert_msg(gmax > 1e-3, "%s: gradient too small to check (%g)", ti.name, gmax);
@@ -474,7 +390,7 @@ START_TEST(test_gradient_check) {
                                          ti.numel * sizeof(float)), ORCH_OK);
         free(w);
     }
-    ck_assert_int_eq(checked, 4 * (int)n_tensors(ctx));
+    ck_assert_int_eq(checked, 4 * (int)t.n);
     free(g);
     A->context_destroy(ctx);
 }
@@ -490,7 +406,8 @@ END_TEST
 
 START_TEST(test_kv_equivalence) {
     const char *opt = variants[_i];
-    orch_model_desc m = model_of(KV_V, KV_T, 2, 2, 16, 40);
+    orch_model_desc m = test_model_desc(KV_V, KV_T, 2, 2, 16);
+    m.mlp_width = 40;
     orch_engine_ctx *ctx = make_ctx(&m, 0, 3, opt);
     fill_random_params(ctx, 5);
     static const uint32_t len[KV_SEQS] = {41, 23, 9};
@@ -500,8 +417,7 @@ START_TEST(test_kv_equivalence) {
     uint64_t s = 77;
     for (int q = 0; q < KV_SEQS; q++)
         for (uint32_t k = 0; k < len[q]; k++) {
-            s = s * 6364136223846793005ull + 1442695040888963407ull;
-            tok[q][k] = (int32_t)((s >> 33) % KV_V);
+            tok[q][k] = (int32_t)((test_lcg64(&s) >> 33) % KV_V);
         }
     const uint32_t bs = 4, nb = 50;
     ck_assert_int_eq(A->kv_configure(ctx, bs, nb), ORCH_OK);
@@ -512,8 +428,9 @@ START_TEST(test_kv_equivalence) {
     for (uint32_t b = 0; b < 12; b++) full_table[b] = (int32_t)b;
     for (int q = 0; q < KV_SEQS; q++) {
         ref[q] = malloc((size_t)len[q] * KV_V * sizeof(float));
-        orch_seq_input one = seq_of(tok[q], len[q], 0, full_table, 12, ORCH_LOGITS_ALL);
-        ck_assert_int_eq(run_batch(ctx, &one, 1, ref[q], (uint64_t)len[q] * KV_V),
+        orch_seq_input one =
+            test_seq_input(tok[q], len[q], 0, full_table, 12, ORCH_LOGITS_ALL);
+        ck_assert_int_eq(test_infer(A, ctx, &one, 1, ref[q], (uint64_t)len[q] * KV_V),
                          ORCH_OK);
     }
     /* Incremental: shuffled, interleaved block tables from the other blocks. */
@@ -521,8 +438,7 @@ START_TEST(test_kv_equivalence) {
     int32_t perm[38];
     for (int b = 0; b < 38; b++) perm[b] = 12 + b;
     for (int b = 37; b > 0; b--) {
-        s = s * 6364136223846793005ull + 1442695040888963407ull;
-        int r = (int)((s >> 33) % (uint64_t)(b + 1));
+        int r = (int)((test_lcg64(&s) >> 33) % (uint64_t)(b + 1));
         int32_t t = perm[b];
         perm[b] = perm[r];
         perm[r] = t;
@@ -541,13 +457,14 @@ START_TEST(test_kv_equivalence) {
             uint32_t c = chunks[q][chunk_i[q]] ? chunks[q][chunk_i[q]++] : 1;
             if (pos[q] + c > len[q]) c = len[q] - pos[q];
             /* Chunks ask for all their logits; single tokens for the last. */
-            in[n] = seq_of(tok[q] + pos[q], c, pos[q], table[q],
-                           (pos[q] + c + bs - 1) / bs,
-                           c > 1 ? ORCH_LOGITS_ALL : ORCH_LOGITS_LAST);
+            in[n] = test_seq_input(tok[q] + pos[q], c, pos[q], table[q],
+                                   (pos[q] + c + bs - 1) / bs,
+                                   c > 1 ? ORCH_LOGITS_ALL : ORCH_LOGITS_LAST);
             idx[n++] = q;
         }
         if (n == 0) break;
-        int32_t st = run_batch(ctx, in, (uint32_t)n, out, (uint64_t)KV_SEQS * 8 * KV_V);
+        int32_t st =
+            test_infer(A, ctx, in, (uint32_t)n, out, (uint64_t)KV_SEQS * 8 * KV_V);
         ck_assert_msg(st == ORCH_OK, "[%s] step %d: %s", opt, steps, A->last_error(ctx));
         const float *row = out;
         for (int k = 0; k < n; k++) {
@@ -577,7 +494,7 @@ START_TEST(test_kv_long_prefill) {
     /* Chunks longer than the engine's 64-row attention blocks, and a chunk
      * that starts mid-sequence, against one full forward. */
     const uint32_t T = 150, V = 53;
-    orch_model_desc m = model_of(V, 160, 2, 2, 16, 0);
+    orch_model_desc m = test_model_desc(V, 160, 2, 2, 16);
     orch_engine_ctx *ctx = make_ctx(&m, 0, 3, variants[_i]);
     fill_random_params(ctx, 12);
     ck_assert_int_eq(A->kv_configure(ctx, 16, 24), ORCH_OK);
@@ -589,16 +506,16 @@ START_TEST(test_kv_long_prefill) {
     }
     float *ref = malloc((size_t)T * V * sizeof(float));
     float *got = malloc((size_t)T * V * sizeof(float));
-    orch_seq_input s = seq_of(tok, T, 0, ta, 10, ORCH_LOGITS_ALL);
-    ck_assert_int_eq(run_batch(ctx, &s, 1, ref, (uint64_t)T * V), ORCH_OK);
-    s = seq_of(tok, 100, 0, tb, 7, ORCH_LOGITS_ALL);
-    ck_assert_int_eq(run_batch(ctx, &s, 1, got, (uint64_t)T * V), ORCH_OK);
-    s = seq_of(tok + 100, 40, 100, tb, 9, ORCH_LOGITS_ALL);
-    ck_assert_int_eq(run_batch(ctx, &s, 1, got + (size_t)100 * V, (uint64_t)40 * V),
+    orch_seq_input s = test_seq_input(tok, T, 0, ta, 10, ORCH_LOGITS_ALL);
+    ck_assert_int_eq(test_infer(A, ctx, &s, 1, ref, (uint64_t)T * V), ORCH_OK);
+    s = test_seq_input(tok, 100, 0, tb, 7, ORCH_LOGITS_ALL);
+    ck_assert_int_eq(test_infer(A, ctx, &s, 1, got, (uint64_t)T * V), ORCH_OK);
+    s = test_seq_input(tok + 100, 40, 100, tb, 9, ORCH_LOGITS_ALL);
+    ck_assert_int_eq(test_infer(A, ctx, &s, 1, got + (size_t)100 * V, (uint64_t)40 * V),
                      ORCH_OK);
     for (uint32_t k = 140; k < T; k++) {
-        s = seq_of(tok + k, 1, k, tb, 10, ORCH_LOGITS_LAST);
-        ck_assert_int_eq(run_batch(ctx, &s, 1, got + (size_t)k * V, V), ORCH_OK);
+        s = test_seq_input(tok + k, 1, k, tb, 10, ORCH_LOGITS_LAST);
+        ck_assert_int_eq(test_infer(A, ctx, &s, 1, got + (size_t)k * V, V), ORCH_OK);
     }
     double worst = 0.0;
     for (size_t i = 0; i < (size_t)T * V; i++) worst = fmax(worst, fabs((double)got[i] - ref[i]));
@@ -611,7 +528,7 @@ START_TEST(test_kv_long_prefill) {
 END_TEST
 
 START_TEST(test_kv_copy_on_write) {
-    orch_model_desc m = model_of(KV_V, KV_T, 2, 2, 16, 0);
+    orch_model_desc m = test_model_desc(KV_V, KV_T, 2, 2, 16);
     orch_engine_ctx *ctx = make_ctx(&m, 0, 3, NULL);
     fill_random_params(ctx, 8);
     ck_assert_int_eq(A->kv_configure(ctx, 4, 16), ORCH_OK);
@@ -620,24 +537,24 @@ START_TEST(test_kv_copy_on_write) {
     float la[KV_V], lb[KV_V], ra[KV_V], rb[KV_V];
     /* Prefix in blocks 0, 1 (positions 0..5), then fork: block 1 is
      * partially filled, so branch b gets a copy in block 2. */
-    orch_seq_input s0 = seq_of(prompt, 6, 0, ta, 2, ORCH_LOGITS_NONE);
-    ck_assert_int_eq(run_batch(ctx, &s0, 1, NULL, 0), ORCH_OK);
+    orch_seq_input s0 = test_seq_input(prompt, 6, 0, ta, 2, ORCH_LOGITS_NONE);
+    ck_assert_int_eq(test_infer(A, ctx, &s0, 1, NULL, 0), ORCH_OK);
     int32_t src = 1, dst = 2;
     ck_assert_int_eq(A->kv_copy_blocks(ctx, &src, &dst, 1), ORCH_OK);
-    orch_seq_input br[2] = {seq_of(&a_tok, 1, 6, ta, 2, ORCH_LOGITS_LAST),
-                            seq_of(&b_tok, 1, 6, tb, 2, ORCH_LOGITS_LAST)};
+    orch_seq_input br[2] = { test_seq_input(&a_tok, 1, 6, ta, 2, ORCH_LOGITS_LAST),
+                             test_seq_input(&b_tok, 1, 6, tb, 2, ORCH_LOGITS_LAST) };
     float both[2 * KV_V];
-    ck_assert_int_eq(run_batch(ctx, br, 2, both, 2 * KV_V), ORCH_OK);
+    ck_assert_int_eq(test_infer(A, ctx, br, 2, both, 2 * KV_V), ORCH_OK);
     memcpy(la, both, sizeof la);
     memcpy(lb, both + KV_V, sizeof lb);
     /* References: each branch as one full forward. */
     int32_t full[7], t3[2] = {4, 5};
     memcpy(full, prompt, sizeof prompt);
     full[6] = a_tok;
-    orch_seq_input fa = seq_of(full, 7, 0, t3, 2, ORCH_LOGITS_LAST);
-    ck_assert_int_eq(run_batch(ctx, &fa, 1, ra, KV_V), ORCH_OK);
+    orch_seq_input fa = test_seq_input(full, 7, 0, t3, 2, ORCH_LOGITS_LAST);
+    ck_assert_int_eq(test_infer(A, ctx, &fa, 1, ra, KV_V), ORCH_OK);
     full[6] = b_tok;
-    ck_assert_int_eq(run_batch(ctx, &fa, 1, rb, KV_V), ORCH_OK);
+    ck_assert_int_eq(test_infer(A, ctx, &fa, 1, rb, KV_V), ORCH_OK);
     for (uint32_t v = 0; v < KV_V; v++) {
         ck_assert_msg(fabsf(la[v] - ra[v]) <= 1e-5f, "branch a logit %u", v);
         ck_assert_msg(fabsf(lb[v] - rb[v]) <= 1e-5f, "branch b logit %u", v);
@@ -658,8 +575,7 @@ static void train_steps(orch_engine_ctx *ctx, int steps, float *losses) {
         targets[i] = (i * 53 + 7) % 101;
     }
     for (int s = 0; s < steps; s++) {
-        orch_adamw_params p = {sizeof p, 0, (uint64_t)s + 1, 3e-3f, 0.9f, 0.95f,
-                               1e-8f, 0.1f, 1.0f};
+        orch_adamw_params p = test_adamw((uint64_t)s + 1, 3e-3f, 0.1f, 1.0f);
         ck_assert_int_eq(A->grads_zero(ctx), ORCH_OK);
         ck_assert_int_eq(A->forward_backward(ctx, tokens, targets, 3, 16, 0.5f,
                                              &losses[2 * s]), ORCH_OK);
@@ -671,7 +587,7 @@ static void train_steps(orch_engine_ctx *ctx, int steps, float *losses) {
 
 START_TEST(test_determinism) {
     static const uint32_t threads[] = {1, 2, 3};
-    orch_model_desc m = model_of(101, 32, 2, 4, 32, 0);
+    orch_model_desc m = test_model_desc(101, 32, 2, 4, 32);
     for (int t = 0; t < 3; t++) {
         orch_engine_ctx *a = make_ctx(&m, threads[t], 42, NULL);
         orch_engine_ctx *b = make_ctx(&m, threads[t], 42, NULL);
@@ -698,7 +614,7 @@ START_TEST(test_determinism) {
 END_TEST
 
 START_TEST(test_init_and_table) {
-    orch_model_desc m = model_of(101, 32, 3, 4, 32, 0);
+    orch_model_desc m = test_model_desc(101, 32, 3, 4, 32);
     orch_engine_ctx *a = make_ctx(&m, 2, 42, NULL);
     orch_engine_ctx *b = make_ctx(&m, 3, 42, NULL);
     orch_engine_ctx *c = make_ctx(&m, 2, 43, NULL);
@@ -707,11 +623,12 @@ START_TEST(test_init_and_table) {
     ck_assert_msg(memcmp(pa, pb, n * sizeof(float)) == 0,
                   "initialisation must not depend on the thread count");
     ck_assert_msg(memcmp(pa, pc, n * sizeof(float)) != 0, "seeds must matter");
-    uint32_t nt = n_tensors(a);
-    ck_assert_uint_eq(nt, 4 + 12 * 3);
+    test_table t;
+    test_read_table(A, a, ORCH_TENSOR_PARAM, &t);
+    ck_assert_uint_eq(t.n, 4 + 12 * 3);
     uint64_t off = 0;
-    for (uint32_t i = 0; i < nt; i++) {
-        orch_tensor_info ti = info_of(a, i);
+    for (uint32_t i = 0; i < t.n; i++) {
+        const orch_tensor_info ti = t.info[i];
         ck_assert_uint_eq(ti.offset, off);
         off += ti.numel;
         ck_assert_uint_eq(ti.dtype, ORCH_DTYPE_F32);
@@ -759,7 +676,7 @@ START_TEST(test_init_and_table) {
 END_TEST
 
 START_TEST(test_accumulation_and_flat_grads) {
-    orch_model_desc m = model_of(101, 32, 2, 4, 32, 0);
+    orch_model_desc m = test_model_desc(101, 32, 2, 4, 32);
     orch_engine_ctx *ctx = make_ctx(&m, 0, 9, NULL);
     fill_random_params(ctx, 3);
     int32_t tokens[32], targets[32];
@@ -822,14 +739,14 @@ END_TEST
     } while (0)
 
 START_TEST(test_bad_create) {
-    orch_model_desc m = model_of(50, 16, 1, 3, 16, 0); /* 3 does not divide 16 */
+    orch_model_desc m = test_model_desc(50, 16, 1, 3, 16); /* 3 does not divide 16 */
     orch_engine_options o = {sizeof o, 1, 1, NULL};
     orch_engine_ctx *ctx = NULL;
     char err[256] = "";
     ck_assert_int_eq(A->context_create(&m, &o, &ctx, err, sizeof err),
                      ORCH_ERR_INVALID_ARGUMENT);
     ck_assert(ctx == NULL && err[0]);
-    m = model_of(50, 16, 1, 2, 16, 0);
+    m = test_model_desc(50, 16, 1, 2, 16);
     m.arch = ORCH_ARCH_LLAMA;
     err[0] = 0;
     ck_assert_int_eq(A->context_create(&m, &o, &ctx, err, sizeof err),
@@ -858,9 +775,11 @@ START_TEST(test_bad_create) {
 END_TEST
 
 START_TEST(test_bad_calls) {
-    orch_model_desc m = model_of(50, 16, 1, 2, 16, 0);
+    orch_model_desc m = test_model_desc(50, 16, 1, 2, 16);
     orch_engine_ctx *ctx = make_ctx(&m, 2, 1, "max_batch_tokens=20");
-    uint64_t n = total_params(ctx);
+    test_table t;
+    test_read_table(A, ctx, ORCH_TENSOR_PARAM, &t);
+    const uint64_t n = t.total;
     float *buf = calloc(n, sizeof(float));
     float loss;
     orch_tensor_info ti;
@@ -892,7 +811,7 @@ START_TEST(test_bad_calls) {
                ORCH_ERR_INVALID_ARGUMENT);
     EXPECT_ERR(ctx, A->eval_loss(ctx, badtok, tgt, 1, 8, &loss),
                ORCH_ERR_INVALID_ARGUMENT);
-    orch_adamw_params p = {sizeof p, 0, 0, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, 1.0f};
+    orch_adamw_params p = test_adamw(0, 1e-3f, 0.0f, 1.0f);
     EXPECT_ERR(ctx, A->optimizer_step(ctx, &p, NULL), ORCH_ERR_INVALID_ARGUMENT);
     p.step = 1;
     p.beta1 = 1.0f;
@@ -914,44 +833,44 @@ START_TEST(test_bad_calls) {
     /* Inference. */
     float logits[4 * 50];
     int32_t table[4] = {0, 1, 2, 3};
-    orch_seq_input s = seq_of(tok, 4, 0, table, 1, ORCH_LOGITS_LAST);
-    EXPECT_ERR(ctx, run_batch(ctx, &s, 1, logits, 50), ORCH_ERR_STATE);
+    orch_seq_input s = test_seq_input(tok, 4, 0, table, 1, ORCH_LOGITS_LAST);
+    EXPECT_ERR(ctx, test_infer(A, ctx, &s, 1, logits, 50), ORCH_ERR_STATE);
     EXPECT_ERR(ctx, A->kv_configure(ctx, 0, 4), ORCH_ERR_INVALID_ARGUMENT);
     ck_assert_int_eq(A->kv_configure(ctx, 4, 4), ORCH_OK);
-    ck_assert_int_eq(run_batch(ctx, &s, 1, logits, 50), ORCH_OK);
-    s = seq_of(badtok, 4, 0, table, 1, ORCH_LOGITS_LAST);
-    EXPECT_ERR(ctx, run_batch(ctx, &s, 1, logits, 50), ORCH_ERR_INVALID_ARGUMENT);
-    s = seq_of(tok, 4, 14, table, 4, ORCH_LOGITS_LAST); /* past context 16 */
-    EXPECT_ERR(ctx, run_batch(ctx, &s, 1, logits, 50), ORCH_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(test_infer(A, ctx, &s, 1, logits, 50), ORCH_OK);
+    s = test_seq_input(badtok, 4, 0, table, 1, ORCH_LOGITS_LAST);
+    EXPECT_ERR(ctx, test_infer(A, ctx, &s, 1, logits, 50), ORCH_ERR_INVALID_ARGUMENT);
+    s = test_seq_input(tok, 4, 14, table, 4, ORCH_LOGITS_LAST); /* past context 16 */
+    EXPECT_ERR(ctx, test_infer(A, ctx, &s, 1, logits, 50), ORCH_ERR_INVALID_ARGUMENT);
     int32_t outside[2] = {0, 4};
-    s = seq_of(tok, 8, 0, outside, 2, ORCH_LOGITS_LAST);
-    EXPECT_ERR(ctx, run_batch(ctx, &s, 1, logits, 50), ORCH_ERR_INVALID_ARGUMENT);
-    s = seq_of(tok, 8, 0, table, 1, ORCH_LOGITS_LAST); /* too few blocks */
-    EXPECT_ERR(ctx, run_batch(ctx, &s, 1, logits, 50), ORCH_ERR_INVALID_ARGUMENT);
-    s = seq_of(tok, 4, 0, table, 1, ORCH_LOGITS_ALL); /* 4 rows, room for 3 */
-    EXPECT_ERR(ctx, run_batch(ctx, &s, 1, logits, 150), ORCH_ERR_CAPACITY);
-    s = seq_of(tok, 4, 0, table, 1, ORCH_LOGITS_LAST);
-    EXPECT_ERR(ctx, run_batch(ctx, &s, 1, NULL, 50), ORCH_ERR_INVALID_ARGUMENT);
+    s = test_seq_input(tok, 8, 0, outside, 2, ORCH_LOGITS_LAST);
+    EXPECT_ERR(ctx, test_infer(A, ctx, &s, 1, logits, 50), ORCH_ERR_INVALID_ARGUMENT);
+    s = test_seq_input(tok, 8, 0, table, 1, ORCH_LOGITS_LAST); /* too few blocks */
+    EXPECT_ERR(ctx, test_infer(A, ctx, &s, 1, logits, 50), ORCH_ERR_INVALID_ARGUMENT);
+    s = test_seq_input(tok, 4, 0, table, 1, ORCH_LOGITS_ALL); /* 4 rows, room for 3 */
+    EXPECT_ERR(ctx, test_infer(A, ctx, &s, 1, logits, 150), ORCH_ERR_CAPACITY);
+    s = test_seq_input(tok, 4, 0, table, 1, ORCH_LOGITS_LAST);
+    EXPECT_ERR(ctx, test_infer(A, ctx, &s, 1, NULL, 50), ORCH_ERR_INVALID_ARGUMENT);
     s.logits_mode = 9;
-    EXPECT_ERR(ctx, run_batch(ctx, &s, 1, logits, 50), ORCH_ERR_INVALID_ARGUMENT);
+    EXPECT_ERR(ctx, test_infer(A, ctx, &s, 1, logits, 50), ORCH_ERR_INVALID_ARGUMENT);
     s.logits_mode = ORCH_LOGITS_LAST;
     s.adapter_id = 1;
-    EXPECT_ERR(ctx, run_batch(ctx, &s, 1, logits, 50), ORCH_ERR_INVALID_ARGUMENT);
+    EXPECT_ERR(ctx, test_infer(A, ctx, &s, 1, logits, 50), ORCH_ERR_INVALID_ARGUMENT);
     /* Over max_batch_tokens (20): 3 sequences of 8. */
     int32_t t1[2] = {0, 1}, t2[2] = {2, 3}, t3[2] = {0, 1};
-    orch_seq_input three[3] = {seq_of(tok, 8, 0, t1, 2, ORCH_LOGITS_NONE),
-                               seq_of(tok, 8, 0, t2, 2, ORCH_LOGITS_NONE),
-                               seq_of(tok, 8, 0, t3, 2, ORCH_LOGITS_NONE)};
-    EXPECT_ERR(ctx, run_batch(ctx, three, 3, logits, 200), ORCH_ERR_CAPACITY);
+    orch_seq_input three[3] = { test_seq_input(tok, 8, 0, t1, 2, ORCH_LOGITS_NONE),
+                                test_seq_input(tok, 8, 0, t2, 2, ORCH_LOGITS_NONE),
+                                test_seq_input(tok, 8, 0, t3, 2, ORCH_LOGITS_NONE) };
+    EXPECT_ERR(ctx, test_infer(A, ctx, three, 3, logits, 200), ORCH_ERR_CAPACITY);
     /* A block written by one sequence and read by another. */
     int32_t wa[1] = {0}, wb[2] = {0, 2};
-    orch_seq_input pair[2] = {seq_of(tok, 4, 0, wa, 1, ORCH_LOGITS_NONE),
-                              seq_of(tok + 4, 1, 4, wb, 2, ORCH_LOGITS_LAST)};
-    EXPECT_ERR(ctx, run_batch(ctx, pair, 2, logits, 50), ORCH_ERR_INVALID_ARGUMENT);
+    orch_seq_input pair[2] = { test_seq_input(tok, 4, 0, wa, 1, ORCH_LOGITS_NONE),
+                               test_seq_input(tok + 4, 1, 4, wb, 2, ORCH_LOGITS_LAST) };
+    EXPECT_ERR(ctx, test_infer(A, ctx, pair, 2, logits, 50), ORCH_ERR_INVALID_ARGUMENT);
     /* Reading a position never written. */
     ck_assert_int_eq(A->kv_configure(ctx, 4, 4), ORCH_OK);
-    s = seq_of(tok, 1, 5, t1, 2, ORCH_LOGITS_LAST);
-    EXPECT_ERR(ctx, run_batch(ctx, &s, 1, logits, 50), ORCH_ERR_STATE);
+    s = test_seq_input(tok, 1, 5, t1, 2, ORCH_LOGITS_LAST);
+    EXPECT_ERR(ctx, test_infer(A, ctx, &s, 1, logits, 50), ORCH_ERR_STATE);
     int32_t src[2] = {0, 1}, dst[2] = {1, 2}, far[1] = {9};
     EXPECT_ERR(ctx, A->kv_copy_blocks(ctx, src, dst, 2), ORCH_ERR_INVALID_ARGUMENT);
     EXPECT_ERR(ctx, A->kv_copy_blocks(ctx, src, far, 1), ORCH_ERR_INVALID_ARGUMENT);
@@ -960,8 +879,8 @@ START_TEST(test_bad_calls) {
     ck_assert_int_eq(A->kv_block_bytes(ctx, 16, &bb), ORCH_OK);
     ck_assert_uint_ge(bb, 16u * 2 * 16 * 4);
     /* After all that the context still works. */
-    s = seq_of(tok, 4, 0, table, 1, ORCH_LOGITS_LAST);
-    ck_assert_int_eq(run_batch(ctx, &s, 1, logits, 50), ORCH_OK);
+    s = test_seq_input(tok, 4, 0, table, 1, ORCH_LOGITS_LAST);
+    ck_assert_int_eq(test_infer(A, ctx, &s, 1, logits, 50), ORCH_OK);
     ck_assert_int_eq(A->forward_backward(ctx, tok, tgt, 1, 8, 1.0f, &loss), ORCH_OK);
     ck_assert(isfinite(loss));
     free(buf);
@@ -976,7 +895,7 @@ END_TEST
 
 START_TEST(test_bench_formula) {
     /* GPT-2 124M: 124,439,808 parameters, 786,432 of them in wpe. */
-    orch_model_desc m = model_of(50257, 1024, 12, 12, 768, 3072);
+    orch_model_desc m = test_model_desc(50257, 1024, 12, 12, 768);
     uint64_t all = 0, no_wpe = 0;
     double f = bench_train_flops_per_token(&m, 64, &all, &no_wpe);
     ck_assert_uint_eq(all, 124439808u);
@@ -986,7 +905,7 @@ START_TEST(test_bench_formula) {
 END_TEST
 
 START_TEST(test_bench_runs) {
-    orch_model_desc m = model_of(97, 64, 2, 2, 32, 0);
+    orch_model_desc m = test_model_desc(97, 64, 2, 2, 32);
     char err[512];
     bench_train_opts to = {2, 16, 2, 1, 2, 1, NULL};
     bench_train_result tr;
@@ -1046,11 +965,4 @@ static Suite *suite(void) {
     return s;
 }
 
-int main(void) {
-    if (!getenv("ORCH_ENGINE_PATH")) setenv("ORCH_ENGINE_PATH", "build", 1);
-    SRunner *sr = srunner_create(suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
-}
+int main(void) { return test_run_suite(suite()); }

@@ -35,6 +35,7 @@
 
 #include "engine_api/orch_engine.h"
 #include "orchestrator/core/engine_loader.h"
+#include "tests/test_util.h"
 
 /* the tiny model: odd sizes everywhere to catch index mistakes */
 #define V 67u
@@ -52,23 +53,9 @@ static engine_handle gpu, cpu;
 /* Helpers                                                                    */
 /* ------------------------------------------------------------------------- */
 
-static orch_model_desc tiny_model(void) {
-    orch_model_desc m;
-    memset(&m, 0, sizeof m);
-    m.struct_size = sizeof m;
-    m.arch = ORCH_ARCH_GPT2;
-    m.vocab_size = V;
-    m.context = CTX;
-    m.layers = NL;
-    m.heads = NH;
-    m.width = C;
-    m.mlp_width = M;
-    m.layernorm_eps = 1e-5f;
-    return m;
-}
-
 static orch_engine_ctx *make_ctx(const engine_handle *h, const char *options) {
-    orch_model_desc m = tiny_model();
+    orch_model_desc m = test_model_desc(V, CTX, NL, NH, C);
+    m.mlp_width = M;
     orch_engine_ctx *ctx = NULL;
     char err[1024];
     int rc = engine_create_context(h, &m, 2, SEED, options, &ctx, err, sizeof err);
@@ -85,39 +72,23 @@ static orch_engine_ctx *make_ctx(const engine_handle *h, const char *options) {
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
 static double urand(void) { /* [0,1) */
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (double)(rng >> 11) / 9007199254740992.0;
+    return (double)(test_xorshift64(&rng) >> 11) / 9007199254740992.0;
 }
 static float frand(float lo, float hi) { return lo + (hi - lo) * (float)urand(); }
 
-typedef struct table {
-    uint32_t n;
-    orch_tensor_info t[NT];
-    uint64_t total;
-} table;
-
-static void read_table(const engine_handle *h, orch_engine_ctx *ctx, table *tb) {
-    CHECK_OK(h, ctx, h->api->tensor_count(ctx, ORCH_TENSOR_PARAM, &tb->n));
+static void read_table(const engine_handle *h, orch_engine_ctx *ctx, test_table *tb) {
+    test_read_table(h->api, ctx, ORCH_TENSOR_PARAM, tb);
     ck_assert_uint_eq(tb->n, NT);
-    tb->total = 0;
-    for (uint32_t i = 0; i < NT; i++) {
-        memset(&tb->t[i], 0, sizeof tb->t[i]);
-        tb->t[i].struct_size = sizeof tb->t[i];
-        CHECK_OK(h, ctx, h->api->tensor_info(ctx, ORCH_TENSOR_PARAM, i, &tb->t[i]));
-        tb->total += tb->t[i].numel;
-    }
 }
 
 /* Deterministic weights: matrices U(-0.15,0.15), LayerNorm weights around 1,
  * biases small but non-zero (so every bias gradient path is exercised). */
-static float *make_weights(const table *tb) {
+static float *make_weights(const test_table *tb) {
     float *w = malloc(tb->total * sizeof(float));
     ck_assert_ptr_nonnull(w);
     rng = 0x1234567ull;
     for (uint32_t i = 0; i < NT; i++) {
-        const orch_tensor_info *t = &tb->t[i];
+        const orch_tensor_info *t = &tb->info[i];
         float *p = w + t->offset;
         int is_ln_w = strstr(t->name, "ln_") && strstr(t->name, ".weight");
         for (uint64_t k = 0; k < t->numel; k++) {
@@ -129,34 +100,10 @@ static float *make_weights(const table *tb) {
     return w;
 }
 
-static void write_kind(const engine_handle *h, orch_engine_ctx *ctx, uint32_t kind,
-                       const table *tb, const float *all) {
-    for (uint32_t i = 0; i < NT; i++)
-        CHECK_OK(h, ctx, h->api->tensor_write(ctx, kind, i, all + tb->t[i].offset,
-                                              tb->t[i].numel * sizeof(float)));
-}
-
-static float *read_kind(const engine_handle *h, orch_engine_ctx *ctx, uint32_t kind,
-                        const table *tb) {
-    float *all = malloc(tb->total * sizeof(float));
-    ck_assert_ptr_nonnull(all);
-    for (uint32_t i = 0; i < NT; i++)
-        CHECK_OK(h, ctx, h->api->tensor_read(ctx, kind, i, all + tb->t[i].offset,
-                                             tb->t[i].numel * sizeof(float)));
-    return all;
-}
-
-static float *read_grads(const engine_handle *h, orch_engine_ctx *ctx, const table *tb) {
-    float *g = malloc(tb->total * sizeof(float));
-    ck_assert_ptr_nonnull(g);
-    CHECK_OK(h, ctx, h->api->grads_read(ctx, 0, tb->total, g));
-    return g;
-}
-
 /* A pair of contexts (CUDA, CPU) holding the same weights. */
 typedef struct pair {
     orch_engine_ctx *g, *c;
-    table tb;
+    test_table tb;
     float *w;
 } pair;
 
@@ -165,8 +112,8 @@ static void pair_open(pair *p, const char *gpu_options) {
     p->c = make_ctx(&cpu, NULL);
     read_table(&cpu, p->c, &p->tb);
     p->w = make_weights(&p->tb);
-    write_kind(&gpu, p->g, ORCH_TENSOR_PARAM, &p->tb, p->w);
-    write_kind(&cpu, p->c, ORCH_TENSOR_PARAM, &p->tb, p->w);
+    test_write_kind(gpu.api, p->g, ORCH_TENSOR_PARAM, &p->tb, p->w);
+    test_write_kind(cpu.api, p->c, ORCH_TENSOR_PARAM, &p->tb, p->w);
 }
 
 static void pair_close(pair *p) {
@@ -185,50 +132,22 @@ static void make_batch(uint32_t B, uint32_t T, uint64_t seed, int32_t *tok, int3
     }
 }
 
-static double max_abs(const float *a, uint64_t n) {
-    double m = 0.0;
-    for (uint64_t i = 0; i < n; i++) m = fmax(m, fabs((double)a[i]));
-    return m;
-}
-static double max_diff(const float *a, const float *b, uint64_t n) {
-    double m = 0.0;
-    for (uint64_t i = 0; i < n; i++) {
-        double d = fabs((double)a[i] - (double)b[i]);
-        if (d != d) return INFINITY;
-        m = fmax(m, d);
-    }
-    return m;
-}
-
 /* Every tensor of `got` within rel (max-norm) of `want`. */
-static void expect_tensors_close(const table *tb, const float *got, const float *want,
-                                 double rel, const char *what) {
+static void expect_tensors_close(const test_table *tb, const float *got,
+                                 const float *want, double rel, const char *what) {
     for (uint32_t i = 0; i < NT; i++) {
-        const orch_tensor_info *t = &tb->t[i];
-        double scale = max_abs(want + t->offset, t->numel);
-        double d = max_diff(got + t->offset, want + t->offset, t->numel);
+        const orch_tensor_info *t = &tb->info[i];
+        double scale = test_max_abs(want + t->offset, t->numel);
+        double d = test_max_diff(got + t->offset, want + t->offset, t->numel);
         ck_assert_msg(d <= rel * scale + 1e-7,
                       "%s: %s differs by %g (max |ref| %g, allowed rel %g)", what, t->name,
                       d, scale, rel);
     }
 }
 
-static int close_rel(double a, double b, double rel) {
-    return fabs(a - b) <= rel * fmax(fabs(a), fabs(b)) + 1e-7;
-}
-
 static orch_adamw_params adamw(uint64_t step) {
-    orch_adamw_params p;
-    memset(&p, 0, sizeof p);
-    p.struct_size = sizeof p;
-    p.step = step;
-    p.lr = 3e-3f;
-    p.beta1 = 0.9f;
-    p.beta2 = 0.95f;
-    p.eps = 1e-8f;
-    p.weight_decay = 0.1f;
-    p.grad_clip = 0.5f; /* small enough to clip in the first steps */
-    return p;
+    return test_adamw(step, 3e-3f, 0.1f,
+                      0.5f); /* clip small enough for the first steps */
 }
 
 /* One training step (zero, forward+backward, AdamW); returns the loss. */
@@ -247,30 +166,6 @@ static float train_step(const engine_handle *h, orch_engine_ctx *ctx, const int3
 /* Inference helpers                                                          */
 /* ------------------------------------------------------------------------- */
 
-static orch_seq_input seq_in(const int32_t *tok, uint32_t n, uint32_t start,
-                             const int32_t *table, uint32_t n_blocks, uint32_t mode) {
-    orch_seq_input s;
-    memset(&s, 0, sizeof s);
-    s.tokens = tok;
-    s.n_tokens = n;
-    s.start_pos = start;
-    s.block_table = table;
-    s.n_blocks = n_blocks;
-    s.logits_mode = mode;
-    return s;
-}
-
-static int32_t infer(const engine_handle *h, orch_engine_ctx *ctx, const orch_seq_input *s,
-                     uint32_t n, float *logits, uint64_t cap) {
-    orch_infer_batch b;
-    memset(&b, 0, sizeof b);
-    b.struct_size = sizeof b;
-    b.n_seqs = n;
-    b.seq_stride = sizeof(orch_seq_input);
-    b.seqs = s;
-    return h->api->infer_forward(ctx, &b, logits, cap);
-}
-
 /* Logits of every position of one sequence in one call (blocks 0..). */
 static float *full_forward(const engine_handle *h, orch_engine_ctx *ctx, const int32_t *tok,
                            uint32_t n, uint32_t bs) {
@@ -278,8 +173,9 @@ static float *full_forward(const engine_handle *h, orch_engine_ctx *ctx, const i
     for (uint32_t i = 0; i < CTX; i++) table[i] = (int32_t)i;
     float *out = malloc((size_t)n * V * sizeof(float));
     ck_assert_ptr_nonnull(out);
-    orch_seq_input s = seq_in(tok, n, 0, table, (n + bs - 1) / bs, ORCH_LOGITS_ALL);
-    CHECK_OK(h, ctx, infer(h, ctx, &s, 1, out, (uint64_t)n * V));
+    orch_seq_input s =
+        test_seq_input(tok, n, 0, table, (n + bs - 1) / bs, ORCH_LOGITS_ALL);
+    CHECK_OK(h, ctx, test_infer(h->api, ctx, &s, 1, out, (uint64_t)n * V));
     return out;
 }
 
@@ -289,12 +185,12 @@ static float *full_forward(const engine_handle *h, orch_engine_ctx *ctx, const i
 
 START_TEST(test_tables_match) {
     orch_engine_ctx *g = make_ctx(&gpu, NULL), *c = make_ctx(&cpu, NULL);
-    table tg, tc;
+    test_table tg, tc;
     read_table(&gpu, g, &tg);
     read_table(&cpu, c, &tc);
     ck_assert_uint_eq(tg.total, tc.total);
     for (uint32_t i = 0; i < NT; i++) {
-        const orch_tensor_info *a = &tg.t[i], *b = &tc.t[i];
+        const orch_tensor_info *a = &tg.info[i], *b = &tc.info[i];
         ck_assert_str_eq(a->name, b->name);
         ck_assert_uint_eq(a->ndim, b->ndim);
         ck_assert_uint_eq(a->shape[0], b->shape[0]);
@@ -315,12 +211,12 @@ START_TEST(test_tables_match) {
             ck_assert_uint_eq(o.numel, a->numel);
         }
     }
-    ck_assert_str_eq(tg.t[0].name, "wte.weight");
-    ck_assert_str_eq(tg.t[NT - 1].name, "ln_f.bias");
+    ck_assert_str_eq(tg.info[0].name, "wte.weight");
+    ck_assert_str_eq(tg.info[NT - 1].name, "ln_f.bias");
     /* The engine's own initialisation follows the ABI rule. */
-    float *p = read_kind(&gpu, g, ORCH_TENSOR_PARAM, &tg);
+    float *p = test_read_kind(gpu.api, g, ORCH_TENSOR_PARAM, &tg);
     for (uint32_t i = 0; i < NT; i++) {
-        const orch_tensor_info *t = &tg.t[i];
+        const orch_tensor_info *t = &tg.info[i];
         const float *x = p + t->offset;
         double s = 0, s2 = 0;
         for (uint64_t k = 0; k < t->numel; k++) {
@@ -341,7 +237,7 @@ START_TEST(test_tables_match) {
         }
     }
     /* ... and draws the same numbers as the CPU engine for the same seed. */
-    float *pc = read_kind(&cpu, c, ORCH_TENSOR_PARAM, &tc);
+    float *pc = test_read_kind(cpu.api, c, ORCH_TENSOR_PARAM, &tc);
     expect_tensors_close(&tg, p, pc, 1e-6, "initialisation vs the CPU engine (same seed)");
     free(pc);
     free(p);
@@ -361,23 +257,23 @@ START_TEST(test_logits_parity) {
     for (int i = 0; i < 29; i++) ta[i] = (int32_t)(urand() * V);
     for (uint32_t i = 0; i < CTX; i++) tb[i] = (int32_t)(urand() * V);
     int32_t bt_a[2] = {3, 0}, bt_b[3] = {5, 1, 9};
-    orch_seq_input s[2] = {seq_in(ta, 29, 0, bt_a, 2, ORCH_LOGITS_ALL),
-                           seq_in(tb, CTX, 0, bt_b, 3, ORCH_LOGITS_ALL)};
+    orch_seq_input s[2] = { test_seq_input(ta, 29, 0, bt_a, 2, ORCH_LOGITS_ALL),
+                            test_seq_input(tb, CTX, 0, bt_b, 3, ORCH_LOGITS_ALL) };
     uint64_t n = (uint64_t)(29 + CTX) * V;
     float *lg = malloc(n * sizeof(float)), *lc = malloc(n * sizeof(float));
-    CHECK_OK(&gpu, p.g, infer(&gpu, p.g, s, 2, lg, n));
-    CHECK_OK(&cpu, p.c, infer(&cpu, p.c, s, 2, lc, n));
-    double d = max_diff(lg, lc, n);
-    ck_assert_msg(d <= 1e-3, "logits differ from the CPU engine by %g (max |logit| %g)", d,
-                  max_abs(lc, n));
-    ck_assert_msg(max_abs(lc, n) > 0.1, "degenerate logits");
+    CHECK_OK(&gpu, p.g, test_infer(gpu.api, p.g, s, 2, lg, n));
+    CHECK_OK(&cpu, p.c, test_infer(cpu.api, p.c, s, 2, lc, n));
+    double d = test_max_diff(lg, lc, n);
+    ck_assert_msg(d <= 1e-3, "logits differ from the CPU engine by %g (max |logit| %g)",
+                  d, test_max_abs(lc, n));
+    ck_assert_msg(test_max_abs(lc, n) > 0.1, "degenerate logits");
 
     int32_t tok[3 * 21], tgt[3 * 21];
     make_batch(3, 21, 5, tok, tgt);
     float eg = NAN, ec = NAN;
     CHECK_OK(&gpu, p.g, gpu.api->eval_loss(p.g, tok, tgt, 3, 21, &eg));
     CHECK_OK(&cpu, p.c, cpu.api->eval_loss(p.c, tok, tgt, 3, 21, &ec));
-    ck_assert_msg(close_rel(eg, ec, 1e-4), "eval loss %.7f vs CPU %.7f", eg, ec);
+    ck_assert_msg(test_close(eg, ec, 1e-4, 1e-7), "eval loss %.7f vs CPU %.7f", eg, ec);
     free(lg);
     free(lc);
     pair_close(&p);
@@ -395,12 +291,13 @@ START_TEST(test_grad_parity) {
     CHECK_OK(&cpu, p.c, cpu.api->grads_zero(p.c));
     CHECK_OK(&gpu, p.g, gpu.api->forward_backward(p.g, tok, tgt, B, T, 0.5f, &lg));
     CHECK_OK(&cpu, p.c, cpu.api->forward_backward(p.c, tok, tgt, B, T, 0.5f, &lc));
-    ck_assert_msg(close_rel(lg, lc, 1e-4), "loss %.7f vs CPU %.7f", lg, lc);
-    float *gg = read_grads(&gpu, p.g, &p.tb), *gc = read_grads(&cpu, p.c, &p.tb);
+    ck_assert_msg(test_close(lg, lc, 1e-4, 1e-7), "loss %.7f vs CPU %.7f", lg, lc);
+    float *gg = test_read_grads(gpu.api, p.g, p.tb.total);
+    float *gc = test_read_grads(cpu.api, p.c, p.tb.total);
     for (uint32_t i = 0; i < NT; i++)
-        ck_assert_msg(max_abs(gc + p.tb.t[i].offset, p.tb.t[i].numel) > 0 ||
-                          strcmp(p.tb.t[i].name, "wpe.weight") == 0,
-                      "%s: zero gradient on the CPU engine", p.tb.t[i].name);
+        ck_assert_msg(test_max_abs(gc + p.tb.info[i].offset, p.tb.info[i].numel) > 0 ||
+                          strcmp(p.tb.info[i].name, "wpe.weight") == 0,
+                      "%s: zero gradient on the CPU engine", p.tb.info[i].name);
     expect_tensors_close(&p.tb, gg, gc, 1e-3, "gradient after one backward");
     free(gg);
     free(gc);
@@ -410,24 +307,24 @@ START_TEST(test_grad_parity) {
     make_batch(2, 9, 12, tok2, tgt2);
     CHECK_OK(&gpu, p.g, gpu.api->forward_backward(p.g, tok2, tgt2, 2, 9, 0.5f, &lg));
     CHECK_OK(&cpu, p.c, cpu.api->forward_backward(p.c, tok2, tgt2, 2, 9, 0.5f, &lc));
-    ck_assert_msg(close_rel(lg, lc, 1e-4), "second loss %.7f vs CPU %.7f", lg, lc);
-    gg = read_grads(&gpu, p.g, &p.tb);
-    gc = read_grads(&cpu, p.c, &p.tb);
+    ck_assert_msg(test_close(lg, lc, 1e-4, 1e-7), "second loss %.7f vs CPU %.7f", lg, lc);
+    gg = test_read_grads(gpu.api, p.g, p.tb.total);
+    gc = test_read_grads(cpu.api, p.c, p.tb.total);
     expect_tensors_close(&p.tb, gg, gc, 1e-3, "gradient after two accumulated backwards");
 
     /* grads_write / grads_read round trip at an offset. */
     float probe[5] = {1.5f, -2.0f, 0.25f, 8.0f, -0.125f}, back[5];
-    uint64_t off = p.tb.t[3].offset + 2;
+    uint64_t off = p.tb.info[3].offset + 2;
     CHECK_OK(&gpu, p.g, gpu.api->grads_write(p.g, off, 5, probe));
     CHECK_OK(&gpu, p.g, gpu.api->grads_read(p.g, off, 5, back));
     ck_assert(memcmp(probe, back, sizeof probe) == 0);
     /* All targets ignored: loss 0 and no gradient change. */
     int32_t none[2 * 9];
     for (int i = 0; i < 18; i++) none[i] = -1;
-    float *before = read_grads(&gpu, p.g, &p.tb);
+    float *before = test_read_grads(gpu.api, p.g, p.tb.total);
     CHECK_OK(&gpu, p.g, gpu.api->forward_backward(p.g, tok2, none, 2, 9, 1.0f, &lg));
     ck_assert(lg == 0.0f);
-    float *after = read_grads(&gpu, p.g, &p.tb);
+    float *after = test_read_grads(gpu.api, p.g, p.tb.total);
     ck_assert(memcmp(before, after, p.tb.total * sizeof(float)) == 0);
     free(before);
     free(after);
@@ -450,14 +347,16 @@ START_TEST(test_adamw_parity) {
         float lc = train_step(&cpu, p.c, tok, tgt, B, T, step, &nc);
         ck_assert_msg(fabsf(lg - lc) <= 1e-3f, "step %llu: loss %.6f vs CPU %.6f",
                       (unsigned long long)step, lg, lc);
-        ck_assert_msg(close_rel(ng, nc, 1e-3), "step %llu: grad norm %.6f vs CPU %.6f",
-                      (unsigned long long)step, ng, nc);
+        ck_assert_msg(test_close(ng, nc, 1e-3, 1e-7),
+                      "step %llu: grad norm %.6f vs CPU %.6f", (unsigned long long)step,
+                      ng, nc);
         if (step == 1) first = lg;
         last = lg;
     }
     ck_assert_msg(last < first, "loss did not fall: %.4f -> %.4f", first, last);
     /* clipped gradients were written back, as on the CPU engine */
-    float *gg = read_grads(&gpu, p.g, &p.tb), *gc = read_grads(&cpu, p.c, &p.tb);
+    float *gg = test_read_grads(gpu.api, p.g, p.tb.total);
+    float *gc = test_read_grads(cpu.api, p.c, p.tb.total);
     expect_tensors_close(&p.tb, gg, gc, 2e-3, "clipped gradients after step 10");
     /* Parameters get a looser bound: AdamW turns rounding noise in gradients
      * that are zero in exact arithmetic (the key bias of attention: softmax
@@ -466,13 +365,14 @@ START_TEST(test_adamw_parity) {
     const char *what[3] = {"params after 10 steps", "adam m after 10 steps",
                            "adam v after 10 steps"};
     for (uint32_t k = ORCH_TENSOR_PARAM; k <= ORCH_TENSOR_ADAM_V; k++) {
-        float *a = read_kind(&gpu, p.g, k, &p.tb), *b = read_kind(&cpu, p.c, k, &p.tb);
+        float *a = test_read_kind(gpu.api, p.g, k, &p.tb);
+        float *b = test_read_kind(cpu.api, p.c, k, &p.tb);
         expect_tensors_close(&p.tb, a, b, tol[k], what[k]);
         free(a);
         free(b);
     }
     /* A non-finite gradient norm changes nothing. */
-    float *w0 = read_kind(&gpu, p.g, ORCH_TENSOR_PARAM, &p.tb);
+    float *w0 = test_read_kind(gpu.api, p.g, ORCH_TENSOR_PARAM, &p.tb);
     float inf = INFINITY;
     CHECK_OK(&gpu, p.g, gpu.api->grads_write(p.g, 7, 1, &inf));
     orch_adamw_params ap = adamw(11);
@@ -480,7 +380,7 @@ START_TEST(test_adamw_parity) {
     ck_assert_int_eq(gpu.api->optimizer_step(p.g, &ap, &norm), ORCH_ERR_NUMERIC);
     ck_assert(norm == 123.0f);
     ck_assert(gpu.api->last_error(p.g)[0] != '\0');
-    float *w1 = read_kind(&gpu, p.g, ORCH_TENSOR_PARAM, &p.tb);
+    float *w1 = test_read_kind(gpu.api, p.g, ORCH_TENSOR_PARAM, &p.tb);
     ck_assert(memcmp(w0, w1, p.tb.total * sizeof(float)) == 0);
     free(w0);
     free(w1);
@@ -535,14 +435,15 @@ static void run_decode(const engine_handle *h, orch_engine_ctx *ctx,
             if (cnt == 0) continue;
             /* the table covers exactly what this step needs */
             uint32_t nb = (done[s] + cnt + KV_BS - 1) / KV_BS;
-            in[n] = seq_in(tok[s] + done[s], cnt, done[s], tables[s], nb, mode);
+            in[n] = test_seq_input(tok[s] + done[s], cnt, done[s], tables[s], nb, mode);
             which[n] = s;
             modes[n] = mode;
             counts[n] = cnt;
             n++;
         }
         if (n == 0) break;
-        CHECK_OK(h, ctx, infer(h, ctx, in, n, out, (uint64_t)CTX * KV_SEQS * V));
+        CHECK_OK(h, ctx,
+                 test_infer(h->api, ctx, in, n, out, (uint64_t)CTX * KV_SEQS * V));
         size_t r = 0;
         for (uint32_t i = 0; i < n; i++) {
             int s = which[i];
@@ -587,10 +488,10 @@ START_TEST(test_kv_decode) {
             ck_assert_int_eq(pg[s][pos], pc[s][pos]);
             if (!pg[s][pos]) continue;
             compared++;
-            double d = max_diff(rg[s] + (size_t)pos * V, full + (size_t)pos * V, V);
+            double d = test_max_diff(rg[s] + (size_t)pos * V, full + (size_t)pos * V, V);
             ck_assert_msg(d <= 1e-4, "seq %d pos %u: decoded logits differ from the full "
                                      "forward by %g", s, pos, d);
-            d = max_diff(rg[s] + (size_t)pos * V, rc[s] + (size_t)pos * V, V);
+            d = test_max_diff(rg[s] + (size_t)pos * V, rc[s] + (size_t)pos * V, V);
             ck_assert_msg(d <= 1e-3, "seq %d pos %u: decoded logits differ from the CPU "
                                      "engine by %g", s, pos, d);
         }
@@ -612,14 +513,14 @@ START_TEST(test_kv_copy) {
     for (int i = 0; i < 14; i++) tok[i] = (int32_t)(urand() * V);
     int32_t ta[4] = {7, 2, 9, 4}, tb[4] = {1, 8, 3, 0};
     float la[V], lb[V];
-    orch_seq_input s = seq_in(tok, 10, 0, ta, 3, ORCH_LOGITS_NONE);
-    CHECK_OK(&gpu, g, infer(&gpu, g, &s, 1, NULL, 0));
+    orch_seq_input s = test_seq_input(tok, 10, 0, ta, 3, ORCH_LOGITS_NONE);
+    CHECK_OK(&gpu, g, test_infer(gpu.api, g, &s, 1, NULL, 0));
     int32_t src[3] = {7, 2, 9}, dst[3] = {1, 8, 3};
     CHECK_OK(&gpu, g, gpu.api->kv_copy_blocks(g, src, dst, 3));
-    orch_seq_input a = seq_in(tok + 10, 4, 10, ta, 4, ORCH_LOGITS_LAST);
-    orch_seq_input b = seq_in(tok + 10, 4, 10, tb, 4, ORCH_LOGITS_LAST);
-    CHECK_OK(&gpu, g, infer(&gpu, g, &a, 1, la, V));
-    CHECK_OK(&gpu, g, infer(&gpu, g, &b, 1, lb, V));
+    orch_seq_input a = test_seq_input(tok + 10, 4, 10, ta, 4, ORCH_LOGITS_LAST);
+    orch_seq_input b = test_seq_input(tok + 10, 4, 10, tb, 4, ORCH_LOGITS_LAST);
+    CHECK_OK(&gpu, g, test_infer(gpu.api, g, &a, 1, la, V));
+    CHECK_OK(&gpu, g, test_infer(gpu.api, g, &b, 1, lb, V));
     ck_assert_msg(memcmp(la, lb, sizeof la) == 0, "copied blocks decode differently");
     /* overlapping sets are refused */
     int32_t s2[2] = {1, 2}, d2[2] = {2, 5};
@@ -645,9 +546,9 @@ START_TEST(test_portability) {
         /* a fresh destination context takes the three tables */
         orch_engine_ctx *dst = make_ctx(dst_h, NULL);
         for (uint32_t k = ORCH_TENSOR_PARAM; k <= ORCH_TENSOR_ADAM_V; k++) {
-            float *all = read_kind(src_h, src, k, &p.tb);
-            write_kind(dst_h, dst, k, &p.tb, all);
-            float *back = read_kind(dst_h, dst, k, &p.tb);
+            float *all = test_read_kind(src_h->api, src, k, &p.tb);
+            test_write_kind(dst_h->api, dst, k, &p.tb, all);
+            float *back = test_read_kind(dst_h->api, dst, k, &p.tb);
             ck_assert(memcmp(all, back, p.tb.total * sizeof(float)) == 0);
             free(all);
             free(back);
@@ -656,14 +557,14 @@ START_TEST(test_portability) {
         float es = NAN, ed = NAN;
         CHECK_OK(src_h, src, src_h->api->eval_loss(src, tok, tgt, 2, 15, &es));
         CHECK_OK(dst_h, dst, dst_h->api->eval_loss(dst, tok, tgt, 2, 15, &ed));
-        ck_assert_msg(close_rel(es, ed, 1e-4), "%s -> %s: eval loss %.7f vs %.7f",
+        ck_assert_msg(test_close(es, ed, 1e-4, 1e-7), "%s -> %s: eval loss %.7f vs %.7f",
                       src_h->api->name, dst_h->api->name, es, ed);
         /* the next step continues identically (moments came along) */
         float ls = train_step(src_h, src, tok, tgt, 2, 15, 4, NULL);
         float ld = train_step(dst_h, dst, tok, tgt, 2, 15, 4, NULL);
-        ck_assert_msg(close_rel(ls, ld, 1e-4), "step 4 loss %.7f vs %.7f", ls, ld);
-        float *a = read_kind(src_h, src, ORCH_TENSOR_PARAM, &p.tb);
-        float *b = read_kind(dst_h, dst, ORCH_TENSOR_PARAM, &p.tb);
+        ck_assert_msg(test_close(ls, ld, 1e-4, 1e-7), "step 4 loss %.7f vs %.7f", ls, ld);
+        float *a = test_read_kind(src_h->api, src, ORCH_TENSOR_PARAM, &p.tb);
+        float *b = test_read_kind(dst_h->api, dst, ORCH_TENSOR_PARAM, &p.tb);
         expect_tensors_close(&p.tb, b, a, 2e-3, dir == 0 ? "GPU->CPU params after step 4"
                                                         : "CPU->GPU params after step 4");
         free(a);
@@ -678,7 +579,7 @@ START_TEST(test_determinism) {
     pair p;
     pair_open(&p, NULL);
     orch_engine_ctx *g2 = make_ctx(&gpu, NULL);
-    write_kind(&gpu, g2, ORCH_TENSOR_PARAM, &p.tb, p.w);
+    test_write_kind(gpu.api, g2, ORCH_TENSOR_PARAM, &p.tb, p.w);
     int32_t tok[3 * 17], tgt[3 * 17];
     make_batch(3, 17, 8, tok, tgt);
     float a = NAN, b = NAN;
@@ -687,7 +588,8 @@ START_TEST(test_determinism) {
     CHECK_OK(&gpu, p.g, gpu.api->forward_backward(p.g, tok, tgt, 3, 17, 1.0f, &a));
     CHECK_OK(&gpu, g2, gpu.api->forward_backward(g2, tok, tgt, 3, 17, 1.0f, &b));
     ck_assert(memcmp(&a, &b, sizeof a) == 0);
-    float *ga = read_grads(&gpu, p.g, &p.tb), *gb = read_grads(&gpu, g2, &p.tb);
+    float *ga = test_read_grads(gpu.api, p.g, p.tb.total);
+    float *gb = test_read_grads(gpu.api, g2, p.tb.total);
     ck_assert_msg(memcmp(ga, gb, p.tb.total * sizeof(float)) == 0,
                   "gradients differ between two runs");
     float na = 0, nb = 0;
@@ -695,8 +597,8 @@ START_TEST(test_determinism) {
     CHECK_OK(&gpu, p.g, gpu.api->optimizer_step(p.g, &ap, &na));
     CHECK_OK(&gpu, g2, gpu.api->optimizer_step(g2, &ap, &nb));
     ck_assert(memcmp(&na, &nb, sizeof na) == 0);
-    float *wa = read_kind(&gpu, p.g, ORCH_TENSOR_PARAM, &p.tb);
-    float *wb = read_kind(&gpu, g2, ORCH_TENSOR_PARAM, &p.tb);
+    float *wa = test_read_kind(gpu.api, p.g, ORCH_TENSOR_PARAM, &p.tb);
+    float *wb = test_read_kind(gpu.api, g2, ORCH_TENSOR_PARAM, &p.tb);
     ck_assert(memcmp(wa, wb, p.tb.total * sizeof(float)) == 0);
     free(ga);
     free(gb);
@@ -720,9 +622,10 @@ START_TEST(test_math_modes) {
         CHECK_OK(&cpu, p.c, cpu.api->grads_zero(p.c));
         CHECK_OK(&gpu, p.g, gpu.api->forward_backward(p.g, tok, tgt, 2, 20, 1.0f, &lg));
         CHECK_OK(&cpu, p.c, cpu.api->forward_backward(p.c, tok, tgt, 2, 20, 1.0f, &lc));
-        ck_assert_msg(close_rel(lg, lc, loss_tol[m]), "%s: loss %.6f vs fp32 CPU %.6f",
-                      modes[m], lg, lc);
-        float *gg = read_grads(&gpu, p.g, &p.tb), *gc = read_grads(&cpu, p.c, &p.tb);
+        ck_assert_msg(test_close(lg, lc, loss_tol[m], 1e-7),
+                      "%s: loss %.6f vs fp32 CPU %.6f", modes[m], lg, lc);
+        float *gg = test_read_grads(gpu.api, p.g, p.tb.total);
+        float *gc = test_read_grads(cpu.api, p.c, p.tb.total);
         double num = 0, den = 0;
         for (uint64_t i = 0; i < p.tb.total; i++) {
             double d = (double)gg[i] - gc[i];
@@ -746,7 +649,8 @@ static void expect_fail(orch_engine_ctx *ctx, int32_t st, int32_t want, const ch
 }
 
 START_TEST(test_bad_calls) {
-    orch_model_desc m = tiny_model();
+    orch_model_desc m = test_model_desc(V, CTX, NL, NH, C);
+    m.mlp_width = M;
     const char *bad_opts[] = {"math=fp64", "device=99", "colour=blue", "math"};
     for (size_t i = 0; i < sizeof bad_opts / sizeof bad_opts[0]; i++) {
         orch_engine_options o = {sizeof o, 1, SEED, bad_opts[i]};
@@ -761,44 +665,49 @@ START_TEST(test_bad_calls) {
     float logits[4 * V];
     int32_t tok[8] = {1, 2, 3, 4, 5, 6, 7, 8};
     int32_t table[3] = {0, 1, 2};
-    orch_seq_input s = seq_in(tok, 4, 0, table, 1, ORCH_LOGITS_LAST);
-    expect_fail(g, infer(&gpu, g, &s, 1, logits, V), ORCH_ERR_STATE, "infer without a pool");
+    orch_seq_input s = test_seq_input(tok, 4, 0, table, 1, ORCH_LOGITS_LAST);
+    expect_fail(g, test_infer(gpu.api, g, &s, 1, logits, V), ORCH_ERR_STATE,
+                "infer without a pool");
     CHECK_OK(&gpu, g, gpu.api->kv_configure(g, 4, 6));
 
     int32_t bad_tok[4] = {1, (int32_t)V, 3, 4};
-    s = seq_in(bad_tok, 4, 0, table, 1, ORCH_LOGITS_LAST);
-    expect_fail(g, infer(&gpu, g, &s, 1, logits, V), ORCH_ERR_INVALID_ARGUMENT, "token id = V");
-    s = seq_in(tok, 4, CTX - 2, table, 3, ORCH_LOGITS_LAST);
-    expect_fail(g, infer(&gpu, g, &s, 1, logits, V), -1, "positions past the context");
+    s = test_seq_input(bad_tok, 4, 0, table, 1, ORCH_LOGITS_LAST);
+    expect_fail(g, test_infer(gpu.api, g, &s, 1, logits, V), ORCH_ERR_INVALID_ARGUMENT,
+                "token id = V");
+    s = test_seq_input(tok, 4, CTX - 2, table, 3, ORCH_LOGITS_LAST);
+    expect_fail(g, test_infer(gpu.api, g, &s, 1, logits, V), -1,
+                "positions past the context");
     int32_t bad_table[2] = {0, 6};
-    s = seq_in(tok, 8, 0, bad_table, 2, ORCH_LOGITS_LAST);
-    expect_fail(g, infer(&gpu, g, &s, 1, logits, V), -1, "block id outside the pool");
-    s = seq_in(tok, 8, 0, table, 1, ORCH_LOGITS_LAST);
-    expect_fail(g, infer(&gpu, g, &s, 1, logits, V), -1, "too few blocks");
-    s = seq_in(tok, 4, 0, table, 1, ORCH_LOGITS_ALL);
-    expect_fail(g, infer(&gpu, g, &s, 1, logits, 4 * V - 1), ORCH_ERR_CAPACITY,
+    s = test_seq_input(tok, 8, 0, bad_table, 2, ORCH_LOGITS_LAST);
+    expect_fail(g, test_infer(gpu.api, g, &s, 1, logits, V), -1,
+                "block id outside the pool");
+    s = test_seq_input(tok, 8, 0, table, 1, ORCH_LOGITS_LAST);
+    expect_fail(g, test_infer(gpu.api, g, &s, 1, logits, V), -1, "too few blocks");
+    s = test_seq_input(tok, 4, 0, table, 1, ORCH_LOGITS_ALL);
+    expect_fail(g, test_infer(gpu.api, g, &s, 1, logits, 4 * V - 1), ORCH_ERR_CAPACITY,
                 "logits capacity one short");
     int32_t t2[2] = {0, 3};
-    orch_seq_input two[2] = {seq_in(tok, 4, 0, table, 1, ORCH_LOGITS_LAST),
-                             seq_in(tok, 6, 0, t2, 2, ORCH_LOGITS_LAST)};
-    expect_fail(g, infer(&gpu, g, two, 2, logits, 2 * V), -1,
+    orch_seq_input two[2] = { test_seq_input(tok, 4, 0, table, 1, ORCH_LOGITS_LAST),
+                              test_seq_input(tok, 6, 0, t2, 2, ORCH_LOGITS_LAST) };
+    expect_fail(g, test_infer(gpu.api, g, two, 2, logits, 2 * V), -1,
                 "a block written by two sequences of one batch");
     /* reading positions that were never written */
     int32_t fresh[2] = {4, 5};
-    s = seq_in(tok, 1, 5, fresh, 2, ORCH_LOGITS_LAST);
-    expect_fail(g, infer(&gpu, g, &s, 1, logits, V), ORCH_ERR_STATE,
+    s = test_seq_input(tok, 1, 5, fresh, 2, ORCH_LOGITS_LAST);
+    expect_fail(g, test_infer(gpu.api, g, &s, 1, logits, V), ORCH_ERR_STATE,
                 "reading K/V that was never written");
     /* a block twice in one table */
     int32_t twice[2] = {4, 4};
-    s = seq_in(tok, 8, 0, twice, 2, ORCH_LOGITS_LAST);
-    expect_fail(g, infer(&gpu, g, &s, 1, logits, V), ORCH_ERR_INVALID_ARGUMENT,
+    s = test_seq_input(tok, 8, 0, twice, 2, ORCH_LOGITS_LAST);
+    expect_fail(g, test_infer(gpu.api, g, &s, 1, logits, V), ORCH_ERR_INVALID_ARGUMENT,
                 "a block twice in one table");
-    s = seq_in(tok, 2, 0, table, 1, ORCH_LOGITS_LAST);
+    s = test_seq_input(tok, 2, 0, table, 1, ORCH_LOGITS_LAST);
     s.adapter_id = 3;
-    expect_fail(g, infer(&gpu, g, &s, 1, logits, V), ORCH_ERR_INVALID_ARGUMENT, "adapter_id 3");
+    expect_fail(g, test_infer(gpu.api, g, &s, 1, logits, V), ORCH_ERR_INVALID_ARGUMENT,
+                "adapter_id 3");
     /* ... and the context is fine afterwards */
-    s = seq_in(tok, 4, 0, table, 1, ORCH_LOGITS_ALL);
-    CHECK_OK(&gpu, g, infer(&gpu, g, &s, 1, logits, 4 * V));
+    s = test_seq_input(tok, 4, 0, table, 1, ORCH_LOGITS_ALL);
+    CHECK_OK(&gpu, g, test_infer(gpu.api, g, &s, 1, logits, 4 * V));
 
     float loss = 99.0f;
     int32_t tgt[8] = {2, 3, 4, 5, 6, 7, 8, 9};
@@ -814,7 +723,7 @@ START_TEST(test_bad_calls) {
     expect_fail(g, gpu.api->kv_configure(g, 16, 1u << 25), ORCH_ERR_OUT_OF_MEMORY,
                 "a 400 GB KV pool");
     CHECK_OK(&gpu, g, gpu.api->kv_configure(g, 4, 6));
-    CHECK_OK(&gpu, g, infer(&gpu, g, &s, 1, logits, 4 * V));
+    CHECK_OK(&gpu, g, test_infer(gpu.api, g, &s, 1, logits, 4 * V));
     CHECK_OK(&gpu, g, gpu.api->forward_backward(g, tok, tgt, 2, 4, 1.0f, &loss));
     ck_assert(isfinite(loss) && loss > 0.0f);
     gpu.api->context_destroy(g);
@@ -825,6 +734,7 @@ END_TEST
 
 int main(void) {
     setvbuf(stdout, NULL, _IOLBF, 0);
+    test_default_engine_path();
     const char *gpu_value = getenv("ORCH_CUDA_ENGINE");
     if (!gpu_value || !*gpu_value) gpu_value = "cuda";
     char err[2048];
@@ -854,11 +764,8 @@ int main(void) {
     tcase_add_test(tc, test_math_modes);
     tcase_add_test(tc, test_bad_calls);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
+    int rc = test_run_suite(s);
     engine_unload(&gpu);
     engine_unload(&cpu);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return rc;
 }

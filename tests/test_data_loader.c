@@ -13,6 +13,7 @@
 
 #include "orchestrator/data/data_loader.h"
 #include "orchestrator/data/shard.h"
+#include "tests/test_util.h"
 
 #define N_TOKENS 5000u
 static char dir[64];
@@ -27,8 +28,7 @@ static int32_t f(uint64_t i) {
 }
 
 static void setup(void) {
-    snprintf(dir, sizeof dir, "/tmp/test_data_loader_XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(dir));
+    test_tmpdir(dir, sizeof dir, "data_loader");
     snprintf(path, sizeof path, "%s/train_000.bin", dir);
     int32_t *ids = malloc(N_TOKENS * sizeof *ids);
     for (uint32_t i = 0; i < N_TOKENS; i++) ids[i] = f(i);
@@ -41,8 +41,7 @@ static void setup(void) {
 
 static void teardown(void) {
     dataset_close(ds);
-    unlink(path);
-    rmdir(dir);
+    test_rmdir(dir);
 }
 
 /* Offset of a window in the dataset, or -1 when it is not a window. */
@@ -223,9 +222,5 @@ int main(void) {
     tcase_add_test(tc, test_too_small);
     tcase_add_test(tc, test_eval_set);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return test_run_suite(s);
 }

@@ -16,22 +16,11 @@
 #include "engine_api/orch_engine.h"
 #include "orchestrator/core/engine_loader.h"
 #include "orchestrator/core/util.h"
+#include "tests/test_util.h"
 
 #define DIR_MAX 1024
 static char exe_dir[DIR_MAX];   /* <build>/tests */
-static char build_dir[DIR_MAX]; /* <build> */
 static char tmp_dir[DIR_MAX];   /* per-test scratch (made in each forked test) */
-
-static void make_tmp(void) {
-    snprintf(tmp_dir, sizeof tmp_dir, "/tmp/orch_loader_XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(tmp_dir));
-}
-
-static void rm_tmp(void) {
-    char cmd[DIR_MAX + 16];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp_dir);
-    ck_assert_int_eq(system(cmd), 0);
-}
 
 static void touch(const char *dir, const char *name, const char *content) {
     char p[PATH_MAX * 2];
@@ -64,7 +53,7 @@ START_TEST(test_resolve_path_as_is) {
 END_TEST
 
 START_TEST(test_resolve_env_path_order) {
-    make_tmp();
+    test_tmpdir(tmp_dir, sizeof tmp_dir, "loader");
     char a[PATH_MAX], b[PATH_MAX], c[PATH_MAX], env[PATH_MAX * 3 + 8];
     subdir("a", a, sizeof a);
     subdir("b", b, sizeof b);
@@ -87,12 +76,12 @@ START_TEST(test_resolve_env_path_order) {
     ck_assert_int_eq(engine_resolve("zzq", out, sizeof out, err, sizeof err), 0);
     snprintf(want, sizeof want, "%s/libengine_zzq.so", a);
     ck_assert_str_eq(out, want);
-    rm_tmp();
+    test_rmdir(tmp_dir);
 }
 END_TEST
 
 START_TEST(test_resolve_next_to_binary_then_bare) {
-    make_tmp();
+    test_tmpdir(tmp_dir, sizeof tmp_dir, "loader");
     char name[64], out[PATH_MAX], err[256], want[PATH_MAX * 2];
     snprintf(name, sizeof name, "zzresolve%d", (int)getpid());
     char file[128];
@@ -113,7 +102,7 @@ START_TEST(test_resolve_next_to_binary_then_bare) {
     snprintf(want_env, sizeof want_env, "%s/%s", tmp_dir, file);
     int ok_env = strcmp(out, want_env) == 0;
     unlink(want);
-    rm_tmp();
+    test_rmdir(tmp_dir);
     ck_assert_msg(ok_next, "next to binary: expected %s", want);
     ck_assert_msg(ok_env, "env path should win: got %s", out);
 }
@@ -193,7 +182,7 @@ START_TEST(test_reject_null_api) {
 END_TEST
 
 START_TEST(test_reject_bad_files) {
-    make_tmp();
+    test_tmpdir(tmp_dir, sizeof tmp_dir, "loader");
     char p[PATH_MAX * 2];
     touch(tmp_dir, "text.so", "this is not a shared library\n");
     snprintf(p, sizeof p, "%s/text.so", tmp_dir);
@@ -213,7 +202,7 @@ START_TEST(test_reject_bad_files) {
     /* A bare name found nowhere. */
     setenv("ORCH_ENGINE_PATH", tmp_dir, 1);
     expect_reject("libengine_surely_absent.so", (const char *const[]){"not found in", NULL});
-    rm_tmp();
+    test_rmdir(tmp_dir);
 }
 END_TEST
 
@@ -246,15 +235,14 @@ END_TEST
 /* ------------------------------------------------------------------------- */
 
 START_TEST(test_load_mock_by_name) {
-    setenv("ORCH_ENGINE_PATH", build_dir, 1);
+    setenv("ORCH_ENGINE_PATH", test_build_dir(), 1);
     engine_handle h;
     char err[1024] = "";
     ck_assert_msg(engine_load("mock", &h, err, sizeof err) == 0, "%s", err);
     ck_assert_str_eq(h.api->name, "mock");
     ck_assert(strstr(h.path, "libengine_mock.so") != NULL);
     ck_assert_str_eq(h.probe_msg, "mock engine, no numerics");
-    orch_model_desc m = {.struct_size = sizeof m, .arch = ORCH_ARCH_GPT2, .vocab_size = 64,
-                         .context = 16, .layers = 1, .heads = 2, .width = 8};
+    orch_model_desc m = test_model_desc(64, 16, 1, 2, 8);
     orch_engine_ctx *ctx = NULL;
     ck_assert_msg(engine_create_context(&h, &m, 1, 3, "sleep_ms=0", &ctx, err, sizeof err) == 0,
                   "%s", err);
@@ -312,9 +300,6 @@ int main(void) {
         fprintf(stderr, "test_loader: cannot find my own directory\n");
         return EXIT_FAILURE;
     }
-    const char *b = getenv("ORCH_BUILD");
-    if (b && *b) snprintf(build_dir, sizeof build_dir, "%s", b);
-    else snprintf(build_dir, sizeof build_dir, "%.*s/..", (int)(sizeof build_dir - 4), exe_dir);
     if (strlen(exe_dir) > DIR_MAX - 64) {
         fprintf(stderr, "test_loader: build directory path too long\n");
         return EXIT_FAILURE;
@@ -335,9 +320,5 @@ int main(void) {
     tcase_add_test(tc, test_load_mock_by_name);
     tcase_add_test(tc, test_caps_string);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return test_run_suite(s);
 }

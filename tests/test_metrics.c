@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "orchestrator/core/metrics.h"
+#include "tests/test_util.h"
 
 static char *render(metrics_registry *r) {
     char *t = NULL;
@@ -180,10 +181,4 @@ static Suite *suite(void) {
     return s;
 }
 
-int main(void) {
-    SRunner *sr = srunner_create(suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+int main(void) { return test_run_suite(suite()); }

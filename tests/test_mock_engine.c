@@ -15,23 +15,10 @@
 #include "engine_api/orch_engine.h"
 #include "orchestrator/core/engine_loader.h"
 #include "orchestrator/core/util.h"
+#include "tests/test_util.h"
 
 static engine_handle mock;
 #define API (mock.api)
-
-static orch_model_desc model(uint32_t vocab, uint32_t context, uint32_t layers,
-                             uint32_t heads, uint32_t width) {
-    orch_model_desc m;
-    memset(&m, 0, sizeof m);
-    m.struct_size = sizeof m;
-    m.arch = ORCH_ARCH_GPT2;
-    m.vocab_size = vocab;
-    m.context = context;
-    m.layers = layers;
-    m.heads = heads;
-    m.width = width;
-    return m;
-}
 
 static int32_t create(const orch_model_desc *m, uint64_t seed, const char *options,
                       orch_engine_ctx **ctx, char *err, uint32_t cap) {
@@ -40,26 +27,19 @@ static int32_t create(const orch_model_desc *m, uint64_t seed, const char *optio
 }
 
 static orch_engine_ctx *ctx_with(uint32_t vocab, const char *options) {
-    orch_model_desc m = model(vocab, 64, 2, 2, 16);
+    orch_model_desc m = test_model_desc(vocab, 64, 2, 2, 16);
     orch_engine_ctx *ctx = NULL;
     char err[512] = "";
     ck_assert_msg(create(&m, 7, options, &ctx, err, sizeof err) == ORCH_OK, "%s", err);
     return ctx;
 }
 
+/* infer_forward of one sequence. */
 static int32_t forward1(orch_engine_ctx *ctx, const int32_t *tok, uint32_t n,
                         uint32_t start, const int32_t *table, uint32_t n_blocks,
                         uint32_t mode, float *logits, uint64_t cap) {
-    orch_seq_input s;
-    memset(&s, 0, sizeof s);
-    s.tokens = tok;
-    s.n_tokens = n;
-    s.start_pos = start;
-    s.block_table = table;
-    s.n_blocks = n_blocks;
-    s.logits_mode = mode;
-    orch_infer_batch b = {sizeof b, 1, sizeof s, 0, &s};
-    return API->infer_forward(ctx, &b, logits, cap);
+    orch_seq_input s = test_seq_input(tok, n, start, table, n_blocks, mode);
+    return test_infer(API, ctx, &s, 1, logits, cap);
 }
 
 static int32_t argmax(const float *row, uint32_t n) {
@@ -256,30 +236,20 @@ END_TEST
 /* Loss and gradient                                                          */
 /* ------------------------------------------------------------------------- */
 
+/* One tensor kind of a context: its table, all values (malloc'd) and the
+ * offsets the loss formula reads. */
 typedef struct params {
+    test_table t;
     float *all;
-    uint64_t n, off_wte, off_wpe, off_lnfb;
-    uint32_t n_t;
-    orch_tensor_info info[64];
+    uint64_t off_wte, off_wpe, off_lnfb;
 } params;
 
 static void params_read(orch_engine_ctx *ctx, uint32_t kind, params *p) {
-    ck_assert_int_eq(API->tensor_count(ctx, kind, &p->n_t), ORCH_OK);
-    ck_assert(p->n_t <= 64);
-    p->n = 0;
-    for (uint32_t i = 0; i < p->n_t; i++) {
-        p->info[i].struct_size = sizeof p->info[i];
-        ck_assert_int_eq(API->tensor_info(ctx, kind, i, &p->info[i]), ORCH_OK);
-        p->n += p->info[i].numel;
-    }
-    p->all = malloc(p->n * sizeof(float));
-    for (uint32_t i = 0; i < p->n_t; i++)
-        ck_assert_int_eq(API->tensor_read(ctx, kind, i, p->all + p->info[i].offset,
-                                          p->info[i].numel * 4),
-                         ORCH_OK);
-    p->off_wte = p->info[0].offset;
-    p->off_wpe = p->info[1].offset;
-    p->off_lnfb = p->info[p->n_t - 1].offset;
+    test_read_table(API, ctx, kind, &p->t);
+    p->all = test_read_kind(API, ctx, kind, &p->t);
+    p->off_wte = p->t.info[0].offset;
+    p->off_wpe = p->t.info[1].offset;
+    p->off_lnfb = p->t.info[p->t.n - 1].offset;
 }
 
 /* README formula in double; adds d(loss)/d(param) into g (double). */
@@ -311,20 +281,15 @@ START_TEST(test_loss_formula_and_gradient) {
     params p;
     params_read(ctx, ORCH_TENSOR_PARAM, &p);
     uint64_t r = 99;
-    for (uint64_t j = 0; j < p.n; j++) {
-        r = r * 6364136223846793005ull + 1442695040888963407ull;
-        p.all[j] = (float)((double)(r >> 40) / (double)(1ull << 24) - 0.5);
-    }
-    for (uint32_t i = 0; i < p.n_t; i++)
-        ck_assert_int_eq(API->tensor_write(ctx, 0, i, p.all + p.info[i].offset,
-                                           p.info[i].numel * 4),
-                         ORCH_OK);
+    for (uint64_t j = 0; j < p.t.total; j++)
+        p.all[j] = (float)((double)(test_lcg64(&r) >> 40) / (double)(1ull << 24) - 0.5);
+    test_write_kind(API, ctx, ORCH_TENSOR_PARAM, &p.t, p.all);
     int32_t tok[B * S], tgt[B * S];
     for (uint32_t i = 0; i < B * S; i++) {
         tok[i] = (int32_t)((i * 37 + 11) % V);
         tgt[i] = i % 7 == 3 ? -1 : (int32_t)((i * 53 + 5) % V);
     }
-    double *g = calloc(p.n, sizeof(double));
+    double *g = calloc(p.t.total, sizeof(double));
     double want = ref_loss(&p, C, V, tok, tgt, B, S, g);
     float loss, ev;
     ck_assert_int_eq(API->grads_zero(ctx), ORCH_OK);
@@ -332,30 +297,33 @@ START_TEST(test_loss_formula_and_gradient) {
     ck_assert_int_eq(API->eval_loss(ctx, tok, tgt, B, S, &ev), ORCH_OK);
     ck_assert_msg(fabs(loss - want) < 1e-5 * want, "loss %g, formula %g", (double)loss, want);
     ck_assert(loss == ev);
-    float *eg = malloc(p.n * sizeof(float));
-    ck_assert_int_eq(API->grads_read(ctx, 0, p.n, eg), ORCH_OK);
-    for (uint64_t j = 0; j < p.n; j++)
+    float *eg = malloc(p.t.total * sizeof(float));
+    ck_assert_int_eq(API->grads_read(ctx, 0, p.t.total, eg), ORCH_OK);
+    for (uint64_t j = 0; j < p.t.total; j++)
         ck_assert_msg(fabs(eg[j] - 0.5 * g[j]) <= 1e-6 + 1e-5 * fabs(g[j]),
                       "grad %llu: %g vs %g", (unsigned long long)j, (double)eg[j], 0.5 * g[j]);
     /* Finite differences through eval_loss on a few touched entries. */
     int checked = 0;
-    for (uint64_t j = 0; j < p.n && checked < 6; j++) {
+    for (uint64_t j = 0; j < p.t.total && checked < 6; j++) {
         if (fabs(g[j]) < 1e-3) continue;
         checked++;
         uint32_t ti = 0;
-        while (ti + 1 < p.n_t && p.info[ti + 1].offset <= j) ti++;
-        float *tmp = malloc(p.info[ti].numel * 4);
-        memcpy(tmp, p.all + p.info[ti].offset, p.info[ti].numel * 4);
+        while (ti + 1 < p.t.n && p.t.info[ti + 1].offset <= j) ti++;
+        float *tmp = malloc(p.t.info[ti].numel * 4);
+        memcpy(tmp, p.all + p.t.info[ti].offset, p.t.info[ti].numel * 4);
         const float h = 1e-2f;
         float lp, lm;
-        tmp[j - p.info[ti].offset] += h;
-        ck_assert_int_eq(API->tensor_write(ctx, 0, ti, tmp, p.info[ti].numel * 4), ORCH_OK);
+        tmp[j - p.t.info[ti].offset] += h;
+        ck_assert_int_eq(API->tensor_write(ctx, 0, ti, tmp, p.t.info[ti].numel * 4),
+                         ORCH_OK);
         ck_assert_int_eq(API->eval_loss(ctx, tok, tgt, B, S, &lp), ORCH_OK);
-        tmp[j - p.info[ti].offset] -= 2 * h;
-        ck_assert_int_eq(API->tensor_write(ctx, 0, ti, tmp, p.info[ti].numel * 4), ORCH_OK);
+        tmp[j - p.t.info[ti].offset] -= 2 * h;
+        ck_assert_int_eq(API->tensor_write(ctx, 0, ti, tmp, p.t.info[ti].numel * 4),
+                         ORCH_OK);
         ck_assert_int_eq(API->eval_loss(ctx, tok, tgt, B, S, &lm), ORCH_OK);
-        tmp[j - p.info[ti].offset] += h;
-        ck_assert_int_eq(API->tensor_write(ctx, 0, ti, tmp, p.info[ti].numel * 4), ORCH_OK);
+        tmp[j - p.t.info[ti].offset] += h;
+        ck_assert_int_eq(API->tensor_write(ctx, 0, ti, tmp, p.t.info[ti].numel * 4),
+                         ORCH_OK);
         double fd = ((double)lp - (double)lm) / (2.0 * h);
         ck_assert_msg(fabs(fd - g[j]) < 0.02 * fabs(g[j]) + 1e-5,
                       "finite difference %g vs gradient %g at %llu", fd, g[j],
@@ -368,8 +336,8 @@ START_TEST(test_loss_formula_and_gradient) {
     ck_assert_int_eq(API->grads_zero(ctx), ORCH_OK);
     ck_assert_int_eq(API->forward_backward(ctx, tok, tgt, B, S, 1.0f, &loss), ORCH_OK);
     ck_assert(loss == 0.0f);
-    ck_assert_int_eq(API->grads_read(ctx, 0, p.n, eg), ORCH_OK);
-    for (uint64_t j = 0; j < p.n; j++) ck_assert(eg[j] == 0.0f);
+    ck_assert_int_eq(API->grads_read(ctx, 0, p.t.total, eg), ORCH_OK);
+    for (uint64_t j = 0; j < p.t.total; j++) ck_assert(eg[j] == 0.0f);
     free(eg);
     free(g);
     free(p.all);
@@ -384,26 +352,22 @@ START_TEST(test_adamw_reference) {
     params_read(ctx, ORCH_TENSOR_PARAM, &p);
     params_read(ctx, ORCH_TENSOR_ADAM_M, &m);
     params_read(ctx, ORCH_TENSOR_ADAM_V, &v);
-    float *g = malloc(p.n * 4);
+    float *g = malloc(p.t.total * 4);
     uint64_t r = 5;
-    for (uint64_t j = 0; j < p.n; j++) {
-        r = r * 6364136223846793005ull + 1442695040888963407ull;
-        double u = (double)(r >> 40) / (double)(1ull << 24);
+    for (uint64_t j = 0; j < p.t.total; j++) {
+        double u = (double)(test_lcg64(&r) >> 40) / (double)(1ull << 24);
         g[j] = (float)(u - 0.5);
         m.all[j] = (float)(0.1 * (u - 0.3));
         v.all[j] = (float)(0.01 * u);
         p.all[j] = (float)(u * 2 - 1);
     }
-    for (uint32_t i = 0; i < p.n_t; i++) {
-        uint64_t o = p.info[i].offset, b = p.info[i].numel * 4;
-        ck_assert_int_eq(API->tensor_write(ctx, 0, i, p.all + o, b), ORCH_OK);
-        ck_assert_int_eq(API->tensor_write(ctx, 1, i, m.all + o, b), ORCH_OK);
-        ck_assert_int_eq(API->tensor_write(ctx, 2, i, v.all + o, b), ORCH_OK);
-    }
-    ck_assert_int_eq(API->grads_write(ctx, 0, p.n, g), ORCH_OK);
-    orch_adamw_params hp = {sizeof hp, 0, 7, 3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f};
+    test_write_kind(API, ctx, ORCH_TENSOR_PARAM, &p.t, p.all);
+    test_write_kind(API, ctx, ORCH_TENSOR_ADAM_M, &p.t, m.all);
+    test_write_kind(API, ctx, ORCH_TENSOR_ADAM_V, &p.t, v.all);
+    ck_assert_int_eq(API->grads_write(ctx, 0, p.t.total, g), ORCH_OK);
+    orch_adamw_params hp = test_adamw(7, 3e-3f, 0.1f, 1.0f);
     double sq = 0;
-    for (uint64_t j = 0; j < p.n; j++) sq += (double)g[j] * g[j];
+    for (uint64_t j = 0; j < p.t.total; j++) sq += (double)g[j] * g[j];
     double norm = sqrt(sq), clip = norm > 1.0 ? 1.0 / norm : 1.0;
     ck_assert(norm > 1.0); /* the clip path is exercised */
     float got_norm = 0;
@@ -413,13 +377,14 @@ START_TEST(test_adamw_reference) {
     params_read(ctx, 0, &p2);
     params_read(ctx, 1, &m2);
     params_read(ctx, 2, &v2);
-    float *g2 = malloc(p.n * 4);
-    ck_assert_int_eq(API->grads_read(ctx, 0, p.n, g2), ORCH_OK);
+    float *g2 = malloc(p.t.total * 4);
+    ck_assert_int_eq(API->grads_read(ctx, 0, p.t.total, g2), ORCH_OK);
     double bc1 = 1 - pow(0.9, 7), bc2 = 1 - pow(0.95, 7);
-    for (uint32_t i = 0; i < p.n_t; i++) {
-        int decay = !(p.info[i].flags & ORCH_TENSOR_FLAG_NO_DECAY);
-        ck_assert_int_eq(decay, p.info[i].ndim == 2);
-        for (uint64_t j = p.info[i].offset; j < p.info[i].offset + p.info[i].numel; j++) {
+    for (uint32_t i = 0; i < p.t.n; i++) {
+        int decay = !(p.t.info[i].flags & ORCH_TENSOR_FLAG_NO_DECAY);
+        ck_assert_int_eq(decay, p.t.info[i].ndim == 2);
+        const uint64_t end = p.t.info[i].offset + p.t.info[i].numel;
+        for (uint64_t j = p.t.info[i].offset; j < end; j++) {
             double gj = g[j] * clip;
             double mj = 0.9 * m.all[j] + 0.1 * gj;
             double vj = 0.95 * v.all[j] + 0.05 * gj * gj;
@@ -432,7 +397,7 @@ START_TEST(test_adamw_reference) {
                           (unsigned long long)j);
             ck_assert_msg(fabs(p2.all[j] - w) < 1e-6 + 1e-5 * fabs(w),
                           "param %llu (%s): %.9g vs %.9g", (unsigned long long)j,
-                          p.info[i].name, (double)p2.all[j], w);
+                          p.t.info[i].name, (double)p2.all[j], w);
             /* The gradient buffer holds the clipped gradient. */
             ck_assert(fabs(g2[j] - gj) < 1e-7 + 1e-5 * fabs(gj));
         }
@@ -466,7 +431,7 @@ START_TEST(test_training_converges) {
         ck_assert_msg(loss < prev, "step %llu: loss %g did not fall below %g",
                       (unsigned long long)step, (double)loss, (double)prev);
         prev = loss;
-        orch_adamw_params hp = {sizeof hp, 0, step, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f};
+        orch_adamw_params hp = test_adamw(step, 1e-2f, 0.1f, 1.0f);
         ck_assert_int_eq(API->optimizer_step(ctx, &hp, NULL), ORCH_OK);
     }
     ck_assert_msg(loss < 0.5f * first, "loss %g -> %g", (double)first, (double)loss);
@@ -484,15 +449,24 @@ START_TEST(test_model_errors) {
         int32_t status;
         const char *msg;
     } cases[] = {
-        {model(100, 64, 2, 3, 16), ORCH_ERR_INVALID_ARGUMENT, "heads (3) must divide width (16)"},
-        {model(0, 64, 2, 2, 16), ORCH_ERR_INVALID_ARGUMENT, "vocab_size must be > 0"},
-        {model(100, 0, 2, 2, 16), ORCH_ERR_INVALID_ARGUMENT, "context must be > 0"},
-        {model(100, 64, 0, 2, 16), ORCH_ERR_INVALID_ARGUMENT, "layers must be > 0"},
-        {model(100, 64, 2, 0, 16), ORCH_ERR_INVALID_ARGUMENT, "heads must be > 0"},
-        {model(100, 64, 2, 2, 0), ORCH_ERR_INVALID_ARGUMENT, "width must be > 0"},
+        { test_model_desc(100, 64, 2, 3, 16), ORCH_ERR_INVALID_ARGUMENT,
+          "heads (3) must divide width (16)" },
+        { test_model_desc(0, 64, 2, 2, 16), ORCH_ERR_INVALID_ARGUMENT,
+          "vocab_size must be > 0" },
+        { test_model_desc(100, 0, 2, 2, 16), ORCH_ERR_INVALID_ARGUMENT,
+          "context must be > 0" },
+        { test_model_desc(100, 64, 0, 2, 16), ORCH_ERR_INVALID_ARGUMENT,
+          "layers must be > 0" },
+        { test_model_desc(100, 64, 2, 0, 16), ORCH_ERR_INVALID_ARGUMENT,
+          "heads must be > 0" },
+        { test_model_desc(100, 64, 2, 2, 0), ORCH_ERR_INVALID_ARGUMENT,
+          "width must be > 0" },
         /* Far bigger than any machine: refused up front, not by the OOM killer. */
-        {model(2000000000u, 64, 2, 2, 1u << 20), ORCH_ERR_OUT_OF_MEMORY, "bytes"},
-        {model(100, 64, 2, 2, 0x40000000u), ORCH_ERR_INVALID_ARGUMENT, "too large"},
+        { test_model_desc(2000000000u, 64, 2, 2, 1u << 20), ORCH_ERR_OUT_OF_MEMORY,
+          "bytes" },
+        /* 4*width wraps to 0 in test_model_desc: the engine's default overflows. */
+        { test_model_desc(100, 64, 2, 2, 0x40000000u), ORCH_ERR_INVALID_ARGUMENT,
+          "too large" },
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         orch_engine_ctx *ctx = NULL;
@@ -502,22 +476,22 @@ START_TEST(test_model_errors) {
         ck_assert_msg(strstr(err, cases[i].msg) != NULL, "case %zu: '%s'", i, err);
         ck_assert_ptr_null(ctx);
     }
-    orch_model_desc m = model(100, 64, 2, 2, 16);
+    orch_model_desc m = test_model_desc(100, 64, 2, 2, 16);
     m.arch = ORCH_ARCH_LLAMA;
     orch_engine_ctx *ctx = NULL;
     char err[512];
     ck_assert_int_eq(create(&m, 1, NULL, &ctx, err, sizeof err), ORCH_ERR_UNSUPPORTED);
-    m = model(100, 64, 2, 2, 16);
+    m = test_model_desc(100, 64, 2, 2, 16);
     m.kv_heads = 1;
     ck_assert_int_eq(create(&m, 1, NULL, &ctx, err, sizeof err), ORCH_ERR_UNSUPPORTED);
-    m = model(100, 64, 2, 2, 16);
+    m = test_model_desc(100, 64, 2, 2, 16);
     m.layernorm_eps = -1.0f;
     ck_assert_int_eq(create(&m, 1, NULL, &ctx, err, sizeof err), ORCH_ERR_INVALID_ARGUMENT);
-    m = model(100, 64, 2, 2, 16);
+    m = test_model_desc(100, 64, 2, 2, 16);
     m.struct_size = 8;
     ck_assert_int_eq(create(&m, 1, NULL, &ctx, err, sizeof err), ORCH_ERR_INVALID_ARGUMENT);
     /* A caller from an older minor with a shorter struct: absent fields are 0. */
-    m = model(100, 64, 2, 2, 16);
+    m = test_model_desc(100, 64, 2, 2, 16);
     m.struct_size = offsetof(orch_model_desc, mlp_width);
     m.mlp_width = 12345; /* beyond struct_size: must be ignored */
     ck_assert_int_eq(create(&m, 1, NULL, &ctx, err, sizeof err), ORCH_OK);
@@ -527,7 +501,7 @@ START_TEST(test_model_errors) {
     ck_assert_uint_eq(ti.shape[0], 64);
     API->context_destroy(ctx);
     /* NULL options struct means defaults. */
-    m = model(100, 64, 2, 2, 16);
+    m = test_model_desc(100, 64, 2, 2, 16);
     ctx = NULL;
     ck_assert_int_eq(API->context_create(&m, NULL, &ctx, err, sizeof err), ORCH_OK);
     API->context_destroy(ctx);
@@ -619,7 +593,7 @@ START_TEST(test_fault_env) {
     ck_assert_int_eq(API->forward_backward(ctx, tok, tok, 1, 2, 1, &loss), ORCH_ERR_INTERNAL);
     ck_assert(loss == 8.0f);
     ck_assert_int_eq(API->forward_backward(ctx, tok, tok, 1, 2, 1, &loss), ORCH_OK);
-    orch_adamw_params hp = {sizeof hp, 0, 1, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, 0.0f};
+    orch_adamw_params hp = test_adamw(1, 1e-3f, 0.0f, 0.0f);
     ck_assert_int_eq(API->optimizer_step(ctx, &hp, NULL), ORCH_OK);
     ck_assert_int_eq(API->optimizer_step(ctx, &hp, NULL), ORCH_ERR_INTERNAL);
     uint32_t n = 5;
@@ -673,7 +647,7 @@ START_TEST(test_bad_options) {
         {NULL, "nope:1", NULL, "ORCH_MOCK_FAULT: fault names unknown call 'nope'"},
         {NULL, NULL, "soon", "ORCH_MOCK_SLEEP_MS"},
     };
-    orch_model_desc m = model(100, 64, 2, 2, 16);
+    orch_model_desc m = test_model_desc(100, 64, 2, 2, 16);
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         if (cases[i].env_fault) setenv("ORCH_MOCK_FAULT", cases[i].env_fault, 1);
         else unsetenv("ORCH_MOCK_FAULT");
@@ -701,13 +675,13 @@ END_TEST
 
 START_TEST(test_seeded_init) {
     orch_engine_ctx *a = ctx_with(100, NULL), *b = NULL;
-    orch_model_desc m = model(100, 64, 2, 2, 16);
+    orch_model_desc m = test_model_desc(100, 64, 2, 2, 16);
     char err[256];
     ck_assert_int_eq(create(&m, 7, NULL, &b, err, sizeof err), ORCH_OK);
     params pa, pb;
     params_read(a, 0, &pa);
     params_read(b, 0, &pb);
-    ck_assert(memcmp(pa.all, pb.all, pa.n * 4) == 0);
+    ck_assert(memcmp(pa.all, pb.all, pa.t.total * 4) == 0);
     /* Not all equal, not all zero. */
     ck_assert(pa.all[0] != pa.all[1] && pa.all[0] != 0.0f);
     /* Initialisation is lazy per tensor; the values do not depend on the
@@ -719,12 +693,12 @@ START_TEST(test_seeded_init) {
     ck_assert_int_eq(API->eval_loss(c, tok, tok, 1, 4, &loss_c), ORCH_OK);
     ck_assert_int_eq(API->eval_loss(a, tok, tok, 1, 4, &loss_a), ORCH_OK);
     ck_assert(loss_a == loss_c);
-    float *w3 = calloc(pa.info[3].numel, 4);
-    for (uint64_t j = 0; j < pa.info[3].numel; j++) w3[j] = 0.5f + (float)j;
-    ck_assert_int_eq(API->tensor_write(c, 0, 3, w3, pa.info[3].numel * 4), ORCH_OK);
-    float *buf = malloc(pa.n * 4);
-    for (uint32_t i = pa.n_t; i-- > 0;) {
-        const orch_tensor_info *ti = &pa.info[i];
+    float *w3 = calloc(pa.t.info[3].numel, 4);
+    for (uint64_t j = 0; j < pa.t.info[3].numel; j++) w3[j] = 0.5f + (float)j;
+    ck_assert_int_eq(API->tensor_write(c, 0, 3, w3, pa.t.info[3].numel * 4), ORCH_OK);
+    float *buf = malloc(pa.t.total * 4);
+    for (uint32_t i = pa.t.n; i-- > 0;) {
+        const orch_tensor_info *ti = &pa.t.info[i];
         ck_assert_int_eq(API->tensor_read(c, 0, i, buf + ti->offset, ti->numel * 4), ORCH_OK);
         if (i == 3)
             ck_assert(memcmp(buf + ti->offset, w3, ti->numel * 4) == 0);
@@ -743,13 +717,7 @@ START_TEST(test_seeded_init) {
 END_TEST
 
 int main(void) {
-    if (!getenv("ORCH_ENGINE_PATH")) {
-        char dir[4096];
-        const char *b = getenv("ORCH_BUILD");
-        if (b) snprintf(dir, sizeof dir, "%s", b);
-        else if (util_exe_dir(dir, sizeof dir - 4) == 0) strcat(dir, "/..");
-        setenv("ORCH_ENGINE_PATH", dir, 1);
-    }
+    test_default_engine_path();
     unsetenv("ORCH_MOCK_FAULT");
     unsetenv("ORCH_MOCK_SLEEP_MS");
     char err[2048];
@@ -777,10 +745,7 @@ int main(void) {
     tcase_add_test(tc, test_bad_options);
     tcase_add_test(tc, test_seeded_init);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
+    int rc = test_run_suite(s);
     engine_unload(&mock);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return rc;
 }

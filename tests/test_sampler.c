@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "orchestrator/serve/sampler.h"
+#include "tests/test_util.h"
 
 static const float L[6] = {1.0f, 3.0f, 2.0f, 3.0f, -1.0f, 0.5f};
 
@@ -255,10 +256,4 @@ static Suite *suite(void) {
     return s;
 }
 
-int main(void) {
-    SRunner *sr = srunner_create(suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+int main(void) { return test_run_suite(suite()); }

@@ -20,6 +20,7 @@
 #include "orchestrator/serve/scheduler.h"
 #include "orchestrator/data/tokenizer.h"
 #include "orchestrator/core/util.h"
+#include "tests/test_util.h"
 
 static engine_handle eng;
 static orch_engine_ctx *ctx;
@@ -60,19 +61,11 @@ static void start(uint32_t context, uint32_t blocks, uint32_t max_seqs, uint32_t
                   const char *options) {
     char err[512];
     ck_assert_msg(engine_load("mock", &eng, err, sizeof err) == 0, "%s", err);
-    orch_model_desc d;
-    memset(&d, 0, sizeof d);
-    d.struct_size = sizeof d;
-    d.arch = ORCH_ARCH_GPT2;
-    d.vocab_size = 256;
-    d.context = context;
-    d.layers = 1;
-    d.heads = 1;
-    d.width = 8;
+    orch_model_desc d = test_model_desc(256, context, 1, 1, 8);
     ck_assert_msg(engine_create_context(&eng, &d, 1, 1, options, &ctx, err, sizeof err) == 0, "%s", err);
     ck_assert_msg(tokenizer_open("byte", NULL, &tok, err, sizeof err) == 0, "%s", err);
     scheduler_config c = {.engine = &eng, .ctx = ctx, .tok = tok, .vocab_size = 256, .context = context,
-                          .block_size = 16, .num_blocks = blocks, .max_seqs = max_seqs,
+                          .block_size = ORCH_KV_BLOCK_TOKENS, .num_blocks = blocks, .max_seqs = max_seqs,
                           .max_batch_tokens = max_batch, .max_waiting = max_waiting};
     ck_assert_msg(scheduler_create(&c, &sch, err, sizeof err) == 0, "%s", err);
     n_finished = 0;
@@ -494,18 +487,6 @@ START_TEST(token_mask_hook) {
 }
 END_TEST
 
-START_TEST(utf8_hold_back) {
-    ck_assert_uint_eq(sched_utf8_complete("abc", 3), 3);
-    ck_assert_uint_eq(sched_utf8_complete("ab\xC3", 3), 2);
-    ck_assert_uint_eq(sched_utf8_complete("ab\xC3\xA9", 4), 4);
-    ck_assert_uint_eq(sched_utf8_complete("a\xE2\x82", 3), 1);
-    ck_assert_uint_eq(sched_utf8_complete("a\xF0\x9F\x98", 4), 1);
-    ck_assert_uint_eq(sched_utf8_complete("a\xF0\x9F\x98\x80", 5), 5);
-    ck_assert_uint_eq(sched_utf8_complete("a\x80", 2), 2); /* stray continuation: not held */
-    ck_assert_uint_eq(sched_utf8_complete("", 0), 0);
-}
-END_TEST
-
 static Suite *suite(void) {
     Suite *s = suite_create("scheduler");
     TCase *tc = tcase_create("mock");
@@ -520,22 +501,8 @@ static Suite *suite(void) {
     tcase_add_test(tc, prompt_and_token_logprobs);
     tcase_add_test(tc, submit_and_create_errors);
     tcase_add_test(tc, token_mask_hook);
-    tcase_add_test(tc, utf8_hold_back);
     suite_add_tcase(s, tc);
     return s;
 }
 
-int main(void) {
-    if (!getenv("ORCH_ENGINE_PATH")) {
-        char d[4096];
-        if (util_exe_dir(d, sizeof d - 4) == 0) {
-            strcat(d, "/..");
-            setenv("ORCH_ENGINE_PATH", d, 1);
-        }
-    }
-    SRunner *sr = srunner_create(suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+int main(void) { return test_run_suite(suite()); }

@@ -24,33 +24,14 @@
 #include "orchestrator/data/shard.h"
 #include "orchestrator/data/tokenizer.h"
 #include "orchestrator/core/util.h"
+#include "tests/test_util.h"
 
 static char dir[64];
 static char err[2048];
 
-static void rm_tree(const char *path) {
-    DIR *d = opendir(path);
-    if (!d) {
-        unlink(path);
-        return;
-    }
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        char p[PATH_MAX];
-        snprintf(p, sizeof p, "%s/%s", path, e->d_name);
-        rm_tree(p);
-    }
-    closedir(d);
-    rmdir(path);
-}
+static void setup(void) { test_tmpdir(dir, sizeof dir, "shard"); }
 
-static void setup(void) {
-    snprintf(dir, sizeof dir, "/tmp/test_shard_XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(dir));
-}
-
-static void teardown(void) { rm_tree(dir); }
+static void teardown(void) { test_rmdir(dir); }
 
 static const char *pathf(const char *name) {
     static char p[4][PATH_MAX];
@@ -271,6 +252,16 @@ START_TEST(test_corrupt_files) {
     ck_assert_int_eq(dataset_open(pathf("sub.bin"), &ds, err, sizeof err), -1);
     ck_assert_int_eq(dataset_open(pathf("missing_*.bin"), &ds, err, sizeof err), -1);
     ck_assert_ptr_nonnull(strstr(err, "no token shards match"));
+    /* A directory that does not exist, a file in the way, a missing plain
+     * path: each says "no such file or directory" and names the culprit. */
+    ck_assert_int_eq(dataset_open(pathf("gone/train_*.bin"), &ds, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "gone/train_*.bin: no such file or directory") &&
+                      strstr(err, "gone does not exist"), "%s", err);
+    ck_assert_int_eq(dataset_open(pathf("payload.bin/x_*.bin"), &ds, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "no such file or directory") &&
+                      strstr(err, "payload.bin is not a directory"), "%s", err);
+    ck_assert_int_eq(dataset_open(pathf("nothere.bin"), &ds, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "nothere.bin: no such file or directory"), "%s", err);
     /* One bad shard spoils a glob, and the error names it. */
     write_shard("set_000.bin", "byte", 256, 0, 10);
     write_all(pathf("set_001.bin"), g, n - 2);
@@ -704,10 +695,4 @@ static Suite *suite(void) {
     return s;
 }
 
-int main(void) {
-    SRunner *sr = srunner_create(suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
-}
+int main(void) { return test_run_suite(suite()); }

@@ -18,6 +18,7 @@
 
 #include "orchestrator/data/tokenizer.h"
 #include "orchestrator/core/util.h"
+#include "tests/test_util.h"
 
 static char root[PATH_MAX]; /* repository root (holds tests/fixtures) */
 static char vocab_dir[PATH_MAX + 16];
@@ -529,8 +530,8 @@ START_TEST(test_open_errors) {
 
     /* Default search with nothing to find (fresh cwd, ORCH_DATA_DIR unset
        target; the test binary's ../data/gpt2 does not exist). */
-    char dir[] = "/tmp/test_tokenizer_XXXXXX";
-    ck_assert_ptr_nonnull(mkdtemp(dir));
+    char dir[64];
+    test_tmpdir(dir, sizeof dir, "tokenizer");
     find_root();
     char abs_vocab[PATH_MAX];
     ck_assert_ptr_nonnull(realpath(vocab_dir, abs_vocab));
@@ -602,14 +603,7 @@ START_TEST(test_open_errors) {
     write_file(p, "#version: 0.2\nab\n");
     ck_assert_int_eq(tokenizer_open("gpt2", bad, &t, err, sizeof err), -1);
     ck_assert_ptr_nonnull(strstr(err, "line 2"));
-    /* cleanup */
-    const char *files[] = {"gpt2/encoder.json", "gpt2/vocab.bpe", "gpt2",
-                           "bad/encoder.json", "bad/vocab.bpe", "bad"};
-    for (int i = 0; i < 6; i++) {
-        snprintf(p, sizeof p, "%s/%s", dir, files[i]);
-        if (remove(p) != 0) rmdir(p);
-    }
-    rmdir(dir);
+    test_rmdir(dir);
 }
 END_TEST
 
@@ -631,10 +625,4 @@ static Suite *suite(void) {
     return s;
 }
 
-int main(void) {
-    SRunner *sr = srunner_create(suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
-}
+int main(void) { return test_run_suite(suite()); }

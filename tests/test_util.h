@@ -1,18 +1,22 @@
 /*
  * test_util.h - what every Check suite of orch needs once: the main that runs
  * a suite, the build directory and engine search path, a model-description
- * builder, and temporary directories that are removed again.
+ * builder, and temporary directories that are removed again; for the engine
+ * suites also infer_forward inputs, tensor-table reads and writes, AdamW
+ * parameters, float comparisons and two small deterministic generators.
  *
  * Header-only (static functions) so each suite stays one .c file linked
  * against the orchestrator objects.
  * Threads: call from the test process's main thread or a Check test body.
- * Memory: returned strings point into static buffers of this file.
+ * Memory: returned strings point into static buffers of this file;
+ * test_read_kind and test_read_grads return malloc'd arrays the caller frees.
  * Errors: failures abort the current Check test with a message.
  */
 #ifndef ORCH_TEST_UTIL_H
 #define ORCH_TEST_UTIL_H
 
 #include <check.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,6 +86,157 @@ static inline int test_run_suite(Suite *s) {
     int failed = srunner_ntests_failed(sr);
     srunner_free(sr);
     return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
+
+/* ------------------------------------------------------------------------- */
+/* Engine suites: inference inputs, tensor tables, numbers                    */
+/* ------------------------------------------------------------------------- */
+
+/* One sequence of an infer_forward batch (adapter 0). */
+static inline orch_seq_input test_seq_input(const int32_t *tokens, uint32_t n_tokens,
+                                            uint32_t start_pos,
+                                            const int32_t *block_table, uint32_t n_blocks,
+                                            uint32_t logits_mode) {
+    orch_seq_input s;
+    memset(&s, 0, sizeof s);
+    s.tokens = tokens;
+    s.n_tokens = n_tokens;
+    s.start_pos = start_pos;
+    s.block_table = block_table;
+    s.n_blocks = n_blocks;
+    s.logits_mode = logits_mode;
+    return s;
+}
+
+/* api->infer_forward over seqs[0..n) (stride sizeof(orch_seq_input));
+ * returns its status. */
+static inline int32_t test_infer(const orch_engine_api *api, orch_engine_ctx *ctx,
+                                 const orch_seq_input *seqs, uint32_t n, float *logits,
+                                 uint64_t logits_cap) {
+    orch_infer_batch b;
+    memset(&b, 0, sizeof b);
+    b.struct_size = sizeof b;
+    b.n_seqs = n;
+    b.seq_stride = sizeof(orch_seq_input);
+    b.seqs = seqs;
+    return api->infer_forward(ctx, &b, logits, logits_cap);
+}
+
+/* AdamW hyper-parameters of step `step`: beta1 0.9, beta2 0.95, eps 1e-8 and
+ * the rest as given. */
+static inline orch_adamw_params test_adamw(uint64_t step, float lr, float weight_decay,
+                                           float grad_clip) {
+    orch_adamw_params p;
+    memset(&p, 0, sizeof p);
+    p.struct_size = sizeof p;
+    p.step = step;
+    p.lr = lr;
+    p.beta1 = 0.9f;
+    p.beta2 = 0.95f;
+    p.eps = 1e-8f;
+    p.weight_decay = weight_decay;
+    p.grad_clip = grad_clip;
+    return p;
+}
+
+/* An engine's tensor table of one kind, as tensor_count / tensor_info give it;
+ * total is the sum of numel (the flat buffer's length). */
+#define TEST_TABLE_MAX 256
+typedef struct test_table {
+    uint32_t n;
+    uint64_t total;
+    orch_tensor_info info[TEST_TABLE_MAX];
+} test_table;
+
+/* Read the table of `kind` into *t (every call must succeed). */
+static inline void test_read_table(const orch_engine_api *api, orch_engine_ctx *ctx,
+                                   uint32_t kind, test_table *t) {
+    int32_t st = api->tensor_count(ctx, kind, &t->n);
+    ck_assert_msg(st == ORCH_OK, "%s: tensor_count: %s", api->name, api->last_error(ctx));
+    ck_assert_msg(t->n <= TEST_TABLE_MAX, "%s: %u tensors", api->name, t->n);
+    t->total = 0;
+    for (uint32_t i = 0; i < t->n; i++) {
+        memset(&t->info[i], 0, sizeof t->info[i]);
+        t->info[i].struct_size = sizeof t->info[i];
+        st = api->tensor_info(ctx, kind, i, &t->info[i]);
+        ck_assert_msg(st == ORCH_OK, "%s: tensor_info %u: %s", api->name, i,
+                      api->last_error(ctx));
+        t->total += t->info[i].numel;
+    }
+}
+
+/* Every tensor of `kind`, concatenated at the table's offsets (malloc'd: the
+ * caller frees). */
+static inline float *test_read_kind(const orch_engine_api *api, orch_engine_ctx *ctx,
+                                    uint32_t kind, const test_table *t) {
+    float *all = (float *)malloc((t->total ? t->total : 1) * sizeof(float));
+    ck_assert_ptr_nonnull(all);
+    for (uint32_t i = 0; i < t->n; i++) {
+        int32_t st = api->tensor_read(ctx, kind, i, all + t->info[i].offset,
+                                      t->info[i].numel * sizeof(float));
+        ck_assert_msg(st == ORCH_OK, "%s: tensor_read %s: %s", api->name, t->info[i].name,
+                      api->last_error(ctx));
+    }
+    return all;
+}
+
+/* Write every tensor of `kind` from the concatenation `all`. */
+static inline void test_write_kind(const orch_engine_api *api, orch_engine_ctx *ctx,
+                                   uint32_t kind, const test_table *t, const float *all) {
+    for (uint32_t i = 0; i < t->n; i++) {
+        int32_t st = api->tensor_write(ctx, kind, i, all + t->info[i].offset,
+                                       t->info[i].numel * sizeof(float));
+        ck_assert_msg(st == ORCH_OK, "%s: tensor_write %s: %s", api->name,
+                      t->info[i].name, api->last_error(ctx));
+    }
+}
+
+/* The first n gradient elements (malloc'd: the caller frees). */
+static inline float *test_read_grads(const orch_engine_api *api, orch_engine_ctx *ctx,
+                                     uint64_t n) {
+    float *g = (float *)malloc((n ? n : 1) * sizeof(float));
+    ck_assert_ptr_nonnull(g);
+    int32_t st = api->grads_read(ctx, 0, n, g);
+    ck_assert_msg(st == ORCH_OK, "%s: grads_read: %s", api->name, api->last_error(ctx));
+    return g;
+}
+
+/* max |a[i]| over n values. */
+static inline double test_max_abs(const float *a, uint64_t n) {
+    double m = 0.0;
+    for (uint64_t i = 0; i < n; i++) m = fmax(m, fabs((double)a[i]));
+    return m;
+}
+
+/* max |a[i] - b[i]| over n values; INFINITY as soon as one is NaN. */
+static inline double test_max_diff(const float *a, const float *b, uint64_t n) {
+    double m = 0.0;
+    for (uint64_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)b[i]);
+        if (d != d) return INFINITY;
+        m = fmax(m, d);
+    }
+    return m;
+}
+
+/* |a - b| <= abs_tol + rel * max(|a|, |b|). */
+static inline int test_close(double a, double b, double rel, double abs_tol) {
+    return fabs(a - b) <= abs_tol + rel * fmax(fabs(a), fabs(b));
+}
+
+/* Next value of the xorshift64 generator (13, 7, 17) in *s (not 0). */
+static inline uint64_t test_xorshift64(uint64_t *s) {
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+/* Next value of the 64-bit LCG s = s * 6364136223846793005 + 1442695040888963407
+ * (Knuth's MMIX constants) in *s; the high bits are the useful ones. */
+static inline uint64_t test_lcg64(uint64_t *s) {
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return *s;
 }
 
 #endif

@@ -179,9 +179,13 @@ if command -v bible >/dev/null; then
     fail "second default run: $(cat "$tmp/default2.log")"
   grep -q "nothing to do" "$tmp/default2.log" || fail "second default run: $(cat "$tmp/default2.log")"
   grep -q "preparing" "$tmp/default2.log" && fail "second default run prepared the corpus again"
-  # `orch` with no arguments at all is the same command.
+  # `orch` with no arguments only prints the usage: it trains nothing.
   (cd "$tmp/cwd" && "$tmp/inst/bin/orch" >"$tmp/default3.log" 2>&1) ||
     fail "orch without arguments: $(cat "$tmp/default3.log")"
+  head -n 1 "$tmp/default3.log" | grep -q "^usage: orch COMMAND" ||
+    fail "orch without arguments: $(head -n 3 "$tmp/default3.log")"
+  grep -Eq "nothing to do|^step |^done at|preparing" "$tmp/default3.log" &&
+    fail "orch without arguments trained: $(cat "$tmp/default3.log")"
 else
   echo "skip: default run: 'bible' (bible-kjv) is not installed"
 fi

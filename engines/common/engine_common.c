@@ -1,14 +1,26 @@
 /*
- * engine_common.c - engine-side code shared by the mock, cpu and cuda engines
- * (see engine_common.h for the rules). Messages here are part of the engines'
- * behaviour: tests assert them, so change them only with the tests.
+ * engine_common.c - engine-side code shared by the mock, cpu and cuda engines:
+ * status strings, errors, the GPT-2 model rules, table and initialisation,
+ * AdamW constants, the options parser (see engine_common.h for the rules).
+ * Messages here are part of the engines' behaviour: tests assert them, so
+ * change them only with the tests.
  */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* sincos */
+#endif
 #include "engines/common/engine_common.h"
 
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
+
+#define ENGINE_PI 3.14159265358979323846
+
+/* ------------------------------------------------------------------------- */
+/* Status strings and errors                                                  */
+/* ------------------------------------------------------------------------- */
 
 const char *engine_status_string(int32_t status) {
     switch (status) {
@@ -35,6 +47,115 @@ int32_t engine_fail_buf(char *err, size_t cap, int32_t status, const char *fmt, 
     return status;
 }
 
+int32_t engine_fail_nonfinite_norm(char *err, size_t cap) {
+    return engine_fail_buf(err, cap, ORCH_ERR_NUMERIC,
+                           "optimizer_step: gradient norm is not finite (NaN/Inf "
+                           "gradients); nothing changed");
+}
+
+/* ------------------------------------------------------------------------- */
+/* Model description                                                          */
+/* ------------------------------------------------------------------------- */
+
+int32_t engine_model_normalise(const orch_model_desc *in, const engine_model_limits *lim,
+                               orch_model_desc *out, char *err, size_t cap) {
+    if (!in)
+        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+                               "model description is NULL");
+    const uint32_t need = (uint32_t)(offsetof(orch_model_desc, width) + sizeof(uint32_t));
+    if (in->struct_size < need)
+        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+                               "model description struct_size %u is too small (need "
+                               "at least %u)",
+                               in->struct_size, need);
+    orch_model_desc m;
+    memset(&m, 0, sizeof m);
+    memcpy(&m, in, in->struct_size < sizeof m ? in->struct_size : sizeof m);
+    m.struct_size = sizeof m;
+    if (m.arch == ORCH_ARCH_LLAMA)
+        return engine_fail_buf(err, cap, ORCH_ERR_UNSUPPORTED,
+                               "model arch %u (llama) is not supported by the %s "
+                               "engine yet (gpt2 only)",
+                               m.arch, lim->engine);
+    if (m.arch != ORCH_ARCH_GPT2)
+        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+                               "model arch %u is unknown (gpt2 is %u)", m.arch,
+                               (unsigned)ORCH_ARCH_GPT2);
+    const struct {
+        const char *name;
+        uint32_t v, max;
+    } dims[] = { { "vocab_size", m.vocab_size, lim->max_vocab },
+                 { "context", m.context, lim->max_context },
+                 { "layers", m.layers, lim->max_layers },
+                 { "heads", m.heads, UINT32_MAX },
+                 { "width", m.width, lim->max_width } };
+    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++) {
+        if (dims[i].v == 0)
+            return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+                                   "model %s must be > 0", dims[i].name);
+        if (dims[i].v > dims[i].max)
+            return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+                                   "model %s %u exceeds the %s engine's limit %u",
+                                   dims[i].name, dims[i].v, lim->engine, dims[i].max);
+    }
+    if (m.width % m.heads != 0)
+        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+                               "model heads (%u) must divide width (%u)", m.heads,
+                               m.width);
+    if (m.kv_heads != 0 && m.kv_heads != m.heads)
+        return engine_fail_buf(err, cap, ORCH_ERR_UNSUPPORTED,
+                               "model kv_heads %u differs from heads %u (grouped-query "
+                               "attention is not supported for gpt2)",
+                               m.kv_heads, m.heads);
+    if (m.mlp_width == 0) {
+        if (m.width > UINT32_MAX / 4u)
+            return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+                                   "model width %u too large (4*width, the default "
+                                   "mlp_width, overflows)",
+                                   m.width);
+        m.mlp_width = 4u * m.width;
+    }
+    if (m.mlp_width > lim->max_mlp_width)
+        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+                               "model mlp_width %u exceeds the %s engine's limit %u",
+                               m.mlp_width, lim->engine, lim->max_mlp_width);
+    if (!(m.layernorm_eps >= 0.0f) || isinf(m.layernorm_eps))
+        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+                               "model layernorm_eps must be a finite value >= 0");
+    if (m.layernorm_eps == 0.0f) m.layernorm_eps = 1e-5f;
+    m.kv_heads = m.heads;
+    *out = m;
+    return ORCH_OK;
+}
+
+int engine_gpt2_param_count(const orch_model_desc *m, uint64_t *out) {
+    const uint64_t C = m->width, V = m->vocab_size, T = m->context, M = m->mlp_width;
+    uint64_t a, b, layer = 0, total;
+    /* per layer: 2C + (3C*C + 3C) + (C*C + C) + 2C + (M*C + M) + (C*M + C) */
+    if (__builtin_mul_overflow(3 * C, C, &a) || __builtin_add_overflow(layer, a, &layer))
+        return -1;
+    if (__builtin_mul_overflow(C, C, &a) || __builtin_add_overflow(layer, a, &layer))
+        return -1;
+    if (__builtin_mul_overflow(M, C, &a) || __builtin_mul_overflow(a, 2, &b) ||
+        __builtin_add_overflow(layer, b, &layer))
+        return -1;
+    if (__builtin_add_overflow(layer, 9 * C + M, &layer)) return -1;
+    if (__builtin_mul_overflow(layer, (uint64_t)m->layers, &total)) return -1;
+    if (__builtin_mul_overflow(V, C, &a) || __builtin_add_overflow(total, a, &total))
+        return -1;
+    if (__builtin_mul_overflow(T, C, &a) || __builtin_add_overflow(total, a, &total))
+        return -1;
+    if (__builtin_add_overflow(total, 2 * C, &total)) return -1;
+    *out = total;
+    return 0;
+}
+
+uint64_t engine_host_memory_bytes(void) {
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+    if (pages <= 0 || page <= 0) return 0;
+    return (uint64_t)pages * (uint64_t)page;
+}
+
 /* ------------------------------------------------------------------------- */
 /* GPT-2 tensor table                                                         */
 /* ------------------------------------------------------------------------- */
@@ -43,8 +164,8 @@ uint32_t engine_gpt2_tensor_count(uint32_t layers) {
     return 4u + ENGINE_GPT2_PER_LAYER * layers;
 }
 
-static void tensor_add(engine_tensor *t, uint32_t *n, uint64_t *offset,
-                       const char *name, uint32_t ndim, uint64_t d0, uint64_t d1) {
+static void tensor_add(engine_tensor *t, uint32_t *n, uint64_t *offset, const char *name,
+                       uint32_t ndim, uint64_t d0, uint64_t d1) {
     engine_tensor *x = &t[(*n)++];
     memset(x, 0, sizeof *x);
     snprintf(x->name, sizeof x->name, "%s", name);
@@ -64,12 +185,12 @@ uint64_t engine_gpt2_table_fill(engine_tensor *out, uint32_t layers, uint64_t V,
         uint32_t ndim;
         int d0, d1; /* 1 = C, 3 = 3C, 4 = M */
     } spec[ENGINE_GPT2_PER_LAYER] = {
-        {"ln_1.weight", 1, 1, 0},        {"ln_1.bias", 1, 1, 0},
-        {"attn.c_attn.weight", 2, 3, 1}, {"attn.c_attn.bias", 1, 3, 0},
-        {"attn.c_proj.weight", 2, 1, 1}, {"attn.c_proj.bias", 1, 1, 0},
-        {"ln_2.weight", 1, 1, 0},        {"ln_2.bias", 1, 1, 0},
-        {"mlp.c_fc.weight", 2, 4, 1},    {"mlp.c_fc.bias", 1, 4, 0},
-        {"mlp.c_proj.weight", 2, 1, 4},  {"mlp.c_proj.bias", 1, 1, 0},
+        { "ln_1.weight", 1, 1, 0 },        { "ln_1.bias", 1, 1, 0 },
+        { "attn.c_attn.weight", 2, 3, 1 }, { "attn.c_attn.bias", 1, 3, 0 },
+        { "attn.c_proj.weight", 2, 1, 1 }, { "attn.c_proj.bias", 1, 1, 0 },
+        { "ln_2.weight", 1, 1, 0 },        { "ln_2.bias", 1, 1, 0 },
+        { "mlp.c_fc.weight", 2, 4, 1 },    { "mlp.c_fc.bias", 1, 4, 0 },
+        { "mlp.c_proj.weight", 2, 1, 4 },  { "mlp.c_proj.bias", 1, 1, 0 },
     };
     uint32_t n = 0;
     uint64_t off = 0;
@@ -108,123 +229,64 @@ void engine_tensor_info_fill(const engine_tensor *t, orch_tensor_info *out) {
     memcpy(out, &info, n);
 }
 
-int32_t engine_check_kind_index(const char *fn, uint32_t kind, uint32_t index,
-                                uint32_t n_tensors, char *err, size_t cap) {
-    if (kind > ORCH_TENSOR_ADAM_V)
-        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
-                               "%s: tensor kind %u is unknown (0 param, 1 adam_m, 2 "
-                               "adam_v)",
-                               fn, kind);
-    if (index >= n_tensors)
-        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
-                               "%s: tensor index %u out of range (table has %u)", fn,
-                               index, n_tensors);
-    return ORCH_OK;
+/* ------------------------------------------------------------------------- */
+/* GPT-2 initialisation                                                       */
+/* ------------------------------------------------------------------------- */
+
+static int ends_with(const char *s, const char *suffix) {
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && strcmp(s + a - b, suffix) == 0;
 }
 
-int32_t engine_check_tensor_bytes(const char *fn, const engine_tensor *t,
-                                  const void *buf, uint64_t bytes, char *err,
-                                  size_t cap) {
-    if (!buf)
-        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT, "%s: buffer is NULL",
-                               fn);
-    if (bytes != t->numel * sizeof(float))
-        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
-                               "%s: tensor %s needs %llu bytes (%llu f32), got %llu",
-                               fn, t->name,
-                               (unsigned long long)(t->numel * sizeof(float)),
-                               (unsigned long long)t->numel, (unsigned long long)bytes);
-    return ORCH_OK;
+double engine_gpt2_init_std(const engine_tensor *t, uint32_t layers) {
+    if (ends_with(t->name, "attn.c_proj.weight") ||
+        ends_with(t->name, "mlp.c_proj.weight"))
+        return 0.02 / sqrt(2.0 * (double)layers);
+    return 0.02;
+}
+
+float engine_gpt2_init_value(const engine_tensor *t) {
+    return ends_with(t->name, ".weight") ? 1.0f : 0.0f;
+}
+
+void engine_normal_pair(uint64_t x1, uint64_t x2, double std, float *a, float *b) {
+    double r = sqrt(-2.0 * log(engine_unit(x1)));
+    double th = 2.0 * ENGINE_PI * engine_unit(x2);
+    double sn, cs;
+    sincos(th, &sn, &cs); /* glibc: the same values as sin, cos */
+    *a = (float)(std * r * cs);
+    *b = (float)(std * r * sn);
 }
 
 /* ------------------------------------------------------------------------- */
-/* context_create, training calls                                             */
+/* AdamW constants                                                            */
 /* ------------------------------------------------------------------------- */
 
-int32_t engine_create_args(const orch_model_desc *model, const orch_engine_options *opts,
-                           const void *out_ctx, orch_engine_options *o, char *err,
-                           size_t cap) {
-    if (err && cap) err[0] = '\0';
-    if (!model || !out_ctx)
-        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
-                               "context_create: %s is NULL",
-                               !model ? "model" : "out_ctx");
-    memset(o, 0, sizeof *o);
-    if (opts) {
-        if (opts->struct_size < sizeof(uint32_t))
-            return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
-                                   "engine options struct_size %u is too small",
-                                   opts->struct_size);
-        memcpy(o, opts, opts->struct_size < sizeof *o ? opts->struct_size : sizeof *o);
-    }
-    return ORCH_OK;
+void engine_adamw_consts_init(const orch_adamw_params *p, engine_adamw_consts *c) {
+    const double t = (double)p->step;
+    const double bc1 = 1.0 - pow((double)p->beta1, t);
+    const double bc2 = 1.0 - pow((double)p->beta2, t);
+    memset(c, 0, sizeof *c);
+    c->beta1 = p->beta1;
+    c->beta2 = p->beta2;
+    c->one_minus_beta1 = 1.0f - p->beta1;
+    c->one_minus_beta2 = 1.0f - p->beta2;
+    c->decay = 1.0f;
+    c->step_size = (float)((double)p->lr / bc1);
+    c->inv_bc2_sqrt = (float)(1.0 / sqrt(bc2));
+    c->eps = p->eps;
+    c->gscale = 1.0f;
 }
 
-int32_t engine_check_batch_shape(const char *fn, const int32_t *tokens,
-                                 const int32_t *targets, uint32_t batch,
-                                 uint32_t seq_len, uint32_t context, char *err,
-                                 size_t cap) {
-    if (!tokens || !targets)
-        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn,
-                               !tokens ? "tokens" : "targets");
-    if (batch == 0 || seq_len == 0)
-        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
-                               "%s: batch (%u) and seq_len (%u) must be > 0", fn,
-                               batch, seq_len);
-    if (seq_len > context)
-        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
-                               "%s: seq_len %u exceeds the model context %u", fn,
-                               seq_len, context);
-    return ORCH_OK;
+float engine_adamw_decay(const orch_adamw_params *p, uint32_t tensor_flags) {
+    return (tensor_flags & ORCH_TENSOR_FLAG_NO_DECAY) ? 1.0f
+                                                      : 1.0f - p->lr * p->weight_decay;
 }
 
-int32_t engine_check_batch_ids(const char *fn, const int32_t *tokens,
-                               const int32_t *targets, uint32_t batch,
-                               uint32_t seq_len, uint32_t vocab, char *err, size_t cap) {
-    const uint64_t n = (uint64_t)batch * seq_len;
-    const int32_t V = (int32_t)vocab;
-    for (uint64_t i = 0; i < n; i++) {
-        if (tokens[i] < 0 || tokens[i] >= V)
-            return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
-                                   "%s: token %d at [%llu,%llu] outside 0..%d", fn,
-                                   tokens[i], (unsigned long long)(i / seq_len),
-                                   (unsigned long long)(i % seq_len), V - 1);
-        if (targets[i] < -1 || targets[i] >= V)
-            return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
-                                   "%s: target %d at [%llu,%llu] outside -1..%d", fn,
-                                   targets[i], (unsigned long long)(i / seq_len),
-                                   (unsigned long long)(i % seq_len), V - 1);
-    }
-    return ORCH_OK;
-}
-
-int32_t engine_check_adamw(const orch_adamw_params *params, orch_adamw_params *out,
-                           char *err, size_t cap) {
-    if (!params)
-        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
-                               "optimizer_step: params is NULL");
-    if (params->struct_size < sizeof(orch_adamw_params))
-        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
-                               "optimizer_step: params struct_size %u is smaller than "
-                               "ABI 1.0's %zu",
-                               params->struct_size, sizeof(orch_adamw_params));
-    const orch_adamw_params p = *params;
-    if (p.step == 0)
-        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
-                               "optimizer_step: step must be >= 1 (it is 1-based)");
-    if (!(p.lr >= 0.0f) || isinf(p.lr) || !(p.beta1 >= 0.0f && p.beta1 < 1.0f) ||
-        !(p.beta2 >= 0.0f && p.beta2 < 1.0f) || !(p.eps > 0.0f) || isinf(p.eps) ||
-        !(p.weight_decay >= 0.0f) || isinf(p.weight_decay) || !isfinite(p.grad_clip))
-        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
-                               "optimizer_step: bad hyper-parameters (need finite lr "
-                               ">= 0, 0 <= beta1, beta2 < 1, eps > 0, weight_decay >= "
-                               "0, finite grad_clip): lr=%g beta1=%g beta2=%g eps=%g "
-                               "wd=%g clip=%g",
-                               (double)p.lr, (double)p.beta1, (double)p.beta2,
-                               (double)p.eps, (double)p.weight_decay,
-                               (double)p.grad_clip);
-    *out = p;
-    return ORCH_OK;
+float engine_grad_clip_scale(const orch_adamw_params *p, double norm) {
+    if (p->grad_clip > 0.0f && norm > (double)p->grad_clip)
+        return (float)((double)p->grad_clip / norm);
+    return 1.0f;
 }
 
 /* ------------------------------------------------------------------------- */
@@ -246,7 +308,7 @@ int engine_opts_next(const char **cursor, engine_opt_item *it) {
     const char *end = p;
     while (end > start && is_space(end[-1])) end--;
     size_t len = (size_t)(end - start);
-    const char *eq = memchr(start, '=', len);
+    const char *eq = (const char *)memchr(start, '=', len);
     size_t klen = eq ? (size_t)(eq - start) : len;
     while (klen > 0 && is_space(start[klen - 1])) klen--;
     const char *v = eq ? eq + 1 : end;
@@ -262,6 +324,10 @@ int engine_opts_next(const char **cursor, engine_opt_item *it) {
     return 1;
 }
 
+int engine_opt_is(const char *s, size_t len, const char *word) {
+    return strlen(word) == len && memcmp(s, word, len) == 0;
+}
+
 int engine_parse_u64(const char *s, size_t len, uint64_t *out) {
     if (len == 0 || len > 19) return -1;
     uint64_t v = 0;
@@ -273,211 +339,91 @@ int engine_parse_u64(const char *s, size_t len, uint64_t *out) {
     return 0;
 }
 
-/* ------------------------------------------------------------------------- */
-/* KV-block checks                                                            */
-/* ------------------------------------------------------------------------- */
-
-uint32_t engine_kv_marks_new_epoch(engine_kv_mark *marks, uint32_t num_blocks,
-                                   uint32_t *epoch) {
-    if (++*epoch == 0) {
-        memset(marks, 0, (size_t)num_blocks * sizeof *marks);
-        *epoch = 1;
+/* Index of the value among the '|'-separated words, or -1. */
+static int choice_index(const char *choices, const char *v, size_t len) {
+    int k = 0;
+    for (const char *w = choices;; k++) {
+        const char *bar = strchr(w, '|');
+        size_t wl = bar ? (size_t)(bar - w) : strlen(w);
+        if (wl == len && memcmp(w, v, len) == 0) return k;
+        if (!bar) return -1;
+        w = bar + 1;
     }
-    return *epoch;
 }
 
-const orch_seq_input *engine_batch_seq(const orch_infer_batch *b, uint32_t i) {
-    return (const orch_seq_input *)(const void *)((const char *)b->seqs +
-                                                  (size_t)i * b->seq_stride);
-}
-
-int32_t engine_infer_check_header(const orch_infer_batch *batch, char *err, size_t cap) {
-    if (!batch)
-        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
-                               "infer_forward: batch is NULL");
-    if (batch->struct_size < sizeof(orch_infer_batch))
-        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
-                               "infer_forward: batch struct_size %u is smaller than "
-                               "ABI 1.0's %zu",
-                               batch->struct_size, sizeof(orch_infer_batch));
-    if (batch->n_seqs == 0 || !batch->seqs)
-        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
-                               "infer_forward: empty batch (n_seqs %u, seqs %s)",
-                               batch->n_seqs, batch->seqs ? "set" : "NULL");
-    return ORCH_OK;
-}
-
-int32_t engine_infer_check_seqs(const orch_infer_batch *batch, uint32_t V,
-                                uint32_t context, uint32_t bs, uint32_t num_blocks,
-                                uint64_t *out_tokens, uint64_t *out_rows, char *err,
-                                size_t cap) {
-    uint64_t tokens = 0, rows = 0;
-    for (uint32_t i = 0; i < batch->n_seqs; i++) {
-        const orch_seq_input *s = engine_batch_seq(batch, i);
-        if (!s->tokens || s->n_tokens == 0 || !s->block_table)
-            return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
-                                   "infer_forward: sequence %u: %s", i,
-                                   !s->tokens         ? "tokens is NULL"
-                                   : s->n_tokens == 0 ? "n_tokens is 0"
-                                                      : "block_table is NULL");
-        if (s->logits_mode > ORCH_LOGITS_NONE)
-            return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
-                                   "infer_forward: sequence %u: logits_mode %u is "
-                                   "unknown",
-                                   i, s->logits_mode);
-        if (s->adapter_id != 0)
-            return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
-                                   "infer_forward: sequence %u: adapter_id %u "
-                                   "(adapters are reserved; must be 0)",
-                                   i, s->adapter_id);
-        uint64_t end = (uint64_t)s->start_pos + s->n_tokens;
-        if (end > context)
-            return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
-                                   "infer_forward: sequence %u: positions %u..%llu "
-                                   "exceed the model context %u",
-                                   i, s->start_pos, (unsigned long long)(end - 1),
-                                   context);
-        for (uint32_t k = 0; k < s->n_tokens; k++)
-            if (s->tokens[k] < 0 || (uint32_t)s->tokens[k] >= V)
-                return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
-                                       "infer_forward: sequence %u: token %d at "
-                                       "position %llu outside 0..%u",
-                                       i, s->tokens[k],
-                                       (unsigned long long)s->start_pos + k, V - 1);
-        uint64_t needed = (end + bs - 1) / bs;
-        if (s->n_blocks < needed)
-            return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
-                                   "infer_forward: sequence %u: %u blocks cover %llu "
-                                   "positions, %llu needed",
-                                   i, s->n_blocks, (unsigned long long)s->n_blocks * bs,
-                                   (unsigned long long)end);
-        for (uint64_t j = 0; j < needed; j++)
-            if (s->block_table[j] < 0 || (uint32_t)s->block_table[j] >= num_blocks)
-                return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
-                                       "infer_forward: sequence %u: block id %d "
-                                       "(logical block %llu) outside the pool of %u "
-                                       "blocks",
-                                       i, s->block_table[j], (unsigned long long)j,
-                                       num_blocks);
-        tokens += s->n_tokens;
-        rows += s->logits_mode == ORCH_LOGITS_ALL    ? s->n_tokens
-                : s->logits_mode == ORCH_LOGITS_LAST ? 1u
-                                                     : 0u;
+/* "a|b|c" as "a, b or c". */
+static void choice_text(const char *choices, char *out, size_t cap) {
+    size_t used = 0;
+    out[0] = '\0';
+    for (const char *w = choices; *w && used + 1 < cap;) {
+        const char *bar = strchr(w, '|');
+        size_t wl = bar ? (size_t)(bar - w) : strlen(w);
+        const char *join = w == choices ? "" : strchr(w, '|') ? ", " : " or ";
+        int n = snprintf(out + used, cap - used, "%s%.*s", join, (int)wl, w);
+        if (n < 0) break;
+        used += (size_t)n;
+        if (!bar) break;
+        w = bar + 1;
     }
-    *out_tokens = tokens;
-    *out_rows = rows;
-    return ORCH_OK;
 }
 
-int32_t engine_infer_check_logits(uint64_t rows, uint32_t V, const float *logits,
-                                  uint64_t logits_cap, char *err, size_t cap) {
-    /* rows * V > logits_cap, without overflow (V > 0) */
-    if (rows > logits_cap / V)
-        return engine_fail_buf(err, cap, ORCH_ERR_CAPACITY,
-                               "infer_forward: %llu logit rows of %u need %llu "
-                               "floats, logits_cap is %llu",
-                               (unsigned long long)rows, V,
-                               (unsigned long long)rows * V,
-                               (unsigned long long)logits_cap);
-    if (rows > 0 && !logits)
-        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
-                               "infer_forward: logits is NULL");
-    return ORCH_OK;
-}
-
-static int32_t shared_block(char *err, size_t cap, int32_t block, uint32_t writer,
-                            uint32_t user) {
-    return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
-                           "infer_forward: block %d is written by sequence %u "
-                           "and also used by sequence %u (copy it first)",
-                           block, writer, user);
-}
-
-int32_t engine_infer_check_blocks(const orch_infer_batch *batch, uint32_t bs,
-                                  engine_kv_mark *marks, uint32_t num_blocks,
-                                  uint32_t *epoch, const uint8_t *written, char *err,
-                                  size_t cap) {
-    /* Mark the blocks each sequence writes; two writers is misuse. */
-    const uint32_t ep = engine_kv_marks_new_epoch(marks, num_blocks, epoch);
-    for (uint32_t i = 0; i < batch->n_seqs; i++) {
-        const orch_seq_input *s = engine_batch_seq(batch, i);
-        uint64_t first = s->start_pos / bs;
-        uint64_t last = ((uint64_t)s->start_pos + s->n_tokens - 1) / bs;
-        for (uint64_t j = first; j <= last; j++) {
-            engine_kv_mark *mk = &marks[s->block_table[j]];
-            if (mk->epoch == ep && mk->seq != i)
-                return shared_block(err, cap, s->block_table[j], mk->seq, i);
-            if (mk->epoch == ep && mk->lblock != j)
-                return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
-                                       "infer_forward: block %d appears twice in the "
-                                       "block table of sequence %u (logical blocks "
-                                       "%u and %llu)",
-                                       s->block_table[j], i, mk->lblock,
-                                       (unsigned long long)j);
-            mk->epoch = ep;
-            mk->seq = i;
-            mk->lblock = (uint32_t)j;
+static int32_t opt_value(const engine_opt_item *it, const char *engine,
+                         const engine_opt_spec *sp, uint64_t *value, char *err,
+                         size_t cap) {
+    if (sp->choices) {
+        int k = choice_index(sp->choices, it->value, it->value_len);
+        if (k < 0) {
+            char words[256];
+            choice_text(sp->choices, words, sizeof words);
+            return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+                                   "%s options: %s '%.*s' is not %s", engine, sp->key,
+                                   (int)it->value_len, it->value, words);
         }
+        *value = (uint64_t)k;
+        return ORCH_OK;
     }
-    /* Nobody reads a block another sequence writes; earlier positions must
-     * already hold K/V. */
-    for (uint32_t i = 0; i < batch->n_seqs; i++) {
-        const orch_seq_input *s = engine_batch_seq(batch, i);
-        uint64_t last = ((uint64_t)s->start_pos + s->n_tokens - 1) / bs;
-        for (uint64_t j = 0; j <= last; j++) {
-            const engine_kv_mark *mk = &marks[s->block_table[j]];
-            if (mk->epoch != ep) continue;
-            if (mk->seq != i) return shared_block(err, cap, s->block_table[j], mk->seq, i);
-            if (mk->lblock != j)
-                return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
-                                       "infer_forward: block %d appears twice in the "
-                                       "block table of sequence %u (logical blocks "
-                                       "%llu and %u)",
-                                       s->block_table[j], i, (unsigned long long)j,
-                                       mk->lblock);
-        }
-        for (uint32_t p = 0; p < s->start_pos; p++) {
-            int32_t b = s->block_table[p / bs];
-            uint32_t o = p % bs;
-            if (!written[(size_t)b * bs + o])
-                return engine_fail_buf(err, cap, ORCH_ERR_STATE,
-                                       "infer_forward: sequence %u reads position %u "
-                                       "from block %d slot %u, which was never "
-                                       "written",
-                                       i, p, b, o);
-        }
-    }
+    uint64_t num = 0;
+    if (engine_parse_u64(it->value, it->value_len, &num) || num < sp->min ||
+        num > sp->max)
+        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+                               "%s options: %s '%.*s' is not an integer %llu..%llu",
+                               engine, sp->key, (int)it->value_len, it->value,
+                               (unsigned long long)sp->min, (unsigned long long)sp->max);
+    *value = num;
     return ORCH_OK;
 }
 
-int32_t engine_kv_copy_check(const int32_t *src, const int32_t *dst, uint32_t n,
-                             engine_kv_mark *marks, uint32_t num_blocks,
-                             uint32_t *epoch, char *err, size_t cap) {
-    if (!src || !dst)
-        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
-                               "kv_copy_blocks: %s is NULL", !src ? "src" : "dst");
-    for (uint32_t i = 0; i < n; i++)
-        if (src[i] < 0 || (uint32_t)src[i] >= num_blocks || dst[i] < 0 ||
-            (uint32_t)dst[i] >= num_blocks)
+int32_t engine_opts_parse(const char *s, const char *engine, const engine_opt_spec *spec,
+                          size_t n_spec, uint64_t *values, uint8_t *given, char *err,
+                          size_t cap) {
+    if (!s) return ORCH_OK;
+    engine_opt_item it;
+    while (engine_opts_next(&s, &it)) {
+        if (!it.has_eq)
             return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
-                                   "kv_copy_blocks: pair %u (%d -> %d) names a block "
-                                   "outside the pool of %u blocks",
-                                   i, src[i], dst[i], num_blocks);
-    /* Roles: seq 0 = source, 1 = destination. */
-    const uint32_t ep = engine_kv_marks_new_epoch(marks, num_blocks, epoch);
-    for (uint32_t i = 0; i < n; i++) {
-        marks[src[i]].epoch = ep;
-        marks[src[i]].seq = 0;
-    }
-    for (uint32_t i = 0; i < n; i++) {
-        engine_kv_mark *mk = &marks[dst[i]];
-        if (mk->epoch == ep)
+                                   "%s options: '%.*s' is not key=value", engine,
+                                   (int)it.item_len, it.item);
+        size_t k = 0;
+        while (k < n_spec && !engine_opt_is(it.key, it.key_len, spec[k].key)) k++;
+        if (k == n_spec) {
+            char keys[256] = "";
+            size_t used = 0;
+            for (size_t j = 0; j < n_spec && used < sizeof keys; j++) {
+                int n = snprintf(keys + used, sizeof keys - used, "%s%s", j ? ", " : "",
+                                 spec[j].key);
+                if (n < 0) break;
+                used += (size_t)n;
+            }
             return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
-                                   "kv_copy_blocks: block %d is %s", dst[i],
-                                   mk->seq == 0 ? "both a source and a destination"
-                                                : "a destination twice");
-        mk->epoch = ep;
-        mk->seq = 1;
+                                   "%s options: unknown option '%.*s' (the %s engine "
+                                   "knows %s)",
+                                   engine, (int)it.key_len, it.key, engine, keys);
+        }
+        uint64_t v = 0;
+        int32_t st = opt_value(&it, engine, &spec[k], &v, err, cap);
+        if (st != ORCH_OK) return st;
+        values[k] = v;
+        given[k] = 1;
     }
     return ORCH_OK;
 }

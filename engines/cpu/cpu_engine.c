@@ -30,12 +30,10 @@
  */
 #include <math.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <unistd.h>
 
 #include "engines/cpu/cpu_internal.h"
 
@@ -43,19 +41,7 @@
 #define CPU_MAX_THREADS 1024u
 #define CPU_MAX_LAYERS 4096u
 #define CPU_MAX_DIM (1u << 24)
-#define CPU_PI 3.14159265358979323846
-
-/* ------------------------------------------------------------------------- */
-/* Errors                                                                     */
-/* ------------------------------------------------------------------------- */
-
-int32_t cpu_fail(orch_engine_ctx *ctx, int32_t status, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(ctx->last_error, sizeof ctx->last_error, fmt, ap);
-    va_end(ap);
-    return status;
-}
+#define CPU_MAX_BATCH   (1u << 24) /* tokens of one training call */
 
 /* Every context call starts here. last_error keeps the message of the
  * last FAILED call (the header's rule), so nothing is cleared. */
@@ -87,139 +73,24 @@ static void zfree(float *p, size_t floats) {
 /* Options                                                                    */
 /* ------------------------------------------------------------------------- */
 
-typedef struct cpu_options {
-    int has_threads;
-    uint64_t threads;
-    int isa;
-    uint64_t skinny;
-    uint64_t max_batch_tokens;
-} cpu_options;
-
-static int key_is(const char *k, size_t klen, const char *name) {
-    return strlen(name) == klen && memcmp(k, name, klen) == 0;
-}
-
-static int32_t parse_options(const char *s, cpu_options *o, char *err,
-                             uint32_t cap) {
-    if (!s) return ORCH_OK;
-    engine_opt_item it;
-    while (engine_opts_next(&s, &it)) {
-        if (!it.has_eq)
-            return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
-                                   "cpu options: '%.*s' is not key=value",
-                                   (int)it.item_len, it.item);
-        const char *start = it.key, *v = it.value;
-        size_t klen = it.key_len, vlen = it.value_len;
-        uint64_t num = 0;
-        if (key_is(start, klen, "threads")) {
-            if (engine_parse_u64(v, vlen, &num) || num > CPU_MAX_THREADS)
-                return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
-                                "cpu options: threads '%.*s' is not an integer "
-                                "0..%u",
-                                (int)vlen, v, CPU_MAX_THREADS);
-            o->has_threads = 1;
-            o->threads = num;
-        } else if (key_is(start, klen, "isa")) {
-            if (key_is(v, vlen, "avx512")) o->isa = CPU_ISA_AVX512;
-            else if (key_is(v, vlen, "avx2")) o->isa = CPU_ISA_AVX2;
-            else if (key_is(v, vlen, "generic")) o->isa = CPU_ISA_GENERIC;
-            else
-                return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
-                                "cpu options: isa '%.*s' is not avx512, avx2 "
-                                "or generic",
-                                (int)vlen, v);
-        } else if (key_is(start, klen, "skinny")) {
-            if (engine_parse_u64(v, vlen, &num) || num > 1024)
-                return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
-                                "cpu options: skinny '%.*s' is not an integer "
-                                "0..1024",
-                                (int)vlen, v);
-            o->skinny = num;
-        } else if (key_is(start, klen, "max_batch_tokens")) {
-            if (engine_parse_u64(v, vlen, &num) || num == 0 || num > (1u << 24))
-                return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
-                                "cpu options: max_batch_tokens '%.*s' is not "
-                                "an integer 1..%u",
-                                (int)vlen, v, 1u << 24);
-            o->max_batch_tokens = num;
-        } else {
-            return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
-                            "cpu options: unknown option '%.*s' (the cpu "
-                            "engine knows threads, isa, skinny, "
-                            "max_batch_tokens)",
-                            (int)klen, start);
-        }
-    }
-    return ORCH_OK;
-}
+/* The keys of the options string (engines/common parses it). */
+enum { OPT_THREADS, OPT_ISA, OPT_SKINNY, OPT_MAX_BATCH_TOKENS, OPT_COUNT };
+static const engine_opt_spec cpu_opt_spec[OPT_COUNT] = {
+    { "threads", NULL, 0, CPU_MAX_THREADS },
+    { "isa", "avx512|avx2|generic", 0, 0 },
+    { "skinny", NULL, 0, 1024 },
+    { "max_batch_tokens", NULL, 1, 1u << 24 },
+};
+/* CPU_ISA_* of the isa words, in their order above. */
+static const int cpu_isa_of[3] = { CPU_ISA_AVX512, CPU_ISA_AVX2, CPU_ISA_GENERIC };
 
 /* ------------------------------------------------------------------------- */
 /* Model description and tensor table                                         */
 /* ------------------------------------------------------------------------- */
 
-static int32_t model_normalise(const orch_model_desc *in, orch_model_desc *out,
-                               char *err, uint32_t cap) {
-    const uint32_t need =
-        (uint32_t)(offsetof(orch_model_desc, width) + sizeof(uint32_t));
-    if (in->struct_size < need)
-        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
-                        "model description struct_size %u is too small (need "
-                        "at least %u)",
-                        in->struct_size, need);
-    orch_model_desc m;
-    memset(&m, 0, sizeof m);
-    memcpy(&m, in, in->struct_size < sizeof m ? in->struct_size : sizeof m);
-    m.struct_size = sizeof m;
-    if (m.arch == ORCH_ARCH_LLAMA)
-        return engine_fail_buf(err, cap, ORCH_ERR_UNSUPPORTED,
-                        "model arch %u (llama) is not supported by the cpu "
-                        "engine yet (gpt2 only)",
-                        m.arch);
-    if (m.arch != ORCH_ARCH_GPT2)
-        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
-                        "model arch %u is unknown (gpt2 is %u)", m.arch,
-                        (unsigned)ORCH_ARCH_GPT2);
-    const struct {
-        const char *name;
-        uint32_t v;
-    } dims[] = {{"vocab_size", m.vocab_size}, {"context", m.context},
-                {"layers", m.layers},         {"heads", m.heads},
-                {"width", m.width},           {"mlp_width", m.mlp_width}};
-    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++) {
-        if (dims[i].v == 0 && strcmp(dims[i].name, "mlp_width") != 0)
-            return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
-                            "model %s must be > 0", dims[i].name);
-        if (dims[i].v > CPU_MAX_DIM)
-            return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
-                            "model %s %u exceeds the cpu engine's limit %u",
-                            dims[i].name, dims[i].v, CPU_MAX_DIM);
-    }
-    if (m.layers > CPU_MAX_LAYERS)
-        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
-                        "model layers %u exceeds the limit %u", m.layers,
-                        CPU_MAX_LAYERS);
-    if (m.width % m.heads != 0)
-        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
-                        "model heads (%u) must divide width (%u)", m.heads,
-                        m.width);
-    if (m.kv_heads != 0 && m.kv_heads != m.heads)
-        return engine_fail_buf(err, cap, ORCH_ERR_UNSUPPORTED,
-                        "model kv_heads %u differs from heads %u (grouped-query "
-                        "attention is not supported for gpt2)",
-                        m.kv_heads, m.heads);
-    if (m.mlp_width == 0) m.mlp_width = 4u * m.width;
-    if (m.mlp_width > CPU_MAX_DIM)
-        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
-                        "model mlp_width %u exceeds the cpu engine's limit %u",
-                        m.mlp_width, CPU_MAX_DIM);
-    if (!(m.layernorm_eps >= 0.0f) || isinf(m.layernorm_eps))
-        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
-                        "model layernorm_eps must be a finite value >= 0");
-    if (m.layernorm_eps == 0.0f) m.layernorm_eps = 1e-5f;
-    m.kv_heads = m.heads;
-    *out = m;
-    return ORCH_OK;
-}
+static const engine_model_limits cpu_limits = {
+    "cpu", CPU_MAX_DIM, CPU_MAX_DIM, CPU_MAX_LAYERS, CPU_MAX_DIM, CPU_MAX_DIM
+};
 
 _Static_assert(L_COUNT == ENGINE_GPT2_PER_LAYER, "L_* follow the common table");
 
@@ -261,38 +132,9 @@ static void view_build(const orch_engine_ctx *ctx, float *base, cpu_view *v) {
     v->lnf_b = base + t[ctx->n_tensors - 1].offset;
 }
 
-/* Parameter count with overflow checks; -1 when it does not fit. */
-static int param_count(const orch_model_desc *m, uint64_t *out) {
-    /* Every dimension is <= 2^24 and layers <= 4096, so only the products
-     * need care. */
-    uint64_t C = m->width, V = m->vocab_size, T = m->context, M = m->mlp_width;
-    uint64_t layer = 4 * C * C + 2 * M * C + 9 * C + M, total;
-    if (__builtin_mul_overflow(layer, (uint64_t)m->layers, &total)) return -1;
-    if (__builtin_add_overflow(total, V * C + T * C + 2 * C, &total)) return -1;
-    *out = total;
-    return 0;
-}
-
 /* ------------------------------------------------------------------------- */
 /* Initialisation (same stream as the CUDA engine)                            */
 /* ------------------------------------------------------------------------- */
-
-static uint64_t splitmix_at(uint64_t seed, uint64_t k) {
-    /* The k-th output (0-based) of a splitmix64 stream started at seed. */
-    uint64_t z = seed + (k + 1) * 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static double unit_of(uint64_t x) {
-    return ((double)(x >> 11) + 1.0) * (1.0 / 9007199254740992.0);
-}
-
-static int ends_with(const char *s, const char *suffix) {
-    size_t a = strlen(s), b = strlen(suffix);
-    return a >= b && strcmp(s + a - b, suffix) == 0;
-}
 
 /* Chunks of the flat parameter buffer; a chunk may start or end inside a
  * Box-Muller pair (the pair is then computed by both chunks: same values). */
@@ -308,7 +150,6 @@ static void init_chunk(void *arg, size_t c, int tid) {
     (void)tid;
     const init_job *j = arg;
     orch_engine_ctx *ctx = j->ctx;
-    const double resid_std = 0.02 / sqrt(2.0 * (double)ctx->L);
     const size_t lo = c * INIT_CHUNK;
     const size_t hi = lo + INIT_CHUNK < ctx->n_params ? lo + INIT_CHUNK : ctx->n_params;
     for (uint32_t i = 0; i < ctx->n_tensors; i++) {
@@ -320,21 +161,17 @@ static void init_chunk(void *arg, size_t c, int tid) {
         a -= t->offset; /* element range inside the tensor */
         b -= t->offset;
         if (t->ndim == 2) {
-            const double std = ends_with(t->name, "attn.c_proj.weight") ||
-                                       ends_with(t->name, "mlp.c_proj.weight")
-                                   ? resid_std
-                                   : 0.02;
+            const double std = engine_gpt2_init_std(t, ctx->L);
             for (size_t q = a / 2; 2 * q < b; q++) {
                 uint64_t k = j->stream_base[i] + 2 * (uint64_t)q;
-                double r = sqrt(-2.0 * log(unit_of(splitmix_at(j->seed, k))));
-                double th = 2.0 * CPU_PI * unit_of(splitmix_at(j->seed, k + 1));
-                double sn, cs;
-                sincos(th, &sn, &cs); /* glibc: the same values as sin, cos */
-                if (2 * q >= a) p[2 * q] = (float)(std * r * cs);
-                if (2 * q + 1 < b) p[2 * q + 1] = (float)(std * r * sn);
+                float x0, x1;
+                engine_normal_pair(engine_splitmix64_at(j->seed, k),
+                                   engine_splitmix64_at(j->seed, k + 1), std, &x0, &x1);
+                if (2 * q >= a) p[2 * q] = x0;
+                if (2 * q + 1 < b) p[2 * q + 1] = x1;
             }
         } else {
-            float v = ends_with(t->name, ".weight") ? 1.0f : 0.0f;
+            float v = engine_gpt2_init_value(t);
             for (size_t q = a; q < b; q++) p[q] = v;
         }
     }
@@ -411,13 +248,17 @@ static int32_t cpu_context_create(const orch_model_desc *model,
     if (st != ORCH_OK) return st;
     orch_model_desc m;
     memset(&m, 0, sizeof m);
-    st = model_normalise(model, &m, err, err_cap);
+    st = engine_model_normalise(model, &cpu_limits, &m, err, err_cap);
     if (st != ORCH_OK) return st;
-    cpu_options co = {0, 0, cpu_kernels_isa(), 64, 16384};
-    const int best_isa = co.isa;
-    if ((st = parse_options(o.options, &co, err, err_cap)) != ORCH_OK) return st;
-    if (co.isa > best_isa) co.isa = best_isa;
-    uint64_t threads = co.has_threads ? co.threads : o.threads;
+    uint64_t ov[OPT_COUNT] = { 0, 0, 64, 16384 };
+    uint8_t given[OPT_COUNT] = { 0 };
+    st = engine_opts_parse(o.options, "cpu", cpu_opt_spec, OPT_COUNT, ov, given, err,
+                           err_cap);
+    if (st != ORCH_OK) return st;
+    const int best_isa = cpu_kernels_isa();
+    int isa = given[OPT_ISA] ? cpu_isa_of[ov[OPT_ISA]] : best_isa;
+    if (isa > best_isa) isa = best_isa;
+    uint64_t threads = given[OPT_THREADS] ? ov[OPT_THREADS] : o.threads;
     if (threads > CPU_MAX_THREADS)
         return engine_fail_buf(err, err_cap, ORCH_ERR_INVALID_ARGUMENT,
                         "threads %llu exceeds the limit %u",
@@ -426,18 +267,16 @@ static int32_t cpu_context_create(const orch_model_desc *model,
     if (threads > CPU_MAX_THREADS) threads = CPU_MAX_THREADS;
 
     uint64_t n_params;
-    if (param_count(&m, &n_params) != 0 || n_params > SIZE_MAX / 16)
+    if (engine_gpt2_param_count(&m, &n_params) != 0 || n_params > SIZE_MAX / 16)
         return engine_fail_buf(err, err_cap, ORCH_ERR_OUT_OF_MEMORY,
                         "model too large (parameter count overflows)");
-    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-    if (pages > 0 && page > 0 &&
-        n_params * sizeof(float) / (uint64_t)page > (uint64_t)pages)
+    const uint64_t mem = engine_host_memory_bytes();
+    if (mem && n_params * sizeof(float) > mem)
         return engine_fail_buf(err, err_cap, ORCH_ERR_OUT_OF_MEMORY,
-                        "model needs %llu bytes for its %llu parameters, more "
-                        "than this machine's %llu bytes of memory",
-                        (unsigned long long)(n_params * sizeof(float)),
-                        (unsigned long long)n_params,
-                        (unsigned long long)pages * (unsigned long long)page);
+                               "model needs %llu bytes for its %llu parameters, more "
+                               "than this machine's %llu bytes of memory",
+                               (unsigned long long)(n_params * sizeof(float)),
+                               (unsigned long long)n_params, (unsigned long long)mem);
 
     orch_engine_ctx *ctx = calloc(1, sizeof *ctx);
     if (!ctx)
@@ -451,10 +290,11 @@ static int32_t cpu_context_create(const orch_model_desc *model,
     ctx->M = m.mlp_width;
     ctx->HS = m.width / m.heads;
     ctx->eps = m.layernorm_eps;
-    ctx->isa = co.isa;
+    ctx->isa = isa;
     ctx->threads = (int)threads;
-    ctx->skinny_max = (uint32_t)co.skinny;
-    ctx->max_batch_tokens = (uint32_t)co.max_batch_tokens;
+    ctx->skinny_max = (uint32_t)ov[OPT_SKINNY];
+    ctx->max_batch_tokens = (uint32_t)ov[OPT_MAX_BATCH_TOKENS];
+    ctx->train_lim = (engine_batch_limits){ "cpu", ctx->V, ctx->T, CPU_MAX_BATCH };
     if (table_build(ctx) != ORCH_OK) {
         cpu_context_destroy(ctx);
         return engine_fail_buf(err, err_cap, ORCH_ERR_OUT_OF_MEMORY,
@@ -496,21 +336,11 @@ static const char *cpu_last_error(const orch_engine_ctx *ctx) {
 /* Tensor tables                                                              */
 /* ------------------------------------------------------------------------- */
 
-static int32_t check_kind_index(orch_engine_ctx *ctx, const char *fn,
-                                uint32_t kind, uint32_t index) {
-    return engine_check_kind_index(fn, kind, index, ctx->n_tensors,
-                                   ctx->last_error, sizeof ctx->last_error);
-}
-
 static int32_t cpu_tensor_count(orch_engine_ctx *ctx, uint32_t kind,
                                 uint32_t *out_count) {
     ENTER(ctx);
-    if (!out_count)
-        return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                        "tensor_count: out_count is NULL");
-    if (kind > ORCH_TENSOR_ADAM_V)
-        return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                        "tensor_count: tensor kind %u is unknown", kind);
+    int32_t st = engine_check_tensor_count(kind, out_count, ENGINE_ERRBUF(ctx));
+    if (st != ORCH_OK) return st;
     *out_count = ctx->n_tensors;
     return ORCH_OK;
 }
@@ -518,25 +348,11 @@ static int32_t cpu_tensor_count(orch_engine_ctx *ctx, uint32_t kind,
 static int32_t cpu_tensor_info(orch_engine_ctx *ctx, uint32_t kind,
                                uint32_t index, orch_tensor_info *out) {
     ENTER(ctx);
-    if (!out)
-        return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT, "tensor_info: out is NULL");
-    if (out->struct_size < sizeof(uint32_t))
-        return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                        "tensor_info: out->struct_size %u is too small",
-                        out->struct_size);
-    int32_t st = check_kind_index(ctx, "tensor_info", kind, index);
-    if (st) return st;
+    int32_t st =
+        engine_check_tensor_info(kind, index, ctx->n_tensors, out, ENGINE_ERRBUF(ctx));
+    if (st != ORCH_OK) return st;
     engine_tensor_info_fill(&ctx->tensors[index], out);
     return ORCH_OK;
-}
-
-static int32_t check_tensor_io(orch_engine_ctx *ctx, const char *fn,
-                               uint32_t kind, uint32_t index, const void *buf,
-                               uint64_t bytes) {
-    int32_t st = check_kind_index(ctx, fn, kind, index);
-    if (st) return st;
-    return engine_check_tensor_bytes(fn, &ctx->tensors[index], buf, bytes,
-                                     ctx->last_error, sizeof ctx->last_error);
 }
 
 static float *kind_buffer(orch_engine_ctx *ctx, uint32_t kind) {
@@ -548,7 +364,9 @@ static float *kind_buffer(orch_engine_ctx *ctx, uint32_t kind) {
 static int32_t cpu_tensor_read(orch_engine_ctx *ctx, uint32_t kind,
                                uint32_t index, void *dst, uint64_t dst_bytes) {
     ENTER(ctx);
-    int32_t st = check_tensor_io(ctx, "tensor_read", kind, index, dst, dst_bytes);
+    int32_t st =
+        engine_check_tensor_io("tensor_read", kind, index, ctx->tensors, ctx->n_tensors,
+                               dst, dst_bytes, ENGINE_ERRBUF(ctx));
     if (st) return st;
     const float *src = kind_buffer(ctx, kind);
     if (src)
@@ -562,7 +380,9 @@ static int32_t cpu_tensor_write(orch_engine_ctx *ctx, uint32_t kind,
                                 uint32_t index, const void *src,
                                 uint64_t src_bytes) {
     ENTER(ctx);
-    int32_t st = check_tensor_io(ctx, "tensor_write", kind, index, src, src_bytes);
+    int32_t st =
+        engine_check_tensor_io("tensor_write", kind, index, ctx->tensors, ctx->n_tensors,
+                               src, src_bytes, ENGINE_ERRBUF(ctx));
     if (st) return st;
     if (kind != ORCH_TENSOR_PARAM && (st = cpu_ensure_train_state(ctx)) != ORCH_OK)
         return st;
@@ -599,24 +419,11 @@ static int32_t cpu_grads_zero(orch_engine_ctx *ctx) {
     return ORCH_OK;
 }
 
-static int32_t check_range(orch_engine_ctx *ctx, const char *fn,
-                           uint64_t offset, uint64_t count, const void *buf) {
-    if (offset > ctx->n_params || count > ctx->n_params - offset)
-        return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                        "%s: range [%llu, %llu+%llu) exceeds the %llu gradient "
-                        "elements",
-                        fn, (unsigned long long)offset,
-                        (unsigned long long)offset, (unsigned long long)count,
-                        (unsigned long long)ctx->n_params);
-    if (count > 0 && !buf)
-        return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT, "%s: buffer is NULL", fn);
-    return ORCH_OK;
-}
-
 static int32_t cpu_grads_read(orch_engine_ctx *ctx, uint64_t offset,
                               uint64_t count, float *dst) {
     ENTER(ctx);
-    int32_t st = check_range(ctx, "grads_read", offset, count, dst);
+    int32_t st = engine_check_grad_range("grads_read", offset, count, ctx->n_params, dst,
+                                         ENGINE_ERRBUF(ctx));
     if (st) return st;
     if (!count) return ORCH_OK;
     if (ctx->grads)
@@ -629,7 +436,8 @@ static int32_t cpu_grads_read(orch_engine_ctx *ctx, uint64_t offset,
 static int32_t cpu_grads_write(orch_engine_ctx *ctx, uint64_t offset,
                                uint64_t count, const float *src) {
     ENTER(ctx);
-    int32_t st = check_range(ctx, "grads_write", offset, count, src);
+    int32_t st = engine_check_grad_range("grads_write", offset, count, ctx->n_params, src,
+                                         ENGINE_ERRBUF(ctx));
     if (st) return st;
     if (!count) return ORCH_OK;
     if ((st = cpu_ensure_train_state(ctx)) != ORCH_OK) return st;
@@ -641,35 +449,14 @@ static int32_t cpu_grads_write(orch_engine_ctx *ctx, uint64_t offset,
 /* Training and evaluation                                                    */
 /* ------------------------------------------------------------------------- */
 
-static int32_t check_batch(orch_engine_ctx *ctx, const char *fn,
-                           const int32_t *tokens, const int32_t *targets,
-                           uint32_t batch, uint32_t seq_len) {
-    int32_t st = engine_check_batch_shape(fn, tokens, targets, batch, seq_len,
-                                          ctx->T,
-                                          ctx->last_error, sizeof ctx->last_error);
-    if (st != ORCH_OK) return st;
-    if ((uint64_t)batch * seq_len > (1u << 24))
-        return cpu_fail(ctx, ORCH_ERR_CAPACITY,
-                        "%s: batch %u x seq_len %u tokens exceeds the cpu "
-                        "engine's limit of %u per call",
-                        fn, batch, seq_len, 1u << 24);
-    return engine_check_batch_ids(fn, tokens, targets, batch, seq_len, ctx->V,
-                                  ctx->last_error, sizeof ctx->last_error);
-}
-
 static int32_t cpu_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
                                     const int32_t *targets, uint32_t batch,
                                     uint32_t seq_len, float grad_scale,
                                     float *out_loss) {
     ENTER(ctx);
-    if (!out_loss)
-        return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                        "forward_backward: out_loss is NULL");
-    if (!isfinite(grad_scale))
-        return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                        "forward_backward: grad_scale is not finite");
-    int32_t st = check_batch(ctx, "forward_backward", tokens, targets, batch,
-                             seq_len);
+    int32_t st = engine_check_train_call("forward_backward", tokens, targets, batch,
+                                         seq_len, grad_scale, out_loss, &ctx->train_lim,
+                                         NULL, ENGINE_ERRBUF(ctx));
     if (st) return st;
     float loss = 0.0f;
     st = cpu_train_forward_backward(ctx, tokens, targets, batch, seq_len,
@@ -683,10 +470,9 @@ static int32_t cpu_eval_loss(orch_engine_ctx *ctx, const int32_t *tokens,
                              const int32_t *targets, uint32_t batch,
                              uint32_t seq_len, float *out_loss) {
     ENTER(ctx);
-    if (!out_loss)
-        return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                        "eval_loss: out_loss is NULL");
-    int32_t st = check_batch(ctx, "eval_loss", tokens, targets, batch, seq_len);
+    int32_t st =
+        engine_check_train_call("eval_loss", tokens, targets, batch, seq_len, 0.0f,
+                                out_loss, &ctx->train_lim, NULL, ENGINE_ERRBUF(ctx));
     if (st) return st;
     float loss = 0.0f;
     st = cpu_train_forward_backward(ctx, tokens, targets, batch, seq_len, 0.0f,
@@ -701,8 +487,7 @@ static int32_t cpu_optimizer_step(orch_engine_ctx *ctx,
                                   float *out_grad_norm) {
     ENTER(ctx);
     orch_adamw_params p;
-    int32_t st = engine_check_adamw(params, &p, ctx->last_error,
-                                    sizeof ctx->last_error);
+    int32_t st = engine_check_adamw(params, &p, ENGINE_ERRBUF(ctx));
     if (st != ORCH_OK) return st;
     float norm = 0.0f;
     st = cpu_train_optimizer_step(ctx, &p, &norm);
@@ -730,12 +515,8 @@ static int block_bytes(const orch_engine_ctx *ctx, uint32_t block_size,
 static int32_t cpu_kv_block_bytes(orch_engine_ctx *ctx, uint32_t block_size,
                                   uint64_t *out_bytes) {
     ENTER(ctx);
-    if (!out_bytes)
-        return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                        "kv_block_bytes: out_bytes is NULL");
-    if (block_size == 0)
-        return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                        "kv_block_bytes: block_size is 0");
+    int32_t st = engine_check_kv_block_bytes(block_size, out_bytes, ENGINE_ERRBUF(ctx));
+    if (st != ORCH_OK) return st;
     uint64_t b;
     if (block_bytes(ctx, block_size, &b) != 0)
         return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
@@ -748,15 +529,8 @@ static int32_t cpu_kv_block_bytes(orch_engine_ctx *ctx, uint32_t block_size,
 static int32_t cpu_kv_configure(orch_engine_ctx *ctx, uint32_t block_size,
                                 uint32_t num_blocks) {
     ENTER(ctx);
-    if (block_size == 0 || num_blocks == 0)
-        return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                        "kv_configure: block_size (%u) and num_blocks (%u) "
-                        "must be > 0",
-                        block_size, num_blocks);
-    if (num_blocks > (uint32_t)INT32_MAX)
-        return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                        "kv_configure: num_blocks %u exceeds int32 block ids",
-                        num_blocks);
+    int32_t st = engine_check_kv_configure(block_size, num_blocks, 0, ENGINE_ERRBUF(ctx));
+    if (st != ORCH_OK) return st;
     uint64_t per, total, slots = (uint64_t)block_size * num_blocks;
     if (block_bytes(ctx, block_size, &per) != 0 ||
         __builtin_mul_overflow(per, (uint64_t)num_blocks, &total) ||
@@ -801,30 +575,20 @@ static void copy_chunk(void *arg, size_t i, int tid) {
     const copy_job *j = arg;
     const orch_engine_ctx *ctx = j->ctx;
     const size_t block_floats = (size_t)ctx->L * 2 * ctx->kv_block_size * ctx->C;
-    {
-        memcpy(ctx->kv + (size_t)j->dst[i] * block_floats,
-               ctx->kv + (size_t)j->src[i] * block_floats,
-               block_floats * sizeof(float));
-        memcpy(ctx->kv_written + (size_t)j->dst[i] * ctx->kv_block_size,
-               ctx->kv_written + (size_t)j->src[i] * ctx->kv_block_size,
-               ctx->kv_block_size);
-    }
+    memcpy(ctx->kv + (size_t)j->dst[i] * block_floats,
+           ctx->kv + (size_t)j->src[i] * block_floats, block_floats * sizeof(float));
 }
 
 static int32_t cpu_kv_copy_blocks(orch_engine_ctx *ctx, const int32_t *src,
                                   const int32_t *dst, uint32_t n) {
     ENTER(ctx);
-    if (!ctx->kv)
-        return cpu_fail(ctx, ORCH_ERR_STATE,
-                        "kv_copy_blocks: no KV pool (call kv_configure first)");
-    if (n == 0) return ORCH_OK;
-    int32_t st = engine_kv_copy_check(src, dst, n, ctx->kv_marks, ctx->kv_num_blocks,
-                                      &ctx->kv_epoch, ctx->last_error,
-                                      sizeof ctx->last_error);
-    if (st != ORCH_OK) return st;
+    const engine_kv_view kv = cpu_kv_view(ctx);
+    int32_t st = engine_kv_copy_check(src, dst, n, &kv, ENGINE_ERRBUF(ctx));
+    if (st != ORCH_OK || n == 0) return st;
     copy_job j = {ctx, src, dst, n};
     cpu_pool_for(ctx->pool, n, copy_chunk, &j);
     cpu_pool_park(ctx->pool);
+    engine_kv_copy_written(src, dst, n, &kv);
     return ORCH_OK;
 }
 

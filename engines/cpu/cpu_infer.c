@@ -58,35 +58,10 @@ void cpu_infer_free(orch_engine_ctx *ctx) {
 static int32_t validate(orch_engine_ctx *ctx, const orch_infer_batch *batch,
                         const float *logits, uint64_t logits_cap,
                         uint64_t *out_tokens, uint64_t *out_rows) {
-    char *err = ctx->last_error;
-    const size_t cap = sizeof ctx->last_error;
-    int32_t st = engine_infer_check_header(batch, err, cap);
-    if (st != ORCH_OK) return st;
-    if (batch->seq_stride < sizeof(orch_seq_input))
-        return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                        "infer_forward: seq_stride %u is smaller than ABI "
-                        "1.0's %zu",
-                        batch->seq_stride, sizeof(orch_seq_input));
-    if (!ctx->kv)
-        return cpu_fail(ctx, ORCH_ERR_STATE,
-                        "infer_forward: no KV pool (call kv_configure first)");
-    const uint32_t bs = ctx->kv_block_size, V = ctx->V;
-    uint64_t tokens, rows;
-    if ((st = engine_infer_check_seqs(batch, V, ctx->T, bs, ctx->kv_num_blocks,
-                                      &tokens, &rows, err, cap)) != ORCH_OK)
-        return st;
-    if (tokens > ctx->max_batch_tokens)
-        return cpu_fail(ctx, ORCH_ERR_CAPACITY,
-                        "infer_forward: batch of %llu new tokens exceeds "
-                        "max_batch_tokens=%u (engine option)",
-                        (unsigned long long)tokens, ctx->max_batch_tokens);
-    if ((st = engine_infer_check_logits(rows, V, logits, logits_cap, err, cap)) ||
-        (st = engine_infer_check_blocks(batch, bs, ctx->kv_marks, ctx->kv_num_blocks,
-                                        &ctx->kv_epoch, ctx->kv_written, err, cap)))
-        return st;
-    *out_tokens = tokens;
-    *out_rows = rows;
-    return ORCH_OK;
+    const engine_kv_view kv = cpu_kv_view(ctx);
+    return engine_infer_check(batch, logits, logits_cap, ctx->V, ctx->T,
+                              ctx->max_batch_tokens, "engine option max_batch_tokens",
+                              &kv, out_tokens, out_rows, ENGINE_ERRBUF(ctx));
 }
 
 /* ------------------------------------------------------------------------- */
@@ -413,13 +388,13 @@ int32_t cpu_infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *batch,
         for (uint32_t k = 0; k < s->n_tokens; k++, r++) {
             toks[r] = s->tokens[k];
             pos[r] = s->start_pos + k;
-            uint32_t p = s->start_pos + k, bs = ctx->kv_block_size;
-            ctx->kv_written[(size_t)s->block_table[p / bs] * bs + p % bs] = 1;
             if (s->logits_mode == ORCH_LOGITS_ALL ||
                 (s->logits_mode == ORCH_LOGITS_LAST && k + 1 == s->n_tokens))
                 ctx->inf.row_index[row++] = (int32_t)r;
         }
     }
+    const engine_kv_view kv = cpu_kv_view(ctx);
+    engine_kv_mark_written(batch, &kv);
     qsort(keys, batch->n_seqs, sizeof *keys, by_cost_desc);
     for (uint32_t i = 0; i < batch->n_seqs; i++) order[i] = keys[i].seq;
     free(keys);

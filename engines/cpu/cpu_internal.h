@@ -24,6 +24,7 @@
 #include <stdint.h>
 
 #include "engine_api/orch_engine.h"
+#include "engines/common/engine_checks.h"
 #include "engines/common/engine_common.h"
 #include "engines/cpu/cpu_kernels.h"
 #include "engines/cpu/cpu_pool.h"
@@ -100,6 +101,7 @@ struct orch_engine_ctx {
     int threads;
     uint32_t skinny_max;      /* row counts up to this use packed kernels */
     uint32_t max_batch_tokens;
+    engine_batch_limits train_lim; /* bounds of forward_backward / eval_loss */
     cpu_pool *pool;
     /* tensors */
     cpu_tensor *tensors;
@@ -122,9 +124,15 @@ struct orch_engine_ctx {
     cpu_infer_scratch inf;
 };
 
-/* Record a failure on ctx and return status. */
-int32_t cpu_fail(orch_engine_ctx *ctx, int32_t status, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+/* Record a failure on ctx and return status: cpu_fail(ctx, status, fmt, ...). */
+#define cpu_fail(ctx, ...) ENGINE_FAIL(ctx, __VA_ARGS__)
+
+/* The KV pool as the engines/common checks see it. */
+static inline engine_kv_view cpu_kv_view(orch_engine_ctx *ctx) {
+    engine_kv_view v = { ctx->kv_block_size, ctx->kv ? ctx->kv_num_blocks : 0,
+                         ctx->kv_marks, &ctx->kv_epoch, ctx->kv_written };
+    return v;
+}
 
 /* Allocate gradients and moments if training has not touched them yet. */
 int32_t cpu_ensure_train_state(orch_engine_ctx *ctx);

@@ -26,6 +26,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engines/common/engine_common.h"
+
 #define CPU_PANEL 16
 /* Activation rows one tile of the packed kernel handles at once. */
 #define CPU_PACKED_TILE_ROWS 6
@@ -54,16 +56,9 @@ void cpu_packed_matmul(int isa, int M, size_t N, size_t K, const float *x, size_
                        const float *wp, const float *bias, float *y, size_t ldy,
                        int accumulate, size_t p0, size_t p1);
 
-/* AdamW over n elements (see cpu_adamw_consts); g is multiplied by
+/* AdamW over n elements (see engine_adamw_consts); g is multiplied by
  * gscale (clipping) and the scaled value written back when gscale != 1. */
-typedef struct cpu_adamw_consts {
-    float beta1, beta2, one_minus_beta1, one_minus_beta2;
-    float decay;     /* 1 - lr*weight_decay, or 1 for NO_DECAY tensors */
-    float step_size; /* lr / (1 - beta1^t) */
-    float inv_bc2_sqrt; /* 1 / sqrt(1 - beta2^t) */
-    float eps;
-    float gscale;
-} cpu_adamw_consts;
+typedef engine_adamw_consts cpu_adamw_consts;
 void cpu_adamw(int isa, float *p, float *g, float *m, float *v, size_t n,
                const cpu_adamw_consts *c);
 

@@ -493,7 +493,7 @@ int32_t cpu_train_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
 typedef struct opt_job {
     orch_engine_ctx *ctx;
     double *partial; /* [chunks] */
-    float lr, wd;
+    const orch_adamw_params *p;
     cpu_adamw_consts base;
 } opt_job;
 
@@ -517,8 +517,7 @@ static void adamw_chunk(void *arg, size_t c, int tid) {
         size_t b = ti->offset + ti->numel < hi ? ti->offset + ti->numel : hi;
         if (a >= b) continue;
         cpu_adamw_consts k = j->base;
-        k.decay = (ti->flags & ORCH_TENSOR_FLAG_NO_DECAY) ? 1.0f
-                                                         : 1.0f - j->lr * j->wd;
+        k.decay = engine_adamw_decay(j->p, ti->flags);
         cpu_adamw(ctx->isa, ctx->params + a, ctx->grads + a, ctx->adam_m + a,
                   ctx->adam_v + a, b - a, &k);
     }
@@ -540,26 +539,10 @@ int32_t cpu_train_optimizer_step(orch_engine_ctx *ctx,
     for (size_t c = 0; c < chunks; c++) sq += j.partial[c];
     free(j.partial);
     double norm = sqrt(sq);
-    if (!isfinite(norm))
-        return cpu_fail(ctx, ORCH_ERR_NUMERIC,
-                        "optimizer_step: gradient norm is not finite (NaN/Inf "
-                        "gradients); nothing changed");
-    float gscale = 1.0f;
-    if (p->grad_clip > 0.0f && norm > (double)p->grad_clip)
-        gscale = (float)((double)p->grad_clip / norm);
-    const double t = (double)p->step;
-    const double bc1 = 1.0 - pow((double)p->beta1, t);
-    const double bc2 = 1.0 - pow((double)p->beta2, t);
-    j.lr = p->lr;
-    j.wd = p->weight_decay;
-    j.base.beta1 = p->beta1;
-    j.base.beta2 = p->beta2;
-    j.base.one_minus_beta1 = 1.0f - p->beta1;
-    j.base.one_minus_beta2 = 1.0f - p->beta2;
-    j.base.step_size = (float)((double)p->lr / bc1);
-    j.base.inv_bc2_sqrt = (float)(1.0 / sqrt(bc2));
-    j.base.eps = p->eps;
-    j.base.gscale = gscale;
+    if (!isfinite(norm)) return engine_fail_nonfinite_norm(ENGINE_ERRBUF(ctx));
+    j.p = p;
+    engine_adamw_consts_init(p, &j.base);
+    j.base.gscale = engine_grad_clip_scale(p, norm);
     cpu_pool_for(ctx->pool, chunks, adamw_chunk, &j);
     ctx->packed_valid = 0;
     if (out_norm) *out_norm = (float)norm;

@@ -1,21 +1,24 @@
 /*
  * cuda_engine.cu - the orch engine ABI for NVIDIA GPUs (libengine_cuda.so):
  * function table, probe, context life cycle, options, the GPT-2 tensor table,
- * input validation, and the public entry points. The numeric work lives in
+ * the KV pool and the public entry points. The numeric work lives in
  * cuda_model.cu (passes) and cuda_kernels.cu (kernels).
  *
  * Semantics mirror the CPU engine: the same tensor names, shapes, order and
  * flags (NO_DECAY on biases and LayerNorm parameters), the flat gradient
  * buffer is the concatenation of the tensors in table order, the same KV block
- * semantics and the same input checks. Parameters, gradients and both AdamW
- * moments are fp32 on the device, each one cudaMalloc with views at the table
- * offsets, so tensor and gradient transfers are single copies.
+ * semantics and the same input checks with the same messages: the model
+ * rules, the options parser, the status strings and every argument check are
+ * engines/common's (engine_common.h, engine_checks.h). Parameters, gradients
+ * and both AdamW moments are fp32 on the device, each one cudaMalloc with
+ * views at the table offsets, so tensor and gradient transfers are single
+ * copies.
  *
  * Options ("key=value" separated by ',' or ';'):
  *   math=fp32|tf32|bf16   matrix-product precision (default fp32): tf32 and
  *                         bf16 use cuBLAS's CUBLAS_COMPUTE_32F_FAST_TF32 /
  *                         _FAST_16BF on fp32 storage; everything else is fp32
- *   device=N              CUDA device ordinal (default 0)
+ *   device=N              CUDA device ordinal 0..1024 (default 0)
  * The `threads` option of the ABI has no meaning here and is ignored.
  *
  * Errors: every CUDA/cuBLAS failure becomes a status with the CUDA error text
@@ -31,7 +34,6 @@
 
 #include <dlfcn.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,20 +46,12 @@
  * grid dimensions and index arrays). */
 #define CU_MAX_DIM (1u << 24)
 #define CU_MAX_TOKENS (1u << 26)
+#define CU_MAX_BLOCK_SIZE (1u << 20)
 #define CU_BLAS_WORKSPACE (32u << 20)
 
 /* ------------------------------------------------------------------------- */
 /* Errors                                                                     */
 /* ------------------------------------------------------------------------- */
-
-int32_t cu_set_error(orch_engine_ctx *ctx, int32_t status, const char *fmt, ...) {
-    if (!ctx) return status;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(ctx->last_error, sizeof ctx->last_error, fmt, ap);
-    va_end(ap);
-    return status;
-}
 
 int32_t cu_cuda_error(orch_engine_ctx *ctx, cudaError_t e, const char *what) {
     if (e == cudaErrorMemoryAllocation) {
@@ -102,12 +96,6 @@ static int32_t enter(orch_engine_ctx *ctx) {
         int32_t en_st_ = enter(ctx);                                          \
         if (en_st_ != ORCH_OK) return en_st_;                                 \
     } while (0)
-
-static const char *status_string(int32_t status) {
-    /* this engine words ORCH_ERR_NUMERIC its own way; the rest is common */
-    return status == ORCH_ERR_NUMERIC ? "numeric error (NaN or Inf)"
-                                      : engine_status_string(status);
-}
 
 /* ------------------------------------------------------------------------- */
 /* Probe                                                                      */
@@ -266,126 +254,18 @@ static int32_t probe(char *msg, uint32_t msg_cap) {
 /* Options and model description                                              */
 /* ------------------------------------------------------------------------- */
 
-static int parse_options(const char *opts, cu_math *math, int *device, char *err,
-                         size_t cap) {
-    *math = CU_MATH_FP32;
-    *device = 0;
-    if (!opts) return 0;
-    size_t len = strlen(opts);
-    char *copy = (char *)malloc(len + 1);
-    if (!copy) {
-        snprintf(err, cap, "out of host memory");
-        return -1;
-    }
-    memcpy(copy, opts, len + 1);
-    int rc = 0;
-    char *save = NULL;
-    for (char *item = strtok_r(copy, ",;", &save); item;
-         item = strtok_r(NULL, ",;", &save)) {
-        while (*item == ' ' || *item == '\t') item++;
-        char *end = item + strlen(item);
-        while (end > item && (end[-1] == ' ' || end[-1] == '\t')) *--end = '\0';
-        if (!*item) continue;
-        char *eq = strchr(item, '=');
-        if (!eq) {
-            snprintf(err, cap, "option '%s' is not key=value (cuda options: "
-                               "math=fp32|tf32|bf16, device=N)", item);
-            rc = -1;
-            break;
-        }
-        *eq = '\0';
-        const char *key = item, *val = eq + 1;
-        if (strcmp(key, "math") == 0) {
-            if (strcmp(val, "fp32") == 0) *math = CU_MATH_FP32;
-            else if (strcmp(val, "tf32") == 0) *math = CU_MATH_TF32;
-            else if (strcmp(val, "bf16") == 0) *math = CU_MATH_BF16;
-            else {
-                snprintf(err, cap, "math=%s: expected fp32, tf32 or bf16", val);
-                rc = -1;
-                break;
-            }
-        } else if (strcmp(key, "device") == 0) {
-            char *ep = NULL;
-            long v = strtol(val, &ep, 10);
-            if (!*val || *ep || v < 0 || v > 1024) {
-                snprintf(err, cap, "device=%s: expected a device number", val);
-                rc = -1;
-                break;
-            }
-            *device = (int)v;
-        } else {
-            snprintf(err, cap, "unknown option '%s' (cuda options: "
-                               "math=fp32|tf32|bf16, device=N)", key);
-            rc = -1;
-            break;
-        }
-    }
-    free(copy);
-    return rc;
-}
+/* The keys of the options string (engines/common parses it); math's words
+ * are in cu_math order. */
+enum { OPT_MATH, OPT_DEVICE, OPT_COUNT };
+static const engine_opt_spec cu_opt_spec[OPT_COUNT] = {
+    {"math", "fp32|tf32|bf16", 0, 0},
+    {"device", NULL, 0, 1024},
+};
 
-/* Validate `in` and fill *out with defaults applied (mlp_width 4*width,
- * layernorm_eps 1e-5), accepting descriptions from older callers that end
- * after `width` (absent members read as 0). Same rules as the CPU engine. */
-static int32_t normalise_model(const orch_model_desc *in, orch_model_desc *out, char *err,
-                               size_t cap) {
-    if (!in) {
-        snprintf(err, cap, "model description is NULL");
-        return ORCH_ERR_INVALID_ARGUMENT;
-    }
-    const uint32_t need = (uint32_t)(offsetof(orch_model_desc, width) + sizeof(uint32_t));
-    if (in->struct_size < need) {
-        snprintf(err, cap, "model description struct_size %u is too small (need at least %u)",
-                 in->struct_size, need);
-        return ORCH_ERR_INVALID_ARGUMENT;
-    }
-    orch_model_desc m;
-    memset(&m, 0, sizeof m);
-    memcpy(&m, in, in->struct_size < sizeof m ? in->struct_size : sizeof m);
-    m.struct_size = sizeof m;
-    if (m.arch == ORCH_ARCH_LLAMA) {
-        snprintf(err, cap, "model arch %u (llama) is not supported by the cuda engine yet "
-                           "(gpt2 only)", m.arch);
-        return ORCH_ERR_UNSUPPORTED;
-    }
-    if (m.arch != ORCH_ARCH_GPT2) {
-        snprintf(err, cap, "model arch %u is unknown (gpt2 is %u)", m.arch,
-                 (unsigned)ORCH_ARCH_GPT2);
-        return ORCH_ERR_INVALID_ARGUMENT;
-    }
-    if (m.vocab_size == 0 || m.context == 0 || m.layers == 0 || m.heads == 0 ||
-        m.width == 0) {
-        snprintf(err, cap, "model sizes must be > 0 (vocab_size %u, context %u, layers %u, "
-                           "heads %u, width %u)",
-                 m.vocab_size, m.context, m.layers, m.heads, m.width);
-        return ORCH_ERR_INVALID_ARGUMENT;
-    }
-    if (m.width % m.heads != 0) {
-        snprintf(err, cap, "model heads (%u) must divide width (%u)", m.heads, m.width);
-        return ORCH_ERR_INVALID_ARGUMENT;
-    }
-    if (m.kv_heads != 0 && m.kv_heads != m.heads) {
-        snprintf(err, cap, "model kv_heads %u differs from heads %u (grouped-query attention "
-                           "is not supported for gpt2)", m.kv_heads, m.heads);
-        return ORCH_ERR_UNSUPPORTED;
-    }
-    if (m.mlp_width == 0) m.mlp_width = 4u * m.width;
-    if (m.vocab_size > CU_MAX_DIM || m.context > CU_MAX_DIM / 16 || m.layers > 4096 ||
-        m.width > 65536 || m.mlp_width > 4u * 65536) {
-        snprintf(err, cap, "model sizes exceed the cuda engine's limits (vocab_size <= %u, "
-                           "context <= %u, layers <= 4096, width <= 65536, mlp_width <= %u)",
-                 CU_MAX_DIM, CU_MAX_DIM / 16, 4u * 65536);
-        return ORCH_ERR_INVALID_ARGUMENT;
-    }
-    if (!(m.layernorm_eps >= 0.0f) || isinf(m.layernorm_eps)) {
-        snprintf(err, cap, "model layernorm_eps must be a finite value >= 0");
-        return ORCH_ERR_INVALID_ARGUMENT;
-    }
-    if (m.layernorm_eps == 0.0f) m.layernorm_eps = 1e-5f;
-    m.kv_heads = m.heads;
-    *out = m;
-    return ORCH_OK;
-}
+/* What this engine accepts (int arguments of cuBLAS, 32-bit grids, the
+ * paged-attention scores in shared memory). */
+static const engine_model_limits cu_limits = {"cuda", CU_MAX_DIM, CU_MAX_DIM / 16, 4096,
+                                              65536, 4u * 65536};
 
 /* ------------------------------------------------------------------------- */
 /* Tensor table                                                               */
@@ -435,8 +315,7 @@ static void context_destroy(orch_engine_ctx *ctx) {
     if (ctx->blas_ws) cudaFree(ctx->blas_ws);
     if (ctx->stream) cudaStreamDestroy(ctx->stream);
     (void)cudaGetLastError();
-    free(ctx->h_kv_writer);
-    free(ctx->h_kv_lblock);
+    free(ctx->h_kv_marks);
     free(ctx->h_kv_written);
     free(ctx->h_tok_map);
     free(ctx->tensors);
@@ -507,79 +386,64 @@ static int32_t create_device_state(orch_engine_ctx *ctx, uint64_t seed) {
 static int32_t context_create(const orch_model_desc *model,
                               const orch_engine_options *opts,
                               orch_engine_ctx **out_ctx, char *err, uint32_t err_cap) {
-    char msg[1024] = "";
+    orch_engine_options o;
+    int32_t st = engine_create_args(model, opts, out_ctx, &o, err, err_cap);
+    if (st != ORCH_OK) return st;
     orch_model_desc md;
     memset(&md, 0, sizeof md);
-    int32_t st = normalise_model(model, &md, msg, sizeof msg);
-    cu_math math = CU_MATH_FP32;
-    int device = 0;
-    uint64_t seed = 0;
-    if (st == ORCH_OK && !out_ctx) {
-        snprintf(msg, sizeof msg, "out_ctx is NULL");
-        st = ORCH_ERR_INVALID_ARGUMENT;
+    if ((st = engine_model_normalise(model, &cu_limits, &md, err, err_cap)) != ORCH_OK)
+        return st;
+    uint64_t ov[OPT_COUNT] = {CU_MATH_FP32, 0};
+    uint8_t given[OPT_COUNT] = {0};
+    st = engine_opts_parse(o.options, "cuda", cu_opt_spec, OPT_COUNT, ov, given, err,
+                           err_cap);
+    if (st != ORCH_OK) return st;
+    const int device = (int)ov[OPT_DEVICE];
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n <= 0) {
+        (void)cudaGetLastError();
+        return engine_fail_buf(err, err_cap, ORCH_ERR_DEVICE, "no CUDA device (%s)",
+                               e != cudaSuccess ? cudaGetErrorString(e)
+                                                : "the driver reports none");
     }
-    if (st == ORCH_OK && opts) {
-        if (opts->struct_size >= offsetof(orch_engine_options, seed) + sizeof(uint64_t))
-            seed = opts->seed;
-        const char *o = NULL;
-        if (opts->struct_size >= offsetof(orch_engine_options, options) + sizeof(void *))
-            o = opts->options;
-        if (parse_options(o, &math, &device, msg, sizeof msg) != 0)
-            st = ORCH_ERR_INVALID_ARGUMENT;
+    if (device >= n)
+        return engine_fail_buf(err, err_cap, ORCH_ERR_INVALID_ARGUMENT,
+                               "device=%d but only %d CUDA device%s", device, n,
+                               n == 1 ? "" : "s");
+    orch_engine_ctx *ctx = (orch_engine_ctx *)calloc(1, sizeof *ctx);
+    if (!ctx)
+        return engine_fail_buf(err, err_cap, ORCH_ERR_OUT_OF_MEMORY,
+                               "out of host memory");
+    ctx->device = device;
+    ctx->math = (cu_math)ov[OPT_MATH];
+    ctx->V = md.vocab_size;
+    ctx->T = md.context;
+    ctx->L = md.layers;
+    ctx->H = md.heads;
+    ctx->C = md.width;
+    ctx->M = md.mlp_width;
+    ctx->hs = ctx->C / ctx->H;
+    ctx->eps = md.layernorm_eps;
+    ctx->train_lim.engine = "cuda";
+    ctx->train_lim.vocab = ctx->V;
+    ctx->train_lim.context = ctx->T;
+    ctx->train_lim.max_tokens = CU_MAX_TOKENS;
+    st = build_table(ctx);
+    if (st == ORCH_OK) {
+        ctx->h_tok_map = (int32_t *)malloc((size_t)ctx->V * sizeof(int32_t));
+        if (!ctx->h_tok_map)
+            st = cu_set_error(ctx, ORCH_ERR_OUT_OF_MEMORY, "out of host memory");
+        else
+            memset(ctx->h_tok_map, 0xff, (size_t)ctx->V * sizeof(int32_t)); /* -1 */
     }
     if (st == ORCH_OK) {
-        int n = 0;
-        cudaError_t e = cudaGetDeviceCount(&n);
-        if (e != cudaSuccess || n <= 0) {
-            (void)cudaGetLastError();
-            snprintf(msg, sizeof msg, "no CUDA device (%s)",
-                     e != cudaSuccess ? cudaGetErrorString(e) : "the driver reports none");
-            st = ORCH_ERR_DEVICE;
-        } else if (device >= n) {
-            snprintf(msg, sizeof msg, "device=%d but only %d CUDA device%s", device, n,
-                     n == 1 ? "" : "s");
-            st = ORCH_ERR_INVALID_ARGUMENT;
-        }
-    }
-    orch_engine_ctx *ctx = NULL;
-    if (st == ORCH_OK) {
-        ctx = (orch_engine_ctx *)calloc(1, sizeof *ctx);
-        if (!ctx) {
-            snprintf(msg, sizeof msg, "out of host memory");
-            st = ORCH_ERR_OUT_OF_MEMORY;
-        }
-    }
-    if (st == ORCH_OK) {
-        ctx->device = device;
-        ctx->math = math;
-        ctx->V = md.vocab_size;
-        ctx->T = md.context;
-        ctx->L = md.layers;
-        ctx->H = md.heads;
-        ctx->C = md.width;
-        ctx->M = md.mlp_width;
-        ctx->hs = ctx->C / ctx->H;
-        ctx->eps = md.layernorm_eps;
-        st = build_table(ctx);
-        if (st == ORCH_OK) {
-            ctx->h_tok_map = (int32_t *)malloc((size_t)ctx->V * sizeof(int32_t));
-            if (!ctx->h_tok_map)
-                st = cu_set_error(ctx, ORCH_ERR_OUT_OF_MEMORY, "out of host memory");
-            else
-                memset(ctx->h_tok_map, 0xff, (size_t)ctx->V * sizeof(int32_t)); /* -1 */
-        }
-        if (st == ORCH_OK) {
-            pin_library();
-            st = create_device_state(ctx, seed);
-        }
-        if (st != ORCH_OK) {
-            snprintf(msg, sizeof msg, "%s", ctx->last_error);
-            context_destroy(ctx);
-            ctx = NULL;
-        }
+        pin_library();
+        st = create_device_state(ctx, o.seed);
     }
     if (st != ORCH_OK) {
-        if (err && err_cap) snprintf(err, err_cap, "%s", msg);
+        engine_fail_buf(err, err_cap, st, "%s", ctx->last_error);
+        context_destroy(ctx);
         return st;
     }
     ctx->last_error[0] = '\0';
@@ -597,31 +461,15 @@ static const char *last_error(const orch_engine_ctx *ctx) {
 
 static int32_t tensor_count(orch_engine_ctx *ctx, uint32_t kind, uint32_t *out_count) {
     if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
-    if (kind > ORCH_TENSOR_ADAM_V)
-        return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT, "unknown tensor kind %u", kind);
-    if (!out_count)
-        return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT, "out_count is NULL");
+    CU_TRY(engine_check_tensor_count(kind, out_count, ENGINE_ERRBUF(ctx)));
     *out_count = ctx->n_tensors;
-    return ORCH_OK;
-}
-
-static int32_t check_tensor(orch_engine_ctx *ctx, uint32_t kind, uint32_t index) {
-    if (kind > ORCH_TENSOR_ADAM_V)
-        return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT, "unknown tensor kind %u", kind);
-    if (index >= ctx->n_tensors)
-        return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                            "tensor index %u out of range (table has %u)", index,
-                            ctx->n_tensors);
     return ORCH_OK;
 }
 
 static int32_t tensor_info(orch_engine_ctx *ctx, uint32_t kind, uint32_t index,
                            orch_tensor_info *out) {
     if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
-    CU_TRY(check_tensor(ctx, kind, index));
-    if (!out || out->struct_size < sizeof(uint32_t))
-        return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                            "out is NULL or its struct_size is not set");
+    CU_TRY(engine_check_tensor_info(kind, index, ctx->n_tensors, out, ENGINE_ERRBUF(ctx)));
     engine_tensor_info_fill(&ctx->tensors[index], out);
     return ORCH_OK;
 }
@@ -635,15 +483,10 @@ static float *kind_base(orch_engine_ctx *ctx, uint32_t kind) {
 static int32_t tensor_copy(orch_engine_ctx *ctx, uint32_t kind, uint32_t index,
                            void *host, uint64_t bytes, int to_host) {
     ENTER(ctx);
-    CU_TRY(check_tensor(ctx, kind, index));
+    CU_TRY(engine_check_tensor_io(to_host ? "tensor_read" : "tensor_write", kind, index,
+                                  ctx->tensors, ctx->n_tensors, host, bytes,
+                                  ENGINE_ERRBUF(ctx)));
     const cu_tensor *t = &ctx->tensors[index];
-    if (bytes != t->numel * sizeof(float))
-        return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                            "%s: buffer is %llu bytes, tensor needs %llu", t->name,
-                            (unsigned long long)bytes,
-                            (unsigned long long)(t->numel * sizeof(float)));
-    if (!host)
-        return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT, "%s: buffer is NULL", t->name);
     float *dev = kind_base(ctx, kind) + t->offset;
     if (to_host)
         CU_CHECK(ctx, cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, ctx->stream));
@@ -674,13 +517,9 @@ static int32_t grads_zero(orch_engine_ctx *ctx) {
 static int32_t grads_copy(orch_engine_ctx *ctx, uint64_t offset, uint64_t count,
                           float *host, int to_host) {
     ENTER(ctx);
-    if (offset > ctx->n_params || count > ctx->n_params - offset)
-        return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                            "gradient range [%llu, %llu+%llu) exceeds %llu parameters",
-                            (unsigned long long)offset, (unsigned long long)offset,
-                            (unsigned long long)count, (unsigned long long)ctx->n_params);
+    CU_TRY(engine_check_grad_range(to_host ? "grads_read" : "grads_write", offset, count,
+                                   ctx->n_params, host, ENGINE_ERRBUF(ctx)));
     if (count == 0) return ORCH_OK;
-    if (!host) return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT, "buffer is NULL");
     size_t bytes = (size_t)count * sizeof(float);
     if (to_host)
         CU_CHECK(ctx, cudaMemcpyAsync(host, ctx->d_grads + offset, bytes,
@@ -706,52 +545,14 @@ static int32_t grads_write(orch_engine_ctx *ctx, uint64_t offset, uint64_t count
 /* Training and evaluation                                                    */
 /* ------------------------------------------------------------------------- */
 
-static int32_t check_batch(orch_engine_ctx *ctx, const int32_t *tokens,
-                           const int32_t *targets, uint32_t batch, uint32_t seq_len,
-                           uint64_t *n_valid) {
-    if (!tokens || !targets)
-        return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT, "tokens or targets is NULL");
-    if (batch == 0 || seq_len == 0)
-        return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                            "batch (%u) and seq_len (%u) must be positive", batch, seq_len);
-    if (seq_len > ctx->T)
-        return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                            "seq_len %u exceeds the model context %u", seq_len, ctx->T);
-    uint64_t n = (uint64_t)batch * seq_len;
-    if (n > CU_MAX_TOKENS)
-        return cu_set_error(ctx, ORCH_ERR_CAPACITY,
-                            "batch*seq_len = %llu tokens is more than this engine "
-                            "takes in one call (%u)",
-                            (unsigned long long)n, CU_MAX_TOKENS);
-    uint64_t valid = 0;
-    for (uint64_t i = 0; i < n; i++) {
-        if (tokens[i] < 0 || (uint32_t)tokens[i] >= ctx->V)
-            return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                                "token id %d at index %llu is outside the vocabulary "
-                                "[0, %u)",
-                                tokens[i], (unsigned long long)i, ctx->V);
-        if (targets[i] == -1) continue;
-        if (targets[i] < 0 || (uint32_t)targets[i] >= ctx->V)
-            return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                                "target id %d at index %llu is outside the vocabulary "
-                                "[0, %u) (use -1 to ignore a position)",
-                                targets[i], (unsigned long long)i, ctx->V);
-        valid++;
-    }
-    *n_valid = valid;
-    return ORCH_OK;
-}
-
 static int32_t forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
                                 const int32_t *targets, uint32_t batch, uint32_t seq_len,
                                 float grad_scale, float *out_loss) {
     ENTER(ctx);
     uint64_t n_valid = 0;
-    CU_TRY(check_batch(ctx, tokens, targets, batch, seq_len, &n_valid));
-    if (!out_loss)
-        return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT, "out_loss is NULL");
-    if (!isfinite(grad_scale))
-        return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT, "grad_scale is not finite");
+    CU_TRY(engine_check_train_call("forward_backward", tokens, targets, batch, seq_len,
+                                   grad_scale, out_loss, &ctx->train_lim, &n_valid,
+                                   ENGINE_ERRBUF(ctx)));
     float loss = 0.0f;
     CU_TRY(cu_model_train_step(ctx, tokens, targets, batch, seq_len, n_valid, grad_scale,
                                1, &loss));
@@ -764,9 +565,9 @@ static int32_t eval_loss(orch_engine_ctx *ctx, const int32_t *tokens,
                          float *out_loss) {
     ENTER(ctx);
     uint64_t n_valid = 0;
-    CU_TRY(check_batch(ctx, tokens, targets, batch, seq_len, &n_valid));
-    if (!out_loss)
-        return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT, "out_loss is NULL");
+    CU_TRY(engine_check_train_call("eval_loss", tokens, targets, batch, seq_len, 0.0f,
+                                   out_loss, &ctx->train_lim, &n_valid,
+                                   ENGINE_ERRBUF(ctx)));
     float loss = 0.0f;
     CU_TRY(cu_model_train_step(ctx, tokens, targets, batch, seq_len, n_valid, 0.0f, 0,
                                &loss));
@@ -777,21 +578,9 @@ static int32_t eval_loss(orch_engine_ctx *ctx, const int32_t *tokens,
 static int32_t optimizer_step(orch_engine_ctx *ctx, const orch_adamw_params *params,
                               float *out_grad_norm) {
     ENTER(ctx);
-    if (!params || params->struct_size < sizeof(orch_adamw_params))
-        return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                            "AdamW parameters are NULL or too short");
-    const orch_adamw_params *p = params;
-    if (p->step == 0)
-        return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT, "AdamW step must be >= 1");
-    if (!isfinite(p->lr) || p->lr < 0.0f || !(p->beta1 >= 0.0f && p->beta1 < 1.0f) ||
-        !(p->beta2 >= 0.0f && p->beta2 < 1.0f) || !(p->eps > 0.0f) || !isfinite(p->eps) ||
-        !isfinite(p->weight_decay) || p->weight_decay < 0.0f || !isfinite(p->grad_clip))
-        return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                            "bad AdamW hyper-parameters (lr %g, beta1 %g, beta2 %g, eps %g, "
-                            "weight_decay %g, grad_clip %g)",
-                            (double)p->lr, (double)p->beta1, (double)p->beta2,
-                            (double)p->eps, (double)p->weight_decay, (double)p->grad_clip);
-    return cu_model_adamw(ctx, p, out_grad_norm);
+    orch_adamw_params p;
+    CU_TRY(engine_check_adamw(params, &p, ENGINE_ERRBUF(ctx)));
+    return cu_model_adamw(ctx, &p, out_grad_norm);
 }
 
 /* ------------------------------------------------------------------------- */
@@ -800,23 +589,15 @@ static int32_t optimizer_step(orch_engine_ctx *ctx, const orch_adamw_params *par
 
 static int32_t kv_block_bytes(orch_engine_ctx *ctx, uint32_t block_size, uint64_t *out) {
     if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
-    if (block_size == 0)
-        return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT, "block_size must be positive");
-    if (!out) return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT, "out_bytes is NULL");
+    CU_TRY(engine_check_kv_block_bytes(block_size, out, ENGINE_ERRBUF(ctx)));
     *out = (uint64_t)ctx->L * 2 * block_size * ctx->C * sizeof(float);
     return ORCH_OK;
 }
 
 static int32_t kv_configure(orch_engine_ctx *ctx, uint32_t block_size, uint32_t num_blocks) {
     ENTER(ctx);
-    if (block_size == 0 || num_blocks == 0)
-        return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                            "kv_configure: block_size (%u) and num_blocks (%u) must be > 0",
-                            block_size, num_blocks);
-    if (block_size > (1u << 20) || num_blocks > (uint32_t)INT32_MAX)
-        return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                            "kv_configure: block_size %u / num_blocks %u out of range",
-                            block_size, num_blocks);
+    CU_TRY(engine_check_kv_configure(block_size, num_blocks, CU_MAX_BLOCK_SIZE,
+                                     ENGINE_ERRBUF(ctx)));
     uint64_t block_bytes = (uint64_t)ctx->L * 2 * block_size * ctx->C * sizeof(float);
     uint64_t slots = (uint64_t)block_size * num_blocks;
     if (block_bytes > UINT64_MAX / num_blocks)
@@ -824,12 +605,10 @@ static int32_t kv_configure(orch_engine_ctx *ctx, uint32_t block_size, uint32_t 
                             "kv_configure: a pool of %u blocks of %u positions is too large",
                             num_blocks, block_size);
     uint64_t total = block_bytes * num_blocks;
-    int32_t *writer = (int32_t *)malloc((size_t)num_blocks * sizeof(int32_t));
-    int32_t *lblock = (int32_t *)malloc((size_t)num_blocks * sizeof(int32_t));
+    engine_kv_mark *marks = (engine_kv_mark *)calloc(num_blocks, sizeof *marks);
     uint8_t *written = (uint8_t *)calloc((size_t)slots, 1);
-    if (!writer || !lblock || !written) {
-        free(writer);
-        free(lblock);
+    if (!marks || !written) {
+        free(marks);
         free(written);
         return cu_set_error(ctx, ORCH_ERR_OUT_OF_MEMORY,
                             "kv_configure: out of host memory for %u blocks", num_blocks);
@@ -846,8 +625,7 @@ static int32_t kv_configure(orch_engine_ctx *ctx, uint32_t block_size, uint32_t 
         e = cudaMalloc(&p, total);
     }
     if (e != cudaSuccess) {
-        free(writer);
-        free(lblock);
+        free(marks);
         free(written);
         if (e == cudaErrorMemoryAllocation) {
             (void)cudaGetLastError();
@@ -860,13 +638,11 @@ static int32_t kv_configure(orch_engine_ctx *ctx, uint32_t block_size, uint32_t 
         return cu_cuda_error(ctx, e, "cudaMalloc(KV pool)");
     }
     if (ctx->d_kv) cudaFree(ctx->d_kv);
-    free(ctx->h_kv_writer);
-    free(ctx->h_kv_lblock);
+    free(ctx->h_kv_marks);
     free(ctx->h_kv_written);
     ctx->d_kv = (float *)p;
-    memset(writer, 0xff, (size_t)num_blocks * sizeof(int32_t)); /* -1 */
-    ctx->h_kv_writer = writer;
-    ctx->h_kv_lblock = lblock;
+    ctx->h_kv_marks = marks;
+    ctx->kv_epoch = 0;
     ctx->h_kv_written = written;
     ctx->kv_block_size = block_size;
     ctx->kv_num_blocks = num_blocks;
@@ -876,8 +652,11 @@ static int32_t kv_configure(orch_engine_ctx *ctx, uint32_t block_size, uint32_t 
     return ORCH_OK;
 }
 
-static const orch_seq_input *seq_at(const orch_infer_batch *b, uint32_t i) {
-    return (const orch_seq_input *)((const char *)b->seqs + (size_t)i * b->seq_stride);
+/* The KV pool as the engines/common checks see it. */
+static engine_kv_view kv_view(orch_engine_ctx *ctx) {
+    engine_kv_view v = {ctx->kv_block_size, ctx->d_kv ? ctx->kv_num_blocks : 0,
+                        ctx->h_kv_marks, &ctx->kv_epoch, ctx->h_kv_written};
+    return v;
 }
 
 /* Validate the whole batch (no device work) and flatten it into *plan, whose
@@ -885,143 +664,16 @@ static const orch_seq_input *seq_at(const orch_infer_batch *b, uint32_t i) {
 static int32_t plan_batch(orch_engine_ctx *ctx, const orch_infer_batch *batch,
                           const float *logits, uint64_t logits_cap, cu_infer_plan *plan,
                           int32_t **mem) {
-    if (!batch)
-        return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT, "batch is NULL");
-    if (batch->struct_size < sizeof(orch_infer_batch))
-        return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                            "batch struct_size %u is too small", batch->struct_size);
-    if (batch->n_seqs == 0)
-        return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT, "batch has no sequences");
-    if (!batch->seqs)
-        return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT, "batch->seqs is NULL");
-    if (batch->seq_stride < sizeof(orch_seq_input))
-        return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                            "seq_stride %u is smaller than orch_seq_input (%zu)",
-                            batch->seq_stride, sizeof(orch_seq_input));
-    if (!ctx->d_kv)
-        return cu_set_error(ctx, ORCH_ERR_STATE, "no KV pool: call kv_configure first");
-    const uint32_t bs = ctx->kv_block_size;
+    const engine_kv_view kv = kv_view(ctx);
     uint64_t n_tokens = 0, n_rows = 0, n_table = 0;
+    CU_TRY(engine_infer_check(batch, logits, logits_cap, ctx->V, ctx->T, CU_MAX_TOKENS,
+                              "the cuda engine's per-call maximum", &kv, &n_tokens,
+                              &n_rows, ENGINE_ERRBUF(ctx)));
+    const uint32_t bs = ctx->kv_block_size;
     for (uint32_t i = 0; i < batch->n_seqs; i++) {
-        const orch_seq_input *q = seq_at(batch, i);
-        if (q->n_tokens == 0 || !q->tokens)
-            return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                                "sequence %u: no tokens", i);
-        for (uint32_t k = 0; k < q->n_tokens; k++)
-            if (q->tokens[k] < 0 || (uint32_t)q->tokens[k] >= ctx->V)
-                return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                                    "sequence %u: token id %d outside the vocabulary "
-                                    "[0, %u)",
-                                    i, q->tokens[k], ctx->V);
-        uint64_t end = (uint64_t)q->start_pos + q->n_tokens;
-        if (end > ctx->T)
-            return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                                "sequence %u: positions %u..%llu run past the context (%u)",
-                                i, q->start_pos, (unsigned long long)(end - 1), ctx->T);
-        if (q->logits_mode > ORCH_LOGITS_NONE)
-            return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                                "sequence %u: unknown logits_mode %u", i, q->logits_mode);
-        if (q->adapter_id != 0)
-            return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                                "sequence %u: adapter_id %u (adapters are reserved; must "
-                                "be 0)",
-                                i, q->adapter_id);
-        uint64_t need = (end + bs - 1) / bs;
-        if (q->n_blocks < need || !q->block_table)
-            return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                                "sequence %u: %u blocks of %u positions cannot hold %llu "
-                                "positions (need %llu)",
-                                i, q->block_table ? q->n_blocks : 0, bs,
-                                (unsigned long long)end, (unsigned long long)need);
-        for (uint32_t j = 0; j < need; j++)
-            if (q->block_table[j] < 0 || (uint32_t)q->block_table[j] >= ctx->kv_num_blocks)
-                return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                                    "sequence %u: block id %d (table entry %u) is outside "
-                                    "the pool [0, %u)",
-                                    i, q->block_table[j], j, ctx->kv_num_blocks);
-        n_tokens += q->n_tokens;
-        n_table += need;
-        n_rows += q->logits_mode == ORCH_LOGITS_ALL    ? q->n_tokens
-                  : q->logits_mode == ORCH_LOGITS_LAST ? 1
-                                                       : 0;
+        const orch_seq_input *q = engine_batch_seq(batch, i);
+        n_table += ((uint64_t)q->start_pos + q->n_tokens + bs - 1) / bs;
     }
-    if (n_tokens > CU_MAX_TOKENS)
-        return cu_set_error(ctx, ORCH_ERR_CAPACITY,
-                            "batch has %llu tokens; this engine takes at most %u per call",
-                            (unsigned long long)n_tokens, CU_MAX_TOKENS);
-    if (n_rows * ctx->V > logits_cap)
-        return cu_set_error(ctx, ORCH_ERR_CAPACITY,
-                            "logits buffer holds %llu floats; the batch needs %llu "
-                            "(%llu rows x %u)",
-                            (unsigned long long)logits_cap,
-                            (unsigned long long)(n_rows * ctx->V),
-                            (unsigned long long)n_rows, ctx->V);
-    if (n_rows && !logits)
-        return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT, "logits is NULL");
-
-    /* A block written by one sequence must not be used by another one, nor
-     * appear twice in the table of the one writing it; every position before
-     * start_pos must hold K/V already. */
-    int32_t *wseq = ctx->h_kv_writer, *wlb = ctx->h_kv_lblock;
-    int32_t st = ORCH_OK;
-    for (uint32_t i = 0; i < batch->n_seqs && st == ORCH_OK; i++) {
-        const orch_seq_input *q = seq_at(batch, i);
-        uint32_t first = q->start_pos / bs;
-        uint32_t last = (q->start_pos + q->n_tokens - 1) / bs;
-        for (uint32_t j = first; j <= last; j++) {
-            int32_t b = q->block_table[j];
-            if (wseq[b] >= 0 && wseq[b] != (int32_t)i) {
-                st = cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                                  "block %d is written by sequences %d and %u of the same "
-                                  "batch (copy it first)",
-                                  b, wseq[b], i);
-                break;
-            }
-            if (wseq[b] == (int32_t)i && wlb[b] != (int32_t)j) {
-                st = cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                                  "block %d appears twice in the block table of sequence %u "
-                                  "(logical blocks %d and %u)",
-                                  b, i, wlb[b], j);
-                break;
-            }
-            wseq[b] = (int32_t)i;
-            wlb[b] = (int32_t)j;
-        }
-    }
-    for (uint32_t i = 0; i < batch->n_seqs && st == ORCH_OK; i++) {
-        const orch_seq_input *q = seq_at(batch, i);
-        uint32_t last = (q->start_pos + q->n_tokens - 1) / bs;
-        for (uint32_t j = 0; j <= last && st == ORCH_OK; j++) {
-            int32_t b = q->block_table[j];
-            if (wseq[b] < 0) continue;
-            if (wseq[b] != (int32_t)i)
-                st = cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                                  "block %d is written by sequence %d and also used by "
-                                  "sequence %u of the same batch (copy it first)",
-                                  b, wseq[b], i);
-            else if (wlb[b] != (int32_t)j)
-                st = cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                                  "block %d appears twice in the block table of sequence %u "
-                                  "(logical blocks %u and %d)",
-                                  b, i, j, wlb[b]);
-        }
-        for (uint32_t p = 0; p < q->start_pos && st == ORCH_OK; p++) {
-            uint32_t b = (uint32_t)q->block_table[p / bs];
-            if (!ctx->h_kv_written[(size_t)b * bs + p % bs])
-                st = cu_set_error(ctx, ORCH_ERR_STATE,
-                                  "sequence %u reads position %u from block %u slot %u, "
-                                  "which was never written",
-                                  i, p, b, p % bs);
-        }
-    }
-    for (uint32_t i = 0; i < batch->n_seqs; i++) { /* reset the marks */
-        const orch_seq_input *q = seq_at(batch, i);
-        uint32_t first = q->start_pos / bs;
-        uint32_t last = (q->start_pos + q->n_tokens - 1) / bs;
-        for (uint32_t j = first; j <= last; j++) wseq[q->block_table[j]] = -1;
-    }
-    if (st != ORCH_OK) return st;
-
     size_t ints = 3 * (size_t)n_tokens + n_rows + batch->n_seqs + n_table + 1;
     int32_t *m = (int32_t *)malloc(ints * sizeof(int32_t));
     if (!m) return cu_set_error(ctx, ORCH_ERR_OUT_OF_MEMORY, "out of host memory");
@@ -1029,7 +681,7 @@ static int32_t plan_batch(orch_engine_ctx *ctx, const orch_infer_batch *batch,
     int32_t *bt_off = rows + n_rows, *bt_all = bt_off + batch->n_seqs;
     uint32_t t = 0, r = 0, o = 0;
     for (uint32_t i = 0; i < batch->n_seqs; i++) {
-        const orch_seq_input *q = seq_at(batch, i);
+        const orch_seq_input *q = engine_batch_seq(batch, i);
         uint32_t need = (q->start_pos + q->n_tokens + bs - 1) / bs;
         bt_off[i] = (int32_t)o;
         for (uint32_t j = 0; j < need; j++) bt_all[o++] = q->block_table[j];
@@ -1065,12 +717,8 @@ static int32_t infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *batch
     CU_TRY(plan_batch(ctx, batch, logits, logits_cap, &plan, &mem));
     int32_t st = cu_model_infer(ctx, &plan, logits);
     if (st == ORCH_OK) {
-        const uint32_t bs = ctx->kv_block_size;
-        for (uint32_t i = 0; i < batch->n_seqs; i++) {
-            const orch_seq_input *q = seq_at(batch, i);
-            for (uint32_t p = q->start_pos; p < q->start_pos + q->n_tokens; p++)
-                ctx->h_kv_written[(size_t)q->block_table[p / bs] * bs + p % bs] = 1;
-        }
+        const engine_kv_view kv = kv_view(ctx);
+        engine_kv_mark_written(batch, &kv);
     }
     free(mem);
     return st;
@@ -1079,34 +727,9 @@ static int32_t infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *batch
 static int32_t kv_copy_blocks(orch_engine_ctx *ctx, const int32_t *src, const int32_t *dst,
                               uint32_t n) {
     ENTER(ctx);
-    if (!ctx->d_kv)
-        return cu_set_error(ctx, ORCH_ERR_STATE, "no KV pool: call kv_configure first");
+    const engine_kv_view kv = kv_view(ctx);
+    CU_TRY(engine_kv_copy_check(src, dst, n, &kv, ENGINE_ERRBUF(ctx)));
     if (n == 0) return ORCH_OK;
-    if (!src || !dst)
-        return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT, "src or dst is NULL");
-    for (uint32_t i = 0; i < n; i++) {
-        if (src[i] < 0 || (uint32_t)src[i] >= ctx->kv_num_blocks || dst[i] < 0 ||
-            (uint32_t)dst[i] >= ctx->kv_num_blocks)
-            return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                                "copy %u: block %d -> %d outside the pool [0, %u)", i,
-                                src[i], dst[i], ctx->kv_num_blocks);
-    }
-    /* src and dst must be disjoint sets; mark sources with 1 and dests with 2 */
-    int32_t *mark = ctx->h_kv_writer;
-    int32_t st = ORCH_OK;
-    for (uint32_t i = 0; i < n; i++) mark[src[i]] = 1;
-    for (uint32_t i = 0; i < n && st == ORCH_OK; i++) {
-        if (mark[dst[i]] == 1)
-            st = cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                              "block %d is both a source and a destination", dst[i]);
-        else if (mark[dst[i]] == 2)
-            st = cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                              "block %d is a destination twice", dst[i]);
-        else
-            mark[dst[i]] = 2;
-    }
-    for (uint32_t i = 0; i < n; i++) mark[src[i]] = mark[dst[i]] = -1;
-    if (st != ORCH_OK) return st;
     size_t block_bytes = (size_t)ctx->L * 2 * ctx->kv_block_size * ctx->C * sizeof(float);
     size_t block_elems = block_bytes / sizeof(float);
     for (uint32_t i = 0; i < n; i++)
@@ -1114,10 +737,7 @@ static int32_t kv_copy_blocks(orch_engine_ctx *ctx, const int32_t *src, const in
                                       ctx->d_kv + (size_t)src[i] * block_elems, block_bytes,
                                       cudaMemcpyDeviceToDevice, ctx->stream));
     CU_CHECK(ctx, cudaStreamSynchronize(ctx->stream));
-    const uint32_t bs = ctx->kv_block_size;
-    for (uint32_t i = 0; i < n; i++)
-        memcpy(ctx->h_kv_written + (size_t)dst[i] * bs,
-               ctx->h_kv_written + (size_t)src[i] * bs, bs);
+    engine_kv_copy_written(src, dst, n, &kv);
     return ORCH_OK;
 }
 
@@ -1135,7 +755,7 @@ static const orch_engine_api cuda_api = {
     ORCH_CAP_TRAIN | ORCH_CAP_INFER | ORCH_CAP_KV_COPY | ORCH_CAP_EVAL |
         ORCH_CAP_DETERMINISTIC | ORCH_CAP_GPU,
     probe,
-    status_string,
+    engine_status_string,
     context_create,
     context_destroy,
     last_error,

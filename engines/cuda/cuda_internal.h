@@ -4,7 +4,9 @@
  *
  * Files:
  *   cuda_engine.cu   the ABI table, probe, context life cycle, options, tensor
- *                    table, input validation and the public entry points
+ *                    table and the public entry points; the model rules,
+ *                    options parser and every argument check come from
+ *                    engines/common (the same as the cpu and mock engines)
  *   cuda_model.cu    GPT-2 forward/backward/AdamW/inference on the device,
  *                    built from cuBLAS GEMMs and the kernels below
  *   cuda_kernels.cu  the CUDA kernels and their host-side launchers
@@ -27,6 +29,7 @@
 #define ORCH_CUDA_INTERNAL_H
 
 #include "engine_api/orch_engine.h"
+#include "engines/common/engine_checks.h"
 #include "engines/common/engine_common.h"
 
 #include <cublas_v2.h>
@@ -135,6 +138,7 @@ struct orch_engine_ctx {
     /* model */
     uint32_t V, T, L, H, C, M, hs;
     float eps;
+    engine_batch_limits train_lim; /* bounds of forward_backward / eval_loss */
 
     /* tensor table; the three flat buffers share its offsets */
     cu_tensor *tensors;
@@ -159,8 +163,8 @@ struct orch_engine_ctx {
     /* KV pool: num_blocks blocks of L x 2 x [bs, C] floats each */
     float *d_kv;
     uint32_t kv_block_size, kv_num_blocks;
-    int32_t *h_kv_writer; /* host [num_blocks]: -1, or the sequence writing it (per call) */
-    int32_t *h_kv_lblock; /* host [num_blocks]: logical block index of that write */
+    engine_kv_mark *h_kv_marks; /* host [num_blocks]: validation marks (engines/common) */
+    uint32_t kv_epoch;          /* their round counter */
     uint8_t *h_kv_written; /* host [num_blocks * block_size]: slot holds K/V */
     size_t attn_smem_max; /* dynamic shared memory the paged kernel may use */
 
@@ -173,9 +177,9 @@ struct orch_engine_ctx {
 /* Errors (cuda_engine.cu)                                                    */
 /* ------------------------------------------------------------------------- */
 
-/* Set last_error (printf format). Returns `status`. */
-int32_t cu_set_error(orch_engine_ctx *ctx, int32_t status, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+/* Set last_error (printf format): cu_set_error(ctx, status, fmt, ...)
+ * returns `status`. ctx must not be NULL. */
+#define cu_set_error(ctx, ...) ENGINE_FAIL(ctx, __VA_ARGS__)
 /* Turn a CUDA error into a status + last_error naming `what`. Out of memory
  * gives ORCH_ERR_OUT_OF_MEMORY (and clears the error); anything else gives
  * ORCH_ERR_DEVICE and marks the context broken. */
@@ -358,14 +362,9 @@ cudaError_t k_embed_bwd_wte(cudaStream_t s, const float *dx, float *dwte,
  * norm is not finite). */
 cudaError_t k_grad_norm(cudaStream_t s, const float *g, uint64_t n,
                         double *part, float *norm, float clip);
-/* AdamW constants, computed on the host as the CPU engine does. */
-typedef struct cu_adamw_consts {
-    float beta1, beta2, one_minus_beta1, one_minus_beta2;
-    float decay;        /* 1 - lr*weight_decay, or 1 for NO_DECAY tensors */
-    float step_size;    /* lr / (1 - beta1^t) */
-    float inv_bc2_sqrt; /* 1 / sqrt(1 - beta2^t) */
-    float eps;
-} cu_adamw_consts;
+/* AdamW constants, computed on the host as the CPU engine does
+ * (engines/common); gscale is unused: the clip scale is read on the device. */
+typedef engine_adamw_consts cu_adamw_consts;
 /* AdamW over n elements; reads norm[1] (clip scale) on the device and does
  * nothing when it is not finite. A scale != 1 is also written back to g
  * (the clipped gradient). */

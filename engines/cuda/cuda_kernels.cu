@@ -112,30 +112,19 @@ __device__ double block_sum_d(double v, double *sh) {
 /* Initialisation                                                             */
 /* ------------------------------------------------------------------------- */
 
-/* The k-th output (0-based) of a splitmix64 stream started at seed, and its
- * (0,1] double: the CPU engine's initialisation stream, so a seed gives the
- * same weights on both engines. */
-__device__ __forceinline__ uint64_t splitmix_at(uint64_t seed, uint64_t k) {
-    uint64_t z = seed + (k + 1) * 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-__device__ __forceinline__ double unit_of(uint64_t x) {
-    return ((double)(x >> 11) + 1.0) * (1.0 / 9007199254740992.0);
-}
-
-/* Box-Muller pairs: elements 2q and 2q+1 from stream outputs base+2q and
- * base+2q+1 (cos and sin of the same angle). */
+/* Box-Muller pairs: elements 2q and 2q+1 from outputs base+2q and base+2q+1
+ * of the splitmix64 stream of seed (engines/common, the CPU engine's stream,
+ * so a seed gives the same weights on both engines): cos and sin of the same
+ * angle. */
 __global__ void init_normal_kernel(float *out, uint64_t n, uint64_t seed,
                                    uint64_t base, double std) {
     uint64_t pairs = (n + 1) / 2;
     for (uint64_t q = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; q < pairs;
          q += (uint64_t)gridDim.x * blockDim.x) {
         uint64_t k = base + 2 * q;
-        double r = sqrt(-2.0 * log(unit_of(splitmix_at(seed, k))));
-        double th = 2.0 * 3.14159265358979323846 * unit_of(splitmix_at(seed, k + 1));
+        double r = sqrt(-2.0 * log(engine_unit(engine_splitmix64_at(seed, k))));
+        double th = 2.0 * 3.14159265358979323846 *
+                    engine_unit(engine_splitmix64_at(seed, k + 1));
         out[2 * q] = (float)(std * r * cos(th));
         if (2 * q + 1 < n) out[2 * q + 1] = (float)(std * r * sin(th));
     }

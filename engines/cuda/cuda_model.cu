@@ -248,30 +248,22 @@ static int32_t infer_reserve(orch_engine_ctx *ctx, uint64_t n, uint64_t rows,
 /* Initialisation                                                             */
 /* ------------------------------------------------------------------------- */
 
-static int ends_with(const char *s, const char *suffix) {
-    size_t a = strlen(s), b = strlen(suffix);
-    return a >= b && strcmp(s + a - b, suffix) == 0;
-}
-
 /* As the CPU engine: matrices and embeddings N(0, 0.02), the residual
  * projections (attn.c_proj, mlp.c_proj) N(0, 0.02/sqrt(2*layers)), drawn from
  * one splitmix64 stream in table order (each matrix takes an even number of
  * outputs); LayerNorm weights 1, biases 0. */
 int32_t cu_model_init(orch_engine_ctx *ctx, uint64_t seed) {
     cudaStream_t s = ctx->stream;
-    const double resid_std = 0.02 / sqrt(2.0 * (double)ctx->L);
     uint64_t stream_pos = 0;
     for (uint32_t i = 0; i < ctx->n_tensors; i++) {
         const cu_tensor *t = &ctx->tensors[i];
         float *p = ctx->d_params + t->offset;
         if (t->ndim == 2) {
-            int resid = ends_with(t->name, "attn.c_proj.weight") ||
-                        ends_with(t->name, "mlp.c_proj.weight");
             KCHECK(ctx, k_init_normal(s, p, t->numel, seed, stream_pos,
-                                      resid ? resid_std : 0.02));
+                                      engine_gpt2_init_std(t, ctx->L)));
             stream_pos += 2 * ((t->numel + 1) / 2);
         } else {
-            KCHECK(ctx, k_fill(s, p, t->numel, ends_with(t->name, ".weight") ? 1.0f : 0.0f));
+            KCHECK(ctx, k_fill(s, p, t->numel, engine_gpt2_init_value(t)));
         }
     }
     size_t bytes = ctx->n_params * sizeof(float);
@@ -569,21 +561,11 @@ int32_t cu_model_adamw(orch_engine_ctx *ctx, const orch_adamw_params *p,
     cudaStream_t s = ctx->stream;
     KCHECK(ctx, k_grad_norm(s, ctx->d_grads, ctx->n_params, ctx->d_red,
                             ctx->d_norm, p->grad_clip));
-    const double t = (double)p->step;
-    const double bc1 = 1.0 - pow((double)p->beta1, t);
-    const double bc2 = 1.0 - pow((double)p->beta2, t);
     cu_adamw_consts c;
-    c.beta1 = p->beta1;
-    c.beta2 = p->beta2;
-    c.one_minus_beta1 = 1.0f - p->beta1;
-    c.one_minus_beta2 = 1.0f - p->beta2;
-    c.step_size = (float)((double)p->lr / bc1);
-    c.inv_bc2_sqrt = (float)(1.0 / sqrt(bc2));
-    c.eps = p->eps;
+    engine_adamw_consts_init(p, &c);
     for (uint32_t i = 0; i < ctx->n_tensors; i++) {
         const cu_tensor *te = &ctx->tensors[i];
-        c.decay = (te->flags & ORCH_TENSOR_FLAG_NO_DECAY) ? 1.0f
-                                                         : 1.0f - p->lr * p->weight_decay;
+        c.decay = engine_adamw_decay(p, te->flags);
         KCHECK(ctx, k_adamw(s, ctx->d_params + te->offset, ctx->d_grads + te->offset,
                             ctx->d_m + te->offset, ctx->d_v + te->offset, te->numel,
                             ctx->d_norm, &c));
@@ -593,9 +575,7 @@ int32_t cu_model_adamw(orch_engine_ctx *ctx, const orch_adamw_params *p,
     KCHECK(ctx, cudaStreamSynchronize(s));
     float nrm = ctx->h_norm[0];
     if (!isfinite(ctx->h_norm[1]))
-        return cu_set_error(ctx, ORCH_ERR_NUMERIC,
-                            "gradient norm is not finite (%g); nothing was updated",
-                            (double)nrm);
+        return engine_fail_nonfinite_norm(ENGINE_ERRBUF(ctx));
     if (out_norm) *out_norm = nrm;
     return ORCH_OK;
 }

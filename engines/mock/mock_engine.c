@@ -77,21 +77,19 @@
  * thread-safe (no mutable globals).
  */
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "engine_api/orch_engine.h"
+#include "engines/common/engine_checks.h"
 #include "engines/common/engine_common.h"
 
 #define MOCK_VERSION "mock 1.0"
 #define MOCK_MAX_LAYERS 4096u
 #define MOCK_MAX_FAULTS 16u
 #define MOCK_MAX_SLEEP_MS 600000u
-#define MOCK_PI 3.14159265358979323846
 
 /* ------------------------------------------------------------------------- */
 /* Context                                                                    */
@@ -141,6 +139,7 @@ typedef engine_kv_mark mock_mark;
 
 struct orch_engine_ctx {
     orch_model_desc model; /* normalised: defaults filled in */
+    engine_batch_limits train_lim; /* bounds of forward_backward / eval_loss */
     mock_config cfg;
     uint64_t calls[CALL_COUNT];
 
@@ -164,14 +163,7 @@ struct orch_engine_ctx {
 };
 
 /* Record a failure on ctx and return its status. */
-__attribute__((format(printf, 3, 4))) static int32_t
-fail(orch_engine_ctx *ctx, int32_t status, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(ctx->last_error, sizeof ctx->last_error, fmt, ap);
-    va_end(ap);
-    return status;
-}
+#define fail(ctx, ...) ENGINE_FAIL(ctx, __VA_ARGS__)
 
 /* Count a call and fire an injected fault if one matches. Returns ORCH_OK or
  * ORCH_ERR_INTERNAL (with last_error set). */
@@ -298,76 +290,9 @@ static int32_t config_read(const char *options, mock_config *cfg, char *err,
 /* Model description and tensor table                                         */
 /* ------------------------------------------------------------------------- */
 
-static int mul_u64(uint64_t a, uint64_t b, uint64_t *out) {
-    return __builtin_mul_overflow(a, b, out) ? -1 : 0;
-}
-static int add_u64(uint64_t a, uint64_t b, uint64_t *out) {
-    return __builtin_add_overflow(a, b, out) ? -1 : 0;
-}
-
-/* Validate `in` and fill defaults into *out. Absent trailing fields (caller's
- * struct_size shorter than ours) count as 0. */
-static int32_t model_normalise(const orch_model_desc *in, orch_model_desc *out,
-                               char *err, uint32_t cap) {
-    const uint32_t need = (uint32_t)(offsetof(orch_model_desc, width) + sizeof(uint32_t));
-    if (in->struct_size < need)
-        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
-                        "model description struct_size %u is too small (need "
-                        "at least %u)",
-                        in->struct_size, need);
-    orch_model_desc m;
-    memset(&m, 0, sizeof m);
-    memcpy(&m, in, in->struct_size < sizeof m ? in->struct_size : sizeof m);
-    m.struct_size = sizeof m;
-    if (m.arch == ORCH_ARCH_LLAMA)
-        return engine_fail_buf(err, cap, ORCH_ERR_UNSUPPORTED,
-                        "model arch %u (llama) is not supported by the mock "
-                        "engine (gpt2 only)", m.arch);
-    if (m.arch != ORCH_ARCH_GPT2)
-        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
-                        "model arch %u is unknown (gpt2 is %u)", m.arch,
-                        (unsigned)ORCH_ARCH_GPT2);
-    const struct {
-        const char *name;
-        uint32_t v;
-    } nz[] = {{"vocab_size", m.vocab_size}, {"context", m.context},
-              {"layers", m.layers},         {"heads", m.heads},
-              {"width", m.width}};
-    for (size_t i = 0; i < sizeof nz / sizeof nz[0]; i++)
-        if (nz[i].v == 0)
-            return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
-                            "model %s must be > 0", nz[i].name);
-    if (m.width % m.heads != 0)
-        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
-                        "model heads (%u) must divide width (%u)", m.heads,
-                        m.width);
-    if (m.kv_heads != 0 && m.kv_heads != m.heads)
-        return engine_fail_buf(err, cap, ORCH_ERR_UNSUPPORTED,
-                        "model kv_heads %u differs from heads %u (grouped-query "
-                        "attention is not supported for gpt2)",
-                        m.kv_heads, m.heads);
-    if (m.layers > MOCK_MAX_LAYERS)
-        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
-                        "model layers %u exceeds the limit %u", m.layers,
-                        MOCK_MAX_LAYERS);
-    if (m.vocab_size > (uint32_t)INT32_MAX)
-        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
-                        "model vocab_size %u does not fit int32 token ids",
-                        m.vocab_size);
-    if (m.mlp_width == 0) {
-        if (m.width > UINT32_MAX / 4u)
-            return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
-                            "model width %u too large", m.width);
-        m.mlp_width = 4u * m.width;
-    }
-    if (!(m.layernorm_eps >= 0.0f) || isinf(m.layernorm_eps))
-        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
-                        "model layernorm_eps must be a finite value >= 0");
-    if (m.layernorm_eps == 0.0f) m.layernorm_eps = 1e-5f;
-    m.kv_heads = m.heads;
-    *out = m;
-    return ORCH_OK;
-}
+static const engine_model_limits mock_limits = { "mock",     (uint32_t)INT32_MAX,
+                                                 UINT32_MAX, MOCK_MAX_LAYERS,
+                                                 UINT32_MAX, UINT32_MAX };
 
 /* Build the GPT-2 table. Sizes were checked for overflow by the caller. */
 static int32_t table_build(orch_engine_ctx *ctx) {
@@ -384,48 +309,16 @@ static int32_t table_build(orch_engine_ctx *ctx) {
     return ORCH_OK;
 }
 
-/* Total parameter count with overflow checks; -1 when it does not fit. */
-static int param_count(const orch_model_desc *m, uint64_t *out) {
-    uint64_t C = m->width, V = m->vocab_size, T = m->context, M = m->mlp_width;
-    uint64_t a, b, layer = 0, total;
-    /* per layer: 2C + (3C*C + 3C) + (C*C + C) + 2C + (M*C + M) + (C*M + C) */
-    if (mul_u64(3 * C, C, &a) || add_u64(layer, a, &layer)) return -1;
-    if (mul_u64(C, C, &a) || add_u64(layer, a, &layer)) return -1;
-    if (mul_u64(M, C, &a) || mul_u64(a, 2, &b) || add_u64(layer, b, &layer)) return -1;
-    if (add_u64(layer, 9 * C + M, &layer)) return -1;
-    if (mul_u64(layer, m->layers, &total)) return -1;
-    if (mul_u64(V, C, &a) || add_u64(total, a, &total)) return -1;
-    if (mul_u64(T, C, &a) || add_u64(total, a, &total)) return -1;
-    if (add_u64(total, 2 * C, &total)) return -1;
-    *out = total;
-    return 0;
-}
-
-/* splitmix64: the mock's only random source. */
-static uint64_t rng_next(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-/* Uniform in (0, 1]. */
-static double rng_unit(uint64_t *s) {
-    return ((double)(rng_next(s) >> 11) + 1.0) * (1.0 / 9007199254740992.0);
-}
-
-static void fill_normal(float *dst, uint64_t n, double std, uint64_t *rng) {
+/* n N(0, std) values from the splitmix64 stream seeded with s0, in
+ * Box-Muller pairs. */
+static void fill_normal(float *dst, uint64_t n, double std, uint64_t s0) {
     for (uint64_t i = 0; i < n; i += 2) {
-        double r = sqrt(-2.0 * log(rng_unit(rng)));
-        double th = 2.0 * MOCK_PI * rng_unit(rng);
-        dst[i] = (float)(std * r * cos(th));
-        if (i + 1 < n) dst[i + 1] = (float)(std * r * sin(th));
+        float a, b;
+        engine_normal_pair(engine_splitmix64_at(s0, i), engine_splitmix64_at(s0, i + 1),
+                           std, &a, &b);
+        dst[i] = a;
+        if (i + 1 < n) dst[i + 1] = b;
     }
-}
-
-static int ends_with(const char *s, const char *suffix) {
-    size_t a = strlen(s), b = strlen(suffix);
-    return a >= b && strcmp(s + a - b, suffix) == 0;
 }
 
 /* Initialise parameter tensor i unless it already holds values. */
@@ -434,13 +327,10 @@ static void param_ensure(orch_engine_ctx *ctx, uint32_t i) {
     const mock_tensor *t = &ctx->tensors[i];
     float *p = ctx->params + t->offset;
     if (t->ndim == 2) {
-        uint64_t rng = ctx->seed + (uint64_t)(i + 1) * 0x9E3779B97F4A7C15ull;
-        int resid = ends_with(t->name, "attn.c_proj.weight") ||
-                    ends_with(t->name, "mlp.c_proj.weight");
-        double std = resid ? 0.02 / sqrt(2.0 * (double)ctx->model.layers) : 0.02;
-        fill_normal(p, t->numel, std, &rng);
-    } else if (ends_with(t->name, ".weight")) { /* LayerNorm */
-        for (uint64_t j = 0; j < t->numel; j++) p[j] = 1.0f;
+        fill_normal(p, t->numel, engine_gpt2_init_std(t, ctx->model.layers),
+                    ctx->seed + (uint64_t)(i + 1) * 0x9E3779B97F4A7C15ull);
+    } else if (engine_gpt2_init_value(t) != 0.0f) { /* LayerNorm weights */
+        for (uint64_t j = 0; j < t->numel; j++) p[j] = engine_gpt2_init_value(t);
     } else { /* biases: calloc already zeroed them */
     }
     ctx->param_ready[i] = 1;
@@ -464,6 +354,13 @@ static void kv_free(orch_engine_ctx *ctx) {
     ctx->kv_block_size = ctx->kv_num_blocks = 0;
 }
 
+/* The KV pool as the engines/common checks see it. */
+static engine_kv_view kv_view(orch_engine_ctx *ctx) {
+    engine_kv_view v = { ctx->kv_block_size, ctx->kv_tokens ? ctx->kv_num_blocks : 0,
+                         ctx->kv_marks, &ctx->kv_epoch, ctx->kv_written };
+    return v;
+}
+
 static void mock_context_destroy(orch_engine_ctx *ctx) {
     if (!ctx) return;
     kv_free(ctx);
@@ -484,25 +381,25 @@ static int32_t mock_context_create(const orch_model_desc *model,
     int32_t st = engine_create_args(model, opts, out_ctx, &o, err, err_cap);
     if (st != ORCH_OK) return st;
     orch_model_desc m;
-    st = model_normalise(model, &m, err, err_cap);
+    st = engine_model_normalise(model, &mock_limits, &m, err, err_cap);
     if (st != ORCH_OK) return st;
     mock_config cfg;
     st = config_read(o.options, &cfg, err, err_cap);
     if (st != ORCH_OK) return st;
 
     uint64_t n_params, bytes;
-    if (param_count(&m, &n_params) != 0 || mul_u64(n_params, 16, &bytes) != 0)
+    if (engine_gpt2_param_count(&m, &n_params) != 0 ||
+        __builtin_mul_overflow(n_params, (uint64_t)16, &bytes))
         return engine_fail_buf(err, err_cap, ORCH_ERR_OUT_OF_MEMORY,
                         "model too large (parameter count overflows)");
-    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-    if (pages > 0 && page > 0 &&
-        bytes / (uint64_t)page > (uint64_t)pages)
+    const uint64_t mem = engine_host_memory_bytes();
+    if (mem && bytes > mem)
         return engine_fail_buf(err, err_cap, ORCH_ERR_OUT_OF_MEMORY,
-                        "model needs %llu bytes (%llu parameters; parameters, "
-                        "gradients and two moments), more than this machine's "
-                        "%llu bytes of memory",
-                        (unsigned long long)bytes, (unsigned long long)n_params,
-                        (unsigned long long)pages * (unsigned long long)page);
+                               "model needs %llu bytes (%llu parameters; parameters, "
+                               "gradients and two moments), more than this machine's "
+                               "%llu bytes of memory",
+                               (unsigned long long)bytes, (unsigned long long)n_params,
+                               (unsigned long long)mem);
     if (n_params > SIZE_MAX / sizeof(float))
         return engine_fail_buf(err, err_cap, ORCH_ERR_OUT_OF_MEMORY, "model too large");
 
@@ -511,6 +408,7 @@ static int32_t mock_context_create(const orch_model_desc *model,
         return engine_fail_buf(err, err_cap, ORCH_ERR_OUT_OF_MEMORY,
                         "cannot allocate a context");
     ctx->model = m;
+    ctx->train_lim = (engine_batch_limits){ "mock", m.vocab_size, m.context, 0 };
     ctx->cfg = cfg;
     if (table_build(ctx) != ORCH_OK) {
         mock_context_destroy(ctx);
@@ -545,18 +443,9 @@ static const char *mock_last_error(const orch_engine_ctx *ctx) {
 /* ------------------------------------------------------------------------- */
 
 static float *kind_buffer(orch_engine_ctx *ctx, uint32_t kind) {
-    switch (kind) {
-    case ORCH_TENSOR_PARAM: return ctx->params;
-    case ORCH_TENSOR_ADAM_M: return ctx->adam_m;
-    case ORCH_TENSOR_ADAM_V: return ctx->adam_v;
-    default: return NULL;
-    }
-}
-
-static int32_t check_kind_index(orch_engine_ctx *ctx, const char *fn,
-                                uint32_t kind, uint32_t index) {
-    return engine_check_kind_index(fn, kind, index, ctx->n_tensors,
-                                   ctx->last_error, sizeof ctx->last_error);
+    return kind == ORCH_TENSOR_PARAM    ? ctx->params
+           : kind == ORCH_TENSOR_ADAM_M ? ctx->adam_m
+                                        : ctx->adam_v;
 }
 
 static int32_t mock_tensor_count(orch_engine_ctx *ctx, uint32_t kind,
@@ -564,11 +453,7 @@ static int32_t mock_tensor_count(orch_engine_ctx *ctx, uint32_t kind,
     if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
     int32_t st = enter(ctx, CALL_TENSOR_COUNT);
     if (st) return st;
-    if (!out_count)
-        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT, "tensor_count: out_count is NULL");
-    if (!kind_buffer(ctx, kind))
-        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                    "tensor_count: tensor kind %u is unknown", kind);
+    if ((st = engine_check_tensor_count(kind, out_count, ENGINE_ERRBUF(ctx)))) return st;
     *out_count = ctx->n_tensors;
     return ORCH_OK;
 }
@@ -578,23 +463,11 @@ static int32_t mock_tensor_info(orch_engine_ctx *ctx, uint32_t kind,
     if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
     int32_t st = enter(ctx, CALL_TENSOR_INFO);
     if (st) return st;
-    if (!out) return fail(ctx, ORCH_ERR_INVALID_ARGUMENT, "tensor_info: out is NULL");
-    if (out->struct_size < sizeof(uint32_t))
-        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                    "tensor_info: out->struct_size %u is too small",
-                    out->struct_size);
-    if ((st = check_kind_index(ctx, "tensor_info", kind, index))) return st;
+    if ((st = engine_check_tensor_info(kind, index, ctx->n_tensors, out,
+                                       ENGINE_ERRBUF(ctx))))
+        return st;
     engine_tensor_info_fill(&ctx->tensors[index], out);
     return ORCH_OK;
-}
-
-static int32_t check_tensor_io(orch_engine_ctx *ctx, const char *fn,
-                               uint32_t kind, uint32_t index, const void *buf,
-                               uint64_t bytes) {
-    int32_t st = check_kind_index(ctx, fn, kind, index);
-    if (st) return st;
-    return engine_check_tensor_bytes(fn, &ctx->tensors[index], buf, bytes,
-                                     ctx->last_error, sizeof ctx->last_error);
 }
 
 static int32_t mock_tensor_read(orch_engine_ctx *ctx, uint32_t kind,
@@ -602,7 +475,8 @@ static int32_t mock_tensor_read(orch_engine_ctx *ctx, uint32_t kind,
     if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
     int32_t st = enter(ctx, CALL_TENSOR_READ);
     if (st) return st;
-    if ((st = check_tensor_io(ctx, "tensor_read", kind, index, dst, dst_bytes)))
+    if ((st = engine_check_tensor_io("tensor_read", kind, index, ctx->tensors,
+                                     ctx->n_tensors, dst, dst_bytes, ENGINE_ERRBUF(ctx))))
         return st;
     if (kind == ORCH_TENSOR_PARAM) param_ensure(ctx, index);
     memcpy(dst, kind_buffer(ctx, kind) + ctx->tensors[index].offset,
@@ -616,7 +490,8 @@ static int32_t mock_tensor_write(orch_engine_ctx *ctx, uint32_t kind,
     if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
     int32_t st = enter(ctx, CALL_TENSOR_WRITE);
     if (st) return st;
-    if ((st = check_tensor_io(ctx, "tensor_write", kind, index, src, src_bytes)))
+    if ((st = engine_check_tensor_io("tensor_write", kind, index, ctx->tensors,
+                                     ctx->n_tensors, src, src_bytes, ENGINE_ERRBUF(ctx))))
         return st;
     memcpy(kind_buffer(ctx, kind) + ctx->tensors[index].offset, src,
            (size_t)src_bytes);
@@ -636,25 +511,14 @@ static int32_t mock_grads_zero(orch_engine_ctx *ctx) {
     return ORCH_OK;
 }
 
-static int32_t check_range(orch_engine_ctx *ctx, const char *fn, uint64_t offset,
-                           uint64_t count, const void *buf) {
-    if (offset > ctx->n_params || count > ctx->n_params - offset)
-        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                    "%s: range [%llu, %llu+%llu) exceeds the %llu gradient "
-                    "elements",
-                    fn, (unsigned long long)offset, (unsigned long long)offset,
-                    (unsigned long long)count, (unsigned long long)ctx->n_params);
-    if (count > 0 && !buf)
-        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT, "%s: buffer is NULL", fn);
-    return ORCH_OK;
-}
-
 static int32_t mock_grads_read(orch_engine_ctx *ctx, uint64_t offset,
                                uint64_t count, float *dst) {
     if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
     int32_t st = enter(ctx, CALL_GRADS_READ);
     if (st) return st;
-    if ((st = check_range(ctx, "grads_read", offset, count, dst))) return st;
+    if ((st = engine_check_grad_range("grads_read", offset, count, ctx->n_params, dst,
+                                      ENGINE_ERRBUF(ctx))))
+        return st;
     if (count) memcpy(dst, ctx->grads + offset, (size_t)count * sizeof(float));
     return ORCH_OK;
 }
@@ -664,22 +528,11 @@ static int32_t mock_grads_write(orch_engine_ctx *ctx, uint64_t offset,
     if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
     int32_t st = enter(ctx, CALL_GRADS_WRITE);
     if (st) return st;
-    if ((st = check_range(ctx, "grads_write", offset, count, src))) return st;
+    if ((st = engine_check_grad_range("grads_write", offset, count, ctx->n_params, src,
+                                      ENGINE_ERRBUF(ctx))))
+        return st;
     if (count) memcpy(ctx->grads + offset, src, (size_t)count * sizeof(float));
     return ORCH_OK;
-}
-
-/* Validate a [batch, seq_len] token/target pair. */
-static int32_t check_batch(orch_engine_ctx *ctx, const char *fn,
-                           const int32_t *tokens, const int32_t *targets,
-                           uint32_t batch, uint32_t seq_len) {
-    int32_t st = engine_check_batch_shape(fn, tokens, targets, batch, seq_len,
-                                          ctx->model.context,
-                                          ctx->last_error, sizeof ctx->last_error);
-    if (st != ORCH_OK) return st;
-    return engine_check_batch_ids(fn, tokens, targets, batch, seq_len,
-                                  ctx->model.vocab_size,
-                                  ctx->last_error, sizeof ctx->last_error);
 }
 
 /* The four parameter entries (element offsets) term (x,y,t) reads. */
@@ -732,12 +585,9 @@ static int32_t mock_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens
     int32_t st = enter(ctx, CALL_FORWARD_BACKWARD);
     if (st) return st;
     sleep_ms(ctx->cfg.sleep_ms);
-    if (!out_loss)
-        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT, "forward_backward: out_loss is NULL");
-    if (!isfinite(grad_scale))
-        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                    "forward_backward: grad_scale is not finite");
-    if ((st = check_batch(ctx, "forward_backward", tokens, targets, batch, seq_len)))
+    if ((st = engine_check_train_call("forward_backward", tokens, targets, batch, seq_len,
+                                      grad_scale, out_loss, &ctx->train_lim, NULL,
+                                      ENGINE_ERRBUF(ctx))))
         return st;
     *out_loss = loss_compute(ctx, tokens, targets, batch, seq_len, ctx->grads,
                              grad_scale);
@@ -750,9 +600,9 @@ static int32_t mock_eval_loss(orch_engine_ctx *ctx, const int32_t *tokens,
     if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
     int32_t st = enter(ctx, CALL_EVAL_LOSS);
     if (st) return st;
-    if (!out_loss)
-        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT, "eval_loss: out_loss is NULL");
-    if ((st = check_batch(ctx, "eval_loss", tokens, targets, batch, seq_len)))
+    if ((st = engine_check_train_call("eval_loss", tokens, targets, batch, seq_len, 0.0f,
+                                      out_loss, &ctx->train_lim, NULL,
+                                      ENGINE_ERRBUF(ctx))))
         return st;
     *out_loss = loss_compute(ctx, tokens, targets, batch, seq_len, NULL, 0.0f);
     return ORCH_OK;
@@ -765,30 +615,22 @@ static int32_t mock_optimizer_step(orch_engine_ctx *ctx,
     int32_t st = enter(ctx, CALL_OPTIMIZER_STEP);
     if (st) return st;
     orch_adamw_params p;
-    if ((st = engine_check_adamw(params, &p, ctx->last_error,
-                                 sizeof ctx->last_error)) != ORCH_OK)
-        return st;
+    if ((st = engine_check_adamw(params, &p, ENGINE_ERRBUF(ctx))) != ORCH_OK) return st;
     double sq = 0.0;
     for (uint64_t i = 0; i < ctx->n_params; i++)
         sq += (double)ctx->grads[i] * (double)ctx->grads[i];
     double norm = sqrt(sq);
-    if (!isfinite(norm))
-        return fail(ctx, ORCH_ERR_NUMERIC,
-                    "optimizer_step: gradient norm is not finite (NaN/Inf "
-                    "gradients); nothing changed");
-    if (p.grad_clip > 0.0f && norm > (double)p.grad_clip) {
-        float scale = (float)((double)p.grad_clip / norm);
+    if (!isfinite(norm)) return engine_fail_nonfinite_norm(ENGINE_ERRBUF(ctx));
+    const float scale = engine_grad_clip_scale(&p, norm);
+    if (scale != 1.0f)
         for (uint64_t i = 0; i < ctx->n_params; i++) ctx->grads[i] *= scale;
-    }
     params_ensure_all(ctx);
     const float b1 = p.beta1, b2 = p.beta2;
     const float bc1 = (float)(1.0 - pow((double)b1, (double)p.step));
     const float bc2 = (float)(1.0 - pow((double)b2, (double)p.step));
     for (uint32_t ti = 0; ti < ctx->n_tensors; ti++) {
         const mock_tensor *t = &ctx->tensors[ti];
-        const float decay = (t->flags & ORCH_TENSOR_FLAG_NO_DECAY)
-                                ? 1.0f
-                                : 1.0f - p.lr * p.weight_decay;
+        const float decay = engine_adamw_decay(&p, t->flags);
         float *w = ctx->params + t->offset, *g = ctx->grads + t->offset;
         float *m = ctx->adam_m + t->offset, *v = ctx->adam_v + t->offset;
         for (uint64_t i = 0; i < t->numel; i++) {
@@ -818,10 +660,8 @@ static int32_t mock_kv_block_bytes(orch_engine_ctx *ctx, uint32_t block_size,
     if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
     int32_t st = enter(ctx, CALL_KV_BLOCK_BYTES);
     if (st) return st;
-    if (!out_bytes)
-        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT, "kv_block_bytes: out_bytes is NULL");
-    if (block_size == 0)
-        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT, "kv_block_bytes: block_size is 0");
+    if ((st = engine_check_kv_block_bytes(block_size, out_bytes, ENGINE_ERRBUF(ctx))))
+        return st;
     *out_bytes = kv_bytes_per_block(block_size);
     return ORCH_OK;
 }
@@ -831,14 +671,8 @@ static int32_t mock_kv_configure(orch_engine_ctx *ctx, uint32_t block_size,
     if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
     int32_t st = enter(ctx, CALL_KV_CONFIGURE);
     if (st) return st;
-    if (block_size == 0 || num_blocks == 0)
-        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                    "kv_configure: block_size (%u) and num_blocks (%u) must be > 0",
-                    block_size, num_blocks);
-    if (num_blocks > (uint32_t)INT32_MAX)
-        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                    "kv_configure: num_blocks %u exceeds int32 block ids",
-                    num_blocks);
+    if ((st = engine_check_kv_configure(block_size, num_blocks, 0, ENGINE_ERRBUF(ctx))))
+        return st;
     uint64_t slots = (uint64_t)block_size * num_blocks;
     if (slots > SIZE_MAX / sizeof(int32_t))
         return fail(ctx, ORCH_ERR_OUT_OF_MEMORY, "kv_configure: pool too large");
@@ -875,30 +709,11 @@ static int32_t mock_infer_forward(orch_engine_ctx *ctx,
     int32_t st = enter(ctx, CALL_INFER_FORWARD);
     if (st) return st;
     sleep_ms(ctx->cfg.sleep_ms);
-    if ((st = engine_infer_check_header(batch, ctx->last_error,
-                                        sizeof ctx->last_error)) != ORCH_OK)
-        return st;
-    if (batch->seq_stride < sizeof(orch_seq_input) ||
-        batch->seq_stride % _Alignof(orch_seq_input) != 0)
-        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                    "infer_forward: seq_stride %u must be a multiple of %zu and at "
-                    "least ABI 1.0's %zu",
-                    batch->seq_stride, _Alignof(orch_seq_input),
-                    sizeof(orch_seq_input));
-    if (!ctx->kv_tokens)
-        return fail(ctx, ORCH_ERR_STATE,
-                    "infer_forward: no KV pool (call kv_configure first)");
-
+    const engine_kv_view kv = kv_view(ctx);
     const uint32_t bs = ctx->kv_block_size, V = ctx->model.vocab_size;
     uint64_t tokens, rows;
-    if ((st = engine_infer_check_seqs(batch, V, ctx->model.context, bs,
-                                      ctx->kv_num_blocks, &tokens, &rows,
-                                      ctx->last_error, sizeof ctx->last_error)) ||
-        (st = engine_infer_check_logits(rows, V, logits, logits_cap, ctx->last_error,
-                                        sizeof ctx->last_error)) ||
-        (st = engine_infer_check_blocks(batch, bs, ctx->kv_marks, ctx->kv_num_blocks,
-                                        &ctx->kv_epoch, ctx->kv_written,
-                                        ctx->last_error, sizeof ctx->last_error)))
+    if ((st = engine_infer_check(batch, logits, logits_cap, V, ctx->model.context, 0,
+                                 NULL, &kv, &tokens, &rows, ENGINE_ERRBUF(ctx))))
         return st;
 
     /* Write the new tokens' "K/V". */
@@ -908,9 +723,9 @@ static int32_t mock_infer_forward(orch_engine_ctx *ctx,
             uint64_t p = (uint64_t)s->start_pos + k;
             uint64_t slot = (uint64_t)s->block_table[p / bs] * bs + p % bs;
             ctx->kv_tokens[slot] = s->tokens[k];
-            ctx->kv_written[slot] = 1;
         }
     }
+    engine_kv_mark_written(batch, &kv);
     /* Logits from what the cache holds, read back through the table. */
     float *row = logits;
     for (uint32_t i = 0; i < batch->n_seqs; i++) {
@@ -940,21 +755,15 @@ static int32_t mock_kv_copy_blocks(orch_engine_ctx *ctx, const int32_t *src,
     if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
     int32_t st = enter(ctx, CALL_KV_COPY_BLOCKS);
     if (st) return st;
-    if (!ctx->kv_tokens)
-        return fail(ctx, ORCH_ERR_STATE,
-                    "kv_copy_blocks: no KV pool (call kv_configure first)");
-    if (n == 0) return ORCH_OK;
-    if ((st = engine_kv_copy_check(src, dst, n, ctx->kv_marks, ctx->kv_num_blocks,
-                                   &ctx->kv_epoch, ctx->last_error,
-                                   sizeof ctx->last_error)) != ORCH_OK)
+    const engine_kv_view kv = kv_view(ctx);
+    if ((st = engine_kv_copy_check(src, dst, n, &kv, ENGINE_ERRBUF(ctx))) != ORCH_OK)
         return st;
     const uint32_t bs = ctx->kv_block_size;
     for (uint32_t i = 0; i < n; i++) {
-        memcpy(ctx->kv_tokens + (size_t)dst[i] * bs,
-               ctx->kv_tokens + (size_t)src[i] * bs, bs * sizeof(int32_t));
-        memcpy(ctx->kv_written + (size_t)dst[i] * bs,
-               ctx->kv_written + (size_t)src[i] * bs, bs);
+        memcpy(ctx->kv_tokens + (size_t)dst[i] * bs, ctx->kv_tokens + (size_t)src[i] * bs,
+               bs * sizeof(int32_t));
     }
+    engine_kv_copy_written(src, dst, n, &kv);
     return ORCH_OK;
 }
 

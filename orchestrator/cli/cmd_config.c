@@ -8,29 +8,36 @@
 #include <string.h>
 
 #include "orchestrator/cli/commands.h"
+#include "orchestrator/cli/flags.h"
 #include "orchestrator/core/config.h"
 #include "orchestrator/core/util.h"
 
 #define MAX_SETS 256
 
-static void usage(FILE *f) {
-    fprintf(f,
-            "usage: orch config check FILE [--set KEY=VALUE ...]\n"
-            "       orch config show FILE [--set KEY=VALUE ...]\n"
-            "\n"
-            "check: validate a run configuration without running it; prints\n"
-            "  a one-line summary, or one error line naming the JSON path and\n"
-            "  the problem (exit 2).\n"
-            "show: print the merged configuration (defaults filled in; the\n"
-            "  model section as given) as JSON.\n"
-            "\n"
-            "--set KEY=VALUE overrides a key as `orch train` does (VALUE is JSON\n"
-            "when it parses, else a string; null restores the default).\n");
-}
+static const char usage_text[] =
+    "usage: orch config check FILE [--set KEY=VALUE ...]\n"
+    "       orch config show FILE [--set KEY=VALUE ...]\n"
+    "\n"
+    "check: validate a run configuration without running it; prints\n"
+    "  a one-line summary, or one error line naming the JSON path and\n"
+    "  the problem (exit 2).\n"
+    "show: print the merged configuration (defaults filled in; the\n"
+    "  model section as given) as JSON.\n"
+    "\n";
 
 int cmd_config(int argc, char **argv) {
-    if (cmd_wants_help(argc, argv)) {
-        usage(stdout);
+    const char *sets[MAX_SETS], *file = NULL;
+    size_t n_sets = 0, n_files = 0;
+    const flag_spec flags[] = {
+        { "--set", FLAG_LIST, sets, "KEY=VALUE",
+          .help = "override a key as `orch train` does (VALUE is JSON when it\n"
+                  "parses, else a string; null restores the default); repeatable",
+          .max = MAX_SETS, .count = &n_sets },
+        { NULL },
+    };
+    flags_cmd cmd = { .name = "config", .usage = usage_text, .flags = flags };
+    if (flags_wants_help(argc, argv)) { /* before the subcommand is known */
+        flags_print_usage(&cmd, stdout);
         return ORCH_EXIT_OK;
     }
     if (argc < 2) {
@@ -46,27 +53,15 @@ int cmd_config(int argc, char **argv) {
         util_error("config: unknown subcommand '%s' (check or show)", sub);
         return ORCH_EXIT_USAGE;
     }
-    const char *file = NULL;
-    const char *sets[MAX_SETS];
-    size_t n_sets = 0;
-    for (int i = 2; i < argc; i++) {
-        const char *v;
-        if ((v = util_flag_value("--set", argc, argv, &i))) {
-            if (n_sets >= MAX_SETS) {
-                util_error("config: too many --set options");
-                return ORCH_EXIT_USAGE;
-            }
-            sets[n_sets++] = v;
-        } else if (argv[i][0] == '-' && argv[i][1] != '\0') {
-            util_error("config: unknown option '%s'", argv[i]);
-            return ORCH_EXIT_USAGE;
-        } else if (!file) {
-            file = argv[i];
-        } else {
-            util_error("config: more than one FILE given ('%s')", argv[i]);
-            return ORCH_EXIT_USAGE;
-        }
-    }
+    char name[32];
+    snprintf(name, sizeof name, "config %s", sub);
+    cmd.name = name;
+    cmd.pos = &file;
+    cmd.max_pos = 1;
+    cmd.n_pos = &n_files;
+    cmd.pos_name = "FILE";
+    int rc;
+    if (flags_parse(&cmd, argc - 1, argv + 1, &rc)) return rc;
     if (!file) {
         util_error("config %s: missing FILE", sub);
         return ORCH_EXIT_USAGE;
@@ -96,15 +91,13 @@ int cmd_config(int argc, char **argv) {
         const config_train *t = &cfg->train;
         /* GPT-2 parameter count: embeddings, blocks, final LayerNorm. */
         double C = m->width, M = m->mlp_width, L = m->layers;
-        double params = (double)m->vocab_size * C + (double)m->context * C +
-                        L * (4 * C + 3 * C * C + 3 * C + C * C + C + M * C +
-                             M + C * M + C) +
-                        2 * C;
+        double params =
+            (double)m->vocab_size * C + (double)m->context * C +
+            L * (4 * C + 3 * C * C + 3 * C + C * C + C + M * C + M + C * M + C) + 2 * C;
         printf("%s: ok: %s, %u layers, %u heads, width %u, context %u, "
                "vocab %u (%.2fM parameters); batch %u x %u x %u accum, ",
-               file, m->arch, m->layers, m->heads, m->width, m->context,
-               m->vocab_size, params / 1e6, t->micro_batch, t->seq_len,
-               t->grad_accum);
+               file, m->arch, m->layers, m->heads, m->width, m->context, m->vocab_size,
+               params / 1e6, t->micro_batch, t->seq_len, t->grad_accum);
         if (t->max_steps)
             printf("%llu steps", (unsigned long long)t->max_steps);
         else

@@ -11,30 +11,23 @@
 #include "orchestrator/data/tokenizer.h"
 #include "orchestrator/core/util.h"
 
-
 static int is_space(char c) {
-    return c == ' ' || c == '\n' || c == '\t' || c == '\r' || c == '\v' ||
-           c == '\f';
+    return c == ' ' || c == '\n' || c == '\t' || c == '\r' || c == '\v' || c == '\f';
 }
 
 int cmd_detokenize(int argc, char **argv) {
-    if (cmd_wants_help(argc, argv)) {
-        printf("usage: orch detokenize [--tokenizer gpt2|byte] [--vocab-dir DIR] "
-               "< ids\n\n"
-               "Reads token ids (decimal, separated by spaces or newlines) on "
-               "stdin and\n"
-               "writes the exact bytes they stand for (no newline added). An id "
-               "that is\n"
-               "not a number or not in the vocabulary is an error (exit 2).\n"
-               "  --tokenizer T   gpt2 (default) or byte\n"
-               "  --vocab-dir D   directory with encoder.json and vocab.bpe\n");
-        return ORCH_EXIT_OK;
-    }
     tokenizer *t;
     size_t len;
     char *in;
-    int st = cmd_open_tokenizer_read_stdin(argc, argv, &t, &in, &len);
-    if (st != ORCH_EXIT_OK) return st;
+    int st;
+    if (cmd_open_tokenizer_read_stdin(
+            argc, argv,
+            "usage: orch detokenize [--tokenizer gpt2|byte] [--vocab-dir DIR] < ids\n\n"
+            "Reads token ids (decimal, separated by spaces or newlines) on stdin and\n"
+            "writes the exact bytes they stand for (no newline added). An id that is\n"
+            "not a number or not in the vocabulary is an error (exit 2).\n",
+            NULL, &t, &in, &len, &st))
+        return st;
     char err[1024];
     /* Every id takes at least 2 bytes of input with its separator. */
     int32_t *ids = malloc((len / 2 + 1) * sizeof *ids);

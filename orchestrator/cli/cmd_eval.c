@@ -10,74 +10,54 @@
 #include <string.h>
 
 #include "orchestrator/cli/commands.h"
+#include "orchestrator/cli/flags.h"
 #include "orchestrator/data/data_loader.h"
 #include "orchestrator/infer/generate.h"
 #include "orchestrator/data/shard.h"
 #include "orchestrator/core/util.h"
 
-static void usage(FILE *f) {
-    fprintf(f,
-            "usage: orch eval --checkpoint DIR [options]\n"
-            "\n"
-            "Print the validation loss and perplexity of a checkpoint over the\n"
-            "validation shards named in its config (data.val), on the same fixed\n"
-            "windows training evaluates (train.eval_batches batches of\n"
-            "train.micro_batch x train.seq_len tokens).\n"
-            "\noptions:\n"
-            "  --checkpoint DIR   run directory (newest complete checkpoint) or a\n"
-            "                     checkpoint directory (required)\n"
-            "  --batches N        number of batches (default: train.eval_batches)\n"
-            "  --val GLOB         validation shards (default: the config's data.val)\n"
-            "  --engine E         engine (default: the checkpoint config's)\n"
-            "  --threads N        engine threads (default: the config's)\n"
-            "\noutput lines: checkpoint, step, tokens, val_loss, perplexity\n"
-            "exit status: 0 ok, 1 runtime failure, 2 bad usage/checkpoint/data/engine\n");
-}
-
 int cmd_eval(int argc, char **argv) {
-    if (cmd_wants_help(argc, argv)) {
-        usage(stdout);
-        return ORCH_EXIT_OK;
-    }
     const char *ckpt = NULL, *engine = NULL, *val = NULL;
     uint64_t batches = 0;
     int threads = -1;
-    for (int i = 1; i < argc; i++) {
-        const char *v;
-        uint64_t u;
-        if ((v = util_flag_value("--checkpoint", argc, argv, &i))) {
-            ckpt = v;
-        } else if ((v = util_flag_value("--batches", argc, argv, &i))) {
-            if (util_parse_u64(v, &batches) != 0 || batches == 0 ||
-                batches > 1048576) {
-                util_error("eval: --batches: '%s' is not a count in 1..1048576",
-                           v);
-                return ORCH_EXIT_USAGE;
-            }
-        } else if ((v = util_flag_value("--val", argc, argv, &i))) {
-            val = v;
-        } else if ((v = util_flag_value("--engine", argc, argv, &i))) {
-            engine = v;
-        } else if ((v = util_flag_value("--threads", argc, argv, &i))) {
-            if (util_parse_u64(v, &u) != 0 || u > 4096) {
-                util_error("eval: --threads: '%s' is not a thread count", v);
-                return ORCH_EXIT_USAGE;
-            }
-            threads = (int)u;
-        } else {
-            util_error("eval: unknown or incomplete option '%s' (see orch eval "
-                       "--help)",
-                       argv[i]);
-            return ORCH_EXIT_USAGE;
-        }
-    }
+    const flag_spec flags[] = {
+        { "--checkpoint", FLAG_STRING, &ckpt, "DIR",
+          .help = "run directory (newest complete checkpoint) or a\n"
+                  "checkpoint directory (required)" },
+        { "--batches", FLAG_U64, &batches, "N",
+          .help = "number of batches (default: train.eval_batches)", .min = 1,
+          .max = 1048576 },
+        { "--val", FLAG_STRING, &val, "GLOB",
+          .help = "validation shards (default: the config's data.val)" },
+        { "--engine", FLAG_STRING, &engine, "E",
+          .help = "engine (default: the checkpoint config's)" },
+        { "--threads", FLAG_INT, &threads, "N",
+          .help = "engine threads (default: the config's)", .min = 0, .max = 4096 },
+        { NULL },
+    };
+    const flags_cmd cmd = {
+        .name = "eval",
+        .usage = "usage: orch eval --checkpoint DIR [options]\n"
+                 "\n"
+                 "Print the validation loss and perplexity of a checkpoint over the\n"
+                 "validation shards named in its config (data.val), on the same fixed\n"
+                 "windows training evaluates (train.eval_batches batches of\n"
+                 "train.micro_batch x train.seq_len tokens).\n"
+                 "\noptions:\n",
+        .flags = flags,
+        .footer = "\noutput lines: checkpoint, step, tokens, val_loss, perplexity\n"
+                  "exit status: 0 ok, 1 runtime failure, 2 bad usage/checkpoint/data/"
+                  "engine\n",
+    };
+    int st;
+    if (flags_parse(&cmd, argc, argv, &st)) return st;
     if (!ckpt) {
         util_error("eval: --checkpoint DIR is required (see orch eval --help)");
         return ORCH_EXIT_USAGE;
     }
     char err[2048], warn[2048];
     inference_model m;
-    inference_model_opts mo = {ckpt, engine, threads, NULL, 0};
+    inference_model_opts mo = { ckpt, engine, threads, NULL, 0 };
     if (inference_model_open(&mo, &m, warn, sizeof warn, err, sizeof err) != 0) {
         util_error("eval: %s", err);
         return ORCH_EXIT_USAGE;

@@ -12,29 +12,20 @@
 #include "orchestrator/data/tokenizer.h"
 #include "orchestrator/core/util.h"
 
-
 int cmd_tokenize(int argc, char **argv) {
-    if (cmd_wants_help(argc, argv)) {
-        printf("usage: orch tokenize [--tokenizer gpt2|byte] [--vocab-dir DIR] "
-               "< text\n\n"
-               "Reads raw bytes on stdin (all of them: newlines, CR, NUL, "
-               "invalid UTF-8)\n"
-               "and prints their token ids separated by spaces, then a "
-               "newline.\n"
-               "  --tokenizer T   gpt2 (default; GPT-2 byte-level BPE) or byte "
-               "(id = byte)\n"
-               "  --vocab-dir D   directory with encoder.json and vocab.bpe\n"
-               "                  (default: $ORCH_DATA_DIR/gpt2, "
-               "<orch>/../data/gpt2, ./data/gpt2)\n"
-               "\"<|endoftext|>\" in the input is ordinary text. Inverse: orch "
-               "detokenize.\n");
-        return ORCH_EXIT_OK;
-    }
     tokenizer *t;
     size_t len;
     char *text;
-    int st = cmd_open_tokenizer_read_stdin(argc, argv, &t, &text, &len);
-    if (st != ORCH_EXIT_OK) return st;
+    int st;
+    if (cmd_open_tokenizer_read_stdin(
+            argc, argv,
+            "usage: orch tokenize [--tokenizer gpt2|byte] [--vocab-dir DIR] < text\n\n"
+            "Reads raw bytes on stdin (all of them: newlines, CR, NUL, invalid UTF-8)\n"
+            "and prints their token ids separated by spaces, then a newline.\n",
+            "\"<|endoftext|>\" in the input is ordinary text. Inverse: orch "
+            "detokenize.\n",
+            &t, &text, &len, &st))
+        return st;
     char err[1024];
     int32_t *ids;
     size_t n;

@@ -6,45 +6,42 @@
 #include <string.h>
 
 #include "orchestrator/cli/commands.h"
+#include "orchestrator/cli/flags.h"
 #include "orchestrator/data/tokenizer.h"
 #include "orchestrator/core/util.h"
 
-int cmd_wants_help(int argc, char **argv) {
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--") == 0) break;
-        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0)
-            return 1;
-    }
-    return 0;
-}
-
-int cmd_open_tokenizer_read_stdin(int argc, char **argv, tokenizer **t,
-                                  char **in, size_t *len) {
+int cmd_open_tokenizer_read_stdin(int argc, char **argv, const char *usage,
+                                  const char *footer, tokenizer **t, char **in,
+                                  size_t *len, int *exit_status) {
     const char *cmd = argv[0];
     const char *kind = "gpt2", *vocab_dir = NULL;
-    for (int i = 1; i < argc; i++) {
-        const char *v;
-        if ((v = util_flag_value("--tokenizer", argc, argv, &i))) {
-            kind = v;
-        } else if ((v = util_flag_value("--vocab-dir", argc, argv, &i))) {
-            vocab_dir = v;
-        } else {
-            util_error("%s: unknown argument '%s' (see orch %s --help)", cmd,
-                       argv[i], cmd);
-            return ORCH_EXIT_USAGE;
-        }
-    }
+    const flag_spec flags[] = {
+        { "--tokenizer", FLAG_STRING, &kind, "T",
+          .help = "gpt2 (default; GPT-2 byte-level BPE) or byte (id = byte)" },
+        { "--vocab-dir", FLAG_STRING, &vocab_dir, "D",
+          .help = "directory with encoder.json and vocab.bpe\n"
+                  "(default: $ORCH_DATA_DIR/gpt2, <orch>/../data/gpt2, ./data/gpt2)" },
+        { NULL },
+    };
+    const flags_cmd fc = {
+        .name = cmd, .usage = usage, .flags = flags, .footer = footer
+    };
+    *t = NULL;
+    *in = NULL;
+    if (flags_parse(&fc, argc, argv, exit_status)) return 1;
     char err[1024];
     if (tokenizer_open(kind, vocab_dir, t, err, sizeof err) != 0) {
         util_error("%s: %s", cmd, err);
-        return ORCH_EXIT_USAGE;
+        *exit_status = ORCH_EXIT_USAGE;
+        return 1;
     }
     *in = util_read_stream(stdin, len);
     if (!*in) {
         util_error("%s: cannot read stdin: %s", cmd, strerror(errno));
         tokenizer_free(*t);
         *t = NULL;
-        return ORCH_EXIT_FAILURE;
+        *exit_status = ORCH_EXIT_FAILURE;
+        return 1;
     }
-    return ORCH_EXIT_OK;
+    return 0;
 }

@@ -2,8 +2,9 @@
  * commands.h - entry points of the orch subcommands, one cmd_*.c file each.
  *
  * Each takes the arguments after the command name (argv[0] is the command
- * name), handles --help/-h by printing usage to stdout and returning 0, and
- * returns the process exit status (ORCH_EXIT_* in util.h, or a documented
+ * name), parses them with the table-driven parser of flags.h (which handles
+ * --help/-h by printing the usage to stdout and returning 0), and returns the
+ * process exit status (ORCH_EXIT_* in util.h, or a documented
  * command-specific one). Errors are reported as one line via util_error.
  */
 #ifndef ORCH_COMMANDS_H
@@ -25,14 +26,14 @@ int cmd_import_gpt2(int argc, char **argv);
 
 struct tokenizer;
 /* Shared front half of `tokenize` and `detokenize`: parse --tokenizer and
- * --vocab-dir (argv[0] is the command name, used in messages), open the
- * tokenizer and read all of stdin. Returns ORCH_EXIT_OK with *t and *in
- * (NUL-terminated, *len bytes) owned by the caller (tokenizer_free, free), or
- * the exit status after printing one error line (nothing held). */
-int cmd_open_tokenizer_read_stdin(int argc, char **argv, struct tokenizer **t,
-                                  char **in, size_t *len);
-
-/* True if any argument is --help or -h. */
-int cmd_wants_help(int argc, char **argv);
+ * --vocab-dir (argv[0] is the command name, used in messages; usage and
+ * footer frame the --help text, see flags.h), open the tokenizer and read all
+ * of stdin. Returns 0 with *t and *in (NUL-terminated, *len bytes) owned by
+ * the caller (tokenizer_free, free), or 1 when the command should return
+ * *exit_status now (after --help, or after printing one error line; nothing
+ * held). */
+int cmd_open_tokenizer_read_stdin(int argc, char **argv, const char *usage,
+                                  const char *footer, struct tokenizer **t, char **in,
+                                  size_t *len, int *exit_status);
 
 #endif

@@ -2,121 +2,27 @@
  * config.c - load, override, validate and serialise orch run configs.
  * See config.h for the schema and the error format.
  *
- * The schema is one table of key specs per section; validation walks the
- * document against it (unknown keys, duplicate keys, types, ranges, required
- * keys), then checks the relations between keys, then fills the struct.
+ * The schema tables and the validation that fills the struct are in
+ * config_schema.c; this file reads documents, applies --set overrides and
+ * writes the merged config back out.
  */
 #include "orchestrator/core/config.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "orchestrator/core/config_schema.h"
+#include "orchestrator/core/fsio.h"
 #include "orchestrator/core/util.h"
 
-/* ------------------------------------------------------------------------- */
-/* Schema                                                                     */
-/* ------------------------------------------------------------------------- */
-typedef enum key_type { KT_U32, KT_U64, KT_F64, KT_STR } key_type;
-
-typedef struct key_spec {
-    const char *name;
-    key_type type;
-    int required;
-    double min, max;        /* numeric range (inclusive unless *_open) */
-    int min_open, max_open; /* exclusive bounds */
-    const char *choices;    /* KT_STR: "a|b|c" or NULL (then non-empty) */
-    size_t offset;          /* field offset inside the section struct */
-    size_t cap;             /* KT_STR: field capacity */
-    double def_num;         /* default for optional numeric keys */
-    const char *def_str;    /* default for optional string keys */
-} key_spec;
-
-#define U53 9007199254740992.0 /* 2^53: the largest exact JSON integer */
-#define OFF(s, f) offsetof(s, f)
-#define CAP(s, f) sizeof(((s *)0)->f)
-
-/* Model keys: their defaults are NOT written into the document (the model
- * section is preserved as given); derived defaults are applied in fill. */
-static const key_spec model_keys[] = {
-    {"arch", KT_STR, 0, 0, 0, 0, 0, "gpt2|llama", OFF(config_model, arch), CAP(config_model, arch), 0, "gpt2"},
-    {"vocab_size", KT_U32, 1, 1, 2147483647.0, 0, 0, NULL, OFF(config_model, vocab_size), 0, 0, NULL},
-    {"context", KT_U32, 1, 1, 1048576, 0, 0, NULL, OFF(config_model, context), 0, 0, NULL},
-    {"layers", KT_U32, 1, 1, 1024, 0, 0, NULL, OFF(config_model, layers), 0, 0, NULL},
-    {"heads", KT_U32, 1, 1, 4096, 0, 0, NULL, OFF(config_model, heads), 0, 0, NULL},
-    {"kv_heads", KT_U32, 0, 1, 4096, 0, 0, NULL, OFF(config_model, kv_heads), 0, 0, NULL},
-    {"width", KT_U32, 1, 1, 65536, 0, 0, NULL, OFF(config_model, width), 0, 0, NULL},
-    {"mlp_width", KT_U32, 0, 1, 262144, 0, 0, NULL, OFF(config_model, mlp_width), 0, 0, NULL},
-    {"layernorm_eps", KT_F64, 0, 0, 1, 1, 0, NULL, OFF(config_model, layernorm_eps), 0, 1e-5, NULL},
-    {"rope_theta", KT_F64, 0, 0, 1e12, 0, 0, NULL, OFF(config_model, rope_theta), 0, 0, NULL},
-};
-
-static const key_spec train_keys[] = {
-    {"micro_batch", KT_U32, 1, 1, 65536, 0, 0, NULL, OFF(config_train, micro_batch), 0, 0, NULL},
-    {"seq_len", KT_U32, 1, 1, 1048576, 0, 0, NULL, OFF(config_train, seq_len), 0, 0, NULL},
-    {"grad_accum", KT_U32, 0, 1, 1048576, 0, 0, NULL, OFF(config_train, grad_accum), 0, 1, NULL},
-    {"max_steps", KT_U64, 0, 1, U53, 0, 0, NULL, OFF(config_train, max_steps), 0, 0, NULL},
-    {"epochs", KT_F64, 0, 0, 1e9, 1, 0, NULL, OFF(config_train, epochs), 0, 0, NULL},
-    {"lr", KT_F64, 1, 0, 10, 1, 0, NULL, OFF(config_train, lr), 0, 0, NULL},
-    {"min_lr", KT_F64, 0, 0, 10, 0, 0, NULL, OFF(config_train, min_lr), 0, 0, NULL},
-    {"warmup_steps", KT_U64, 0, 0, U53, 0, 0, NULL, OFF(config_train, warmup_steps), 0, 0, NULL},
-    {"schedule", KT_STR, 0, 0, 0, 0, 0, "cosine|linear|constant", OFF(config_train, schedule), CAP(config_train, schedule), 0, "cosine"},
-    {"weight_decay", KT_F64, 0, 0, 10, 0, 0, NULL, OFF(config_train, weight_decay), 0, 0.0, NULL},
-    {"beta1", KT_F64, 0, 0, 1, 0, 1, NULL, OFF(config_train, beta1), 0, 0.9, NULL},
-    {"beta2", KT_F64, 0, 0, 1, 0, 1, NULL, OFF(config_train, beta2), 0, 0.95, NULL},
-    {"eps", KT_F64, 0, 0, 1, 1, 0, NULL, OFF(config_train, eps), 0, 1e-8, NULL},
-    {"grad_clip", KT_F64, 0, 0, 1e9, 0, 0, NULL, OFF(config_train, grad_clip), 0, 1.0, NULL},
-    {"seed", KT_U64, 0, 0, U53, 0, 0, NULL, OFF(config_train, seed), 0, 1337, NULL},
-    {"eval_every", KT_U64, 0, 0, U53, 0, 0, NULL, OFF(config_train, eval_every), 0, 100, NULL},
-    {"eval_batches", KT_U32, 0, 1, 1048576, 0, 0, NULL, OFF(config_train, eval_batches), 0, 8, NULL},
-    {"checkpoint_every", KT_U64, 0, 0, U53, 0, 0, NULL, OFF(config_train, checkpoint_every), 0, 0, NULL},
-    {"keep_checkpoints", KT_U32, 0, 1, 1000000, 0, 0, NULL, OFF(config_train, keep_checkpoints), 0, 3, NULL},
-    {"early_stop_patience", KT_U32, 0, 0, 1000000, 0, 0, NULL, OFF(config_train, early_stop_patience), 0, 0, NULL},
-};
-
-static const key_spec data_keys[] = {
-    {"tokenizer", KT_STR, 1, 0, 0, 0, 0, "byte|gpt2", OFF(config_data, tokenizer), CAP(config_data, tokenizer), 0, NULL},
-    {"train", KT_STR, 1, 0, 0, 0, 0, NULL, OFF(config_data, train), CAP(config_data, train), 0, NULL},
-    {"val", KT_STR, 1, 0, 0, 0, 0, NULL, OFF(config_data, val), CAP(config_data, val), 0, NULL},
-};
-
-static const key_spec engine_keys[] = {
-    {"name", KT_STR, 0, 0, 0, 0, 0, NULL, OFF(config_engine, name), CAP(config_engine, name), 0, "cpu"},
-    {"threads", KT_U32, 0, 0, 4096, 0, 0, NULL, OFF(config_engine, threads), 0, 0, NULL},
-    {"options", KT_STR, 0, 0, 0, 0, 0, "", OFF(config_engine, options), CAP(config_engine, options), 0, ""},
-};
-
-typedef struct section_spec {
-    const char *name;
-    int required;
-    const key_spec *keys;
-    size_t n_keys;
-    size_t offset; /* of the section struct inside orch_config */
-} section_spec;
-
-#define NKEYS(a) (sizeof(a) / sizeof((a)[0]))
-static const section_spec sections[] = {
-    {"model", 1, model_keys, NKEYS(model_keys), OFF(orch_config, model)},
-    {"train", 1, train_keys, NKEYS(train_keys), OFF(orch_config, train)},
-    {"data", 1, data_keys, NKEYS(data_keys), OFF(orch_config, data)},
-    {"engine", 0, engine_keys, NKEYS(engine_keys), OFF(orch_config, engine)},
-};
-#define N_SECTIONS NKEYS(sections)
-
-static const section_spec *find_section(const char *name) {
-    for (size_t i = 0; i < N_SECTIONS; i++)
-        if (strcmp(sections[i].name, name) == 0) return &sections[i];
-    return NULL;
-}
-
-static const key_spec *find_key(const section_spec *s, const char *name) {
-    for (size_t i = 0; i < s->n_keys; i++)
-        if (strcmp(s->keys[i].name, name) == 0) return &s->keys[i];
-    return NULL;
-}
+/* A config is small; refuse giant files. */
+#define CONFIG_FILE_MAX_BYTES ((size_t)64 << 20)
 
 /* ------------------------------------------------------------------------- */
 /* Helpers                                                                    */
@@ -144,289 +50,6 @@ size_t config_edit_distance(const char *a, const char *b) {
     return d;
 }
 
-/* Nearest valid path to `path` ("section" or "section.key"), preferring the
- * same section on ties. */
-static void nearest_path(const char *path, char *out, size_t cap) {
-    int top_level = strchr(path, '.') == NULL;
-    size_t best = (size_t)-1;
-    out[0] = '\0';
-    for (size_t i = 0; i < N_SECTIONS; i++) {
-        const section_spec *s = &sections[i];
-        if (top_level) {
-            size_t d = config_edit_distance(path, s->name);
-            if (d < best) {
-                best = d;
-                snprintf(out, cap, "%s", s->name);
-            }
-            continue;
-        }
-        size_t slen = strlen(s->name);
-        int same = strncmp(path, s->name, slen) == 0 && path[slen] == '.';
-        for (size_t k = 0; k < s->n_keys; k++) {
-            char cand[128];
-            snprintf(cand, sizeof cand, "%s.%s", s->name, s->keys[k].name);
-            size_t d = config_edit_distance(path, cand) * 2 + (same ? 0 : 1);
-            if (d < best) {
-                best = d;
-                snprintf(out, cap, "%s", cand);
-            }
-        }
-    }
-}
-
-static const char *json_type_name(const cJSON *v) {
-    if (cJSON_IsString(v)) return "a string";
-    if (cJSON_IsNumber(v)) return "a number";
-    if (cJSON_IsBool(v)) return "a boolean";
-    if (cJSON_IsNull(v)) return "null";
-    if (cJSON_IsArray(v)) return "an array";
-    if (cJSON_IsObject(v)) return "an object";
-    return "an invalid value";
-}
-
-static int is_choice(const char *choices, const char *v) {
-    size_t n = strlen(v);
-    const char *p = choices;
-    while (*p) {
-        const char *bar = strchr(p, '|');
-        size_t len = bar ? (size_t)(bar - p) : strlen(p);
-        if (len == n && strncmp(p, v, n) == 0) return 1;
-        if (!bar) break;
-        p = bar + 1;
-    }
-    return 0;
-}
-
-static void fmt_num(char *buf, size_t cap, double v) {
-    snprintf(buf, cap, "%.10g", v);
-}
-
-/* ------------------------------------------------------------------------- */
-/* Validation                                                                 */
-/* ------------------------------------------------------------------------- */
-
-/* Check one present value against its spec. */
-static int check_value(const char *path, const key_spec *k, const cJSON *v,
-                       char *err, size_t cap) {
-    if (k->type == KT_STR) {
-        if (!cJSON_IsString(v)) {
-            util_set_err(err, cap, "%s: expected a string, got %s", path,
-                         json_type_name(v));
-            return -1;
-        }
-        const char *s = v->valuestring;
-        if (strlen(s) >= k->cap) {
-            util_set_err(err, cap, "%s: string too long (at most %zu bytes)",
-                         path, k->cap - 1);
-            return -1;
-        }
-        if (k->choices && *k->choices && !is_choice(k->choices, s)) {
-            char list[128];
-            snprintf(list, sizeof list, "%s", k->choices);
-            for (char *p = list; *p; p++)
-                if (*p == '|') *p = ',';
-            util_set_err(err, cap, "%s: '%s' is not one of %s", path, s, list);
-            return -1;
-        }
-        if (!k->choices && !*s) {
-            util_set_err(err, cap, "%s: must not be empty", path);
-            return -1;
-        }
-        return 0;
-    }
-    const char *want = k->type == KT_F64 ? "a number" : "an integer";
-    if (!cJSON_IsNumber(v)) {
-        util_set_err(err, cap, "%s: expected %s, got %s", path, want,
-                     json_type_name(v));
-        return -1;
-    }
-    double d = v->valuedouble;
-    char got[64], lo[64], hi[64];
-    fmt_num(got, sizeof got, d);
-    if (!isfinite(d)) {
-        util_set_err(err, cap, "%s: must be finite", path);
-        return -1;
-    }
-    if (k->type != KT_F64 && d != floor(d)) {
-        util_set_err(err, cap, "%s: expected an integer, got %s", path, got);
-        return -1;
-    }
-    fmt_num(lo, sizeof lo, k->min);
-    fmt_num(hi, sizeof hi, k->max);
-    if (k->min_open ? !(d > k->min) : !(d >= k->min)) {
-        util_set_err(err, cap, "%s: out of range: %s must be %s %s", path, got,
-                     k->min_open ? ">" : ">=", lo);
-        return -1;
-    }
-    if (k->max_open ? !(d < k->max) : !(d <= k->max)) {
-        util_set_err(err, cap, "%s: out of range: %s must be %s %s", path, got,
-                     k->max_open ? "<" : "<=", hi);
-        return -1;
-    }
-    return 0;
-}
-
-/* Store a validated value (or the default when v is NULL) into the struct. */
-static void store_value(void *section, const key_spec *k, const cJSON *v) {
-    char *base = (char *)section + k->offset;
-    switch (k->type) {
-    case KT_STR: {
-        const char *s = v ? v->valuestring : (k->def_str ? k->def_str : "");
-        snprintf(base, k->cap, "%s", s);
-        break;
-    }
-    case KT_U32: {
-        uint32_t x = (uint32_t)(v ? v->valuedouble : k->def_num);
-        memcpy(base, &x, sizeof x);
-        break;
-    }
-    case KT_U64: {
-        uint64_t x = (uint64_t)(v ? v->valuedouble : k->def_num);
-        memcpy(base, &x, sizeof x);
-        break;
-    }
-    case KT_F64: {
-        double x = v ? v->valuedouble : k->def_num;
-        memcpy(base, &x, sizeof x);
-        break;
-    }
-    }
-}
-
-/* Validate the whole document and fill *cfg (which is zeroed first). */
-static int validate_fill(const cJSON *doc, orch_config *cfg, char *err,
-                         size_t cap) {
-    memset(cfg, 0, offsetof(orch_config, source));
-    if (!cJSON_IsObject(doc)) {
-        util_set_err(err, cap, "top level: expected an object, got %s",
-                     json_type_name(doc));
-        return -1;
-    }
-    /* Unknown and duplicate sections. */
-    for (const cJSON *it = doc->child; it; it = it->next) {
-        const char *name = it->string ? it->string : "";
-        if (!find_section(name)) {
-            char near[128];
-            nearest_path(name, near, sizeof near);
-            util_set_err(err, cap, "%s: unknown key (did you mean %s?)", name,
-                         near);
-            return -1;
-        }
-        for (const cJSON *o = doc->child; o != it; o = o->next)
-            if (o->string && strcmp(o->string, name) == 0) {
-                util_set_err(err, cap, "%s: duplicate key", name);
-                return -1;
-            }
-    }
-    for (size_t si = 0; si < N_SECTIONS; si++) {
-        const section_spec *s = &sections[si];
-        const cJSON *sec = cJSON_GetObjectItemCaseSensitive(doc, s->name);
-        void *dst = (char *)cfg + s->offset;
-        if (!sec) {
-            if (s->required) {
-                util_set_err(err, cap, "%s: missing required section", s->name);
-                return -1;
-            }
-        } else if (!cJSON_IsObject(sec)) {
-            util_set_err(err, cap, "%s: expected an object, got %s", s->name,
-                         json_type_name(sec));
-            return -1;
-        }
-        if (sec) {
-            for (const cJSON *it = sec->child; it; it = it->next) {
-                const char *kname = it->string ? it->string : "";
-                char path[256];
-                snprintf(path, sizeof path, "%s.%s", s->name, kname);
-                const key_spec *k = find_key(s, kname);
-                if (!k) {
-                    char near[128];
-                    nearest_path(path, near, sizeof near);
-                    util_set_err(err, cap, "%s: unknown key (did you mean %s?)",
-                                 path, near);
-                    return -1;
-                }
-                for (const cJSON *o = sec->child; o != it; o = o->next)
-                    if (o->string && strcmp(o->string, kname) == 0) {
-                        util_set_err(err, cap, "%s: duplicate key", path);
-                        return -1;
-                    }
-                if (check_value(path, k, it, err, cap) != 0) return -1;
-            }
-        }
-        for (size_t ki = 0; ki < s->n_keys; ki++) {
-            const key_spec *k = &s->keys[ki];
-            const cJSON *v =
-                sec ? cJSON_GetObjectItemCaseSensitive(sec, k->name) : NULL;
-            if (!v && k->required) {
-                util_set_err(err, cap, "%s.%s: missing required key", s->name,
-                             k->name);
-                return -1;
-            }
-            store_value(dst, k, v);
-        }
-    }
-
-    /* Relations between keys. */
-    config_model *m = &cfg->model;
-    config_train *t = &cfg->train;
-    const cJSON *msec = cJSON_GetObjectItemCaseSensitive(doc, "model");
-    const cJSON *tsec = cJSON_GetObjectItemCaseSensitive(doc, "train");
-    if (m->width % m->heads != 0) {
-        util_set_err(err, cap, "model.heads: %u does not divide model.width (%u)",
-                     m->heads, m->width);
-        return -1;
-    }
-    if (!cJSON_GetObjectItemCaseSensitive(msec, "kv_heads")) m->kv_heads = m->heads;
-    if (m->kv_heads > m->heads || m->heads % m->kv_heads != 0) {
-        util_set_err(err, cap,
-                     "model.kv_heads: %u does not divide model.heads (%u)",
-                     m->kv_heads, m->heads);
-        return -1;
-    }
-    if (!cJSON_GetObjectItemCaseSensitive(msec, "mlp_width")) {
-        if ((uint64_t)m->width * 4 > 262144) {
-            util_set_err(err, cap, "model.mlp_width: 4*width is too large");
-            return -1;
-        }
-        m->mlp_width = m->width * 4;
-    }
-    if (t->seq_len > m->context) {
-        util_set_err(err, cap, "train.seq_len: %u exceeds model.context (%u)",
-                     t->seq_len, m->context);
-        return -1;
-    }
-    if (t->min_lr > t->lr) {
-        char a[64], b[64];
-        fmt_num(a, sizeof a, t->min_lr);
-        fmt_num(b, sizeof b, t->lr);
-        util_set_err(err, cap, "train.min_lr: %s exceeds train.lr (%s)", a, b);
-        return -1;
-    }
-    int has_steps = cJSON_GetObjectItemCaseSensitive(tsec, "max_steps") != NULL;
-    int has_epochs = cJSON_GetObjectItemCaseSensitive(tsec, "epochs") != NULL;
-    if (has_steps && has_epochs) {
-        util_set_err(err, cap,
-                     "train.epochs: give train.max_steps or train.epochs, not "
-                     "both");
-        return -1;
-    }
-    if (!has_steps && !has_epochs) {
-        util_set_err(err, cap,
-                     "train.max_steps: missing required key (or give "
-                     "train.epochs)");
-        return -1;
-    }
-    uint32_t tok_vocab = strcmp(cfg->data.tokenizer, "gpt2") == 0 ? 50257 : 256;
-    if (m->vocab_size < tok_vocab) {
-        util_set_err(err, cap,
-                     "model.vocab_size: %u is smaller than the %s tokenizer's "
-                     "%u tokens",
-                     m->vocab_size, cfg->data.tokenizer, tok_vocab);
-        return -1;
-    }
-    return 0;
-}
-
 /* ------------------------------------------------------------------------- */
 /* Loading                                                                    */
 /* ------------------------------------------------------------------------- */
@@ -442,7 +65,7 @@ static int config_from_doc(cJSON *doc, const char *origin, orch_config **out,
     }
     snprintf(cfg->source, sizeof cfg->source, "%s", origin ? origin : "<text>");
     char msg[1024];
-    if (validate_fill(doc, cfg, msg, sizeof msg) != 0) {
+    if (config_validate(doc, cfg, msg, sizeof msg) != 0) {
         if (origin)
             util_set_err(err, cap, "%s: %s", origin, msg);
         else
@@ -505,46 +128,17 @@ int config_from_cjson(const void *json_object, const char *origin,
 
 int config_load_file(const char *path, orch_config **out, char *err,
                      size_t err_cap) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        util_set_err(err, err_cap, "%s: cannot open: %s", path, strerror(errno));
-        return -1;
-    }
-    size_t cap = 4096, len = 0;
-    char *buf = malloc(cap);
-    for (;;) {
-        if (!buf) break;
-        size_t n = fread(buf + len, 1, cap - len - 1, f);
-        len += n;
-        if (len + 1 < cap) break;
-        if (cap > (64u << 20)) { /* a config is small; refuse giant files */
-            free(buf);
-            buf = NULL;
-            fclose(f);
+    char *buf = NULL, msg[CONFIG_PATH_MAX + 128];
+    size_t len = 0;
+    if (fsio_read_file(path, CONFIG_FILE_MAX_BYTES, &buf, &len, msg, sizeof msg) != 0) {
+        if (errno == EFBIG)
             util_set_err(err, err_cap, "%s: file too large for a config", path);
-            return -1;
-        }
-        char *nb = realloc(buf, cap * 2);
-        if (!nb) {
-            free(buf);
-            buf = NULL;
-            break;
-        }
-        buf = nb;
-        cap *= 2;
-    }
-    int rerr = ferror(f);
-    fclose(f);
-    if (!buf) {
-        util_set_err(err, err_cap, "%s: out of memory", path);
+        else if (errno == EINVAL) /* a directory, FIFO or device */
+            util_set_err(err, err_cap, "%s: cannot open: not a regular file", path);
+        else
+            util_set_err(err, err_cap, "%s: cannot open: %s", path, strerror(errno));
         return -1;
     }
-    if (rerr) {
-        free(buf);
-        util_set_err(err, err_cap, "%s: read error", path);
-        return -1;
-    }
-    buf[len] = '\0';
     if (strlen(buf) != len) {
         free(buf);
         util_set_err(err, err_cap, "%s: not a text file (contains NUL bytes)",
@@ -559,24 +153,12 @@ int config_load_file(const char *path, orch_config **out, char *err,
 /* ------------------------------------------------------------------------- */
 /* Overrides                                                                  */
 /* ------------------------------------------------------------------------- */
-static const key_spec *spec_for_path(const char *path) {
-    const char *dot = strchr(path, '.');
-    if (!dot || strchr(dot + 1, '.')) return NULL;
-    char sec[64];
-    size_t n = (size_t)(dot - path);
-    if (n >= sizeof sec) return NULL;
-    memcpy(sec, path, n);
-    sec[n] = '\0';
-    const section_spec *s = find_section(sec);
-    return s ? find_key(s, dot + 1) : NULL;
-}
-
 /* Parse the value text of an override for `path`. */
 static cJSON *override_value(const char *path, const char *text) {
-    const key_spec *k = spec_for_path(path);
+    const config_key_spec *k = config_key_for_path(path);
     const char *end = NULL;
     cJSON *v = cJSON_ParseWithOpts(text, &end, 1);
-    if (k && k->type == KT_STR) {
+    if (k && k->type == CONFIG_KT_STR) {
         if (v && cJSON_IsString(v)) return v;
         cJSON_Delete(v);
         return cJSON_CreateString(text);
@@ -671,7 +253,7 @@ int config_apply_overrides(orch_config *cfg, const char *const *sets,
     }
     orch_config tmp;
     char msg[1024];
-    if (validate_fill(doc, &tmp, msg, sizeof msg) != 0) {
+    if (config_validate(doc, &tmp, msg, sizeof msg) != 0) {
         /* Name the override that touches the failing path when there is one. */
         const char *who = NULL;
         for (size_t i = 0; i < n_sets; i++) {
@@ -694,6 +276,61 @@ int config_apply_overrides(orch_config *cfg, const char *const *sets,
 }
 
 /* ------------------------------------------------------------------------- */
+/* Absolute data paths                                                        */
+/* ------------------------------------------------------------------------- */
+
+/* The relative glob pat made absolute into out (see config.h). */
+static int absolute_glob(const char *pat, char *out, size_t cap, char *err,
+                         size_t err_cap) {
+    size_t fixed = strcspn(pat, "*?[\\");
+    const char *slash = NULL;
+    for (const char *p = pat; p < pat + fixed; p++)
+        if (*p == '/') slash = p;
+    char base[PATH_MAX], dir[PATH_MAX];
+    const char *rest = pat;
+    size_t n = slash ? (size_t)(slash - pat) : 0;
+    if (n && n < sizeof dir) {
+        memcpy(dir, pat, n);
+        dir[n] = '\0';
+        if (realpath(dir, base)) rest = slash + 1;
+    }
+    if (rest == pat) { /* no directory part, or it does not exist (yet) */
+        if (!getcwd(base, sizeof base)) {
+            util_set_err(err, err_cap, "cannot make '%s' absolute: %s", pat,
+                         strerror(errno));
+            return -1;
+        }
+        while (rest[0] == '.' && rest[1] == '/') rest += 2;
+    }
+    int sep = strcmp(base, "/") != 0;
+    if (snprintf(out, cap, "%s%s%s", base, sep ? "/" : "", rest) >= (int)cap) {
+        util_set_err(err, err_cap, "'%s' made absolute is too long", pat);
+        return -1;
+    }
+    return 0;
+}
+
+int config_absolute_data_paths(orch_config *cfg, char *err, size_t err_cap) {
+    const char *keys[2] = {"data.train", "data.val"};
+    const char *vals[2] = {cfg->data.train, cfg->data.val};
+    char sets[2][CONFIG_PATH_MAX + 16];
+    const char *set_ptrs[2];
+    size_t n = 0;
+    for (int k = 0; k < 2; k++) {
+        if (vals[k][0] == '/') continue;
+        char abs[CONFIG_PATH_MAX], msg[CONFIG_PATH_MAX + 64];
+        if (absolute_glob(vals[k], abs, sizeof abs, msg, sizeof msg) != 0) {
+            util_set_err(err, err_cap, "%s: %s", keys[k], msg);
+            return -1;
+        }
+        snprintf(sets[n], sizeof sets[n], "%s=%s", keys[k], abs);
+        set_ptrs[n] = sets[n];
+        n++;
+    }
+    return config_apply_overrides(cfg, set_ptrs, n, err, err_cap);
+}
+
+/* ------------------------------------------------------------------------- */
 /* Output                                                                     */
 /* ------------------------------------------------------------------------- */
 void config_model_desc(const orch_config *cfg, orch_model_desc *desc) {
@@ -713,15 +350,15 @@ void config_model_desc(const orch_config *cfg, orch_model_desc *desc) {
 }
 
 static int add_section(cJSON *root, const orch_config *cfg,
-                       const section_spec *s) {
+                       const config_section_spec *s) {
     cJSON *sec = cJSON_AddObjectToObject(root, s->name);
     if (!sec) return -1;
     const char *base = (const char *)cfg + s->offset;
     for (size_t i = 0; i < s->n_keys; i++) {
-        const key_spec *k = &s->keys[i];
+        const config_key_spec *k = &s->keys[i];
         const char *p = base + k->offset;
         cJSON *v = NULL;
-        if (s->keys == train_keys) {
+        if (strcmp(s->name, "train") == 0) {
             /* Exactly one of max_steps / epochs is serialised. */
             if (strcmp(k->name, "max_steps") == 0 && cfg->train.max_steps == 0)
                 continue;
@@ -729,20 +366,20 @@ static int add_section(cJSON *root, const orch_config *cfg,
                 continue;
         }
         switch (k->type) {
-        case KT_STR: v = cJSON_CreateString(p); break;
-        case KT_U32: {
+        case CONFIG_KT_STR: v = cJSON_CreateString(p); break;
+        case CONFIG_KT_U32: {
             uint32_t x;
             memcpy(&x, p, sizeof x);
             v = cJSON_CreateNumber((double)x);
             break;
         }
-        case KT_U64: {
+        case CONFIG_KT_U64: {
             uint64_t x;
             memcpy(&x, p, sizeof x);
             v = cJSON_CreateNumber((double)x);
             break;
         }
-        case KT_F64: {
+        case CONFIG_KT_F64: {
             double x;
             memcpy(&x, p, sizeof x);
             v = cJSON_CreateNumber(x);
@@ -767,9 +404,9 @@ void *config_to_cjson(const orch_config *cfg) {
         cJSON_Delete(root);
         return NULL;
     }
-    for (size_t i = 0; i < N_SECTIONS; i++) {
-        if (strcmp(sections[i].name, "model") == 0) continue;
-        if (add_section(root, cfg, &sections[i]) != 0) {
+    for (size_t i = 0; i < config_n_sections; i++) {
+        if (strcmp(config_sections[i].name, "model") == 0) continue;
+        if (add_section(root, cfg, &config_sections[i]) != 0) {
             cJSON_Delete(root);
             return NULL;
         }

@@ -17,7 +17,13 @@
  *           checkpoint_every 0 (0 = only at the end), keep_checkpoints 3,
  *           early_stop_patience 0 (0 = off; counted in evaluations)
  *   data:   tokenizer R (byte|gpt2), train R (shard glob), val R (shard glob)
- *           Relative paths are relative to the current directory.
+ *           Relative paths are relative to the current directory of the
+ *           process reading the config. `orch train` makes them absolute
+ *           (config_absolute_data_paths) before it stores the merged config
+ *           in config.json and in every checkpoint's state.json, so
+ *           `orch eval/generate/serve --checkpoint DIR` work from any
+ *           directory. (The tokenizer is stored by kind only; the GPT-2
+ *           vocabulary is found by the search in tokenizer.h.)
  *   engine: name "cpu", threads 0 (all cores), options ""
  * Unknown keys anywhere are errors (the message names the nearest valid key).
  * model.vocab_size must cover the tokenizer (256 byte, 50257 gpt2).
@@ -132,6 +138,13 @@ int config_from_cjson(const void *json_object, const char *origin,
  * unchanged. Errors name the override: "--set train.lr=x: train.lr: ...". */
 int config_apply_overrides(orch_config *cfg, const char *const *sets,
                            size_t n_sets, char *err, size_t err_cap);
+
+/* Make relative data.train and data.val absolute: the directory part of the
+ * glob (before its first wildcard) resolved with realpath(3) when it exists,
+ * else the pattern joined to the current directory; e.g. "data/train_*.bin"
+ * -> "/home/u/proj/data/train_*.bin". Absolute paths are left alone. Then
+ * re-validates (as config_apply_overrides). On failure cfg is unchanged. */
+int config_absolute_data_paths(orch_config *cfg, char *err, size_t err_cap);
 
 /* Fill *desc (struct_size set, reserved zero) from the model section. */
 void config_model_desc(const orch_config *cfg, orch_model_desc *desc);

@@ -14,12 +14,28 @@
 
 #include "orchestrator/core/util.h"
 
+/* strerror(e) with its first letter in lower case ("no such file or
+ * directory"), so it reads as the tail of "PATH: what failed: ..." lines. */
+static void reason(int e, char *buf, size_t cap) {
+    snprintf(buf, cap, "%s", strerror(e));
+    if (buf[0] >= 'A' && buf[0] <= 'Z' && buf[1] >= 'a' && buf[1] <= 'z')
+        buf[0] = (char)(buf[0] - 'A' + 'a');
+}
+
 static int fail(char *err, size_t err_cap, int e, const char *path, const char *what) {
+    char r[256];
+    reason(e, r, sizeof r);
     if (what)
-        util_set_err(err, err_cap, "%s: %s: %s", path, what, strerror(e));
+        util_set_err(err, err_cap, "%s: %s: %s", path, what, r);
     else
-        util_set_err(err, err_cap, "%s: %s", path, strerror(e));
+        util_set_err(err, err_cap, "%s: %s", path, r);
     errno = e;
+    return -1;
+}
+
+static int too_large(char *err, size_t err_cap, const char *path, size_t max_bytes) {
+    util_set_err(err, err_cap, "%s: file larger than %zu bytes", path, max_bytes);
+    errno = EFBIG;
     return -1;
 }
 
@@ -72,47 +88,52 @@ int fsio_read_file(const char *path, size_t max_bytes, char **out, size_t *len,
     }
     if ((uint64_t)st.st_size > max_bytes) {
         close(fd);
-        util_set_err(err, err_cap, "%s: file larger than %zu bytes", path, max_bytes);
-        errno = EFBIG;
-        return -1;
+        return too_large(err, err_cap, path, max_bytes);
     }
+    /* The buffer holds cap - 1 bytes and the NUL; st_size is only a guess
+     * (the file may grow or shrink while it is read). */
+    size_t limit = max_bytes < SIZE_MAX ? max_bytes + 1 : SIZE_MAX;
     size_t cap = (size_t)st.st_size + 1, n = 0;
     char *buf = malloc(cap);
     if (!buf) {
         close(fd);
         return fail(err, err_cap, ENOMEM, path, "read");
     }
+    int e = 0;
     for (;;) {
-        if (n + 1 >= cap) { /* the file grew while we read it */
-            if (cap > max_bytes) {
-                free(buf);
-                close(fd);
-                util_set_err(err, err_cap, "%s: file larger than %zu bytes", path, max_bytes);
-                errno = EFBIG;
-                return -1;
-            }
-            size_t ncap = cap * 2 > max_bytes + 1 ? max_bytes + 1 : cap * 2;
-            char *nb = realloc(buf, ncap);
-            if (!nb) {
-                free(buf);
-                close(fd);
-                return fail(err, err_cap, ENOMEM, path, "read");
-            }
-            buf = nb;
-            cap = ncap;
-        }
-        ssize_t r = read(fd, buf + n, cap - 1 - n);
+        char probe;
+        int full = n + 1 == cap; /* at EOF, or the file grew */
+        ssize_t r = full ? read(fd, &probe, 1) : read(fd, buf + n, cap - 1 - n);
         if (r < 0 && errno == EINTR) continue;
         if (r < 0) {
-            int e = errno;
-            free(buf);
-            close(fd);
-            return fail(err, err_cap, e, path, "read");
+            e = errno;
+            break;
         }
         if (r == 0) break;
-        n += (size_t)r;
+        if (!full) {
+            n += (size_t)r;
+            continue;
+        }
+        if (n + 1 > max_bytes) {
+            free(buf);
+            close(fd);
+            return too_large(err, err_cap, path, max_bytes);
+        }
+        size_t ncap = cap <= limit / 2 ? cap * 2 : limit; /* > cap: n < max */
+        char *nb = realloc(buf, ncap);
+        if (!nb) {
+            e = ENOMEM;
+            break;
+        }
+        buf = nb;
+        cap = ncap;
+        buf[n++] = probe;
     }
     close(fd);
+    if (e) {
+        free(buf);
+        return fail(err, err_cap, e, path, "read");
+    }
     buf[n] = '\0';
     *out = buf;
     if (len) *len = n;
@@ -146,7 +167,9 @@ int fsio_fsync_path(const char *path, int is_dir, char *err, size_t err_cap) {
 
 int fsio_fsync_parent(const char *path, char *err, size_t err_cap) {
     char dir[PATH_MAX];
-    const char *slash = strrchr(path, '/');
+    size_t len = strlen(path);
+    while (len > 1 && path[len - 1] == '/') len--;
+    const char *slash = memrchr(path, '/', len);
     if (!slash) return fsio_fsync_path(".", 1, err, err_cap);
     size_t n = slash == path ? 1 : (size_t)(slash - path);
     if (n >= sizeof dir) {
@@ -162,7 +185,19 @@ int fsio_fsync_parent(const char *path, char *err, size_t err_cap) {
 int fsio_rename(const char *from, const char *to, char *err, size_t err_cap) {
     if (rename(from, to) == 0) return 0;
     int e = errno;
-    util_set_err(err, err_cap, "%s: rename to %s: %s", from, to, strerror(e));
+    char r[256];
+    reason(e, r, sizeof r);
+    util_set_err(err, err_cap, "%s: rename to %s: %s", from, to, r);
+    errno = e;
+    return -1;
+}
+
+int fsio_exchange(const char *a, const char *b, char *err, size_t err_cap) {
+    if (renameat2(AT_FDCWD, a, AT_FDCWD, b, RENAME_EXCHANGE) == 0) return 0;
+    int e = errno;
+    char r[256];
+    reason(e, r, sizeof r);
+    util_set_err(err, err_cap, "%s: exchange with %s: %s", a, b, r);
     errno = e;
     return -1;
 }

@@ -12,8 +12,10 @@
  * Threads: every function is thread-safe (no shared state); two threads must
  * not use one fsio_atomic_file at once.
  * Errors: 0 on success, -1 with a one-line message in err ("PATH: what
- * failed: strerror") and errno set; nothing is printed. On failure the target
- * of an atomic write is untouched and its temp file removed.
+ * failed: reason", the reason being strerror's text starting in lower case,
+ * e.g. "no such file or directory") and errno set; nothing is printed. On
+ * failure the target of an atomic write is untouched and its temp file
+ * removed.
  */
 #ifndef ORCH_FSIO_H
 #define ORCH_FSIO_H
@@ -42,11 +44,17 @@ int fsio_write_all(int fd, const void *buf, size_t n, const char *path,
  * fsync a directory are accepted). */
 int fsio_fsync_path(const char *path, int is_dir, char *err, size_t err_cap);
 
-/* fsync the directory that contains PATH ("." for a bare name). */
+/* fsync the directory that contains PATH ("." for a bare name; trailing
+ * slashes of PATH are ignored, so "a/b/" means "a"). */
 int fsio_fsync_parent(const char *path, char *err, size_t err_cap);
 
 /* rename(from, to) with an error naming both. */
 int fsio_rename(const char *from, const char *to, char *err, size_t err_cap);
+
+/* Atomically swap two existing paths (renameat2 RENAME_EXCHANGE), e.g. a new
+ * directory with the one it replaces. -1 with errno EINVAL or ENOSYS where
+ * the file system or kernel cannot; callers then fall back to two renames. */
+int fsio_exchange(const char *a, const char *b, char *err, size_t err_cap);
 
 /* Create or truncate PATH, write data, fsync and close (not atomic: for files
  * inside a directory that is itself renamed into place afterwards). */

@@ -1,6 +1,7 @@
 /*
  * util.c - shared helpers: CLI error lines, monotonic time, allocation,
- * executable directory, number parsing, flag values. See util.h.
+ * executable directory, number parsing, flag values, reading a file or
+ * stdin. See util.h.
  */
 #include "orchestrator/core/util.h"
 
@@ -11,6 +12,8 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "orchestrator/core/fsio.h"
 
 static void vline(const char *kind, const char *fmt, va_list ap) {
     char msg[2048];
@@ -140,11 +143,7 @@ char *util_read_stream(FILE *f, size_t *len) {
 
 char *util_read_file(const char *path, size_t *len) {
     if (strcmp(path, "-") == 0) return util_read_stream(stdin, len);
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    char *buf = util_read_stream(f, len);
-    int saved = errno;
-    fclose(f);
-    errno = saved;
+    char *buf = NULL;
+    if (fsio_read_file(path, UTIL_READ_FILE_MAX, &buf, len, NULL, 0) != 0) return NULL;
     return buf;
 }

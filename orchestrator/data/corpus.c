@@ -18,9 +18,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "orchestrator/core/fsio.h"
+#include "orchestrator/core/util.h"
 #include "orchestrator/data/shard.h"
 #include "orchestrator/data/tokenizer.h"
-#include "orchestrator/core/util.h"
 
 extern char **environ;
 
@@ -34,29 +35,13 @@ extern char **environ;
 
 static atomic_uint tmp_counter;
 
-static void fsync_dir(const char *dir) {
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd >= 0) {
-        (void)fsync(fd);
-        close(fd);
-    }
-}
-
-static void parent_of(const char *path, char *dir, size_t cap) {
-    const char *slash = strrchr(path, '/');
-    if (!slash)
-        snprintf(dir, cap, ".");
-    else if (slash == path)
-        snprintf(dir, cap, "/");
-    else
-        snprintf(dir, cap, "%.*s", (int)(slash - path), path);
-}
-
-/* Check the text written by `bible`; fd is positioned anywhere. */
-static int kjv_check(int fd, const char *what, char *err, size_t err_cap) {
+/* Check the text written by `bible` into the file at path. */
+static int kjv_check(const char *path, char *err, size_t err_cap) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
     struct stat st;
-    if (fstat(fd, &st) != 0) {
-        util_set_err(err, err_cap, "cannot stat %s: %s", what, strerror(errno));
+    if (fd < 0 || fstat(fd, &st) != 0) {
+        util_set_err(err, err_cap, "cannot read back %s: %s", path, strerror(errno));
+        if (fd >= 0) close(fd);
         return -1;
     }
     if (st.st_size < KJV_MIN_BYTES || st.st_size > KJV_MAX_BYTES) {
@@ -65,13 +50,15 @@ static int kjv_check(int fd, const char *what, char *err, size_t err_cap) {
                      "expected ~4.3 MB (is bible-kjv complete? run "
                      "tools/setup.sh)",
                      (long long)st.st_size);
+        close(fd);
         return -1;
     }
     char head[256], tail[256];
     ssize_t h = pread(fd, head, sizeof head - 1, 0);
     ssize_t t = pread(fd, tail, sizeof tail - 1, st.st_size - (off_t)(sizeof tail - 1));
+    close(fd);
     if (h <= 0 || t <= 0) {
-        util_set_err(err, err_cap, "cannot read back %s", what);
+        util_set_err(err, err_cap, "cannot read back %s", path);
         return -1;
     }
     head[h] = tail[t] = '\0';
@@ -91,22 +78,13 @@ static int kjv_check(int fd, const char *what, char *err, size_t err_cap) {
 }
 
 int corpus_fetch_kjv(const char *out_path, char *err, size_t err_cap) {
-    char tmp[PATH_MAX];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld.%u", out_path, (long)getpid(),
-                 atomic_fetch_add(&tmp_counter, 1)) >= (int)sizeof tmp) {
-        util_set_err(err, err_cap, "path too long: %s", out_path);
-        return -1;
-    }
-    int fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        util_set_err(err, err_cap, "cannot create %s: %s", tmp, strerror(errno));
-        return -1;
-    }
+    fsio_atomic_file f; /* `bible` writes straight into the temp file */
+    if (fsio_atomic_open(&f, out_path, err, err_cap) != 0) return -1;
+    int fd = fileno(f.fp);
     int errpipe[2];
     if (pipe2(errpipe, O_CLOEXEC) != 0) {
         util_set_err(err, err_cap, "pipe: %s", strerror(errno));
-        close(fd);
-        unlink(tmp);
+        fsio_atomic_abort(&f);
         return -1;
     }
     posix_spawn_file_actions_t fa;
@@ -121,8 +99,7 @@ int corpus_fetch_kjv(const char *out_path, char *err, size_t err_cap) {
     close(errpipe[1]);
     if (src != 0) {
         close(errpipe[0]);
-        close(fd);
-        unlink(tmp);
+        fsio_atomic_abort(&f);
         if (src == ENOENT)
             util_set_err(err, err_cap,
                          "the `bible` program (Debian package bible-kjv) is not "
@@ -163,29 +140,14 @@ int corpus_fetch_kjv(const char *out_path, char *err, size_t err_cap) {
                          "`bible -l1000 '" KJV_RANGE "'` failed (status %d)%s%s",
                          WIFEXITED(status) ? WEXITSTATUS(status) : -1,
                          mn ? ": " : "", msg);
-        close(fd);
-        unlink(tmp);
+        fsio_atomic_abort(&f);
         return -1;
     }
-    if (kjv_check(fd, tmp, err, err_cap) != 0 || fsync(fd) != 0) {
-        if (!err || !err[0])
-            util_set_err(err, err_cap, "cannot write %s: %s", tmp,
-                         strerror(errno));
-        close(fd);
-        unlink(tmp);
+    if (kjv_check(f.tmp_path, err, err_cap) != 0) {
+        fsio_atomic_abort(&f);
         return -1;
     }
-    close(fd);
-    if (rename(tmp, out_path) != 0) {
-        util_set_err(err, err_cap, "cannot rename %s to %s: %s", tmp, out_path,
-                     strerror(errno));
-        unlink(tmp);
-        return -1;
-    }
-    char dir[PATH_MAX];
-    parent_of(out_path, dir, sizeof dir);
-    fsync_dir(dir);
-    return 0;
+    return fsio_atomic_commit(&f, err, err_cap);
 }
 
 static int is_dir(const char *p) {
@@ -211,31 +173,6 @@ int corpus_default_data_dir(char *buf, size_t cap, char *err, size_t err_cap) {
         return -1;
     }
     memcpy(buf, cand, strlen(cand) + 1);
-    return 0;
-}
-
-static int mkdir_p(const char *dir, char *err, size_t err_cap) {
-    char p[PATH_MAX];
-    if (snprintf(p, sizeof p, "%s", dir) >= (int)sizeof p) {
-        util_set_err(err, err_cap, "path too long: %s", dir);
-        return -1;
-    }
-    for (char *s = p + 1;; s++) {
-        if (*s != '/' && *s != '\0') continue;
-        char c = *s;
-        *s = '\0';
-        if (mkdir(p, 0755) != 0 && errno != EEXIST) {
-            util_set_err(err, err_cap, "cannot create directory %s: %s", p,
-                         strerror(errno));
-            return -1;
-        }
-        *s = c;
-        if (c == '\0') break;
-    }
-    if (!is_dir(p)) {
-        util_set_err(err, err_cap, "%s is not a directory", p);
-        return -1;
-    }
     return 0;
 }
 
@@ -292,7 +229,7 @@ int corpus_prepare_kjv(const char *data_dir, const char *kind,
     } else if (corpus_default_data_dir(dir, sizeof dir, err, err_cap) != 0) {
         return -1;
     }
-    if (mkdir_p(dir, err, err_cap) != 0) return -1;
+    if (fsio_mkdir_p(dir, err, err_cap) != 0) return -1;
 
     char text[PATH_MAX], out[PATH_MAX], tglob[PATH_MAX], vglob[PATH_MAX];
     if (snprintf(text, sizeof text, "%s/kjv.txt", dir) >= (int)sizeof text ||
@@ -338,19 +275,18 @@ int corpus_prepare_kjv(const char *data_dir, const char *kind,
         return -1;
     }
     /* Swap the new set in; an old, invalid set is moved aside first. */
-    int had_old = is_dir(out) && rename(out, old) == 0;
-    if (rename(tmp, out) != 0) {
-        int e = errno;
+    int had_old = is_dir(out) && fsio_rename(out, old, NULL, 0) == 0;
+    char msg[1024];
+    if (fsio_rename(tmp, out, msg, sizeof msg) != 0) {
         remove_flat_dir(tmp);
         if (had_old) remove_flat_dir(old);
         /* Another process may have prepared the same set meanwhile. */
         if (shards_valid(tglob, vglob, kind)) return 0;
-        util_set_err(err, err_cap, "cannot rename %s to %s: %s", tmp, out,
-                     strerror(e));
+        util_set_err(err, err_cap, "%s", msg);
         return -1;
     }
     if (had_old) remove_flat_dir(old);
-    fsync_dir(dir);
+    (void)fsio_fsync_path(dir, 1, NULL, 0); /* best effort, as for the shards */
     if (prepared) *prepared = 1;
     return 0;
 }

@@ -12,8 +12,8 @@
 
 #include "orchestrator/data/shard.h"
 
-/* Write the whole KJV text to out_path atomically (out_path.tmp.PID, fsync,
-   rename) by running `bible -l1000 'gen1:1-rev22:21'`, and check it looks
+/* Write the whole KJV text to out_path atomically (fsio_atomic_*: temp file,
+   fsync, rename) by running `bible -l1000 'gen1:1-rev22:21'`, and check it looks
    right (about 4.3 MB, starts with Genesis 1:1, ends with Revelation 22:21).
    If `bible` is missing the error says to run tools/setup.sh. */
 int corpus_fetch_kjv(const char *out_path, char *err, size_t err_cap);

@@ -10,7 +10,6 @@
 #include <fcntl.h>
 #include <glob.h>
 #include <limits.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,8 +17,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "orchestrator/data/tokenizer.h"
+#include "orchestrator/core/fsio.h"
 #include "orchestrator/core/util.h"
+#include "orchestrator/data/tokenizer.h"
 
 #define HINT_PREPARE "re-create it with `orch prepare`"
 
@@ -198,42 +198,6 @@ static int payload_verify(const char *path, const shard_info *info,
 
 /* ---- writing ------------------------------------------------------------ */
 
-static int write_all(int fd, const void *buf, size_t n) {
-    const char *p = buf;
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            return -1;
-        }
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
-static void fsync_parent_dir(const char *path) {
-    char dir[PATH_MAX];
-    const char *slash = strrchr(path, '/');
-    if (!slash) {
-        strcpy(dir, ".");
-    } else if (slash == path) {
-        strcpy(dir, "/");
-    } else {
-        size_t l = (size_t)(slash - path);
-        if (l >= sizeof dir) return;
-        memcpy(dir, path, l);
-        dir[l] = '\0';
-    }
-    int fd = open(dir, O_RDONLY | O_DIRECTORY);
-    if (fd >= 0) {
-        (void)fsync(fd);
-        close(fd);
-    }
-}
-
-static atomic_uint tmp_counter;
-
 int shard_write_file(const char *path, const char *tokenizer_name,
                      uint32_t vocab_size, const int32_t *ids, uint64_t n,
                      char *err, size_t err_cap) {
@@ -259,12 +223,6 @@ int shard_write_file(const char *path, const char *tokenizer_name,
         }
     }
     uint32_t width = width_for_vocab(vocab_size);
-    char tmp[PATH_MAX];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld.%u", path, (long)getpid(),
-                 atomic_fetch_add(&tmp_counter, 1)) >= (int)sizeof tmp) {
-        util_set_err(err, err_cap, "shard path too long: %s", path);
-        return -1;
-    }
     /* Convert to the on-disk width in one buffer (also what we checksum). */
     size_t bytes = (size_t)(n * width);
     unsigned char *payload = malloc(bytes ? bytes : 1);
@@ -283,31 +241,15 @@ int shard_write_file(const char *path, const char *tokenizer_name,
     }
     unsigned char h[SHARD_HEADER_SIZE];
     header_build(h, tokenizer_name, vocab_size, n, shard_checksum(payload, bytes));
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        util_set_err(err, err_cap, "cannot create %s: %s", tmp, strerror(errno));
-        free(payload);
-        return -1;
+    fsio_atomic_file f;
+    int rc = fsio_atomic_open(&f, path, err, err_cap);
+    if (rc == 0 && (fsio_atomic_write(&f, h, sizeof h, err, err_cap) != 0 ||
+                    fsio_atomic_write(&f, payload, bytes, err, err_cap) != 0)) {
+        fsio_atomic_abort(&f);
+        rc = -1;
     }
-    int ok = write_all(fd, h, sizeof h) == 0 && write_all(fd, payload, bytes) == 0 &&
-             fsync(fd) == 0;
-    int saved = errno;
-    ok = (close(fd) == 0) && ok;
     free(payload);
-    if (!ok) {
-        util_set_err(err, err_cap, "cannot write %s: %s", tmp,
-                     strerror(saved ? saved : errno));
-        unlink(tmp);
-        return -1;
-    }
-    if (rename(tmp, path) != 0) {
-        util_set_err(err, err_cap, "cannot rename %s to %s: %s", tmp, path,
-                     strerror(errno));
-        unlink(tmp);
-        return -1;
-    }
-    fsync_parent_dir(path);
-    return 0;
+    return rc == 0 ? fsio_atomic_commit(&f, err, err_cap) : -1;
 }
 
 /* ---- reading ------------------------------------------------------------ */
@@ -373,6 +315,49 @@ struct dataset {
     char tokenizer[SHARD_TOKENIZER_NAME_MAX + 1];
 };
 
+/* Why glob(3) found no shards: the directory part of the pattern (before
+ * its first wildcard) or a plain path does not exist, nothing matches in an
+ * existing directory, or the directory cannot be read. */
+static void explain_no_match(const char *pattern, int grc, char *err,
+                             size_t err_cap) {
+    size_t fixed = strcspn(pattern, "*?[\\");
+    const char *slash = NULL;
+    for (const char *p = pattern; p < pattern + fixed; p++)
+        if (*p == '/') slash = p;
+    struct stat st;
+    char dir[PATH_MAX];
+    size_t n = !slash ? 0 : slash == pattern ? 1 : (size_t)(slash - pattern);
+    if (n && n < sizeof dir) {
+        memcpy(dir, pattern, n);
+        dir[n] = '\0';
+        int rc = stat(dir, &st);
+        int missing = rc != 0 && (errno == ENOENT || errno == ENOTDIR);
+        int not_dir = rc == 0 && !S_ISDIR(st.st_mode);
+        if (missing || not_dir) {
+            util_set_err(err, err_cap,
+                         "%s: no such file or directory (%s %s; create the "
+                         "shards with `orch prepare`)",
+                         pattern, dir, not_dir ? "is not a directory" : "does not exist");
+            return;
+        }
+    }
+    if (pattern[fixed] == '\0' && stat(pattern, &st) != 0 && errno == ENOENT) {
+        util_set_err(err, err_cap,
+                     "%s: no such file or directory (create it with `orch "
+                     "prepare`)",
+                     pattern);
+        return;
+    }
+    if (grc == 0 || grc == GLOB_NOMATCH)
+        util_set_err(err, err_cap,
+                     "no token shards match %s (create them with `orch "
+                     "prepare`)",
+                     pattern);
+    else
+        util_set_err(err, err_cap, "cannot list %s: %s", pattern,
+                     grc == GLOB_NOSPACE ? "out of memory" : "read error");
+}
+
 int dataset_open(const char *glob_pattern, dataset **out, char *err,
                  size_t err_cap) {
     return dataset_open_flags(glob_pattern, DATASET_VERIFY_CHECKSUM, out, err,
@@ -389,18 +374,9 @@ int dataset_open_flags(const char *glob_pattern, unsigned flags, dataset **out,
     glob_t g;
     memset(&g, 0, sizeof g);
     int grc = glob(glob_pattern, GLOB_ERR, NULL, &g);
-    if (grc == GLOB_NOMATCH || (grc == 0 && g.gl_pathc == 0)) {
+    if (grc != 0 || g.gl_pathc == 0) {
         globfree(&g);
-        util_set_err(err, err_cap,
-                     "no token shards match %s (create them with `orch "
-                     "prepare`)",
-                     glob_pattern);
-        return -1;
-    }
-    if (grc != 0) {
-        globfree(&g);
-        util_set_err(err, err_cap, "cannot list %s: %s", glob_pattern,
-                     grc == GLOB_NOSPACE ? "out of memory" : "read error");
+        explain_no_match(glob_pattern, grc, err, err_cap);
         return -1;
     }
     dataset *ds = util_calloc(1, sizeof *ds);
@@ -625,35 +601,6 @@ static int prep_part(prep_state *st, const tokenizer *tok, const char *text,
     return 0;
 }
 
-static int mkdir_p(const char *dir, char *err, size_t err_cap) {
-    char p[PATH_MAX];
-    if (snprintf(p, sizeof p, "%s", dir) >= (int)sizeof p) {
-        util_set_err(err, err_cap, "path too long: %s", dir);
-        return -1;
-    }
-    for (char *s = p + 1; *s; s++) {
-        if (*s != '/') continue;
-        *s = '\0';
-        if (mkdir(p, 0755) != 0 && errno != EEXIST) {
-            util_set_err(err, err_cap, "cannot create directory %s: %s", p,
-                         strerror(errno));
-            return -1;
-        }
-        *s = '/';
-    }
-    if (mkdir(p, 0755) != 0 && errno != EEXIST) {
-        util_set_err(err, err_cap, "cannot create directory %s: %s", p,
-                     strerror(errno));
-        return -1;
-    }
-    struct stat st;
-    if (stat(p, &st) != 0 || !S_ISDIR(st.st_mode)) {
-        util_set_err(err, err_cap, "%s exists and is not a directory", p);
-        return -1;
-    }
-    return 0;
-}
-
 /* Where the validation part starts: the last val_fraction of the input,
    moved forward to the next line start (or back to the last line start if
    there is none after it). Returns len for "no validation part", or
@@ -718,7 +665,7 @@ int shard_prepare_corpus(const shard_prepare_opts *o,
                      o->input);
         goto done;
     }
-    if (mkdir_p(o->out_dir, err, err_cap) != 0) goto done;
+    if (fsio_mkdir_p(o->out_dir, err, err_cap) != 0) goto done;
     (void)madvise((void *)map, size, MADV_SEQUENTIAL);
 
     uint64_t shard_tokens = o->shard_tokens ? o->shard_tokens : DEFAULT_SHARD_TOKENS;

@@ -34,9 +34,9 @@
 #define SHARD_HEADER_SIZE 64u
 #define SHARD_TOKENIZER_NAME_MAX 15 /* longest tokenizer name stored */
 
-/* Write n token ids to path atomically (path.tmp.PID, fsync, rename, fsync
-   of the parent directory). Every id must lie in [0, vocab_size). Token
-   width is chosen from vocab_size. Returns 0 / -1. */
+/* Write n token ids to path atomically (fsio_atomic_*: a temp file beside
+   it, fsync, rename, fsync of the parent directory). Every id must lie in
+   [0, vocab_size). Token width is chosen from vocab_size. Returns 0 / -1. */
 int shard_write_file(const char *path, const char *tokenizer_name,
                      uint32_t vocab_size, const int32_t *ids, uint64_t n,
                      char *err, size_t err_cap);
@@ -65,7 +65,9 @@ typedef struct dataset dataset;
 
 /* Open every file matching glob_pattern (glob(3), sorted by name), mmap each
    and validate header, version, token width, size and payload checksum.
-   Refuses: no match, corrupt/truncated/foreign files, unknown versions,
+   Refuses: no match ("PATTERN: no such file or directory (...)" when the
+   pattern's directory, or a plain path, does not exist; "no token shards
+   match PATTERN" when the directory exists), corrupt/truncated/foreign files, unknown versions,
    shards with different tokenizers or vocab sizes, an empty total. The
    pattern may also be a single plain path. *out is owned by the caller
    (dataset_close). Same as dataset_open_flags(..., DATASET_VERIFY_CHECKSUM). */

@@ -4,13 +4,13 @@
  */
 #include "orchestrator/infer/generate.h"
 
-#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "orchestrator/store/checkpoint.h"
 #include "orchestrator/core/util.h"
+#include "orchestrator/serve/block_manager.h"
 
 struct generate_session {
     const engine_handle *h;
@@ -46,17 +46,17 @@ int generate_session_create(const engine_handle *h, orch_engine_ctx *ctx,
     s->vocab = vocab_size;
     s->context = context;
     s->chunk = prefill_chunk ? prefill_chunk : 512;
-    s->n_blocks = (context + GENERATE_BLOCK_SIZE - 1) / GENERATE_BLOCK_SIZE;
+    s->n_blocks = (context + ORCH_KV_BLOCK_TOKENS - 1) / ORCH_KV_BLOCK_TOKENS;
     s->blocks = util_calloc(s->n_blocks, sizeof *s->blocks);
     s->logits = util_calloc(vocab_size, sizeof *s->logits);
     if (!s->blocks || !s->logits) goto oom;
     for (uint32_t i = 0; i < s->n_blocks; i++) s->blocks[i] = (int32_t)i;
-    int32_t st = h->api->kv_configure(ctx, GENERATE_BLOCK_SIZE, s->n_blocks);
+    int32_t st = h->api->kv_configure(ctx, ORCH_KV_BLOCK_TOKENS, s->n_blocks);
     if (st != ORCH_OK) {
         char msg[512];
         engine_format_error(h, ctx, st, msg, sizeof msg);
         util_set_err(err, err_cap, "kv_configure(%u blocks of %u): %s",
-                     s->n_blocks, GENERATE_BLOCK_SIZE, msg);
+                     s->n_blocks, ORCH_KV_BLOCK_TOKENS, msg);
         generate_session_free(s);
         return -1;
     }
@@ -109,7 +109,7 @@ int generate_feed(generate_session *s, const int32_t *ids, size_t n,
         seq.n_tokens = take;
         seq.start_pos = s->pos;
         seq.block_table = s->blocks;
-        seq.n_blocks = (end + GENERATE_BLOCK_SIZE - 1) / GENERATE_BLOCK_SIZE;
+        seq.n_blocks = (end + ORCH_KV_BLOCK_TOKENS - 1) / ORCH_KV_BLOCK_TOKENS;
         seq.logits_mode = last ? ORCH_LOGITS_LAST : ORCH_LOGITS_NONE;
         orch_infer_batch b;
         memset(&b, 0, sizeof b);
@@ -148,22 +148,6 @@ void generate_reset(generate_session *s) {
     s->broken = 0;
 }
 
-size_t generate_utf8_ready(const char *buf, size_t len) {
-    const unsigned char *p = (const unsigned char *)buf;
-    /* Look back at most 3 bytes for the lead byte of the last character. */
-    size_t back = 0;
-    while (back < 3 && back < len && (p[len - 1 - back] & 0xC0) == 0x80) back++;
-    if (back == len) return len; /* only continuation bytes: invalid, emit */
-    unsigned char lead = p[len - 1 - back];
-    size_t need;
-    if (lead >= 0xC2 && lead <= 0xDF) need = 2;
-    else if (lead >= 0xE0 && lead <= 0xEF) need = 3;
-    else if (lead >= 0xF0 && lead <= 0xF4) need = 4;
-    else return len; /* ASCII or invalid lead: nothing to wait for */
-    if (back + 1 < need) return len - back - 1; /* incomplete: hold it back */
-    return len;
-}
-
 /* ------------------------------------------------------------------------- */
 /* Opening a checkpoint for inference                                         */
 /* ------------------------------------------------------------------------- */
@@ -177,34 +161,6 @@ void inference_model_close(inference_model *m) {
     memset(m, 0, sizeof *m);
 }
 
-/* The "config" object of state.json and its "tokenizer" string. */
-static int read_ckpt_config(const char *ckpt_dir, orch_config **cfg,
-                            char *tok, size_t tok_cap, char *err,
-                            size_t err_cap) {
-    char *text = NULL;
-    if (ckpt_read_state(ckpt_dir, &text, err, err_cap) != 0) return -1;
-    cJSON *root = cJSON_Parse(text);
-    free(text);
-    char origin[4200];
-    snprintf(origin, sizeof origin, "%s/state.json: config", ckpt_dir);
-    const cJSON *c = cJSON_GetObjectItemCaseSensitive(root, "config");
-    if (!cJSON_IsObject(c)) {
-        util_set_err(err, err_cap, "%s/state.json: no \"config\" object",
-                     ckpt_dir);
-        cJSON_Delete(root);
-        return -1;
-    }
-    if (config_from_cjson(c, origin, cfg, err, err_cap) != 0) {
-        cJSON_Delete(root);
-        return -1;
-    }
-    const cJSON *t = cJSON_GetObjectItemCaseSensitive(root, "tokenizer");
-    snprintf(tok, tok_cap, "%s",
-             cJSON_IsString(t) ? t->valuestring : (*cfg)->data.tokenizer);
-    cJSON_Delete(root);
-    return 0;
-}
-
 int inference_model_open(const inference_model_opts *o, inference_model *m,
                         char *warn, size_t warn_cap, char *err,
                         size_t err_cap) {
@@ -214,8 +170,7 @@ int inference_model_open(const inference_model_opts *o, inference_model *m,
         return -1;
     if (ckpt_read_step(m->ckpt_dir, &m->step, NULL, 0) != 0) m->step = 0;
     char tok[64];
-    if (read_ckpt_config(m->ckpt_dir, &m->cfg, tok, sizeof tok, err,
-                         err_cap) != 0)
+    if (ckpt_read_config(m->ckpt_dir, &m->cfg, tok, sizeof tok, err, err_cap) != 0)
         goto fail;
     config_model_desc(m->cfg, &m->desc);
     const char *eng = o->engine ? o->engine : m->cfg->engine.name;

@@ -3,15 +3,11 @@
  * infer_forward with a simple block table (used by `orch generate`).
  *
  * A session configures the engine's KV pool for one sequence of up to
- * `context` positions (blocks of GENERATE_BLOCK_SIZE positions, block i of
+ * `context` positions (blocks of ORCH_KV_BLOCK_TOKENS positions, block i of
  * the sequence = pool block i), then takes tokens with generate_feed: the first
  * call is the prefill (processed in chunks of at most `prefill_chunk`
  * tokens), later calls usually feed the one sampled token. After each feed the
  * logits of the last fed token are available from generate_logits.
- *
- * Also a small helper for streaming text: generate_utf8_ready tells how many
- * leading bytes of a buffer can be printed without splitting a multi-byte
- * UTF-8 character that later tokens will complete.
  *
  * Memory: the session owns its logits buffer and block table; it borrows the
  * engine handle and context, which must outlive it (the KV pool it configured
@@ -29,8 +25,6 @@
 #include "orchestrator/core/config.h"
 #include "orchestrator/core/engine_loader.h"
 #include "orchestrator/data/tokenizer.h"
-
-#define GENERATE_BLOCK_SIZE 16u
 
 /* A model ready for inference or evaluation: checkpoint resolved and
  * verified, config read from its state.json, engine loaded, context created,
@@ -89,11 +83,5 @@ uint32_t generate_context(const generate_session *s);
 
 /* Forget the sequence (position 0); the KV pool is reused. */
 void generate_reset(generate_session *s);
-
-/* Number of leading bytes of buf[0..len) that end on a UTF-8 character
- * boundary: a trailing lead byte whose continuation bytes have not all
- * arrived yet is held back (at most 3 bytes). Invalid bytes are never held
- * back (they will not become valid later). */
-size_t generate_utf8_ready(const char *buf, size_t len);
 
 #endif

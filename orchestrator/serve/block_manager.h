@@ -25,7 +25,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define BLOCK_MANAGER_DEFAULT_BLOCK_SIZE 16u
+/* Positions per KV block: the one block size of the orchestrator (`orch serve`
+ * and `orch generate` configure the engine's pool with it, kv_configure). */
+#define ORCH_KV_BLOCK_TOKENS 16u
 
 typedef struct block_manager block_manager;
 

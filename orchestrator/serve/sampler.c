@@ -226,7 +226,7 @@ static double log_sum_exp(const float *logits, uint32_t vocab, double *maxl) {
     for (uint32_t v = 0; v < vocab; v++)
         if (isfinite(logits[v])) s += exp((double)logits[v] - m);
     *maxl = m;
-    return log(s);
+    return s > 0 ? log(s) : -INFINITY; /* no finite logit: log(0) */
 }
 
 double sampler_logprob(const float *logits, uint32_t vocab, int32_t token) {
@@ -245,7 +245,7 @@ uint32_t sampler_top_logprobs(const float *logits, uint32_t vocab, uint32_t n,
     if (n > vocab) n = vocab;
     /* insertion into a small sorted list */
     int32_t ids[32];
-    float vals[32];
+    float vals[32] = {0}; /* vals[have - 1] is read only once have == n */
     uint32_t have = 0;
     for (uint32_t v = 0; v < vocab; v++) {
         float x = isfinite(logits[v]) ? logits[v] : -INFINITY;

@@ -1,7 +1,8 @@
 /*
  * scheduler.c - continuous batching with chunked prefill, paged KV blocks,
- * preemption by recomputation, sampling and stop handling, on one thread that
- * owns the engine context. See scheduler.h.
+ * preemption by recomputation and sampling, on one thread that owns the
+ * engine context; what a sequence produces (tokens, text, stops) is written
+ * by seq_output.c. See scheduler.h.
  */
 #include "orchestrator/serve/scheduler.h"
 
@@ -11,6 +12,7 @@
 #include <time.h>
 
 #include "orchestrator/core/util.h"
+#include "orchestrator/serve/seq_output.h"
 
 enum { ST_NEW = 0, ST_WAITING = 1, ST_RUNNING = 2, ST_DONE = 3 };
 
@@ -62,40 +64,6 @@ struct scheduler {
 /* ------------------------------------------------------------------------- */
 /* Helpers                                                                    */
 /* ------------------------------------------------------------------------- */
-size_t sched_utf8_complete(const char *buf, size_t len) {
-    const unsigned char *b = (const unsigned char *)buf;
-    /* look at most 3 bytes back for a lead byte whose character is cut off */
-    for (size_t back = 1; back <= 3 && back <= len; back++) {
-        unsigned char c = b[len - back];
-        if ((c & 0xC0) == 0x80) continue; /* continuation: keep looking */
-        size_t need = (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3
-                    : (c & 0xF8) == 0xF0 ? 4 : 1;
-        if (need > back) return len - back; /* incomplete: hold it back */
-        return len;
-    }
-    return len;
-}
-
-void sched_seq_free_outputs(sched_seq *s) {
-    if (!s) return;
-    free(s->out_tokens);
-    free(s->out_logprob);
-    free(s->out_top_ids);
-    free(s->out_top_lp);
-    free(s->out_text_end);
-    free(s->prompt_logprob);
-    free(s->prompt_top_ids);
-    free(s->prompt_top_lp);
-    free(s->text);
-    s->out_tokens = NULL;
-    s->out_logprob = s->out_top_lp = s->prompt_logprob = s->prompt_top_lp = NULL;
-    s->out_top_ids = s->prompt_top_ids = NULL;
-    s->out_text_end = NULL;
-    s->text = NULL;
-    s->n_out = s->cap_out = 0;
-    s->text_len = s->text_cap = s->text_ready = 0;
-}
-
 static void wait_push_back(scheduler *s, sched_seq *q) {
     q->priv.prev = s->wait_tail;
     q->priv.next = NULL;
@@ -185,39 +153,6 @@ static int all_push(sched_seq *q, int32_t tok) {
     return 0;
 }
 
-/* Earliest stop-string match at or after the region new text can affect;
- * returns 1 and *pos, or 0. */
-static int find_stop(const sched_seq *q, size_t old_len, size_t *pos) {
-    size_t best = SIZE_MAX;
-    for (uint32_t i = 0; i < q->n_stop; i++) {
-        size_t sl = strlen(q->stop[i]);
-        if (sl == 0 || sl > q->text_len) continue;
-        size_t from = old_len >= sl - 1 ? old_len - (sl - 1) : 0;
-        const char *hit = memmem(q->text + from, q->text_len - from, q->stop[i], sl);
-        if (hit && (size_t)(hit - q->text) < best) best = (size_t)(hit - q->text);
-    }
-    if (best == SIZE_MAX) return 0;
-    *pos = best;
-    return 1;
-}
-
-/* Longest suffix of the text that is a proper prefix of a stop string. */
-static size_t stop_holdback(const sched_seq *q) {
-    size_t hold = 0;
-    for (uint32_t i = 0; i < q->n_stop; i++) {
-        size_t sl = strlen(q->stop[i]);
-        size_t k = sl > 0 ? sl - 1 : 0;
-        if (k > q->text_len) k = q->text_len;
-        for (; k > hold; k--) {
-            if (memcmp(q->text + q->text_len - k, q->stop[i], k) == 0) {
-                hold = k;
-                break;
-            }
-        }
-    }
-    return hold;
-}
-
 /* ------------------------------------------------------------------------- */
 /* Creation, submission, shutdown                                             */
 /* ------------------------------------------------------------------------- */
@@ -287,7 +222,7 @@ int scheduler_create(const scheduler_config *cfg, scheduler **out, char *err,
         return -1;
     }
     scheduler_config c = *cfg;
-    if (c.block_size == 0) c.block_size = BLOCK_MANAGER_DEFAULT_BLOCK_SIZE;
+    if (c.block_size == 0) c.block_size = ORCH_KV_BLOCK_TOKENS;
     if (c.max_seqs == 0 || c.max_batch_tokens == 0 || c.vocab_size == 0 ||
         c.context == 0) {
         util_set_err(err, err_cap, "scheduler: max_seqs, max_batch_tokens, vocab and context must be > 0");
@@ -559,151 +494,20 @@ static void handle_cancels(scheduler *s, int all, int status, const char *msg) {
     }
 }
 
-/* Record log-probabilities for generated token tok from row. */
-static void logprob_of(const sched_seq *q, const float *row, uint32_t vocab,
-                       int32_t tok, double *lp, int32_t *top_ids,
-                       double *top_lp) {
-    *lp = sampler_logprob(row, vocab, tok);
-    if (q->top_logprobs) {
-        uint32_t got = sampler_top_logprobs(row, vocab, q->top_logprobs, top_ids, top_lp);
-        for (uint32_t k = got; k < q->top_logprobs; k++) {
-            top_ids[k] = -1;
-            top_lp[k] = -INFINITY;
-        }
-    }
-}
-
-/* Append a sampled token: outputs (under the lock), stop checks. Returns a
- * sched_finish reason (NONE to continue). */
-static int append_token(scheduler *s, sched_seq *q, int32_t tok,
-                        const float *row, double now) {
-    uint32_t V = s->cfg.vocab_size;
-    double lp = 0;
-    int32_t top_ids[SCHED_MAX_TOP_LOGPROBS];
-    double top_lp[SCHED_MAX_TOP_LOGPROBS];
-    if (q->want_logprobs) logprob_of(q, row, V, tok, &lp, top_ids, top_lp);
-    const char *bytes = "";
-    size_t nb = 0;
+/* Append a sampled token (seq_output.h). Returns a sched_finish reason (NONE
+ * to continue), or -1 out of memory. */
+static int append_token(scheduler *s, sched_seq *q, int32_t tok, const float *row, double now) {
+    seq_token t = {.id = tok, .bytes = "", .row = row, .vocab = s->cfg.vocab_size, .now = now};
     int32_t eot = tokenizer_eot(s->cfg.tok);
-    int is_eot = !q->ignore_eot && eot >= 0 && tok == eot;
-    if (!is_eot && tokenizer_token_bytes(s->cfg.tok, tok, &bytes, &nb) != 0) nb = 0;
+    t.is_eot = !q->ignore_eot && eot >= 0 && tok == eot;
+    if (!t.is_eot && tokenizer_token_bytes(s->cfg.tok, tok, &t.bytes, &t.n_bytes) != 0)
+        t.n_bytes = 0;
     if (all_push(q, tok) != 0) return -1;
-
-    int reason = SCHED_FINISH_NONE;
-    pthread_mutex_lock(q->lock);
-    uint32_t n = q->n_out + 1, cap = q->cap_out;
-    int oom = 0;
-    if (n > cap) {
-        uint32_t c = cap ? cap * 2 : 16;
-        while (c < n) c *= 2;
-        int32_t *t = realloc(q->out_tokens, c * sizeof *t);
-        if (t) q->out_tokens = t;
-        uint32_t *te = realloc(q->out_text_end, c * sizeof *te);
-        if (te) q->out_text_end = te;
-        oom = !t || !te;
-        if (!oom && q->want_logprobs) {
-            double *l = realloc(q->out_logprob, c * sizeof *l);
-            if (l) q->out_logprob = l;
-            oom = !l;
-            if (!oom && q->top_logprobs) {
-                int32_t *ti = realloc(q->out_top_ids, (size_t)c * q->top_logprobs * sizeof *ti);
-                if (ti) q->out_top_ids = ti;
-                double *tl = realloc(q->out_top_lp, (size_t)c * q->top_logprobs * sizeof *tl);
-                if (tl) q->out_top_lp = tl;
-                oom = !ti || !tl;
-            }
-        }
-        if (!oom) q->cap_out = c;
-    }
-    if (!oom && q->text_len + nb + 1 > q->text_cap) {
-        size_t c = q->text_cap ? q->text_cap * 2 : 64;
-        while (c < q->text_len + nb + 1) c *= 2;
-        char *t = realloc(q->text, c);
-        if (t) {
-            q->text = t;
-            q->text_cap = c;
-        } else {
-            oom = 1;
-        }
-    }
-    if (oom) {
-        pthread_mutex_unlock(q->lock);
-        return -1;
-    }
-    uint32_t i = q->n_out;
-    q->out_tokens[i] = tok;
-    if (q->want_logprobs) {
-        q->out_logprob[i] = lp;
-        if (q->top_logprobs) {
-            memcpy(q->out_top_ids + (size_t)i * q->top_logprobs, top_ids, q->top_logprobs * sizeof *top_ids);
-            memcpy(q->out_top_lp + (size_t)i * q->top_logprobs, top_lp, q->top_logprobs * sizeof *top_lp);
-        }
-    }
-    size_t old_len = q->text_len;
-    memcpy(q->text + q->text_len, bytes, nb);
-    q->text_len += nb;
-    q->text[q->text_len] = '\0';
-    q->n_out = n;
-    if (i == 0) q->t_first_token = now;
-    size_t stop_at;
-    if (is_eot) {
-        reason = SCHED_FINISH_STOP;
-    } else if (q->n_stop && find_stop(q, old_len, &stop_at)) {
-        q->text_len = stop_at;
-        q->text[stop_at] = '\0';
-        for (uint32_t k = 0; k <= i; k++)
-            if (q->out_text_end[k] > stop_at) q->out_text_end[k] = (uint32_t)stop_at;
-        reason = SCHED_FINISH_STOP;
-    }
-    q->out_text_end[i] = (uint32_t)q->text_len;
-    if (reason == SCHED_FINISH_NONE) {
-        if (q->n_out >= q->max_tokens || q->priv.n_all >= s->cfg.context)
-            reason = SCHED_FINISH_LENGTH;
-    }
-    if (reason == SCHED_FINISH_NONE) {
-        size_t hold = q->n_stop ? stop_holdback(q) : 0;
-        size_t ready = sched_utf8_complete(q->text, q->text_len - hold);
-        if (ready > q->text_ready) q->text_ready = ready;
-    }
-    pthread_mutex_unlock(q->lock);
-    if (i == 0) metrics_histogram_observe(s->m_ttft, now - q->t_submit);
+    t.context_full = q->priv.n_all >= s->cfg.context;
+    int first = q->n_out == 0; /* only this thread writes n_out */
+    int reason = seq_output_append(q, &t);
+    if (reason >= 0 && first) metrics_histogram_observe(s->m_ttft, now - q->t_submit);
     return reason;
-}
-
-/* Prompt log-probabilities from ALL-mode rows: row r is position pos0+r and
- * predicts prompt[pos0+r+1]. */
-static int record_prompt_logprobs(scheduler *s, sched_seq *q, uint32_t pos0,
-                                  uint32_t rows, const float *logits) {
-    uint32_t V = s->cfg.vocab_size, k = q->top_logprobs;
-    pthread_mutex_lock(q->lock);
-    if (!q->prompt_logprob) {
-        q->prompt_logprob = malloc(q->n_prompt * sizeof(double));
-        if (k) {
-            q->prompt_top_ids = malloc((size_t)q->n_prompt * k * sizeof(int32_t));
-            q->prompt_top_lp = malloc((size_t)q->n_prompt * k * sizeof(double));
-        }
-        if (!q->prompt_logprob || (k && (!q->prompt_top_ids || !q->prompt_top_lp))) {
-            pthread_mutex_unlock(q->lock);
-            return -1;
-        }
-        for (uint32_t p = 0; p < q->n_prompt; p++) {
-            q->prompt_logprob[p] = NAN;
-            for (uint32_t j = 0; j < k; j++) {
-                q->prompt_top_ids[(size_t)p * k + j] = -1;
-                q->prompt_top_lp[(size_t)p * k + j] = -INFINITY;
-            }
-        }
-    }
-    for (uint32_t r = 0; r < rows; r++) {
-        uint32_t target = pos0 + r + 1;
-        if (target >= q->n_prompt) break;
-        const float *row = logits + (size_t)r * V;
-        logprob_of(q, row, V, q->prompt[target], &q->prompt_logprob[target],
-                   k ? q->prompt_top_ids + (size_t)target * k : NULL,
-                   k ? q->prompt_top_lp + (size_t)target * k : NULL);
-    }
-    pthread_mutex_unlock(q->lock);
-    return 0;
 }
 
 typedef struct plan {
@@ -866,7 +670,7 @@ static void run_batch(scheduler *s, const plan *p) {
         uint32_t rows = s->batch_rows[i];
         const float *last = rows ? row + (size_t)(rows - 1) * V : NULL;
         if (in->logits_mode == ORCH_LOGITS_ALL) {
-            if (record_prompt_logprobs(s, q, in->start_pos, rows, row) != 0) {
+            if (seq_output_prompt_logprobs(q, in->start_pos, rows, row, V) != 0) {
                 q->priv.state = ST_DONE;
                 seq_finish(s, q, SCHED_FINISH_ERROR, 500, "out of memory");
                 any_done = 1;

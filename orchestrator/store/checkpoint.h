@@ -14,20 +14,18 @@
  *                                             written last
  *   RUN/latest                               "ckpt-00000200\n"
  *
- * Save protocol (ckpt_save): stale temp dirs of dead processes are removed;
- * everything is written into RUN/.tmp-ckpt-STEP-PID/, every file and the dir
- * are fsynced, the dir is renamed to ckpt-STEP (atomically exchanged with an
- * existing ckpt-STEP when one is there), RUN is fsynced, then `latest` is
- * replaced (temp file + fsync + rename + fsync RUN). Only after that does
- * retention delete old checkpoints: it keeps the newest keep_last by step, the
- * one with the lowest finite val_loss, and never the one `latest` names.
- * A crash at any instant leaves `latest` naming a complete, verified
- * checkpoint (or no `latest` before the first save completes).
+ * Writing (ckpt_save, ckpt_write_dir, and the save protocol that keeps
+ * `latest` naming a complete checkpoint through any crash) is declared in
+ * ckpt_save.h, which this header includes: callers include checkpoint.h.
  *
  * Loading matches tensors BY NAME and shape (through the engine's
  * tensor_write), so a checkpoint written through one engine loads through
  * another. A missing tensor, an extra tensor, or a shape/dtype mismatch is an
  * error naming the tensor.
+ *
+ * Paths inside state.json's config (data.train, data.val) are used as they
+ * were stored; `orch train` stores them absolute (config.h), so a checkpoint
+ * works from any working directory.
  *
  * Memory: strings returned through char ** are malloc'd; the caller frees.
  * Threads: functions are reentrant; two processes must not save into the same
@@ -41,43 +39,9 @@
 #include <stdint.h>
 
 #include "engine_api/orch_engine.h"
+#include "orchestrator/core/config.h"
 #include "orchestrator/core/engine_loader.h"
-
-#define CKPT_FORMAT_VERSION 1
-
-typedef struct ckpt_save_opts {
-    int keep_last;      /* keep this many newest checkpoints; <= 0 keeps all */
-    int with_optimizer; /* also save AdamW moments (needed to resume exactly) */
-    double val_loss;    /* validation loss at this step; NaN = unknown */
-} ckpt_save_opts;
-
-/* Defaults: keep_last 3, with_optimizer 1, val_loss NaN. */
-ckpt_save_opts ckpt_save_opts_default(void);
-
-/* Save the engine's tensors and state_json (any JSON text, stored verbatim;
- * must parse as JSON) as RUN_DIR/ckpt-STEP (RUN_DIR is created if missing).
- * out_dir (may be NULL) receives the final checkpoint directory path.
- * On failure nothing that existed before is lost and `latest` is unchanged. */
-int ckpt_save(const char *run_dir, uint64_t step, const engine_handle *h,
-              orch_engine_ctx *ctx, const char *state_json,
-              const ckpt_save_opts *o, char *out_dir, size_t out_cap,
-              char *err, size_t err_cap);
-
-/* One named tensor in host memory, for ckpt_write_dir (e.g. imported weights). */
-typedef struct ckpt_tensor {
-    const char *name;
-    int dtype;                            /* safetensors_dtype / orch_dtype */
-    uint32_t ndim;
-    uint64_t shape[ORCH_TENSOR_MAX_DIMS];
-    const void *data;                     /* numel * dtype size bytes */
-} ckpt_tensor;
-
-/* Write a standalone checkpoint directory at exactly CKPT_DIR (model tensors,
- * no optimizer state, state_json verbatim, meta.json, checksums) atomically:
- * temp dir, fsync, rename. CKPT_DIR must not exist yet. step goes to meta. */
-int ckpt_write_dir(const char *ckpt_dir, const ckpt_tensor *tensors, size_t n,
-                   const char *state_json, uint64_t step, char *err,
-                   size_t err_cap);
+#include "orchestrator/store/ckpt_save.h"
 
 /* Resolve PATH to a checkpoint directory:
  *  - a checkpoint directory itself (holds state.json): verified, returned;
@@ -97,6 +61,16 @@ int ckpt_verify(const char *ckpt_dir, char *err, size_t err_cap);
 /* The state.json text of a checkpoint (malloc'd, NUL-terminated). */
 int ckpt_read_state(const char *ckpt_dir, char **state_json, char *err,
                     size_t err_cap);
+
+/* The merged run config in a checkpoint's state.json (its "config" object;
+ * *out: config_free) and, when tokenizer is not NULL, the tokenizer the run
+ * used (state.json's "tokenizer", else the config's data.tokenizer).
+ * Errors name the file and the problem: "DIR/state.json: no such file or
+ * directory", "DIR/state.json: not valid JSON", "DIR/state.json: no
+ * \"config\" object", "DIR/state.json: config: model.width: missing required
+ * key". On failure *out is untouched. */
+int ckpt_read_config(const char *ckpt_dir, orch_config **out, char *tokenizer,
+                     size_t tokenizer_cap, char *err, size_t err_cap);
 
 /* Step recorded in the checkpoint's meta.json (falls back to the ckpt-STEP
  * directory name). */

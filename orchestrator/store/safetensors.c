@@ -15,8 +15,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "orchestrator/store/sha256.h"
+#include "orchestrator/core/fsio.h"
 #include "orchestrator/core/util.h"
+#include "orchestrator/store/sha256.h"
 
 /* Largest header accepted (as the reference implementation: 100 MB). */
 #define HEADER_MAX ((uint64_t)100 * 1000 * 1000)
@@ -167,16 +168,16 @@ static int cmp_names(const void *a, const void *b) {
     return strcmp(x->name, y->name);
 }
 
-/* Parse and validate the header; fills f->tensors (data as offsets for now). */
-static int parse_header(safetensors_file *f, const char *path,
-                        const char *hdr, size_t hdr_len, uint64_t data_len,
-                        const uint8_t *data, char *err, size_t err_cap) {
+/* The header's JSON: starts with '{', parses, nothing but whitespace after
+ * it, an object. NULL (err set) otherwise. */
+static cJSON *parse_json(const char *path, const char *hdr, size_t hdr_len,
+                         char *err, size_t err_cap) {
     if (hdr_len == 0 || hdr[0] != '{') {
         util_set_err(err, err_cap,
                      "%s: not a safetensors file (header does not start with "
                      "'{')",
                      path);
-        return -1;
+        return NULL;
     }
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(hdr, hdr_len, &end, 0);
@@ -187,7 +188,7 @@ static int parse_header(safetensors_file *f, const char *path,
         util_set_err(err, err_cap,
                      "%s: header is not valid JSON (near byte %zu of %zu)",
                      path, at, hdr_len);
-        return -1;
+        return NULL;
     }
     /* Only whitespace may follow the JSON object inside the header. */
     for (const char *p = end; p && p < hdr + hdr_len; p++) {
@@ -196,14 +197,203 @@ static int parse_header(safetensors_file *f, const char *path,
                          "%s: trailing bytes after the JSON header (byte %zu)",
                          path, (size_t)(p - hdr));
             cJSON_Delete(root);
-            return -1;
+            return NULL;
         }
     }
     if (!cJSON_IsObject(root)) {
         util_set_err(err, err_cap, "%s: header is not a JSON object", path);
         cJSON_Delete(root);
+        return NULL;
+    }
+    return root;
+}
+
+/* The "__metadata__" object e: string values only. */
+static int parse_metadata(safetensors_file *f, const cJSON *e, const char *path,
+                          char *err, size_t err_cap) {
+    if (!cJSON_IsObject(e)) {
+        util_set_err(err, err_cap, "%s: __metadata__ is not an object of strings",
+                     path);
         return -1;
     }
+    size_t m = (size_t)cJSON_GetArraySize(e);
+    f->meta = util_calloc(m ? m : 1, sizeof *f->meta);
+    if (!f->meta) {
+        util_set_err(err, err_cap, "%s: out of memory", path);
+        return -1;
+    }
+    for (cJSON *kv = e->child; kv; kv = kv->next) {
+        if (!cJSON_IsString(kv) || !kv->string) {
+            util_set_err(err, err_cap, "%s: __metadata__ value '%s' is not a string",
+                         path, kv->string ? kv->string : "?");
+            return -1;
+        }
+        meta_kv *slot = &f->meta[f->n_meta];
+        slot->key = strdup(kv->string);
+        slot->value = strdup(kv->valuestring);
+        f->n_meta++;
+        if (!slot->key || !slot->value) {
+            util_set_err(err, err_cap, "%s: out of memory", path);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* One tensor entry e named `name` into *t (dtype, shape, numel, nbytes,
+ * data inside the data buffer of data_len bytes); not its name. */
+static int parse_entry(const cJSON *e, const char *name, safetensors_tensor *t,
+                       const uint8_t *data, uint64_t data_len, const char *path,
+                       char *err, size_t err_cap) {
+    if (!*name) {
+        util_set_err(err, err_cap, "%s: tensor with an empty name", path);
+        return -1;
+    }
+    if (!cJSON_IsObject(e)) {
+        util_set_err(err, err_cap, "%s: tensor '%s': entry is not an object",
+                     path, name);
+        return -1;
+    }
+    const cJSON *jd = NULL, *js = NULL, *jo = NULL;
+    for (cJSON *k = e->child; k; k = k->next) {
+        const cJSON **slot = NULL;
+        if (k->string && strcmp(k->string, "dtype") == 0) slot = &jd;
+        else if (k->string && strcmp(k->string, "shape") == 0) slot = &js;
+        else if (k->string && strcmp(k->string, "data_offsets") == 0) slot = &jo;
+        if (!slot || *slot) {
+            util_set_err(err, err_cap, "%s: tensor '%s': %s key '%s'", path,
+                         name, slot ? "duplicate" : "unexpected",
+                         k->string ? k->string : "?");
+            return -1;
+        }
+        *slot = k;
+    }
+    if (!jd || !js || !jo) {
+        util_set_err(err, err_cap, "%s: tensor '%s': missing '%s'", path,
+                     name, !jd ? "dtype" : !js ? "shape" : "data_offsets");
+        return -1;
+    }
+    int dt = cJSON_IsString(jd) ? safetensors_dtype_parse(jd->valuestring) : -1;
+    if (dt < 0) {
+        util_set_err(err, err_cap, "%s: tensor '%s': unsupported dtype %s%s%s",
+                     path, name, cJSON_IsString(jd) ? "'" : "",
+                     cJSON_IsString(jd) ? jd->valuestring : "(not a string)",
+                     cJSON_IsString(jd) ? "'" : "");
+        return -1;
+    }
+    if (!cJSON_IsArray(js) || cJSON_GetArraySize(js) > SAFETENSORS_MAX_DIMS) {
+        util_set_err(err, err_cap,
+                     "%s: tensor '%s': shape is not an array of at most %d "
+                     "dimensions",
+                     path, name, SAFETENSORS_MAX_DIMS);
+        return -1;
+    }
+    t->dtype = dt;
+    t->ndim = 0;
+    t->numel = 1;
+    for (cJSON *d = js->child; d; d = d->next) {
+        uint64_t v;
+        if (json_u64(d, &v) != 0) {
+            util_set_err(err, err_cap,
+                         "%s: tensor '%s': shape has a value that is not a "
+                         "non-negative integer",
+                         path, name);
+            return -1;
+        }
+        if (v && t->numel > UINT64_MAX / v) {
+            util_set_err(err, err_cap, "%s: tensor '%s': shape overflows",
+                         path, name);
+            return -1;
+        }
+        t->shape[t->ndim++] = v;
+        t->numel *= v;
+    }
+    size_t es = safetensors_dtype_size(dt);
+    if (t->numel > UINT64_MAX / es) {
+        util_set_err(err, err_cap, "%s: tensor '%s': shape overflows", path,
+                     name);
+        return -1;
+    }
+    t->nbytes = t->numel * es;
+    uint64_t b = 0, en = 0;
+    if (!cJSON_IsArray(jo) || cJSON_GetArraySize(jo) != 2 ||
+        json_u64(jo->child, &b) != 0 || json_u64(jo->child->next, &en) != 0) {
+        util_set_err(err, err_cap,
+                     "%s: tensor '%s': data_offsets is not [begin, end] of "
+                     "non-negative integers",
+                     path, name);
+        return -1;
+    }
+    if (b > en || en > data_len) {
+        util_set_err(err, err_cap,
+                     "%s: tensor '%s': data_offsets [%llu, %llu] outside "
+                     "the data buffer of %llu bytes (truncated file?)",
+                     path, name, (unsigned long long)b,
+                     (unsigned long long)en, (unsigned long long)data_len);
+        return -1;
+    }
+    if (en - b != t->nbytes) {
+        util_set_err(err, err_cap,
+                     "%s: tensor '%s': data_offsets span %llu bytes but "
+                     "%s shape needs %llu",
+                     path, name, (unsigned long long)(en - b),
+                     dtypes[dt].name, (unsigned long long)t->nbytes);
+        return -1;
+    }
+    t->data = data + b;
+    return 0;
+}
+
+/* order[0..n): unique names, and the data of the entries tiles the data
+ * buffer exactly (no overlap, no hole). Sorts order. */
+static int check_layout(safetensors_tensor **order, size_t n, const uint8_t *data,
+                        uint64_t data_len, const char *path, char *err,
+                        size_t err_cap) {
+    /* Unique names. */
+    qsort(order, n, sizeof *order, cmp_names);
+    for (size_t i = 1; i < n; i++)
+        if (strcmp(order[i - 1]->name, order[i]->name) == 0) {
+            util_set_err(err, err_cap, "%s: duplicate tensor name '%s'", path,
+                         order[i]->name);
+            return -1;
+        }
+    /* Entries must tile the data buffer: no overlap, no hole. */
+    qsort(order, n, sizeof *order, cmp_by_begin);
+    uint64_t pos = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t b = (uint64_t)((const uint8_t *)order[i]->data - data);
+        if (b < pos) {
+            util_set_err(err, err_cap,
+                         "%s: tensor '%s' overlaps the previous tensor's data",
+                         path, order[i]->name);
+            return -1;
+        }
+        if (b > pos) {
+            util_set_err(err, err_cap,
+                         "%s: hole in the data buffer before tensor '%s' "
+                         "(bytes %llu..%llu unused)",
+                         path, order[i]->name, (unsigned long long)pos,
+                         (unsigned long long)b);
+            return -1;
+        }
+        pos = b + order[i]->nbytes;
+    }
+    if (pos != data_len) {
+        util_set_err(err, err_cap,
+                     "%s: data buffer has %llu bytes but the tensors cover %llu "
+                     "(trailing garbage or wrong offsets)",
+                     path, (unsigned long long)data_len, (unsigned long long)pos);
+        return -1;
+    }
+    return 0;
+}
+
+/* Parse and validate the header; fills f->tensors, f->names and f->meta. */
+static int parse_header(safetensors_file *f, const char *path,
+                        const char *hdr, size_t hdr_len, uint64_t data_len,
+                        const uint8_t *data, char *err, size_t err_cap) {
+    cJSON *root = parse_json(path, hdr, hdr_len, err, err_cap);
+    if (!root) return -1;
     size_t n = 0, names_len = 0;
     int seen_meta = 0;
     for (cJSON *e = root->child; e; e = e->next) {
@@ -233,178 +423,20 @@ static int parse_header(safetensors_file *f, const char *path,
     for (cJSON *e = root->child; e; e = e->next) {
         if (!e->string) continue;
         if (strcmp(e->string, "__metadata__") == 0) {
-            if (!cJSON_IsObject(e)) {
-                util_set_err(err, err_cap,
-                             "%s: __metadata__ is not an object of strings",
-                             path);
-                goto out;
-            }
-            size_t m = (size_t)cJSON_GetArraySize(e);
-            f->meta = util_calloc(m ? m : 1, sizeof *f->meta);
-            if (!f->meta) {
-                util_set_err(err, err_cap, "%s: out of memory", path);
-                goto out;
-            }
-            for (cJSON *kv = e->child; kv; kv = kv->next) {
-                if (!cJSON_IsString(kv) || !kv->string) {
-                    util_set_err(err, err_cap,
-                                 "%s: __metadata__ value '%s' is not a string",
-                                 path, kv->string ? kv->string : "?");
-                    goto out;
-                }
-                meta_kv *slot = &f->meta[f->n_meta];
-                slot->key = strdup(kv->string);
-                slot->value = strdup(kv->valuestring);
-                f->n_meta++;
-                if (!slot->key || !slot->value) {
-                    util_set_err(err, err_cap, "%s: out of memory", path);
-                    goto out;
-                }
-            }
+            if (parse_metadata(f, e, path, err, err_cap) != 0) goto out;
             continue;
         }
         const char *name = e->string;
         safetensors_tensor *t = &f->tensors[f->n];
-        if (!*name) {
-            util_set_err(err, err_cap, "%s: tensor with an empty name", path);
-            goto out;
-        }
-        if (!cJSON_IsObject(e)) {
-            util_set_err(err, err_cap, "%s: tensor '%s': entry is not an object",
-                         path, name);
-            goto out;
-        }
-        const cJSON *jd = NULL, *js = NULL, *jo = NULL;
-        for (cJSON *k = e->child; k; k = k->next) {
-            const cJSON **slot = NULL;
-            if (k->string && strcmp(k->string, "dtype") == 0) slot = &jd;
-            else if (k->string && strcmp(k->string, "shape") == 0) slot = &js;
-            else if (k->string && strcmp(k->string, "data_offsets") == 0) slot = &jo;
-            if (!slot || *slot) {
-                util_set_err(err, err_cap, "%s: tensor '%s': %s key '%s'", path,
-                             name, slot ? "duplicate" : "unexpected",
-                             k->string ? k->string : "?");
-                goto out;
-            }
-            *slot = k;
-        }
-        if (!jd || !js || !jo) {
-            util_set_err(err, err_cap, "%s: tensor '%s': missing '%s'", path,
-                         name, !jd ? "dtype" : !js ? "shape" : "data_offsets");
-            goto out;
-        }
-        int dt = cJSON_IsString(jd) ? safetensors_dtype_parse(jd->valuestring) : -1;
-        if (dt < 0) {
-            util_set_err(err, err_cap, "%s: tensor '%s': unsupported dtype %s%s%s",
-                         path, name, cJSON_IsString(jd) ? "'" : "",
-                         cJSON_IsString(jd) ? jd->valuestring : "(not a string)",
-                         cJSON_IsString(jd) ? "'" : "");
-            goto out;
-        }
-        if (!cJSON_IsArray(js) || cJSON_GetArraySize(js) > SAFETENSORS_MAX_DIMS) {
-            util_set_err(err, err_cap,
-                         "%s: tensor '%s': shape is not an array of at most %d "
-                         "dimensions",
-                         path, name, SAFETENSORS_MAX_DIMS);
-            goto out;
-        }
-        t->dtype = dt;
-        t->ndim = 0;
-        t->numel = 1;
-        for (cJSON *d = js->child; d; d = d->next) {
-            uint64_t v;
-            if (json_u64(d, &v) != 0) {
-                util_set_err(err, err_cap,
-                             "%s: tensor '%s': shape has a value that is not a "
-                             "non-negative integer",
-                             path, name);
-                goto out;
-            }
-            if (v && t->numel > UINT64_MAX / v) {
-                util_set_err(err, err_cap, "%s: tensor '%s': shape overflows",
-                             path, name);
-                goto out;
-            }
-            t->shape[t->ndim++] = v;
-            t->numel *= v;
-        }
-        size_t es = safetensors_dtype_size(dt);
-        if (t->numel > UINT64_MAX / es) {
-            util_set_err(err, err_cap, "%s: tensor '%s': shape overflows", path,
-                         name);
-            goto out;
-        }
-        t->nbytes = t->numel * es;
-        uint64_t b = 0, en = 0;
-        if (!cJSON_IsArray(jo) || cJSON_GetArraySize(jo) != 2 ||
-            json_u64(jo->child, &b) != 0 || json_u64(jo->child->next, &en) != 0) {
-            util_set_err(err, err_cap,
-                         "%s: tensor '%s': data_offsets is not [begin, end] of "
-                         "non-negative integers",
-                         path, name);
-            goto out;
-        }
-        if (b > en || en > data_len) {
-            util_set_err(err, err_cap,
-                         "%s: tensor '%s': data_offsets [%llu, %llu] outside "
-                         "the data buffer of %llu bytes (truncated file?)",
-                         path, name, (unsigned long long)b,
-                         (unsigned long long)en, (unsigned long long)data_len);
-            goto out;
-        }
-        if (en - b != t->nbytes) {
-            util_set_err(err, err_cap,
-                         "%s: tensor '%s': data_offsets span %llu bytes but "
-                         "%s shape needs %llu",
-                         path, name, (unsigned long long)(en - b),
-                         dtypes[dt].name, (unsigned long long)t->nbytes);
-            goto out;
-        }
+        if (parse_entry(e, name, t, data, data_len, path, err, err_cap) != 0) goto out;
         size_t nl = strlen(name) + 1;
         memcpy(np, name, nl);
         t->name = np;
         np += nl;
-        t->data = data + b;
         order[f->n] = t;
         f->n++;
     }
-    /* Unique names. */
-    qsort(order, f->n, sizeof *order, cmp_names);
-    for (size_t i = 1; i < f->n; i++)
-        if (strcmp(order[i - 1]->name, order[i]->name) == 0) {
-            util_set_err(err, err_cap, "%s: duplicate tensor name '%s'", path,
-                         order[i]->name);
-            goto out;
-        }
-    /* Entries must tile the data buffer: no overlap, no hole. */
-    qsort(order, f->n, sizeof *order, cmp_by_begin);
-    uint64_t pos = 0;
-    for (size_t i = 0; i < f->n; i++) {
-        uint64_t b = (uint64_t)((const uint8_t *)order[i]->data - data);
-        if (b < pos) {
-            util_set_err(err, err_cap,
-                         "%s: tensor '%s' overlaps the previous tensor's data",
-                         path, order[i]->name);
-            goto out;
-        }
-        if (b > pos) {
-            util_set_err(err, err_cap,
-                         "%s: hole in the data buffer before tensor '%s' "
-                         "(bytes %llu..%llu unused)",
-                         path, order[i]->name, (unsigned long long)pos,
-                         (unsigned long long)b);
-            goto out;
-        }
-        pos = b + order[i]->nbytes;
-    }
-    if (pos != data_len) {
-        util_set_err(err, err_cap,
-                     "%s: data buffer has %llu bytes but the tensors cover %llu "
-                     "(trailing garbage or wrong offsets)",
-                     path, (unsigned long long)data_len, (unsigned long long)pos);
-        goto out;
-    }
-    rc = 0;
+    rc = check_layout(order, f->n, data, data_len, path, err, err_cap);
 out:
     free(order);
     cJSON_Delete(root);
@@ -480,12 +512,11 @@ fail:
 
 struct safetensors_writer {
     char *path;
-    char *tmp_path;
     cJSON *header; /* tensors in declaration order */
     cJSON *meta;   /* NULL until a metadata entry is added */
     uint64_t total;   /* bytes of data declared */
     uint64_t written; /* bytes of data written */
-    FILE *fp;
+    fsio_atomic_file out; /* the temp file; out.fp is NULL until begin_data */
     sha256_ctx sha;
 };
 
@@ -494,11 +525,8 @@ int safetensors_writer_create(const char *path, safetensors_writer **out,
     safetensors_writer *w = util_calloc(1, sizeof *w);
     if (!w) goto oom;
     w->path = strdup(path);
-    size_t tl = strlen(path) + 32;
-    w->tmp_path = malloc(tl);
     w->header = cJSON_CreateObject();
-    if (!w->path || !w->tmp_path || !w->header) goto oom;
-    snprintf(w->tmp_path, tl, "%s.tmp-%ld", path, (long)getpid());
+    if (!w->path || !w->header) goto oom;
     *out = w;
     return 0;
 oom:
@@ -510,7 +538,7 @@ oom:
 int safetensors_writer_add_metadata(safetensors_writer *w, const char *key,
                                     const char *value, char *err,
                                     size_t err_cap) {
-    if (w->fp) {
+    if (w->out.fp) {
         util_set_err(err, err_cap, "%s: metadata after begin_data", w->path);
         return -1;
     }
@@ -533,7 +561,7 @@ oom:
 int safetensors_writer_declare(safetensors_writer *w, const char *name,
                                int dtype, uint32_t ndim, const uint64_t *shape,
                                char *err, size_t err_cap) {
-    if (w->fp) {
+    if (w->out.fp) {
         util_set_err(err, err_cap, "%s: declare after begin_data", w->path);
         return -1;
     }
@@ -595,18 +623,14 @@ oom:
 
 static int put(safetensors_writer *w, const void *p, size_t n, char *err,
                size_t err_cap) {
-    if (n && fwrite(p, 1, n, w->fp) != n) {
-        util_set_err(err, err_cap, "%s: write: %s", w->tmp_path,
-                     strerror(errno));
-        return -1;
-    }
+    if (fsio_atomic_write(&w->out, p, n, err, err_cap) != 0) return -1;
     sha256_update(&w->sha, p, n);
     return 0;
 }
 
 int safetensors_writer_begin_data(safetensors_writer *w, char *err,
                                   size_t err_cap) {
-    if (w->fp) {
+    if (w->out.fp) {
         util_set_err(err, err_cap, "%s: begin_data called twice", w->path);
         return -1;
     }
@@ -634,19 +658,11 @@ int safetensors_writer_begin_data(safetensors_writer *w, char *err,
     if (!json) goto oom;
     size_t jl = strlen(json);
     size_t padded = (jl + 7) & ~(size_t)7;
-    w->fp = fopen(w->tmp_path, "wbx");
-    if (!w->fp) {
-        if (errno == EEXIST) {
-            unlink(w->tmp_path);
-            w->fp = fopen(w->tmp_path, "wbx");
-        }
-        if (!w->fp) {
-            util_set_err(err, err_cap, "%s: %s", w->tmp_path, strerror(errno));
-            free(json);
-            return -1;
-        }
+    if (fsio_atomic_open(&w->out, w->path, err, err_cap) != 0) {
+        free(json);
+        return -1;
     }
-    setvbuf(w->fp, NULL, _IOFBF, 1 << 20);
+    setvbuf(w->out.fp, NULL, _IOFBF, 1 << 20);
     sha256_init(&w->sha);
     uint8_t len8[8];
     for (int i = 0; i < 8; i++) len8[i] = (uint8_t)((uint64_t)padded >> (8 * i));
@@ -663,7 +679,7 @@ oom:
 
 int safetensors_writer_write(safetensors_writer *w, const void *data,
                              size_t bytes, char *err, size_t err_cap) {
-    if (!w->fp) {
+    if (!w->out.fp) {
         util_set_err(err, err_cap, "%s: write before begin_data", w->path);
         return -1;
     }
@@ -682,7 +698,7 @@ int safetensors_writer_write(safetensors_writer *w, const void *data,
 int safetensors_writer_finish(safetensors_writer *w, uint8_t sha256_out[32],
                               char *err, size_t err_cap) {
     int rc = -1;
-    if (!w->fp && safetensors_writer_begin_data(w, err, err_cap) != 0) goto out;
+    if (!w->out.fp && safetensors_writer_begin_data(w, err, err_cap) != 0) goto out;
     if (w->written != w->total) {
         util_set_err(err, err_cap,
                      "%s: only %llu of %llu declared data bytes were written",
@@ -690,26 +706,11 @@ int safetensors_writer_finish(safetensors_writer *w, uint8_t sha256_out[32],
                      (unsigned long long)w->total);
         goto out;
     }
-    if (fflush(w->fp) != 0 || fsync(fileno(w->fp)) != 0) {
-        util_set_err(err, err_cap, "%s: flush: %s", w->tmp_path, strerror(errno));
-        goto out;
-    }
-    FILE *fp = w->fp;
-    w->fp = NULL;
-    if (fclose(fp) != 0) {
-        util_set_err(err, err_cap, "%s: close: %s", w->tmp_path, strerror(errno));
-        goto out;
-    }
-    if (rename(w->tmp_path, w->path) != 0) {
-        util_set_err(err, err_cap, "%s: rename: %s", w->path, strerror(errno));
-        goto out;
-    }
+    if (fsio_atomic_commit(&w->out, err, err_cap) != 0) goto out;
     if (sha256_out && sha256_final(&w->sha, sha256_out) != 0) {
         util_set_err(err, err_cap, "%s: SHA-256 failed (libcrypto)", w->path);
         goto out;
     }
-    free(w->tmp_path);
-    w->tmp_path = NULL; /* nothing to remove any more */
     rc = 0;
 out:
     safetensors_writer_abort(w);
@@ -718,10 +719,8 @@ out:
 
 void safetensors_writer_abort(safetensors_writer *w) {
     if (!w) return;
-    if (w->fp) fclose(w->fp);
+    fsio_atomic_abort(&w->out); /* a no-op after a commit */
     sha256_discard(&w->sha);
-    if (w->tmp_path) unlink(w->tmp_path);
-    free(w->tmp_path);
     free(w->path);
     cJSON_Delete(w->header);
     cJSON_Delete(w->meta);

@@ -22,10 +22,10 @@
  * phases: declare every tensor (name, dtype, shape) and metadata, then stream
  * the data of each tensor, in declaration order, in as many chunks as the
  * caller likes (e.g. one tensor at a time through one reusable buffer). The
- * file is written to "PATH.tmp-PID" and, on safetensors_writer_finish,
- * fsynced and renamed onto PATH (the caller fsyncs the parent directory when it
- * needs the rename to be durable). The SHA-256 of every byte written is
- * computed on the way and returned by finish (checkpoint checksums).
+ * file is written through fsio_atomic_* (a temp file beside PATH) and, on
+ * safetensors_writer_finish, fsynced, renamed onto PATH and its directory
+ * fsynced. The SHA-256 of every byte written is computed on the way and
+ * returned by finish (checkpoint checksums).
  *
  * Memory: a safetensors_file owns its mapping and parsed table; pointers it
  * returns (names, tensor data, metadata) are valid until safetensors_close.

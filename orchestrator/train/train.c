@@ -1,58 +1,33 @@
 /*
  * train.c - the training loop: engine context, data loader, schedule,
- * accumulation, evaluation, early stopping, checkpoints, exact resume,
- * metrics.jsonl and /metrics. See train.h.
+ * accumulation, evaluation, early stopping, checkpoints, exact resume.
+ * state.json is train_state.c; metrics.jsonl and /metrics are
+ * train_metrics.c. See train.h.
  */
 #include "orchestrator/train/train.h"
 
-#include <cjson/cJSON.h>
-#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "orchestrator/store/checkpoint.h"
 #include "orchestrator/data/data_loader.h"
 #include "orchestrator/train/dist.h"
 #include "orchestrator/core/engine_loader.h"
+#include "orchestrator/core/fsio.h"
 #include "orchestrator/core/metrics.h"
 #include "orchestrator/train/lr_schedule.h"
+#include "orchestrator/train/train_metrics.h"
+#include "orchestrator/train/train_state.h"
 #include "orchestrator/data/shard.h"
 #include "orchestrator/core/util.h"
-
-#define STATE_FORMAT 1
-
-/* Everything a checkpoint must carry besides tensors and the config. */
-typedef struct train_state {
-    uint64_t step;
-    uint64_t total_steps;
-    data_rng rng;
-    uint64_t tokens_seen;
-    double best_val_loss; /* NaN: none yet */
-    uint64_t best_val_step;
-    uint32_t evals_since_best;
-    double last_loss;
-    double last_val_loss;
-    double last_lr;
-    double elapsed_s;
-    double tokens_per_s;
-} train_state;
-
-/* Figures exported on --metrics-port. */
-typedef struct train_metrics {
-    metrics_registry *reg;
-    metrics_http *http;
-    metrics_series *step, *max_steps, *loss, *val_loss, *val_ppl, *lr,
-        *grad_norm, *tps, *elapsed, *tokens, *ckpts, *step_seconds;
-} train_metrics;
 
 /* The state of one train_run call. */
 typedef struct trainer {
     const train_opts *o;
     const orch_config *cfg;
+    orch_config *own_cfg; /* o->cfg with absolute data paths (cfg points here) */
     engine_handle eng;
     int eng_loaded;
     orch_engine_ctx *ctx;
@@ -84,23 +59,6 @@ static int fail(int *kind, int k, char *err, size_t cap, const char *fmt, ...) {
     return -1;
 }
 
-static int mkdir_p(const char *path) {
-    char buf[4096];
-    snprintf(buf, sizeof buf, "%s", path);
-    size_t n = strlen(buf);
-    if (n == 0) return -1;
-    for (size_t i = 1; i <= n; i++) {
-        if (buf[i] == '/' || buf[i] == '\0') {
-            char c = buf[i];
-            buf[i] = '\0';
-            if (mkdir(buf, 0777) != 0 && errno != EEXIST) return -1;
-            buf[i] = c;
-        }
-    }
-    struct stat sb;
-    return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode) ? 0 : -1;
-}
-
 static void fmt_duration(double s, char *buf, size_t cap) {
     if (!(s >= 0) || s > 1e9) {
         snprintf(buf, cap, "?");
@@ -119,273 +77,6 @@ static void fmt_rate(double r, char *buf, size_t cap) {
     if (r >= 1e6) snprintf(buf, cap, "%.2fM", r / 1e6);
     else if (r >= 1e3) snprintf(buf, cap, "%.1fk", r / 1e3);
     else snprintf(buf, cap, "%.0f", r);
-}
-
-static cJSON *num_or_null(double v) {
-    return isfinite(v) ? cJSON_CreateNumber(v) : cJSON_CreateNull();
-}
-
-static double get_num(const cJSON *obj, const char *key, double def) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-    return cJSON_IsNumber(v) ? v->valuedouble : def;
-}
-
-/* ------------------------------------------------------------------------- */
-/* state.json                                                                 */
-/* ------------------------------------------------------------------------- */
-static char *state_to_json(const trainer *t) {
-    const train_state *s = &t->st;
-    cJSON *root = cJSON_CreateObject();
-    char hex[65];
-    data_rng_to_hex(&s->rng, hex);
-    cJSON_AddNumberToObject(root, "format", STATE_FORMAT);
-    cJSON_AddNumberToObject(root, "step", (double)s->step);
-    cJSON_AddNumberToObject(root, "total_steps", (double)s->total_steps);
-    cJSON_AddStringToObject(root, "engine", t->eng.api->name);
-    cJSON_AddNumberToObject(root, "engine_threads", t->cfg->engine.threads);
-    cJSON_AddStringToObject(root, "tokenizer", t->cfg->data.tokenizer);
-    cJSON *data = cJSON_AddObjectToObject(root, "data");
-    cJSON_AddStringToObject(data, "rng", hex);
-    cJSON_AddNumberToObject(data, "tokens_seen", (double)s->tokens_seen);
-    cJSON *sch = cJSON_AddObjectToObject(root, "schedule");
-    cJSON_AddStringToObject(sch, "kind", lr_schedule_kind_name(t->sched.kind));
-    cJSON_AddNumberToObject(sch, "lr", t->sched.lr);
-    cJSON_AddNumberToObject(sch, "min_lr", t->sched.min_lr);
-    cJSON_AddNumberToObject(sch, "warmup_steps", (double)t->sched.warmup_steps);
-    cJSON_AddNumberToObject(sch, "total_steps", (double)t->sched.total_steps);
-    cJSON_AddItemToObject(sch, "last_lr", num_or_null(s->last_lr));
-    cJSON_AddItemToObject(root, "best_val_loss", num_or_null(s->best_val_loss));
-    cJSON_AddNumberToObject(root, "best_val_step", (double)s->best_val_step);
-    cJSON_AddNumberToObject(root, "evals_since_best", s->evals_since_best);
-    cJSON *met = cJSON_AddObjectToObject(root, "metrics");
-    cJSON_AddItemToObject(met, "loss", num_or_null(s->last_loss));
-    cJSON_AddItemToObject(met, "val_loss", num_or_null(s->last_val_loss));
-    cJSON_AddNumberToObject(met, "elapsed_s", s->elapsed_s);
-    cJSON_AddNumberToObject(met, "tokens_per_s", s->tokens_per_s);
-    cJSON *cfg = config_to_cjson(t->cfg);
-    if (cfg) cJSON_AddItemToObject(root, "config", cfg);
-    char *text = cfg ? cJSON_Print(root) : NULL;
-    cJSON_Delete(root);
-    return text;
-}
-
-static int state_from_json(const char *text, train_state *s, char *tok,
-                           size_t tok_cap, char *err, size_t cap) {
-    cJSON *root = cJSON_Parse(text);
-    if (!root || !cJSON_IsObject(root)) {
-        cJSON_Delete(root);
-        util_set_err(err, cap, "state.json is not a JSON object");
-        return -1;
-    }
-    int rc = -1;
-    const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(root, "format");
-    const cJSON *step = cJSON_GetObjectItemCaseSensitive(root, "step");
-    const cJSON *data = cJSON_GetObjectItemCaseSensitive(root, "data");
-    const cJSON *rng = cJSON_GetObjectItemCaseSensitive(data, "rng");
-    const cJSON *tk = cJSON_GetObjectItemCaseSensitive(root, "tokenizer");
-    if (!cJSON_IsNumber(fmt) || fmt->valuedouble != STATE_FORMAT) {
-        util_set_err(err, cap, "state.json: unsupported format (want %d)",
-                     STATE_FORMAT);
-        goto out;
-    }
-    if (!cJSON_IsNumber(step) || step->valuedouble < 0) {
-        util_set_err(err, cap, "state.json: missing or bad \"step\"");
-        goto out;
-    }
-    memset(s, 0, sizeof *s);
-    s->step = (uint64_t)step->valuedouble;
-    s->total_steps = (uint64_t)get_num(root, "total_steps", 0);
-    if (!cJSON_IsString(rng) || data_rng_from_hex(rng->valuestring, &s->rng)) {
-        util_set_err(err, cap, "state.json: missing or bad \"data.rng\"");
-        goto out;
-    }
-    s->tokens_seen = (uint64_t)get_num(data, "tokens_seen", 0);
-    s->best_val_loss = get_num(root, "best_val_loss", NAN);
-    s->best_val_step = (uint64_t)get_num(root, "best_val_step", 0);
-    s->evals_since_best = (uint32_t)get_num(root, "evals_since_best", 0);
-    const cJSON *met = cJSON_GetObjectItemCaseSensitive(root, "metrics");
-    s->last_loss = get_num(met, "loss", NAN);
-    s->last_val_loss = get_num(met, "val_loss", NAN);
-    s->elapsed_s = get_num(met, "elapsed_s", 0);
-    s->tokens_per_s = get_num(met, "tokens_per_s", 0);
-    const cJSON *sch = cJSON_GetObjectItemCaseSensitive(root, "schedule");
-    s->last_lr = get_num(sch, "last_lr", NAN);
-    if (tok) snprintf(tok, tok_cap, "%s", cJSON_IsString(tk) ? tk->valuestring : "");
-    rc = 0;
-out:
-    cJSON_Delete(root);
-    return rc;
-}
-
-int train_read_checkpoint_config(const char *ckpt_dir, orch_config **out,
-                                 char *tokenizer, size_t tokenizer_cap,
-                                 char *err, size_t err_cap) {
-    char *text = NULL;
-    char msg[1024];
-    if (ckpt_read_state(ckpt_dir, &text, msg, sizeof msg) != 0) {
-        util_set_err(err, err_cap, "%s", msg);
-        return -1;
-    }
-    cJSON *root = cJSON_Parse(text);
-    free(text);
-    const cJSON *cfg = cJSON_GetObjectItemCaseSensitive(root, "config");
-    if (!cJSON_IsObject(cfg)) {
-        cJSON_Delete(root);
-        util_set_err(err, err_cap, "%s/state.json: no \"config\" object",
-                     ckpt_dir);
-        return -1;
-    }
-    char origin[4200];
-    snprintf(origin, sizeof origin, "%s/state.json config", ckpt_dir);
-    int rc = config_from_cjson(cfg, origin, out, err, err_cap);
-    if (rc == 0 && tokenizer) {
-        const cJSON *tk = cJSON_GetObjectItemCaseSensitive(root, "tokenizer");
-        snprintf(tokenizer, tokenizer_cap, "%s",
-                 cJSON_IsString(tk) ? tk->valuestring : (*out)->data.tokenizer);
-    }
-    cJSON_Delete(root);
-    return rc;
-}
-
-/* ------------------------------------------------------------------------- */
-/* metrics.jsonl                                                              */
-/* ------------------------------------------------------------------------- */
-
-/* Keep only lines whose step is <= keep_step (resume) or none (fresh), then
- * open for appending. */
-static int jsonl_open(trainer *t, uint64_t keep_step, int fresh, char *err,
-                      size_t cap) {
-    char path[4200], tmp[4300];
-    snprintf(path, sizeof path, "%s/metrics.jsonl", t->o->run_dir);
-    if (!fresh) {
-        FILE *in = fopen(path, "r");
-        if (in) {
-            snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-            FILE *outf = fopen(tmp, "w");
-            if (!outf) {
-                fclose(in);
-                util_set_err(err, cap, "%s: %s", tmp, strerror(errno));
-                return -1;
-            }
-            char *line = NULL;
-            size_t lcap = 0;
-            ssize_t n;
-            while ((n = getline(&line, &lcap, in)) > 0) {
-                if (line[n - 1] != '\n') break; /* torn last line */
-                cJSON *j = cJSON_Parse(line);
-                const cJSON *s = cJSON_GetObjectItemCaseSensitive(j, "step");
-                int keep = cJSON_IsNumber(s) && s->valuedouble <= (double)keep_step;
-                cJSON_Delete(j);
-                if (keep) fputs(line, outf);
-            }
-            free(line);
-            fclose(in);
-            if (fflush(outf) != 0 || fsync(fileno(outf)) != 0) {
-                fclose(outf);
-                unlink(tmp);
-                util_set_err(err, cap, "%s: write failed", tmp);
-                return -1;
-            }
-            fclose(outf);
-            if (rename(tmp, path) != 0) {
-                unlink(tmp);
-                util_set_err(err, cap, "%s: %s", path, strerror(errno));
-                return -1;
-            }
-        }
-    }
-    t->jsonl = fopen(path, fresh ? "w" : "a");
-    if (!t->jsonl) {
-        util_set_err(err, cap, "%s: %s", path, strerror(errno));
-        return -1;
-    }
-    return 0;
-}
-
-static void jsonl_write(trainer *t, uint64_t step, double loss, double lr,
-                        double gnorm, double tps, double elapsed,
-                        double val_loss) {
-    if (!t->jsonl) return;
-    fprintf(t->jsonl,
-            "{\"step\":%llu,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,"
-            "\"tokens_per_s\":%.1f,\"elapsed\":%.3f",
-            (unsigned long long)step, loss, lr, gnorm, tps, elapsed);
-    if (isfinite(val_loss))
-        fprintf(t->jsonl, ",\"val_loss\":%.9g,\"val_ppl\":%.9g", val_loss,
-                exp(val_loss));
-    fprintf(t->jsonl, "}\n");
-    fflush(t->jsonl);
-}
-
-/* ------------------------------------------------------------------------- */
-/* /metrics                                                                   */
-/* ------------------------------------------------------------------------- */
-static metrics_series *gauge(metrics_registry *r, const char *name,
-                             const char *help) {
-    return metrics_series_get(metrics_gauge(r, name, help, 0, NULL), NULL);
-}
-
-static int metrics_start(trainer *t, char *err, size_t cap) {
-    train_metrics *m = &t->m;
-    if (t->o->metrics_port < 0) return 0;
-    if (t->o->metrics_port > 65535) {
-        util_set_err(err, cap, "--metrics-port %d: out of range",
-                     t->o->metrics_port);
-        return -1;
-    }
-    m->reg = metrics_registry_create();
-    if (!m->reg) {
-        util_set_err(err, cap, "metrics: out of memory");
-        return -1;
-    }
-    metrics_registry *r = m->reg;
-    m->step = gauge(r, "orch_train_step", "Last completed training step.");
-    m->max_steps = gauge(r, "orch_train_max_steps", "Steps this run trains for.");
-    m->loss = gauge(r, "orch_train_loss", "Training loss of the last step.");
-    m->val_loss = gauge(r, "orch_train_val_loss",
-                        "Validation loss of the last evaluation.");
-    m->val_ppl = gauge(r, "orch_train_val_perplexity",
-                       "Validation perplexity of the last evaluation.");
-    m->lr = gauge(r, "orch_train_learning_rate", "Learning rate of the last step.");
-    m->grad_norm = gauge(r, "orch_train_grad_norm",
-                         "Global gradient L2 norm before clipping.");
-    m->tps = gauge(r, "orch_train_tokens_per_second",
-                   "Training throughput of the last step.");
-    m->elapsed = gauge(r, "orch_train_elapsed_seconds",
-                       "Training time across resumes.");
-    m->tokens = metrics_series_get(
-        metrics_counter(r, "orch_train_tokens_total",
-                        "Tokens trained on in this process.", 0, NULL),
-        NULL);
-    m->ckpts = metrics_series_get(
-        metrics_counter(r, "orch_train_checkpoints_total",
-                        "Checkpoints written by this process.", 0, NULL),
-        NULL);
-    m->step_seconds = metrics_series_get(
-        metrics_histogram(r, "orch_train_step_seconds",
-                          "Wall time of one optimizer step.", 0, NULL, NULL, 0),
-        NULL);
-    metrics_gauge_set(m->max_steps, (double)t->st.total_steps);
-    metrics_gauge_set(m->step, (double)t->st.step);
-    metrics_gauge_set(m->elapsed, t->st.elapsed_s);
-    char msg[512] = "";
-    m->http = metrics_http_start(r, NULL, (uint16_t)t->o->metrics_port, msg,
-                                 sizeof msg);
-    if (!m->http) {
-        util_set_err(err, cap, "--metrics-port %d: %s", t->o->metrics_port, msg);
-        return -1;
-    }
-    if (t->o->out)
-        fprintf(t->o->out, "metrics: http://127.0.0.1:%u/metrics\n",
-                metrics_http_port(m->http));
-    return 0;
-}
-
-static void metrics_stop(trainer *t) {
-    metrics_http_stop(t->m.http);
-    metrics_registry_free(t->m.reg);
-    t->m.http = NULL;
-    t->m.reg = NULL;
 }
 
 /* ------------------------------------------------------------------------- */
@@ -499,7 +190,7 @@ static int evaluate(trainer *t, double *out, int *kind, char *err, size_t cap) {
 
 static int save_checkpoint(trainer *t, double val_loss, int *kind, char *err,
                            size_t cap) {
-    char *state = state_to_json(t);
+    char *state = train_state_to_json(&t->st, t->eng.api->name, &t->sched, t->cfg);
     if (!state)
         return fail(kind, TRAIN_ERR_RUNTIME, err, cap,
                     "checkpoint: out of memory");
@@ -615,7 +306,7 @@ static int restore(trainer *t, int *kind, char *err, size_t cap) {
     if (ckpt_read_state(dir, &text, msg, sizeof msg) != 0)
         return fail(kind, TRAIN_ERR_INPUT, err, cap, "resume: %s", msg);
     train_state s;
-    int rc = state_from_json(text, &s, tok, sizeof tok, msg, sizeof msg);
+    int rc = train_state_from_json(text, &s, tok, sizeof tok, msg, sizeof msg);
     free(text);
     if (rc != 0)
         return fail(kind, TRAIN_ERR_INPUT, err, cap, "resume: %s: %s", dir, msg);
@@ -640,25 +331,26 @@ static int restore(trainer *t, int *kind, char *err, size_t cap) {
     return 0;
 }
 
+/* RUN/config.json: the merged config (absolute data paths), atomically. */
 static int write_config_copy(trainer *t, char *err, size_t cap) {
-    char path[4200], tmp[4300];
+    char path[4200];
     snprintf(path, sizeof path, "%s/config.json", t->o->run_dir);
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
     char *text = config_to_json(t->cfg);
-    FILE *f = text ? fopen(tmp, "w") : NULL;
-    int ok = f && fputs(text, f) >= 0 && fputc('\n', f) != EOF;
-    if (f && fclose(f) != 0) ok = 0;
-    free(text);
-    if (!ok || rename(tmp, path) != 0) {
-        unlink(tmp);
-        util_set_err(err, cap, "%s: cannot write: %s", path, strerror(errno));
+    size_t n = text ? strlen(text) : 0;
+    char *line = text ? realloc(text, n + 2) : NULL;
+    if (!line) {
+        free(text);
+        util_set_err(err, cap, "%s: out of memory", path);
         return -1;
     }
-    return 0;
+    memcpy(line + n, "\n", 2);
+    int rc = fsio_write_atomic(path, line, n + 1, err, cap);
+    free(line);
+    return rc;
 }
 
 static void trainer_close(trainer *t) {
-    metrics_stop(t);
+    train_metrics_stop(&t->m);
     if (t->jsonl) fclose(t->jsonl);
     data_loader_close(t->loader);
     data_eval_set_free(&t->eval);
@@ -666,11 +358,37 @@ static void trainer_close(trainer *t) {
     if (t->eng_loaded) engine_unload(&t->eng);
     dataset_close(t->train_ds);
     dataset_close(t->val_ds);
+    config_free(t->own_cfg);
 }
 
 /* ------------------------------------------------------------------------- */
 /* The loop                                                                   */
 /* ------------------------------------------------------------------------- */
+/* The evaluation of `step`: validation loss into *val, the best-so-far and
+ * early-stopping bookkeeping, a line of output; *stop becomes 1 when the
+ * patience is used up. */
+static int eval_step(trainer *t, uint64_t step, double *val, int *stop, int *kind,
+                     char *err, size_t cap) {
+    double v = NAN;
+    if (evaluate(t, &v, kind, err, cap) != 0) return -1;
+    *val = v;
+    t->st.last_val_loss = v;
+    int improved = !isfinite(t->st.best_val_loss) || v < t->st.best_val_loss;
+    if (improved) {
+        t->st.best_val_loss = v;
+        t->st.best_val_step = step;
+        t->st.evals_since_best = 0;
+    } else {
+        t->st.evals_since_best++;
+    }
+    say(t, "step %llu: val loss %.4f | ppl %.2f%s\n", (unsigned long long)step, v,
+        exp(v), improved ? " (best)" : "");
+    train_metrics_eval(&t->m, v);
+    uint32_t patience = t->cfg->train.early_stop_patience;
+    *stop = patience && t->st.evals_since_best >= patience;
+    return 0;
+}
+
 static int train_loop(trainer *t, train_result *res, int *kind, char *err,
                       size_t cap) {
     const train_opts *o = t->o;
@@ -749,37 +467,12 @@ static int train_loop(trainer *t, train_result *res, int *kind, char *err,
         /* Evaluation and early stopping. */
         val_at_step = NAN;
         int stop_early = 0;
-        if ((c->eval_every && step % c->eval_every == 0) || last) {
-            double v = NAN;
-            if (evaluate(t, &v, kind, err, cap) != 0) return -1;
-            val_at_step = v;
-            t->st.last_val_loss = v;
-            int improved = !isfinite(t->st.best_val_loss) || v < t->st.best_val_loss;
-            if (improved) {
-                t->st.best_val_loss = v;
-                t->st.best_val_step = step;
-                t->st.evals_since_best = 0;
-            } else {
-                t->st.evals_since_best++;
-            }
-            say(t, "step %llu: val loss %.4f | ppl %.2f%s\n",
-                (unsigned long long)step, v, exp(v), improved ? " (best)" : "");
-            metrics_gauge_set(t->m.val_loss, v);
-            metrics_gauge_set(t->m.val_ppl, exp(v));
-            if (c->early_stop_patience &&
-                t->st.evals_since_best >= c->early_stop_patience)
-                stop_early = 1;
-        }
-        jsonl_write(t, step, loss, lr, gnorm, t->st.tokens_per_s,
-                    t->st.elapsed_s, val_at_step);
-        metrics_gauge_set(t->m.step, (double)step);
-        metrics_gauge_set(t->m.loss, loss);
-        metrics_gauge_set(t->m.lr, lr);
-        metrics_gauge_set(t->m.grad_norm, gnorm);
-        metrics_gauge_set(t->m.tps, t->st.tokens_per_s);
-        metrics_gauge_set(t->m.elapsed, t->st.elapsed_s);
-        metrics_counter_add(t->m.tokens, step_tokens);
-        metrics_histogram_observe(t->m.step_seconds, dt);
+        if (((c->eval_every && step % c->eval_every == 0) || last) &&
+            eval_step(t, step, &val_at_step, &stop_early, kind, err, cap) != 0)
+            return -1;
+        train_jsonl_write(t->jsonl, step, loss, lr, gnorm, t->st.tokens_per_s,
+                          t->st.elapsed_s, val_at_step);
+        train_metrics_step(&t->m, step, loss, lr, gnorm, &t->st, step_tokens, dt);
 
         /* Ranks stop together: a signal counts when any rank had it at the
          * all-reduce of this step. */
@@ -831,6 +524,47 @@ static int train_loop(trainer *t, train_result *res, int *kind, char *err,
     return 0;
 }
 
+/* What train prints before the first step: engine, model, data, batch,
+ * steps, run directory, and where the weights come from. */
+static void print_banner(const trainer *t) {
+    const train_opts *o = t->o;
+    const config_train *c = &t->cfg->train;
+    if (!o->out) return;
+    char ntok[32];
+    fmt_rate((double)dataset_total_tokens(t->train_ds), ntok, sizeof ntok);
+    orch_model_desc d;
+    config_model_desc(t->cfg, &d);
+    uint32_t n_tensors = 0;
+    uint64_t n_params = 0;
+    if (t->eng.api->tensor_count(t->ctx, ORCH_TENSOR_PARAM, &n_tensors) ==
+        ORCH_OK) {
+        for (uint32_t i = 0; i < n_tensors; i++) {
+            orch_tensor_info ti;
+            memset(&ti, 0, sizeof ti);
+            ti.struct_size = sizeof ti;
+            if (t->eng.api->tensor_info(t->ctx, ORCH_TENSOR_PARAM, i, &ti) ==
+                ORCH_OK)
+                n_params += ti.numel;
+        }
+    }
+    fprintf(o->out,
+            "train: engine %s (%s) | model %u layers, %u heads, width %u, "
+            "context %u, %.2fM parameters\n"
+            "train: data %s tokens (%s tokenizer) | batch %u x %u x %u "
+            "accum | %llu steps | out %s\n",
+            t->eng.api->name, t->eng.probe_msg, d.layers, d.heads, d.width,
+            d.context, (double)n_params / 1e6, ntok, t->cfg->data.tokenizer,
+            c->micro_batch, c->seq_len, c->grad_accum,
+            (unsigned long long)t->st.total_steps, o->run_dir);
+    if (o->resume_ckpt)
+        fprintf(o->out, "train: resuming from %s (step %llu)\n",
+                o->resume_ckpt, (unsigned long long)t->st.step);
+    else if (o->init_ckpt)
+        fprintf(o->out, "train: starting from the weights of %s\n",
+                o->init_ckpt);
+    fflush(o->out);
+}
+
 int train_run(const train_opts *o, train_result *res, int *err_kind,
               char *err, size_t err_cap) {
     trainer t;
@@ -838,7 +572,6 @@ int train_run(const train_opts *o, train_result *res, int *err_kind,
     memset(res, 0, sizeof *res);
     res->last_loss = res->last_val_loss = res->best_val_loss = NAN;
     t.o = o;
-    t.cfg = o->cfg;
     t.st.best_val_loss = NAN;
     t.st.last_loss = t.st.last_val_loss = t.st.last_lr = NAN;
     data_rng_seed(&t.st.rng, o->cfg->train.seed);
@@ -846,10 +579,20 @@ int train_run(const train_opts *o, train_result *res, int *err_kind,
     int rc = -1;
     char msg[2048];
 
-    if (mkdir_p(o->run_dir) != 0) {
-        fail(err_kind, TRAIN_ERR_INPUT, err, err_cap,
-             "--out %s: cannot create directory: %s", o->run_dir,
-             strerror(errno));
+    if (fsio_mkdir_p(o->run_dir, msg, sizeof msg) != 0) {
+        fail(err_kind, TRAIN_ERR_INPUT, err, err_cap, "--out: %s", msg);
+        goto out;
+    }
+    /* The config this run stores (config.json, state.json) names its data
+     * by absolute paths, so its checkpoints work from any directory. */
+    t.own_cfg = config_clone(o->cfg);
+    if (!t.own_cfg) {
+        fail(err_kind, TRAIN_ERR_RUNTIME, err, err_cap, "out of memory");
+        goto out;
+    }
+    t.cfg = t.own_cfg;
+    if (config_absolute_data_paths(t.own_cfg, msg, sizeof msg) != 0) {
+        fail(err_kind, TRAIN_ERR_INPUT, err, err_cap, "%s", msg);
         goto out;
     }
     if (open_data(&t, err_kind, err, err_cap) != 0) goto out;
@@ -903,49 +646,16 @@ int train_run(const train_opts *o, train_result *res, int *err_kind,
     }
     if (dist_is_root() && /* rank 0 alone writes the run's files */
         (write_config_copy(&t, msg, sizeof msg) != 0 ||
-         jsonl_open(&t, t.st.step, o->resume_ckpt == NULL, msg, sizeof msg) != 0)) {
+         train_jsonl_open(o->run_dir, t.st.step, o->resume_ckpt == NULL, &t.jsonl, msg,
+                          sizeof msg) != 0)) {
         fail(err_kind, TRAIN_ERR_RUNTIME, err, err_cap, "%s", msg);
         goto out;
     }
-    if (metrics_start(&t, msg, sizeof msg) != 0) {
+    if (train_metrics_start(&t.m, o->metrics_port, &t.st, o->out, msg, sizeof msg) != 0) {
         fail(err_kind, TRAIN_ERR_INPUT, err, err_cap, "%s", msg);
         goto out;
     }
-    if (o->out) {
-        char ntok[32];
-        fmt_rate((double)dataset_total_tokens(t.train_ds), ntok, sizeof ntok);
-        orch_model_desc d;
-        config_model_desc(t.cfg, &d);
-        uint32_t n_tensors = 0;
-        uint64_t n_params = 0;
-        if (t.eng.api->tensor_count(t.ctx, ORCH_TENSOR_PARAM, &n_tensors) ==
-            ORCH_OK) {
-            for (uint32_t i = 0; i < n_tensors; i++) {
-                orch_tensor_info ti;
-                memset(&ti, 0, sizeof ti);
-                ti.struct_size = sizeof ti;
-                if (t.eng.api->tensor_info(t.ctx, ORCH_TENSOR_PARAM, i, &ti) ==
-                    ORCH_OK)
-                    n_params += ti.numel;
-            }
-        }
-        fprintf(o->out,
-                "train: engine %s (%s) | model %u layers, %u heads, width %u, "
-                "context %u, %.2fM parameters\n"
-                "train: data %s tokens (%s tokenizer) | batch %u x %u x %u "
-                "accum | %llu steps | out %s\n",
-                t.eng.api->name, t.eng.probe_msg, d.layers, d.heads, d.width,
-                d.context, (double)n_params / 1e6, ntok, t.cfg->data.tokenizer,
-                c->micro_batch, c->seq_len, c->grad_accum,
-                (unsigned long long)t.st.total_steps, o->run_dir);
-        if (o->resume_ckpt)
-            fprintf(o->out, "train: resuming from %s (step %llu)\n",
-                    o->resume_ckpt, (unsigned long long)t.st.step);
-        else if (o->init_ckpt)
-            fprintf(o->out, "train: starting from the weights of %s\n",
-                    o->init_ckpt);
-        fflush(o->out);
-    }
+    print_banner(&t);
     rc = train_loop(&t, res, err_kind, err, err_cap);
 out:
     progress_break(&t);

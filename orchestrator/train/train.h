@@ -29,8 +29,11 @@
  *    "best_val_loss":X|null, "best_val_step":N, "evals_since_best":N,
  *    "metrics":{"loss":X,"val_loss":X|null,"elapsed_s":X,"tokens_per_s":X},
  *    "config":{ the merged config, see config.h }}
- * Readers (generate, eval, serve) need only "config" (config_from_cjson) and
- * "tokenizer"; train_read_checkpoint_config does that.
+ * The config's data paths are absolute (train_run applies
+ * config_absolute_data_paths), so the checkpoint works from any directory.
+ * Readers (generate, eval, serve) need only "config" and "tokenizer";
+ * ckpt_read_config (checkpoint.h) reads them. train_state.h writes and
+ * parses the rest.
  *
  * Resume: the weights and AdamW moments, the step counter (AdamW bias
  * correction), the data RNG state, the early-stopping state and elapsed time
@@ -106,11 +109,5 @@ typedef struct train_result {
 
 int train_run(const train_opts *o, train_result *res, int *err_kind,
               char *err, size_t err_cap);
-
-/* The merged config stored in a checkpoint's state.json (*out: config_free).
- * tokenizer (may be NULL) receives state.json's "tokenizer". */
-int train_read_checkpoint_config(const char *ckpt_dir, orch_config **out,
-                                 char *tokenizer, size_t tokenizer_cap,
-                                 char *err, size_t err_cap);
 
 #endif

@@ -1,0 +1,575 @@
+/*
+ * request.c - JSON body -> validated gen_request -> scheduler sequences.
+ * See request.h.
+ */
+#include "orchestrator/serve/request.h"
+
+#include <cjson/cJSON.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "orchestrator/core/strbuf.h"
+#include "orchestrator/core/util.h"
+#include "orchestrator/serve/chat_template.h"
+
+/* ------------------------------------------------------------------------- */
+/* Field readers                                                              */
+/* ------------------------------------------------------------------------- */
+/* The member k of root; a JSON null counts as absent. */
+static cJSON *field(const cJSON *root, const char *k) {
+    cJSON *x = cJSON_GetObjectItemCaseSensitive(root, k);
+    return (x && cJSON_IsNull(x)) ? NULL : x;
+}
+
+static int get_bool(const cJSON *root, const char *k, int *out, api_error *e) {
+    cJSON *x = field(root, k);
+    if (!x) return 0;
+    if (!cJSON_IsBool(x))
+        return api_error_set(e, 400, k, "invalid_type", "'%s' must be a boolean", k);
+    *out = cJSON_IsTrue(x);
+    return 0;
+}
+
+/* Integer in [lo, hi]; *present set when given. */
+static int get_int(const cJSON *root, const char *k, double lo, double hi, int64_t *out,
+                   int *present, api_error *e) {
+    cJSON *x = field(root, k);
+    if (present) *present = 0;
+    if (!x) return 0;
+    if (!cJSON_IsNumber(x))
+        return api_error_set(e, 400, k, "invalid_type", "'%s' must be an integer", k);
+    double v = x->valuedouble;
+    if (!isfinite(v) || v != floor(v))
+        return api_error_set(e, 400, k, "invalid_type", "'%s' must be an integer", k);
+    if (v < lo || v > hi)
+        return api_error_set(e, 400, k, "invalid_value",
+                             "'%s' must be between %.0f and %.0f, got %.17g", k, lo, hi,
+                             v);
+    *out = (int64_t)v;
+    if (present) *present = 1;
+    return 0;
+}
+
+/* Number in [lo, hi] (lo excluded when lo_open). */
+static int get_num(const cJSON *root, const char *k, double lo, double hi, int lo_open,
+                   double *out, api_error *e) {
+    cJSON *x = field(root, k);
+    if (!x) return 0;
+    if (!cJSON_IsNumber(x) || !isfinite(x->valuedouble))
+        return api_error_set(e, 400, k, "invalid_type", "'%s' must be a number", k);
+    double v = x->valuedouble;
+    if (v < lo || v > hi || (lo_open && v == lo))
+        return api_error_set(e, 400, k, "invalid_value",
+                             "'%s' must be in %s%g, %g], got %.17g", k,
+                             lo_open ? "(" : "[", lo, hi, v);
+    *out = v;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------- */
+/* Prompts                                                                    */
+/* ------------------------------------------------------------------------- */
+static int alloc_prompts(gen_request *r, uint32_t n, api_error *e) {
+    r->prompts = util_calloc(n, sizeof *r->prompts);
+    if (!r->prompts) return api_error_set(e, 500, NULL, NULL, "out of memory");
+    return 0;
+}
+
+/* Take ids (malloc'd, n of them) as the next prompt. */
+static int add_prompt_ids(const request_limits *lim, gen_request *r, int32_t *ids,
+                          uint32_t n, api_error *e) {
+    gen_prompt *p = &r->prompts[r->n_prompts++];
+    p->ids = ids;
+    p->n_ids = n;
+    char err[256];
+    if (tokenizer_decode(lim->tok, ids, n, &p->text, &p->text_len, err, sizeof err) != 0)
+        return api_error_set(e, 400, "prompt", "invalid_value", "prompt: %s", err);
+    if (n == 0)
+        return api_error_set(e, 400, "prompt", "invalid_value", "the prompt is empty");
+    return 0;
+}
+
+static int add_prompt_text(const request_limits *lim, gen_request *r, const char *s,
+                           size_t len, const char *param, api_error *e) {
+    int32_t *ids = NULL;
+    size_t n = 0;
+    char err[256];
+    if (tokenizer_encode(lim->tok, s, len, &ids, &n, err, sizeof err) != 0)
+        return api_error_set(e, 400, param, "invalid_value", "%s: %s", param, err);
+    if (n > UINT32_MAX) n = UINT32_MAX;
+    return add_prompt_ids(lim, r, ids, (uint32_t)n, e);
+}
+
+/* A JSON array of token ids -> malloc'd ids. */
+static int token_array(const request_limits *lim, const cJSON *arr, int32_t **out,
+                       uint32_t *n_out, api_error *e) {
+    int n = cJSON_GetArraySize(arr);
+    int32_t *ids = malloc(((size_t)n + 1) * sizeof *ids);
+    if (!ids) return api_error_set(e, 500, NULL, NULL, "out of memory");
+    int i = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, arr) {
+        double v = cJSON_IsNumber(it) ? it->valuedouble : -1.5;
+        if (!cJSON_IsNumber(it) || v != floor(v) || v < 0 || v >= (double)lim->vocab) {
+            free(ids);
+            return api_error_set(
+                e, 400, "prompt", "invalid_value",
+                "prompt: token ids must be integers in [0, %u); element %d is not",
+                lim->vocab, i);
+        }
+        ids[i++] = (int32_t)v;
+    }
+    *out = ids;
+    *n_out = (uint32_t)i;
+    return 0;
+}
+
+static int add_prompt_array(const request_limits *lim, gen_request *r, const cJSON *arr,
+                            api_error *e) {
+    int32_t *ids = NULL;
+    uint32_t len = 0;
+    if (token_array(lim, arr, &ids, &len, e)) return -1;
+    return add_prompt_ids(lim, r, ids, len, e);
+}
+
+/* Completions 'prompt': a string, token ids, or a list of either. */
+static int parse_prompt(const request_limits *lim, gen_request *r, const cJSON *root,
+                        api_error *e) {
+    const cJSON *p = field(root, "prompt");
+    if (!p)
+        return api_error_set(e, 400, "prompt", "missing_required_parameter",
+                             "'prompt' is required");
+    if (cJSON_IsString(p)) {
+        if (alloc_prompts(r, 1, e)) return -1;
+        return add_prompt_text(lim, r, p->valuestring, strlen(p->valuestring), "prompt",
+                               e);
+    }
+    if (!cJSON_IsArray(p))
+        return api_error_set(
+            e, 400, "prompt", "invalid_type",
+            "'prompt' must be a string, an array of token ids, or an array of either");
+    int n = cJSON_GetArraySize(p);
+    if (n == 0)
+        return api_error_set(e, 400, "prompt", "invalid_value",
+                             "'prompt' is an empty array");
+    if (cJSON_IsNumber(p->child)) { /* one prompt as token ids */
+        if (alloc_prompts(r, 1, e)) return -1;
+        return add_prompt_array(lim, r, p, e);
+    }
+    if ((uint32_t)n > lim->max_seqs)
+        return api_error_set(e, 400, "prompt", "invalid_value",
+                             "at most %u prompts per request, got %d", lim->max_seqs, n);
+    if (alloc_prompts(r, (uint32_t)n, e)) return -1;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, p) {
+        if (cJSON_IsString(it)) {
+            if (add_prompt_text(lim, r, it->valuestring, strlen(it->valuestring),
+                                "prompt", e))
+                return -1;
+        } else if (cJSON_IsArray(it) && cJSON_GetArraySize(it) > 0 &&
+                   cJSON_IsNumber(it->child)) {
+            if (add_prompt_array(lim, r, it, e)) return -1;
+        } else {
+            return api_error_set(
+                e, 400, "prompt", "invalid_type",
+                "prompt[%u] must be a string or a non-empty array of token ids",
+                r->n_prompts);
+        }
+    }
+    return 0;
+}
+
+/* Chat content: a string, or an array of {"type":"text","text":...} parts
+ * (joined); null only for assistant messages. malloc'd into *out. */
+static int chat_content(const cJSON *m, int idx, const char *role, char **out,
+                        size_t *len, api_error *e) {
+    const cJSON *c = field(m, "content");
+    if (!c) {
+        if (strcmp(role, "assistant") == 0) {
+            *out = calloc(1, 1);
+            *len = 0;
+            return *out ? 0 : api_error_set(e, 500, NULL, NULL, "out of memory");
+        }
+        return api_error_set(e, 400, "messages", "missing_required_parameter",
+                             "messages[%d].content is required", idx);
+    }
+    if (cJSON_IsString(c)) {
+        *len = strlen(c->valuestring);
+        *out = malloc(*len + 1);
+        if (!*out) return api_error_set(e, 500, NULL, NULL, "out of memory");
+        memcpy(*out, c->valuestring, *len + 1);
+        return 0;
+    }
+    if (!cJSON_IsArray(c))
+        return api_error_set(
+            e, 400, "messages", "invalid_type",
+            "messages[%d].content must be a string or an array of text parts", idx);
+    strbuf b = { 0 };
+    strbuf_reserve(&b, 0);
+    const cJSON *part;
+    int k = 0;
+    cJSON_ArrayForEach(part, c) {
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
+        const cJSON *text = cJSON_GetObjectItemCaseSensitive(part, "text");
+        if (!cJSON_IsObject(part) || !cJSON_IsString(type) ||
+            strcmp(type->valuestring, "text") != 0 || !cJSON_IsString(text)) {
+            free(b.p);
+            return api_error_set(
+                e, 400, "messages", "invalid_value",
+                "messages[%d].content[%d] must be {\"type\":\"text\",\"text\":STRING} "
+                "(only text parts are supported)",
+                idx, k);
+        }
+        strbuf_puts(&b, text->valuestring);
+        k++;
+    }
+    if (b.oom || !b.p) {
+        free(b.p);
+        return api_error_set(e, 500, NULL, NULL, "out of memory");
+    }
+    *out = b.p;
+    *len = b.len;
+    return 0;
+}
+
+/* messages[] -> chat_message[] (contents malloc'd into contents[]). */
+static int read_messages(const cJSON *msgs, chat_message *cm, char **contents,
+                         api_error *e) {
+    int i = 0;
+    const cJSON *m;
+    cJSON_ArrayForEach(m, msgs) {
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+        if (!cJSON_IsObject(m) || !cJSON_IsString(role))
+            return api_error_set(e, 400, "messages", "invalid_type",
+                                 "messages[%d] must be an object with a string 'role'",
+                                 i);
+        if (!chat_template_role_valid(role->valuestring))
+            return api_error_set(
+                e, 400, "messages", "invalid_value",
+                "messages[%d].role '%.64s' is not one of system, developer, user, "
+                "assistant",
+                i, role->valuestring);
+        size_t len = 0;
+        if (chat_content(m, i, role->valuestring, &contents[i], &len, e)) return -1;
+        cm[i].role = role->valuestring;
+        cm[i].content = contents[i];
+        cm[i].content_len = len;
+        i++;
+    }
+    return 0;
+}
+
+/* Chat 'messages': rendered through the template into the one prompt. */
+static int parse_messages(const request_limits *lim, gen_request *r, const cJSON *root,
+                          api_error *e) {
+    const cJSON *msgs = field(root, "messages");
+    if (!msgs)
+        return api_error_set(e, 400, "messages", "missing_required_parameter",
+                             "'messages' is required");
+    if (!cJSON_IsArray(msgs) || cJSON_GetArraySize(msgs) == 0)
+        return api_error_set(e, 400, "messages", "invalid_type",
+                             "'messages' must be a non-empty array");
+    int n = cJSON_GetArraySize(msgs);
+    chat_message *cm = util_calloc((size_t)n, sizeof *cm);
+    char **contents = util_calloc((size_t)n, sizeof *contents);
+    int rc = 0;
+    if (!cm || !contents) rc = api_error_set(e, 500, NULL, NULL, "out of memory");
+    if (!rc) rc = read_messages(msgs, cm, contents, e);
+    if (!rc) {
+        char *text = NULL;
+        size_t tl = 0;
+        char err[256];
+        if (chat_template_render(cm, (size_t)n, &text, &tl, err, sizeof err) != 0)
+            rc = api_error_set(e, 400, "messages", "invalid_value", "%s", err);
+        else if (alloc_prompts(r, 1, e))
+            rc = -1;
+        else
+            rc = add_prompt_text(lim, r, text, tl, "messages", e);
+        free(text);
+    }
+    for (int k = 0; contents && k < n; k++) free(contents[k]);
+    free(contents);
+    free(cm);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------- */
+/* Stop strings                                                               */
+/* ------------------------------------------------------------------------- */
+static int add_stop(gen_request *r, const char *s, api_error *e) {
+    size_t l = strlen(s);
+    if (l == 0)
+        return api_error_set(e, 400, "stop", "invalid_value",
+                             "stop strings must not be empty");
+    if (l > REQUEST_MAX_STOP_LEN)
+        return api_error_set(e, 400, "stop", "invalid_value",
+                             "stop strings are limited to %u bytes",
+                             REQUEST_MAX_STOP_LEN);
+    if (r->n_stops >= REQUEST_MAX_STOPS + CHAT_TEMPLATE_N_STOPS)
+        return api_error_set(e, 400, "stop", "invalid_value", "at most %u stop strings",
+                             REQUEST_MAX_STOPS);
+    char *d = malloc(l + 1);
+    if (!d) return api_error_set(e, 500, NULL, NULL, "out of memory");
+    memcpy(d, s, l + 1);
+    r->stops[r->n_stops++] = d;
+    return 0;
+}
+
+static int parse_stop(gen_request *r, const cJSON *root, api_error *e) {
+    r->stops = util_calloc(REQUEST_MAX_STOPS + CHAT_TEMPLATE_N_STOPS, sizeof *r->stops);
+    if (!r->stops) return api_error_set(e, 500, NULL, NULL, "out of memory");
+    const cJSON *st = field(root, "stop");
+    static const char *const bad_type = "'stop' must be a string or an array of strings";
+    if (st && cJSON_IsString(st)) {
+        if (add_stop(r, st->valuestring, e)) return -1;
+    } else if (st && cJSON_IsArray(st)) {
+        if ((unsigned)cJSON_GetArraySize(st) > REQUEST_MAX_STOPS)
+            return api_error_set(e, 400, "stop", "invalid_value",
+                                 "at most %u stop strings", REQUEST_MAX_STOPS);
+        const cJSON *it;
+        cJSON_ArrayForEach(it, st) {
+            if (!cJSON_IsString(it))
+                return api_error_set(e, 400, "stop", "invalid_type", "%s", bad_type);
+            if (add_stop(r, it->valuestring, e)) return -1;
+        }
+    } else if (st) {
+        return api_error_set(e, 400, "stop", "invalid_type", "%s", bad_type);
+    }
+    if (r->chat)
+        for (int i = 0; i < CHAT_TEMPLATE_N_STOPS; i++)
+            if (add_stop(r, CHAT_TEMPLATE_STOPS[i], e)) return -1;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------- */
+/* The request                                                                */
+/* ------------------------------------------------------------------------- */
+/* 'model', when given, names the served model. */
+static int check_model(const request_limits *lim, const cJSON *root, api_error *e) {
+    const cJSON *model = field(root, "model");
+    if (model && !cJSON_IsString(model))
+        return api_error_set(e, 400, "model", "invalid_type", "'model' must be a string");
+    if (model && strcmp(model->valuestring, lim->model_name) != 0)
+        return api_error_set(
+            e, 400, "model", "model_not_found",
+            "the model '%.128s' does not exist; this server serves '%.128s'",
+            model->valuestring, lim->model_name);
+    return 0;
+}
+
+/* Unsupported features: only their neutral values are accepted. */
+static int check_unsupported(const gen_request *r, const cJSON *root, api_error *e) {
+    double pen = 0;
+    if (get_num(root, "presence_penalty", -2, 2, 0, &pen, e)) return -1;
+    if (pen != 0)
+        return api_error_set(e, 400, "presence_penalty", "unsupported_parameter",
+                             "'presence_penalty' is not supported (only 0)");
+    if (get_num(root, "frequency_penalty", -2, 2, 0, &pen, e)) return -1;
+    if (pen != 0)
+        return api_error_set(e, 400, "frequency_penalty", "unsupported_parameter",
+                             "'frequency_penalty' is not supported (only 0)");
+    const cJSON *lb = field(root, "logit_bias");
+    if (lb && (!cJSON_IsObject(lb) || lb->child))
+        return api_error_set(e, 400, "logit_bias", "unsupported_parameter",
+                             "'logit_bias' is not supported");
+    if (!r->chat && field(root, "suffix"))
+        return api_error_set(e, 400, "suffix", "unsupported_parameter",
+                             "'suffix' is not supported");
+    if (r->chat && (field(root, "tools") || field(root, "functions")))
+        return api_error_set(e, 400, "tools", "unsupported_parameter",
+                             "tools and functions are not supported");
+    const cJSON *rf = field(root, "response_format");
+    if (r->chat && rf) {
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(rf, "type");
+        if (!cJSON_IsObject(rf) || !cJSON_IsString(t) ||
+            strcmp(t->valuestring, "text") != 0)
+            return api_error_set(e, 400, "response_format", "unsupported_parameter",
+                                 "only response_format {\"type\":\"text\"} is supported");
+    }
+    return 0;
+}
+
+/* max_tokens (chat: max_completion_tokens wins) as the client gave it. */
+typedef struct max_tokens_arg {
+    int64_t value;
+    int given;
+    const char *param; /* the field it came from (for errors) */
+} max_tokens_arg;
+
+/* Sampling, n, seed, max_tokens. */
+static int parse_sampling(gen_request *r, const cJSON *root, max_tokens_arg *mt,
+                          api_error *e) {
+    double temperature = 1.0, top_p = 1.0;
+    int64_t top_k = 0, n = 1, seed = 0, best_of = 1;
+    if (get_num(root, "temperature", 0, 2, 0, &temperature, e)) return -1;
+    if (get_num(root, "top_p", 0, 1, 1, &top_p, e)) return -1;
+    if (get_int(root, "top_k", -1, 1e9, &top_k, NULL, e)) return -1;
+    if (get_int(root, "n", 1, 128, &n, NULL, e)) return -1;
+    if (get_int(root, "best_of", 1, 128, &best_of, NULL, e)) return -1;
+    if (best_of != 1 && best_of != n)
+        return api_error_set(e, 400, "best_of", "unsupported_parameter",
+                             "'best_of' other than n is not supported");
+    if (get_int(root, "seed", -9223372036854775808.0, 9223372036854774784.0, &seed,
+                &r->has_seed, e))
+        return -1;
+    mt->value = -1;
+    mt->param = "max_tokens";
+    if (get_int(root, "max_tokens", 0, 1e9, &mt->value, &mt->given, e)) return -1;
+    if (r->chat) {
+        int64_t mct = 0;
+        int has_mct = 0;
+        if (get_int(root, "max_completion_tokens", 0, 1e9, &mct, &has_mct, e)) return -1;
+        if (has_mct) {
+            mt->value = mct;
+            mt->given = 1;
+            mt->param = "max_completion_tokens";
+        }
+    }
+    r->sampling.temperature = (float)temperature;
+    r->sampling.top_p = (float)top_p;
+    r->sampling.top_k = top_k > 0 ? (uint32_t)top_k : 0;
+    r->n = (uint32_t)n;
+    r->seed = (uint64_t)seed;
+    return 0;
+}
+
+/* stream, ignore_eos, stream_options, logprobs, echo. */
+static int parse_output(gen_request *r, const cJSON *root, api_error *e) {
+    if (get_bool(root, "stream", &r->stream, e)) return -1;
+    if (get_bool(root, "ignore_eos", &r->ignore_eos, e)) return -1;
+    const cJSON *so = field(root, "stream_options");
+    if (so) {
+        if (!cJSON_IsObject(so))
+            return api_error_set(e, 400, "stream_options", "invalid_type",
+                                 "'stream_options' must be an object");
+        if (get_bool(so, "include_usage", &r->include_usage, e)) return -1;
+        if (!r->stream) r->include_usage = 0;
+    }
+    int64_t lp = 0;
+    int has_lp = 0;
+    if (r->chat) {
+        int on = 0;
+        if (get_bool(root, "logprobs", &on, e)) return -1;
+        if (get_int(root, "top_logprobs", 0, SCHED_MAX_TOP_LOGPROBS, &lp, &has_lp, e))
+            return -1;
+        if (has_lp && !on)
+            return api_error_set(e, 400, "top_logprobs", "invalid_value",
+                                 "'top_logprobs' requires 'logprobs': true");
+        r->logprobs = on;
+    } else {
+        if (get_bool(root, "echo", &r->echo, e)) return -1;
+        if (get_int(root, "logprobs", 0, SCHED_MAX_TOP_LOGPROBS, &lp, &has_lp, e))
+            return -1;
+        r->logprobs = has_lp;
+    }
+    r->top_logprobs = (uint32_t)lp;
+    return 0;
+}
+
+/* The one place max_tokens is decided for a prompt of pl tokens. */
+static int64_t resolve_max_tokens(const max_tokens_arg *mt, int chat, uint32_t pl,
+                                  uint32_t context) {
+    if (mt->given) return mt->value;
+    int64_t v = chat ? (int64_t)(context - pl) : (int64_t)REQUEST_DEFAULT_MAX_TOKENS;
+    if (pl + v > context) v = context - pl;
+    return v;
+}
+
+/* Every prompt fits the context with its max_tokens; resolve them. */
+static int check_context(const request_limits *lim, gen_request *r,
+                         const max_tokens_arg *mt, api_error *e) {
+    const char *what = r->chat ? "messages" : "prompt";
+    uint32_t ctx = lim->context;
+    for (uint32_t i = 0; i < r->n_prompts; i++) {
+        uint32_t pl = r->prompts[i].n_ids;
+        if (pl >= ctx)
+            return api_error_set(
+                e, 400, what, "context_length_exceeded",
+                "This model's maximum context length is %u tokens, but the %s has "
+                "%u tokens. Please shorten it.",
+                ctx, what, pl);
+        int64_t m = resolve_max_tokens(mt, r->chat, pl, ctx);
+        if ((uint64_t)pl + (uint64_t)m > ctx)
+            return api_error_set(
+                e, 400, mt->param, "context_length_exceeded",
+                "This model's maximum context length is %u tokens. However, you "
+                "requested %" PRIu64 " tokens (%u in the %s, %" PRId64 " for the "
+                "completion). Please reduce the %s or the completion length.",
+                ctx, (uint64_t)pl + (uint64_t)m, pl, what, m, what);
+        r->prompts[i].max_tokens = (uint32_t)m;
+    }
+    return 0;
+}
+
+/* Everything after the JSON parse, in the documented order. */
+static int parse_fields(const request_limits *lim, gen_request *r, const cJSON *root,
+                        api_error *e) {
+    if (!cJSON_IsObject(root))
+        return api_error_set(e, 400, NULL, "invalid_json",
+                             "the request body must be a JSON object");
+    max_tokens_arg mt;
+    if (check_model(lim, root, e) || check_unsupported(r, root, e) ||
+        parse_sampling(r, root, &mt, e) || parse_output(r, root, e) ||
+        parse_stop(r, root, e))
+        return -1;
+    if (r->chat ? parse_messages(lim, r, root, e) : parse_prompt(lim, r, root, e))
+        return -1;
+    uint64_t seqs = (uint64_t)r->n_prompts * r->n;
+    if (seqs > lim->max_seqs)
+        return api_error_set(e, 400, "n", "invalid_value",
+                             "n x prompts = %" PRIu64
+                             " is over the limit of %u sequences per request",
+                             seqs, lim->max_seqs);
+    return check_context(lim, r, &mt, e);
+}
+
+int gen_request_parse(const request_limits *lim, int chat, const char *body, size_t len,
+                      gen_request *out, api_error *e) {
+    memset(out, 0, sizeof *out);
+    out->chat = chat;
+    out->n = 1;
+    out->sampling = (sampler_params){ .temperature = 1.0f, .top_k = 0, .top_p = 1.0f };
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(body ? body : "", len, &end, 0);
+    if (!root) {
+        size_t at = end && body ? (size_t)(end - body) : 0;
+        return api_error_set(e, 400, NULL, "invalid_json",
+                             "the request body is not valid JSON (error near byte %zu)",
+                             at);
+    }
+    int rc = parse_fields(lim, out, root, e);
+    cJSON_Delete(root);
+    return rc;
+}
+
+void gen_request_free(gen_request *r) {
+    if (!r) return;
+    for (uint32_t i = 0; r->prompts && i < r->n_prompts; i++) {
+        free(r->prompts[i].ids);
+        free(r->prompts[i].text);
+    }
+    free(r->prompts);
+    for (uint32_t i = 0; i < r->n_stops; i++) free(r->stops[i]);
+    free(r->stops);
+    memset(r, 0, sizeof *r);
+}
+
+uint32_t gen_request_n_seqs(const gen_request *r) { return r->n_prompts * r->n; }
+
+void gen_request_seq(const gen_request *r, uint32_t i, uint64_t base_seed, sched_seq *q) {
+    const gen_prompt *p = &r->prompts[i / r->n];
+    q->prompt = p->ids;
+    q->n_prompt = p->n_ids;
+    q->max_tokens = p->max_tokens;
+    q->sampling = r->sampling;
+    sampler_rng_seed_stream(&q->rng, base_seed, i % r->n);
+    q->stop = (const char *const *)r->stops;
+    q->n_stop = r->n_stops;
+    q->want_logprobs = r->logprobs;
+    q->top_logprobs = r->top_logprobs;
+    q->want_prompt_logprobs = r->echo && r->logprobs;
+    q->stream = r->stream;
+    q->ignore_eot = r->ignore_eos;
+}

@@ -1,0 +1,93 @@
+/*
+ * request.h - the body of POST /v1/completions or /v1/chat/completions,
+ * parsed and validated into one typed generation request, and the scheduler
+ * sequences it becomes (one per prompt and choice).
+ *
+ * Parsing checks, in this order: JSON object; 'model' (must be the served
+ * model when given); unsupported features (only their neutral values:
+ * presence/frequency_penalty 0, empty logit_bias, no suffix, tools, functions,
+ * response_format other than text); temperature [0, 2]; top_p (0, 1]; top_k
+ * >= -1 (<= 0 = off); n [1, 128]; best_of (= n); seed; max_tokens (chat:
+ * max_completion_tokens wins); stream, ignore_eos, stream_options; logprobs
+ * (chat: logprobs + top_logprobs; completions: logprobs = N) up to
+ * SCHED_MAX_TOP_LOGPROBS; echo (completions); stop; the prompt (completions:
+ * a string, token ids, or a list of either) or messages (chat, rendered by
+ * chat_template.h and tokenized); n x prompts <= max_seqs; each prompt shorter
+ * than the context, and prompt + max_tokens within it.
+ *
+ * max_tokens is resolved once, here, per prompt: the client's value, else
+ * REQUEST_DEFAULT_MAX_TOKENS (completions) or the rest of the context (chat),
+ * in both cases cut to what the context leaves.
+ *
+ * Memory: gen_request_parse fills *out with malloc'd arrays that
+ * gen_request_free releases (also after a failed parse; a zeroed request is
+ * valid to free). Sequences made by gen_request_seq borrow the request's
+ * prompt ids and stop strings: keep the request until they finish.
+ * Threads: reentrant; the tokenizer must be safe to share (tokenizer.h).
+ * Errors: gen_request_parse returns 0, or -1 with the client's error in *e
+ * (400, or 500 for out of memory).
+ */
+#ifndef ORCH_REQUEST_H
+#define ORCH_REQUEST_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "orchestrator/data/tokenizer.h"
+#include "orchestrator/serve/api_error.h"
+#include "orchestrator/serve/sampler.h"
+#include "orchestrator/serve/scheduler.h"
+
+#define REQUEST_MAX_STOPS          16u  /* stop strings a client may give */
+#define REQUEST_MAX_STOP_LEN       256u /* bytes per stop string */
+#define REQUEST_DEFAULT_MAX_TOKENS 16u  /* /v1/completions without max_tokens */
+
+/* What parsing is checked against. */
+typedef struct request_limits {
+    const tokenizer *tok;   /* encodes text prompts, decodes token prompts */
+    const char *model_name; /* a given 'model' must equal it */
+    uint32_t vocab;         /* token ids must be below it */
+    uint32_t context;       /* prompt + max_tokens must fit in it */
+    uint32_t max_seqs;      /* prompts x n per request */
+} request_limits;
+
+typedef struct gen_prompt {
+    int32_t *ids; /* token ids (at least 1) */
+    uint32_t n_ids;
+    char *text; /* the ids decoded (echo), NUL-terminated */
+    size_t text_len;
+    uint32_t max_tokens; /* tokens to generate after it (resolved) */
+} gen_prompt;
+
+typedef struct gen_request {
+    int chat;            /* chat completions (one prompt: the messages) */
+    gen_prompt *prompts; /* [n_prompts] */
+    uint32_t n_prompts;
+    uint32_t n;   /* choices per prompt */
+    char **stops; /* [n_stops]: the client's, then (chat) the template's */
+    uint32_t n_stops;
+    sampler_params sampling; /* temperature, top_k (0 = off), top_p */
+    int has_seed;            /* seed given; otherwise the caller picks one */
+    uint64_t seed;
+    int stream;            /* SSE */
+    int include_usage;     /* stream_options.include_usage (stream only) */
+    int echo;              /* completions: the prompt text before the output */
+    int logprobs;          /* log-probabilities of generated tokens */
+    uint32_t top_logprobs; /* and this many alternatives */
+    int ignore_eos;        /* keep going after the end-of-text token */
+} gen_request;
+
+int gen_request_parse(const request_limits *lim, int chat, const char *body, size_t len,
+                      gen_request *out, api_error *e);
+void gen_request_free(gen_request *r);
+
+/* Sequences of the request: n_prompts x n; sequence i is choice i % n of
+ * prompt i / n. */
+uint32_t gen_request_n_seqs(const gen_request *r);
+
+/* Fill the input fields of sequence i (prompt, max_tokens, sampling, the RNG
+ * seeded with stream i % n of base_seed, stops, log-probability and stream
+ * flags). The caller sets lock, notify, user and cancel. */
+void gen_request_seq(const gen_request *r, uint32_t i, uint64_t base_seed, sched_seq *q);
+
+#endif

@@ -1,0 +1,287 @@
+/*
+ * serve.c - the start, drain and shutdown sequence of `orch serve`, the
+ * built-in mock model and KV pool sizing. See serve.h.
+ */
+#include "orchestrator/serve/serve.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "orchestrator/core/engine_loader.h"
+#include "orchestrator/core/metrics.h"
+#include "orchestrator/core/util.h"
+#include "orchestrator/data/tokenizer.h"
+#include "orchestrator/infer/generate.h"
+#include "orchestrator/serve/block_manager.h"
+#include "orchestrator/serve/http.h"
+#include "orchestrator/serve/scheduler.h"
+
+void serve_options_default(serve_options *o) {
+    memset(o, 0, sizeof *o);
+    o->threads = -1;
+    o->port = 8080;
+    o->max_seqs = 64;
+    o->max_batch_tokens = 2048;
+    o->max_waiting = 1024;
+    o->kv_memory_mib = 1024;
+    o->max_body = HTTP_DEFAULT_MAX_BODY;
+    o->http_threads = 1;
+    o->drain_timeout = 30;
+}
+
+void serve_default_model_name(const char *path, char *out, size_t cap) {
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%.4000s", path);
+    size_t n = strlen(tmp);
+    while (n > 1 && tmp[n - 1] == '/') tmp[--n] = '\0';
+    const char *base = strrchr(tmp, '/');
+    base = base ? base + 1 : tmp;
+    if (strncmp(base, "ckpt-", 5) == 0 && base != tmp) { /* use the run dir */
+        tmp[base - tmp - 1] = '\0';
+        const char *b2 = strrchr(tmp, '/');
+        base = b2 ? b2 + 1 : tmp;
+    }
+    snprintf(out, cap, "%.200s", *base && strcmp(base, ".") != 0 ? base : "orch-model");
+}
+
+orch_model_desc serve_mock_model_desc(void) {
+    orch_model_desc d;
+    memset(&d, 0, sizeof d);
+    d.struct_size = sizeof d;
+    d.arch = ORCH_ARCH_GPT2;
+    d.vocab_size = 256;
+    d.context = 1024;
+    d.layers = 2;
+    d.heads = 2;
+    d.width = 64;
+    d.mlp_width = 256;
+    return d;
+}
+
+int serve_kv_pool_blocks(uint64_t kv_memory_mib, uint64_t block_bytes, uint32_t context,
+                         uint64_t max_seqs, uint64_t *blocks, char *err, size_t err_cap) {
+    uint32_t per_ctx = (context + ORCH_KV_BLOCK_TOKENS - 1) / ORCH_KV_BLOCK_TOKENS;
+    uint64_t n = block_bytes ? (kv_memory_mib << 20) / block_bytes : 0;
+    uint64_t cap = max_seqs * per_ctx;
+    if (n > cap) n = cap;
+    if (n < per_ctx) {
+        util_set_err(
+            err, err_cap,
+            "--kv-memory %llu MiB holds %llu KV blocks of %llu bytes, but one full "
+            "context (%u tokens) needs %u blocks",
+            (unsigned long long)kv_memory_mib, (unsigned long long)n,
+            (unsigned long long)block_bytes, context, per_ctx);
+        return -1;
+    }
+    if (n > INT32_MAX) n = INT32_MAX;
+    *blocks = n;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------- */
+/* The model                                                                  */
+/* ------------------------------------------------------------------------- */
+typedef struct serve_model {
+    inference_model gm;        /* a checkpoint (owned) */
+    engine_handle mock_engine; /* or the mock's built-in model (owned) */
+    orch_engine_ctx *mock_ctx;
+    tokenizer *mock_tok;
+    const engine_handle *eh; /* what is served (borrowed from the above) */
+    orch_engine_ctx *ctx;
+    const tokenizer *tok;
+    orch_model_desc desc;
+} serve_model;
+
+static void say(const serve_hooks *h, int warning, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void say(const serve_hooks *h, int warning, const char *fmt, ...) {
+    if (!h->log) return;
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    h->log(h->arg, warning, msg);
+}
+
+static int model_open(const serve_options *o, const serve_hooks *h, serve_model *m,
+                      char *err, size_t err_cap) {
+    if (o->ckpt) {
+        char warn[2048];
+        inference_model_opts mo = { o->ckpt, o->engine, o->threads, o->engine_options,
+                                    1 };
+        if (inference_model_open(&mo, &m->gm, warn, sizeof warn, err, err_cap) != 0)
+            return -1;
+        if (warn[0]) say(h, 1, "%s", warn);
+        m->eh = &m->gm.engine;
+        m->ctx = m->gm.ctx;
+        m->tok = m->gm.tok;
+        m->desc = m->gm.desc;
+    } else {
+        m->desc = serve_mock_model_desc();
+        uint32_t threads = o->threads < 0 ? 1 : (uint32_t)o->threads;
+        if (engine_load("mock", &m->mock_engine, err, err_cap) != 0 ||
+            engine_create_context(&m->mock_engine, &m->desc, threads, 1,
+                                  o->engine_options, &m->mock_ctx, err, err_cap) != 0 ||
+            tokenizer_open("byte", NULL, &m->mock_tok, err, err_cap) != 0)
+            return -1;
+        m->eh = &m->mock_engine;
+        m->ctx = m->mock_ctx;
+        m->tok = m->mock_tok;
+    }
+    if (!(m->eh->api->capabilities & ORCH_CAP_INFER)) {
+        util_set_err(err, err_cap, "engine %s cannot run inference", m->eh->api->name);
+        return -1;
+    }
+    return 0;
+}
+
+static void model_close(serve_model *m) {
+    if (m->mock_ctx) m->mock_engine.api->context_destroy(m->mock_ctx);
+    engine_unload(&m->mock_engine);
+    tokenizer_free(m->mock_tok);
+    inference_model_close(&m->gm);
+}
+
+/* --kv-blocks, or the --kv-memory budget over the engine's block size. */
+static int kv_blocks(const serve_options *o, const serve_model *m, uint64_t *blocks,
+                     char *err, size_t err_cap) {
+    if (o->kv_blocks) {
+        *blocks = o->kv_blocks;
+        return 0;
+    }
+    uint64_t bytes = 0;
+    int32_t st = m->eh->api->kv_block_bytes(m->ctx, ORCH_KV_BLOCK_TOKENS, &bytes);
+    if (st != ORCH_OK || bytes == 0) {
+        char msg[512];
+        engine_format_error(m->eh, m->ctx, st, msg, sizeof msg);
+        util_set_err(err, err_cap, "kv_block_bytes: %s", msg);
+        return -1;
+    }
+    return serve_kv_pool_blocks(o->kv_memory_mib, bytes, m->desc.context, o->max_seqs,
+                                blocks, err, err_cap);
+}
+
+/* ------------------------------------------------------------------------- */
+/* Start, drain, shutdown                                                     */
+/* ------------------------------------------------------------------------- */
+typedef struct serve_state {
+    metrics_registry *reg;
+    http_server *srv;
+    scheduler *sched;
+    serve_model m;
+} serve_state;
+
+/* Listen, load, size, start the scheduler, set ready. Returns 0 when ready,
+ * 1 when a stop request came before the scheduler started, -1 on failure. */
+static int serve_start(const serve_options *o, const serve_hooks *h, const char *name,
+                       serve_state *st, char *err, size_t err_cap) {
+    http_server_config sc = {
+        .host = o->host,
+        .port = (uint16_t)o->port,
+        .api_key = o->api_key,
+        .model_name = name,
+        .max_body = (size_t)o->max_body,
+        .http_threads = (uint32_t)o->http_threads,
+        .metrics = st->reg,
+    };
+    if (http_server_start(&sc, &st->srv, err, err_cap) != 0) return -1;
+    say(h, 0, "listening on http://%s:%u (loading the model)",
+        o->host ? o->host : "127.0.0.1", (unsigned)http_server_port(st->srv));
+    serve_model *m = &st->m;
+    uint64_t blocks = 0;
+    if (model_open(o, h, m, err, err_cap) != 0 ||
+        kv_blocks(o, m, &blocks, err, err_cap) != 0)
+        return -1;
+    if (h->wait_stop(h->arg, 0)) return 1;
+    scheduler_config scfg = {
+        .engine = m->eh,
+        .ctx = m->ctx,
+        .tok = m->tok,
+        .vocab_size = m->desc.vocab_size,
+        .context = m->desc.context,
+        .block_size = ORCH_KV_BLOCK_TOKENS,
+        .num_blocks = (uint32_t)blocks,
+        .max_seqs = (uint32_t)o->max_seqs,
+        .max_batch_tokens = (uint32_t)o->max_batch_tokens,
+        .max_waiting = (uint32_t)o->max_waiting,
+        .metrics = st->reg,
+        .poll = http_server_poll_disconnects,
+        .poll_arg = st->srv,
+    };
+    if (scheduler_create(&scfg, &st->sched, err, err_cap) != 0) return -1;
+    http_server_set_ready(st->srv, st->sched, m->tok, m->desc.vocab_size,
+                          m->desc.context);
+    say(h, 0,
+        "ready: model %s (engine %s, vocab %u, context %u), %llu KV blocks of %u tokens, "
+        "max %llu sequences, %llu tokens per iteration",
+        name, m->eh->api->name, m->desc.vocab_size, m->desc.context,
+        (unsigned long long)blocks, ORCH_KV_BLOCK_TOKENS, (unsigned long long)o->max_seqs,
+        (unsigned long long)o->max_batch_tokens);
+    return 0;
+}
+
+/* Stop accepting; wait for running requests (drain_timeout, or a second stop
+ * request). What is left is cancelled by the shutdown. */
+static void serve_drain(const serve_options *o, const serve_hooks *h, serve_state *st) {
+    say(h, 0, "draining (%u sequences active, %u HTTP requests in flight)",
+        scheduler_active(st->sched), http_server_inflight(st->srv));
+    http_server_drain_begin(st->srv);
+    scheduler_stop_accepting(st->sched);
+    double deadline = util_now() + (double)o->drain_timeout;
+    int forced = 0;
+    while ((scheduler_active(st->sched) > 0 || http_server_inflight(st->srv) > 0) &&
+           util_now() < deadline) {
+        if (h->wait_stop(h->arg, 10)) { /* a second stop request: stop now */
+            forced = 1;
+            break;
+        }
+    }
+    if (scheduler_active(st->sched) > 0)
+        say(h, 0, "%s: cancelling %u sequences",
+            forced ? "second signal" : "drain timeout", scheduler_active(st->sched));
+}
+
+/* The scheduler goes first: its destroy finishes (cancels, 503) whatever is
+ * left, and no notify can reach the HTTP side after it returns. */
+static void serve_shutdown(serve_state *st) {
+    http_server_detach_scheduler(st->srv);
+    scheduler_destroy(st->sched);
+    for (double end = util_now() + 5.0;
+         http_server_inflight(st->srv) > 0 && util_now() < end;) {
+        struct timespec ts = { 0, 10000000 };
+        nanosleep(&ts, NULL);
+    }
+    http_server_stop(st->srv);
+    model_close(&st->m);
+    metrics_registry_free(st->reg);
+}
+
+int serve_run(const serve_options *o, const serve_hooks *h, char *err, size_t err_cap) {
+    char name[256];
+    if (o->model_name)
+        snprintf(name, sizeof name, "%.200s", o->model_name);
+    else if (o->ckpt)
+        serve_default_model_name(o->ckpt, name, sizeof name);
+    else
+        snprintf(name, sizeof name, "mock-gpt2");
+    serve_state st;
+    memset(&st, 0, sizeof st);
+    st.reg = metrics_registry_create();
+    if (!st.reg) {
+        util_set_err(err, err_cap, "out of memory");
+        return ORCH_EXIT_FAILURE;
+    }
+    int started = serve_start(o, h, name, &st, err, err_cap);
+    if (started == 0) {
+        while (!h->wait_stop(h->arg, 1000)) {
+        }
+        serve_drain(o, h, &st);
+    }
+    serve_shutdown(&st);
+    if (started < 0) return ORCH_EXIT_USAGE;
+    say(h, 0, "stopped");
+    return ORCH_EXIT_OK;
+}

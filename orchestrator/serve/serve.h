@@ -1,0 +1,90 @@
+/*
+ * serve.h - `orch serve` as a library: load the model (a checkpoint through
+ * an engine, or the mock engine's built-in model), size the KV pool, start
+ * the HTTP front end (http.h) and the scheduler (scheduler.h), serve until
+ * asked to stop, then drain and shut down in the one safe order.
+ *
+ * Start: the HTTP server listens first (API routes answer 503 "loading"),
+ * then the model is opened, the KV pool sized, the scheduler created (its
+ * warm-up forward runs), and the server set ready.
+ * Drain (after a stop request): stop accepting (new API requests 503), let
+ * running requests finish for up to drain_timeout seconds (a second stop
+ * request ends the wait), then cancel what is left (503).
+ * Shutdown (also after a failed start): the scheduler goes first (its destroy
+ * finishes whatever is left, and no notify reaches the HTTP side after it
+ * returns), then up to 5 s for answers still being sent, then the HTTP
+ * server, the model, the metrics.
+ *
+ * Memory: serve_run owns everything it creates and frees it before
+ * returning; the options' strings are borrowed.
+ * Threads: serve_run blocks the calling thread; the hooks are called on it.
+ * Errors: serve_run returns ORCH_EXIT_OK after a clean shutdown (also when
+ * stopped before the model was ready), ORCH_EXIT_USAGE when the start failed
+ * (bad checkpoint, engine, port, KV budget: message in err), ORCH_EXIT_FAILURE
+ * when out of memory. Nothing is printed: progress lines and warnings go to
+ * the log hook.
+ */
+#ifndef ORCH_SERVE_H
+#define ORCH_SERVE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine_api/orch_engine.h"
+
+/* Integer options are uint64_t so that a flag parser can write them all the
+ * same way; serve_run takes them as they are (ranges are the CLI's job). */
+typedef struct serve_options {
+    const char *ckpt;           /* run or checkpoint directory; NULL = the mock's model */
+    const char *engine;         /* NULL = the checkpoint config's (mock without ckpt) */
+    const char *engine_options; /* NULL = the config's */
+    const char *host;           /* NULL = 127.0.0.1 */
+    const char *model_name;     /* NULL = serve_default_model_name(ckpt) or mock-gpt2 */
+    const char *api_key;        /* NULL or "" = none */
+    int threads;                /* engine threads; -1 = the config's (mock: 1) */
+    uint64_t port;              /* 0 = any free port */
+    uint64_t max_seqs;          /* running sequences */
+    uint64_t max_batch_tokens;  /* tokens per scheduler iteration */
+    uint64_t max_waiting;       /* waiting sequences before 429 */
+    uint64_t kv_blocks;         /* KV pool blocks; 0 = from kv_memory_mib */
+    uint64_t kv_memory_mib;     /* KV pool budget when kv_blocks is 0 */
+    uint64_t max_body;          /* request body limit, bytes */
+    uint64_t http_threads;      /* HTTP polling threads */
+    uint64_t drain_timeout;     /* seconds running requests get after a stop */
+} serve_options;
+
+/* The defaults of `orch serve` (port 8080, 64 sequences, 2048 tokens per
+ * iteration, 1024 waiting, 1024 MiB of KV, 4 MiB bodies, 1 HTTP thread, 30 s
+ * drain, threads -1, no API key). */
+void serve_options_default(serve_options *o);
+
+typedef struct serve_hooks {
+    /* A progress line without prefix ("listening on http://H:P (loading the
+     * model)", "ready: ...", "draining (...)", "stopped") or, warning = 1, a
+     * warning. May be NULL. */
+    void (*log)(void *arg, int warning, const char *msg);
+    /* Wait up to ms milliseconds for a stop request; 1 when one arrived (it
+     * is consumed). Required. */
+    int (*wait_stop)(void *arg, long ms);
+    void *arg;
+} serve_hooks;
+
+int serve_run(const serve_options *o, const serve_hooks *h, char *err, size_t err_cap);
+
+/* The model name for a checkpoint path: its last component, or the run
+ * directory's for a ckpt-* directory; "orch-model" when that is empty or ".".
+ * out gets at most 200 bytes. */
+void serve_default_model_name(const char *path, char *out, size_t cap);
+
+/* The mock engine's built-in model: GPT-2 shape, vocabulary 256 (byte
+ * tokenizer), context 1024, 2 layers, 2 heads, width 64, MLP 256. */
+orch_model_desc serve_mock_model_desc(void);
+
+/* KV pool size in blocks of ORCH_KV_BLOCK_TOKENS: the budget kv_memory_mib
+ * over block_bytes, at most what max_seqs full contexts need, at most
+ * INT32_MAX. Returns 0, or -1 with a message when the budget does not hold
+ * one full context. */
+int serve_kv_pool_blocks(uint64_t kv_memory_mib, uint64_t block_bytes, uint32_t context,
+                         uint64_t max_seqs, uint64_t *blocks, char *err, size_t err_cap);
+
+#endif

@@ -1,0 +1,444 @@
+/*
+ * gpt2_import.c - Hugging Face GPT-2 safetensors -> orch checkpoint (see
+ * gpt2_import.h): name check and layer count, shape and head resolution,
+ * per-tensor conversion (Conv1D transpose, F16/BF16 widening), the config and
+ * state.json, and the atomic checkpoint write.
+ */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "orchestrator/core/config.h"
+#include "orchestrator/core/fsio.h"
+#include "orchestrator/core/util.h"
+#include "orchestrator/store/checkpoint.h"
+#include "orchestrator/store/gpt2_import.h"
+#include "orchestrator/store/safetensors.h"
+
+#define HF_CONFIG_MAX_BYTES (1u << 20)
+#define MAX_TENSORS         1024
+
+/* Engine-order tensor names of one layer, and whether each is a Conv1D
+ * weight to transpose. */
+static const struct {
+    const char *suffix;
+    int conv1d;
+} layer_tensors[] = {
+    { "ln_1.weight", 0 },      { "ln_1.bias", 0 },          { "attn.c_attn.weight", 1 },
+    { "attn.c_attn.bias", 0 }, { "attn.c_proj.weight", 1 }, { "attn.c_proj.bias", 0 },
+    { "ln_2.weight", 0 },      { "ln_2.bias", 0 },          { "mlp.c_fc.weight", 1 },
+    { "mlp.c_fc.bias", 0 },    { "mlp.c_proj.weight", 1 },  { "mlp.c_proj.bias", 0 },
+};
+#define N_LAYER_TENSORS (sizeof layer_tensors / sizeof layer_tensors[0])
+
+typedef struct import_ctx {
+    const char *file;
+    const safetensors_file *st;
+    ckpt_tensor *out;
+    size_t n_out;
+    char (*names)[64];
+    uint64_t V, C, T, M; /* vocab, width, context, mlp width */
+    uint32_t layers, heads;
+    double eps;
+    const char *tok;
+    int kind; /* gpt2_import_err_kind of the failure */
+} import_ctx;
+
+static int oom(import_ctx *ic, char *err, size_t err_cap) {
+    util_set_err(err, err_cap, "out of memory");
+    ic->kind = GPT2_IMPORT_ERR_RUNTIME;
+    return -1;
+}
+
+/* Name without the optional "transformer." prefix. */
+static const char *strip(const char *n) {
+    return strncmp(n, "transformer.", 12) == 0 ? n + 12 : n;
+}
+
+/* Find by orch name, with or without the prefix. */
+static const safetensors_tensor *find(const safetensors_file *f, const char *name) {
+    const safetensors_tensor *t = safetensors_find(f, name);
+    if (t) return t;
+    char buf[256];
+    snprintf(buf, sizeof buf, "transformer.%s", name);
+    return safetensors_find(f, buf);
+}
+
+static int is_skipped(const char *n) {
+    size_t l = strlen(n);
+    return strcmp(n, "lm_head.weight") == 0 ||
+           (l >= 10 && strcmp(n + l - 10, ".attn.bias") == 0) ||
+           (l >= 17 && strcmp(n + l - 17, ".attn.masked_bias") == 0);
+}
+
+/* Every tensor must be known or deliberately skipped; counts the layers. */
+static int scan_names(import_ctx *ic, char *err, size_t err_cap) {
+    for (size_t i = 0; i < safetensors_count(ic->st); i++) {
+        const char *n = strip(safetensors_get(ic->st, i)->name);
+        if (is_skipped(n)) continue;
+        if (strncmp(n, "h.", 2) == 0) {
+            char *end;
+            unsigned long l = strtoul(n + 2, &end, 10);
+            int known = end != n + 2 && *end == '.' && l < 1024;
+            for (size_t k = 0; known && k < N_LAYER_TENSORS; k++)
+                if (strcmp(end + 1, layer_tensors[k].suffix) == 0) {
+                    if (l + 1 > ic->layers) ic->layers = (uint32_t)(l + 1);
+                    known = 2;
+                }
+            if (known == 2) continue;
+        } else if (strcmp(n, "wte.weight") == 0 || strcmp(n, "wpe.weight") == 0 ||
+                   strcmp(n, "ln_f.weight") == 0 || strcmp(n, "ln_f.bias") == 0) {
+            continue;
+        }
+        util_set_err(err, err_cap,
+                     "%s: unexpected tensor '%s' (not a GPT-2 "
+                     "parameter in the Hugging Face layout)",
+                     ic->file, safetensors_get(ic->st, i)->name);
+        return -1;
+    }
+    return 0;
+}
+
+/* Vocab, width, context and mlp width from wte, wpe and h.0.mlp.c_fc.bias. */
+static int read_shape(import_ctx *ic, char *err, size_t err_cap) {
+    const safetensors_tensor *wte = find(ic->st, "wte.weight");
+    const safetensors_tensor *wpe = find(ic->st, "wpe.weight");
+    const safetensors_tensor *fc = find(ic->st, "h.0.mlp.c_fc.bias");
+    if (!wte || !wpe || ic->layers == 0 || !fc || wte->ndim != 2 || wpe->ndim != 2 ||
+        fc->ndim != 1) {
+        util_set_err(err, err_cap,
+                     "%s: not GPT-2 weights (need wte.weight [V,C], "
+                     "wpe.weight [T,C] and h.N.* layers)",
+                     ic->file);
+        return -1;
+    }
+    ic->V = wte->shape[0];
+    ic->C = wte->shape[1];
+    ic->T = wpe->shape[0];
+    ic->M = fc->shape[0];
+    if (wpe->shape[1] != ic->C || ic->V > INT32_MAX || ic->T > 1048576 || ic->C > 65536 ||
+        ic->M > 262144 || ic->V == 0 || ic->C == 0 || ic->T == 0 || ic->M == 0) {
+        util_set_err(err, err_cap,
+                     "%s: inconsistent shapes (wte [%llu,%llu], wpe "
+                     "[%llu,%llu])",
+                     ic->file, (unsigned long long)ic->V, (unsigned long long)ic->C,
+                     (unsigned long long)wpe->shape[0],
+                     (unsigned long long)wpe->shape[1]);
+        return -1;
+    }
+    return 0;
+}
+
+/* n_head / layer_norm_epsilon from a Hugging Face config.json. Returns 1 if
+ * the file was read, 0 if it does not exist, -1 on a bad or unreadable file. */
+static int read_hf_config(const char *path, uint32_t *heads, double *eps, char *err,
+                          size_t err_cap) {
+    char *text = NULL;
+    if (fsio_read_file(path, HF_CONFIG_MAX_BYTES, &text, NULL, err, err_cap) != 0)
+        return errno == ENOENT ? 0 : -1;
+    cJSON *j = cJSON_Parse(text);
+    free(text);
+    if (!j) {
+        util_set_err(err, err_cap, "%s: not valid JSON", path);
+        return -1;
+    }
+    const cJSON *h = cJSON_GetObjectItemCaseSensitive(j, "n_head");
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(j, "layer_norm_epsilon");
+    if (cJSON_IsNumber(h) && h->valuedouble >= 1 && h->valuedouble < 65536)
+        *heads = (uint32_t)h->valuedouble;
+    if (cJSON_IsNumber(e) && e->valuedouble > 0) *eps = e->valuedouble;
+    cJSON_Delete(j);
+    return 1;
+}
+
+/* Heads and epsilon: opts, then the HF config.json, then width/64. */
+static int resolve_heads(import_ctx *ic, const gpt2_import_opts *o, char *err,
+                         size_t err_cap) {
+    char path[PATH_MAX];
+    if (o->hf_config) {
+        snprintf(path, sizeof path, "%s", o->hf_config);
+    } else {
+        const char *slash = strrchr(o->input, '/');
+        snprintf(path, sizeof path, "%.*s/config.json",
+                 slash ? (int)(slash - o->input) : 1, slash ? o->input : ".");
+    }
+    char e2[1024];
+    int got = read_hf_config(path, &ic->heads, &ic->eps, e2, sizeof e2);
+    if (got < 0 || (got == 0 && o->hf_config)) {
+        if (got == 0) util_set_err(e2, sizeof e2, "%s: no such file", path);
+        util_set_err(err, err_cap, "%s%s", o->hf_config ? "--hf-config: " : "", e2);
+        return -1;
+    }
+    if (o->heads) ic->heads = o->heads;
+    if (!ic->heads) {
+        if (ic->C % 64 != 0) {
+            util_set_err(err, err_cap,
+                         "cannot tell the number of heads for width "
+                         "%llu (give --heads N)",
+                         (unsigned long long)ic->C);
+            return -1;
+        }
+        ic->heads = (uint32_t)(ic->C / 64);
+    }
+    if (ic->C % ic->heads != 0) {
+        util_set_err(err, err_cap, "%u heads do not divide the width %llu", ic->heads,
+                     (unsigned long long)ic->C);
+        return -1;
+    }
+    return 0;
+}
+
+/* Shape text "[a,b,...]" of t. */
+static void shape_text(const safetensors_tensor *t, char *out, size_t cap) {
+    size_t n = (size_t)snprintf(out, cap, "[");
+    for (uint32_t k = 0; k < t->ndim && n < cap; k++)
+        n += (size_t)snprintf(out + n, cap - n, "%s%llu", k ? "," : "",
+                              (unsigned long long)t->shape[k]);
+    if (n < cap) snprintf(out + n, cap - n, "]");
+}
+
+/* Convert one tensor (orch shape rows x cols, or a vector when cols == 0)
+ * into out[n_out]. conv1d: the file holds [cols, rows]. */
+static int take(import_ctx *ic, const char *name, uint64_t rows, uint64_t cols,
+                int conv1d, char *err, size_t err_cap) {
+    const safetensors_tensor *t = find(ic->st, name);
+    if (!t) {
+        util_set_err(err, err_cap, "%s: missing tensor '%s'", ic->file, name);
+        return -1;
+    }
+    if (t->dtype != SAFETENSORS_F32 && t->dtype != SAFETENSORS_F16 &&
+        t->dtype != SAFETENSORS_BF16) {
+        util_set_err(err, err_cap,
+                     "%s: tensor '%s' has dtype %s (need F32, F16 "
+                     "or BF16)",
+                     ic->file, t->name, safetensors_dtype_name(t->dtype));
+        return -1;
+    }
+    uint64_t want0 = conv1d ? cols : rows, want1 = conv1d ? rows : cols;
+    int ok = cols ? (t->ndim == 2 && t->shape[0] == want0 && t->shape[1] == want1)
+                  : (t->ndim == 1 && t->shape[0] == rows);
+    if (!ok) {
+        char got[160];
+        shape_text(t, got, sizeof got);
+        if (cols)
+            util_set_err(err, err_cap,
+                         "%s: tensor '%s' has shape %s, expected [%llu,%llu]%s", ic->file,
+                         t->name, got, (unsigned long long)want0,
+                         (unsigned long long)want1,
+                         conv1d ? " (Hugging Face Conv1D layout [in, out])" : "");
+        else
+            util_set_err(err, err_cap, "%s: tensor '%s' has shape %s, expected [%llu]",
+                         ic->file, t->name, got, (unsigned long long)rows);
+        return -1;
+    }
+    uint64_t n = cols ? rows * cols : rows;
+    float *d = malloc(n ? (size_t)n * sizeof *d : 1);
+    float *src = conv1d ? malloc((size_t)n * sizeof *src) : d;
+    if (!d || !src) {
+        free(d);
+        if (src != d) free(src);
+        return oom(ic, err, err_cap);
+    }
+    safetensors_to_f32(t->dtype, t->data, src, n); /* dtype checked above */
+    if (conv1d) {
+        /* out[r][c] = in[c][r], in is [cols, rows]. */
+        for (uint64_t c = 0; c < cols; c++)
+            for (uint64_t r = 0; r < rows; r++) d[r * cols + c] = src[c * rows + r];
+        free(src);
+    }
+    ckpt_tensor *o = &ic->out[ic->n_out];
+    snprintf(ic->names[ic->n_out], sizeof ic->names[0], "%s", name);
+    o->name = ic->names[ic->n_out];
+    o->dtype = SAFETENSORS_F32;
+    o->ndim = cols ? 2 : 1;
+    o->shape[0] = rows;
+    o->shape[1] = cols;
+    o->data = d;
+    ic->n_out++;
+    return 0;
+}
+
+/* Every tensor, in engine table order. */
+static int convert_all(import_ctx *ic, char *err, size_t err_cap) {
+    const uint64_t C = ic->C, M = ic->M;
+    size_t n_total = 4 + (size_t)ic->layers * N_LAYER_TENSORS;
+    if (n_total > MAX_TENSORS) {
+        util_set_err(err, err_cap, "%s: too many layers (%u)", ic->file, ic->layers);
+        return -1;
+    }
+    ic->out = util_calloc(n_total, sizeof *ic->out);
+    ic->names = util_calloc(n_total, sizeof *ic->names);
+    if (!ic->out || !ic->names) return oom(ic, err, err_cap);
+    if (take(ic, "wte.weight", ic->V, C, 0, err, err_cap) != 0 ||
+        take(ic, "wpe.weight", ic->T, C, 0, err, err_cap) != 0)
+        return -1;
+    for (uint32_t l = 0; l < ic->layers; l++) {
+        for (size_t k = 0; k < N_LAYER_TENSORS; k++) {
+            const char *sfx = layer_tensors[k].suffix;
+            char name[64];
+            snprintf(name, sizeof name, "h.%u.%s", l, sfx);
+            uint64_t rows = C, cols = 0;
+            if (strcmp(sfx, "attn.c_attn.weight") == 0)
+                rows = 3 * C, cols = C;
+            else if (strcmp(sfx, "attn.c_attn.bias") == 0)
+                rows = 3 * C;
+            else if (strcmp(sfx, "attn.c_proj.weight") == 0)
+                cols = C;
+            else if (strcmp(sfx, "mlp.c_fc.weight") == 0)
+                rows = M, cols = C;
+            else if (strcmp(sfx, "mlp.c_fc.bias") == 0)
+                rows = M;
+            else if (strcmp(sfx, "mlp.c_proj.weight") == 0)
+                cols = M;
+            if (take(ic, name, rows, cols, layer_tensors[k].conv1d, err, err_cap) != 0)
+                return -1;
+        }
+    }
+    return take(ic, "ln_f.weight", C, 0, 0, err, err_cap) != 0 ||
+                   take(ic, "ln_f.bias", C, 0, 0, err, err_cap) != 0
+               ? -1
+               : 0;
+}
+
+/* The config: the model from the weights, the rest from base or defaults.
+ * Returns a new cJSON document, or NULL when out of memory. */
+static cJSON *config_doc(const import_ctx *ic, const orch_config *base) {
+    cJSON *doc = base ? (cJSON *)config_to_cjson(base) : cJSON_CreateObject();
+    if (!doc) return NULL;
+    cJSON_DeleteItemFromObjectCaseSensitive(doc, "model");
+    cJSON *model = cJSON_AddObjectToObject(doc, "model");
+    if (!model) {
+        cJSON_Delete(doc);
+        return NULL;
+    }
+    cJSON_AddStringToObject(model, "arch", "gpt2");
+    cJSON_AddNumberToObject(model, "vocab_size", (double)ic->V);
+    cJSON_AddNumberToObject(model, "context", (double)ic->T);
+    cJSON_AddNumberToObject(model, "layers", ic->layers);
+    cJSON_AddNumberToObject(model, "heads", ic->heads);
+    cJSON_AddNumberToObject(model, "width", (double)ic->C);
+    cJSON_AddNumberToObject(model, "mlp_width", (double)ic->M);
+    cJSON_AddNumberToObject(model, "layernorm_eps", ic->eps);
+    if (base) {
+        cJSON *da = cJSON_GetObjectItemCaseSensitive(doc, "data");
+        if (da)
+            cJSON_ReplaceItemInObjectCaseSensitive(da, "tokenizer",
+                                                   cJSON_CreateString(ic->tok));
+        return doc;
+    }
+    cJSON *tr = cJSON_AddObjectToObject(doc, "train");
+    cJSON_AddNumberToObject(tr, "micro_batch", 4);
+    cJSON_AddNumberToObject(tr, "seq_len", (double)(ic->T < 1024 ? ic->T : 1024));
+    cJSON_AddNumberToObject(tr, "max_steps", 1000);
+    cJSON_AddNumberToObject(tr, "lr", 6e-5);
+    cJSON *da = cJSON_AddObjectToObject(doc, "data");
+    cJSON_AddStringToObject(da, "tokenizer", ic->tok);
+    cJSON_AddStringToObject(da, "train", "data/finetune/train_*.bin");
+    cJSON_AddStringToObject(da, "val", "data/finetune/val_*.bin");
+    cJSON *en = cJSON_AddObjectToObject(doc, "engine");
+    cJSON_AddStringToObject(en, "name", "cpu");
+    return doc;
+}
+
+/* state.json text and the config text (both malloc'd). */
+static int build_texts(import_ctx *ic, const gpt2_import_opts *o, char **state_text,
+                       char **cfg_text, char *err, size_t err_cap) {
+    orch_config *base = NULL, *cfg = NULL;
+    if (o->base_config && config_load_file(o->base_config, &base, err, err_cap) != 0)
+        return -1;
+    cJSON *doc = config_doc(ic, base), *state = NULL;
+    config_free(base);
+    if (!doc) return oom(ic, err, err_cap);
+    int rc = config_from_cjson(doc, "imported config", &cfg, err, err_cap);
+    cJSON_Delete(doc);
+    if (rc != 0) return -1;
+    state = cJSON_CreateObject();
+    cJSON *cj = state ? config_to_cjson(cfg) : NULL;
+    if (cj) {
+        cJSON_AddNumberToObject(state, "format", 1);
+        cJSON_AddNumberToObject(state, "step", 0);
+        cJSON_AddStringToObject(state, "tokenizer", ic->tok);
+        cJSON_AddStringToObject(state, "imported_from", o->input);
+        cJSON_AddItemToObject(state, "config", cj);
+        *state_text = cJSON_Print(state);
+        *cfg_text = config_to_json(cfg);
+    }
+    cJSON_Delete(state);
+    config_free(cfg);
+    if (!cj || !*state_text || !*cfg_text) return oom(ic, err, err_cap);
+    return 0;
+}
+
+static int write_outputs(import_ctx *ic, const gpt2_import_opts *o,
+                         const char *state_text, const char *cfg_text, char *err,
+                         size_t err_cap) {
+    ic->kind = GPT2_IMPORT_ERR_RUNTIME;
+    if (ckpt_write_dir(o->out_dir, ic->out, ic->n_out, state_text, 0, err, err_cap) != 0)
+        return -1;
+    if (!o->config_out) return 0;
+    size_t n = strlen(cfg_text);
+    char *text = malloc(n + 2);
+    if (!text) return oom(ic, err, err_cap);
+    memcpy(text, cfg_text, n);
+    text[n] = '\n';
+    text[n + 1] = '\0';
+    int rc = fsio_write_atomic(o->config_out, text, n + 1, err, err_cap);
+    free(text);
+    return rc;
+}
+
+int gpt2_import(const gpt2_import_opts *o, gpt2_import_result *r, int *err_kind,
+                char *err, size_t err_cap) {
+    *err_kind = GPT2_IMPORT_ERR_INPUT;
+    if (!o->input || !o->out_dir) {
+        util_set_err(err, err_cap, "need an input file and an output directory");
+        return -1;
+    }
+    if (o->tokenizer && strcmp(o->tokenizer, "gpt2") != 0 &&
+        strcmp(o->tokenizer, "byte") != 0) {
+        util_set_err(err, err_cap, "--tokenizer: '%s' is not gpt2 or byte", o->tokenizer);
+        return -1;
+    }
+    safetensors_file *st = NULL;
+    if (safetensors_open(o->input, &st, err, err_cap) != 0) return -1;
+    import_ctx ic;
+    memset(&ic, 0, sizeof ic);
+    ic.file = o->input;
+    ic.st = st;
+    ic.eps = 1e-5;
+    ic.kind = GPT2_IMPORT_ERR_INPUT;
+    char *state_text = NULL, *cfg_text = NULL;
+    int rc = -1;
+    if (scan_names(&ic, err, err_cap) != 0 || read_shape(&ic, err, err_cap) != 0 ||
+        resolve_heads(&ic, o, err, err_cap) != 0)
+        goto out;
+    ic.tok = o->tokenizer ? o->tokenizer : ic.V >= 50257 ? "gpt2" : "byte";
+    if (convert_all(&ic, err, err_cap) != 0 ||
+        build_texts(&ic, o, &state_text, &cfg_text, err, err_cap) != 0 ||
+        write_outputs(&ic, o, state_text, cfg_text, err, err_cap) != 0)
+        goto out;
+    memset(r, 0, sizeof *r);
+    r->layers = ic.layers;
+    r->heads = ic.heads;
+    r->width = ic.C;
+    r->mlp_width = ic.M;
+    r->vocab = ic.V;
+    r->context = ic.T;
+    r->layernorm_eps = ic.eps;
+    snprintf(r->tokenizer, sizeof r->tokenizer, "%s", ic.tok);
+    for (size_t i = 0; i < ic.n_out; i++)
+        r->params += ic.out[i].shape[0] * (ic.out[i].ndim == 2 ? ic.out[i].shape[1] : 1);
+    rc = 0;
+out:
+    if (rc != 0) *err_kind = ic.kind;
+    for (size_t i = 0; i < ic.n_out; i++) free((void *)ic.out[i].data);
+    free(ic.out);
+    free(ic.names);
+    free(state_text);
+    free(cfg_text);
+    safetensors_close(st);
+    return rc;
+}

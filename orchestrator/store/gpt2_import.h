@@ -1,0 +1,71 @@
+/*
+ * gpt2_import.h - converting GPT-2 weights in the Hugging Face layout
+ * (model.safetensors of GPT2Model / GPT2LMHeadModel) into an orch checkpoint
+ * directory that generate, eval and serve load and that `orch train --init
+ * DIR` fine-tunes (the library behind `orch import-gpt2`).
+ *
+ * Mapping: names lose an optional "transformer." prefix; Conv1D weights
+ * (attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj), stored [in, out], are
+ * transposed to orch's nn.Linear layout [out, in]; wte, wpe, ln_1, ln_2, ln_f
+ * and every bias are copied; the attention-mask buffers attn.bias and
+ * attn.masked_bias are skipped; lm_head.weight is skipped (the head is tied to
+ * wte). F16 and BF16 are widened to F32 (safetensors_to_f32). Any other
+ * tensor is an error. Tensors are written in engine table order
+ * (orch_engine.h): wte, wpe, h.0.* ... h.N.*, ln_f.
+ *
+ * Shape: vocab, context and width from wte/wpe, layers from the h.N names,
+ * mlp width from h.0.mlp.c_fc.bias. Heads (not in the shapes): opts->heads,
+ * else n_head of the Hugging Face config.json (opts->hf_config, else
+ * config.json next to the input when it exists), else width/64 (every
+ * released GPT-2 has 64-wide heads). layer_norm_epsilon from that config.json
+ * too (default 1e-5).
+ *
+ * Config: the model section from the weights; train/data/engine from
+ * opts->base_config when given (data.tokenizer set to the tokenizer), else
+ * micro_batch 4, seq_len min(context, 1024), max_steps 1000, lr 6e-5,
+ * data/finetune/{train,val}_*.bin and engine cpu. The tokenizer is
+ * opts->tokenizer, else gpt2 for a vocabulary of 50257+ tokens, else byte.
+ * state.json: {"format":1,"step":0,"tokenizer":T,"imported_from":INPUT,
+ * "config":{...}}; no optimizer state.
+ *
+ * Memory: everything is released before returning; opts strings are borrowed.
+ * Threads: one import per call, no shared state.
+ * Errors: -1 with one line in err and *err_kind GPT2_IMPORT_ERR_INPUT (bad
+ * options, unreadable or foreign input, inconsistent shapes: exit 2) or
+ * GPT2_IMPORT_ERR_RUNTIME (out of memory, the output exists or cannot be
+ * written: exit 1). Messages name the input file where it is at fault. A
+ * failed import leaves no output directory behind (ckpt_write_dir).
+ */
+#ifndef ORCH_GPT2_IMPORT_H
+#define ORCH_GPT2_IMPORT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum gpt2_import_err_kind {
+    GPT2_IMPORT_ERR_RUNTIME = 1,
+    GPT2_IMPORT_ERR_INPUT = 2
+} gpt2_import_err_kind;
+
+typedef struct gpt2_import_opts {
+    const char *input;       /* MODEL.safetensors (required) */
+    const char *out_dir;     /* checkpoint directory to create; must not exist */
+    uint32_t heads;          /* 0: from the HF config, else width/64 */
+    const char *hf_config;   /* HF config.json; NULL: next to input if present */
+    const char *tokenizer;   /* "gpt2" | "byte" | NULL (by vocabulary size) */
+    const char *base_config; /* orch config for train/data/engine, or NULL */
+    const char *config_out;  /* also write the resulting config here, or NULL */
+} gpt2_import_opts;
+
+typedef struct gpt2_import_result {
+    uint32_t layers, heads;
+    uint64_t width, mlp_width, vocab, context;
+    uint64_t params; /* elements of every tensor written */
+    double layernorm_eps;
+    char tokenizer[8]; /* "gpt2" or "byte" */
+} gpt2_import_result;
+
+int gpt2_import(const gpt2_import_opts *o, gpt2_import_result *r, int *err_kind,
+                char *err, size_t err_cap);
+
+#endif

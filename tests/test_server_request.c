@@ -1,0 +1,357 @@
+/*
+ * test_server_request.c - request bodies parsed into the typed generation
+ * request (serve/request.h) with the byte tokenizer (token id = byte):
+ * prompts in every form with their ids and decoded text, the default
+ * max_tokens resolved once per prompt (16 for completions, the rest of the
+ * context for chat, cut to what fits), max_completion_tokens, sampling
+ * fields, stream options, logprobs, the chat template's stop strings, nulls
+ * as absent, the sequences a request becomes (prompt / choice / RNG stream),
+ * and a table of rejected bodies with their exact status, param, code and
+ * message.
+ */
+#include <check.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "orchestrator/serve/request.h"
+#include "tests/test_util.h"
+
+static tokenizer *tok;
+static request_limits lim;
+
+static void setup(void) {
+    char err[256];
+    ck_assert_msg(tokenizer_open("byte", NULL, &tok, err, sizeof err) == 0, "%s", err);
+    lim = (request_limits){
+        .tok = tok, .model_name = "m", .vocab = 256, .context = 64, .max_seqs = 8
+    };
+}
+
+static void teardown(void) { tokenizer_free(tok); }
+
+/* Parse a body that must be accepted. */
+static void parse_ok(int chat, const char *body, gen_request *r) {
+    api_error e;
+    memset(&e, 0, sizeof e);
+    int rc = gen_request_parse(&lim, chat, body, strlen(body), r, &e);
+    ck_assert_msg(rc == 0, "%s: %u %s", body, e.status, e.msg);
+}
+
+static void expect_prompt(const gen_prompt *p, const char *text, uint32_t max_tokens) {
+    size_t n = strlen(text);
+    ck_assert_uint_eq(p->n_ids, n);
+    for (size_t i = 0; i < n; i++) ck_assert_int_eq(p->ids[i], (unsigned char)text[i]);
+    ck_assert_uint_eq(p->text_len, n);
+    ck_assert_str_eq(p->text, text);
+    ck_assert_uint_eq(p->max_tokens, max_tokens);
+}
+
+START_TEST(completion_defaults) {
+    gen_request r;
+    parse_ok(0, "{\"prompt\":\"Hi\"}", &r);
+    ck_assert_int_eq(r.chat, 0);
+    ck_assert_uint_eq(r.n_prompts, 1);
+    expect_prompt(&r.prompts[0], "Hi", REQUEST_DEFAULT_MAX_TOKENS);
+    ck_assert_uint_eq(r.n, 1);
+    ck_assert_uint_eq(gen_request_n_seqs(&r), 1);
+    ck_assert_float_eq(r.sampling.temperature, 1.0f);
+    ck_assert_float_eq(r.sampling.top_p, 1.0f);
+    ck_assert_uint_eq(r.sampling.top_k, 0);
+    ck_assert_int_eq(r.has_seed, 0);
+    ck_assert_int_eq(r.stream | r.include_usage | r.echo | r.logprobs | r.ignore_eos, 0);
+    ck_assert_uint_eq(r.top_logprobs, 0);
+    ck_assert_uint_eq(r.n_stops, 0);
+    gen_request_free(&r);
+    /* null counts as absent; model may name the served one */
+    parse_ok(0,
+             "{\"model\":\"m\",\"prompt\":\"Hi\",\"max_tokens\":null,\"stop\":null,\"n\":"
+             "null}",
+             &r);
+    expect_prompt(&r.prompts[0], "Hi", 16);
+    ck_assert_uint_eq(r.n, 1);
+    gen_request_free(&r);
+}
+END_TEST
+
+START_TEST(max_tokens_resolved_once_per_prompt) {
+    gen_request r;
+    /* 50 + 16 > 64: the default is cut to the 14 positions left */
+    char body[256];
+    snprintf(body, sizeof body, "{\"prompt\":[\"%.50s\",\"ab\"]}",
+             "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx");
+    parse_ok(0, body, &r);
+    ck_assert_uint_eq(r.n_prompts, 2);
+    ck_assert_uint_eq(r.prompts[0].n_ids, 50);
+    ck_assert_uint_eq(r.prompts[0].max_tokens, 14);
+    ck_assert_uint_eq(r.prompts[1].max_tokens, 16);
+    gen_request_free(&r);
+    /* an explicit value is taken as is */
+    parse_ok(0, "{\"prompt\":\"abcd\",\"max_tokens\":60}", &r);
+    ck_assert_uint_eq(r.prompts[0].max_tokens, 60);
+    gen_request_free(&r);
+    parse_ok(0, "{\"prompt\":\"abcd\",\"max_tokens\":0}", &r);
+    ck_assert_uint_eq(r.prompts[0].max_tokens, 0);
+    gen_request_free(&r);
+    /* chat: the rest of the context; max_completion_tokens wins */
+    parse_ok(1, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", &r);
+    expect_prompt(&r.prompts[0], "User: hi\nAssistant:", 64 - 19);
+    gen_request_free(&r);
+    parse_ok(1,
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":9,"
+             "\"max_completion_tokens\":5}",
+             &r);
+    ck_assert_uint_eq(r.prompts[0].max_tokens, 5);
+    gen_request_free(&r);
+}
+END_TEST
+
+START_TEST(prompt_forms) {
+    gen_request r;
+    parse_ok(0, "{\"prompt\":[72,105,33]}", &r); /* one prompt as token ids */
+    ck_assert_uint_eq(r.n_prompts, 1);
+    expect_prompt(&r.prompts[0], "Hi!", 16);
+    gen_request_free(&r);
+    parse_ok(0, "{\"prompt\":[\"ab\",[99,100],\"e\"],\"n\":2}", &r);
+    ck_assert_uint_eq(r.n_prompts, 3);
+    expect_prompt(&r.prompts[0], "ab", 16);
+    expect_prompt(&r.prompts[1], "cd", 16);
+    expect_prompt(&r.prompts[2], "e", 16);
+    ck_assert_uint_eq(gen_request_n_seqs(&r), 6);
+    gen_request_free(&r);
+    /* chat: content parts joined, assistant content may be null, roles */
+    parse_ok(1,
+             "{\"messages\":[{\"role\":\"system\",\"content\":\"s\"},{\"role\":\"user\","
+             "\"content\":[{\"type\":\"text\",\"text\":\"a\"},{\"type\":\"text\","
+             "\"text\":\"b\"}]},"
+             "{\"role\":\"assistant\",\"content\":null},{\"role\":\"developer\","
+             "\"content\":\"d\"}]}",
+             &r);
+    expect_prompt(&r.prompts[0],
+                  "System: s\nUser: ab\nAssistant: \nSystem: d\nAssistant:", 64 - 51);
+    gen_request_free(&r);
+}
+END_TEST
+
+START_TEST(fields_and_stops) {
+    gen_request r;
+    parse_ok(
+        0,
+        "{\"prompt\":\"a\",\"temperature\":0.5,\"top_p\":0.25,\"top_k\":7,\"seed\":-3,"
+        "\"stream\":true,\"stream_options\":{\"include_usage\":true},\"echo\":true,"
+        "\"logprobs\":3,\"ignore_eos\":true,\"stop\":[\"x\",\"yz\"],\"best_of\":1,"
+        "\"presence_penalty\":0,\"logit_bias\":{}}",
+        &r);
+    ck_assert_float_eq(r.sampling.temperature, 0.5f);
+    ck_assert_float_eq(r.sampling.top_p, 0.25f);
+    ck_assert_uint_eq(r.sampling.top_k, 7);
+    ck_assert_int_eq(r.has_seed, 1);
+    ck_assert_uint_eq(r.seed, (uint64_t)-3);
+    ck_assert_int_eq(r.stream, 1);
+    ck_assert_int_eq(r.include_usage, 1);
+    ck_assert_int_eq(r.echo, 1);
+    ck_assert_int_eq(r.logprobs, 1);
+    ck_assert_uint_eq(r.top_logprobs, 3);
+    ck_assert_int_eq(r.ignore_eos, 1);
+    ck_assert_uint_eq(r.n_stops, 2);
+    ck_assert_str_eq(r.stops[0], "x");
+    ck_assert_str_eq(r.stops[1], "yz");
+    gen_request_free(&r);
+    /* top_k -1 is off; include_usage needs stream; logprobs 0 still asks */
+    parse_ok(0,
+             "{\"prompt\":\"a\",\"top_k\":-1,\"stream_options\":{\"include_usage\":true},"
+             "\"logprobs\":0,\"stop\":\"q\"}",
+             &r);
+    ck_assert_uint_eq(r.sampling.top_k, 0);
+    ck_assert_int_eq(r.include_usage, 0);
+    ck_assert_int_eq(r.logprobs, 1);
+    ck_assert_uint_eq(r.top_logprobs, 0);
+    ck_assert_uint_eq(r.n_stops, 1);
+    gen_request_free(&r);
+    /* chat: logprobs + top_logprobs; the template's stops after the client's */
+    parse_ok(
+        1,
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true,"
+        "\"top_logprobs\":2,\"stop\":\"END\",\"response_format\":{\"type\":\"text\"}}",
+        &r);
+    ck_assert_int_eq(r.logprobs, 1);
+    ck_assert_uint_eq(r.top_logprobs, 2);
+    ck_assert_uint_eq(r.n_stops, 3);
+    ck_assert_str_eq(r.stops[0], "END");
+    ck_assert_str_eq(r.stops[1], "\nUser:");
+    ck_assert_str_eq(r.stops[2], "\nSystem:");
+    gen_request_free(&r);
+}
+END_TEST
+
+START_TEST(sequences_of_a_request) {
+    gen_request r;
+    parse_ok(0,
+             "{\"prompt\":[\"ab\",\"cde\"],\"n\":2,\"max_tokens\":5,\"temperature\":0.7,"
+             "\"echo\":true,\"logprobs\":1,\"stream\":true,\"stop\":\"z\",\"ignore_eos\":"
+             "true}",
+             &r);
+    sched_seq q[4];
+    memset(q, 0, sizeof q);
+    for (uint32_t i = 0; i < 4; i++) gen_request_seq(&r, i, 42, &q[i]);
+    for (uint32_t i = 0; i < 4; i++) {
+        const gen_prompt *p = &r.prompts[i / 2];
+        ck_assert_ptr_eq(q[i].prompt, p->ids);
+        ck_assert_uint_eq(q[i].n_prompt, p->n_ids);
+        ck_assert_uint_eq(q[i].max_tokens, 5);
+        ck_assert_float_eq(q[i].sampling.temperature, 0.7f);
+        sampler_rng want;
+        sampler_rng_seed_stream(&want, 42, i % 2);
+        ck_assert_mem_eq(&q[i].rng, &want, sizeof want);
+        ck_assert_uint_eq(q[i].n_stop, 1);
+        ck_assert_str_eq(q[i].stop[0], "z");
+        ck_assert_int_eq(q[i].want_logprobs, 1);
+        ck_assert_uint_eq(q[i].top_logprobs, 1);
+        ck_assert_int_eq(q[i].want_prompt_logprobs, 1);
+        ck_assert_int_eq(q[i].stream, 1);
+        ck_assert_int_eq(q[i].ignore_eot, 1);
+    }
+    ck_assert_uint_eq(q[2].n_prompt, 3);
+    ck_assert(memcmp(&q[0].rng, &q[1].rng, sizeof q[0].rng) != 0); /* choices differ */
+    ck_assert_mem_eq(&q[0].rng, &q[2].rng, sizeof q[0].rng); /* choice 0 of each prompt */
+    gen_request_free(&r);
+}
+END_TEST
+
+typedef struct bad_case {
+    int chat;
+    const char *body;
+    unsigned status;
+    const char *param, *code, *msg;
+} bad_case;
+
+static const bad_case BAD[] = {
+    { 0, "nope", 400, NULL, "invalid_json",
+      "the request body is not valid JSON (error near byte 0)" },
+    { 0, "[1]", 400, NULL, "invalid_json", "the request body must be a JSON object" },
+    { 0, "{\"prompt\":\"a\",\"model\":\"x\"}", 400, "model", "model_not_found",
+      "the model 'x' does not exist; this server serves 'm'" },
+    { 0, "{\"prompt\":\"a\",\"model\":1}", 400, "model", "invalid_type",
+      "'model' must be a string" },
+    { 0, "{}", 400, "prompt", "missing_required_parameter", "'prompt' is required" },
+    { 0, "{\"prompt\":5}", 400, "prompt", "invalid_type",
+      "'prompt' must be a string, an array of token ids, or an array of either" },
+    { 0, "{\"prompt\":[]}", 400, "prompt", "invalid_value",
+      "'prompt' is an empty array" },
+    { 0, "{\"prompt\":[1,300]}", 400, "prompt", "invalid_value",
+      "prompt: token ids must be integers in [0, 256); element 1 is not" },
+    { 0, "{\"prompt\":[[1],5]}", 400, "prompt", "invalid_type",
+      "prompt[1] must be a string or a non-empty array of token ids" },
+    { 0, "{\"prompt\":\"\"}", 400, "prompt", "invalid_value", "the prompt is empty" },
+    { 0, "{\"prompt\":[\"a\",\"b\",\"c\",\"d\",\"e\",\"f\",\"g\",\"h\",\"i\"]}", 400,
+      "prompt", "invalid_value", "at most 8 prompts per request, got 9" },
+    { 0, "{\"prompt\":[\"a\",\"b\",\"c\"],\"n\":3}", 400, "n", "invalid_value",
+      "n x prompts = 9 is over the limit of 8 sequences per request" },
+    { 0, "{\"prompt\":\"a\",\"temperature\":2.5}", 400, "temperature", "invalid_value",
+      "'temperature' must be in [0, 2], got 2.5" },
+    { 0, "{\"prompt\":\"a\",\"top_p\":0}", 400, "top_p", "invalid_value",
+      "'top_p' must be in (0, 1], got 0" },
+    { 0, "{\"prompt\":\"a\",\"n\":0}", 400, "n", "invalid_value",
+      "'n' must be between 1 and 128, got 0" },
+    { 0, "{\"prompt\":\"a\",\"n\":1.5}", 400, "n", "invalid_type",
+      "'n' must be an integer" },
+    { 0, "{\"prompt\":\"a\",\"best_of\":2}", 400, "best_of", "unsupported_parameter",
+      "'best_of' other than n is not supported" },
+    { 0, "{\"prompt\":\"a\",\"stream\":1}", 400, "stream", "invalid_type",
+      "'stream' must be a boolean" },
+    { 0, "{\"prompt\":\"a\",\"stream_options\":1}", 400, "stream_options", "invalid_type",
+      "'stream_options' must be an object" },
+    { 0, "{\"prompt\":\"a\",\"logprobs\":21}", 400, "logprobs", "invalid_value",
+      "'logprobs' must be between 0 and 20, got 21" },
+    { 0, "{\"prompt\":\"a\",\"stop\":\"\"}", 400, "stop", "invalid_value",
+      "stop strings must not be empty" },
+    { 0, "{\"prompt\":\"a\",\"stop\":[1]}", 400, "stop", "invalid_type",
+      "'stop' must be a string or an array of strings" },
+    { 0, "{\"prompt\":\"a\",\"presence_penalty\":1}", 400, "presence_penalty",
+      "unsupported_parameter", "'presence_penalty' is not supported (only 0)" },
+    { 0, "{\"prompt\":\"a\",\"logit_bias\":{\"1\":2}}", 400, "logit_bias",
+      "unsupported_parameter", "'logit_bias' is not supported" },
+    { 0, "{\"prompt\":\"a\",\"suffix\":\"x\"}", 400, "suffix", "unsupported_parameter",
+      "'suffix' is not supported" },
+    { 0, "{\"prompt\":\"abcd\",\"max_tokens\":61}", 400, "max_tokens",
+      "context_length_exceeded",
+      "This model's maximum context length is 64 tokens. However, you requested 65 "
+      "tokens (4 in the "
+      "prompt, 61 for the completion). Please reduce the prompt or the completion "
+      "length." },
+    { 0,
+      "{\"prompt\":[1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,"
+      "1,1,1,1,1,1,1,"
+      "1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1]}",
+      400, "prompt", "context_length_exceeded",
+      "This model's maximum context length is 64 tokens, but the prompt has 64 tokens. "
+      "Please shorten it." },
+    { 1, "{}", 400, "messages", "missing_required_parameter", "'messages' is required" },
+    { 1, "{\"messages\":[]}", 400, "messages", "invalid_type",
+      "'messages' must be a non-empty array" },
+    { 1, "{\"messages\":[5]}", 400, "messages", "invalid_type",
+      "messages[0] must be an object with a string 'role'" },
+    { 1, "{\"messages\":[{\"role\":\"bot\",\"content\":\"x\"}]}", 400, "messages",
+      "invalid_value",
+      "messages[0].role 'bot' is not one of system, developer, user, assistant" },
+    { 1, "{\"messages\":[{\"role\":\"user\"}]}", 400, "messages",
+      "missing_required_parameter", "messages[0].content is required" },
+    { 1, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image\"}]}]}", 400,
+      "messages", "invalid_value",
+      "messages[0].content[0] must be {\"type\":\"text\",\"text\":STRING} (only text "
+      "parts are supported)" },
+    { 1, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_logprobs\":2}", 400,
+      "top_logprobs", "invalid_value", "'top_logprobs' requires 'logprobs': true" },
+    { 1, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[]}", 400,
+      "tools", "unsupported_parameter", "tools and functions are not supported" },
+    { 1,
+      "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{"
+      "\"type\":\"json\"}}",
+      400, "response_format", "unsupported_parameter",
+      "only response_format {\"type\":\"text\"} is supported" },
+    { 1,
+      "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_completion_tokens\":"
+      "60}",
+      400, "max_completion_tokens", "context_length_exceeded",
+      "This model's maximum context length is 64 tokens. However, you requested 78 "
+      "tokens (18 in the "
+      "messages, 60 for the completion). Please reduce the messages or the completion "
+      "length." },
+};
+
+START_TEST(rejected_bodies) {
+    for (size_t i = 0; i < sizeof BAD / sizeof *BAD; i++) {
+        const bad_case *c = &BAD[i];
+        gen_request r;
+        api_error e;
+        memset(&e, 0, sizeof e);
+        int rc = gen_request_parse(&lim, c->chat, c->body, strlen(c->body), &r, &e);
+        ck_assert_msg(rc == -1, "case %zu accepted: %s", i, c->body);
+        ck_assert_msg(e.status == c->status, "case %zu: status %u", i, e.status);
+        ck_assert_str_eq(e.type, "invalid_request_error");
+        if (c->param)
+            ck_assert_msg(e.param && strcmp(e.param, c->param) == 0, "case %zu param", i);
+        else
+            ck_assert_ptr_null(e.param);
+        ck_assert_msg(e.code && strcmp(e.code, c->code) == 0, "case %zu code %s", i,
+                      e.code);
+        ck_assert_msg(strcmp(e.msg, c->msg) == 0, "case %zu: [%s]", i, e.msg);
+        gen_request_free(&r); /* whatever was allocated before the error */
+    }
+}
+END_TEST
+
+static Suite *suite(void) {
+    Suite *s = suite_create("server_request");
+    TCase *tc = tcase_create("parse");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, completion_defaults);
+    tcase_add_test(tc, max_tokens_resolved_once_per_prompt);
+    tcase_add_test(tc, prompt_forms);
+    tcase_add_test(tc, fields_and_stops);
+    tcase_add_test(tc, sequences_of_a_request);
+    tcase_add_test(tc, rejected_bodies);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) { return test_run_suite(suite()); }
