@@ -25,7 +25,7 @@
 #include "orchestrator/store/checkpoint.h"
 #include "orchestrator/cli/commands.h"
 #include "orchestrator/core/engine_loader.h"
-#include "orchestrator/infer/generate.h"
+#include "orchestrator/infer/inference_model.h"
 #include "orchestrator/store/safetensors.h"
 #include "orchestrator/core/util.h"
 #include "tests/test_util.h"

@@ -1,5 +1,5 @@
 /*
- * test_inference.c - Check suite for orchestrator/infer/generate.{c,h}: the
+ * test_inference.c - Check suite for orchestrator/infer/ (generate, inference_model): the
  * one-sequence decoding session through the mock engine (its README rule,
  * chunked prefill, the context limit, bad ids, an engine fault poisoning the
  * session until reset) and inference_model_open (a checkpoint resolved,
@@ -15,6 +15,7 @@
 
 #include "orchestrator/core/engine_loader.h"
 #include "orchestrator/infer/generate.h"
+#include "orchestrator/infer/inference_model.h"
 #include "orchestrator/store/checkpoint.h"
 #include "tests/test_util.h"
 

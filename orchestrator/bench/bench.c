@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "orchestrator/core/util.h"
+#include "orchestrator/serve/block_manager.h"
 
 const uint32_t bench_decode_batches[BENCH_DECODE_BATCHES] = {1, 4, 16};
 
@@ -428,7 +429,7 @@ int bench_infer(const engine_handle *h, const orch_model_desc *model,
         util_set_err(err, err_cap, "engine %s cannot run inference", api->name);
         return -1;
     }
-    const uint32_t V = model->vocab_size, bs = o->block_size ? o->block_size : 16;
+    const uint32_t V = model->vocab_size, bs = o->block_size ? o->block_size : ORCH_KV_BLOCK_TOKENS;
     uint32_t prompt = o->prompt_len < model->context ? o->prompt_len : model->context;
     uint32_t dprompt = o->decode_prompt, dsteps = o->decode_steps;
     if (prompt == 0 || dsteps == 0 || dprompt == 0 ||

@@ -12,7 +12,7 @@
 #include "orchestrator/cli/commands.h"
 #include "orchestrator/cli/flags.h"
 #include "orchestrator/data/data_loader.h"
-#include "orchestrator/infer/generate.h"
+#include "orchestrator/infer/inference_model.h"
 #include "orchestrator/data/shard.h"
 #include "orchestrator/core/util.h"
 

@@ -13,6 +13,7 @@
 #include "orchestrator/cli/commands.h"
 #include "orchestrator/cli/flags.h"
 #include "orchestrator/infer/generate.h"
+#include "orchestrator/infer/inference_model.h"
 #include "orchestrator/serve/sampler.h"
 #include "orchestrator/core/util.h"
 #include "orchestrator/core/utf8.h"

@@ -100,18 +100,6 @@ int util_parse_double(const char *s, double *out) {
     return 0;
 }
 
-const char *util_flag_value(const char *name, int argc, char **argv, int *i) {
-    size_t n = strlen(name);
-    const char *a = argv[*i];
-    if (strncmp(a, name, n) != 0) return NULL;
-    if (a[n] == '=') return a + n + 1;
-    if (a[n] == '\0' && *i + 1 < argc) {
-        (*i)++;
-        return argv[*i];
-    }
-    return NULL;
-}
-
 char *util_read_stream(FILE *f, size_t *len) {
     size_t cap = 1 << 16, n = 0;
     char *buf = malloc(cap + 1);

@@ -44,10 +44,6 @@ int util_parse_u64(const char *s, uint64_t *out);
 int util_parse_i64(const char *s, int64_t *out);
 int util_parse_double(const char *s, double *out);
 
-/* If arg is "--name=value" return value; if arg is "--name" and a next arg
- * exists, return it and advance *i. Otherwise NULL. */
-const char *util_flag_value(const char *name, int argc, char **argv, int *i);
-
 /* Read all of f into a malloc'd, NUL-terminated buffer (caller frees); *len
  * gets the byte count (embedded NULs allowed). Returns NULL on a read error or
  * out of memory (errno says which). */

@@ -17,6 +17,7 @@
 
 #include "orchestrator/core/fsio.h"
 #include "orchestrator/core/util.h"
+#include "orchestrator/core/utf8.h"
 
 /* encoder.json is ~1 MB and vocab.bpe ~0.5 MB; refuse anything absurd. */
 #define VOCAB_FILE_MAX_BYTES ((size_t)64 << 20)
@@ -46,37 +47,6 @@ static void gpt2_unicode_to_byte(int16_t map[512]) {
     }
 }
 
-/* Decode one UTF-8 code point from s (len n > 0); returns its length, or 0
-   if the sequence is invalid. */
-static int utf8_decode(const unsigned char *s, size_t n, uint32_t *cp) {
-    unsigned char c = s[0];
-    if (c < 0x80) {
-        *cp = c;
-        return 1;
-    }
-    int len;
-    uint32_t v;
-    if ((c & 0xe0) == 0xc0) {
-        len = 2;
-        v = c & 0x1f;
-    } else if ((c & 0xf0) == 0xe0) {
-        len = 3;
-        v = c & 0x0f;
-    } else if ((c & 0xf8) == 0xf0) {
-        len = 4;
-        v = c & 0x07;
-    } else {
-        return 0;
-    }
-    if ((size_t)len > n) return 0;
-    for (int i = 1; i < len; i++) {
-        if ((s[i] & 0xc0) != 0x80) return 0;
-        v = (v << 6) | (s[i] & 0x3f);
-    }
-    *cp = v;
-    return len;
-}
-
 /* Convert a GPT-2 "unicode spelled" token (UTF-8, length n) to raw bytes in
    out (capacity >= n). Returns the byte count, or -1 on a character outside
    the mapping. */
@@ -86,10 +56,10 @@ static long gpt2_spelling_to_bytes(const int16_t map[512], const char *s,
     size_t i = 0, o = 0;
     while (i < n) {
         uint32_t cp;
-        int l = utf8_decode(p + i, n - i, &cp);
+        size_t l = utf8_decode((const char *)p + i, n - i, &cp);
         if (l == 0 || cp >= 512 || map[cp] < 0) return -1;
         out[o++] = (unsigned char)map[cp];
-        i += (size_t)l;
+        i += l;
     }
     return (long)o;
 }

@@ -13,7 +13,7 @@
 #include "orchestrator/core/metrics.h"
 #include "orchestrator/core/util.h"
 #include "orchestrator/data/tokenizer.h"
-#include "orchestrator/infer/generate.h"
+#include "orchestrator/infer/inference_model.h"
 #include "orchestrator/serve/block_manager.h"
 #include "orchestrator/serve/http.h"
 #include "orchestrator/serve/scheduler.h"

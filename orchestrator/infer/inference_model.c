@@ -1,0 +1,60 @@
+/*
+ * inference_model.c - a checkpoint opened for inference; see inference_model.h.
+ */
+#include "orchestrator/infer/inference_model.h"
+
+#include <string.h>
+
+#include "orchestrator/core/util.h"
+#include "orchestrator/store/checkpoint.h"
+
+void inference_model_close(inference_model *m) {
+    if (!m) return;
+    tokenizer_free(m->tok);
+    if (m->ctx && m->engine.api) m->engine.api->context_destroy(m->ctx);
+    engine_unload(&m->engine);
+    config_free(m->cfg);
+    memset(m, 0, sizeof *m);
+}
+
+int inference_model_open(const inference_model_opts *o, inference_model *m,
+                        char *warn, size_t warn_cap, char *err,
+                        size_t err_cap) {
+    memset(m, 0, sizeof *m);
+    if (ckpt_find_latest(o->checkpoint, m->ckpt_dir, sizeof m->ckpt_dir, warn,
+                         warn_cap, err, err_cap) != 0)
+        return -1;
+    if (ckpt_read_step(m->ckpt_dir, &m->step, NULL, 0) != 0) m->step = 0;
+    char tok[64];
+    if (ckpt_read_config(m->ckpt_dir, &m->cfg, tok, sizeof tok, err, err_cap) != 0)
+        goto fail;
+    config_model_desc(m->cfg, &m->desc);
+    const char *eng = o->engine ? o->engine : m->cfg->engine.name;
+    if (engine_load(eng, &m->engine, err, err_cap) != 0) goto fail;
+    uint32_t threads = o->threads >= 0 ? (uint32_t)o->threads
+                                       : m->cfg->engine.threads;
+    const char *opts = o->options ? o->options
+                       : (o->engine && strcmp(o->engine, m->cfg->engine.name) != 0)
+                           ? "" /* options belong to the config's engine */
+                           : m->cfg->engine.options;
+    if (engine_create_context(&m->engine, &m->desc, threads,
+                              m->cfg->train.seed, opts[0] ? opts : NULL,
+                              &m->ctx, err, err_cap) != 0)
+        goto fail;
+    if (ckpt_load_weights(m->ckpt_dir, &m->engine, m->ctx, 0, err, err_cap) != 0)
+        goto fail;
+    if (o->open_tokenizer) {
+        if (tokenizer_open(tok, NULL, &m->tok, err, err_cap) != 0) goto fail;
+        if (tokenizer_vocab_size(m->tok) > m->desc.vocab_size) {
+            util_set_err(err, err_cap,
+                         "tokenizer %s has %u tokens but the model's vocabulary "
+                         "is %u",
+                         tok, tokenizer_vocab_size(m->tok), m->desc.vocab_size);
+            goto fail;
+        }
+    }
+    return 0;
+fail:
+    inference_model_close(m);
+    return -1;
+}
