@@ -88,8 +88,8 @@
 extern "C" {
 #endif
 
-#define ORCH_ENGINE_ABI_MAJOR 1u
-#define ORCH_ENGINE_ABI_MINOR 0u
+#define ORCH_ENGINE_ABI_MAJOR    1u
+#define ORCH_ENGINE_ABI_MINOR    0u
 #define ORCH_ENGINE_ENTRY_SYMBOL "orch_engine_get_api"
 
 #if defined(_WIN32)
@@ -118,8 +118,8 @@ typedef enum orch_status {
 /* Enumerations (stored in uint32_t fields)                                    */
 /* ------------------------------------------------------------------------- */
 typedef enum orch_arch {
-    ORCH_ARCH_GPT2 = 1,  /* learned positions, LayerNorm, GELU(tanh), tied head */
-    ORCH_ARCH_LLAMA = 2  /* reserved: RoPE, RMSNorm, SwiGLU, GQA */
+    ORCH_ARCH_GPT2 = 1, /* learned positions, LayerNorm, GELU(tanh), tied head */
+    ORCH_ARCH_LLAMA = 2 /* reserved: RoPE, RMSNorm, SwiGLU, GQA */
 } orch_arch;
 
 typedef enum orch_dtype {
@@ -136,12 +136,12 @@ typedef enum orch_tensor_kind {
 } orch_tensor_kind;
 
 /* Capability bits (orch_engine_api.capabilities). */
-#define ORCH_CAP_TRAIN      (1ull << 0) /* forward_backward/optimizer/grads */
-#define ORCH_CAP_INFER      (1ull << 1) /* kv_configure/infer_forward */
-#define ORCH_CAP_KV_COPY    (1ull << 2) /* kv_copy_blocks */
-#define ORCH_CAP_EVAL       (1ull << 3) /* eval_loss */
-#define ORCH_CAP_DETERMINISTIC (1ull << 4) /* same inputs+threads: same bits */
-#define ORCH_CAP_GPU        (1ull << 5) /* runs on an accelerator */
+#define ORCH_CAP_TRAIN           (1ull << 0) /* forward_backward/optimizer/grads */
+#define ORCH_CAP_INFER           (1ull << 1) /* kv_configure/infer_forward */
+#define ORCH_CAP_KV_COPY         (1ull << 2) /* kv_copy_blocks */
+#define ORCH_CAP_EVAL            (1ull << 3) /* eval_loss */
+#define ORCH_CAP_DETERMINISTIC   (1ull << 4) /* same inputs+threads: same bits */
+#define ORCH_CAP_GPU             (1ull << 5) /* runs on an accelerator */
 #define ORCH_CAP_FAULT_INJECTION (1ull << 6) /* honours fault-injection options */
 
 /* Tensor flags (orch_tensor_info.flags). */
@@ -155,24 +155,24 @@ typedef enum orch_tensor_kind {
  * or absent field means "default". */
 typedef struct orch_model_desc {
     uint32_t struct_size;
-    uint32_t arch;        /* orch_arch */
+    uint32_t arch; /* orch_arch */
     uint32_t vocab_size;
-    uint32_t context;     /* maximum sequence length (positions) */
+    uint32_t context; /* maximum sequence length (positions) */
     uint32_t layers;
     uint32_t heads;
-    uint32_t kv_heads;    /* 0 = heads (GQA later) */
-    uint32_t width;       /* embedding width C; heads must divide it */
-    uint32_t mlp_width;   /* 0 = 4*width */
-    float layernorm_eps;  /* 0 = 1e-5 */
-    float rope_theta;     /* reserved for ORCH_ARCH_LLAMA */
+    uint32_t kv_heads;   /* 0 = heads (GQA later) */
+    uint32_t width;      /* embedding width C; heads must divide it */
+    uint32_t mlp_width;  /* 0 = 4*width */
+    float layernorm_eps; /* 0 = 1e-5 */
+    float rope_theta;    /* reserved for ORCH_ARCH_LLAMA */
     uint32_t reserved[9];
 } orch_model_desc;
 
 /* Context options. Caller fills it (struct_size = sizeof). */
 typedef struct orch_engine_options {
     uint32_t struct_size;
-    uint32_t threads;     /* worker threads; 0 = all cores */
-    uint64_t seed;        /* seed of the engine's weight initialisation */
+    uint32_t threads; /* worker threads; 0 = all cores */
+    uint64_t seed;    /* seed of the engine's weight initialisation */
     /* Engine-specific "key=value" pairs separated by commas or semicolons, e.g.
      * "math=tf32" or "fault=infer_forward:3". May be NULL. Unknown keys are an
      * ORCH_ERR_INVALID_ARGUMENT from context_create. Copied; not kept. */
@@ -184,12 +184,12 @@ typedef struct orch_engine_options {
 #define ORCH_TENSOR_MAX_DIMS 4
 typedef struct orch_tensor_info {
     uint32_t struct_size;
-    uint32_t dtype;     /* orch_dtype; f32 for every GPT-2 tensor */
+    uint32_t dtype; /* orch_dtype; f32 for every GPT-2 tensor */
     uint32_t ndim;
-    uint32_t flags;     /* ORCH_TENSOR_FLAG_* */
+    uint32_t flags; /* ORCH_TENSOR_FLAG_* */
     uint64_t shape[ORCH_TENSOR_MAX_DIMS];
     uint64_t numel;
-    uint64_t offset;    /* element offset of this tensor in the flat buffer */
+    uint64_t offset; /* element offset of this tensor in the flat buffer */
     char name[ORCH_TENSOR_NAME_MAX]; /* NUL-terminated UTF-8 */
 } orch_tensor_info;
 
@@ -197,13 +197,13 @@ typedef struct orch_tensor_info {
 typedef struct orch_adamw_params {
     uint32_t struct_size;
     uint32_t reserved0;
-    uint64_t step;        /* 1-based step number t, for bias correction */
+    uint64_t step; /* 1-based step number t, for bias correction */
     float lr;
     float beta1;
     float beta2;
     float eps;
-    float weight_decay;   /* decoupled; skipped for ORCH_TENSOR_FLAG_NO_DECAY */
-    float grad_clip;      /* clip global L2 norm to this; <= 0: no clipping */
+    float weight_decay; /* decoupled; skipped for ORCH_TENSOR_FLAG_NO_DECAY */
+    float grad_clip;    /* clip global L2 norm to this; <= 0: no clipping */
 } orch_adamw_params;
 
 /* Which logits infer_forward returns for a sequence. */
@@ -243,11 +243,11 @@ typedef struct orch_engine_ctx orch_engine_ctx; /* opaque */
 /* ------------------------------------------------------------------------- */
 typedef struct orch_engine_api {
     /* ---- frozen forever ---- */
-    uint32_t abi_major;    /* ORCH_ENGINE_ABI_MAJOR of the engine */
-    uint32_t abi_minor;    /* ORCH_ENGINE_ABI_MINOR of the engine */
-    uint32_t struct_size;  /* sizeof(orch_engine_api) of the engine */
+    uint32_t abi_major;   /* ORCH_ENGINE_ABI_MAJOR of the engine */
+    uint32_t abi_minor;   /* ORCH_ENGINE_ABI_MINOR of the engine */
+    uint32_t struct_size; /* sizeof(orch_engine_api) of the engine */
     uint32_t reserved0;
-    const char *name;      /* short engine name, e.g. "cpu"; static storage */
+    const char *name; /* short engine name, e.g. "cpu"; static storage */
 
     /* ---- ABI 1.0 ---- */
     const char *version;   /* engine build version string; static storage */
@@ -270,8 +270,7 @@ typedef struct orch_engine_api {
      * with context_destroy). On failure *out_ctx is untouched and err (if not
      * NULL) receives a NUL-terminated message truncated to err_cap. */
     int32_t (*context_create)(const orch_model_desc *model,
-                              const orch_engine_options *opts,
-                              orch_engine_ctx **out_ctx,
+                              const orch_engine_options *opts, orch_engine_ctx **out_ctx,
                               char *err, uint32_t err_cap);
 
     /* Release everything the context holds. NULL is a no-op. */
@@ -282,8 +281,7 @@ typedef struct orch_engine_api {
     const char *(*last_error)(const orch_engine_ctx *ctx);
 
     /* Number of tensors in the table of `kind` (orch_tensor_kind). */
-    int32_t (*tensor_count)(orch_engine_ctx *ctx, uint32_t kind,
-                            uint32_t *out_count);
+    int32_t (*tensor_count)(orch_engine_ctx *ctx, uint32_t kind, uint32_t *out_count);
 
     /* Describe tensor `index` of table `kind` into *out (caller sets
      * out->struct_size; the engine fills at most that many bytes). */
@@ -292,8 +290,8 @@ typedef struct orch_engine_api {
 
     /* Copy tensor `index` of `kind` into dst (dst_bytes must equal numel times
      * the dtype size) / from src. Row-major, dtype as in tensor_info. */
-    int32_t (*tensor_read)(orch_engine_ctx *ctx, uint32_t kind, uint32_t index,
-                           void *dst, uint64_t dst_bytes);
+    int32_t (*tensor_read)(orch_engine_ctx *ctx, uint32_t kind, uint32_t index, void *dst,
+                           uint64_t dst_bytes);
     int32_t (*tensor_write)(orch_engine_ctx *ctx, uint32_t kind, uint32_t index,
                             const void *src, uint64_t src_bytes);
 
@@ -307,8 +305,8 @@ typedef struct orch_engine_api {
      * the total parameter count. */
     int32_t (*grads_read)(orch_engine_ctx *ctx, uint64_t offset, uint64_t count,
                           float *dst);
-    int32_t (*grads_write)(orch_engine_ctx *ctx, uint64_t offset,
-                           uint64_t count, const float *src);
+    int32_t (*grads_write)(orch_engine_ctx *ctx, uint64_t offset, uint64_t count,
+                           const float *src);
 
     /* Forward + backward of next-token cross-entropy over a micro-batch.
      * tokens and targets are [batch, seq_len] row-major; a target of -1 is
@@ -316,9 +314,8 @@ typedef struct orch_engine_api {
      * Gradients of (grad_scale * mean loss) are ADDED to the gradient buffer
      * (use grad_scale = 1/grad_accum to average micro-batches). */
     int32_t (*forward_backward)(orch_engine_ctx *ctx, const int32_t *tokens,
-                                const int32_t *targets, uint32_t batch,
-                                uint32_t seq_len, float grad_scale,
-                                float *out_loss);
+                                const int32_t *targets, uint32_t batch, uint32_t seq_len,
+                                float grad_scale, float *out_loss);
 
     /* AdamW step over all parameters using the current gradients: the global
      * L2 norm of the gradients is computed first and written to
@@ -327,16 +324,15 @@ typedef struct orch_engine_api {
      * update (as torch.nn.utils.clip_grad_norm_ does). Gradients are not
      * zeroed.
      * A non-finite norm returns ORCH_ERR_NUMERIC and changes nothing. */
-    int32_t (*optimizer_step)(orch_engine_ctx *ctx,
-                              const orch_adamw_params *params,
+    int32_t (*optimizer_step)(orch_engine_ctx *ctx, const orch_adamw_params *params,
                               float *out_grad_norm);
 
     /* ---- evaluation (ORCH_CAP_EVAL) ---- */
 
     /* Mean cross-entropy like forward_backward, without touching gradients. */
     int32_t (*eval_loss)(orch_engine_ctx *ctx, const int32_t *tokens,
-                         const int32_t *targets, uint32_t batch,
-                         uint32_t seq_len, float *out_loss);
+                         const int32_t *targets, uint32_t batch, uint32_t seq_len,
+                         float *out_loss);
 
     /* ---- inference (ORCH_CAP_INFER) ---- */
 
@@ -357,9 +353,8 @@ typedef struct orch_engine_api {
      * context, block id outside the pool, too few blocks, logits_cap too small,
      * a block written by one sequence and referenced by another. On error no
      * logits are written; KV blocks of the batch may have been written. */
-    int32_t (*infer_forward)(orch_engine_ctx *ctx,
-                             const orch_infer_batch *batch, float *logits,
-                             uint64_t logits_cap);
+    int32_t (*infer_forward)(orch_engine_ctx *ctx, const orch_infer_batch *batch,
+                             float *logits, uint64_t logits_cap);
 
     /* Copy the contents of block src[i] to block dst[i] for i < n
      * (copy-on-write). src and dst ranges must not overlap as sets. */
@@ -376,9 +371,8 @@ typedef struct orch_engine_api {
 typedef const orch_engine_api *(*orch_engine_get_api_fn)(uint32_t abi_major);
 
 /* True when `api` (of size api->struct_size) has a non-NULL `member`. */
-#define ORCH_API_HAS(api, member)                                            \
-    ((api)->struct_size >= offsetof(orch_engine_api, member) +              \
-                               sizeof((api)->member) &&                      \
+#define ORCH_API_HAS(api, member)                                                       \
+    ((api)->struct_size >= offsetof(orch_engine_api, member) + sizeof((api)->member) && \
      (api)->member != NULL)
 
 /* ------------------------------------------------------------------------- */
@@ -398,7 +392,7 @@ ORCH_ABI_STATIC_ASSERT(offsetof(orch_engine_api, version) == 24, "version");
 ORCH_ABI_STATIC_ASSERT(offsetof(orch_engine_api, capabilities) == 32, "caps");
 ORCH_ABI_STATIC_ASSERT(offsetof(orch_engine_api, probe) == 40, "probe");
 ORCH_ABI_STATIC_ASSERT(offsetof(orch_engine_api, kv_copy_blocks) == 40 + 8 * 18,
-               "function members of ABI 1.0");
+                       "function members of ABI 1.0");
 ORCH_ABI_STATIC_ASSERT(sizeof(orch_engine_api) == 40 + 8 * 19, "api size 1.0");
 ORCH_ABI_STATIC_ASSERT(sizeof(orch_model_desc) == 80, "model desc size");
 ORCH_ABI_STATIC_ASSERT(offsetof(orch_model_desc, layernorm_eps) == 36, "eps offset");

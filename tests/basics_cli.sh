@@ -40,9 +40,9 @@ grep -q '^  train ' "$tmp/out" || fail "bare orch: the usage lists no train comm
 cmp -s "$tmp/out" "$tmp/help" || fail "bare orch and orch --help differ"
 
 # ---- --version ------------------------------------------------------------------------
-ver=$(sed -n 's/^#define ORCH_VERSION "\(.*\)"$/\1/p' "$root/orchestrator/cli/version.h")
-major=$(sed -n 's/^#define ORCH_ENGINE_ABI_MAJOR \([0-9]*\)u$/\1/p' "$root/engine_api/orch_engine.h")
-minor=$(sed -n 's/^#define ORCH_ENGINE_ABI_MINOR \([0-9]*\)u$/\1/p' "$root/engine_api/orch_engine.h")
+ver=$(sed -n 's/^#define ORCH_VERSION *"\(.*\)"$/\1/p' "$root/orchestrator/cli/version.h")
+major=$(sed -n 's/^#define ORCH_ENGINE_ABI_MAJOR *\([0-9]*\)u$/\1/p' "$root/engine_api/orch_engine.h")
+minor=$(sed -n 's/^#define ORCH_ENGINE_ABI_MINOR *\([0-9]*\)u$/\1/p' "$root/engine_api/orch_engine.h")
 [ -n "$ver" ] && [ -n "$major" ] && [ -n "$minor" ] || fail "cannot read the versions from the headers"
 for v in --version version; do
   out=$("$ORCH_BIN" "$v" 2>"$tmp/err")

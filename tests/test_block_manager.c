@@ -66,7 +66,7 @@ END_TEST
 
 START_TEST(tables_reserve_fork_and_copy_on_write) {
     block_manager *bm = block_manager_create(6, 16);
-    block_table a = {0}, b = {0};
+    block_table a = { 0 }, b = { 0 };
     ck_assert_int_eq(block_table_reserve(bm, &a, 33), 0); /* 3 blocks */
     ck_assert_uint_eq(a.n, 3);
     ck_assert_uint_eq(block_table_missing(bm, &a, 48), 0);
@@ -89,7 +89,8 @@ START_TEST(tables_reserve_fork_and_copy_on_write) {
     ck_assert_int_ne(dst, shared);
     ck_assert_int_eq(b.ids[1], dst);
     ck_assert_uint_eq(block_manager_refcount(bm, shared), 1);
-    ck_assert_int_eq(block_table_prepare_write(bm, &b, 1, &src, &dst), 0); /* now private */
+    ck_assert_int_eq(block_table_prepare_write(bm, &b, 1, &src, &dst),
+                     0); /* now private */
     ck_assert_int_eq(block_table_prepare_write(bm, &b, 5, &src, &dst), -1);
     /* releasing a keeps b's shared block 0 alive */
     int32_t b0 = b.ids[0];
@@ -106,7 +107,7 @@ END_TEST
 
 START_TEST(cow_fails_cleanly_when_full) {
     block_manager *bm = block_manager_create(2, 4);
-    block_table a = {0}, b = {0};
+    block_table a = { 0 }, b = { 0 };
     ck_assert_int_eq(block_table_reserve(bm, &a, 8), 0);
     ck_assert_int_eq(block_table_fork(bm, &a, 2, &b), 0);
     int32_t s, d;
@@ -134,16 +135,21 @@ START_TEST(randomized_conservation) {
             uint64_t want = (uint64_t)(rand_r(&seed) % 200);
             uint32_t before = t[k].n, freeb = block_manager_free_count(bm);
             int rc = block_table_reserve(bm, &t[k], want);
-            if (rc == 0) ck_assert(t[k].n >= block_manager_blocks_for(bm, want));
-            else ck_assert(t[k].n == before && block_manager_free_count(bm) == freeb);
+            if (rc == 0)
+                ck_assert(t[k].n >= block_manager_blocks_for(bm, want));
+            else
+                ck_assert(t[k].n == before && block_manager_free_count(bm) == freeb);
         } else if (op == 2) {
             block_table_release(bm, &t[k]);
         } else {
             int j = rand_r(&seed) % NT;
             if (j != k && t[j].n == 0 && t[k].n > 0)
-                ck_assert_int_eq(block_table_fork(bm, &t[k], (uint32_t)(rand_r(&seed) % (t[k].n + 1)), &t[j]), 0);
+                ck_assert_int_eq(
+                    block_table_fork(bm, &t[k], (uint32_t)(rand_r(&seed) % (t[k].n + 1)),
+                                     &t[j]),
+                    0);
         }
-        uint32_t refs[NB] = {0};
+        uint32_t refs[NB] = { 0 };
         for (int i = 0; i < NT; i++)
             for (uint32_t j = 0; j < t[i].n; j++) refs[t[i].ids[j]]++;
         uint32_t used = 0;

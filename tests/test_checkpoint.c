@@ -45,8 +45,8 @@ static void teardown(void) {
     test_rmdir(dir);
 }
 
-static orch_engine_ctx *mk(const engine_handle *h, uint32_t width,
-                           uint32_t layers, uint64_t seed, const char *opts) {
+static orch_engine_ctx *mk(const engine_handle *h, uint32_t width, uint32_t layers,
+                           uint64_t seed, const char *opts) {
     orch_model_desc d = test_model_desc(256, 32, layers, 2, width);
     orch_engine_ctx *c = NULL;
     char err[512];
@@ -65,8 +65,10 @@ static void train(const engine_handle *h, orch_engine_ctx *c, int steps) {
     for (int s = 1; s <= steps; s++) {
         float loss;
         ck_assert_int_eq(h->api->grads_zero(c), ORCH_OK);
-        ck_assert_int_eq(h->api->forward_backward(c, tok, tgt, 2, 8, 1.0f, &loss), ORCH_OK);
-        orch_adamw_params p = {sizeof p, 0, (uint64_t)s, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f};
+        ck_assert_int_eq(h->api->forward_backward(c, tok, tgt, 2, 8, 1.0f, &loss),
+                         ORCH_OK);
+        orch_adamw_params p = { sizeof p, 0,     (uint64_t)s, 1e-2f, 0.9f,
+                                0.95f,    1e-8f, 0.1f,        1.0f };
         ck_assert_int_eq(h->api->optimizer_step(c, &p, NULL), ORCH_OK);
     }
 }
@@ -80,7 +82,8 @@ static void assert_same(const engine_handle *ha, orch_engine_ctx *a,
         ck_assert_int_eq(hb->api->tensor_count(b, kind, &nb), ORCH_OK);
         ck_assert_uint_eq(na, nb);
         for (uint32_t i = 0; i < na; i++) {
-            orch_tensor_info ia = {.struct_size = sizeof ia}, ib = {.struct_size = sizeof ib};
+            orch_tensor_info ia = { .struct_size = sizeof ia },
+                             ib = { .struct_size = sizeof ib };
             ck_assert_int_eq(ha->api->tensor_info(a, kind, i, &ia), ORCH_OK);
             ck_assert_int_eq(hb->api->tensor_info(b, kind, i, &ib), ORCH_OK);
             ck_assert_str_eq(ia.name, ib.name);
@@ -97,7 +100,7 @@ static void assert_same(const engine_handle *ha, orch_engine_ctx *a,
 }
 
 static int tables_differ(const engine_handle *h, orch_engine_ctx *a, orch_engine_ctx *b) {
-    orch_tensor_info ia = {.struct_size = sizeof ia};
+    orch_tensor_info ia = { .struct_size = sizeof ia };
     ck_assert_int_eq(h->api->tensor_info(a, 0, 0, &ia), ORCH_OK);
     float *x = malloc(ia.numel * 4), *y = malloc(ia.numel * 4);
     h->api->tensor_read(a, 0, 0, x, ia.numel * 4);
@@ -111,8 +114,9 @@ static int tables_differ(const engine_handle *h, orch_engine_ctx *a, orch_engine
 static void save(const char *run, uint64_t step, orch_engine_ctx *c, int keep,
                  double val_loss) {
     char err[1024], out[4096], state[128];
-    snprintf(state, sizeof state, "{\"step\": %llu, \"x\": [1, 2]}", (unsigned long long)step);
-    ckpt_save_opts o = {keep, 1, val_loss};
+    snprintf(state, sizeof state, "{\"step\": %llu, \"x\": [1, 2]}",
+             (unsigned long long)step);
+    ckpt_save_opts o = { keep, 1, val_loss };
     if (ckpt_save(run, step, &mock, c, state, &o, out, sizeof out, err, sizeof err) != 0)
         ck_abort_msg("save %llu: %s", (unsigned long long)step, err);
 }
@@ -141,7 +145,8 @@ START_TEST(round_trip_and_layout) {
     ckpt_save_opts o = ckpt_save_opts_default();
     o.val_loss = 2.5;
     ck_assert_int_eq(ckpt_save(run, 5, &mock, a, "{\"hello\": \"w\u00f6rld\"}", &o, out,
-                               sizeof out, err, sizeof err), 0);
+                               sizeof out, err, sizeof err),
+                     0);
     char want[600];
     snprintf(want, sizeof want, "%s/ckpt-00000005", run);
     ck_assert_str_eq(out, want);
@@ -188,17 +193,22 @@ START_TEST(round_trip_and_layout) {
     ck_assert_str_eq(st, "{\"hello\": \"w\u00f6rld\"}");
     free(st);
     char found[4096], warn[1024];
-    ck_assert_int_eq(ckpt_find_latest(run, found, sizeof found, warn, sizeof warn, err, sizeof err), 0);
+    ck_assert_int_eq(
+        ckpt_find_latest(run, found, sizeof found, warn, sizeof warn, err, sizeof err),
+        0);
     ck_assert_str_eq(found, out);
     ck_assert_str_eq(warn, "");
-    ck_assert_int_eq(ckpt_find_latest(out, found, sizeof found, warn, sizeof warn, err, sizeof err), 0);
+    ck_assert_int_eq(
+        ckpt_find_latest(out, found, sizeof found, warn, sizeof warn, err, sizeof err),
+        0);
     ck_assert_str_eq(found, out);
     /* Load into a context with different weights: all tables equal. */
     ck_assert(tables_differ(&mock, a, b));
     ck_assert_int_eq(ckpt_load_weights(out, &mock, b, 1, err, sizeof err), 0);
     assert_same(&mock, a, &mock, b, 3);
     /* Bad state JSON is refused and nothing changes. */
-    ck_assert_int_eq(ckpt_save(run, 6, &mock, a, "{not json", &o, NULL, 0, err, sizeof err), -1);
+    ck_assert_int_eq(
+        ckpt_save(run, 6, &mock, a, "{not json", &o, NULL, 0, err, sizeof err), -1);
     ck_assert_ptr_nonnull(strstr(err, "not valid JSON"));
     snprintf(p, sizeof p, "%s/latest", run);
     ck_assert_str_eq(slurp(p), "ckpt-00000005\n");
@@ -211,8 +221,9 @@ START_TEST(weights_only_and_mismatches) {
     orch_engine_ctx *a = mk(&mock, 8, 2, 1, NULL);
     char run[512], err[1024], out[4096];
     snprintf(run, sizeof run, "%s/run", dir);
-    ckpt_save_opts o = {3, 0, NAN};
-    ck_assert_int_eq(ckpt_save(run, 1, &mock, a, "{}", &o, out, sizeof out, err, sizeof err), 0);
+    ckpt_save_opts o = { 3, 0, NAN };
+    ck_assert_int_eq(
+        ckpt_save(run, 1, &mock, a, "{}", &o, out, sizeof out, err, sizeof err), 0);
     ck_assert_int_eq(ckpt_has_optimizer(out), 0);
     ck_assert(!exists("%s/run/ckpt-00000001/%s", "optimizer.safetensors"));
     orch_engine_ctx *b = mk(&mock, 8, 2, 9, NULL);
@@ -223,7 +234,8 @@ START_TEST(weights_only_and_mismatches) {
     /* Wrong width: shape mismatch names the tensor and both shapes. */
     orch_engine_ctx *w = mk(&mock, 16, 2, 1, NULL);
     ck_assert_int_eq(ckpt_load_weights(out, &mock, w, 0, err, sizeof err), -1);
-    ck_assert_ptr_nonnull(strstr(err, "tensor 'wte.weight' has shape [256,8] but the model needs [256,16]"));
+    ck_assert_ptr_nonnull(strstr(
+        err, "tensor 'wte.weight' has shape [256,8] but the model needs [256,16]"));
     /* Wrong depth: tensor count differs. */
     orch_engine_ctx *l = mk(&mock, 8, 3, 1, NULL);
     ck_assert_int_eq(ckpt_load_weights(out, &mock, l, 0, err, sizeof err), -1);
@@ -232,8 +244,8 @@ START_TEST(weights_only_and_mismatches) {
     char p[700];
     snprintf(p, sizeof p, "%s/other", dir);
     ckpt_tensor ts[1];
-    float v[4] = {0};
-    ts[0] = (ckpt_tensor){"zz", SAFETENSORS_F32, 1, {4}, v};
+    float v[4] = { 0 };
+    ts[0] = (ckpt_tensor){ "zz", SAFETENSORS_F32, 1, { 4 }, v };
     ck_assert_int_eq(ckpt_write_dir(p, ts, 1, "{}", 0, err, sizeof err), 0);
     ck_assert_int_eq(ckpt_load_weights(p, &mock, a, 0, err, sizeof err), -1);
     ck_assert_ptr_nonnull(strstr(err, "holds 1 tensors"));
@@ -251,7 +263,7 @@ START_TEST(retention_keeps_last_k_and_best) {
     orch_engine_ctx *a = mk(&mock, 8, 1, 1, NULL);
     char run[512];
     snprintf(run, sizeof run, "%s/run", dir);
-    double vl[7] = {0, 5.0, 3.0, 4.0, NAN, 7.0, 8.0};
+    double vl[7] = { 0, 5.0, 3.0, 4.0, NAN, 7.0, 8.0 };
     for (int s = 1; s <= 6; s++) save(run, (uint64_t)s, a, 2, vl[s]);
     /* Last 2 (5, 6) plus the best (2, val 3.0). */
     ck_assert(!exists("%s/run/ckpt-0000000%s", "1"));
@@ -281,7 +293,8 @@ START_TEST(retention_keeps_last_k_and_best) {
     ck_assert(exists("%s/run/ckpt-0000000%s", "9"));
     /* No trash or temp left behind. */
     char cmd[600];
-    snprintf(cmd, sizeof cmd, "test -z \"$(ls -A '%s/run' | grep -v -e '^ckpt-' -e '^latest$')\"", dir);
+    snprintf(cmd, sizeof cmd,
+             "test -z \"$(ls -A '%s/run' | grep -v -e '^ckpt-' -e '^latest$')\"", dir);
     ck_assert_int_eq(system(cmd), 0);
     mock.api->context_destroy(a);
 }
@@ -319,7 +332,9 @@ START_TEST(stale_temp_dirs_ignored_and_cleaned) {
     char live[700];
     snprintf(live, sizeof live, "%s/.tmp-ckpt-00000003-1", run);
     ck_assert_int_eq(mkdir(live, 0755), 0);
-    ck_assert_int_eq(ckpt_find_latest(run, found, sizeof found, warn, sizeof warn, err, sizeof err), 0);
+    ck_assert_int_eq(
+        ckpt_find_latest(run, found, sizeof found, warn, sizeof warn, err, sizeof err),
+        0);
     ck_assert_ptr_nonnull(strstr(found, "ckpt-00000001"));
     ck_assert_str_eq(warn, "");
     save(run, 2, a, 3, NAN);
@@ -327,7 +342,9 @@ START_TEST(stale_temp_dirs_ignored_and_cleaned) {
     ck_assert_int_ne(access(lt, F_OK), 0);
     ck_assert_int_ne(access(tr, F_OK), 0);
     ck_assert_int_eq(access(live, F_OK), 0);
-    ck_assert_int_eq(ckpt_find_latest(run, found, sizeof found, warn, sizeof warn, err, sizeof err), 0);
+    ck_assert_int_eq(
+        ckpt_find_latest(run, found, sizeof found, warn, sizeof warn, err, sizeof err),
+        0);
     ck_assert_ptr_nonnull(strstr(found, "ckpt-00000002"));
     mock.api->context_destroy(a);
 }
@@ -340,16 +357,19 @@ START_TEST(failed_save_changes_nothing) {
     char run[512], p[700], err[1024], found[4096], warn[1024];
     snprintf(run, sizeof run, "%s/run", dir);
     save(run, 1, a, 3, NAN);
-    ckpt_save_opts o = {3, 1, NAN};
+    ckpt_save_opts o = { 3, 1, NAN };
     ck_assert_int_eq(ckpt_save(run, 2, &mock, a, "{}", &o, NULL, 0, err, sizeof err), -1);
     ck_assert_ptr_nonnull(strstr(err, "injected fault"));
     snprintf(p, sizeof p, "%s/latest", run);
     ck_assert_str_eq(slurp(p), "ckpt-00000001\n");
     ck_assert(!exists("%s/run/ckpt-0000000%s", "2"));
     char cmd[600];
-    snprintf(cmd, sizeof cmd, "test -z \"$(ls -A '%s/run' | grep -v -e '^ckpt-' -e '^latest$')\"", dir);
+    snprintf(cmd, sizeof cmd,
+             "test -z \"$(ls -A '%s/run' | grep -v -e '^ckpt-' -e '^latest$')\"", dir);
     ck_assert_int_eq(system(cmd), 0);
-    ck_assert_int_eq(ckpt_find_latest(run, found, sizeof found, warn, sizeof warn, err, sizeof err), 0);
+    ck_assert_int_eq(
+        ckpt_find_latest(run, found, sizeof found, warn, sizeof warn, err, sizeof err),
+        0);
     ck_assert_ptr_nonnull(strstr(found, "ckpt-00000001"));
     mock.api->context_destroy(a);
 }
@@ -362,11 +382,14 @@ START_TEST(resave_same_step_replaces_atomically) {
     snprintf(run, sizeof run, "%s/run", dir);
     save(run, 3, a, 3, NAN);
     save(run, 3, b, 3, NAN);
-    ck_assert_int_eq(ckpt_find_latest(run, found, sizeof found, warn, sizeof warn, err, sizeof err), 0);
+    ck_assert_int_eq(
+        ckpt_find_latest(run, found, sizeof found, warn, sizeof warn, err, sizeof err),
+        0);
     ck_assert_int_eq(ckpt_load_weights(found, &mock, c, 1, err, sizeof err), 0);
     assert_same(&mock, b, &mock, c, 3);
     char cmd[600];
-    snprintf(cmd, sizeof cmd, "test -z \"$(ls -A '%s/run' | grep -v -e '^ckpt-' -e '^latest$')\"", dir);
+    snprintf(cmd, sizeof cmd,
+             "test -z \"$(ls -A '%s/run' | grep -v -e '^ckpt-' -e '^latest$')\"", dir);
     ck_assert_int_eq(system(cmd), 0);
     mock.api->context_destroy(a);
     mock.api->context_destroy(b);
@@ -381,16 +404,25 @@ static const struct {
     const char *cmd; /* run in the ckpt-00000003 dir */
     const char *expect;
 } damage[] = {
-    {"flipped byte", "printf 'X' | dd of=model.safetensors bs=1 seek=200 conv=notrunc 2>/dev/null", "checksum mismatch for model.safetensors"},
-    {"truncated model", "truncate -s 100 model.safetensors", "checksum mismatch for model.safetensors"},
-    {"truncated optimizer", "truncate -s 0 optimizer.safetensors", "checksum mismatch for optimizer.safetensors"},
-    {"missing state", "rm state.json", "missing file state.json"},
-    {"missing checksums (torn)", "rm checksums.sha256", "missing checksums.sha256"},
-    {"garbage checksums", "echo nonsense > checksums.sha256", "malformed line 1"},
-    {"edited state", "echo '{}' > state.json", "checksum mismatch for state.json"},
-    {"checksums without model", "grep -v model checksums.sha256 > x && mv x checksums.sha256", "does not list model.safetensors"},
-    {"checksums cut short", "head -n 3 checksums.sha256 > x && mv x checksums.sha256", "does not list meta.json"},
-    {"checksums without optimizer", "grep -v optimizer checksums.sha256 > x && mv x checksums.sha256", "does not list optimizer.safetensors"},
+    { "flipped byte",
+      "printf 'X' | dd of=model.safetensors bs=1 seek=200 conv=notrunc 2>/dev/null",
+      "checksum mismatch for model.safetensors" },
+    { "truncated model", "truncate -s 100 model.safetensors",
+      "checksum mismatch for model.safetensors" },
+    { "truncated optimizer", "truncate -s 0 optimizer.safetensors",
+      "checksum mismatch for optimizer.safetensors" },
+    { "missing state", "rm state.json", "missing file state.json" },
+    { "missing checksums (torn)", "rm checksums.sha256", "missing checksums.sha256" },
+    { "garbage checksums", "echo nonsense > checksums.sha256", "malformed line 1" },
+    { "edited state", "echo '{}' > state.json", "checksum mismatch for state.json" },
+    { "checksums without model",
+      "grep -v model checksums.sha256 > x && mv x checksums.sha256",
+      "does not list model.safetensors" },
+    { "checksums cut short", "head -n 3 checksums.sha256 > x && mv x checksums.sha256",
+      "does not list meta.json" },
+    { "checksums without optimizer",
+      "grep -v optimizer checksums.sha256 > x && mv x checksums.sha256",
+      "does not list optimizer.safetensors" },
 };
 
 START_TEST(corrupt_latest_falls_back) {
@@ -400,19 +432,25 @@ START_TEST(corrupt_latest_falls_back) {
     for (int s = 1; s <= 3; s++) save(run, (uint64_t)s, a, 5, NAN);
     snprintf(cmd, sizeof cmd, "cd '%s/ckpt-00000003' && %s", run, damage[_i].cmd);
     ck_assert_int_eq(system(cmd), 0);
-    ck_assert_int_eq(ckpt_find_latest(run, found, sizeof found, warn, sizeof warn, err, sizeof err), 0);
+    ck_assert_int_eq(
+        ckpt_find_latest(run, found, sizeof found, warn, sizeof warn, err, sizeof err),
+        0);
     ck_assert_ptr_nonnull(strstr(found, "ckpt-00000002"));
     if (!strstr(warn, damage[_i].expect) || !strstr(warn, "using ckpt-00000002"))
         ck_abort_msg("%s: warning '%s'", damage[_i].what, warn);
     /* Naming the damaged dir directly is an error, not a silent fallback. */
     snprintf(cmd, sizeof cmd, "%s/ckpt-00000003", run);
-    ck_assert_int_eq(ckpt_find_latest(cmd, found, sizeof found, warn, sizeof warn, err, sizeof err), -1);
+    ck_assert_int_eq(
+        ckpt_find_latest(cmd, found, sizeof found, warn, sizeof warn, err, sizeof err),
+        -1);
     ck_assert_ptr_nonnull(strstr(err, damage[_i].expect));
     ck_assert_int_eq(ckpt_verify(cmd, err, sizeof err), -1);
     /* The next save still works and becomes latest (the bad one is replaced
      * or left for retention). */
     save(run, 4, a, 5, NAN);
-    ck_assert_int_eq(ckpt_find_latest(run, found, sizeof found, warn, sizeof warn, err, sizeof err), 0);
+    ck_assert_int_eq(
+        ckpt_find_latest(run, found, sizeof found, warn, sizeof warn, err, sizeof err),
+        0);
     ck_assert_ptr_nonnull(strstr(found, "ckpt-00000004"));
     ck_assert_str_eq(warn, "");
     mock.api->context_destroy(a);
@@ -425,9 +463,13 @@ START_TEST(latest_file_problems) {
     snprintf(run, sizeof run, "%s/run", dir);
     /* Nothing there yet. */
     ck_assert_int_eq(mkdir(run, 0755), 0);
-    ck_assert_int_eq(ckpt_find_latest(run, found, sizeof found, warn, sizeof warn, err, sizeof err), -1);
+    ck_assert_int_eq(
+        ckpt_find_latest(run, found, sizeof found, warn, sizeof warn, err, sizeof err),
+        -1);
     ck_assert_ptr_nonnull(strstr(err, "no checkpoint found"));
-    ck_assert_int_eq(ckpt_find_latest("/nonexistent/run", found, sizeof found, warn, sizeof warn, err, sizeof err), -1);
+    ck_assert_int_eq(ckpt_find_latest("/nonexistent/run", found, sizeof found, warn,
+                                      sizeof warn, err, sizeof err),
+                     -1);
     ck_assert_ptr_nonnull(strstr(err, "/nonexistent/run"));
     save(run, 1, a, 5, NAN);
     save(run, 2, a, 5, NAN);
@@ -436,25 +478,33 @@ START_TEST(latest_file_problems) {
     FILE *fp = fopen(p, "w");
     fputs("../../etc\n", fp);
     fclose(fp);
-    ck_assert_int_eq(ckpt_find_latest(run, found, sizeof found, warn, sizeof warn, err, sizeof err), 0);
+    ck_assert_int_eq(
+        ckpt_find_latest(run, found, sizeof found, warn, sizeof warn, err, sizeof err),
+        0);
     ck_assert_ptr_nonnull(strstr(found, "ckpt-00000002"));
     ck_assert_ptr_nonnull(strstr(warn, "'latest' is corrupt"));
     /* latest names a dir that is gone. */
     fp = fopen(p, "w");
     fputs("ckpt-00000007\n", fp);
     fclose(fp);
-    ck_assert_int_eq(ckpt_find_latest(run, found, sizeof found, warn, sizeof warn, err, sizeof err), 0);
+    ck_assert_int_eq(
+        ckpt_find_latest(run, found, sizeof found, warn, sizeof warn, err, sizeof err),
+        0);
     ck_assert_ptr_nonnull(strstr(found, "ckpt-00000002"));
     ck_assert_ptr_nonnull(strstr(warn, "names ckpt-00000007"));
     /* latest missing. */
     unlink(p);
-    ck_assert_int_eq(ckpt_find_latest(run, found, sizeof found, warn, sizeof warn, err, sizeof err), 0);
+    ck_assert_int_eq(
+        ckpt_find_latest(run, found, sizeof found, warn, sizeof warn, err, sizeof err),
+        0);
     ck_assert_ptr_nonnull(strstr(warn, "no 'latest' file"));
     /* Every checkpoint broken: an error. */
     char cmd[900];
     snprintf(cmd, sizeof cmd, "rm '%s'/ckpt-*/checksums.sha256", run);
     ck_assert_int_eq(system(cmd), 0);
-    ck_assert_int_eq(ckpt_find_latest(run, found, sizeof found, warn, sizeof warn, err, sizeof err), -1);
+    ck_assert_int_eq(
+        ckpt_find_latest(run, found, sizeof found, warn, sizeof warn, err, sizeof err),
+        -1);
     ck_assert_ptr_nonnull(strstr(err, "none of the 2 ckpt-* directories verifies"));
     mock.api->context_destroy(a);
 }
@@ -481,7 +531,8 @@ START_TEST(cross_engine_load) {
     char run2[600];
     snprintf(run2, sizeof run2, "%s/run2", dir);
     ckpt_save_opts o = ckpt_save_opts_default();
-    ck_assert_int_eq(ckpt_save(run2, 1, &cpu, c, "{}", &o, out, sizeof out, err, sizeof err), 0);
+    ck_assert_int_eq(
+        ckpt_save(run2, 1, &cpu, c, "{}", &o, out, sizeof out, err, sizeof err), 0);
     orch_engine_ctx *b = mk(&mock, 8, 2, 3, NULL);
     ck_assert_int_eq(ckpt_load_weights(out, &mock, b, 1, err, sizeof err), 0);
     assert_same(&mock, a, &mock, b, 3);
@@ -505,15 +556,31 @@ static float hf_val(int k, uint64_t e) {
  * lm_head; c_fc.bias stored as F16 and ln_f.weight as BF16. */
 static void write_hf(const char *path, const char *prefix, int extras) {
     const uint64_t V = 256, T = 16, C = 8, M = 32;
-    struct { char name[64]; int dtype; uint32_t ndim; uint64_t s[2]; } t[64];
+    struct {
+        char name[64];
+        int dtype;
+        uint32_t ndim;
+        uint64_t s[2];
+    } t[64];
     int n = 0;
-#define ADD(nm, dt, nd, a, b) do { snprintf(t[n].name, 64, "%s%s", prefix, nm); t[n].dtype = dt; \
-    t[n].ndim = nd; t[n].s[0] = a; t[n].s[1] = b; n++; } while (0)
+#define ADD(nm, dt, nd, a, b)                        \
+    do {                                             \
+        snprintf(t[n].name, 64, "%s%s", prefix, nm); \
+        t[n].dtype = dt;                             \
+        t[n].ndim = nd;                              \
+        t[n].s[0] = a;                               \
+        t[n].s[1] = b;                               \
+        n++;                                         \
+    } while (0)
     ADD("wte.weight", SAFETENSORS_F32, 2, V, C);
     ADD("wpe.weight", SAFETENSORS_F32, 2, T, C);
     for (int l = 0; l < 2; l++) {
         char b[64];
-#define L(sfx, dt, nd, a, bb) do { snprintf(b, sizeof b, "h.%d.%s", l, sfx); ADD(b, dt, nd, a, bb); } while (0)
+#define L(sfx, dt, nd, a, bb)                     \
+    do {                                          \
+        snprintf(b, sizeof b, "h.%d.%s", l, sfx); \
+        ADD(b, dt, nd, a, bb);                    \
+    } while (0)
         L("ln_1.weight", SAFETENSORS_F32, 1, C, 0);
         L("ln_1.bias", SAFETENSORS_F32, 1, C, 0);
         L("attn.c_attn.weight", SAFETENSORS_F32, 2, C, 3 * C);
@@ -534,7 +601,10 @@ static void write_hf(const char *path, const char *prefix, int extras) {
     ADD("ln_f.weight", SAFETENSORS_BF16, 1, C, 0);
     ADD("ln_f.bias", SAFETENSORS_F32, 1, C, 0);
     if (extras) {
-        t[n].dtype = SAFETENSORS_F32; t[n].ndim = 2; t[n].s[0] = V; t[n].s[1] = C;
+        t[n].dtype = SAFETENSORS_F32;
+        t[n].ndim = 2;
+        t[n].s[0] = V;
+        t[n].s[1] = C;
         snprintf(t[n].name, 64, "lm_head.weight");
         n++;
     }
@@ -543,7 +613,9 @@ static void write_hf(const char *path, const char *prefix, int extras) {
     ck_assert_int_eq(safetensors_writer_create(path, &w, err, sizeof err), 0);
     /* Reverse declaration order: the importer must not depend on order. */
     for (int k = n - 1; k >= 0; k--)
-        ck_assert_int_eq(safetensors_writer_declare(w, t[k].name, t[k].dtype, t[k].ndim, t[k].s, err, sizeof err), 0);
+        ck_assert_int_eq(safetensors_writer_declare(w, t[k].name, t[k].dtype, t[k].ndim,
+                                                    t[k].s, err, sizeof err),
+                         0);
     ck_assert_int_eq(safetensors_writer_begin_data(w, err, sizeof err), 0);
     for (int k = n - 1; k >= 0; k--) {
         uint64_t numel = 1;
@@ -565,7 +637,8 @@ static void write_hf(const char *path, const char *prefix, int extras) {
                 if (a != 0) {
                     int ex;
                     float m = frexpf(a, &ex); /* a = m 2^ex, m in [0.5,1) */
-                    h = (uint16_t)((ex - 1 + 15) << 10 | ((uint16_t)((m * 2 - 1) * 1024) & 0x3ff));
+                    h = (uint16_t)((ex - 1 + 15) << 10 |
+                                   ((uint16_t)((m * 2 - 1) * 1024) & 0x3ff));
                 }
                 if (neg) h |= 0x8000;
                 safetensors_writer_write(w, &h, 2, err, sizeof err);
@@ -583,9 +656,12 @@ static void write_hf(const char *path, const char *prefix, int extras) {
 static int hf_index(const char *name) {
     if (!strcmp(name, "wte.weight")) return 0;
     if (!strcmp(name, "wpe.weight")) return 1;
-    static const char *sfx[12] = {"ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
-                                  "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias",
-                                  "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias"};
+    static const char *sfx[12] = { "ln_1.weight",        "ln_1.bias",
+                                   "attn.c_attn.weight", "attn.c_attn.bias",
+                                   "attn.c_proj.weight", "attn.c_proj.bias",
+                                   "ln_2.weight",        "ln_2.bias",
+                                   "mlp.c_fc.weight",    "mlp.c_fc.bias",
+                                   "mlp.c_proj.weight",  "mlp.c_proj.bias" };
     int l;
     char rest[64];
     if (sscanf(name, "h.%d.%63s", &l, rest) == 2)
@@ -614,8 +690,10 @@ static void check_imported(const char *out, int extras) {
         /* With extras, attn.bias/masked_bias entries shift later indices. */
         if (extras) {
             int l;
-            if (sscanf(t->name, "h.%d.", &l) == 1) k += 2 * l;
-            else if (k >= 26) k += 4;
+            if (sscanf(t->name, "h.%d.", &l) == 1)
+                k += 2 * l;
+            else if (k >= 26)
+                k += 4;
         }
         ck_assert_int_eq(t->dtype, SAFETENSORS_F32);
         const float *d = t->data;
@@ -629,7 +707,8 @@ static void check_imported(const char *out, int extras) {
             }
             float want = hf_val(k, src);
             if (fabsf(d[e] - want) > 1e-6f)
-                ck_abort_msg("%s[%llu] = %g, want %g", t->name, (unsigned long long)e, d[e], want);
+                ck_abort_msg("%s[%llu] = %g, want %g", t->name, (unsigned long long)e,
+                             d[e], want);
         }
     }
     /* Shapes in orch layout. */
@@ -644,7 +723,7 @@ static void check_imported(const char *out, int extras) {
     ck_assert_int_eq(ckpt_has_optimizer(out), 0);
     /* The model loads by name into an engine context of the config's shape. */
     inference_model m;
-    inference_model_opts mo = {out, "mock", 1, NULL, 0};
+    inference_model_opts mo = { out, "mock", 1, NULL, 0 };
     char warn[512];
     if (inference_model_open(&mo, &m, warn, sizeof warn, err, sizeof err) != 0)
         ck_abort_msg("open imported: %s", err);
@@ -664,7 +743,8 @@ START_TEST(import_gpt2_round_trip) {
     write_hf(hf, "", 0);
     snprintf(out, sizeof out, "%s/imported", dir);
     snprintf(cfgout, sizeof cfgout, "%s/cfg.json", dir);
-    const char *argv1[] = {"import-gpt2", hf, "--out", out, "--heads", "2", "--config-out", cfgout};
+    const char *argv1[] = { "import-gpt2", hf,  "--out",        out,
+                            "--heads",     "2", "--config-out", cfgout };
     ck_assert_int_eq(run_import(8, argv1), 0);
     check_imported(out, 0);
     char *c = slurp(cfgout);
@@ -681,16 +761,16 @@ START_TEST(import_gpt2_round_trip) {
     fputs("{\"n_head\": 2, \"layer_norm_epsilon\": 1e-05, \"n_embd\": 8}", fp);
     fclose(fp);
     snprintf(out2, sizeof out2, "%s/imported2", dir);
-    const char *argv2[] = {"import-gpt2", hf, "--out", out2};
+    const char *argv2[] = { "import-gpt2", hf, "--out", out2 };
     ck_assert_int_eq(run_import(4, argv2), 0);
     check_imported(out2, 1);
     /* Errors: existing --out, missing file, unknown tensor, bad heads. */
     ck_assert_int_eq(run_import(4, argv2), 1);
-    const char *argv3[] = {"import-gpt2", "/nonexistent.safetensors", "--out", out2};
+    const char *argv3[] = { "import-gpt2", "/nonexistent.safetensors", "--out", out2 };
     ck_assert_int_eq(run_import(4, argv3), 2);
-    const char *argv4[] = {"import-gpt2", hf, "--out", "x", "--heads", "3"};
+    const char *argv4[] = { "import-gpt2", hf, "--out", "x", "--heads", "3" };
     ck_assert_int_eq(run_import(6, argv4), 2);
-    const char *argv5[] = {"import-gpt2", hf};
+    const char *argv5[] = { "import-gpt2", hf };
     ck_assert_int_eq(run_import(2, argv5), 2);
 }
 END_TEST
@@ -700,14 +780,16 @@ START_TEST(import_rejects_foreign_files) {
     snprintf(p, sizeof p, "%s/x.safetensors", dir);
     snprintf(out, sizeof out, "%s/o", dir);
     safetensors_writer *w = NULL;
-    uint64_t s[2] = {4, 4};
-    float v[16] = {0};
+    uint64_t s[2] = { 4, 4 };
+    float v[16] = { 0 };
     ck_assert_int_eq(safetensors_writer_create(p, &w, err, sizeof err), 0);
-    ck_assert_int_eq(safetensors_writer_declare(w, "encoder.layer.0.weight", SAFETENSORS_F32, 2, s, err, sizeof err), 0);
+    ck_assert_int_eq(safetensors_writer_declare(w, "encoder.layer.0.weight",
+                                                SAFETENSORS_F32, 2, s, err, sizeof err),
+                     0);
     ck_assert_int_eq(safetensors_writer_begin_data(w, err, sizeof err), 0);
     ck_assert_int_eq(safetensors_writer_write(w, v, sizeof v, err, sizeof err), 0);
     ck_assert_int_eq(safetensors_writer_finish(w, NULL, err, sizeof err), 0);
-    const char *argv[] = {"import-gpt2", p, "--out", out};
+    const char *argv[] = { "import-gpt2", p, "--out", out };
     ck_assert_int_eq(run_import(4, argv), 2);
     ck_assert_int_ne(access(out, F_OK), 0);
 }
@@ -724,10 +806,10 @@ static void put_state(const char *ckdir, const char *text) {
     fclose(fp);
 }
 
-#define CFG_JSON                                                                  \
-    "{\"model\": {\"vocab_size\": 256, \"context\": 32, \"layers\": 1, \"heads\": 2, "   \
+#define CFG_JSON                                                                        \
+    "{\"model\": {\"vocab_size\": 256, \"context\": 32, \"layers\": 1, \"heads\": 2, "  \
     "\"width\": 8}, \"train\": {\"micro_batch\": 1, \"seq_len\": 8, \"max_steps\": 3, " \
-    "\"lr\": 0.01}, \"data\": {\"tokenizer\": \"byte\", \"train\": \"/d/t_*.bin\", "       \
+    "\"lr\": 0.01}, \"data\": {\"tokenizer\": \"byte\", \"train\": \"/d/t_*.bin\", "    \
     "\"val\": \"/d/v_*.bin\"}}"
 
 START_TEST(read_config_and_its_errors) {
@@ -737,7 +819,8 @@ START_TEST(read_config_and_its_errors) {
     orch_config *c = NULL, *sentinel = (orch_config *)0x1;
     /* A checkpoint written by a run: config and tokenizer. */
     put_state(ck, "{\"step\": 3, \"tokenizer\": \"byte\", \"config\": " CFG_JSON "}");
-    ck_assert_msg(ckpt_read_config(ck, &c, tok, sizeof tok, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(ckpt_read_config(ck, &c, tok, sizeof tok, err, sizeof err) == 0, "%s",
+                  err);
     ck_assert_str_eq(tok, "byte");
     ck_assert_uint_eq(c->model.width, 8);
     ck_assert_uint_eq(c->model.mlp_width, 32);
@@ -755,11 +838,12 @@ START_TEST(read_config_and_its_errors) {
     static const struct {
         const char *text, *expect;
     } bad[] = {
-        {NULL, "state.json: no such file or directory"},
-        {"{not json", "state.json: not valid JSON"},
-        {"[1, 2]", "state.json: no \"config\" object"},
-        {"{\"config\": 7}", "state.json: no \"config\" object"},
-        {"{\"config\": {\"model\": {}}}", "state.json: config: model.vocab_size: missing required key"},
+        { NULL, "state.json: no such file or directory" },
+        { "{not json", "state.json: not valid JSON" },
+        { "[1, 2]", "state.json: no \"config\" object" },
+        { "{\"config\": 7}", "state.json: no \"config\" object" },
+        { "{\"config\": {\"model\": {}}}",
+          "state.json: config: model.vocab_size: missing required key" },
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char p[700];
@@ -771,7 +855,8 @@ START_TEST(read_config_and_its_errors) {
         c = sentinel;
         ck_assert_int_eq(ckpt_read_config(ck, &c, tok, sizeof tok, err, sizeof err), -1);
         ck_assert_ptr_eq(c, sentinel);
-        ck_assert_msg(strstr(err, bad[i].expect) && strstr(err, ck), "case %zu: '%s'", i, err);
+        ck_assert_msg(strstr(err, bad[i].expect) && strstr(err, ck), "case %zu: '%s'", i,
+                      err);
     }
 }
 END_TEST
@@ -787,7 +872,8 @@ static Suite *suite(void) {
     tcase_add_test(tc, stale_temp_dirs_ignored_and_cleaned);
     tcase_add_test(tc, failed_save_changes_nothing);
     tcase_add_test(tc, resave_same_step_replaces_atomically);
-    tcase_add_loop_test(tc, corrupt_latest_falls_back, 0, (int)(sizeof damage / sizeof damage[0]));
+    tcase_add_loop_test(tc, corrupt_latest_falls_back, 0,
+                        (int)(sizeof damage / sizeof damage[0]));
     tcase_add_test(tc, latest_file_problems);
     tcase_add_test(tc, cross_engine_load);
     tcase_add_test(tc, import_gpt2_round_trip);

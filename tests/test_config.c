@@ -13,14 +13,14 @@
 #include "orchestrator/core/config.h"
 #include "tests/test_util.h"
 
-#define MODEL                                                               \
+#define MODEL                                                                \
     "\"model\": {\"arch\": \"gpt2\", \"vocab_size\": 256, \"context\": 64, " \
     "\"layers\": 2, \"heads\": 4, \"width\": 64}"
-#define TRAIN                                                          \
+#define TRAIN                                                              \
     "\"train\": {\"micro_batch\": 4, \"seq_len\": 32, \"max_steps\": 10, " \
     "\"lr\": 0.001}"
-#define DATA                                                              \
-    "\"data\": {\"tokenizer\": \"byte\", \"train\": \"d/train_*.bin\", "  \
+#define DATA                                                             \
+    "\"data\": {\"tokenizer\": \"byte\", \"train\": \"d/train_*.bin\", " \
     "\"val\": \"d/val_*.bin\"}"
 #define DOC(m, t, d, extra) "{" m ", " t ", " d extra "}"
 
@@ -71,8 +71,8 @@ START_TEST(test_valid_and_defaults) {
 END_TEST
 
 START_TEST(test_shipped_configs_valid) {
-    const char *files[] = {"configs/default.json", "configs/tiny-test.json",
-                           "configs/gpt2-124m.json"};
+    const char *files[] = { "configs/default.json", "configs/tiny-test.json",
+                            "configs/gpt2-124m.json" };
     for (size_t i = 0; i < 3; i++) {
         orch_config *c = NULL;
         int rc = config_load_file(files[i], &c, err, sizeof err);
@@ -88,15 +88,14 @@ START_TEST(test_unknown_key_nearest) {
                      "\"max_steps\": 10, \"lrr\": 0.001}",
                      DATA, ""),
                  "train.lrr: unknown key", "did you mean train.lr?");
-    expect_error(DOC(MODEL, TRAIN, DATA, ", \"modle\": {}"),
-                 "modle: unknown key", "did you mean model?");
+    expect_error(DOC(MODEL, TRAIN, DATA, ", \"modle\": {}"), "modle: unknown key",
+                 "did you mean model?");
     /* A key from another section points there. */
     expect_error(DOC(MODEL,
                      "\"train\": {\"micro_batch\": 4, \"seq_len\": 32, "
                      "\"max_steps\": 10, \"lr\": 0.001, \"vocab_size\": 3}",
                      DATA, ""),
-                 "train.vocab_size: unknown key",
-                 "did you mean model.vocab_size?");
+                 "train.vocab_size: unknown key", "did you mean model.vocab_size?");
 }
 END_TEST
 
@@ -206,8 +205,7 @@ START_TEST(test_missing_required) {
                      "\"lr\": 0.001}",
                      DATA, ""),
                  "train.max_steps: missing required key", "train.epochs");
-    expect_error("{" MODEL ", " TRAIN "}", "data: missing required section",
-                 NULL);
+    expect_error("{" MODEL ", " TRAIN "}", "data: missing required section", NULL);
 }
 END_TEST
 
@@ -221,15 +219,14 @@ START_TEST(test_duplicate_key) {
 END_TEST
 
 START_TEST(test_invalid_json_position) {
-    expect_error("{\n  \"model\": {\n    \"width\": 64,,\n  }\n}",
-                 "line 3, column", "invalid JSON");
+    expect_error("{\n  \"model\": {\n    \"width\": 64,,\n  }\n}", "line 3, column",
+                 "invalid JSON");
 }
 END_TEST
 
 START_TEST(test_file_errors) {
     orch_config *c = NULL;
-    ck_assert_int_eq(config_load_file("/nonexistent/x.json", &c, err, sizeof err),
-                     -1);
+    ck_assert_int_eq(config_load_file("/nonexistent/x.json", &c, err, sizeof err), -1);
     ck_assert_ptr_nonnull(strstr(err, "/nonexistent/x.json"));
     char path[] = "/tmp/test_config_XXXXXX";
     int fd = mkstemp(path);
@@ -270,11 +267,11 @@ START_TEST(test_absolute_data_paths) {
     snprintf(sub, sizeof sub, "%s/shards", d);
     ck_assert_int_eq(mkdir(sub, 0755), 0);
     ck_assert_int_eq(chdir(d), 0);
-    orch_config *c = load_ok(
-        DOC(MODEL, TRAIN,
-            "\"data\": {\"tokenizer\": \"byte\", \"train\": \"./shards/../shards/train_*.bin\", "
-            "\"val\": \"missing/val_*.bin\"}",
-            ""));
+    orch_config *c = load_ok(DOC(MODEL, TRAIN,
+                                 "\"data\": {\"tokenizer\": \"byte\", \"train\": "
+                                 "\"./shards/../shards/train_*.bin\", "
+                                 "\"val\": \"missing/val_*.bin\"}",
+                                 ""));
     ck_assert_msg(config_absolute_data_paths(c, err, sizeof err) == 0, "%s", err);
     snprintf(want, sizeof want, "%s/shards/train_*.bin", real);
     ck_assert_str_eq(c->data.train, want);
@@ -297,7 +294,7 @@ START_TEST(test_absolute_data_paths) {
     ck_assert_int_eq(config_absolute_data_paths(c, err, sizeof err), 0);
     ck_assert_str_eq(c->data.train, before);
     /* A glob without a directory part lives in the working directory. */
-    const char *set[] = {"data.val=val_*.bin"};
+    const char *set[] = { "data.val=val_*.bin" };
     ck_assert_int_eq(config_apply_overrides(c, set, 1, err, sizeof err), 0);
     ck_assert_int_eq(config_absolute_data_paths(c, err, sizeof err), 0);
     snprintf(want, sizeof want, "%s/val_*.bin", cwd);
@@ -311,9 +308,9 @@ END_TEST
 
 START_TEST(test_overrides) {
     orch_config *c = load_ok(DOC(MODEL, TRAIN, DATA, ""));
-    const char *sets[] = {"train.lr=3e-4", "engine.name=123",
-                          "engine.options=sleep_ms=5", "train.schedule=linear",
-                          "model.mlp_width=100"};
+    const char *sets[] = { "train.lr=3e-4", "engine.name=123",
+                           "engine.options=sleep_ms=5", "train.schedule=linear",
+                           "model.mlp_width=100" };
     ck_assert_int_eq(config_apply_overrides(c, sets, 5, err, sizeof err), 0);
     ck_assert(c->train.lr == 3e-4);
     ck_assert_str_eq(c->engine.name, "123"); /* string key: raw text */
@@ -322,29 +319,27 @@ START_TEST(test_overrides) {
     ck_assert_uint_eq(c->model.mlp_width, 100);
 
     /* Bad overrides name the override and the path; cfg is unchanged. */
-    const char *bad1[] = {"train.lrr=1"};
+    const char *bad1[] = { "train.lrr=1" };
     ck_assert_int_eq(config_apply_overrides(c, bad1, 1, err, sizeof err), -1);
-    ck_assert_msg(strstr(err, "train.lrr") && strstr(err, "train.lr?"), "%s",
-                  err);
-    const char *bad2[] = {"model.heads=5"};
+    ck_assert_msg(strstr(err, "train.lrr") && strstr(err, "train.lr?"), "%s", err);
+    const char *bad2[] = { "model.heads=5" };
     ck_assert_int_eq(config_apply_overrides(c, bad2, 1, err, sizeof err), -1);
     ck_assert_msg(strstr(err, "--set model.heads=5: model.heads"), "%s", err);
     ck_assert_uint_eq(c->model.heads, 4);
-    const char *bad3[] = {"train.lr=fast"};
+    const char *bad3[] = { "train.lr=fast" };
     ck_assert_int_eq(config_apply_overrides(c, bad3, 1, err, sizeof err), -1);
-    ck_assert_msg(strstr(err, "train.lr: expected a number, got a string"),
-                  "%s", err);
+    ck_assert_msg(strstr(err, "train.lr: expected a number, got a string"), "%s", err);
     ck_assert(c->train.lr == 3e-4);
-    const char *bad4[] = {"train"};
+    const char *bad4[] = { "train" };
     ck_assert_int_eq(config_apply_overrides(c, bad4, 1, err, sizeof err), -1);
     ck_assert_msg(strstr(err, "KEY=VALUE"), "%s", err);
-    const char *bad5[] = {"train.lr.x=1"};
+    const char *bad5[] = { "train.lr.x=1" };
     ck_assert_int_eq(config_apply_overrides(c, bad5, 1, err, sizeof err), -1);
     ck_assert_msg(strstr(err, "train.lr is not an object"), "%s", err);
 
     /* null removes a key (its default returns); sets apply in order. */
-    const char *sets2[] = {"train.max_steps=null", "train.epochs=1.5",
-                           "model.mlp_width=null"};
+    const char *sets2[] = { "train.max_steps=null", "train.epochs=1.5",
+                            "model.mlp_width=null" };
     ck_assert_int_eq(config_apply_overrides(c, sets2, 3, err, sizeof err), 0);
     ck_assert_uint_eq(c->train.max_steps, 0);
     ck_assert(c->train.epochs == 1.5);
@@ -355,10 +350,9 @@ END_TEST
 
 START_TEST(test_serialise_round_trip) {
     /* Model section without optional keys and with an odd key order. */
-    const char *text =
-        "{\"model\": {\"width\": 64, \"heads\": 4, \"layers\": 2, "
-        "\"context\": 64, \"vocab_size\": 300},"
-        " " TRAIN ", " DATA "}";
+    const char *text = "{\"model\": {\"width\": 64, \"heads\": 4, \"layers\": 2, "
+                       "\"context\": 64, \"vocab_size\": 300},"
+                       " " TRAIN ", " DATA "}";
     orch_config *c = load_ok(text);
     char *json = config_to_json(c);
     ck_assert_ptr_nonnull(json);
@@ -382,7 +376,7 @@ START_TEST(test_serialise_round_trip) {
     free(json2);
 
     orch_config *c3 = config_clone(c);
-    const char *s[] = {"model.layers=3"};
+    const char *s[] = { "model.layers=3" };
     ck_assert_int_eq(config_apply_overrides(c3, s, 1, err, sizeof err), 0);
     ck_assert(!config_same_model(c, c3));
     ck_assert_uint_eq(c->model.layers, 2);
@@ -393,10 +387,10 @@ START_TEST(test_serialise_round_trip) {
 END_TEST
 
 START_TEST(test_model_description) {
-    orch_config *c = load_ok(
-        "{\"model\": {\"vocab_size\": 260, \"context\": 64, \"layers\": 3, "
-        "\"heads\": 4, \"width\": 64, \"mlp_width\": 200, "
-        "\"layernorm_eps\": 1e-6}, " TRAIN ", " DATA "}");
+    orch_config *c =
+        load_ok("{\"model\": {\"vocab_size\": 260, \"context\": 64, \"layers\": 3, "
+                "\"heads\": 4, \"width\": 64, \"mlp_width\": 200, "
+                "\"layernorm_eps\": 1e-6}, " TRAIN ", " DATA "}");
     orch_model_desc d;
     memset(&d, 0xab, sizeof d);
     config_model_desc(c, &d);

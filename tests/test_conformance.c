@@ -26,13 +26,13 @@
 #include "tests/test_util.h"
 
 #define MAX_ENGINES 16
-#define V 200u
-#define T 64u
-#define L 2u
-#define H 2u
-#define C 32u
-#define N_TENSORS (2u + 12u * L + 2u)
-#define SEED 1234u
+#define V           200u
+#define T           64u
+#define L           2u
+#define H           2u
+#define C           32u
+#define N_TENSORS   (2u + 12u * L + 2u)
+#define SEED        1234u
 
 typedef struct conf_engine {
     char label[256];
@@ -47,8 +47,8 @@ static char load_failures[4096];
 /* Helpers                                                                    */
 /* ------------------------------------------------------------------------- */
 
-#define ENG (&engines[_i])
-#define API (engines[_i].h.api)
+#define ENG   (&engines[_i])
+#define API   (engines[_i].h.api)
 #define ENAME (engines[_i].label)
 
 static orch_engine_ctx *make_ctx_seed(const conf_engine *e, uint64_t seed) {
@@ -145,7 +145,7 @@ START_TEST(test_bad_model_rejected) {
     cases[n].what = "arch 99", cases[n].m = base, cases[n++].m.arch = 99;
     cases[n].what = "kv_heads != heads", cases[n].m = base, cases[n++].m.kv_heads = 1;
     for (int i = 0; i < n; i++) {
-        orch_engine_options o = {sizeof o, 1, SEED, NULL};
+        orch_engine_options o = { sizeof o, 1, SEED, NULL };
         orch_engine_ctx *sentinel = (orch_engine_ctx *)&cases[i];
         orch_engine_ctx *ctx = sentinel;
         char err[512];
@@ -154,13 +154,12 @@ START_TEST(test_bad_model_rejected) {
         ck_assert_msg(st != ORCH_OK, "%s: %s accepted", ENAME, cases[i].what);
         ck_assert_msg(ctx == sentinel, "%s: %s: out_ctx changed on failure", ENAME,
                       cases[i].what);
-        ck_assert_msg(err[0] != '\0', "%s: %s: no error message", ENAME,
-                      cases[i].what);
+        ck_assert_msg(err[0] != '\0', "%s: %s: no error message", ENAME, cases[i].what);
     }
     /* NULL model, and a tiny err buffer is respected. */
-    orch_engine_options o = {sizeof o, 1, SEED, NULL};
+    orch_engine_options o = { sizeof o, 1, SEED, NULL };
     orch_engine_ctx *ctx = NULL;
-    char small[4] = {'x', 'x', 'x', 'x'};
+    char small[4] = { 'x', 'x', 'x', 'x' };
     ck_assert_int_ne(API->context_create(NULL, &o, &ctx, small, 3), ORCH_OK);
     ck_assert_ptr_null(ctx);
     ck_assert_int_eq(small[3], 'x');
@@ -170,12 +169,12 @@ END_TEST
 
 START_TEST(test_unknown_option_rejected) {
     orch_model_desc m = test_model_desc(V, T, L, H, C);
-    orch_engine_options o = {sizeof o, 1, SEED, "surely_not_an_option_key=1"};
+    orch_engine_options o = { sizeof o, 1, SEED, "surely_not_an_option_key=1" };
     orch_engine_ctx *ctx = NULL;
     char err[512] = "";
     int32_t st = API->context_create(&m, &o, &ctx, err, sizeof err);
-    ck_assert_msg(st == ORCH_ERR_INVALID_ARGUMENT, "%s: unknown option gave %d",
-                  ENAME, st);
+    ck_assert_msg(st == ORCH_ERR_INVALID_ARGUMENT, "%s: unknown option gave %d", ENAME,
+                  st);
     ck_assert_ptr_null(ctx);
     ck_assert_msg(err[0] != '\0', "%s: no message", ENAME);
 }
@@ -200,17 +199,18 @@ START_TEST(test_last_error) {
     ck_assert_msg(memcmp(&info, &copy, sizeof info) == 0,
                   "%s: tensor_info changed its out-param on failure", ENAME);
 
-    float buf[4] = {1, 2, 3, 4};
+    float buf[4] = { 1, 2, 3, 4 };
     expect_error(ENG, ctx, API->tensor_read(ctx, ORCH_TENSOR_PARAM, 0, buf, sizeof buf),
                  "tensor_read with the wrong byte count");
     ck_assert(buf[0] == 1 && buf[3] == 4);
 
     if (API->capabilities & ORCH_CAP_TRAIN) {
         uint64_t n = total_params(ENG, ctx);
-        expect_error(ENG, ctx, API->grads_read(ctx, n - 1, 2, buf), "grads_read past the end");
+        expect_error(ENG, ctx, API->grads_read(ctx, n - 1, 2, buf),
+                     "grads_read past the end");
         ck_assert(buf[0] == 1 && buf[1] == 2);
         float loss = 99.0f;
-        int32_t tok[2] = {1, 2}, tgt[2] = {2, (int32_t)V};
+        int32_t tok[2] = { 1, 2 }, tgt[2] = { 2, (int32_t)V };
         expect_error(ENG, ctx, API->forward_backward(ctx, tok, tgt, 1, 2, 1.0f, &loss),
                      "target out of range");
         ck_assert(loss == 99.0f);
@@ -228,11 +228,11 @@ START_TEST(test_status_strings) {
         const char *str = API->status_string(s);
         ck_assert_msg(str && *str, "%s: empty status string for %d", ENAME, s);
         for (int32_t k = 0; k < s; k++)
-            ck_assert_msg(strcmp(seen[k], str) != 0,
-                          "%s: codes %d and %d share '%s'", ENAME, k, s, str);
+            ck_assert_msg(strcmp(seen[k], str) != 0, "%s: codes %d and %d share '%s'",
+                          ENAME, k, s, str);
         seen[s] = str;
     }
-    const int32_t unknown[] = {ORCH_STATUS_COUNT_V1, -1, 12345, INT32_MIN};
+    const int32_t unknown[] = { ORCH_STATUS_COUNT_V1, -1, 12345, INT32_MIN };
     for (size_t i = 0; i < sizeof unknown / sizeof unknown[0]; i++) {
         const char *str = API->status_string(unknown[i]);
         ck_assert_ptr_nonnull(str);
@@ -273,13 +273,13 @@ static void expected_entry(uint32_t i, char *name, size_t cap, uint32_t *ndim,
         const char *suffix;
         uint32_t ndim;
         uint64_t a, b; /* in units: 0 -> C, 1 -> 3C, 2 -> M */
-    } layer[12] = {{"ln_1.weight", 1, 0, 0},        {"ln_1.bias", 1, 0, 0},
-                   {"attn.c_attn.weight", 2, 1, 0}, {"attn.c_attn.bias", 1, 1, 0},
-                   {"attn.c_proj.weight", 2, 0, 0}, {"attn.c_proj.bias", 1, 0, 0},
-                   {"ln_2.weight", 1, 0, 0},        {"ln_2.bias", 1, 0, 0},
-                   {"mlp.c_fc.weight", 2, 2, 0},    {"mlp.c_fc.bias", 1, 2, 0},
-                   {"mlp.c_proj.weight", 2, 0, 2},  {"mlp.c_proj.bias", 1, 0, 0}};
-    const uint64_t unit[3] = {C, 3 * C, M};
+    } layer[12] = { { "ln_1.weight", 1, 0, 0 },        { "ln_1.bias", 1, 0, 0 },
+                    { "attn.c_attn.weight", 2, 1, 0 }, { "attn.c_attn.bias", 1, 1, 0 },
+                    { "attn.c_proj.weight", 2, 0, 0 }, { "attn.c_proj.bias", 1, 0, 0 },
+                    { "ln_2.weight", 1, 0, 0 },        { "ln_2.bias", 1, 0, 0 },
+                    { "mlp.c_fc.weight", 2, 2, 0 },    { "mlp.c_fc.bias", 1, 2, 0 },
+                    { "mlp.c_proj.weight", 2, 0, 2 },  { "mlp.c_proj.bias", 1, 0, 0 } };
+    const uint64_t unit[3] = { C, 3 * C, M };
     uint32_t l = (i - 2) / 12, k = (i - 2) % 12;
     snprintf(name, cap, "h.%u.%s", l, layer[k].suffix);
     *ndim = layer[k].ndim;
@@ -300,12 +300,14 @@ START_TEST(test_tensor_table) {
             uint32_t ndim;
             uint64_t shape[2];
             expected_entry(i, name, sizeof name, &ndim, shape);
-            ck_assert_msg(strcmp(ti->name, name) == 0, "%s: tensor %u is '%s', expected '%s'",
-                          ENAME, i, ti->name, name);
+            ck_assert_msg(strcmp(ti->name, name) == 0,
+                          "%s: tensor %u is '%s', expected '%s'", ENAME, i, ti->name,
+                          name);
             ck_assert_msg(ti->ndim == ndim, "%s: %s ndim %u", ENAME, name, ti->ndim);
-            ck_assert_msg(ti->shape[0] == shape[0] && (ndim == 1 || ti->shape[1] == shape[1]),
-                          "%s: %s shape [%llu,%llu]", ENAME, name,
-                          (unsigned long long)ti->shape[0], (unsigned long long)ti->shape[1]);
+            ck_assert_msg(
+                ti->shape[0] == shape[0] && (ndim == 1 || ti->shape[1] == shape[1]),
+                "%s: %s shape [%llu,%llu]", ENAME, name, (unsigned long long)ti->shape[0],
+                (unsigned long long)ti->shape[1]);
             ck_assert_uint_eq(ti->numel, ndim == 1 ? shape[0] : shape[0] * shape[1]);
             ck_assert_uint_eq(ti->dtype, ORCH_DTYPE_F32);
             ck_assert_msg(ti->offset == off, "%s: %s offset %llu, expected %llu", ENAME,
@@ -360,8 +362,8 @@ START_TEST(test_tensor_init) {
     for (uint32_t kind = 1; kind < 3; kind++) {
         float *m = test_read_kind(API, ctx, kind, &t);
         for (uint64_t j = 0; j < t.total; j++)
-            ck_assert_msg(m[j] == 0.0f, "%s: moment kind %u not zero at %llu", ENAME, kind,
-                          (unsigned long long)j);
+            ck_assert_msg(m[j] == 0.0f, "%s: moment kind %u not zero at %llu", ENAME,
+                          kind, (unsigned long long)j);
         free(m);
     }
     if (API->capabilities & ORCH_CAP_TRAIN) {
@@ -385,7 +387,8 @@ START_TEST(test_tensor_roundtrip) {
         for (uint32_t i = 0; i < t.n; i++) {
             int32_t st = API->tensor_write(ctx, kind, i, want[kind] + t.info[i].offset,
                                            t.info[i].numel * sizeof(float));
-            ck_assert_msg(st == ORCH_OK, "%s: tensor_write: %s", ENAME, API->last_error(ctx));
+            ck_assert_msg(st == ORCH_OK, "%s: tensor_write: %s", ENAME,
+                          API->last_error(ctx));
         }
     }
     for (uint32_t kind = 0; kind < 3; kind++) {
@@ -436,11 +439,12 @@ START_TEST(test_grads_flat) {
         float *part = malloc(t.info[i].numel * sizeof(float));
         ck_assert_int_eq(API->grads_read(ctx, t.info[i].offset, t.info[i].numel, part),
                          ORCH_OK);
-        ck_assert(memcmp(part, src + t.info[i].offset, t.info[i].numel * sizeof(float)) == 0);
+        ck_assert(memcmp(part, src + t.info[i].offset, t.info[i].numel * sizeof(float)) ==
+                  0);
         free(part);
     }
     /* Partial write in the middle. */
-    float patch[5] = {1, 2, 3, 4, 5};
+    float patch[5] = { 1, 2, 3, 4, 5 };
     ck_assert_int_eq(API->grads_write(ctx, 100, 5, patch), ORCH_OK);
     memcpy(src + 100, patch, sizeof patch);
     free(g);
@@ -448,8 +452,10 @@ START_TEST(test_grads_flat) {
     ck_assert(memcmp(g, src, n * sizeof(float)) == 0);
     /* Out of range. */
     expect_error(ENG, ctx, API->grads_write(ctx, n, 1, patch), "grads_write at the end");
-    expect_error(ENG, ctx, API->grads_write(ctx, n - 2, 5, patch), "grads_write past the end");
-    expect_error(ENG, ctx, API->grads_read(ctx, UINT64_MAX, 2, patch), "grads_read at 2^64-1");
+    expect_error(ENG, ctx, API->grads_write(ctx, n - 2, 5, patch),
+                 "grads_write past the end");
+    expect_error(ENG, ctx, API->grads_read(ctx, UINT64_MAX, 2, patch),
+                 "grads_read at 2^64-1");
     expect_error(ENG, ctx, API->grads_read(ctx, 0, n, NULL), "grads_read into NULL");
     /* Zero. */
     ck_assert_int_eq(API->grads_zero(ctx), ORCH_OK);
@@ -474,11 +480,13 @@ START_TEST(test_forward_backward_accumulates) {
                   "%s: %s", ENAME, API->last_error(ctx));
     ck_assert_msg(isfinite(l1) && l1 > 0, "%s: loss %g", ENAME, (double)l1);
     ck_assert_msg(fabs(l1 - log((double)V)) < 0.5,
-                  "%s: initial loss %g far from ln(V) = %g", ENAME, (double)l1, log((double)V));
+                  "%s: initial loss %g far from ln(V) = %g", ENAME, (double)l1,
+                  log((double)V));
     float *g1 = test_read_grads(API, ctx, n);
     double norm = 0;
     float gmax = 0;
-    for (uint64_t j = 0; j < n; j++) norm += (double)g1[j] * g1[j], gmax = fmaxf(gmax, fabsf(g1[j]));
+    for (uint64_t j = 0; j < n; j++)
+        norm += (double)g1[j] * g1[j], gmax = fmaxf(gmax, fabsf(g1[j]));
     ck_assert_msg(norm > 0, "%s: forward_backward added no gradient", ENAME);
 
     ck_assert_int_eq(API->forward_backward(ctx, tok, tgt, TB, TS, 1.0f, &l2), ORCH_OK);
@@ -554,7 +562,8 @@ START_TEST(test_eval_loss_matches) {
                   "%s: eval_loss touched the gradients", ENAME);
     float keep = 5.0f;
     tok[0] = (int32_t)V;
-    expect_error(ENG, ctx, API->eval_loss(ctx, tok, tgt, TB, TS, &keep), "token == vocab");
+    expect_error(ENG, ctx, API->eval_loss(ctx, tok, tgt, TB, TS, &keep),
+                 "token == vocab");
     ck_assert(keep == 5.0f);
     free(before);
     free(after);
@@ -577,7 +586,8 @@ START_TEST(test_optimizer_lowers_loss) {
     float first = 0, loss = 0;
     for (uint64_t step = 1; step <= 8; step++) {
         ck_assert_int_eq(API->grads_zero(ctx), ORCH_OK);
-        ck_assert_int_eq(API->forward_backward(ctx, tok, tgt, TB, TS, 1.0f, &loss), ORCH_OK);
+        ck_assert_int_eq(API->forward_backward(ctx, tok, tgt, TB, TS, 1.0f, &loss),
+                         ORCH_OK);
         if (step == 1) first = loss;
         float *g = test_read_grads(API, ctx, t.total);
         double sq = 0;
@@ -644,7 +654,8 @@ START_TEST(test_optimizer_nonfinite) {
 END_TEST
 
 START_TEST(test_determinism) {
-    orch_engine_ctx *a = make_ctx(ENG), *b = make_ctx(ENG), *c = make_ctx_seed(ENG, SEED + 1);
+    orch_engine_ctx *a = make_ctx(ENG), *b = make_ctx(ENG),
+                    *c = make_ctx_seed(ENG, SEED + 1);
     test_table t;
     read_table(ENG, a, ORCH_TENSOR_PARAM, &t);
     float *pa = test_read_kind(API, a, ORCH_TENSOR_PARAM, &t);
@@ -659,8 +670,8 @@ START_TEST(test_determinism) {
         int32_t tok[TB * TS], tgt[TB * TS];
         train_batch(tok, tgt);
         float la[3], lb[3];
-        orch_engine_ctx *ctxs[2] = {a, b};
-        float *ls[2] = {la, lb};
+        orch_engine_ctx *ctxs[2] = { a, b };
+        float *ls[2] = { la, lb };
         for (int k = 0; k < 2; k++)
             for (uint64_t step = 1; step <= 3; step++) {
                 ck_assert_int_eq(API->grads_zero(ctxs[k]), ORCH_OK);
@@ -696,11 +707,11 @@ END_TEST
 /* Inference and the KV cache                                                 */
 /* ------------------------------------------------------------------------- */
 
-#define BS 4u      /* block size */
-#define NB 40u     /* pool blocks */
-#define PLEN 10u   /* prompt length */
+#define BS   4u  /* block size */
+#define NB   40u /* pool blocks */
+#define PLEN 10u /* prompt length */
 
-static const int32_t prompt[PLEN] = {17, 3, 150, 42, 42, 199, 0, 88, 61, 120};
+static const int32_t prompt[PLEN] = { 17, 3, 150, 42, 42, 199, 0, 88, 61, 120 };
 
 static orch_engine_ctx *kv_ctx(const conf_engine *e) {
     orch_engine_ctx *ctx = make_ctx(e);
@@ -712,8 +723,8 @@ static orch_engine_ctx *kv_ctx(const conf_engine *e) {
     return ctx;
 }
 
-static void rows_close(const conf_engine *e, const float *a, const float *b, uint32_t rows,
-                       const char *what) {
+static void rows_close(const conf_engine *e, const float *a, const float *b,
+                       uint32_t rows, const char *what) {
     for (uint64_t j = 0; j < (uint64_t)rows * V; j++)
         ck_assert_msg(test_close(a[j], b[j], 1e-4f, 1e-4f),
                       "%s: %s: logit %llu: %g vs %g", e->label, what,
@@ -726,14 +737,14 @@ START_TEST(test_kv_all_vs_incremental) {
     float *all = malloc(PLEN * V * sizeof(float));
     float *one = malloc(V * sizeof(float));
     /* Whole prompt, every row, blocks scattered through the pool. */
-    const int32_t ta[3] = {3, 37, 1};
+    const int32_t ta[3] = { 3, 37, 1 };
     orch_seq_input s = test_seq_input(prompt, PLEN, 0, ta, 3, ORCH_LOGITS_ALL);
     ck_assert_msg(test_infer(API, ctx, &s, 1, all, PLEN * V) == ORCH_OK, "%s: %s", ENAME,
                   API->last_error(ctx));
     for (uint64_t j = 0; j < (uint64_t)PLEN * V; j++) ck_assert(isfinite(all[j]));
     /* Same prompt in other blocks: a chunk without logits, a chunk with the
      * last row, then one token at a time. */
-    const int32_t tb[3] = {20, 5, 11};
+    const int32_t tb[3] = { 20, 5, 11 };
     s = test_seq_input(prompt, 2, 0, tb, 3, ORCH_LOGITS_NONE);
     one[0] = 4242.0f;
     ck_assert_int_eq(test_infer(API, ctx, &s, 1, one, V), ORCH_OK);
@@ -759,7 +770,7 @@ START_TEST(test_kv_batch_of_sequences) {
     if (!need(ENG, ORCH_CAP_INFER, "infer")) return;
     orch_engine_ctx *ctx = kv_ctx(ENG);
     /* Reference: each sequence alone. */
-    const int32_t t1[3] = {0, 1, 2}, t2[2] = {9, 8};
+    const int32_t t1[3] = { 0, 1, 2 }, t2[2] = { 9, 8 };
     float ref1[V], ref2[V], both[2 * V];
     orch_seq_input s1 = test_seq_input(prompt, PLEN, 0, t1, 3, ORCH_LOGITS_LAST);
     orch_seq_input s2 = test_seq_input(prompt + 3, 6, 0, t2, 2, ORCH_LOGITS_LAST);
@@ -770,11 +781,11 @@ START_TEST(test_kv_batch_of_sequences) {
         orch_seq_input s;
         uint64_t future_member;
     } wide[2];
-    const int32_t u1[3] = {30, 31, 32}, u2[2] = {33, 34};
+    const int32_t u1[3] = { 30, 31, 32 }, u2[2] = { 33, 34 };
     wide[0].s = test_seq_input(prompt, PLEN, 0, u1, 3, ORCH_LOGITS_LAST);
     wide[1].s = test_seq_input(prompt + 3, 6, 0, u2, 2, ORCH_LOGITS_LAST);
     wide[0].future_member = wide[1].future_member = 0;
-    orch_infer_batch b = {sizeof b, 2, sizeof wide[0], 0, &wide[0].s};
+    orch_infer_batch b = { sizeof b, 2, sizeof wide[0], 0, &wide[0].s };
     ck_assert_msg(API->infer_forward(ctx, &b, both, 2 * V) == ORCH_OK, "%s: %s", ENAME,
                   API->last_error(ctx));
     rows_close(ENG, both, ref1, 1, "sequence 0 in a batch");
@@ -782,13 +793,13 @@ START_TEST(test_kv_batch_of_sequences) {
     /* A shared read-only prefix block is fine: both sequences read block 0
      * (positions 0..3 = prompt[0..3], written above) and each writes position
      * 4 into its own block. References: the same tokens in fresh blocks. */
-    const int32_t alt[5] = {prompt[0], prompt[1], prompt[2], prompt[3], prompt[5]};
-    const int32_t r1[2] = {23, 24}, r2[2] = {25, 26};
+    const int32_t alt[5] = { prompt[0], prompt[1], prompt[2], prompt[3], prompt[5] };
+    const int32_t r1[2] = { 23, 24 }, r2[2] = { 25, 26 };
     orch_seq_input r = test_seq_input(prompt, 5, 0, r1, 2, ORCH_LOGITS_LAST);
     ck_assert_int_eq(test_infer(API, ctx, &r, 1, ref1, V), ORCH_OK);
     r = test_seq_input(alt, 5, 0, r2, 2, ORCH_LOGITS_LAST);
     ck_assert_int_eq(test_infer(API, ctx, &r, 1, ref2, V), ORCH_OK);
-    const int32_t p1[2] = {0, 35}, p2[2] = {0, 36};
+    const int32_t p1[2] = { 0, 35 }, p2[2] = { 0, 36 };
     orch_seq_input sh[2] = { test_seq_input(prompt + 4, 1, 4, p1, 2, ORCH_LOGITS_LAST),
                              test_seq_input(prompt + 5, 1, 4, p2, 2, ORCH_LOGITS_LAST) };
     ck_assert_msg(test_infer(API, ctx, sh, 2, both, 2 * V) == ORCH_OK,
@@ -803,16 +814,16 @@ END_TEST
 START_TEST(test_kv_copy_blocks) {
     if (!need(ENG, ORCH_CAP_KV_COPY, "kv-copy")) return;
     orch_engine_ctx *ctx = kv_ctx(ENG);
-    const int32_t ta[3] = {3, 7, 1};
+    const int32_t ta[3] = { 3, 7, 1 };
     float a[V], b[V];
     orch_seq_input s = test_seq_input(prompt, PLEN, 0, ta, 3, ORCH_LOGITS_NONE);
     ck_assert_int_eq(test_infer(API, ctx, &s, 1, NULL, 0), ORCH_OK);
     /* Copy-on-write of the partial last block, then decode the same token in
      * both branches, in one batch (they share blocks 3 and 7 read-only). */
-    const int32_t src[1] = {1}, dst[1] = {12};
+    const int32_t src[1] = { 1 }, dst[1] = { 12 };
     ck_assert_msg(API->kv_copy_blocks(ctx, src, dst, 1) == ORCH_OK, "%s: %s", ENAME,
                   API->last_error(ctx));
-    const int32_t tc[3] = {3, 7, 12};
+    const int32_t tc[3] = { 3, 7, 12 };
     const int32_t next = 77;
     orch_seq_input two[2] = { test_seq_input(&next, 1, PLEN, ta, 3, ORCH_LOGITS_LAST),
                               test_seq_input(&next, 1, PLEN, tc, 3, ORCH_LOGITS_LAST) };
@@ -823,9 +834,9 @@ START_TEST(test_kv_copy_blocks) {
     memcpy(b, both + V, sizeof b);
     rows_close(ENG, a, b, 1, "decode from the copy vs the original");
     /* Copy several blocks at once, then decode a different token from them. */
-    const int32_t src2[3] = {3, 7, 1}, dst2[3] = {20, 21, 22};
+    const int32_t src2[3] = { 3, 7, 1 }, dst2[3] = { 20, 21, 22 };
     ck_assert_int_eq(API->kv_copy_blocks(ctx, src2, dst2, 3), ORCH_OK);
-    const int32_t t3[3] = {20, 21, 22};
+    const int32_t t3[3] = { 20, 21, 22 };
     const int32_t other = 5;
     s = test_seq_input(&other, 1, PLEN + 1, ta, 3, ORCH_LOGITS_LAST);
     ck_assert_int_eq(test_infer(API, ctx, &s, 1, a, V), ORCH_OK);
@@ -833,25 +844,28 @@ START_TEST(test_kv_copy_blocks) {
     ck_assert_int_eq(test_infer(API, ctx, &s, 1, b, V), ORCH_OK);
     rows_close(ENG, a, b, 1, "decode after a 3-block copy");
     /* Bad copies. */
-    const int32_t bad[1] = {(int32_t)NB}, neg[1] = {-1};
-    expect_error(ENG, ctx, API->kv_copy_blocks(ctx, src, bad, 1), "copy to a block past the pool");
+    const int32_t bad[1] = { (int32_t)NB }, neg[1] = { -1 };
+    expect_error(ENG, ctx, API->kv_copy_blocks(ctx, src, bad, 1),
+                 "copy to a block past the pool");
     expect_error(ENG, ctx, API->kv_copy_blocks(ctx, neg, dst, 1), "copy from block -1");
-    const int32_t os[2] = {4, 5}, od[2] = {5, 6};
+    const int32_t os[2] = { 4, 5 }, od[2] = { 5, 6 };
     expect_error(ENG, ctx, API->kv_copy_blocks(ctx, os, od, 2), "overlapping copy sets");
     API->context_destroy(ctx);
 }
 END_TEST
 
 /* Run a bad batch: it must fail, explain itself, and write no logits. */
-static void bad_batch(const conf_engine *e, orch_engine_ctx *ctx, const orch_seq_input *seqs,
-                      uint32_t n, uint64_t cap, const char *what, int strict_invalid) {
+static void bad_batch(const conf_engine *e, orch_engine_ctx *ctx,
+                      const orch_seq_input *seqs, uint32_t n, uint64_t cap,
+                      const char *what, int strict_invalid) {
     float *logits = malloc((size_t)(2 * V + 1) * sizeof(float));
     for (uint32_t j = 0; j < 2 * V + 1; j++) logits[j] = 31337.0f;
     int32_t st = test_infer(e->h.api, ctx, seqs, n, logits, cap);
     expect_error(e, ctx, st, what);
     if (strict_invalid)
-        ck_assert_msg(st == ORCH_ERR_INVALID_ARGUMENT, "%s: %s gave %s, expected invalid argument",
-                      e->label, what, e->h.api->status_string(st));
+        ck_assert_msg(st == ORCH_ERR_INVALID_ARGUMENT,
+                      "%s: %s gave %s, expected invalid argument", e->label, what,
+                      e->h.api->status_string(st));
     else
         ck_assert_msg(st == ORCH_ERR_INVALID_ARGUMENT || st == ORCH_ERR_CAPACITY,
                       "%s: %s gave %s", e->label, what, e->h.api->status_string(st));
@@ -864,23 +878,25 @@ START_TEST(test_kv_bad_calls) {
     if (!need(ENG, ORCH_CAP_INFER, "infer")) return;
     /* No pool yet. */
     orch_engine_ctx *ctx = make_ctx(ENG);
-    const int32_t t0[1] = {0};
+    const int32_t t0[1] = { 0 };
     orch_seq_input s = test_seq_input(prompt, 1, 0, t0, 1, ORCH_LOGITS_LAST);
     float row[V];
     expect_error(ENG, ctx, test_infer(API, ctx, &s, 1, row, V),
                  "infer_forward before kv_configure");
     uint64_t bytes = 9;
-    expect_error(ENG, ctx, API->kv_block_bytes(ctx, BS, NULL), "kv_block_bytes into NULL");
-    expect_error(ENG, ctx, API->kv_block_bytes(ctx, 0, &bytes), "kv_block_bytes of size 0");
+    expect_error(ENG, ctx, API->kv_block_bytes(ctx, BS, NULL),
+                 "kv_block_bytes into NULL");
+    expect_error(ENG, ctx, API->kv_block_bytes(ctx, 0, &bytes),
+                 "kv_block_bytes of size 0");
     ck_assert(bytes == 9);
     expect_error(ENG, ctx, API->kv_configure(ctx, 0, NB), "block size 0");
     expect_error(ENG, ctx, API->kv_configure(ctx, BS, 0), "zero blocks");
     API->context_destroy(ctx);
 
     ctx = kv_ctx(ENG);
-    const int32_t table[3] = {0, 1, 2};
+    const int32_t table[3] = { 0, 1, 2 };
     /* Token ids out of range. */
-    int32_t badtok[2] = {5, (int32_t)V};
+    int32_t badtok[2] = { 5, (int32_t)V };
     s = test_seq_input(badtok, 2, 0, table, 1, ORCH_LOGITS_LAST);
     bad_batch(ENG, ctx, &s, 1, V, "token == vocab", 1);
     badtok[1] = -1;
@@ -891,7 +907,7 @@ START_TEST(test_kv_bad_calls) {
     s = test_seq_input(prompt, 2, T - 1, long_table, T / BS + 1, ORCH_LOGITS_LAST);
     bad_batch(ENG, ctx, &s, 1, V, "positions past the context", 1);
     /* Block ids outside the pool. */
-    const int32_t out1[1] = {(int32_t)NB}, out2[1] = {-1};
+    const int32_t out1[1] = { (int32_t)NB }, out2[1] = { -1 };
     s = test_seq_input(prompt, 2, 0, out1, 1, ORCH_LOGITS_LAST);
     bad_batch(ENG, ctx, &s, 1, V, "block id == pool size", 1);
     s = test_seq_input(prompt, 2, 0, out2, 1, ORCH_LOGITS_LAST);
@@ -909,19 +925,20 @@ START_TEST(test_kv_bad_calls) {
     s.adapter_id = 1;
     bad_batch(ENG, ctx, &s, 1, V, "adapter_id 1", 0);
     /* The same block written by two sequences. */
-    const int32_t same[1] = {5};
+    const int32_t same[1] = { 5 };
     orch_seq_input two[2] = { test_seq_input(prompt, 2, 0, same, 1, ORCH_LOGITS_LAST),
                               test_seq_input(prompt + 2, 2, 0, same, 1,
                                              ORCH_LOGITS_LAST) };
     bad_batch(ENG, ctx, two, 2, 2 * V, "one block written by two sequences", 1);
     /* A block written by one sequence and read by another. */
-    const int32_t full[1] = {21};
+    const int32_t full[1] = { 21 };
     s = test_seq_input(prompt, 4, 0, full, 1, ORCH_LOGITS_NONE);
     ck_assert_int_eq(test_infer(API, ctx, &s, 1, NULL, 0), ORCH_OK);
-    const int32_t reader[2] = {21, 22};
+    const int32_t reader[2] = { 21, 22 };
     two[0] = test_seq_input(prompt, 1, 2, full, 1, ORCH_LOGITS_LAST);   /* rewrites 21 */
     two[1] = test_seq_input(prompt, 1, 4, reader, 2, ORCH_LOGITS_LAST); /* reads 21 */
-    bad_batch(ENG, ctx, two, 2, 2 * V, "a block written by one sequence, read by another", 1);
+    bad_batch(ENG, ctx, two, 2, 2 * V, "a block written by one sequence, read by another",
+              1);
     /* The context still works after all that. */
     s = test_seq_input(prompt, PLEN, 0, (const int32_t[3]){ 30, 31, 32 }, 3,
                        ORCH_LOGITS_LAST);
@@ -935,12 +952,12 @@ START_TEST(test_kv_reconfigure) {
     if (!need(ENG, ORCH_CAP_INFER, "infer")) return;
     orch_engine_ctx *ctx = kv_ctx(ENG);
     float a[V], b[V];
-    const int32_t t[3] = {1, 2, 3};
+    const int32_t t[3] = { 1, 2, 3 };
     orch_seq_input s = test_seq_input(prompt, PLEN, 0, t, 3, ORCH_LOGITS_LAST);
     ck_assert_int_eq(test_infer(API, ctx, &s, 1, a, V), ORCH_OK);
     /* A new pool with another block size gives the same answer. */
     ck_assert_int_eq(API->kv_configure(ctx, 16, 4), ORCH_OK);
-    const int32_t t16[1] = {2};
+    const int32_t t16[1] = { 2 };
     s = test_seq_input(prompt, PLEN, 0, t16, 1, ORCH_LOGITS_LAST);
     ck_assert_int_eq(test_infer(API, ctx, &s, 1, b, V), ORCH_OK);
     rows_close(ENG, a, b, 1, "block size 4 vs 16");
@@ -986,7 +1003,8 @@ static void discover(void) {
         char buf[4096];
         snprintf(buf, sizeof buf, "%s", list);
         char *save = NULL;
-        for (char *tok = strtok_r(buf, ", \t", &save); tok; tok = strtok_r(NULL, ", \t", &save))
+        for (char *tok = strtok_r(buf, ", \t", &save); tok;
+             tok = strtok_r(NULL, ", \t", &save))
             try_engine(tok);
         if (n_engines == 0) try_engine("mock"); /* at least the mock runs */
         return;

@@ -98,8 +98,7 @@ static orch_engine_ctx *make_ctx(const orch_model_desc *m, uint32_t threads,
                                  uint64_t seed, const char *options) {
     orch_engine_ctx *ctx = NULL;
     char err[1024];
-    int rc = engine_create_context(&H, m, threads, seed, options, &ctx, err,
-                                   sizeof err);
+    int rc = engine_create_context(&H, m, threads, seed, options, &ctx, err, sizeof err);
     ck_assert_msg(rc == 0, "create (%s): %s", options ? options : "", err);
     return ctx;
 }
@@ -116,9 +115,9 @@ static void load_fixture_params(orch_engine_ctx *ctx, const safetensors_file *f)
         const float *src = fixture_f32(f, key, &numel);
         ck_assert_msg(numel == ti->numel, "%s: fixture %zu vs engine %llu", ti->name,
                       numel, (unsigned long long)ti->numel);
-        ck_assert_int_eq(A->tensor_write(ctx, ORCH_TENSOR_PARAM, i, src,
-                                         numel * sizeof(float)),
-                         ORCH_OK);
+        ck_assert_int_eq(
+            A->tensor_write(ctx, ORCH_TENSOR_PARAM, i, src, numel * sizeof(float)),
+            ORCH_OK);
     }
 }
 
@@ -170,13 +169,13 @@ static orch_adamw_params adam_of(const safetensors_file *f, uint64_t step) {
 
 /* Option sets every numeric test runs under: kernels, threads, paths. */
 static const char *const variants[] = {
-    "",                        /* all cores, best kernels */
+    "", /* all cores, best kernels */
     "threads=1",
     "threads=3",
     "isa=avx2",
     "isa=generic",
-    "skinny=0",                /* OpenBLAS even for decoding */
-    "skinny=64,isa=avx2",      /* packed kernel for every product */
+    "skinny=0",           /* OpenBLAS even for decoding */
+    "skinny=64,isa=avx2", /* packed kernel for every product */
     "skinny=64,isa=generic",
 };
 #define N_VARIANTS (int)(sizeof variants / sizeof variants[0])
@@ -229,7 +228,7 @@ START_TEST(test_torch_forward) {
     /* Logits: both sequences in one batch, blocks of 5 positions, tables
      * interleaved. */
     ck_assert_int_eq(A->kv_configure(r.ctx, 5, 8), ORCH_OK);
-    int32_t t0[3] = {6, 0, 3}, t1[3] = {1, 7, 4};
+    int32_t t0[3] = { 6, 0, 3 }, t1[3] = { 1, 7, 4 };
     orch_seq_input s[2] = { test_seq_input(r.tokens, r.T, 0, t0, 3, ORCH_LOGITS_ALL),
                             test_seq_input(r.tokens + r.T, r.T, 0, t1, 3,
                                            ORCH_LOGITS_ALL) };
@@ -256,8 +255,8 @@ START_TEST(test_torch_gradients) {
     ck_assert_int_eq(A->grads_zero(r.ctx), ORCH_OK);
     ck_assert_int_eq(
         A->forward_backward(r.ctx, r.tokens, r.targets, r.B, r.T, 1.0f, &loss), ORCH_OK);
-    ck_assert_msg(fabsf(loss - ref_loss) <= 1e-4f, "[%s] loss %.7f vs torch %.7f",
-                  opt, loss, ref_loss);
+    ck_assert_msg(fabsf(loss - ref_loss) <= 1e-4f, "[%s] loss %.7f vs torch %.7f", opt,
+                  loss, ref_loss);
     test_table t;
     test_read_table(A, r.ctx, ORCH_TENSOR_PARAM, &t);
     float *g = test_read_grads(A, r.ctx, t.total);
@@ -306,8 +305,8 @@ START_TEST(test_torch_adamw_steps) {
         orch_adamw_params p = adam_of(r.f, (uint64_t)s + 1);
         ck_assert_int_eq(A->optimizer_step(r.ctx, &p, &norm), ORCH_OK);
         ck_assert_msg(fabsf(norm - ref_norms[s]) <= 1e-4f * ref_norms[s] + 1e-5f,
-                      "[%s] step %d: grad norm %.7f vs torch %.7f", opt, s + 1,
-                      norm, ref_norms[s]);
+                      "[%s] step %d: grad norm %.7f vs torch %.7f", opt, s + 1, norm,
+                      ref_norms[s]);
         clipped += norm > p.grad_clip;
         if (norm > p.grad_clip) { /* the buffer now holds clipped gradients */
             uint64_t n;
@@ -335,8 +334,8 @@ START_TEST(test_gradient_check) {
     orch_engine_ctx *ctx = make_ctx(&m, 0, 7, NULL);
     fill_random_params(ctx, 99);
     const uint32_t T = 7;
-    int32_t tokens[7] = {3, 17, 0, 22, 9, 9, 14};
-    int32_t targets[7] = {17, 0, -1, 9, 9, 14, 5};
+    int32_t tokens[7] = { 3, 17, 0, 22, 9, 9, 14 };
+    int32_t targets[7] = { 17, 0, -1, 9, 9, 14, 5 };
     float loss;
     ck_assert_int_eq(A->forward_backward(ctx, tokens, targets, 1, T, 1.0f, &loss),
                      ORCH_OK);
@@ -349,13 +348,13 @@ START_TEST(test_gradient_check) {
     for (uint32_t i = 0; i < t.n; i++) {
         const orch_tensor_info ti = t.info[i];
         float *w = malloc(ti.numel * sizeof(float));
-        ck_assert_int_eq(A->tensor_read(ctx, ORCH_TENSOR_PARAM, i, w,
-                                        ti.numel * sizeof(float)),
-                         ORCH_OK);
+        ck_assert_int_eq(
+            A->tensor_read(ctx, ORCH_TENSOR_PARAM, i, w, ti.numel * sizeof(float)),
+            ORCH_OK);
         /* Entries: the largest gradient and three random ones (rows of wpe
          * that the batch uses). */
         uint64_t limit = strcmp(ti.name, "wpe.weight") == 0 ? T * m.width : ti.numel;
-        uint64_t pick[4] = {0};
+        uint64_t pick[4] = { 0 };
         for (uint64_t k = 0; k < limit; k++)
             if (fabsf(g[ti.offset + k]) > fabsf(g[ti.offset + pick[0]])) pick[0] = k;
         for (int k = 1; k < 4; k++) {
@@ -366,12 +365,14 @@ START_TEST(test_gradient_check) {
         for (int k = 0; k < 4; k++) {
             float orig = w[pick[k]], lp, lm;
             w[pick[k]] = orig + h;
-            ck_assert_int_eq(A->tensor_write(ctx, ORCH_TENSOR_PARAM, i, w,
-                                             ti.numel * sizeof(float)), ORCH_OK);
+            ck_assert_int_eq(
+                A->tensor_write(ctx, ORCH_TENSOR_PARAM, i, w, ti.numel * sizeof(float)),
+                ORCH_OK);
             ck_assert_int_eq(A->eval_loss(ctx, tokens, targets, 1, T, &lp), ORCH_OK);
             w[pick[k]] = orig - h;
-            ck_assert_int_eq(A->tensor_write(ctx, ORCH_TENSOR_PARAM, i, w,
-                                             ti.numel * sizeof(float)), ORCH_OK);
+            ck_assert_int_eq(
+                A->tensor_write(ctx, ORCH_TENSOR_PARAM, i, w, ti.numel * sizeof(float)),
+                ORCH_OK);
             ck_assert_int_eq(A->eval_loss(ctx, tokens, targets, 1, T, &lm), ORCH_OK);
             w[pick[k]] = orig;
             double fd = ((double)lp - (double)lm) / (2.0 * h);
@@ -386,8 +387,9 @@ START_TEST(test_gradient_check) {
                           (unsigned long long)pick[k], fd, an);
             checked++;
         }
-        ck_assert_int_eq(A->tensor_write(ctx, ORCH_TENSOR_PARAM, i, w,
-                                         ti.numel * sizeof(float)), ORCH_OK);
+        ck_assert_int_eq(
+            A->tensor_write(ctx, ORCH_TENSOR_PARAM, i, w, ti.numel * sizeof(float)),
+            ORCH_OK);
         free(w);
     }
     ck_assert_int_eq(checked, 4 * (int)t.n);
@@ -400,8 +402,8 @@ END_TEST
 /* KV-cache equivalence                                                       */
 /* ------------------------------------------------------------------------- */
 
-#define KV_V 61u
-#define KV_T 48u
+#define KV_V    61u
+#define KV_T    48u
 #define KV_SEQS 3
 
 START_TEST(test_kv_equivalence) {
@@ -410,9 +412,11 @@ START_TEST(test_kv_equivalence) {
     m.mlp_width = 40;
     orch_engine_ctx *ctx = make_ctx(&m, 0, 3, opt);
     fill_random_params(ctx, 5);
-    static const uint32_t len[KV_SEQS] = {41, 23, 9};
+    static const uint32_t len[KV_SEQS] = { 41, 23, 9 };
     /* Prefill chunks of uneven length per sequence, then single tokens. */
-    static const uint32_t chunks[KV_SEQS][4] = {{5, 3, 7, 0}, {1, 6, 0, 0}, {4, 0, 0, 0}};
+    static const uint32_t chunks[KV_SEQS][4] = { { 5, 3, 7, 0 },
+                                                 { 1, 6, 0, 0 },
+                                                 { 4, 0, 0, 0 } };
     int32_t tok[KV_SEQS][KV_T];
     uint64_t s = 77;
     for (int q = 0; q < KV_SEQS; q++)
@@ -445,7 +449,7 @@ START_TEST(test_kv_equivalence) {
     }
     for (int q = 0; q < KV_SEQS; q++)
         for (int b = 0; b < 11; b++) table[q][b] = perm[b * KV_SEQS + q];
-    uint32_t pos[KV_SEQS] = {0}, chunk_i[KV_SEQS] = {0};
+    uint32_t pos[KV_SEQS] = { 0 }, chunk_i[KV_SEQS] = { 0 };
     float *out = malloc((size_t)KV_SEQS * 8 * KV_V * sizeof(float));
     int steps = 0;
     double worst = 0.0;
@@ -489,7 +493,6 @@ START_TEST(test_kv_equivalence) {
 }
 END_TEST
 
-
 START_TEST(test_kv_long_prefill) {
     /* Chunks longer than the engine's 64-row attention blocks, and a chunk
      * that starts mid-sequence, against one full forward. */
@@ -518,7 +521,8 @@ START_TEST(test_kv_long_prefill) {
         ck_assert_int_eq(test_infer(A, ctx, &s, 1, got + (size_t)k * V, V), ORCH_OK);
     }
     double worst = 0.0;
-    for (size_t i = 0; i < (size_t)T * V; i++) worst = fmax(worst, fabs((double)got[i] - ref[i]));
+    for (size_t i = 0; i < (size_t)T * V; i++)
+        worst = fmax(worst, fabs((double)got[i] - ref[i]));
     ck_assert_msg(worst <= 1e-5, "[%s] chunked vs full logits differ by %g", variants[_i],
                   worst);
     free(ref);
@@ -532,8 +536,8 @@ START_TEST(test_kv_copy_on_write) {
     orch_engine_ctx *ctx = make_ctx(&m, 0, 3, NULL);
     fill_random_params(ctx, 8);
     ck_assert_int_eq(A->kv_configure(ctx, 4, 16), ORCH_OK);
-    int32_t prompt[6] = {1, 2, 3, 4, 5, 6}, a_tok = 7, b_tok = 9;
-    int32_t ta[2] = {0, 1}, tb[2] = {0, 2};
+    int32_t prompt[6] = { 1, 2, 3, 4, 5, 6 }, a_tok = 7, b_tok = 9;
+    int32_t ta[2] = { 0, 1 }, tb[2] = { 0, 2 };
     float la[KV_V], lb[KV_V], ra[KV_V], rb[KV_V];
     /* Prefix in blocks 0, 1 (positions 0..5), then fork: block 1 is
      * partially filled, so branch b gets a copy in block 2. */
@@ -548,7 +552,7 @@ START_TEST(test_kv_copy_on_write) {
     memcpy(la, both, sizeof la);
     memcpy(lb, both + KV_V, sizeof lb);
     /* References: each branch as one full forward. */
-    int32_t full[7], t3[2] = {4, 5};
+    int32_t full[7], t3[2] = { 4, 5 };
     memcpy(full, prompt, sizeof prompt);
     full[6] = a_tok;
     orch_seq_input fa = test_seq_input(full, 7, 0, t3, 2, ORCH_LOGITS_LAST);
@@ -577,16 +581,18 @@ static void train_steps(orch_engine_ctx *ctx, int steps, float *losses) {
     for (int s = 0; s < steps; s++) {
         orch_adamw_params p = test_adamw((uint64_t)s + 1, 3e-3f, 0.1f, 1.0f);
         ck_assert_int_eq(A->grads_zero(ctx), ORCH_OK);
-        ck_assert_int_eq(A->forward_backward(ctx, tokens, targets, 3, 16, 0.5f,
-                                             &losses[2 * s]), ORCH_OK);
-        ck_assert_int_eq(A->forward_backward(ctx, tokens + 8, targets + 8, 2, 16,
-                                             0.5f, &losses[2 * s + 1]), ORCH_OK);
+        ck_assert_int_eq(
+            A->forward_backward(ctx, tokens, targets, 3, 16, 0.5f, &losses[2 * s]),
+            ORCH_OK);
+        ck_assert_int_eq(A->forward_backward(ctx, tokens + 8, targets + 8, 2, 16, 0.5f,
+                                             &losses[2 * s + 1]),
+                         ORCH_OK);
         ck_assert_int_eq(A->optimizer_step(ctx, &p, NULL), ORCH_OK);
     }
 }
 
 START_TEST(test_determinism) {
-    static const uint32_t threads[] = {1, 2, 3};
+    static const uint32_t threads[] = { 1, 2, 3 };
     orch_model_desc m = test_model_desc(101, 32, 2, 4, 32);
     for (int t = 0; t < 3; t++) {
         orch_engine_ctx *a = make_ctx(&m, threads[t], 42, NULL);
@@ -653,15 +659,18 @@ START_TEST(test_init_and_table) {
         }
         /* Moments start at zero and round-trip. */
         float *mm = malloc(ti.numel * sizeof(float));
-        ck_assert_int_eq(A->tensor_read(a, ORCH_TENSOR_ADAM_V, i, mm,
-                                        ti.numel * sizeof(float)), ORCH_OK);
+        ck_assert_int_eq(
+            A->tensor_read(a, ORCH_TENSOR_ADAM_V, i, mm, ti.numel * sizeof(float)),
+            ORCH_OK);
         for (uint64_t k = 0; k < ti.numel; k++) ck_assert(mm[k] == 0.0f);
         for (uint64_t k = 0; k < ti.numel; k++) mm[k] = (float)k;
-        ck_assert_int_eq(A->tensor_write(a, ORCH_TENSOR_ADAM_M, i, mm,
-                                         ti.numel * sizeof(float)), ORCH_OK);
+        ck_assert_int_eq(
+            A->tensor_write(a, ORCH_TENSOR_ADAM_M, i, mm, ti.numel * sizeof(float)),
+            ORCH_OK);
         memset(mm, 0, ti.numel * sizeof(float));
-        ck_assert_int_eq(A->tensor_read(a, ORCH_TENSOR_ADAM_M, i, mm,
-                                        ti.numel * sizeof(float)), ORCH_OK);
+        ck_assert_int_eq(
+            A->tensor_read(a, ORCH_TENSOR_ADAM_M, i, mm, ti.numel * sizeof(float)),
+            ORCH_OK);
         for (uint64_t k = 0; k < ti.numel; k++) ck_assert(mm[k] == (float)k);
         free(mm);
     }
@@ -685,12 +694,15 @@ START_TEST(test_accumulation_and_flat_grads) {
         targets[i] = (i * 31 + 2) % 101;
     }
     float l1, l2, l3, le;
-    ck_assert_int_eq(A->forward_backward(ctx, tokens, targets, 2, 16, 1.0f, &l1), ORCH_OK);
+    ck_assert_int_eq(A->forward_backward(ctx, tokens, targets, 2, 16, 1.0f, &l1),
+                     ORCH_OK);
     uint64_t n;
     float *once = read_grads(ctx, &n);
     ck_assert_int_eq(A->grads_zero(ctx), ORCH_OK);
-    ck_assert_int_eq(A->forward_backward(ctx, tokens, targets, 2, 16, 0.5f, &l2), ORCH_OK);
-    ck_assert_int_eq(A->forward_backward(ctx, tokens, targets, 2, 16, 0.5f, &l3), ORCH_OK);
+    ck_assert_int_eq(A->forward_backward(ctx, tokens, targets, 2, 16, 0.5f, &l2),
+                     ORCH_OK);
+    ck_assert_int_eq(A->forward_backward(ctx, tokens, targets, 2, 16, 0.5f, &l3),
+                     ORCH_OK);
     float *twice = read_grads(ctx, &n);
     ck_assert(l1 == l2 && l2 == l3);
     double worst = 0, scale = 0;
@@ -730,17 +742,16 @@ END_TEST
 /* Bad calls                                                                  */
 /* ------------------------------------------------------------------------- */
 
-#define EXPECT_ERR(ctx, call, code)                                            \
-    do {                                                                       \
-        int32_t st_ = (call);                                                  \
-        ck_assert_msg(st_ == (code), "%s returned %d, want %d", #call, st_,    \
-                      (code));                                                 \
-        ck_assert_msg(A->last_error(ctx)[0] != '\0', "%s: no message", #call); \
+#define EXPECT_ERR(ctx, call, code)                                                  \
+    do {                                                                             \
+        int32_t st_ = (call);                                                        \
+        ck_assert_msg(st_ == (code), "%s returned %d, want %d", #call, st_, (code)); \
+        ck_assert_msg(A->last_error(ctx)[0] != '\0', "%s: no message", #call);       \
     } while (0)
 
 START_TEST(test_bad_create) {
     orch_model_desc m = test_model_desc(50, 16, 1, 3, 16); /* 3 does not divide 16 */
-    orch_engine_options o = {sizeof o, 1, 1, NULL};
+    orch_engine_options o = { sizeof o, 1, 1, NULL };
     orch_engine_ctx *ctx = NULL;
     char err[256] = "";
     ck_assert_int_eq(A->context_create(&m, &o, &ctx, err, sizeof err),
@@ -757,8 +768,8 @@ START_TEST(test_bad_create) {
     ck_assert_int_eq(A->context_create(&m, &o, &ctx, err, sizeof err),
                      ORCH_ERR_INVALID_ARGUMENT);
     m.vocab_size = 50;
-    const char *bad[] = {"bogus=1", "threads=x", "isa=sse9", "skinny=-1", "noequals",
-                         "max_batch_tokens=0"};
+    const char *bad[] = { "bogus=1",   "threads=x", "isa=sse9",
+                          "skinny=-1", "noequals",  "max_batch_tokens=0" };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         o.options = bad[i];
         err[0] = 0;
@@ -794,9 +805,10 @@ START_TEST(test_bad_calls) {
     EXPECT_ERR(ctx, A->grads_read(ctx, n - 5, 6, buf), ORCH_ERR_INVALID_ARGUMENT);
     EXPECT_ERR(ctx, A->grads_write(ctx, 0, 10, NULL), ORCH_ERR_INVALID_ARGUMENT);
 
-    int32_t tok[8] = {1, 2, 3, 4, 5, 6, 7, 8}, tgt[8] = {2, 3, 4, 5, 6, 7, 8, 9};
-    int32_t badtok[8] = {1, 2, 3, 50, 5, 6, 7, 8}, badtgt[8] = {2, 3, 4, 5, 6, -2, 8, 9};
-    int32_t longtok[17] = {0}, longtgt[17] = {0};
+    int32_t tok[8] = { 1, 2, 3, 4, 5, 6, 7, 8 }, tgt[8] = { 2, 3, 4, 5, 6, 7, 8, 9 };
+    int32_t badtok[8] = { 1, 2, 3, 50, 5, 6, 7, 8 },
+            badtgt[8] = { 2, 3, 4, 5, 6, -2, 8, 9 };
+    int32_t longtok[17] = { 0 }, longtgt[17] = { 0 };
     EXPECT_ERR(ctx, A->forward_backward(ctx, badtok, tgt, 1, 8, 1.0f, &loss),
                ORCH_ERR_INVALID_ARGUMENT);
     EXPECT_ERR(ctx, A->forward_backward(ctx, tok, badtgt, 1, 8, 1.0f, &loss),
@@ -832,7 +844,7 @@ START_TEST(test_bad_calls) {
 
     /* Inference. */
     float logits[4 * 50];
-    int32_t table[4] = {0, 1, 2, 3};
+    int32_t table[4] = { 0, 1, 2, 3 };
     orch_seq_input s = test_seq_input(tok, 4, 0, table, 1, ORCH_LOGITS_LAST);
     EXPECT_ERR(ctx, test_infer(A, ctx, &s, 1, logits, 50), ORCH_ERR_STATE);
     EXPECT_ERR(ctx, A->kv_configure(ctx, 0, 4), ORCH_ERR_INVALID_ARGUMENT);
@@ -842,7 +854,7 @@ START_TEST(test_bad_calls) {
     EXPECT_ERR(ctx, test_infer(A, ctx, &s, 1, logits, 50), ORCH_ERR_INVALID_ARGUMENT);
     s = test_seq_input(tok, 4, 14, table, 4, ORCH_LOGITS_LAST); /* past context 16 */
     EXPECT_ERR(ctx, test_infer(A, ctx, &s, 1, logits, 50), ORCH_ERR_INVALID_ARGUMENT);
-    int32_t outside[2] = {0, 4};
+    int32_t outside[2] = { 0, 4 };
     s = test_seq_input(tok, 8, 0, outside, 2, ORCH_LOGITS_LAST);
     EXPECT_ERR(ctx, test_infer(A, ctx, &s, 1, logits, 50), ORCH_ERR_INVALID_ARGUMENT);
     s = test_seq_input(tok, 8, 0, table, 1, ORCH_LOGITS_LAST); /* too few blocks */
@@ -857,13 +869,13 @@ START_TEST(test_bad_calls) {
     s.adapter_id = 1;
     EXPECT_ERR(ctx, test_infer(A, ctx, &s, 1, logits, 50), ORCH_ERR_INVALID_ARGUMENT);
     /* Over max_batch_tokens (20): 3 sequences of 8. */
-    int32_t t1[2] = {0, 1}, t2[2] = {2, 3}, t3[2] = {0, 1};
+    int32_t t1[2] = { 0, 1 }, t2[2] = { 2, 3 }, t3[2] = { 0, 1 };
     orch_seq_input three[3] = { test_seq_input(tok, 8, 0, t1, 2, ORCH_LOGITS_NONE),
                                 test_seq_input(tok, 8, 0, t2, 2, ORCH_LOGITS_NONE),
                                 test_seq_input(tok, 8, 0, t3, 2, ORCH_LOGITS_NONE) };
     EXPECT_ERR(ctx, test_infer(A, ctx, three, 3, logits, 200), ORCH_ERR_CAPACITY);
     /* A block written by one sequence and read by another. */
-    int32_t wa[1] = {0}, wb[2] = {0, 2};
+    int32_t wa[1] = { 0 }, wb[2] = { 0, 2 };
     orch_seq_input pair[2] = { test_seq_input(tok, 4, 0, wa, 1, ORCH_LOGITS_NONE),
                                test_seq_input(tok + 4, 1, 4, wb, 2, ORCH_LOGITS_LAST) };
     EXPECT_ERR(ctx, test_infer(A, ctx, pair, 2, logits, 50), ORCH_ERR_INVALID_ARGUMENT);
@@ -871,7 +883,7 @@ START_TEST(test_bad_calls) {
     ck_assert_int_eq(A->kv_configure(ctx, 4, 4), ORCH_OK);
     s = test_seq_input(tok, 1, 5, t1, 2, ORCH_LOGITS_LAST);
     EXPECT_ERR(ctx, test_infer(A, ctx, &s, 1, logits, 50), ORCH_ERR_STATE);
-    int32_t src[2] = {0, 1}, dst[2] = {1, 2}, far[1] = {9};
+    int32_t src[2] = { 0, 1 }, dst[2] = { 1, 2 }, far[1] = { 9 };
     EXPECT_ERR(ctx, A->kv_copy_blocks(ctx, src, dst, 2), ORCH_ERR_INVALID_ARGUMENT);
     EXPECT_ERR(ctx, A->kv_copy_blocks(ctx, src, far, 1), ORCH_ERR_INVALID_ARGUMENT);
     uint64_t bb;
@@ -887,7 +899,6 @@ START_TEST(test_bad_calls) {
     A->context_destroy(ctx);
 }
 END_TEST
-
 
 /* ------------------------------------------------------------------------- */
 /* orch bench (orchestrator/bench/bench.c)                                          */
@@ -907,7 +918,7 @@ END_TEST
 START_TEST(test_bench_runs) {
     orch_model_desc m = test_model_desc(97, 64, 2, 2, 32);
     char err[512];
-    bench_train_opts to = {2, 16, 2, 1, 2, 1, NULL};
+    bench_train_opts to = { 2, 16, 2, 1, 2, 1, NULL };
     bench_train_result tr;
     ck_assert_msg(bench_train(&H, &m, &to, &tr, err, sizeof err) == 0, "%s", err);
     ck_assert(tr.tokens_per_s > 0 && tr.ms_per_step > 0 && tr.model_gflops_per_s > 0);
@@ -915,16 +926,17 @@ START_TEST(test_bench_runs) {
                   "the cpu engine brings OpenBLAS: the peak must be measured");
     ck_assert(fabs(tr.tokens_per_s * tr.ms_per_step / 1e3 - 32.0) < 1e-6);
     ck_assert(isfinite(tr.first_loss) && isfinite(tr.last_loss));
-    bench_infer_opts io = {40, 8, 4, 4, 2, 1, NULL};
+    bench_infer_opts io = { 40, 8, 4, 4, 2, 1, NULL };
     bench_infer_result ir;
     ck_assert_msg(bench_infer(&H, &m, &io, &ir, err, sizeof err) == 0, "%s", err);
     ck_assert(ir.prefill_tokens_per_s > 0 && ir.mem_bw_gb_per_s > 0);
-    for (int k = 0; k < BENCH_DECODE_BATCHES; k++) ck_assert(ir.decode_tokens_per_s[k] > 0);
+    for (int k = 0; k < BENCH_DECODE_BATCHES; k++)
+        ck_assert(ir.decode_tokens_per_s[k] > 0);
     ck_assert(ir.mem_bw_gb_per_s == fmax(ir.read_gb_per_s, ir.triad_gb_per_s));
     ck_assert(fabs(ir.decode_bw_fraction - ir.weight_bytes * ir.decode_tokens_per_s[0] /
                                                (ir.mem_bw_gb_per_s * 1e9)) < 1e-9);
     /* Bad shapes are refused with a message. */
-    bench_train_opts bad = {2, 65, 1, 0, 1, 1, NULL};
+    bench_train_opts bad = { 2, 65, 1, 0, 1, 1, NULL };
     err[0] = 0;
     ck_assert(bench_train(&H, &m, &bad, &tr, err, sizeof err) == -1 && err[0]);
 }

@@ -38,13 +38,13 @@
 #include "tests/test_util.h"
 
 /* the tiny model: odd sizes everywhere to catch index mistakes */
-#define V 67u
-#define CTX 40u
-#define NL 2u
-#define NH 3u
-#define C 48u
-#define M 100u
-#define NT (2u + 12u * NL + 2u)
+#define V    67u
+#define CTX  40u
+#define NL   2u
+#define NH   3u
+#define C    48u
+#define M    100u
+#define NT   (2u + 12u * NL + 2u)
 #define SEED 4242u
 
 static engine_handle gpu, cpu;
@@ -63,11 +63,11 @@ static orch_engine_ctx *make_ctx(const engine_handle *h, const char *options) {
     return ctx;
 }
 
-#define CHECK_OK(h, ctx, call)                                                    \
-    do {                                                                          \
-        int32_t st_ = (call);                                                     \
-        ck_assert_msg(st_ == ORCH_OK, "%s: %s -> %d: %s", (h)->api->name, #call,  \
-                      st_, (h)->api->last_error(ctx));                            \
+#define CHECK_OK(h, ctx, call)                                                        \
+    do {                                                                              \
+        int32_t st_ = (call);                                                         \
+        ck_assert_msg(st_ == ORCH_OK, "%s: %s -> %d: %s", (h)->api->name, #call, st_, \
+                      (h)->api->last_error(ctx));                                     \
     } while (0)
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
@@ -92,9 +92,12 @@ static float *make_weights(const test_table *tb) {
         float *p = w + t->offset;
         int is_ln_w = strstr(t->name, "ln_") && strstr(t->name, ".weight");
         for (uint64_t k = 0; k < t->numel; k++) {
-            if (t->ndim == 2) p[k] = frand(-0.15f, 0.15f);
-            else if (is_ln_w) p[k] = 1.0f + frand(-0.2f, 0.2f);
-            else p[k] = frand(-0.05f, 0.05f);
+            if (t->ndim == 2)
+                p[k] = frand(-0.15f, 0.15f);
+            else if (is_ln_w)
+                p[k] = 1.0f + frand(-0.2f, 0.2f);
+            else
+                p[k] = frand(-0.05f, 0.05f);
         }
     }
     return w;
@@ -123,7 +126,8 @@ static void pair_close(pair *p) {
 }
 
 /* A training batch: B x T tokens, targets = the next token, every 7th -1. */
-static void make_batch(uint32_t B, uint32_t T, uint64_t seed, int32_t *tok, int32_t *tgt) {
+static void make_batch(uint32_t B, uint32_t T, uint64_t seed, int32_t *tok,
+                       int32_t *tgt) {
     rng = seed * 2654435761ull + 1;
     for (uint32_t i = 0; i < B * T; i++) tok[i] = (int32_t)(urand() * V);
     for (uint32_t i = 0; i < B * T; i++) {
@@ -140,8 +144,8 @@ static void expect_tensors_close(const test_table *tb, const float *got,
         double scale = test_max_abs(want + t->offset, t->numel);
         double d = test_max_diff(got + t->offset, want + t->offset, t->numel);
         ck_assert_msg(d <= rel * scale + 1e-7,
-                      "%s: %s differs by %g (max |ref| %g, allowed rel %g)", what, t->name,
-                      d, scale, rel);
+                      "%s: %s differs by %g (max |ref| %g, allowed rel %g)", what,
+                      t->name, d, scale, rel);
     }
 }
 
@@ -167,8 +171,8 @@ static float train_step(const engine_handle *h, orch_engine_ctx *ctx, const int3
 /* ------------------------------------------------------------------------- */
 
 /* Logits of every position of one sequence in one call (blocks 0..). */
-static float *full_forward(const engine_handle *h, orch_engine_ctx *ctx, const int32_t *tok,
-                           uint32_t n, uint32_t bs) {
+static float *full_forward(const engine_handle *h, orch_engine_ctx *ctx,
+                           const int32_t *tok, uint32_t n, uint32_t bs) {
     int32_t table[CTX];
     for (uint32_t i = 0; i < CTX; i++) table[i] = (int32_t)i;
     float *out = malloc((size_t)n * V * sizeof(float));
@@ -198,7 +202,8 @@ START_TEST(test_tables_match) {
         ck_assert_uint_eq(a->numel, b->numel);
         ck_assert_uint_eq(a->offset, b->offset);
         ck_assert_uint_eq(a->dtype, ORCH_DTYPE_F32);
-        ck_assert_msg(a->flags == b->flags, "%s: flags %u vs %u", a->name, a->flags, b->flags);
+        ck_assert_msg(a->flags == b->flags, "%s: flags %u vs %u", a->name, a->flags,
+                      b->flags);
         int no_decay = (a->flags & ORCH_TENSOR_FLAG_NO_DECAY) != 0;
         ck_assert_msg(no_decay == (a->ndim == 1), "%s: NO_DECAY %d with %u dims", a->name,
                       no_decay, a->ndim);
@@ -223,7 +228,8 @@ START_TEST(test_tables_match) {
             s += x[k];
             s2 += (double)x[k] * x[k];
         }
-        double mean = s / (double)t->numel, sd = sqrt(s2 / (double)t->numel - mean * mean);
+        double mean = s / (double)t->numel,
+               sd = sqrt(s2 / (double)t->numel - mean * mean);
         if (t->ndim == 1) {
             double want = strstr(t->name, ".bias") ? 0.0 : 1.0;
             ck_assert_msg(fabs(mean - want) < 1e-7 && sd < 1e-6,
@@ -238,7 +244,8 @@ START_TEST(test_tables_match) {
     }
     /* ... and draws the same numbers as the CPU engine for the same seed. */
     float *pc = test_read_kind(cpu.api, c, ORCH_TENSOR_PARAM, &tc);
-    expect_tensors_close(&tg, p, pc, 1e-6, "initialisation vs the CPU engine (same seed)");
+    expect_tensors_close(&tg, p, pc, 1e-6,
+                         "initialisation vs the CPU engine (same seed)");
     free(pc);
     free(p);
     gpu.api->context_destroy(g);
@@ -256,7 +263,7 @@ START_TEST(test_logits_parity) {
     rng = 77;
     for (int i = 0; i < 29; i++) ta[i] = (int32_t)(urand() * V);
     for (uint32_t i = 0; i < CTX; i++) tb[i] = (int32_t)(urand() * V);
-    int32_t bt_a[2] = {3, 0}, bt_b[3] = {5, 1, 9};
+    int32_t bt_a[2] = { 3, 0 }, bt_b[3] = { 5, 1, 9 };
     orch_seq_input s[2] = { test_seq_input(ta, 29, 0, bt_a, 2, ORCH_LOGITS_ALL),
                             test_seq_input(tb, CTX, 0, bt_b, 3, ORCH_LOGITS_ALL) };
     uint64_t n = (uint64_t)(29 + CTX) * V;
@@ -313,7 +320,7 @@ START_TEST(test_grad_parity) {
     expect_tensors_close(&p.tb, gg, gc, 1e-3, "gradient after two accumulated backwards");
 
     /* grads_write / grads_read round trip at an offset. */
-    float probe[5] = {1.5f, -2.0f, 0.25f, 8.0f, -0.125f}, back[5];
+    float probe[5] = { 1.5f, -2.0f, 0.25f, 8.0f, -0.125f }, back[5];
     uint64_t off = p.tb.info[3].offset + 2;
     CHECK_OK(&gpu, p.g, gpu.api->grads_write(p.g, off, 5, probe));
     CHECK_OK(&gpu, p.g, gpu.api->grads_read(p.g, off, 5, back));
@@ -361,9 +368,9 @@ START_TEST(test_adamw_parity) {
     /* Parameters get a looser bound: AdamW turns rounding noise in gradients
      * that are zero in exact arithmetic (the key bias of attention: softmax
      * ignores a constant added to every score) into +-lr steps. */
-    const double tol[3] = {2e-2, 5e-3, 5e-3};
-    const char *what[3] = {"params after 10 steps", "adam m after 10 steps",
-                           "adam v after 10 steps"};
+    const double tol[3] = { 2e-2, 5e-3, 5e-3 };
+    const char *what[3] = { "params after 10 steps", "adam m after 10 steps",
+                            "adam v after 10 steps" };
     for (uint32_t k = ORCH_TENSOR_PARAM; k <= ORCH_TENSOR_ADAM_V; k++) {
         float *a = test_read_kind(gpu.api, p.g, k, &p.tb);
         float *b = test_read_kind(cpu.api, p.c, k, &p.tb);
@@ -393,9 +400,9 @@ END_TEST
 /* The decoding script: three sequences, prefill in uneven chunks with mixed
  * logits modes, then one token at a time (sequence 2 sits some steps out).
  * Every logit row produced goes to rows[s][position]. */
-#define KV_BS 4u
+#define KV_BS   4u
 #define KV_SEQS 3
-static const uint32_t kv_len[KV_SEQS] = {23, 17, 9};
+static const uint32_t kv_len[KV_SEQS] = { 23, 17, 9 };
 
 static void run_decode(const engine_handle *h, orch_engine_ctx *ctx,
                        int32_t tok[KV_SEQS][CTX], float *rows[KV_SEQS],
@@ -412,14 +419,15 @@ static void run_decode(const engine_handle *h, orch_engine_ctx *ctx,
         perm[j] = t;
     }
     for (int s = 0, k = 0; s < KV_SEQS; s++)
-        for (uint32_t j = 0; j < (kv_len[s] + KV_BS - 1) / KV_BS; j++) tables[s][j] = perm[k++];
-    uint32_t done[KV_SEQS] = {0, 0, 0};
-    const uint32_t chunk0[KV_SEQS] = {5, 7, 3}, mode0[KV_SEQS] = {ORCH_LOGITS_LAST,
-                                                                  ORCH_LOGITS_ALL,
-                                                                  ORCH_LOGITS_NONE};
-    const uint32_t chunk1[KV_SEQS] = {6, 1, 4}, mode1[KV_SEQS] = {ORCH_LOGITS_ALL,
-                                                                  ORCH_LOGITS_LAST,
-                                                                  ORCH_LOGITS_LAST};
+        for (uint32_t j = 0; j < (kv_len[s] + KV_BS - 1) / KV_BS; j++)
+            tables[s][j] = perm[k++];
+    uint32_t done[KV_SEQS] = { 0, 0, 0 };
+    const uint32_t chunk0[KV_SEQS] = { 5, 7, 3 },
+                   mode0[KV_SEQS] = { ORCH_LOGITS_LAST, ORCH_LOGITS_ALL,
+                                      ORCH_LOGITS_NONE };
+    const uint32_t chunk1[KV_SEQS] = { 6, 1, 4 },
+                   mode1[KV_SEQS] = { ORCH_LOGITS_ALL, ORCH_LOGITS_LAST,
+                                      ORCH_LOGITS_LAST };
     float *out = malloc((size_t)CTX * KV_SEQS * V * sizeof(float));
     for (int step = 0;; step++) {
         orch_seq_input in[KV_SEQS];
@@ -427,9 +435,12 @@ static void run_decode(const engine_handle *h, orch_engine_ctx *ctx,
         uint32_t n = 0, modes[KV_SEQS], counts[KV_SEQS];
         for (int s = 0; s < KV_SEQS; s++) {
             uint32_t cnt, mode;
-            if (step == 0) cnt = chunk0[s], mode = mode0[s];
-            else if (step == 1) cnt = chunk1[s], mode = mode1[s];
-            else cnt = 1, mode = ORCH_LOGITS_LAST;
+            if (step == 0)
+                cnt = chunk0[s], mode = mode0[s];
+            else if (step == 1)
+                cnt = chunk1[s], mode = mode1[s];
+            else
+                cnt = 1, mode = ORCH_LOGITS_LAST;
             if (s == 2 && step >= 2 && step % 3 == 0) cnt = 0; /* sits out */
             if (done[s] + cnt > kv_len[s]) cnt = kv_len[s] - done[s];
             if (cnt == 0) continue;
@@ -489,11 +500,15 @@ START_TEST(test_kv_decode) {
             if (!pg[s][pos]) continue;
             compared++;
             double d = test_max_diff(rg[s] + (size_t)pos * V, full + (size_t)pos * V, V);
-            ck_assert_msg(d <= 1e-4, "seq %d pos %u: decoded logits differ from the full "
-                                     "forward by %g", s, pos, d);
+            ck_assert_msg(d <= 1e-4,
+                          "seq %d pos %u: decoded logits differ from the full "
+                          "forward by %g",
+                          s, pos, d);
             d = test_max_diff(rg[s] + (size_t)pos * V, rc[s] + (size_t)pos * V, V);
-            ck_assert_msg(d <= 1e-3, "seq %d pos %u: decoded logits differ from the CPU "
-                                     "engine by %g", s, pos, d);
+            ck_assert_msg(d <= 1e-3,
+                          "seq %d pos %u: decoded logits differ from the CPU "
+                          "engine by %g",
+                          s, pos, d);
         }
         free(full);
         free(rg[s]);
@@ -511,11 +526,11 @@ START_TEST(test_kv_copy) {
     int32_t tok[14];
     rng = 5;
     for (int i = 0; i < 14; i++) tok[i] = (int32_t)(urand() * V);
-    int32_t ta[4] = {7, 2, 9, 4}, tb[4] = {1, 8, 3, 0};
+    int32_t ta[4] = { 7, 2, 9, 4 }, tb[4] = { 1, 8, 3, 0 };
     float la[V], lb[V];
     orch_seq_input s = test_seq_input(tok, 10, 0, ta, 3, ORCH_LOGITS_NONE);
     CHECK_OK(&gpu, g, test_infer(gpu.api, g, &s, 1, NULL, 0));
-    int32_t src[3] = {7, 2, 9}, dst[3] = {1, 8, 3};
+    int32_t src[3] = { 7, 2, 9 }, dst[3] = { 1, 8, 3 };
     CHECK_OK(&gpu, g, gpu.api->kv_copy_blocks(g, src, dst, 3));
     orch_seq_input a = test_seq_input(tok + 10, 4, 10, ta, 4, ORCH_LOGITS_LAST);
     orch_seq_input b = test_seq_input(tok + 10, 4, 10, tb, 4, ORCH_LOGITS_LAST);
@@ -523,9 +538,9 @@ START_TEST(test_kv_copy) {
     CHECK_OK(&gpu, g, test_infer(gpu.api, g, &b, 1, lb, V));
     ck_assert_msg(memcmp(la, lb, sizeof la) == 0, "copied blocks decode differently");
     /* overlapping sets are refused */
-    int32_t s2[2] = {1, 2}, d2[2] = {2, 5};
+    int32_t s2[2] = { 1, 2 }, d2[2] = { 2, 5 };
     ck_assert_int_ne(gpu.api->kv_copy_blocks(g, s2, d2, 2), ORCH_OK);
-    int32_t s3[1] = {1}, d3[1] = {12};
+    int32_t s3[1] = { 1 }, d3[1] = { 12 };
     ck_assert_int_ne(gpu.api->kv_copy_blocks(g, s3, d3, 1), ORCH_OK);
     gpu.api->context_destroy(g);
 }
@@ -534,7 +549,8 @@ END_TEST
 START_TEST(test_portability) {
     /* GPU -> CPU */
     for (int dir = 0; dir < 2; dir++) {
-        const engine_handle *src_h = dir == 0 ? &gpu : &cpu, *dst_h = dir == 0 ? &cpu : &gpu;
+        const engine_handle *src_h = dir == 0 ? &gpu : &cpu,
+                            *dst_h = dir == 0 ? &cpu : &gpu;
         pair p;
         pair_open(&p, NULL);
         orch_engine_ctx *src = dir == 0 ? p.g : p.c;
@@ -565,8 +581,9 @@ START_TEST(test_portability) {
         ck_assert_msg(test_close(ls, ld, 1e-4, 1e-7), "step 4 loss %.7f vs %.7f", ls, ld);
         float *a = test_read_kind(src_h->api, src, ORCH_TENSOR_PARAM, &p.tb);
         float *b = test_read_kind(dst_h->api, dst, ORCH_TENSOR_PARAM, &p.tb);
-        expect_tensors_close(&p.tb, b, a, 2e-3, dir == 0 ? "GPU->CPU params after step 4"
-                                                        : "CPU->GPU params after step 4");
+        expect_tensors_close(&p.tb, b, a, 2e-3,
+                             dir == 0 ? "GPU->CPU params after step 4"
+                                      : "CPU->GPU params after step 4");
         free(a);
         free(b);
         dst_h->api->context_destroy(dst);
@@ -610,8 +627,8 @@ START_TEST(test_determinism) {
 END_TEST
 
 START_TEST(test_math_modes) {
-    const char *modes[2] = {"math=tf32", "math=bf16"};
-    const double loss_tol[2] = {5e-3, 3e-2}, grad_tol[2] = {2e-2, 1e-1};
+    const char *modes[2] = { "math=tf32", "math=bf16" };
+    const double loss_tol[2] = { 5e-3, 3e-2 }, grad_tol[2] = { 2e-2, 1e-1 };
     int32_t tok[2 * 20], tgt[2 * 20];
     make_batch(2, 20, 21, tok, tgt);
     for (int m = 0; m < 2; m++) {
@@ -632,8 +649,8 @@ START_TEST(test_math_modes) {
             num += d * d;
             den += (double)gc[i] * gc[i];
         }
-        ck_assert_msg(sqrt(num / den) <= grad_tol[m],
-                      "%s: relative L2 gradient error %g", modes[m], sqrt(num / den));
+        ck_assert_msg(sqrt(num / den) <= grad_tol[m], "%s: relative L2 gradient error %g",
+                      modes[m], sqrt(num / den));
         free(gg);
         free(gc);
         pair_close(&p);
@@ -641,9 +658,11 @@ START_TEST(test_math_modes) {
 }
 END_TEST
 
-static void expect_fail(orch_engine_ctx *ctx, int32_t st, int32_t want, const char *what) {
+static void expect_fail(orch_engine_ctx *ctx, int32_t st, int32_t want,
+                        const char *what) {
     ck_assert_msg(st != ORCH_OK, "%s was accepted", what);
-    if (want >= 0) ck_assert_msg(st == want, "%s gave status %d, expected %d", what, st, want);
+    if (want >= 0)
+        ck_assert_msg(st == want, "%s gave status %d, expected %d", what, st, want);
     const char *le = gpu.api->last_error(ctx);
     ck_assert_msg(le && *le, "%s: no last_error", what);
 }
@@ -651,33 +670,34 @@ static void expect_fail(orch_engine_ctx *ctx, int32_t st, int32_t want, const ch
 START_TEST(test_bad_calls) {
     orch_model_desc m = test_model_desc(V, CTX, NL, NH, C);
     m.mlp_width = M;
-    const char *bad_opts[] = {"math=fp64", "device=99", "colour=blue", "math"};
+    const char *bad_opts[] = { "math=fp64", "device=99", "colour=blue", "math" };
     for (size_t i = 0; i < sizeof bad_opts / sizeof bad_opts[0]; i++) {
-        orch_engine_options o = {sizeof o, 1, SEED, bad_opts[i]};
+        orch_engine_options o = { sizeof o, 1, SEED, bad_opts[i] };
         orch_engine_ctx *ctx = NULL;
         char err[512] = "";
         int32_t st = gpu.api->context_create(&m, &o, &ctx, err, sizeof err);
-        ck_assert_msg(st == ORCH_ERR_INVALID_ARGUMENT, "option '%s' gave %d", bad_opts[i], st);
+        ck_assert_msg(st == ORCH_ERR_INVALID_ARGUMENT, "option '%s' gave %d", bad_opts[i],
+                      st);
         ck_assert_ptr_null(ctx);
         ck_assert_msg(err[0], "option '%s': no message", bad_opts[i]);
     }
     orch_engine_ctx *g = make_ctx(&gpu, "math=fp32; device=0");
     float logits[4 * V];
-    int32_t tok[8] = {1, 2, 3, 4, 5, 6, 7, 8};
-    int32_t table[3] = {0, 1, 2};
+    int32_t tok[8] = { 1, 2, 3, 4, 5, 6, 7, 8 };
+    int32_t table[3] = { 0, 1, 2 };
     orch_seq_input s = test_seq_input(tok, 4, 0, table, 1, ORCH_LOGITS_LAST);
     expect_fail(g, test_infer(gpu.api, g, &s, 1, logits, V), ORCH_ERR_STATE,
                 "infer without a pool");
     CHECK_OK(&gpu, g, gpu.api->kv_configure(g, 4, 6));
 
-    int32_t bad_tok[4] = {1, (int32_t)V, 3, 4};
+    int32_t bad_tok[4] = { 1, (int32_t)V, 3, 4 };
     s = test_seq_input(bad_tok, 4, 0, table, 1, ORCH_LOGITS_LAST);
     expect_fail(g, test_infer(gpu.api, g, &s, 1, logits, V), ORCH_ERR_INVALID_ARGUMENT,
                 "token id = V");
     s = test_seq_input(tok, 4, CTX - 2, table, 3, ORCH_LOGITS_LAST);
     expect_fail(g, test_infer(gpu.api, g, &s, 1, logits, V), -1,
                 "positions past the context");
-    int32_t bad_table[2] = {0, 6};
+    int32_t bad_table[2] = { 0, 6 };
     s = test_seq_input(tok, 8, 0, bad_table, 2, ORCH_LOGITS_LAST);
     expect_fail(g, test_infer(gpu.api, g, &s, 1, logits, V), -1,
                 "block id outside the pool");
@@ -686,18 +706,18 @@ START_TEST(test_bad_calls) {
     s = test_seq_input(tok, 4, 0, table, 1, ORCH_LOGITS_ALL);
     expect_fail(g, test_infer(gpu.api, g, &s, 1, logits, 4 * V - 1), ORCH_ERR_CAPACITY,
                 "logits capacity one short");
-    int32_t t2[2] = {0, 3};
+    int32_t t2[2] = { 0, 3 };
     orch_seq_input two[2] = { test_seq_input(tok, 4, 0, table, 1, ORCH_LOGITS_LAST),
                               test_seq_input(tok, 6, 0, t2, 2, ORCH_LOGITS_LAST) };
     expect_fail(g, test_infer(gpu.api, g, two, 2, logits, 2 * V), -1,
                 "a block written by two sequences of one batch");
     /* reading positions that were never written */
-    int32_t fresh[2] = {4, 5};
+    int32_t fresh[2] = { 4, 5 };
     s = test_seq_input(tok, 1, 5, fresh, 2, ORCH_LOGITS_LAST);
     expect_fail(g, test_infer(gpu.api, g, &s, 1, logits, V), ORCH_ERR_STATE,
                 "reading K/V that was never written");
     /* a block twice in one table */
-    int32_t twice[2] = {4, 4};
+    int32_t twice[2] = { 4, 4 };
     s = test_seq_input(tok, 8, 0, twice, 2, ORCH_LOGITS_LAST);
     expect_fail(g, test_infer(gpu.api, g, &s, 1, logits, V), ORCH_ERR_INVALID_ARGUMENT,
                 "a block twice in one table");
@@ -710,12 +730,13 @@ START_TEST(test_bad_calls) {
     CHECK_OK(&gpu, g, test_infer(gpu.api, g, &s, 1, logits, 4 * V));
 
     float loss = 99.0f;
-    int32_t tgt[8] = {2, 3, 4, 5, 6, 7, 8, 9};
+    int32_t tgt[8] = { 2, 3, 4, 5, 6, 7, 8, 9 };
     expect_fail(g, gpu.api->forward_backward(g, bad_tok, tgt, 1, 4, 1.0f, &loss),
                 ORCH_ERR_INVALID_ARGUMENT, "training token id = V");
     int32_t long_tok[CTX + 1], long_tgt[CTX + 1];
     for (uint32_t i = 0; i <= CTX; i++) long_tok[i] = long_tgt[i] = 1;
-    expect_fail(g, gpu.api->forward_backward(g, long_tok, long_tgt, 1, CTX + 1, 1.0f, &loss),
+    expect_fail(g,
+                gpu.api->forward_backward(g, long_tok, long_tgt, 1, CTX + 1, 1.0f, &loss),
                 -1, "seq_len past the context");
     ck_assert(loss == 99.0f);
 

@@ -32,8 +32,7 @@ static void setup(void) {
     snprintf(path, sizeof path, "%s/train_000.bin", dir);
     int32_t *ids = malloc(N_TOKENS * sizeof *ids);
     for (uint32_t i = 0; i < N_TOKENS; i++) ids[i] = f(i);
-    ck_assert_int_eq(shard_write_file(path, "byte", 256, ids, N_TOKENS, err,
-                                      sizeof err),
+    ck_assert_int_eq(shard_write_file(path, "byte", 256, ids, N_TOKENS, err, sizeof err),
                      0);
     free(ids);
     ck_assert_int_eq(dataset_open(path, &ds, err, sizeof err), 0);
@@ -45,8 +44,7 @@ static void teardown(void) {
 }
 
 /* Offset of a window in the dataset, or -1 when it is not a window. */
-static int64_t window_offset(const int32_t *tok, const int32_t *tgt,
-                             uint32_t T) {
+static int64_t window_offset(const int32_t *tok, const int32_t *tgt, uint32_t T) {
     for (uint64_t off = 0; off + T + 1 <= N_TOKENS; off++) {
         int ok = 1;
         for (uint32_t j = 0; j < T && ok; j++)
@@ -71,13 +69,13 @@ START_TEST(test_rng) {
     ck_assert_mem_eq(&a, &c, sizeof a);
     ck_assert_uint_eq(data_rng_next(&a), data_rng_next(&c));
     ck_assert_int_eq(data_rng_from_hex("xyz", &c), -1);
-    ck_assert_int_eq(data_rng_from_hex(
-                         "0000000000000000000000000000000000000000000000000000"
-                         "000000000000",
-                         &c),
-                     -1); /* the all-zero state is invalid for xoshiro */
+    ck_assert_int_eq(
+        data_rng_from_hex("0000000000000000000000000000000000000000000000000000"
+                          "000000000000",
+                          &c),
+        -1); /* the all-zero state is invalid for xoshiro */
     /* bounds, and every value of a small range shows up */
-    int seen[7] = {0};
+    int seen[7] = { 0 };
     for (int i = 0; i < 7000; i++) {
         uint64_t v = data_rng_below(&a, 7);
         ck_assert_uint_lt(v, 7);
@@ -91,7 +89,7 @@ END_TEST
 START_TEST(test_windows_and_prefetch) {
     data_rng start;
     data_rng_seed(&start, 42);
-    data_loader_opts po = {4, 16, 0, 1, 1}, so = {4, 16, 0, 1, 0};
+    data_loader_opts po = { 4, 16, 0, 1, 1 }, so = { 4, 16, 0, 1, 0 };
     data_loader *p, *s;
     ck_assert_int_eq(data_loader_open(ds, &po, &start, &p, err, sizeof err), 0);
     ck_assert_int_eq(data_loader_open(ds, &so, &start, &s, err, sizeof err), 0);
@@ -106,8 +104,10 @@ START_TEST(test_windows_and_prefetch) {
         for (int r = 0; r < 4; r++) {
             int64_t off = window_offset(pt + r * 16, pg + r * 16, 16);
             ck_assert_int_ge(off, 0);
-            if (first_off < 0) first_off = off;
-            else if (off != first_off) differs = 1;
+            if (first_off < 0)
+                first_off = off;
+            else if (off != first_off)
+                differs = 1;
         }
         data_rng a, c;
         data_loader_rng_state(p, &a);
@@ -123,7 +123,7 @@ END_TEST
 START_TEST(test_restart_from_state) {
     data_rng start;
     data_rng_seed(&start, 7);
-    data_loader_opts o = {3, 10, 0, 1, 1};
+    data_loader_opts o = { 3, 10, 0, 1, 1 };
     data_loader *a, *b;
     ck_assert_int_eq(data_loader_open(ds, &o, &start, &a, err, sizeof err), 0);
     const int32_t *t, *g;
@@ -147,8 +147,8 @@ END_TEST
 START_TEST(test_ranks) {
     data_rng start;
     data_rng_seed(&start, 99);
-    data_loader_opts whole = {4, 8, 0, 1, 0};
-    data_loader_opts r0 = {2, 8, 0, 2, 1}, r1 = {2, 8, 1, 2, 1};
+    data_loader_opts whole = { 4, 8, 0, 1, 0 };
+    data_loader_opts r0 = { 2, 8, 0, 2, 1 }, r1 = { 2, 8, 1, 2, 1 };
     data_loader *w, *a, *b;
     ck_assert_int_eq(data_loader_open(ds, &whole, &start, &w, err, sizeof err), 0);
     ck_assert_int_eq(data_loader_open(ds, &r0, &start, &a, err, sizeof err), 0);
@@ -165,7 +165,7 @@ START_TEST(test_ranks) {
     data_loader_close(w);
     data_loader_close(a);
     data_loader_close(b);
-    data_loader_opts bad = {2, 8, 2, 2, 1};
+    data_loader_opts bad = { 2, 8, 2, 2, 1 };
     data_loader *x = NULL;
     ck_assert_int_eq(data_loader_open(ds, &bad, &start, &x, err, sizeof err), -1);
 }
@@ -174,7 +174,7 @@ END_TEST
 START_TEST(test_too_small) {
     data_rng start;
     data_rng_seed(&start, 1);
-    data_loader_opts o = {1, N_TOKENS, 0, 1, 1};
+    data_loader_opts o = { 1, N_TOKENS, 0, 1, 1 };
     data_loader *l = NULL;
     ck_assert_int_eq(data_loader_open(ds, &o, &start, &l, err, sizeof err), -1);
     ck_assert_ptr_nonnull(strstr(err, "fewer than seq_len+1"));

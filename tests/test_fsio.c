@@ -117,7 +117,8 @@ START_TEST(read_file_cap_and_contents) {
     char *out = (char *)0x1;
     size_t len = 12345;
     /* Exactly at the cap is fine. */
-    ck_assert_msg(fsio_read_file(at("d"), 100, &out, &len, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(fsio_read_file(at("d"), 100, &out, &len, err, sizeof err) == 0, "%s",
+                  err);
     ck_assert_uint_eq(len, 100);
     ck_assert_int_eq(memcmp(out, data, 100), 0);
     ck_assert_int_eq(out[100], '\0');
@@ -166,7 +167,8 @@ START_TEST(read_file_refuses_non_regular) {
     alarm(5);
     ck_assert_int_eq(fsio_read_file(at("fifo"), 100, &out, NULL, err, sizeof err), -1);
     alarm(0);
-    ck_assert_msg(strstr(err, at("fifo")) && strstr(err, "not a regular file"), "%s", err);
+    ck_assert_msg(strstr(err, at("fifo")) && strstr(err, "not a regular file"), "%s",
+                  err);
     ck_assert_ptr_null(out);
 }
 END_TEST

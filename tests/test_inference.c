@@ -34,8 +34,8 @@ static void teardown(void) {
     test_rmdir(dir);
 }
 
-static orch_engine_ctx *mk(const engine_handle *h, uint32_t width,
-                           uint32_t layers, uint64_t seed, const char *opts) {
+static orch_engine_ctx *mk(const engine_handle *h, uint32_t width, uint32_t layers,
+                           uint64_t seed, const char *opts) {
     orch_model_desc d = test_model_desc(256, 32, layers, 2, width);
     orch_engine_ctx *c = NULL;
     char err[512];
@@ -50,10 +50,11 @@ START_TEST(generate_session_mock_rule) {
     orch_engine_ctx *a = mk(&mock, 8, 1, 1, NULL);
     generate_session *s = NULL;
     char err[512];
-    ck_assert_int_eq(generate_session_create(&mock, a, 256, 32, 3, &s, err, sizeof err), 0);
+    ck_assert_int_eq(generate_session_create(&mock, a, 256, 32, 3, &s, err, sizeof err),
+                     0);
     ck_assert_ptr_null(generate_logits(s));
     /* "ab" -> 'n', then 't' (README example); prefill in chunks of 3. */
-    int32_t prompt[7] = {'x', 'y', 'z', 'w', 'v', 'a', 'b'};
+    int32_t prompt[7] = { 'x', 'y', 'z', 'w', 'v', 'a', 'b' };
     int32_t sum = 0;
     for (int i = 0; i < 7; i++) sum += prompt[i];
     ck_assert_int_eq(generate_feed(s, prompt, 7, err, sizeof err), 0);
@@ -81,7 +82,7 @@ START_TEST(generate_session_mock_rule) {
     t = 300;
     ck_assert_int_eq(generate_feed(s, &t, 1, err, sizeof err), -1);
     ck_assert_ptr_nonnull(strstr(err, "outside the vocabulary"));
-    int32_t ab[2] = {'a', 'b'};
+    int32_t ab[2] = { 'a', 'b' };
     ck_assert_int_eq(generate_feed(s, ab, 2, err, sizeof err), 0);
     lg = generate_logits(s);
     ck_assert(lg['n'] > lg['m'] && lg['n'] > lg['o']);
@@ -90,7 +91,8 @@ START_TEST(generate_session_mock_rule) {
     mock.api->context_destroy(a);
     /* An engine failure is reported and poisons the session until reset. */
     a = mk(&mock, 8, 1, 1, "fault=infer_forward:2");
-    ck_assert_int_eq(generate_session_create(&mock, a, 256, 32, 0, &s, err, sizeof err), 0);
+    ck_assert_int_eq(generate_session_create(&mock, a, 256, 32, 0, &s, err, sizeof err),
+                     0);
     ck_assert_int_eq(generate_feed(s, ab, 2, err, sizeof err), 0);
     ck_assert_int_eq(generate_feed(s, ab, 1, err, sizeof err), -1);
     ck_assert_ptr_nonnull(strstr(err, "injected fault"));
@@ -102,7 +104,6 @@ START_TEST(generate_session_mock_rule) {
     mock.api->context_destroy(a);
 }
 END_TEST
-
 
 /* ---- inference_model_open ------------------------------------------------ */
 
@@ -131,11 +132,13 @@ static void save_run(const char *run, orch_engine_ctx *c, uint32_t width) {
 /* PARAM tensor 0 of a and b, bit for bit. */
 static int first_tensor_same(const engine_handle *ha, orch_engine_ctx *a,
                              const engine_handle *hb, orch_engine_ctx *b) {
-    orch_tensor_info ia = {.struct_size = sizeof ia};
+    orch_tensor_info ia = { .struct_size = sizeof ia };
     ck_assert_int_eq(ha->api->tensor_info(a, ORCH_TENSOR_PARAM, 0, &ia), ORCH_OK);
     float *x = malloc(ia.numel * 4), *y = malloc(ia.numel * 4);
-    ck_assert_int_eq(ha->api->tensor_read(a, ORCH_TENSOR_PARAM, 0, x, ia.numel * 4), ORCH_OK);
-    ck_assert_int_eq(hb->api->tensor_read(b, ORCH_TENSOR_PARAM, 0, y, ia.numel * 4), ORCH_OK);
+    ck_assert_int_eq(ha->api->tensor_read(a, ORCH_TENSOR_PARAM, 0, x, ia.numel * 4),
+                     ORCH_OK);
+    ck_assert_int_eq(hb->api->tensor_read(b, ORCH_TENSOR_PARAM, 0, y, ia.numel * 4),
+                     ORCH_OK);
     int same = memcmp(x, y, ia.numel * 4) == 0;
     free(x);
     free(y);
@@ -149,9 +152,9 @@ START_TEST(model_open_from_a_run) {
     save_run(run, a, 8);
     /* Engine, threads and options from the config; tokenizer opened. */
     inference_model m;
-    inference_model_opts mo = {run, NULL, -1, NULL, 1};
-    ck_assert_msg(inference_model_open(&mo, &m, warn, sizeof warn, err, sizeof err) == 0, "%s",
-                  err);
+    inference_model_opts mo = { run, NULL, -1, NULL, 1 };
+    ck_assert_msg(inference_model_open(&mo, &m, warn, sizeof warn, err, sizeof err) == 0,
+                  "%s", err);
     ck_assert_str_eq(warn, "");
     ck_assert_ptr_nonnull(strstr(m.ckpt_dir, "/run/ckpt-00000004"));
     ck_assert_uint_eq(m.step, 4);
@@ -166,8 +169,9 @@ START_TEST(model_open_from_a_run) {
     /* And the model decodes: the mock's rule through a session on it. */
     generate_session *s = NULL;
     ck_assert_int_eq(generate_session_create(&m.engine, m.ctx, m.desc.vocab_size,
-                                             m.desc.context, 0, &s, err, sizeof err), 0);
-    int32_t ab[2] = {'a', 'b'};
+                                             m.desc.context, 0, &s, err, sizeof err),
+                     0);
+    int32_t ab[2] = { 'a', 'b' };
     ck_assert_int_eq(generate_feed(s, ab, 2, err, sizeof err), 0);
     const float *lg = generate_logits(s);
     ck_assert(lg['n'] > lg['m'] && lg['n'] > lg['o']);
@@ -178,8 +182,9 @@ START_TEST(model_open_from_a_run) {
     /* Without the tokenizer; the checkpoint directory itself. */
     char ck[600];
     snprintf(ck, sizeof ck, "%s/ckpt-00000004", run);
-    inference_model_opts mo2 = {ck, "mock", 1, "", 0};
-    ck_assert_int_eq(inference_model_open(&mo2, &m, warn, sizeof warn, err, sizeof err), 0);
+    inference_model_opts mo2 = { ck, "mock", 1, "", 0 };
+    ck_assert_int_eq(inference_model_open(&mo2, &m, warn, sizeof warn, err, sizeof err),
+                     0);
     ck_assert_ptr_null(m.tok);
     ck_assert_str_eq(m.ckpt_dir, ck);
     inference_model_close(&m);
@@ -189,7 +194,8 @@ START_TEST(model_open_from_a_run) {
     FILE *fp = fopen(p, "w");
     fputs("ckpt-00000099\n", fp);
     fclose(fp);
-    ck_assert_int_eq(inference_model_open(&mo, &m, warn, sizeof warn, err, sizeof err), 0);
+    ck_assert_int_eq(inference_model_open(&mo, &m, warn, sizeof warn, err, sizeof err),
+                     0);
     ck_assert_ptr_nonnull(strstr(warn, "ckpt-00000099"));
     inference_model_close(&m);
     mock.api->context_destroy(a);
@@ -201,8 +207,9 @@ START_TEST(model_open_failures_hold_nothing) {
     inference_model m;
     /* No such checkpoint. */
     snprintf(run, sizeof run, "%s/none", dir);
-    inference_model_opts mo = {run, NULL, -1, NULL, 1};
-    ck_assert_int_eq(inference_model_open(&mo, &m, warn, sizeof warn, err, sizeof err), -1);
+    inference_model_opts mo = { run, NULL, -1, NULL, 1 };
+    ck_assert_int_eq(inference_model_open(&mo, &m, warn, sizeof warn, err, sizeof err),
+                     -1);
     ck_assert_msg(strstr(err, run) != NULL, "%s", err);
     ck_assert_ptr_null(m.cfg);
     ck_assert_ptr_null(m.ctx);
@@ -211,8 +218,9 @@ START_TEST(model_open_failures_hold_nothing) {
     snprintf(run, sizeof run, "%s/run", dir);
     orch_engine_ctx *a = mk(&mock, 8, 1, 1, NULL);
     save_run(run, a, 8);
-    inference_model_opts bad_engine = {run, "nosuch-engine", -1, NULL, 1};
-    ck_assert_int_eq(inference_model_open(&bad_engine, &m, warn, sizeof warn, err, sizeof err), -1);
+    inference_model_opts bad_engine = { run, "nosuch-engine", -1, NULL, 1 };
+    ck_assert_int_eq(
+        inference_model_open(&bad_engine, &m, warn, sizeof warn, err, sizeof err), -1);
     ck_assert_msg(strstr(err, "nosuch-engine") != NULL, "%s", err);
     ck_assert_ptr_null(m.cfg);
     ck_assert_ptr_null(m.engine.api);
@@ -220,18 +228,21 @@ START_TEST(model_open_failures_hold_nothing) {
     char run2[600];
     snprintf(run2, sizeof run2, "%s/run2", dir);
     save_run(run2, a, 16);
-    inference_model_opts mismatch = {run2, NULL, -1, NULL, 1};
-    ck_assert_int_eq(inference_model_open(&mismatch, &m, warn, sizeof warn, err, sizeof err), -1);
+    inference_model_opts mismatch = { run2, NULL, -1, NULL, 1 };
+    ck_assert_int_eq(
+        inference_model_open(&mismatch, &m, warn, sizeof warn, err, sizeof err), -1);
     ck_assert_msg(strstr(err, "shape") && strstr(err, "wte.weight"), "%s", err);
     ck_assert_ptr_null(m.ctx);
     /* A checkpoint without a run config (e.g. bare weights). */
     char bare[600];
     snprintf(bare, sizeof bare, "%s/bare", dir);
-    float v[4] = {0};
-    ckpt_tensor t = {"x", 0, 1, {4}, v};
-    ck_assert_int_eq(ckpt_write_dir(bare, &t, 1, "{\"format\": 1}", 0, err, sizeof err), 0);
-    inference_model_opts noconf = {bare, "mock", -1, NULL, 0};
-    ck_assert_int_eq(inference_model_open(&noconf, &m, warn, sizeof warn, err, sizeof err), -1);
+    float v[4] = { 0 };
+    ckpt_tensor t = { "x", 0, 1, { 4 }, v };
+    ck_assert_int_eq(ckpt_write_dir(bare, &t, 1, "{\"format\": 1}", 0, err, sizeof err),
+                     0);
+    inference_model_opts noconf = { bare, "mock", -1, NULL, 0 };
+    ck_assert_int_eq(
+        inference_model_open(&noconf, &m, warn, sizeof warn, err, sizeof err), -1);
     ck_assert_msg(strstr(err, "state.json: no \"config\" object"), "%s", err);
     mock.api->context_destroy(a);
 }

@@ -19,8 +19,8 @@
 #include "tests/test_util.h"
 
 #define DIR_MAX 1024
-static char exe_dir[DIR_MAX];   /* <build>/tests */
-static char tmp_dir[DIR_MAX];   /* per-test scratch (made in each forked test) */
+static char exe_dir[DIR_MAX]; /* <build>/tests */
+static char tmp_dir[DIR_MAX]; /* per-test scratch (made in each forked test) */
 
 static void touch(const char *dir, const char *name, const char *content) {
     char p[PATH_MAX * 2];
@@ -42,9 +42,11 @@ static void subdir(const char *name, char *out, size_t cap) {
 
 START_TEST(test_resolve_path_as_is) {
     char out[PATH_MAX], err[256];
-    ck_assert_int_eq(engine_resolve("./x/libengine_mock.so", out, sizeof out, err, sizeof err), 0);
+    ck_assert_int_eq(
+        engine_resolve("./x/libengine_mock.so", out, sizeof out, err, sizeof err), 0);
     ck_assert_str_eq(out, "./x/libengine_mock.so");
-    ck_assert_int_eq(engine_resolve("/no/such/engine.so", out, sizeof out, err, sizeof err), 0);
+    ck_assert_int_eq(
+        engine_resolve("/no/such/engine.so", out, sizeof out, err, sizeof err), 0);
     ck_assert_str_eq(out, "/no/such/engine.so");
     ck_assert_int_eq(engine_resolve("", out, sizeof out, err, sizeof err), -1);
     ck_assert(err[0] != '\0');
@@ -121,12 +123,15 @@ static void expect_reject(const char *path, const char *const *fragments) {
     char err[2048] = "";
     int rc = engine_load(path, &h, err, sizeof err);
     ck_assert_msg(rc == -1, "%s was accepted", path);
-    ck_assert_msg(memcmp(&h, &copy, sizeof h) == 0, "%s: handle changed on failure", path);
-    ck_assert_msg(strchr(err, '\n') == NULL, "%s: message has several lines: %s", path, err);
-    ck_assert_msg(strstr(err, path) != NULL, "%s: message does not name the file: %s", path,
+    ck_assert_msg(memcmp(&h, &copy, sizeof h) == 0, "%s: handle changed on failure",
+                  path);
+    ck_assert_msg(strchr(err, '\n') == NULL, "%s: message has several lines: %s", path,
                   err);
+    ck_assert_msg(strstr(err, path) != NULL, "%s: message does not name the file: %s",
+                  path, err);
     for (const char *const *f = fragments; *f; f++)
-        ck_assert_msg(strstr(err, *f) != NULL, "%s: message lacks '%s': %s", path, *f, err);
+        ck_assert_msg(strstr(err, *f) != NULL, "%s: message lacks '%s': %s", path, *f,
+                      err);
 }
 
 static void broken(const char *name, char *out, size_t cap) {
@@ -137,7 +142,8 @@ static void broken(const char *name, char *out, size_t cap) {
 START_TEST(test_reject_missing_symbol) {
     char p[PATH_MAX];
     broken("no_entry", p, sizeof p);
-    expect_reject(p, (const char *const[]){"missing entry symbol orch_engine_get_api", NULL});
+    expect_reject(
+        p, (const char *const[]){ "missing entry symbol orch_engine_get_api", NULL });
 }
 END_TEST
 
@@ -145,7 +151,8 @@ START_TEST(test_reject_wrong_major) {
     char p[PATH_MAX], want[64];
     broken("wrong_major", p, sizeof p);
     snprintf(want, sizeof want, "orch needs %u.x", ORCH_ENGINE_ABI_MAJOR);
-    expect_reject(p, (const char *const[]){"ABI version mismatch", "engine has 2.3", want, NULL});
+    expect_reject(
+        p, (const char *const[]){ "ABI version mismatch", "engine has 2.3", want, NULL });
 }
 END_TEST
 
@@ -153,31 +160,33 @@ START_TEST(test_reject_short_table) {
     char p[PATH_MAX], want[64];
     broken("short_table", p, sizeof p);
     snprintf(want, sizeof want, "(%zu bytes", offsetof(orch_engine_api, tensor_count));
-    expect_reject(p, (const char *const[]){"function table too short", want, NULL});
+    expect_reject(p, (const char *const[]){ "function table too short", want, NULL });
 }
 END_TEST
 
 START_TEST(test_reject_null_member) {
     char p[PATH_MAX];
     broken("null_member", p, sizeof p);
-    expect_reject(p, (const char *const[]){"required member 'tensor_read' is NULL", NULL});
+    expect_reject(p,
+                  (const char *const[]){ "required member 'tensor_read' is NULL", NULL });
     broken("null_cap_member", p, sizeof p);
-    expect_reject(p, (const char *const[]){"required member 'grads_zero' is NULL", NULL});
+    expect_reject(p,
+                  (const char *const[]){ "required member 'grads_zero' is NULL", NULL });
 }
 END_TEST
 
 START_TEST(test_reject_probe) {
     char p[PATH_MAX];
     broken("probe_fails", p, sizeof p);
-    expect_reject(p, (const char *const[]){"cannot run here: no test accelerator on this machine",
-                                           NULL});
+    expect_reject(p, (const char *const[]){
+                         "cannot run here: no test accelerator on this machine", NULL });
 }
 END_TEST
 
 START_TEST(test_reject_null_api) {
     char p[PATH_MAX];
     broken("null_api", p, sizeof p);
-    expect_reject(p, (const char *const[]){"returned NULL", NULL});
+    expect_reject(p, (const char *const[]){ "returned NULL", NULL });
 }
 END_TEST
 
@@ -186,22 +195,23 @@ START_TEST(test_reject_bad_files) {
     char p[PATH_MAX * 2];
     touch(tmp_dir, "text.so", "this is not a shared library\n");
     snprintf(p, sizeof p, "%s/text.so", tmp_dir);
-    expect_reject(p, (const char *const[]){"not a shared library", NULL});
+    expect_reject(p, (const char *const[]){ "not a shared library", NULL });
     touch(tmp_dir, "empty.so", "");
     snprintf(p, sizeof p, "%s/empty.so", tmp_dir);
-    expect_reject(p, (const char *const[]){"not a shared library", NULL});
+    expect_reject(p, (const char *const[]){ "not a shared library", NULL });
     /* ELF magic, then garbage: dlopen itself refuses it. */
     touch(tmp_dir, "trunc.so", "\177ELF\002\001\001garbage garbage garbage");
     snprintf(p, sizeof p, "%s/trunc.so", tmp_dir);
-    expect_reject(p, (const char *const[]){"not a loadable shared library", NULL});
+    expect_reject(p, (const char *const[]){ "not a loadable shared library", NULL });
     snprintf(p, sizeof p, "%s/absent.so", tmp_dir);
-    expect_reject(p, (const char *const[]){"file not found", NULL});
+    expect_reject(p, (const char *const[]){ "file not found", NULL });
     /* A directory. */
     snprintf(p, sizeof p, "%s", tmp_dir);
-    expect_reject(p, (const char *const[]){"not a shared library", NULL});
+    expect_reject(p, (const char *const[]){ "not a shared library", NULL });
     /* A bare name found nowhere. */
     setenv("ORCH_ENGINE_PATH", tmp_dir, 1);
-    expect_reject("libengine_surely_absent.so", (const char *const[]){"not found in", NULL});
+    expect_reject("libengine_surely_absent.so",
+                  (const char *const[]){ "not found in", NULL });
     test_rmdir(tmp_dir);
 }
 END_TEST
@@ -217,12 +227,14 @@ START_TEST(test_accept_newer_minor) {
     ck_assert_str_eq(h.path, p);
     ck_assert_str_eq(h.probe_msg, "test engine");
     /* Its context_create fails: the loader reports it in one line. */
-    orch_model_desc m = {.struct_size = sizeof m, .arch = ORCH_ARCH_GPT2};
+    orch_model_desc m = { .struct_size = sizeof m, .arch = ORCH_ARCH_GPT2 };
     orch_engine_ctx *ctx = NULL;
-    ck_assert_int_eq(engine_create_context(&h, &m, 1, 1, NULL, &ctx, err, sizeof err), -1);
+    ck_assert_int_eq(engine_create_context(&h, &m, 1, 1, NULL, &ctx, err, sizeof err),
+                     -1);
     ck_assert_ptr_null(ctx);
-    ck_assert_msg(strstr(err, "newer-minor") && strstr(err, "test engine has no contexts"), "%s",
-                  err);
+    ck_assert_msg(strstr(err, "newer-minor") &&
+                      strstr(err, "test engine has no contexts"),
+                  "%s", err);
     engine_unload(&h);
     ck_assert_ptr_null(h.api);
     engine_unload(&h); /* twice is fine */
@@ -244,27 +256,31 @@ START_TEST(test_load_mock_by_name) {
     ck_assert_str_eq(h.probe_msg, "mock engine, no numerics");
     orch_model_desc m = test_model_desc(64, 16, 1, 2, 8);
     orch_engine_ctx *ctx = NULL;
-    ck_assert_msg(engine_create_context(&h, &m, 1, 3, "sleep_ms=0", &ctx, err, sizeof err) == 0,
-                  "%s", err);
+    ck_assert_msg(
+        engine_create_context(&h, &m, 1, 3, "sleep_ms=0", &ctx, err, sizeof err) == 0,
+        "%s", err);
     /* engine_format_error: status text then the engine's last error. */
     uint32_t n;
     int32_t st = h.api->tensor_count(ctx, 42, &n);
     char msg[512];
     engine_format_error(&h, ctx, st, msg, sizeof msg);
-    ck_assert_msg(strncmp(msg, "invalid argument: ", 18) == 0 && strstr(msg, "42"), "%s", msg);
+    ck_assert_msg(strncmp(msg, "invalid argument: ", 18) == 0 && strstr(msg, "42"), "%s",
+                  msg);
     engine_format_error(&h, NULL, ORCH_ERR_DEVICE, msg, sizeof msg);
     ck_assert_str_eq(msg, "device error");
     h.api->context_destroy(ctx);
     /* Bad model and bad options through engine_create_context. */
     m.heads = 3;
     ctx = NULL;
-    ck_assert_int_eq(engine_create_context(&h, &m, 1, 3, NULL, &ctx, err, sizeof err), -1);
+    ck_assert_int_eq(engine_create_context(&h, &m, 1, 3, NULL, &ctx, err, sizeof err),
+                     -1);
     ck_assert_ptr_null(ctx);
     ck_assert_msg(strstr(err, "engine mock: cannot create context: invalid argument: ") &&
                       strstr(err, "heads (3) must divide width (8)"),
                   "%s", err);
     m.heads = 2;
-    ck_assert_int_eq(engine_create_context(&h, &m, 1, 3, "bogus=1", &ctx, err, sizeof err), -1);
+    ck_assert_int_eq(
+        engine_create_context(&h, &m, 1, 3, "bogus=1", &ctx, err, sizeof err), -1);
     ck_assert_msg(strstr(err, "unknown option 'bogus=1'"), "%s", err);
     engine_unload(&h);
     /* By file name and by path too. */
@@ -281,8 +297,9 @@ START_TEST(test_caps_string) {
     char buf[256];
     engine_caps_string(0, buf, sizeof buf);
     ck_assert_str_eq(buf, "none");
-    engine_caps_string(ORCH_CAP_TRAIN | ORCH_CAP_INFER | ORCH_CAP_KV_COPY | ORCH_CAP_EVAL |
-                           ORCH_CAP_DETERMINISTIC | ORCH_CAP_GPU | ORCH_CAP_FAULT_INJECTION,
+    engine_caps_string(ORCH_CAP_TRAIN | ORCH_CAP_INFER | ORCH_CAP_KV_COPY |
+                           ORCH_CAP_EVAL | ORCH_CAP_DETERMINISTIC | ORCH_CAP_GPU |
+                           ORCH_CAP_FAULT_INJECTION,
                        buf, sizeof buf);
     ck_assert_str_eq(buf, "train,infer,kv-copy,eval,deterministic,gpu,fault-injection");
     engine_caps_string(ORCH_CAP_INFER | ORCH_CAP_GPU, buf, sizeof buf);

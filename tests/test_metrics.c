@@ -28,19 +28,24 @@ static char *render(metrics_registry *r) {
 
 START_TEST(exposition_text_exact) {
     metrics_registry *r = metrics_registry_create();
-    const char *ln[2] = {"endpoint", "status"};
-    metrics_family *req = metrics_counter(r, "orch_requests_total", "Requests.\nBy endpoint \\ status.", 2, ln);
+    const char *ln[2] = { "endpoint", "status" };
+    metrics_family *req = metrics_counter(r, "orch_requests_total",
+                                          "Requests.\nBy endpoint \\ status.", 2, ln);
     metrics_family *g = metrics_gauge(r, "orch_running", "Running.", 0, NULL);
-    const double b[3] = {0.1, 0.5, 2};
-    metrics_family *h = metrics_histogram(r, "orch_latency_seconds", "Latency.", 0, NULL, b, 3);
+    const double b[3] = { 0.1, 0.5, 2 };
+    metrics_family *h =
+        metrics_histogram(r, "orch_latency_seconds", "Latency.", 0, NULL, b, 3);
     ck_assert_ptr_nonnull(req);
-    metrics_counter_add(metrics_series_get(req, (const char *[]){"/v1/completions", "200"}), 3);
-    metrics_counter_add(metrics_series_get(req, (const char *[]){"/v1/completions", "200"}), 1);
-    metrics_counter_add(metrics_series_get(req, (const char *[]){"a\"b\\c\nd", "400"}), 0.5);
+    metrics_counter_add(
+        metrics_series_get(req, (const char *[]){ "/v1/completions", "200" }), 3);
+    metrics_counter_add(
+        metrics_series_get(req, (const char *[]){ "/v1/completions", "200" }), 1);
+    metrics_counter_add(metrics_series_get(req, (const char *[]){ "a\"b\\c\nd", "400" }),
+                        0.5);
     metrics_gauge_set(metrics_series_get(g, NULL), 7);
     metrics_gauge_add(metrics_series_get(g, NULL), -2.25);
     metrics_series *hs = metrics_series_get(h, NULL);
-    const double obs[5] = {0.05, 0.1, 0.3, 5, 1};
+    const double obs[5] = { 0.05, 0.1, 0.3, 5, 1 };
     for (int i = 0; i < 5; i++) metrics_histogram_observe(hs, obs[i]);
     metrics_histogram_observe(hs, NAN); /* ignored */
     char *t = render(r);
@@ -70,7 +75,8 @@ END_TEST
 
 START_TEST(registration_rules) {
     metrics_registry *r = metrics_registry_create();
-    const char *l1[1] = {"kind"}, *l2[1] = {"other"}, *bad[1] = {"__x"}, *dup[2] = {"a", "a"};
+    const char *l1[1] = { "kind" }, *l2[1] = { "other" }, *bad[1] = { "__x" },
+               *dup[2] = { "a", "a" };
     metrics_family *a = metrics_counter(r, "x_total", "X.", 1, l1);
     ck_assert_ptr_eq(metrics_counter(r, "x_total", "X again.", 1, l1), a);
     ck_assert_ptr_null(metrics_counter(r, "x_total", "X.", 1, l2));
@@ -80,17 +86,21 @@ START_TEST(registration_rules) {
     ck_assert_ptr_nonnull(metrics_gauge(r, "ns:sub_name", "", 0, NULL));
     ck_assert_ptr_null(metrics_gauge(r, "y", "", 1, bad));
     ck_assert_ptr_null(metrics_gauge(r, "y", "", 2, dup));
-    ck_assert_ptr_null(metrics_histogram(r, "h", "", 1, (const char *[]){"le"}, NULL, 0));
-    ck_assert_ptr_null(metrics_histogram(r, "h", "", 0, NULL, (const double[]){1, 1}, 2));
-    ck_assert_ptr_null(metrics_histogram(r, "h", "", 0, NULL, (const double[]){INFINITY}, 1));
-    metrics_family *h = metrics_histogram(r, "h", "", 0, NULL, NULL, 0); /* default buckets */
+    ck_assert_ptr_null(
+        metrics_histogram(r, "h", "", 1, (const char *[]){ "le" }, NULL, 0));
+    ck_assert_ptr_null(
+        metrics_histogram(r, "h", "", 0, NULL, (const double[]){ 1, 1 }, 2));
+    ck_assert_ptr_null(
+        metrics_histogram(r, "h", "", 0, NULL, (const double[]){ INFINITY }, 1));
+    metrics_family *h =
+        metrics_histogram(r, "h", "", 0, NULL, NULL, 0); /* default buckets */
     ck_assert_ptr_nonnull(h);
     ck_assert_ptr_null(metrics_series_get(a, NULL)); /* labels required */
     /* updates on NULL or the wrong type are no-ops */
     metrics_counter_add(NULL, 1);
     metrics_gauge_set(NULL, 1);
     metrics_histogram_observe(NULL, 1);
-    metrics_series *c = metrics_series_get(a, (const char *[]){"k"});
+    metrics_series *c = metrics_series_get(a, (const char *[]){ "k" });
     metrics_counter_add(c, -5);
     metrics_counter_add(c, INFINITY);
     metrics_gauge_set(c, 9);
@@ -109,10 +119,12 @@ END_TEST
 static metrics_registry *shared;
 static void *hammer(void *arg) {
     (void)arg;
-    metrics_family *c = metrics_counter(shared, "hits_total", "Hits.", 1, (const char *[]){"t"});
+    metrics_family *c =
+        metrics_counter(shared, "hits_total", "Hits.", 1, (const char *[]){ "t" });
     metrics_family *h = metrics_histogram(shared, "lat", "Lat.", 0, NULL, NULL, 0);
     for (int i = 0; i < 20000; i++) {
-        metrics_counter_add(metrics_series_get(c, (const char *[]){(i & 1) ? "odd" : "even"}), 1);
+        metrics_counter_add(
+            metrics_series_get(c, (const char *[]){ (i & 1) ? "odd" : "even" }), 1);
         metrics_histogram_observe(metrics_series_get(h, NULL), 0.01);
     }
     return NULL;
@@ -123,9 +135,12 @@ START_TEST(concurrent_updates) {
     pthread_t th[8];
     for (int i = 0; i < 8; i++) pthread_create(&th[i], NULL, hammer, NULL);
     for (int i = 0; i < 8; i++) pthread_join(th[i], NULL);
-    metrics_family *c = metrics_counter(shared, "hits_total", "Hits.", 1, (const char *[]){"t"});
-    ck_assert_double_eq(metrics_series_value(metrics_series_get(c, (const char *[]){"odd"})), 80000);
-    ck_assert_double_eq(metrics_series_value(metrics_series_get(c, (const char *[]){"even"})), 80000);
+    metrics_family *c =
+        metrics_counter(shared, "hits_total", "Hits.", 1, (const char *[]){ "t" });
+    ck_assert_double_eq(
+        metrics_series_value(metrics_series_get(c, (const char *[]){ "odd" })), 80000);
+    ck_assert_double_eq(
+        metrics_series_value(metrics_series_get(c, (const char *[]){ "even" })), 80000);
     metrics_family *h = metrics_histogram(shared, "lat", "Lat.", 0, NULL, NULL, 0);
     ck_assert_uint_eq(metrics_histogram_count(metrics_series_get(h, NULL)), 160000);
     metrics_registry_free(shared);
@@ -134,7 +149,9 @@ END_TEST
 
 START_TEST(http_endpoint) {
     metrics_registry *r = metrics_registry_create();
-    metrics_gauge_set(metrics_series_get(metrics_gauge(r, "orch_train_loss", "Loss.", 0, NULL), NULL), 2.5);
+    metrics_gauge_set(
+        metrics_series_get(metrics_gauge(r, "orch_train_loss", "Loss.", 0, NULL), NULL),
+        2.5);
     char err[256];
     ck_assert_ptr_null(metrics_http_start(r, "not-an-ip", 0, err, sizeof err));
     ck_assert_ptr_nonnull(strstr(err, "not-an-ip"));
@@ -143,10 +160,11 @@ START_TEST(http_endpoint) {
     uint16_t port = metrics_http_port(h);
     ck_assert_uint_gt(port, 0);
     ck_assert_ptr_null(metrics_http_start(r, NULL, port, err, sizeof err)); /* in use */
-    const char *reqs[2] = {"GET /metrics HTTP/1.0\r\n\r\n", "GET /other HTTP/1.0\r\n\r\n"};
+    const char *reqs[2] = { "GET /metrics HTTP/1.0\r\n\r\n",
+                            "GET /other HTTP/1.0\r\n\r\n" };
     for (int k = 0; k < 2; k++) {
         int fd = socket(AF_INET, SOCK_STREAM, 0);
-        struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+        struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons(port) };
         inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
         ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
         ck_assert(write(fd, reqs[k], strlen(reqs[k])) > 0);

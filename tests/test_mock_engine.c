@@ -22,7 +22,7 @@ static engine_handle mock;
 
 static int32_t create(const orch_model_desc *m, uint64_t seed, const char *options,
                       orch_engine_ctx **ctx, char *err, uint32_t cap) {
-    orch_engine_options o = {sizeof o, 1, seed, options};
+    orch_engine_options o = { sizeof o, 1, seed, options };
     return API->context_create(m, &o, ctx, err, cap);
 }
 
@@ -74,9 +74,9 @@ START_TEST(test_greedy_text) {
     /* Byte vocabulary: "ab" -> 'n', then 't' (see README). */
     orch_engine_ctx *ctx = ctx_with(256, NULL);
     ck_assert_int_eq(API->kv_configure(ctx, 4, 16), ORCH_OK);
-    int32_t seq[40] = {'a', 'b'};
+    int32_t seq[40] = { 'a', 'b' };
     uint32_t n = 2;
-    const int32_t table[10] = {9, 2, 14, 0, 5, 6, 7, 8, 1, 3};
+    const int32_t table[10] = { 9, 2, 14, 0, 5, 6, 7, 8, 1, 3 };
     float row[256];
     ck_assert_int_eq(forward1(ctx, seq, 2, 0, table, 10, ORCH_LOGITS_LAST, row, 256),
                      ORCH_OK);
@@ -88,8 +88,8 @@ START_TEST(test_greedy_text) {
         if (k == 1) ck_assert_int_eq(next, 't');
         ck_assert(next >= 'a' && next <= 'z');
         seq[n] = next;
-        ck_assert_int_eq(forward1(ctx, &seq[n], 1, n, table, 10, ORCH_LOGITS_LAST, row, 256),
-                         ORCH_OK);
+        ck_assert_int_eq(
+            forward1(ctx, &seq[n], 1, n, table, 10, ORCH_LOGITS_LAST, row, 256), ORCH_OK);
         n++;
     }
     API->context_destroy(ctx);
@@ -99,8 +99,8 @@ END_TEST
 START_TEST(test_small_vocab_rule) {
     orch_engine_ctx *ctx = ctx_with(64, NULL);
     ck_assert_int_eq(API->kv_configure(ctx, 8, 4), ORCH_OK);
-    const int32_t tok[5] = {60, 61, 62, 63, 5};
-    const int32_t table[1] = {3};
+    const int32_t tok[5] = { 60, 61, 62, 63, 5 };
+    const int32_t table[1] = { 3 };
     float rows[5 * 64];
     ck_assert_int_eq(forward1(ctx, tok, 5, 0, table, 1, ORCH_LOGITS_ALL, rows, 5 * 64),
                      ORCH_OK);
@@ -116,15 +116,16 @@ START_TEST(test_logits_come_from_the_cache) {
      * not the tokens passed in. */
     orch_engine_ctx *ctx = ctx_with(256, NULL);
     ck_assert_int_eq(API->kv_configure(ctx, 2, 8), ORCH_OK);
-    const int32_t a[4] = {1, 2, 3, 4}, b[4] = {10, 20, 30, 40};
-    const int32_t ta[2] = {0, 1}, tb[2] = {2, 3};
+    const int32_t a[4] = { 1, 2, 3, 4 }, b[4] = { 10, 20, 30, 40 };
+    const int32_t ta[2] = { 0, 1 }, tb[2] = { 2, 3 };
     float row[256];
     ck_assert_int_eq(forward1(ctx, a, 4, 0, ta, 2, ORCH_LOGITS_NONE, NULL, 0), ORCH_OK);
     ck_assert_int_eq(forward1(ctx, b, 4, 0, tb, 2, ORCH_LOGITS_NONE, NULL, 0), ORCH_OK);
-    const int32_t mixed[3] = {0, 3, 4}; /* positions 0-1 from a, 2-3 from b */
+    const int32_t mixed[3] = { 0, 3, 4 }; /* positions 0-1 from a, 2-3 from b */
     const int32_t tok = 7;
-    ck_assert_int_eq(forward1(ctx, &tok, 1, 4, mixed, 3, ORCH_LOGITS_LAST, row, 256), ORCH_OK);
-    const int32_t expect_ids[5] = {1, 2, 30, 40, 7};
+    ck_assert_int_eq(forward1(ctx, &tok, 1, 4, mixed, 3, ORCH_LOGITS_LAST, row, 256),
+                     ORCH_OK);
+    const int32_t expect_ids[5] = { 1, 2, 30, 40, 7 };
     ck_assert_int_eq(argmax(row, 256), rule_next(expect_ids, 5, 256));
     API->context_destroy(ctx);
 }
@@ -133,9 +134,10 @@ END_TEST
 START_TEST(test_unwritten_slot) {
     orch_engine_ctx *ctx = ctx_with(256, NULL);
     ck_assert_int_eq(API->kv_configure(ctx, 4, 8), ORCH_OK);
-    const int32_t tok[3] = {97, 98, 99};
-    const int32_t table[2] = {6, 7};
-    ck_assert_int_eq(forward1(ctx, tok, 3, 0, table, 2, ORCH_LOGITS_NONE, NULL, 0), ORCH_OK);
+    const int32_t tok[3] = { 97, 98, 99 };
+    const int32_t table[2] = { 6, 7 };
+    ck_assert_int_eq(forward1(ctx, tok, 3, 0, table, 2, ORCH_LOGITS_NONE, NULL, 0),
+                     ORCH_OK);
     float row[256];
     row[0] = 5.0f;
     /* Position 3 (block 6 slot 3) was never written. */
@@ -145,22 +147,24 @@ START_TEST(test_unwritten_slot) {
                   API->last_error(ctx));
     ck_assert(row[0] == 5.0f);
     /* The failed call wrote nothing: position 4 is still unwritten. */
-    ck_assert_int_eq(forward1(ctx, tok, 1, 3, table, 2, ORCH_LOGITS_NONE, NULL, 0), ORCH_OK);
+    ck_assert_int_eq(forward1(ctx, tok, 1, 3, table, 2, ORCH_LOGITS_NONE, NULL, 0),
+                     ORCH_OK);
     st = forward1(ctx, tok, 1, 5, table, 2, ORCH_LOGITS_LAST, row, 256);
     ck_assert_int_eq(st, ORCH_ERR_STATE);
     ck_assert_msg(strstr(API->last_error(ctx), "block 7 slot 0") != NULL, "%s",
                   API->last_error(ctx));
     /* kv_copy_blocks copies the written flags too. */
-    const int32_t src[1] = {6}, dst[1] = {2};
+    const int32_t src[1] = { 6 }, dst[1] = { 2 };
     ck_assert_int_eq(API->kv_copy_blocks(ctx, src, dst, 1), ORCH_OK);
-    const int32_t t2[2] = {2, 1};
-    ck_assert_int_eq(forward1(ctx, tok, 1, 4, t2, 2, ORCH_LOGITS_LAST, row, 256), ORCH_OK);
-    const int32_t ids[5] = {97, 98, 99, 97, 97};
+    const int32_t t2[2] = { 2, 1 };
+    ck_assert_int_eq(forward1(ctx, tok, 1, 4, t2, 2, ORCH_LOGITS_LAST, row, 256),
+                     ORCH_OK);
+    const int32_t ids[5] = { 97, 98, 99, 97, 97 };
     ck_assert_int_eq(argmax(row, 256), rule_next(ids, 5, 256));
     /* A partly written block copies as partly written. */
-    const int32_t src2[1] = {1}, dst2[1] = {4}; /* block 1: slot 0 only */
+    const int32_t src2[1] = { 1 }, dst2[1] = { 4 }; /* block 1: slot 0 only */
     ck_assert_int_eq(API->kv_copy_blocks(ctx, src2, dst2, 1), ORCH_OK);
-    const int32_t t3[3] = {2, 4, 5};
+    const int32_t t3[3] = { 2, 4, 5 };
     st = forward1(ctx, tok, 1, 6, t3, 3, ORCH_LOGITS_LAST, row, 256);
     ck_assert_int_eq(st, ORCH_ERR_STATE);
     ck_assert_msg(strstr(API->last_error(ctx), "block 4 slot 1") != NULL, "%s",
@@ -172,29 +176,31 @@ END_TEST
 START_TEST(test_misuse_messages) {
     orch_engine_ctx *ctx = ctx_with(256, NULL);
     ck_assert_int_eq(API->kv_configure(ctx, 4, 8), ORCH_OK);
-    const int32_t tok[4] = {1, 2, 3, 4};
-    const int32_t t5[1] = {5};
+    const int32_t tok[4] = { 1, 2, 3, 4 };
+    const int32_t t5[1] = { 5 };
     orch_seq_input s[2];
     memset(s, 0, sizeof s);
     s[0].tokens = s[1].tokens = tok;
     s[0].n_tokens = s[1].n_tokens = 2;
     s[0].block_table = s[1].block_table = t5;
     s[0].n_blocks = s[1].n_blocks = 1;
-    orch_infer_batch b = {sizeof b, 2, sizeof s[0], 0, s};
+    orch_infer_batch b = { sizeof b, 2, sizeof s[0], 0, s };
     float rows[512];
     ck_assert_int_eq(API->infer_forward(ctx, &b, rows, 512), ORCH_ERR_INVALID_ARGUMENT);
-    ck_assert_str_eq(API->last_error(ctx), "infer_forward: block 5 is written by sequence 0 "
-                                           "and also used by sequence 1 (copy it first)");
+    ck_assert_str_eq(API->last_error(ctx),
+                     "infer_forward: block 5 is written by sequence 0 "
+                     "and also used by sequence 1 (copy it first)");
     /* Reader after writer, and writer after reader. */
     ck_assert_int_eq(forward1(ctx, tok, 4, 0, t5, 1, ORCH_LOGITS_NONE, NULL, 0), ORCH_OK);
-    const int32_t rd[2] = {5, 6}, wr[1] = {5};
+    const int32_t rd[2] = { 5, 6 }, wr[1] = { 5 };
     for (int order = 0; order < 2; order++) {
         orch_seq_input *reader = &s[order], *writer = &s[1 - order];
         reader->tokens = tok, reader->n_tokens = 1, reader->start_pos = 4;
         reader->block_table = rd, reader->n_blocks = 2;
         writer->tokens = tok, writer->n_tokens = 1, writer->start_pos = 3;
         writer->block_table = wr, writer->n_blocks = 1;
-        ck_assert_int_eq(API->infer_forward(ctx, &b, rows, 512), ORCH_ERR_INVALID_ARGUMENT);
+        ck_assert_int_eq(API->infer_forward(ctx, &b, rows, 512),
+                         ORCH_ERR_INVALID_ARGUMENT);
         char want[160];
         snprintf(want, sizeof want,
                  "infer_forward: block 5 is written by sequence %d and also used by "
@@ -203,7 +209,7 @@ START_TEST(test_misuse_messages) {
         ck_assert_str_eq(API->last_error(ctx), want);
     }
     /* The same block twice in one table, written. */
-    const int32_t dup[2] = {3, 3};
+    const int32_t dup[2] = { 3, 3 };
     ck_assert_int_eq(forward1(ctx, tok, 4, 2, dup, 2, ORCH_LOGITS_NONE, NULL, 0),
                      ORCH_ERR_INVALID_ARGUMENT);
     ck_assert_msg(strstr(API->last_error(ctx), "appears twice") != NULL, "%s",
@@ -213,7 +219,8 @@ START_TEST(test_misuse_messages) {
                      ORCH_ERR_CAPACITY);
     ck_assert_int_eq(forward1(ctx, tok, 4, 0, t5, 1, ORCH_LOGITS_LAST, NULL, 256),
                      ORCH_ERR_INVALID_ARGUMENT);
-    ck_assert_int_eq(forward1(ctx, tok, 4, 0, t5, 1, 3, rows, 256), ORCH_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(forward1(ctx, tok, 4, 0, t5, 1, 3, rows, 256),
+                     ORCH_ERR_INVALID_ARGUMENT);
     b.seq_stride = sizeof s[0] - 8;
     ck_assert_int_eq(API->infer_forward(ctx, &b, rows, 512), ORCH_ERR_INVALID_ARGUMENT);
     b.seq_stride = sizeof s[0] + 4; /* misaligned second element */
@@ -223,7 +230,7 @@ START_TEST(test_misuse_messages) {
     ck_assert_int_eq(API->infer_forward(ctx, &b, rows, 512), ORCH_ERR_INVALID_ARGUMENT);
     ck_assert_int_eq(API->infer_forward(ctx, NULL, rows, 512), ORCH_ERR_INVALID_ARGUMENT);
     /* kv_copy_blocks: destination twice. */
-    const int32_t src[2] = {1, 2}, dst[2] = {4, 4};
+    const int32_t src[2] = { 1, 2 }, dst[2] = { 4, 4 };
     ck_assert_int_eq(API->kv_copy_blocks(ctx, src, dst, 2), ORCH_ERR_INVALID_ARGUMENT);
     ck_assert_msg(strstr(API->last_error(ctx), "destination twice") != NULL, "%s",
                   API->last_error(ctx));
@@ -262,8 +269,8 @@ static double ref_loss(const params *p, uint32_t C, uint32_t V, const int32_t *t
     for (uint32_t i = 0; i < B * S; i++) {
         if (tgt[i] == -1) continue;
         uint64_t x = (uint64_t)tok[i], y = (uint64_t)tgt[i], t = i % S;
-        uint64_t idx[4] = {p->off_wte + x * C + y % C, p->off_wte + y * C + x % C,
-                           p->off_wpe + t * C + (x + y) % C, p->off_lnfb + y % C};
+        uint64_t idx[4] = { p->off_wte + x * C + y % C, p->off_wte + y * C + x % C,
+                            p->off_wpe + t * C + (x + y) % C, p->off_lnfb + y % C };
         double z = 0;
         for (int k = 0; k < 4; k++) z += p->all[idx[k]];
         double s = 1 / (1 + exp(-z));
@@ -295,13 +302,15 @@ START_TEST(test_loss_formula_and_gradient) {
     ck_assert_int_eq(API->grads_zero(ctx), ORCH_OK);
     ck_assert_int_eq(API->forward_backward(ctx, tok, tgt, B, S, 0.5f, &loss), ORCH_OK);
     ck_assert_int_eq(API->eval_loss(ctx, tok, tgt, B, S, &ev), ORCH_OK);
-    ck_assert_msg(fabs(loss - want) < 1e-5 * want, "loss %g, formula %g", (double)loss, want);
+    ck_assert_msg(fabs(loss - want) < 1e-5 * want, "loss %g, formula %g", (double)loss,
+                  want);
     ck_assert(loss == ev);
     float *eg = malloc(p.t.total * sizeof(float));
     ck_assert_int_eq(API->grads_read(ctx, 0, p.t.total, eg), ORCH_OK);
     for (uint64_t j = 0; j < p.t.total; j++)
         ck_assert_msg(fabs(eg[j] - 0.5 * g[j]) <= 1e-6 + 1e-5 * fabs(g[j]),
-                      "grad %llu: %g vs %g", (unsigned long long)j, (double)eg[j], 0.5 * g[j]);
+                      "grad %llu: %g vs %g", (unsigned long long)j, (double)eg[j],
+                      0.5 * g[j]);
     /* Finite differences through eval_loss on a few touched entries. */
     int checked = 0;
     for (uint64_t j = 0; j < p.t.total && checked < 6; j++) {
@@ -372,7 +381,8 @@ START_TEST(test_adamw_reference) {
     ck_assert(norm > 1.0); /* the clip path is exercised */
     float got_norm = 0;
     ck_assert_int_eq(API->optimizer_step(ctx, &hp, &got_norm), ORCH_OK);
-    ck_assert_msg(fabs(got_norm - norm) < 1e-5 * norm, "%g vs %g", (double)got_norm, norm);
+    ck_assert_msg(fabs(got_norm - norm) < 1e-5 * norm, "%g vs %g", (double)got_norm,
+                  norm);
     params p2, m2, v2;
     params_read(ctx, 0, &p2);
     params_read(ctx, 1, &m2);
@@ -426,7 +436,8 @@ START_TEST(test_training_converges) {
     float first = 0, prev = 1e9f, loss = 0;
     for (uint64_t step = 1; step <= 50; step++) {
         ck_assert_int_eq(API->grads_zero(ctx), ORCH_OK);
-        ck_assert_int_eq(API->forward_backward(ctx, tok, tgt, 2, 32, 1.0f, &loss), ORCH_OK);
+        ck_assert_int_eq(API->forward_backward(ctx, tok, tgt, 2, 32, 1.0f, &loss),
+                         ORCH_OK);
         if (step == 1) first = loss;
         ck_assert_msg(loss < prev, "step %llu: loss %g did not fall below %g",
                       (unsigned long long)step, (double)loss, (double)prev);
@@ -486,17 +497,20 @@ START_TEST(test_model_errors) {
     ck_assert_int_eq(create(&m, 1, NULL, &ctx, err, sizeof err), ORCH_ERR_UNSUPPORTED);
     m = test_model_desc(100, 64, 2, 2, 16);
     m.layernorm_eps = -1.0f;
-    ck_assert_int_eq(create(&m, 1, NULL, &ctx, err, sizeof err), ORCH_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(create(&m, 1, NULL, &ctx, err, sizeof err),
+                     ORCH_ERR_INVALID_ARGUMENT);
     m = test_model_desc(100, 64, 2, 2, 16);
     m.struct_size = 8;
-    ck_assert_int_eq(create(&m, 1, NULL, &ctx, err, sizeof err), ORCH_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(create(&m, 1, NULL, &ctx, err, sizeof err),
+                     ORCH_ERR_INVALID_ARGUMENT);
     /* A caller from an older minor with a shorter struct: absent fields are 0. */
     m = test_model_desc(100, 64, 2, 2, 16);
     m.struct_size = offsetof(orch_model_desc, mlp_width);
     m.mlp_width = 12345; /* beyond struct_size: must be ignored */
     ck_assert_int_eq(create(&m, 1, NULL, &ctx, err, sizeof err), ORCH_OK);
-    orch_tensor_info ti = {.struct_size = sizeof ti};
-    ck_assert_int_eq(API->tensor_info(ctx, 0, 2 + 8, &ti), ORCH_OK); /* h.0.mlp.c_fc.weight */
+    orch_tensor_info ti = { .struct_size = sizeof ti };
+    ck_assert_int_eq(API->tensor_info(ctx, 0, 2 + 8, &ti),
+                     ORCH_OK); /* h.0.mlp.c_fc.weight */
     ck_assert_str_eq(ti.name, "h.0.mlp.c_fc.weight");
     ck_assert_uint_eq(ti.shape[0], 64);
     API->context_destroy(ctx);
@@ -514,7 +528,7 @@ START_TEST(test_null_context_everywhere) {
     float f;
     uint32_t u;
     uint64_t q;
-    orch_tensor_info ti = {.struct_size = sizeof ti};
+    orch_tensor_info ti = { .struct_size = sizeof ti };
     ck_assert_ptr_nonnull(API->last_error(NULL));
     ck_assert_int_eq(API->tensor_count(NULL, 0, &u), ORCH_ERR_INVALID_ARGUMENT);
     ck_assert_int_eq(API->tensor_info(NULL, 0, 0, &ti), ORCH_ERR_INVALID_ARGUMENT);
@@ -523,9 +537,11 @@ START_TEST(test_null_context_everywhere) {
     ck_assert_int_eq(API->grads_zero(NULL), ORCH_ERR_INVALID_ARGUMENT);
     ck_assert_int_eq(API->grads_read(NULL, 0, 1, &f), ORCH_ERR_INVALID_ARGUMENT);
     ck_assert_int_eq(API->grads_write(NULL, 0, 1, &f), ORCH_ERR_INVALID_ARGUMENT);
-    ck_assert_int_eq(API->forward_backward(NULL, NULL, NULL, 1, 1, 1, &f), ORCH_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(API->forward_backward(NULL, NULL, NULL, 1, 1, 1, &f),
+                     ORCH_ERR_INVALID_ARGUMENT);
     ck_assert_int_eq(API->optimizer_step(NULL, NULL, &f), ORCH_ERR_INVALID_ARGUMENT);
-    ck_assert_int_eq(API->eval_loss(NULL, NULL, NULL, 1, 1, &f), ORCH_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(API->eval_loss(NULL, NULL, NULL, 1, 1, &f),
+                     ORCH_ERR_INVALID_ARGUMENT);
     ck_assert_int_eq(API->kv_block_bytes(NULL, 4, &q), ORCH_ERR_INVALID_ARGUMENT);
     ck_assert_int_eq(API->kv_configure(NULL, 4, 4), ORCH_ERR_INVALID_ARGUMENT);
     ck_assert_int_eq(API->infer_forward(NULL, NULL, &f, 1), ORCH_ERR_INVALID_ARGUMENT);
@@ -534,12 +550,17 @@ START_TEST(test_null_context_everywhere) {
     orch_engine_ctx *ctx = ctx_with(100, NULL);
     ck_assert_int_eq(API->tensor_count(ctx, 0, NULL), ORCH_ERR_INVALID_ARGUMENT);
     ck_assert_int_eq(API->tensor_info(ctx, 0, 0, NULL), ORCH_ERR_INVALID_ARGUMENT);
-    int32_t tok[2] = {1, 2};
-    ck_assert_int_eq(API->forward_backward(ctx, tok, tok, 1, 2, 1, NULL), ORCH_ERR_INVALID_ARGUMENT);
-    ck_assert_int_eq(API->forward_backward(ctx, tok, NULL, 1, 2, 1, &f), ORCH_ERR_INVALID_ARGUMENT);
-    ck_assert_int_eq(API->forward_backward(ctx, tok, tok, 0, 2, 1, &f), ORCH_ERR_INVALID_ARGUMENT);
-    ck_assert_int_eq(API->forward_backward(ctx, tok, tok, 1, 65, 1, &f), ORCH_ERR_INVALID_ARGUMENT);
-    ck_assert_int_eq(API->forward_backward(ctx, tok, tok, 1, 2, NAN, &f), ORCH_ERR_INVALID_ARGUMENT);
+    int32_t tok[2] = { 1, 2 };
+    ck_assert_int_eq(API->forward_backward(ctx, tok, tok, 1, 2, 1, NULL),
+                     ORCH_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(API->forward_backward(ctx, tok, NULL, 1, 2, 1, &f),
+                     ORCH_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(API->forward_backward(ctx, tok, tok, 0, 2, 1, &f),
+                     ORCH_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(API->forward_backward(ctx, tok, tok, 1, 65, 1, &f),
+                     ORCH_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(API->forward_backward(ctx, tok, tok, 1, 2, NAN, &f),
+                     ORCH_ERR_INVALID_ARGUMENT);
     ck_assert_int_eq(API->eval_loss(ctx, NULL, tok, 1, 2, &f), ORCH_ERR_INVALID_ARGUMENT);
     ck_assert_int_eq(API->kv_copy_blocks(ctx, tok, tok, 1), ORCH_ERR_STATE);
     ti.struct_size = 0;
@@ -559,7 +580,7 @@ END_TEST
 START_TEST(test_fault_option) {
     orch_engine_ctx *ctx = ctx_with(256, "fault=infer_forward:2; fault=grads_zero:3+");
     ck_assert_int_eq(API->kv_configure(ctx, 4, 4), ORCH_OK);
-    const int32_t tok[1] = {97}, table[1] = {0};
+    const int32_t tok[1] = { 97 }, table[1] = { 0 };
     float row[256];
     ck_assert_int_eq(forward1(ctx, tok, 1, 0, table, 1, 0, row, 256), ORCH_OK);
     row[0] = 3.0f;
@@ -588,9 +609,10 @@ START_TEST(test_fault_env) {
     setenv("ORCH_MOCK_FAULT", "forward_backward:1,optimizer_step:2", 1);
     orch_engine_ctx *ctx = ctx_with(100, "fault=tensor_count:1");
     unsetenv("ORCH_MOCK_FAULT"); /* read at create only */
-    int32_t tok[2] = {1, 2};
+    int32_t tok[2] = { 1, 2 };
     float loss = 8.0f;
-    ck_assert_int_eq(API->forward_backward(ctx, tok, tok, 1, 2, 1, &loss), ORCH_ERR_INTERNAL);
+    ck_assert_int_eq(API->forward_backward(ctx, tok, tok, 1, 2, 1, &loss),
+                     ORCH_ERR_INTERNAL);
     ck_assert(loss == 8.0f);
     ck_assert_int_eq(API->forward_backward(ctx, tok, tok, 1, 2, 1, &loss), ORCH_OK);
     orch_adamw_params hp = test_adamw(1, 1e-3f, 0.0f, 0.0f);
@@ -606,14 +628,14 @@ END_TEST
 START_TEST(test_sleep) {
     orch_engine_ctx *ctx = ctx_with(100, "sleep_ms=40");
     ck_assert_int_eq(API->kv_configure(ctx, 4, 4), ORCH_OK);
-    const int32_t tok[1] = {1}, table[1] = {0};
+    const int32_t tok[1] = { 1 }, table[1] = { 0 };
     float row[100];
     double t0 = util_now();
     ck_assert_int_eq(forward1(ctx, tok, 1, 0, table, 1, 0, row, 100), ORCH_OK);
     double t1 = util_now();
     ck_assert_msg(t1 - t0 >= 0.039, "infer_forward took %.3f s", t1 - t0);
     float loss;
-    int32_t tt[2] = {1, 2};
+    int32_t tt[2] = { 1, 2 };
     ck_assert_int_eq(API->forward_backward(ctx, tt, tt, 1, 2, 1, &loss), ORCH_OK);
     ck_assert_msg(util_now() - t1 >= 0.039, "forward_backward did not sleep");
     API->context_destroy(ctx);
@@ -636,23 +658,27 @@ START_TEST(test_bad_options) {
     const struct {
         const char *opt, *env_fault, *env_sleep, *msg;
     } cases[] = {
-        {"colour=blue", NULL, NULL, "unknown option 'colour=blue'"},
-        {"fault", NULL, NULL, "unknown option 'fault'"},
-        {"fault=infer_forward", NULL, NULL, "is not CALL:N"},
-        {"fault=warp_drive:1", NULL, NULL, "unknown call 'warp_drive'"},
-        {"fault=infer_forward:0", NULL, NULL, "N must be an integer >= 1"},
-        {"fault=infer_forward:x", NULL, NULL, "N must be an integer >= 1"},
-        {"sleep_ms=-5", NULL, NULL, "sleep_ms '-5'"},
-        {"sleep_ms=", NULL, NULL, "sleep_ms ''"},
-        {NULL, "nope:1", NULL, "ORCH_MOCK_FAULT: fault names unknown call 'nope'"},
-        {NULL, NULL, "soon", "ORCH_MOCK_SLEEP_MS"},
+        { "colour=blue", NULL, NULL, "unknown option 'colour=blue'" },
+        { "fault", NULL, NULL, "unknown option 'fault'" },
+        { "fault=infer_forward", NULL, NULL, "is not CALL:N" },
+        { "fault=warp_drive:1", NULL, NULL, "unknown call 'warp_drive'" },
+        { "fault=infer_forward:0", NULL, NULL, "N must be an integer >= 1" },
+        { "fault=infer_forward:x", NULL, NULL, "N must be an integer >= 1" },
+        { "sleep_ms=-5", NULL, NULL, "sleep_ms '-5'" },
+        { "sleep_ms=", NULL, NULL, "sleep_ms ''" },
+        { NULL, "nope:1", NULL, "ORCH_MOCK_FAULT: fault names unknown call 'nope'" },
+        { NULL, NULL, "soon", "ORCH_MOCK_SLEEP_MS" },
     };
     orch_model_desc m = test_model_desc(100, 64, 2, 2, 16);
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        if (cases[i].env_fault) setenv("ORCH_MOCK_FAULT", cases[i].env_fault, 1);
-        else unsetenv("ORCH_MOCK_FAULT");
-        if (cases[i].env_sleep) setenv("ORCH_MOCK_SLEEP_MS", cases[i].env_sleep, 1);
-        else unsetenv("ORCH_MOCK_SLEEP_MS");
+        if (cases[i].env_fault)
+            setenv("ORCH_MOCK_FAULT", cases[i].env_fault, 1);
+        else
+            unsetenv("ORCH_MOCK_FAULT");
+        if (cases[i].env_sleep)
+            setenv("ORCH_MOCK_SLEEP_MS", cases[i].env_sleep, 1);
+        else
+            unsetenv("ORCH_MOCK_SLEEP_MS");
         orch_engine_ctx *ctx = NULL;
         char err[512] = "";
         int32_t st = create(&m, 1, cases[i].opt, &ctx, err, sizeof err);
@@ -665,8 +691,9 @@ START_TEST(test_bad_options) {
     /* Separators and spaces are forgiven; empty strings are fine. */
     orch_engine_ctx *ctx = NULL;
     char err[256];
-    ck_assert_int_eq(create(&m, 1, " sleep_ms = 0 ;; fault = eval_loss:3+ ,", &ctx, err, sizeof err),
-                     ORCH_OK);
+    ck_assert_int_eq(
+        create(&m, 1, " sleep_ms = 0 ;; fault = eval_loss:3+ ,", &ctx, err, sizeof err),
+        ORCH_OK);
     API->context_destroy(ctx);
     ck_assert_int_eq(create(&m, 1, "", &ctx, err, sizeof err), ORCH_OK);
     API->context_destroy(ctx);
@@ -688,7 +715,7 @@ START_TEST(test_seeded_init) {
      * order of calls: train first, read in reverse order, write one tensor. */
     orch_engine_ctx *c = NULL;
     ck_assert_int_eq(create(&m, 7, NULL, &c, err, sizeof err), ORCH_OK);
-    int32_t tok[4] = {1, 2, 3, 4};
+    int32_t tok[4] = { 1, 2, 3, 4 };
     float loss_c, loss_a;
     ck_assert_int_eq(API->eval_loss(c, tok, tok, 1, 4, &loss_c), ORCH_OK);
     ck_assert_int_eq(API->eval_loss(a, tok, tok, 1, 4, &loss_a), ORCH_OK);
@@ -699,11 +726,13 @@ START_TEST(test_seeded_init) {
     float *buf = malloc(pa.t.total * 4);
     for (uint32_t i = pa.t.n; i-- > 0;) {
         const orch_tensor_info *ti = &pa.t.info[i];
-        ck_assert_int_eq(API->tensor_read(c, 0, i, buf + ti->offset, ti->numel * 4), ORCH_OK);
+        ck_assert_int_eq(API->tensor_read(c, 0, i, buf + ti->offset, ti->numel * 4),
+                         ORCH_OK);
         if (i == 3)
             ck_assert(memcmp(buf + ti->offset, w3, ti->numel * 4) == 0);
         else
-            ck_assert_msg(memcmp(buf + ti->offset, pa.all + ti->offset, ti->numel * 4) == 0,
+            ck_assert_msg(memcmp(buf + ti->offset, pa.all + ti->offset, ti->numel * 4) ==
+                              0,
                           "%s differs when read in another order", ti->name);
     }
     free(buf);

@@ -33,7 +33,8 @@ static int temp_files(void) {
     ck_assert_ptr_nonnull(d);
     int n = 0;
     struct dirent *e;
-    while ((e = readdir(d)) != NULL) n += strncmp(e->d_name, "t.safetensors.tmp", 17) == 0;
+    while ((e = readdir(d)) != NULL)
+        n += strncmp(e->d_name, "t.safetensors.tmp", 17) == 0;
     closedir(d);
     return n;
 }
@@ -62,12 +63,15 @@ static void hex_of(const char *s, size_t n, char hex[65]) {
 START_TEST(sha256_vectors) {
     char hex[65];
     hex_of("", 0, hex);
-    ck_assert_str_eq(hex, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+    ck_assert_str_eq(hex,
+                     "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
     hex_of("abc", 3, hex);
-    ck_assert_str_eq(hex, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+    ck_assert_str_eq(hex,
+                     "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
     const char *m = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";
     hex_of(m, strlen(m), hex);
-    ck_assert_str_eq(hex, "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+    ck_assert_str_eq(hex,
+                     "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
     /* One million 'a', fed in odd-sized pieces. */
     char *a = malloc(1000000);
     memset(a, 'a', 1000000);
@@ -84,7 +88,8 @@ START_TEST(sha256_vectors) {
     uint8_t d[32];
     ck_assert_int_eq(sha256_final(&c, d), 0);
     sha256_hex(d, hex);
-    ck_assert_str_eq(hex, "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+    ck_assert_str_eq(hex,
+                     "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
     /* sha256_file agrees. */
     FILE *fp = fopen(path, "wb");
     fwrite(a, 1, 1000000, fp);
@@ -92,7 +97,8 @@ START_TEST(sha256_vectors) {
     char err[256];
     ck_assert_int_eq(sha256_file(path, d, err, sizeof err), 0);
     sha256_hex(d, hex);
-    ck_assert_str_eq(hex, "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+    ck_assert_str_eq(hex,
+                     "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
     /* Every length 0..300 with unaligned starts: one shot equals byte-wise
      * streaming. */
     for (size_t len = 0; len <= 300; len++) {
@@ -129,35 +135,64 @@ START_TEST(round_trip_all_dtypes) {
     char err[512];
     safetensors_writer *w = NULL;
     ck_assert_int_eq(safetensors_writer_create(path, &w, err, sizeof err), 0);
-    ck_assert_int_eq(safetensors_writer_add_metadata(w, "format", "pt", err, sizeof err), 0);
-    ck_assert_int_eq(safetensors_writer_add_metadata(w, "note", "h\xc3\xa9llo \"q\"", err, sizeof err), 0);
-    ck_assert_int_eq(safetensors_writer_add_metadata(w, "format", "x", err, sizeof err), -1);
-    uint64_t s_mat[2] = {3, 5}, s_vec[1] = {7}, s_zero[2] = {4, 0}, s_i[3] = {2, 1, 3};
+    ck_assert_int_eq(safetensors_writer_add_metadata(w, "format", "pt", err, sizeof err),
+                     0);
+    ck_assert_int_eq(
+        safetensors_writer_add_metadata(w, "note", "h\xc3\xa9llo \"q\"", err, sizeof err),
+        0);
+    ck_assert_int_eq(safetensors_writer_add_metadata(w, "format", "x", err, sizeof err),
+                     -1);
+    uint64_t s_mat[2] = { 3, 5 }, s_vec[1] = { 7 }, s_zero[2] = { 4, 0 },
+             s_i[3] = { 2, 1, 3 };
     float mat[15];
     for (int i = 0; i < 15; i++) mat[i] = (float)i * 0.25f - 1.0f;
-    uint16_t half[7] = {0x3c00, 0xc000, 0x0001, 0x7bff, 0x0000, 0x8000, 0x3555};
-    uint16_t bf[7] = {0x3f80, 0xbf80, 0x4049, 0x0000, 0x7f80, 0x3e80, 0x4000};
-    int32_t ints[6] = {-1, 0, 1, 2147483647, -2147483647 - 1, 42};
+    uint16_t half[7] = { 0x3c00, 0xc000, 0x0001, 0x7bff, 0x0000, 0x8000, 0x3555 };
+    uint16_t bf[7] = { 0x3f80, 0xbf80, 0x4049, 0x0000, 0x7f80, 0x3e80, 0x4000 };
+    int32_t ints[6] = { -1, 0, 1, 2147483647, -2147483647 - 1, 42 };
     float scalar = 3.5f;
-    ck_assert_int_eq(safetensors_writer_declare(w, "a.weight", SAFETENSORS_F32, 2, s_mat, err, sizeof err), 0);
-    ck_assert_int_eq(safetensors_writer_declare(w, "b.half", SAFETENSORS_F16, 1, s_vec, err, sizeof err), 0);
-    ck_assert_int_eq(safetensors_writer_declare(w, "empty", SAFETENSORS_F32, 2, s_zero, err, sizeof err), 0);
-    ck_assert_int_eq(safetensors_writer_declare(w, "c.bf16", SAFETENSORS_BF16, 1, s_vec, err, sizeof err), 0);
-    ck_assert_int_eq(safetensors_writer_declare(w, "ids", SAFETENSORS_I32, 3, s_i, err, sizeof err), 0);
-    ck_assert_int_eq(safetensors_writer_declare(w, "scalar", SAFETENSORS_F32, 0, NULL, err, sizeof err), 0);
+    ck_assert_int_eq(safetensors_writer_declare(w, "a.weight", SAFETENSORS_F32, 2, s_mat,
+                                                err, sizeof err),
+                     0);
+    ck_assert_int_eq(safetensors_writer_declare(w, "b.half", SAFETENSORS_F16, 1, s_vec,
+                                                err, sizeof err),
+                     0);
+    ck_assert_int_eq(safetensors_writer_declare(w, "empty", SAFETENSORS_F32, 2, s_zero,
+                                                err, sizeof err),
+                     0);
+    ck_assert_int_eq(safetensors_writer_declare(w, "c.bf16", SAFETENSORS_BF16, 1, s_vec,
+                                                err, sizeof err),
+                     0);
+    ck_assert_int_eq(
+        safetensors_writer_declare(w, "ids", SAFETENSORS_I32, 3, s_i, err, sizeof err),
+        0);
+    ck_assert_int_eq(safetensors_writer_declare(w, "scalar", SAFETENSORS_F32, 0, NULL,
+                                                err, sizeof err),
+                     0);
     /* Misuse before data. */
-    ck_assert_int_eq(safetensors_writer_declare(w, "ids", SAFETENSORS_I32, 1, s_vec, err, sizeof err), -1);
+    ck_assert_int_eq(
+        safetensors_writer_declare(w, "ids", SAFETENSORS_I32, 1, s_vec, err, sizeof err),
+        -1);
     ck_assert_ptr_nonnull(strstr(err, "duplicate"));
-    ck_assert_int_eq(safetensors_writer_declare(w, "__metadata__", SAFETENSORS_I32, 1, s_vec, err, sizeof err), -1);
-    ck_assert_int_eq(safetensors_writer_declare(w, "", SAFETENSORS_I32, 1, s_vec, err, sizeof err), -1);
-    ck_assert_int_eq(safetensors_writer_declare(w, "f64", SAFETENSORS_F64, 1, s_vec, err, sizeof err), -1);
+    ck_assert_int_eq(safetensors_writer_declare(w, "__metadata__", SAFETENSORS_I32, 1,
+                                                s_vec, err, sizeof err),
+                     -1);
+    ck_assert_int_eq(
+        safetensors_writer_declare(w, "", SAFETENSORS_I32, 1, s_vec, err, sizeof err),
+        -1);
+    ck_assert_int_eq(
+        safetensors_writer_declare(w, "f64", SAFETENSORS_F64, 1, s_vec, err, sizeof err),
+        -1);
     ck_assert_int_eq(safetensors_writer_write(w, mat, 4, err, sizeof err), -1);
 
     ck_assert_int_eq(safetensors_writer_begin_data(w, err, sizeof err), 0);
-    ck_assert_int_eq(safetensors_writer_declare(w, "late", SAFETENSORS_F32, 1, s_vec, err, sizeof err), -1);
+    ck_assert_int_eq(
+        safetensors_writer_declare(w, "late", SAFETENSORS_F32, 1, s_vec, err, sizeof err),
+        -1);
     /* Chunked: split the matrix unevenly, then half + bf16 + ints in one go. */
     ck_assert_int_eq(safetensors_writer_write(w, mat, 13, err, sizeof err), 0);
-    ck_assert_int_eq(safetensors_writer_write(w, (char *)mat + 13, sizeof mat - 13, err, sizeof err), 0);
+    ck_assert_int_eq(
+        safetensors_writer_write(w, (char *)mat + 13, sizeof mat - 13, err, sizeof err),
+        0);
     uint8_t blob[14 + 14 + 24 + 4];
     memcpy(blob, half, 14);
     memcpy(blob + 14, bf, 14);
@@ -235,12 +270,13 @@ END_TEST
 START_TEST(writer_incomplete_leaves_nothing) {
     char err[512];
     safetensors_writer *w = NULL;
-    uint64_t s[1] = {4};
-    float v[4] = {1, 2, 3, 4};
+    uint64_t s[1] = { 4 };
+    float v[4] = { 1, 2, 3, 4 };
     /* An existing file at PATH must survive a failed write. */
     write_raw(path, "{}", UINT64_MAX, NULL, 0);
     ck_assert_int_eq(safetensors_writer_create(path, &w, err, sizeof err), 0);
-    ck_assert_int_eq(safetensors_writer_declare(w, "x", SAFETENSORS_F32, 1, s, err, sizeof err), 0);
+    ck_assert_int_eq(
+        safetensors_writer_declare(w, "x", SAFETENSORS_F32, 1, s, err, sizeof err), 0);
     ck_assert_int_eq(safetensors_writer_begin_data(w, err, sizeof err), 0);
     ck_assert_int_eq(safetensors_writer_write(w, v, 8, err, sizeof err), 0);
     ck_assert_int_eq(safetensors_writer_finish(w, NULL, err, sizeof err), -1);
@@ -252,7 +288,8 @@ START_TEST(writer_incomplete_leaves_nothing) {
     ck_assert_int_eq(temp_files(), 0);
     /* Abort also removes the temp file; abort(NULL) is fine. */
     ck_assert_int_eq(safetensors_writer_create(path, &w, err, sizeof err), 0);
-    ck_assert_int_eq(safetensors_writer_declare(w, "x", SAFETENSORS_F32, 1, s, err, sizeof err), 0);
+    ck_assert_int_eq(
+        safetensors_writer_declare(w, "x", SAFETENSORS_F32, 1, s, err, sizeof err), 0);
     ck_assert_int_eq(safetensors_writer_begin_data(w, err, sizeof err), 0);
     ck_assert_int_eq(temp_files(), 1);
     safetensors_writer_abort(w);
@@ -272,40 +309,80 @@ END_TEST
 typedef struct bad_case {
     const char *what;
     const char *header;
-    uint64_t hlen;      /* UINT64_MAX = strlen(header) */
+    uint64_t hlen; /* UINT64_MAX = strlen(header) */
     size_t data_len;
     const char *expect; /* substring of the error */
 } bad_case;
 
 static const bad_case bad_cases[] = {
-    {"header not an object", "[1,2]", UINT64_MAX, 0, "does not start with '{'"},
-    {"invalid json", "{\"a\":", UINT64_MAX, 0, "not valid JSON"},
-    {"trailing garbage in header", "{}  x", UINT64_MAX, 0, "trailing bytes"},
-    {"header length past the end", "{}", 100, 0, "exceeds the file size"},
-    {"unknown dtype", "{\"a\":{\"dtype\":\"Q4\",\"shape\":[1],\"data_offsets\":[0,1]}}", UINT64_MAX, 1, "unsupported dtype 'Q4'"},
-    {"dtype not a string", "{\"a\":{\"dtype\":4,\"shape\":[1],\"data_offsets\":[0,4]}}", UINT64_MAX, 4, "unsupported dtype"},
-    {"missing dtype", "{\"a\":{\"shape\":[1],\"data_offsets\":[0,4]}}", UINT64_MAX, 4, "missing 'dtype'"},
-    {"missing shape", "{\"a\":{\"dtype\":\"F32\",\"data_offsets\":[0,4]}}", UINT64_MAX, 4, "missing 'shape'"},
-    {"missing offsets", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1]}}", UINT64_MAX, 4, "missing 'data_offsets'"},
-    {"unexpected key", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4],\"x\":1}}", UINT64_MAX, 4, "unexpected key 'x'"},
-    {"entry not an object", "{\"a\":[1]}", UINT64_MAX, 0, "not an object"},
-    {"negative dim", "{\"a\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", UINT64_MAX, 4, "non-negative integer"},
-    {"fractional dim", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1.5],\"data_offsets\":[0,4]}}", UINT64_MAX, 4, "non-negative integer"},
-    {"shape not array", "{\"a\":{\"dtype\":\"F32\",\"shape\":3,\"data_offsets\":[0,12]}}", UINT64_MAX, 12, "shape is not an array"},
-    {"too many dims", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,4]}}", UINT64_MAX, 4, "at most 8"},
-    {"offsets wrong arity", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0]}}", UINT64_MAX, 4, "data_offsets is not"},
-    {"offsets begin > end", "{\"a\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[4,0]}}", UINT64_MAX, 4, "outside the data buffer"},
-    {"offsets past the data (truncated)", "{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}", UINT64_MAX, 8, "truncated"},
-    {"span does not match shape", "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,12]}}", UINT64_MAX, 12, "span 12 bytes but F32 shape needs 8"},
-    {"overlap", "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}", UINT64_MAX, 12, "overlaps"},
-    {"hole", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,12]}}", UINT64_MAX, 12, "hole"},
-    {"trailing data", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", UINT64_MAX, 8, "trailing garbage"},
-    {"duplicate names", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", UINT64_MAX, 8, "duplicate tensor name 'a'"},
-    {"metadata not strings", "{\"__metadata__\":{\"k\":1}}", UINT64_MAX, 0, "is not a string"},
-    {"metadata not an object", "{\"__metadata__\":\"x\"}", UINT64_MAX, 0, "__metadata__ is not an object"},
-    {"empty name", "{\"\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", UINT64_MAX, 4, "empty name"},
-    {"huge offsets", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,1e300]}}", UINT64_MAX, 4, "data_offsets is not"},
-    {"shape overflow", "{\"a\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296,4],\"data_offsets\":[0,4]}}", UINT64_MAX, 4, "overflows"},
+    { "header not an object", "[1,2]", UINT64_MAX, 0, "does not start with '{'" },
+    { "invalid json", "{\"a\":", UINT64_MAX, 0, "not valid JSON" },
+    { "trailing garbage in header", "{}  x", UINT64_MAX, 0, "trailing bytes" },
+    { "header length past the end", "{}", 100, 0, "exceeds the file size" },
+    { "unknown dtype", "{\"a\":{\"dtype\":\"Q4\",\"shape\":[1],\"data_offsets\":[0,1]}}",
+      UINT64_MAX, 1, "unsupported dtype 'Q4'" },
+    { "dtype not a string", "{\"a\":{\"dtype\":4,\"shape\":[1],\"data_offsets\":[0,4]}}",
+      UINT64_MAX, 4, "unsupported dtype" },
+    { "missing dtype", "{\"a\":{\"shape\":[1],\"data_offsets\":[0,4]}}", UINT64_MAX, 4,
+      "missing 'dtype'" },
+    { "missing shape", "{\"a\":{\"dtype\":\"F32\",\"data_offsets\":[0,4]}}", UINT64_MAX,
+      4, "missing 'shape'" },
+    { "missing offsets", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1]}}", UINT64_MAX, 4,
+      "missing 'data_offsets'" },
+    { "unexpected key",
+      "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4],\"x\":1}}",
+      UINT64_MAX, 4, "unexpected key 'x'" },
+    { "entry not an object", "{\"a\":[1]}", UINT64_MAX, 0, "not an object" },
+    { "negative dim", "{\"a\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}",
+      UINT64_MAX, 4, "non-negative integer" },
+    { "fractional dim",
+      "{\"a\":{\"dtype\":\"F32\",\"shape\":[1.5],\"data_offsets\":[0,4]}}", UINT64_MAX, 4,
+      "non-negative integer" },
+    { "shape not array",
+      "{\"a\":{\"dtype\":\"F32\",\"shape\":3,\"data_offsets\":[0,12]}}", UINT64_MAX, 12,
+      "shape is not an array" },
+    { "too many dims",
+      "{\"a\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,4]}}",
+      UINT64_MAX, 4, "at most 8" },
+    { "offsets wrong arity",
+      "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0]}}", UINT64_MAX, 4,
+      "data_offsets is not" },
+    { "offsets begin > end",
+      "{\"a\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[4,0]}}", UINT64_MAX, 4,
+      "outside the data buffer" },
+    { "offsets past the data (truncated)",
+      "{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}", UINT64_MAX, 8,
+      "truncated" },
+    { "span does not match shape",
+      "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,12]}}", UINT64_MAX, 12,
+      "span 12 bytes but F32 shape needs 8" },
+    { "overlap",
+      "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},\"b\":{\"dtype\":"
+      "\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}",
+      UINT64_MAX, 12, "overlaps" },
+    { "hole",
+      "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},\"b\":{\"dtype\":"
+      "\"F32\",\"shape\":[1],\"data_offsets\":[8,12]}}",
+      UINT64_MAX, 12, "hole" },
+    { "trailing data", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}",
+      UINT64_MAX, 8, "trailing garbage" },
+    { "duplicate names",
+      "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},\"a\":{\"dtype\":"
+      "\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
+      UINT64_MAX, 8, "duplicate tensor name 'a'" },
+    { "metadata not strings", "{\"__metadata__\":{\"k\":1}}", UINT64_MAX, 0,
+      "is not a string" },
+    { "metadata not an object", "{\"__metadata__\":\"x\"}", UINT64_MAX, 0,
+      "__metadata__ is not an object" },
+    { "empty name", "{\"\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}",
+      UINT64_MAX, 4, "empty name" },
+    { "huge offsets",
+      "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,1e300]}}", UINT64_MAX,
+      4, "data_offsets is not" },
+    { "shape overflow",
+      "{\"a\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296,4],\"data_offsets\":[0,"
+      "4]}}",
+      UINT64_MAX, 4, "overflows" },
 };
 
 START_TEST(malformed_files) {
@@ -317,10 +394,10 @@ START_TEST(malformed_files) {
     safetensors_file *f = (safetensors_file *)0x1;
     int rc = safetensors_open(path, &f, err, sizeof err);
     if (rc == 0 || !strstr(err, c->expect))
-        ck_abort_msg("case '%s': rc %d, error '%s' (expected '%s')", c->what, rc,
-                     err, c->expect);
+        ck_abort_msg("case '%s': rc %d, error '%s' (expected '%s')", c->what, rc, err,
+                     c->expect);
     ck_assert_ptr_eq(f, (safetensors_file *)0x1); /* untouched */
-    ck_assert_ptr_nonnull(strstr(err, path));    /* names the file */
+    ck_assert_ptr_nonnull(strstr(err, path));     /* names the file */
 }
 END_TEST
 
@@ -336,7 +413,8 @@ START_TEST(short_and_missing_files) {
     fclose(fp);
     ck_assert_int_eq(safetensors_open(path, &f, err, sizeof err), -1);
     ck_assert_ptr_nonnull(strstr(err, "too short"));
-    ck_assert_int_eq(safetensors_open("/nonexistent/m.safetensors", &f, err, sizeof err), -1);
+    ck_assert_int_eq(safetensors_open("/nonexistent/m.safetensors", &f, err, sizeof err),
+                     -1);
     ck_assert_ptr_nonnull(strstr(err, "No such file"));
     ck_assert_int_eq(safetensors_open(dir, &f, err, sizeof err), -1);
     ck_assert_ptr_nonnull(strstr(err, "not a regular file"));
@@ -352,11 +430,13 @@ END_TEST
 START_TEST(truncated_everywhere) {
     char err[512];
     safetensors_writer *w = NULL;
-    uint64_t s[2] = {2, 3};
-    float v[6] = {1, 2, 3, 4, 5, 6};
+    uint64_t s[2] = { 2, 3 };
+    float v[6] = { 1, 2, 3, 4, 5, 6 };
     ck_assert_int_eq(safetensors_writer_create(path, &w, err, sizeof err), 0);
-    ck_assert_int_eq(safetensors_writer_declare(w, "w", SAFETENSORS_F32, 2, s, err, sizeof err), 0);
-    ck_assert_int_eq(safetensors_writer_declare(w, "b", SAFETENSORS_F32, 1, s, err, sizeof err), 0);
+    ck_assert_int_eq(
+        safetensors_writer_declare(w, "w", SAFETENSORS_F32, 2, s, err, sizeof err), 0);
+    ck_assert_int_eq(
+        safetensors_writer_declare(w, "b", SAFETENSORS_F32, 1, s, err, sizeof err), 0);
     ck_assert_int_eq(safetensors_writer_write(w, v, 4, err, sizeof err), -1);
     ck_assert_int_eq(safetensors_writer_begin_data(w, err, sizeof err), 0);
     ck_assert_int_eq(safetensors_writer_begin_data(w, err, sizeof err), -1);

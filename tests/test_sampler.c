@@ -12,7 +12,7 @@
 #include "orchestrator/serve/sampler.h"
 #include "tests/test_util.h"
 
-static const float L[6] = {1.0f, 3.0f, 2.0f, 3.0f, -1.0f, 0.5f};
+static const float L[6] = { 1.0f, 3.0f, 2.0f, 3.0f, -1.0f, 0.5f };
 
 static double softmax_p(const float *l, int n, double t, int v) {
     double m = -INFINITY, s = 0;
@@ -36,7 +36,7 @@ START_TEST(greedy_argmax_lowest_id_on_ties) {
 END_TEST
 
 START_TEST(mask_restricts_every_mode) {
-    uint32_t mask[1] = {(1u << 2) | (1u << 5)}; /* tokens 2 and 5 */
+    uint32_t mask[1] = { (1u << 2) | (1u << 5) }; /* tokens 2 and 5 */
     sampler_params p = sampler_params_default();
     p.temperature = 0;
     ck_assert_int_eq(sampler_sample(&p, L, 6, mask, NULL, NULL), 2);
@@ -52,14 +52,14 @@ START_TEST(mask_restricts_every_mode) {
         seen5 += t == 5;
     }
     ck_assert(seen2 > 0 && seen5 > 0);
-    uint32_t none[1] = {0};
+    uint32_t none[1] = { 0 };
     ck_assert_int_eq(sampler_sample(&p, L, 6, none, &r, ws), -1);
     p.temperature = 0;
     ck_assert_int_eq(sampler_sample(&p, L, 6, none, &r, ws), -1);
     /* a larger vocabulary: words beyond the first */
     float big[70];
     for (int i = 0; i < 70; i++) big[i] = (float)i;
-    uint32_t m3[3] = {0, 1u << 1, 0}; /* only token 33 */
+    uint32_t m3[3] = { 0, 1u << 1, 0 }; /* only token 33 */
     ck_assert_int_eq(sampler_argmax(big, 70, m3), 33);
     ck_assert(sampler_mask_allows(m3, 33) && !sampler_mask_allows(m3, 69));
     ck_assert_uint_eq(SAMPLER_MASK_WORDS(70), 3);
@@ -69,21 +69,22 @@ END_TEST
 
 /* Frequencies of 60000 draws match softmax(l/T) within 5 sigma. */
 START_TEST(temperature_matches_softmax) {
-    const double temps[] = {0.5, 1.0, 2.0};
+    const double temps[] = { 0.5, 1.0, 2.0 };
     sampler_ws *ws = sampler_ws_create(6);
     for (size_t ti = 0; ti < 3; ti++) {
         sampler_params p = sampler_params_default();
         p.temperature = (float)temps[ti];
         sampler_rng r;
         sampler_rng_seed(&r, 1234 + ti);
-        int count[6] = {0};
+        int count[6] = { 0 };
         const int N = 60000;
         for (int i = 0; i < N; i++) count[sampler_sample(&p, L, 6, NULL, &r, ws)]++;
         for (int v = 0; v < 6; v++) {
             double pv = softmax_p(L, 6, temps[ti], v);
             double sd = sqrt(N * pv * (1 - pv)) + 1;
-            ck_assert_msg(fabs(count[v] - N * pv) < 5 * sd, "T=%g v=%d count %d expected %.1f", temps[ti], v,
-                          count[v], N * pv);
+            ck_assert_msg(fabs(count[v] - N * pv) < 5 * sd,
+                          "T=%g v=%d count %d expected %.1f", temps[ti], v, count[v],
+                          N * pv);
         }
     }
     sampler_ws_free(ws);
@@ -104,8 +105,8 @@ START_TEST(top_k_support_and_renormalisation) {
         c3 += t == 3;
     }
     ck_assert(abs(c1 - c3) < 400); /* equal weights */
-    p.top_k = 3; /* adds token 2 */
-    int seen[6] = {0};
+    p.top_k = 3;                   /* adds token 2 */
+    int seen[6] = { 0 };
     for (int i = 0; i < 4000; i++) seen[sampler_sample(&p, L, 6, NULL, &r, ws)]++;
     ck_assert(seen[1] && seen[2] && seen[3]);
     ck_assert(!seen[0] && !seen[4] && !seen[5]);
@@ -119,24 +120,28 @@ END_TEST
 
 START_TEST(top_p_nucleus_exact) {
     /* probabilities 0.5, 0.3, 0.15, 0.05 */
-    float l[4] = {logf(0.5f), logf(0.3f), logf(0.15f), logf(0.05f)};
+    float l[4] = { logf(0.5f), logf(0.3f), logf(0.15f), logf(0.05f) };
     sampler_ws *ws = sampler_ws_create(4);
     sampler_params p = sampler_params_default();
     sampler_rng r;
     sampler_rng_seed(&r, 9);
-    struct { float top_p; int support; } cases[] = {{0.4f, 1}, {0.55f, 2}, {0.75f, 2}, {0.85f, 3}, {0.9f, 3}, {0.99f, 4}};
+    struct {
+        float top_p;
+        int support;
+    } cases[] = { { 0.4f, 1 },  { 0.55f, 2 }, { 0.75f, 2 },
+                  { 0.85f, 3 }, { 0.9f, 3 },  { 0.99f, 4 } };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         p.top_p = cases[k].top_p;
-        int seen[4] = {0};
+        int seen[4] = { 0 };
         for (int i = 0; i < 6000; i++) seen[sampler_sample(&p, l, 4, NULL, &r, ws)]++;
         for (int v = 0; v < 4; v++)
-            ck_assert_msg((seen[v] > 0) == (v < cases[k].support), "top_p %g token %d seen %d", cases[k].top_p, v,
-                          seen[v]);
+            ck_assert_msg((seen[v] > 0) == (v < cases[k].support),
+                          "top_p %g token %d seen %d", cases[k].top_p, v, seen[v]);
     }
     /* with top-k first: k=3 then p=0.8 of the renormalised {0.5,0.3,0.15} */
     p.top_k = 3;
     p.top_p = 0.8f;
-    int seen[4] = {0};
+    int seen[4] = { 0 };
     for (int i = 0; i < 6000; i++) seen[sampler_sample(&p, l, 4, NULL, &r, ws)]++;
     ck_assert(seen[0] && seen[1] && !seen[2] && !seen[3]);
     sampler_ws_free(ws);
@@ -199,7 +204,7 @@ START_TEST(logprobs_match_direct_computation) {
     double lps[8];
     uint32_t n = sampler_top_logprobs(L, 6, 4, ids, lps);
     ck_assert_uint_eq(n, 4);
-    int32_t want_ids[4] = {1, 3, 2, 0};
+    int32_t want_ids[4] = { 1, 3, 2, 0 };
     for (int i = 0; i < 4; i++) {
         ck_assert_int_eq(ids[i], want_ids[i]);
         ck_assert_double_eq_tol(lps[i], log(softmax_p(L, 6, 1.0, want_ids[i])), 1e-9);
@@ -210,7 +215,7 @@ START_TEST(logprobs_match_direct_computation) {
 END_TEST
 
 START_TEST(non_finite_logits_and_checks) {
-    float l[4] = {NAN, -INFINITY, 1.0f, INFINITY};
+    float l[4] = { NAN, -INFINITY, 1.0f, INFINITY };
     sampler_params p = sampler_params_default();
     p.temperature = 0;
     ck_assert_int_eq(sampler_sample(&p, l, 4, NULL, NULL, NULL), 2);
@@ -218,11 +223,12 @@ START_TEST(non_finite_logits_and_checks) {
     sampler_rng r;
     sampler_rng_seed(&r, 1);
     p.temperature = 1;
-    for (int i = 0; i < 100; i++) ck_assert_int_eq(sampler_sample(&p, l, 4, NULL, &r, ws), 2);
-    float bad[2] = {NAN, -INFINITY};
+    for (int i = 0; i < 100; i++)
+        ck_assert_int_eq(sampler_sample(&p, l, 4, NULL, &r, ws), 2);
+    float bad[2] = { NAN, -INFINITY };
     ck_assert_int_eq(sampler_sample(&p, bad, 2, NULL, &r, ws), -1);
     /* vocabulary larger than the workspace is refused */
-    float l8[8] = {0};
+    float l8[8] = { 0 };
     ck_assert_int_eq(sampler_sample(&p, l8, 8, NULL, &r, ws), -1);
     sampler_ws_free(ws);
     sampler_ws_free(NULL);

@@ -57,16 +57,25 @@ static void wait_finished(int n) {
 }
 
 /* Start a scheduler over a fresh mock context. */
-static void start(uint32_t context, uint32_t blocks, uint32_t max_seqs, uint32_t max_batch, uint32_t max_waiting,
-                  const char *options) {
+static void start(uint32_t context, uint32_t blocks, uint32_t max_seqs,
+                  uint32_t max_batch, uint32_t max_waiting, const char *options) {
     char err[512];
     ck_assert_msg(engine_load("mock", &eng, err, sizeof err) == 0, "%s", err);
     orch_model_desc d = test_model_desc(256, context, 1, 1, 8);
-    ck_assert_msg(engine_create_context(&eng, &d, 1, 1, options, &ctx, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(engine_create_context(&eng, &d, 1, 1, options, &ctx, err, sizeof err) ==
+                      0,
+                  "%s", err);
     ck_assert_msg(tokenizer_open("byte", NULL, &tok, err, sizeof err) == 0, "%s", err);
-    scheduler_config c = {.engine = &eng, .ctx = ctx, .tok = tok, .vocab_size = 256, .context = context,
-                          .block_size = ORCH_KV_BLOCK_TOKENS, .num_blocks = blocks, .max_seqs = max_seqs,
-                          .max_batch_tokens = max_batch, .max_waiting = max_waiting};
+    scheduler_config c = { .engine = &eng,
+                           .ctx = ctx,
+                           .tok = tok,
+                           .vocab_size = 256,
+                           .context = context,
+                           .block_size = ORCH_KV_BLOCK_TOKENS,
+                           .num_blocks = blocks,
+                           .max_seqs = max_seqs,
+                           .max_batch_tokens = max_batch,
+                           .max_waiting = max_waiting };
     ck_assert_msg(scheduler_create(&c, &sch, err, sizeof err) == 0, "%s", err);
     n_finished = 0;
     stream_violation = 0;
@@ -99,13 +108,14 @@ static void wait_pool_empty(void) {
     for (int i = 0; i < 1000; i++) {
         scheduler_get_stats(sch, &st);
         if (st.kv_blocks_used == 0 && st.running == 0) return;
-        struct timespec ts = {0, 1000000};
+        struct timespec ts = { 0, 1000000 };
         nanosleep(&ts, NULL);
     }
     ck_abort_msg("the KV pool did not drain: %u blocks used", st.kv_blocks_used);
 }
 
-static void init_seq(sched_seq *q, const int32_t *prompt, uint32_t n, uint32_t max_tokens) {
+static void init_seq(sched_seq *q, const int32_t *prompt, uint32_t n,
+                     uint32_t max_tokens) {
     memset(q, 0, sizeof *q);
     q->prompt = prompt;
     q->n_prompt = n;
@@ -119,7 +129,8 @@ static void init_seq(sched_seq *q, const int32_t *prompt, uint32_t n, uint32_t m
 
 static int32_t *make_prompt(uint32_t n, uint32_t salt) {
     int32_t *p = malloc(n * sizeof *p);
-    for (uint32_t i = 0; i < n; i++) p[i] = 32 + (int32_t)((i * 7 + salt * 13 + i * salt) % 90);
+    for (uint32_t i = 0; i < n; i++)
+        p[i] = 32 + (int32_t)((i * 7 + salt * 13 + i * salt) % 90);
     return p;
 }
 
@@ -150,7 +161,8 @@ START_TEST(many_sequences_exact_with_chunked_prefill) {
         ck_assert_uint_eq(seqs[i].n_out, seqs[i].max_tokens);
         ck_assert_str_eq(seqs[i].text, want);
         ck_assert_uint_eq(seqs[i].text_ready, seqs[i].text_len);
-        ck_assert(seqs[i].t_first_token >= seqs[i].t_submit && seqs[i].t_done >= seqs[i].t_first_token);
+        ck_assert(seqs[i].t_first_token >= seqs[i].t_submit &&
+                  seqs[i].t_done >= seqs[i].t_first_token);
         sched_seq_free_outputs(&seqs[i]);
         free(prompts[i]);
     }
@@ -194,13 +206,13 @@ END_TEST
 
 START_TEST(stop_strings_across_tokens) {
     start(256, 32, 4, 64, 100, NULL);
-    int32_t prompt[3] = {'a', 'b', 'c'};
+    int32_t prompt[3] = { 'a', 'b', 'c' };
     char g[41];
     predict(prompt, 3, 40, g);
     /* a stop string that spans tokens 5..7; one that never occurs */
-    char stop3[4] = {g[5], g[6], g[7], 0};
-    const char *stops_a[2] = {"never-there", stop3};
-    const char *stops_b[1] = {"ZZ"};
+    char stop3[4] = { g[5], g[6], g[7], 0 };
+    const char *stops_a[2] = { "never-there", stop3 };
+    const char *stops_b[1] = { "ZZ" };
     sched_seq a, b;
     init_seq(&a, prompt, 3, 40);
     a.stop = stops_a;
@@ -210,7 +222,7 @@ START_TEST(stop_strings_across_tokens) {
     b.stop = stops_b;
     b.n_stop = 1;
     b.stream = 1;
-    sched_seq *ptrs[2] = {&a, &b};
+    sched_seq *ptrs[2] = { &a, &b };
     char err[128];
     ck_assert_int_eq(scheduler_submit(sch, ptrs, 2, err, sizeof err), SCHED_OK);
     wait_finished(2);
@@ -245,7 +257,7 @@ START_TEST(cancel_frees_blocks) {
         uint32_t n = q.n_out;
         pthread_mutex_unlock(&seq_lock);
         if (n >= 2 && st.kv_blocks_used > 0) break;
-        struct timespec ts = {0, 5000000};
+        struct timespec ts = { 0, 5000000 };
         nanosleep(&ts, NULL);
     }
     ck_assert_uint_ge(st.kv_blocks_used, 7);
@@ -263,7 +275,7 @@ END_TEST
 
 START_TEST(engine_fault_fails_only_its_batch) {
     start(256, 32, 4, 64, 100, "fault=infer_forward:4"); /* call 1: warm-up */
-    int32_t p[2] = {'h', 'i'};
+    int32_t p[2] = { 'h', 'i' };
     sched_seq a;
     init_seq(&a, p, 2, 10);
     submit_all(&a, 1);
@@ -292,17 +304,17 @@ END_TEST
 
 START_TEST(waiting_queue_limit) {
     start(256, 32, 1, 64, 2, "sleep_ms=20");
-    int32_t p[2] = {'x', 'y'};
+    int32_t p[2] = { 'x', 'y' };
     sched_seq s[5];
     for (int i = 0; i < 5; i++) init_seq(&s[i], p, 2, 8);
-    sched_seq *ab[2] = {&s[0], &s[1]};
+    sched_seq *ab[2] = { &s[0], &s[1] };
     char err[128];
     ck_assert_int_eq(scheduler_submit(sch, ab, 2, err, sizeof err), SCHED_OK);
     scheduler_stats st;
     for (int i = 0; i < 200; i++) {
         scheduler_get_stats(sch, &st);
         if (st.running == 1) break;
-        struct timespec ts = {0, 2000000};
+        struct timespec ts = { 0, 2000000 };
         nanosleep(&ts, NULL);
     }
     ck_assert_uint_eq(st.running, 1);
@@ -389,8 +401,8 @@ START_TEST(prompt_and_token_logprobs) {
         s += (uint64_t)p[j];
         int next = 97 + (int)(s % 26);
         double want = -fabs((double)p[j + 1] - next) - lse_cache[next - 97];
-        ck_assert_msg(fabs(q.prompt_logprob[j + 1] - want) < 1e-4, "pos %u: %g vs %g", j + 1,
-                      q.prompt_logprob[j + 1], want);
+        ck_assert_msg(fabs(q.prompt_logprob[j + 1] - want) < 1e-4, "pos %u: %g vs %g",
+                      j + 1, q.prompt_logprob[j + 1], want);
         ck_assert_int_eq(q.prompt_top_ids[(size_t)(j + 1) * 2], next);
     }
     for (uint32_t i = 0; i < 3; i++) {
@@ -423,7 +435,7 @@ START_TEST(submit_and_create_errors) {
     sched_seq *ptr = &q;
     ck_assert_int_eq(scheduler_submit(sch, &ptr, 1, err, sizeof err), SCHED_BAD);
     ck_assert(strstr(err, "context"));
-    int32_t bad[2] = {5, 300};
+    int32_t bad[2] = { 5, 300 };
     init_seq(&q, bad, 2, 1);
     ck_assert_int_eq(scheduler_submit(sch, &ptr, 1, err, sizeof err), SCHED_BAD);
     ck_assert(strstr(err, "300"));
@@ -431,12 +443,24 @@ START_TEST(submit_and_create_errors) {
     stop();
     /* a pool that cannot hold one full context, max_batch < max_seqs */
     ck_assert(engine_load("mock", &eng, err, sizeof err) == 0);
-    orch_model_desc d = {.struct_size = sizeof d, .arch = ORCH_ARCH_GPT2, .vocab_size = 256, .context = 64,
-                         .layers = 1, .heads = 1, .width = 8};
+    orch_model_desc d = { .struct_size = sizeof d,
+                          .arch = ORCH_ARCH_GPT2,
+                          .vocab_size = 256,
+                          .context = 64,
+                          .layers = 1,
+                          .heads = 1,
+                          .width = 8 };
     ck_assert(engine_create_context(&eng, &d, 1, 1, NULL, &ctx, err, sizeof err) == 0);
     ck_assert(tokenizer_open("byte", NULL, &tok, err, sizeof err) == 0);
-    scheduler_config c = {.engine = &eng, .ctx = ctx, .tok = tok, .vocab_size = 256, .context = 64,
-                          .num_blocks = 3, .max_seqs = 2, .max_batch_tokens = 16, .max_waiting = 4};
+    scheduler_config c = { .engine = &eng,
+                           .ctx = ctx,
+                           .tok = tok,
+                           .vocab_size = 256,
+                           .context = 64,
+                           .num_blocks = 3,
+                           .max_seqs = 2,
+                           .max_batch_tokens = 16,
+                           .max_waiting = 4 };
     scheduler *s2 = NULL;
     ck_assert_int_eq(scheduler_create(&c, &s2, err, sizeof err), -1);
     ck_assert_msg(strstr(err, "too small"), "%s", err);
@@ -446,7 +470,8 @@ START_TEST(submit_and_create_errors) {
     ck_assert(strstr(err, "max-batch-tokens"));
     eng.api->context_destroy(ctx);
     /* a failing engine is reported by the warm-up forward */
-    ck_assert(engine_create_context(&eng, &d, 1, 1, "fault=infer_forward:1", &ctx, err, sizeof err) == 0);
+    ck_assert(engine_create_context(&eng, &d, 1, 1, "fault=infer_forward:1", &ctx, err,
+                                    sizeof err) == 0);
     c.ctx = ctx;
     c.max_batch_tokens = 16;
     ck_assert_int_eq(scheduler_create(&c, &s2, err, sizeof err), -1);
@@ -469,7 +494,7 @@ START_TEST(token_mask_hook) {
     memset(even_mask, 0, sizeof even_mask);
     for (int v = 'a'; v <= 'z'; v++)
         if (v % 2 == 0) even_mask[v / 32] |= 1u << (v % 32);
-    int32_t p[2] = {'o', 'k'};
+    int32_t p[2] = { 'o', 'k' };
     sched_seq q;
     init_seq(&q, p, 2, 10);
     q.sampling.temperature = 0.7f;

@@ -46,12 +46,11 @@ static int32_t tok_at(uint64_t i, uint32_t vocab) {
     return (int32_t)((x ^ (x >> 31)) % vocab);
 }
 
-static void write_shard(const char *name, const char *tok, uint32_t vocab,
-                        uint64_t start, uint64_t n) {
+static void write_shard(const char *name, const char *tok, uint32_t vocab, uint64_t start,
+                        uint64_t n) {
     int32_t *ids = malloc((n + 1) * sizeof *ids);
     for (uint64_t i = 0; i < n; i++) ids[i] = tok_at(start + i, vocab);
-    ck_assert_msg(shard_write_file(pathf(name), tok, vocab, ids, n, err,
-                                   sizeof err) == 0,
+    ck_assert_msg(shard_write_file(pathf(name), tok, vocab, ids, n, err, sizeof err) == 0,
                   "%s", err);
     free(ids);
 }
@@ -91,8 +90,10 @@ START_TEST(test_roundtrip_widths) {
     struct {
         const char *tok;
         uint32_t vocab, width;
-    } cases[] = {{"byte", 256, 2}, {"gpt2", 50257, 2}, {"big", 65536, 2},
-                 {"huge", 70000, 4}};
+    } cases[] = { { "byte", 256, 2 },
+                  { "gpt2", 50257, 2 },
+                  { "big", 65536, 2 },
+                  { "huge", 70000, 4 } };
     for (int c = 0; c < 4; c++) {
         uint64_t n = 1000 + (uint64_t)c;
         write_shard("s.bin", cases[c].tok, cases[c].vocab, 0, n);
@@ -108,8 +109,7 @@ START_TEST(test_roundtrip_widths) {
         ck_assert_str_eq(info.tokenizer, cases[c].tok);
         ck_assert_uint_eq(info.n_tokens, n);
         dataset *ds;
-        ck_assert_msg(dataset_open(pathf("s.bin"), &ds, err, sizeof err) == 0, "%s",
-                      err);
+        ck_assert_msg(dataset_open(pathf("s.bin"), &ds, err, sizeof err) == 0, "%s", err);
         ck_assert_uint_eq(dataset_total_tokens(ds), n);
         ck_assert_uint_eq(dataset_vocab_size(ds), cases[c].vocab);
         ck_assert_str_eq(dataset_tokenizer_name(ds), cases[c].tok);
@@ -131,7 +131,7 @@ START_TEST(test_roundtrip_widths) {
     size_t sz;
     unsigned char *b = read_all(pathf("s.bin"), &sz);
     ck_assert(memcmp(b, "ORCHTOK\0", 8) == 0);
-    ck_assert_uint_eq(b[8], 1);  /* version, little-endian */
+    ck_assert_uint_eq(b[8], 1);   /* version, little-endian */
     ck_assert_uint_eq(b[12], 64); /* header size */
     ck_assert_uint_eq(b[16], 4);  /* token width */
     free(b);
@@ -150,24 +150,22 @@ START_TEST(test_write_atomic_and_errors) {
     dataset_close(ds);
     ck_assert_int_eq(count_files("a.bin.tmp"), 0); /* no temp file left */
 
-    int32_t ids[3] = {1, 256, 2};
-    ck_assert_int_eq(shard_write_file(pathf("b.bin"), "byte", 256, ids, 3, err,
-                                      sizeof err),
-                     -1);
+    int32_t ids[3] = { 1, 256, 2 };
+    ck_assert_int_eq(
+        shard_write_file(pathf("b.bin"), "byte", 256, ids, 3, err, sizeof err), -1);
     ck_assert_ptr_nonnull(strstr(err, "256"));
     ck_assert_int_eq(access(pathf("b.bin"), F_OK), -1);
     ids[1] = -1;
-    ck_assert_int_eq(shard_write_file(pathf("b.bin"), "byte", 256, ids, 3, err,
-                                      sizeof err),
-                     -1);
+    ck_assert_int_eq(
+        shard_write_file(pathf("b.bin"), "byte", 256, ids, 3, err, sizeof err), -1);
     ids[1] = 3;
     ck_assert_int_eq(shard_write_file(pathf("b.bin"), "", 256, ids, 3, err, sizeof err),
                      -1);
-    ck_assert_int_eq(shard_write_file(pathf("b.bin"), "a-very-long-tokenizer-name",
-                                      256, ids, 3, err, sizeof err),
+    ck_assert_int_eq(shard_write_file(pathf("b.bin"), "a-very-long-tokenizer-name", 256,
+                                      ids, 3, err, sizeof err),
                      -1);
-    ck_assert_int_eq(shard_write_file(pathf("no/such/dir/b.bin"), "byte", 256, ids,
-                                      3, err, sizeof err),
+    ck_assert_int_eq(shard_write_file(pathf("no/such/dir/b.bin"), "byte", 256, ids, 3,
+                                      err, sizeof err),
                      -1);
     ck_assert_ptr_nonnull(strstr(err, "no/such/dir"));
     ck_assert_int_eq(count_files("b.bin"), 0);
@@ -244,7 +242,8 @@ START_TEST(test_corrupt_files) {
     }
     /* Without checksum verification, headers and sizes are still checked. */
     dataset *ds;
-    ck_assert_int_eq(dataset_open_flags(pathf("payload.bin"), 0, &ds, err, sizeof err), 0);
+    ck_assert_int_eq(dataset_open_flags(pathf("payload.bin"), 0, &ds, err, sizeof err),
+                     0);
     dataset_close(ds);
     ck_assert_int_eq(dataset_open_flags(pathf("trunc.bin"), 0, &ds, err, sizeof err), -1);
     /* A directory and a missing file. */
@@ -256,10 +255,13 @@ START_TEST(test_corrupt_files) {
      * path: each says "no such file or directory" and names the culprit. */
     ck_assert_int_eq(dataset_open(pathf("gone/train_*.bin"), &ds, err, sizeof err), -1);
     ck_assert_msg(strstr(err, "gone/train_*.bin: no such file or directory") &&
-                      strstr(err, "gone does not exist"), "%s", err);
-    ck_assert_int_eq(dataset_open(pathf("payload.bin/x_*.bin"), &ds, err, sizeof err), -1);
+                      strstr(err, "gone does not exist"),
+                  "%s", err);
+    ck_assert_int_eq(dataset_open(pathf("payload.bin/x_*.bin"), &ds, err, sizeof err),
+                     -1);
     ck_assert_msg(strstr(err, "no such file or directory") &&
-                      strstr(err, "payload.bin is not a directory"), "%s", err);
+                      strstr(err, "payload.bin is not a directory"),
+                  "%s", err);
     ck_assert_int_eq(dataset_open(pathf("nothere.bin"), &ds, err, sizeof err), -1);
     ck_assert_msg(strstr(err, "nothere.bin: no such file or directory"), "%s", err);
     /* One bad shard spoils a glob, and the error names it. */
@@ -291,7 +293,7 @@ START_TEST(test_mixed_tokenizers) {
 END_TEST
 
 /* Shards of 100, 1, 0, 250, 37 tokens: one sequence f(0..387]. */
-static const uint64_t sizes[] = {100, 1, 0, 250, 37};
+static const uint64_t sizes[] = { 100, 1, 0, 250, 37 };
 #define N_SHARDS 5
 static uint64_t total_tokens(void) {
     uint64_t t = 0;
@@ -317,14 +319,14 @@ static dataset *open_boundary_set(uint32_t vocab) {
 }
 
 START_TEST(test_read_across_boundaries) {
-    uint32_t vocabs[2] = {1000, 100000}; /* 2- and 4-byte tokens */
+    uint32_t vocabs[2] = { 1000, 100000 }; /* 2- and 4-byte tokens */
     for (int v = 0; v < 2; v++) {
         dataset *ds = open_boundary_set(vocabs[v]);
         uint64_t T = total_tokens();
         int32_t *buf = malloc((T + 2) * sizeof *buf);
         int ok = 1;
         for (uint64_t off = 0; off <= T && ok; off++) {
-            uint64_t lens[] = {0, 1, 2, 7, 99, 100, 101, 150, 251, T - off};
+            uint64_t lens[] = { 0, 1, 2, 7, 99, 100, 101, 150, 251, T - off };
             for (int li = 0; li < 10 && ok; li++) {
                 uint64_t n = lens[li];
                 if (off + n > T) continue;
@@ -378,7 +380,7 @@ START_TEST(test_concurrent_reads) {
     pthread_t th[4];
     reader r[4];
     for (int i = 0; i < 4; i++) {
-        r[i] = (reader){.ds = ds, .seed = (uint64_t)i + 1};
+        r[i] = (reader){ .ds = ds, .seed = (uint64_t)i + 1 };
         pthread_create(&th[i], NULL, read_many, &r[i]);
     }
     for (int i = 0; i < 4; i++) pthread_join(th[i], NULL);
@@ -431,17 +433,17 @@ static char *decode_glob(const tokenizer *t, const char *glob, size_t *len) {
 
 START_TEST(test_prepare_byte) {
     size_t n = make_corpus("corpus.txt", 20000);
-    prog p = {.monotone = 1};
+    prog p = { .monotone = 1 };
     char in[PATH_MAX], out[PATH_MAX];
     snprintf(in, sizeof in, "%s", pathf("corpus.txt"));
     snprintf(out, sizeof out, "%s", pathf("out/nested"));
-    shard_prepare_opts o = {.tokenizer = "byte",
-                            .input = in,
-                            .out_dir = out,
-                            .val_fraction = 0.1,
-                            .shard_tokens = 4000,
-                            .progress = on_progress,
-                            .progress_user = &p};
+    shard_prepare_opts o = { .tokenizer = "byte",
+                             .input = in,
+                             .out_dir = out,
+                             .val_fraction = 0.1,
+                             .shard_tokens = 4000,
+                             .progress = on_progress,
+                             .progress_user = &p };
     shard_prepare_result r;
     ck_assert_msg(shard_prepare_corpus(&o, &r, err, sizeof err) == 0, "%s", err);
     ck_assert_uint_eq(r.input_bytes, n);
@@ -482,7 +484,8 @@ START_TEST(test_prepare_byte) {
     ck_assert_int_eq(access(pathf("out/nested/train_001.bin"), F_OK), -1);
     ck_assert_int_eq(access(pathf("out/nested/val_000.bin"), F_OK), -1);
     dataset *ds;
-    ck_assert_int_eq(dataset_open(pathf("out/nested/train_*.bin"), &ds, err, sizeof err), 0);
+    ck_assert_int_eq(dataset_open(pathf("out/nested/train_*.bin"), &ds, err, sizeof err),
+                     0);
     ck_assert_uint_eq(dataset_total_tokens(ds), n);
     dataset_close(ds);
     free(all);
@@ -491,7 +494,7 @@ START_TEST(test_prepare_byte) {
 END_TEST
 
 static void find_vocab(char *out, size_t cap) {
-    const char *cands[] = {"data/gpt2", "../../data/gpt2", "../../../data/gpt2"};
+    const char *cands[] = { "data/gpt2", "../../data/gpt2", "../../../data/gpt2" };
     char exe[PATH_MAX - 32];
     ck_assert_int_eq(util_exe_dir(exe, sizeof exe), 0);
     for (int i = 0; i < 3; i++) {
@@ -517,11 +520,11 @@ START_TEST(test_prepare_gpt2) {
     find_vocab(vocab, sizeof vocab);
     tokenizer *t;
     ck_assert_msg(tokenizer_open("gpt2", vocab, &t, err, sizeof err) == 0, "%s", err);
-    shard_prepare_opts o = {.tok = t,
-                            .input = pathf("corpus.txt"),
-                            .out_dir = pathf("g"),
-                            .val_fraction = 0.05,
-                            .shard_tokens = 1000};
+    shard_prepare_opts o = { .tok = t,
+                             .input = pathf("corpus.txt"),
+                             .out_dir = pathf("g"),
+                             .val_fraction = 0.05,
+                             .shard_tokens = 1000 };
     shard_prepare_result r;
     ck_assert_msg(shard_prepare_corpus(&o, &r, err, sizeof err) == 0, "%s", err);
     ck_assert_uint_eq(r.vocab_size, 50257);
@@ -536,7 +539,8 @@ START_TEST(test_prepare_gpt2) {
     /* Tokens equal encoding each part directly. */
     int32_t *ids;
     size_t m;
-    ck_assert_int_eq(tokenizer_encode(t, (char *)all + tl, vl, &ids, &m, err, sizeof err), 0);
+    ck_assert_int_eq(tokenizer_encode(t, (char *)all + tl, vl, &ids, &m, err, sizeof err),
+                     0);
     ck_assert_uint_eq(m, r.val_tokens);
     free(ids);
     dataset *ds;
@@ -553,13 +557,13 @@ END_TEST
 START_TEST(test_prepare_errors) {
     shard_prepare_result r;
     char out[PATH_MAX], in[6][PATH_MAX];
-    const char *names[6] = {"missing.txt", "empty.txt", "one.txt", "two.txt", "file", NULL};
+    const char *names[6] = { "missing.txt", "empty.txt", "one.txt",
+                             "two.txt",     "file",      NULL };
     for (int i = 0; names[i]; i++) snprintf(in[i], sizeof in[i], "%s", pathf(names[i]));
     snprintf(out, sizeof out, "%s", pathf("o"));
-    shard_prepare_opts o = {.tokenizer = "byte",
-                            .input = in[0],
-                            .out_dir = out,
-                            .val_fraction = 0.01};
+    shard_prepare_opts o = {
+        .tokenizer = "byte", .input = in[0], .out_dir = out, .val_fraction = 0.01
+    };
     ck_assert_int_eq(shard_prepare_corpus(&o, &r, err, sizeof err), -1);
     ck_assert_ptr_nonnull(strstr(err, "missing.txt"));
     write_all(pathf("empty.txt"), "", 0);
@@ -596,7 +600,8 @@ END_TEST
 /* --- KJV corpus ---------------------------------------------------------- */
 
 static int have_bible(void) {
-    return access("/usr/bin/bible", X_OK) == 0 || system("command -v bible >/dev/null 2>&1") == 0;
+    return access("/usr/bin/bible", X_OK) == 0 ||
+           system("command -v bible >/dev/null 2>&1") == 0;
 }
 
 START_TEST(test_kjv_without_bible) {
@@ -614,7 +619,8 @@ START_TEST(test_kjv_without_bible) {
 END_TEST
 
 START_TEST(test_kjv_fetch_and_prepare) {
-    ck_assert_msg(have_bible(), "`bible` (package bible-kjv) is missing: run tools/setup.sh");
+    ck_assert_msg(have_bible(),
+                  "`bible` (package bible-kjv) is missing: run tools/setup.sh");
     ck_assert_msg(corpus_fetch_kjv(pathf("kjv.txt"), err, sizeof err) == 0, "%s", err);
     size_t n;
     unsigned char *t = read_all(pathf("kjv.txt"), &n);

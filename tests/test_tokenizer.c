@@ -34,7 +34,7 @@ static int file_exists(const char *p) {
 static void find_root(void) {
     const char *rel = "tests/fixtures/gpt2-tokenizer/cases.inp";
     char exe[PATH_MAX - 16], p[PATH_MAX + 64];
-    const char *cands[3] = {".", NULL, NULL};
+    const char *cands[3] = { ".", NULL, NULL };
     char c1[PATH_MAX], c2[PATH_MAX];
     if (util_exe_dir(exe, sizeof exe) == 0) {
         snprintf(c1, sizeof c1, "%s/../..", exe);
@@ -77,11 +77,10 @@ static char *slurp(const char *path, size_t *len) {
 }
 
 /* encode then decode; asserts the round trip and returns the ids. */
-static int32_t *roundtrip(const tokenizer *t, const char *s, size_t n,
-                          size_t *n_ids) {
+static int32_t *roundtrip(const tokenizer *t, const char *s, size_t n, size_t *n_ids) {
     int32_t *ids;
-    ck_assert_msg(tokenizer_encode(t, s, n, &ids, n_ids, err, sizeof err) == 0,
-                  "%s", err);
+    ck_assert_msg(tokenizer_encode(t, s, n, &ids, n_ids, err, sizeof err) == 0, "%s",
+                  err);
     /* (Check asserts are costly in loops: one message per call.) */
     size_t bad_at = *n_ids;
     for (size_t i = 0; i < *n_ids && bad_at == *n_ids; i++)
@@ -89,8 +88,7 @@ static int32_t *roundtrip(const tokenizer *t, const char *s, size_t n,
     ck_assert_msg(bad_at == *n_ids, "id out of range at %zu", bad_at);
     char *back;
     size_t bl;
-    ck_assert_msg(tokenizer_decode(t, ids, *n_ids, &back, &bl, err,
-                                   sizeof err) == 0,
+    ck_assert_msg(tokenizer_decode(t, ids, *n_ids, &back, &bl, err, sizeof err) == 0,
                   "%s", err);
     ck_assert_uint_eq(bl, n);
     ck_assert_msg(memcmp(back, s, n) == 0, "round trip changed the bytes");
@@ -126,8 +124,7 @@ static void run_fixture(const char *dir) {
             g += (size_t)snprintf(got + g, sizeof got - g, " %d", ids[i]);
         got[g] = '\0';
         ck_assert_msg(strcmp(got, op) == 0, "%s case %d (\"%.*s\"):\n got %s\nwant %s",
-                      dir, cases + 1, (int)((e - ip) > 60 ? 60 : (e - ip)), ip,
-                      got, op);
+                      dir, cases + 1, (int)((e - ip) > 60 ? 60 : (e - ip)), ip, got, op);
         free(ids);
         cases++;
         ip = e + sl;
@@ -143,8 +140,8 @@ static void run_fixture(const char *dir) {
 START_TEST(test_shared_fixture) {
     run_fixture("gpt2-tokenizer");
     /* The committed copy must equal the shared one where that exists. */
-    const char *shared[] = {"../shared/fixtures/gpt2-tokenizer",
-                            "/work/shared/fixtures/gpt2-tokenizer"};
+    const char *shared[] = { "../shared/fixtures/gpt2-tokenizer",
+                             "/work/shared/fixtures/gpt2-tokenizer" };
     for (int i = 0; i < 2; i++) {
         char a[PATH_MAX + 64], b[PATH_MAX + 64];
         snprintf(a, sizeof a, "%s/%s/cases.out", root, shared[i]);
@@ -203,18 +200,18 @@ static size_t random_utf8(char *o, size_t n) {
     while (k + 8 < n) {
         uint32_t cp;
         switch (rnd() % 12) {
-        case 0: cp = 0x20 + rnd() % 95; break;         /* ASCII */
-        case 1: cp = " \t\n\r\v\f"[rnd() % 6]; break;  /* whitespace */
-        case 2: cp = 0x300 + rnd() % 0x70; break;      /* combining */
-        case 3: cp = 0x1f300 + rnd() % 0x700; break;   /* emoji */
-        case 4: cp = 0x4e00 + rnd() % 0x5200; break;   /* CJK */
-        case 5: cp = 0x80 + rnd() % 0x780; break;      /* 2-byte */
+        case 0: cp = 0x20 + rnd() % 95; break;          /* ASCII */
+        case 1: cp = " \t\n\r\v\f"[rnd() % 6]; break;   /* whitespace */
+        case 2: cp = 0x300 + rnd() % 0x70; break;       /* combining */
+        case 3: cp = 0x1f300 + rnd() % 0x700; break;    /* emoji */
+        case 4: cp = 0x4e00 + rnd() % 0x5200; break;    /* CJK */
+        case 5: cp = 0x80 + rnd() % 0x780; break;       /* 2-byte */
         case 6: cp = 0x10000 + rnd() % 0x100000; break; /* astral */
         case 7: cp = 0xe000 + rnd() % 0x2000; break;    /* BMP high */
         case 8: cp = '0' + rnd() % 10; break;
         case 9: {
-            const char *c[] = {"'s", "'ll", "'RE", "  ", "\n\n", "\u2028",
-                               "\u00a0", "\u200d", "\ufe0f", "<|endoftext|>"};
+            const char *c[] = { "'s",     "'ll",    "'RE",    "  ",     "\n\n",
+                                "\u2028", "\u00a0", "\u200d", "\ufe0f", "<|endoftext|>" };
             const char *s = c[rnd() % 10];
             size_t l = strlen(s);
             memcpy(o + k, s, l);
@@ -248,9 +245,10 @@ START_TEST(test_roundtrip_random_bytes) {
     tokenizer *b;
     ck_assert_int_eq(tokenizer_open("byte", NULL, &b, err, sizeof err), 0);
     unsigned char buf[3000];
-    static const char *bad[] = {"\xff", "\xc0\xaf", "\xed\xa0\x80", "\xe2\x82",
-                                "\xf4\x90\x80\x80", "\x80", "\xf0\x9f\x98",
-                                "\0", " \xfe ", "\xc3"};
+    static const char *bad[] = {
+        "\xff", "\xc0\xaf",     "\xed\xa0\x80", "\xe2\x82", "\xf4\x90\x80\x80",
+        "\x80", "\xf0\x9f\x98", "\0",           " \xfe ",   "\xc3"
+    };
     for (uint64_t seed = 1; seed <= 300; seed++) {
         rng_state = seed * 7919;
         size_t n = rnd() % sizeof buf;
@@ -277,7 +275,7 @@ START_TEST(test_roundtrip_random_bytes) {
     }
     /* Every single byte and every pair of a byte with a space. */
     for (int c = 0; c < 256; c++) {
-        char s[3] = {(char)c, ' ', (char)c};
+        char s[3] = { (char)c, ' ', (char)c };
         size_t k;
         free(roundtrip(t, s, 1, &k));
         ck_assert_uint_eq(k, 1);
@@ -292,14 +290,16 @@ START_TEST(test_long_pieces) {
     tokenizer *t = open_gpt2();
     size_t n = 200000;
     char *s = malloc(n);
-    const char fill[] = {'a', ' ', '!', '7', '\n'};
+    const char fill[] = { 'a', ' ', '!', '7', '\n' };
     for (int f = 0; f < 5; f++) {
         memset(s, fill[f], n);
         size_t k;
         int32_t *ids = roundtrip(t, s, n, &k);
         /* runs merge into multi-byte tokens (GPT-2 has none for spaces) */
-        if (fill[f] != ' ') ck_assert_uint_lt(k, n);
-        else ck_assert_uint_eq(k, n);
+        if (fill[f] != ' ')
+            ck_assert_uint_lt(k, n);
+        else
+            ck_assert_uint_eq(k, n);
         free(ids);
     }
     /* A very long random "word" of letters: one piece, BPE via the heap. */
@@ -347,7 +347,7 @@ START_TEST(test_gpt2_basics) {
     ck_assert_uint_eq(n, 0);
     free(ids);
 
-    int32_t badids[] = {15496, 50257, 995};
+    int32_t badids[] = { 15496, 50257, 995 };
     char *text;
     size_t tl;
     ck_assert_int_eq(tokenizer_decode(t, badids, 3, &text, &tl, err, sizeof err), -1);
@@ -370,7 +370,7 @@ START_TEST(test_byte_tokenizer) {
     size_t n;
     int32_t *ids = roundtrip(t, s, 5, &n);
     ck_assert_uint_eq(n, 5);
-    int32_t want[] = {65, 0, 13, 10, 255};
+    int32_t want[] = { 65, 0, 13, 10, 255 };
     for (int i = 0; i < 5; i++) ck_assert_int_eq(ids[i], want[i]);
     free(ids);
     for (int i = 0; i < 256; i++) {
@@ -396,8 +396,7 @@ typedef struct collect {
     int monotone;
 } collect;
 
-static int collect_sink(void *user, const int32_t *ids, size_t n,
-                        size_t bytes_done) {
+static int collect_sink(void *user, const int32_t *ids, size_t n, size_t bytes_done) {
     collect *c = user;
     c->ids = realloc(c->ids, (c->n + n + 1) * sizeof *c->ids);
     memcpy(c->ids + c->n, ids, n * sizeof *ids);
@@ -421,10 +420,9 @@ START_TEST(test_encode_stream) {
         int32_t *ids;
         size_t m;
         ck_assert_int_eq(tokenizer_encode(t, s, n, &ids, &m, err, sizeof err), 0);
-        collect c = {.monotone = 1};
-        ck_assert_int_eq(tokenizer_encode_stream(t, s, n, collect_sink, &c, err,
-                                                 sizeof err),
-                         0);
+        collect c = { .monotone = 1 };
+        ck_assert_int_eq(
+            tokenizer_encode_stream(t, s, n, collect_sink, &c, err, sizeof err), 0);
         ck_assert_uint_eq(c.n, m);
         ck_assert(memcmp(c.ids, ids, m * sizeof *ids) == 0);
         ck_assert_uint_gt(c.calls, 2);
@@ -432,10 +430,9 @@ START_TEST(test_encode_stream) {
         ck_assert_uint_eq(c.last_done, n);
         free(c.ids);
         /* A sink that stops makes the call fail with a message. */
-        collect stop = {.monotone = 1, .stop_after = 1};
-        ck_assert_int_eq(tokenizer_encode_stream(t, s, n, collect_sink, &stop,
-                                                 err, sizeof err),
-                         -1);
+        collect stop = { .monotone = 1, .stop_after = 1 };
+        ck_assert_int_eq(
+            tokenizer_encode_stream(t, s, n, collect_sink, &stop, err, sizeof err), -1);
         ck_assert_uint_eq(stop.calls, 1);
         ck_assert_int_gt(strlen(err), 0);
         free(stop.ids);
@@ -486,7 +483,7 @@ START_TEST(test_concurrent_encode) {
     for (int i = 0; i < NT; i++) {
         texts[i] = malloc(50000);
         rng_state = 1000 + (uint64_t)i;
-        jobs[i] = (job){.t = t, .s = texts[i], .n = random_utf8(texts[i], 50000)};
+        jobs[i] = (job){ .t = t, .s = texts[i], .n = random_utf8(texts[i], 50000) };
     }
     for (int i = 0; i < NT; i++) pthread_create(&th[i], NULL, encode_job, &jobs[i]);
     for (int i = 0; i < NT; i++) pthread_join(th[i], NULL);
@@ -494,9 +491,8 @@ START_TEST(test_concurrent_encode) {
         ck_assert_int_eq(jobs[i].rc, 0);
         int32_t *ids;
         size_t m;
-        ck_assert_int_eq(tokenizer_encode(t, jobs[i].s, jobs[i].n, &ids, &m, err,
-                                          sizeof err),
-                         0);
+        ck_assert_int_eq(
+            tokenizer_encode(t, jobs[i].s, jobs[i].n, &ids, &m, err, sizeof err), 0);
         ck_assert_uint_eq(m, jobs[i].m);
         ck_assert(memcmp(ids, jobs[i].ids, m * sizeof *ids) == 0);
         free(ids);
@@ -579,8 +575,8 @@ START_TEST(test_open_errors) {
     fputc('{', f);
     int n = 0;
     for (int b = 0; b < 256; b++) {
-        int printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) ||
-                        (b >= 174 && b <= 255);
+        int printable =
+            (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
         int cp = printable ? b : 256 + n++;
         fprintf(f, "%s\"\\u%04x\": %d", b ? ", " : "", cp, b);
     }

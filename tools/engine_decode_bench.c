@@ -53,16 +53,17 @@ static int parse_u32(const char *s, uint32_t *out) {
 
 int main(int argc, char **argv) {
     if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
-        printf("usage: engine_decode_bench ENGINE.so [--batches 1,64] [--prompt 32] "
-               "[--steps 32]\n"
-               "       [--warmup 3] [--block-size 16] [--options S] [--vocab N] "
-               "[--context N]\n"
-               "       [--layers N] [--heads N] [--width N]\n"
-               "Aggregate decode tokens/s of S sequences decoding together, for each S.\n");
+        printf(
+            "usage: engine_decode_bench ENGINE.so [--batches 1,64] [--prompt 32] "
+            "[--steps 32]\n"
+            "       [--warmup 3] [--block-size 16] [--options S] [--vocab N] "
+            "[--context N]\n"
+            "       [--layers N] [--heads N] [--width N]\n"
+            "Aggregate decode tokens/s of S sequences decoding together, for each S.\n");
         return argc < 2 ? 2 : 0;
     }
     const char *path = argv[1], *options = NULL;
-    uint32_t batches[MAX_BATCHES] = {1, 64}, n_batches = 2;
+    uint32_t batches[MAX_BATCHES] = { 1, 64 }, n_batches = 2;
     uint32_t prompt = 32, steps = 32, warmup = 3, bs = 16;
     orch_model_desc m;
     memset(&m, 0, sizeof m);
@@ -76,18 +77,28 @@ int main(int argc, char **argv) {
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         uint32_t *dst = NULL;
-        if (strcmp(a, "--prompt") == 0) dst = &prompt;
-        else if (strcmp(a, "--steps") == 0) dst = &steps;
-        else if (strcmp(a, "--warmup") == 0) dst = &warmup;
-        else if (strcmp(a, "--block-size") == 0) dst = &bs;
-        else if (strcmp(a, "--vocab") == 0) dst = &m.vocab_size;
-        else if (strcmp(a, "--context") == 0) dst = &m.context;
-        else if (strcmp(a, "--layers") == 0) dst = &m.layers;
-        else if (strcmp(a, "--heads") == 0) dst = &m.heads;
-        else if (strcmp(a, "--width") == 0) dst = &m.width;
+        if (strcmp(a, "--prompt") == 0)
+            dst = &prompt;
+        else if (strcmp(a, "--steps") == 0)
+            dst = &steps;
+        else if (strcmp(a, "--warmup") == 0)
+            dst = &warmup;
+        else if (strcmp(a, "--block-size") == 0)
+            dst = &bs;
+        else if (strcmp(a, "--vocab") == 0)
+            dst = &m.vocab_size;
+        else if (strcmp(a, "--context") == 0)
+            dst = &m.context;
+        else if (strcmp(a, "--layers") == 0)
+            dst = &m.layers;
+        else if (strcmp(a, "--heads") == 0)
+            dst = &m.heads;
+        else if (strcmp(a, "--width") == 0)
+            dst = &m.width;
         if (v && dst) {
             if (parse_u32(v, dst) != 0) {
-                fprintf(stderr, "engine_decode_bench: %s expects a number, got '%s'\n", a, v);
+                fprintf(stderr, "engine_decode_bench: %s expects a number, got '%s'\n", a,
+                        v);
                 return 2;
             }
             i++;
@@ -98,21 +109,25 @@ int main(int argc, char **argv) {
             n_batches = 0;
             char buf[256];
             snprintf(buf, sizeof buf, "%s", v);
-            for (char *t = strtok(buf, ","); t && n_batches < MAX_BATCHES; t = strtok(NULL, ","))
-                if (parse_u32(t, &batches[n_batches++]) != 0 || batches[n_batches - 1] == 0) {
+            for (char *t = strtok(buf, ","); t && n_batches < MAX_BATCHES;
+                 t = strtok(NULL, ","))
+                if (parse_u32(t, &batches[n_batches++]) != 0 ||
+                    batches[n_batches - 1] == 0) {
                     fprintf(stderr, "engine_decode_bench: bad --batches '%s'\n", v);
                     return 2;
                 }
             i++;
         } else {
-            fprintf(stderr, "engine_decode_bench: unknown or incomplete argument '%s'\n", a);
+            fprintf(stderr, "engine_decode_bench: unknown or incomplete argument '%s'\n",
+                    a);
             return 2;
         }
     }
     if (n_batches == 0 || steps == 0 || bs == 0 || prompt == 0 ||
         prompt + warmup + steps > m.context) {
-        fprintf(stderr, "engine_decode_bench: need batches, steps, block size and prompt > 0 "
-                        "and prompt + warmup + steps <= context\n");
+        fprintf(stderr,
+                "engine_decode_bench: need batches, steps, block size and prompt > 0 "
+                "and prompt + warmup + steps <= context\n");
         return 2;
     }
 
@@ -125,8 +140,10 @@ int main(int argc, char **argv) {
     void *sym = dlsym(dl, ORCH_ENGINE_ENTRY_SYMBOL);
     memcpy(&get, &sym, sizeof get);
     api = get ? get(ORCH_ENGINE_ABI_MAJOR) : NULL;
-    if (!api || api->abi_major != ORCH_ENGINE_ABI_MAJOR || !(api->capabilities & ORCH_CAP_INFER)) {
-        fprintf(stderr, "engine_decode_bench: %s is not an ABI %u engine with inference\n", path,
+    if (!api || api->abi_major != ORCH_ENGINE_ABI_MAJOR ||
+        !(api->capabilities & ORCH_CAP_INFER)) {
+        fprintf(stderr,
+                "engine_decode_bench: %s is not an ABI %u engine with inference\n", path,
                 ORCH_ENGINE_ABI_MAJOR);
         return 2;
     }
@@ -135,16 +152,17 @@ int main(int argc, char **argv) {
         fprintf(stderr, "engine_decode_bench: %s cannot run here: %s\n", path, msg);
         return 2;
     }
-    orch_engine_options o = {sizeof o, 0, 1, options};
+    orch_engine_options o = { sizeof o, 0, 1, options };
     char err[1024] = "";
     int32_t st = api->context_create(&m, &o, &ctx, err, sizeof err);
     if (st != ORCH_OK) {
-        fprintf(stderr, "engine_decode_bench: context_create: %s: %s\n", api->status_string(st),
-                err);
+        fprintf(stderr, "engine_decode_bench: context_create: %s: %s\n",
+                api->status_string(st), err);
         return 1;
     }
     uint32_t max_s = 0;
-    for (uint32_t b = 0; b < n_batches; b++) max_s = batches[b] > max_s ? batches[b] : max_s;
+    for (uint32_t b = 0; b < n_batches; b++)
+        max_s = batches[b] > max_s ? batches[b] : max_s;
     const uint32_t len = prompt + warmup + steps;
     const uint32_t per_seq = (len + bs - 1) / bs;
     if ((st = api->kv_configure(ctx, bs, max_s * per_seq)) != ORCH_OK)
@@ -166,7 +184,7 @@ int main(int argc, char **argv) {
         toks[i] = (int32_t)(rng % m.vocab_size);
     }
     for (uint32_t i = 0; i < max_s * per_seq; i++) tables[i] = (int32_t)i;
-    orch_infer_batch batch = {sizeof batch, 0, sizeof(orch_seq_input), 0, seqs};
+    orch_infer_batch batch = { sizeof batch, 0, sizeof(orch_seq_input), 0, seqs };
     double rate[MAX_BATCHES];
     for (uint32_t b = 0; b < n_batches; b++) {
         const uint32_t S = batches[b];
@@ -180,7 +198,8 @@ int main(int argc, char **argv) {
             seqs[s].n_blocks = per_seq;
             seqs[s].logits_mode = ORCH_LOGITS_LAST;
         }
-        if ((st = api->infer_forward(ctx, &batch, logits, (uint64_t)S * m.vocab_size)) != ORCH_OK)
+        if ((st = api->infer_forward(ctx, &batch, logits, (uint64_t)S * m.vocab_size)) !=
+            ORCH_OK)
             return fail("prefill", st);
         for (uint32_t k = 0; k < warmup + steps; k++) {
             for (uint32_t s = 0; s < S; s++) {
@@ -195,10 +214,12 @@ int main(int argc, char **argv) {
             if (k >= warmup) times[k - warmup] = t1 - t0;
         }
         qsort(times, steps, sizeof(double), cmp_double);
-        double med = steps % 2 ? times[steps / 2] : 0.5 * (times[steps / 2 - 1] + times[steps / 2]);
+        double med = steps % 2 ? times[steps / 2]
+                               : 0.5 * (times[steps / 2 - 1] + times[steps / 2]);
         rate[b] = (double)S / med;
     }
-    printf("{\"bench\":\"decode_scaling\",\"engine\":\"%s\",\"options\":\"%s\",\"prompt\":%u,"
+    printf("{\"bench\":\"decode_scaling\",\"engine\":\"%s\",\"options\":\"%s\","
+           "\"prompt\":%u,"
            "\"steps\":%u,\"block_size\":%u",
            api->name, options ? options : "", prompt, steps, bs);
     for (uint32_t b = 0; b < n_batches; b++)

@@ -51,24 +51,24 @@ typedef struct result {
     double start, first, end;
     long out_tokens, in_tokens;
     int ok;
-    double *itl;      /* gaps between text events */
+    double *itl; /* gaps between text events */
     int n_itl, cap_itl;
 } result;
 
 typedef struct conn {
     int fd;
     int busy;
-    long req;          /* index into results, -1 when idle */
+    long req; /* index into results, -1 when idle */
     char *out;
     size_t out_len, out_off;
-    char *in;          /* raw bytes not yet consumed */
+    char *in; /* raw bytes not yet consumed */
     size_t in_len, in_cap;
-    int state;         /* 0 status line/headers, 1 body (length), 2 chunk size, 3 chunk data, 4 chunk crlf */
+    int state; /* 0 status line/headers, 1 body (length), 2 chunk size, 3 chunk data, 4 chunk crlf */
     long status;
-    long remaining;    /* content-length left / chunk bytes left */
+    long remaining; /* content-length left / chunk bytes left */
     int chunked;
     int close_after;
-    char *body;        /* de-chunked body */
+    char *body; /* de-chunked body */
     size_t body_len, body_cap, body_scan;
     double last_event;
 } conn;
@@ -76,15 +76,15 @@ typedef struct conn {
 typedef struct worker {
     int id;
     const opts *o;
-    long first_req, n_req;    /* this worker's requests */
-    long next;                /* next request to send */
+    long first_req, n_req; /* this worker's requests */
+    long next;             /* next request to send */
     long done;
     int n_conns;
     conn *conns;
     result *res;
     struct sockaddr_in addr;
     double t0;
-    double *arrivals;         /* rate mode: absolute send times */
+    double *arrivals; /* rate mode: absolute send times */
 } worker;
 
 static double now_s(void) {
@@ -127,7 +127,8 @@ static uint64_t rng_next(uint64_t *s) {
  * lowercase letters). */
 static void build_request(const opts *o, long i, conn *c) {
     char prompt[65536];
-    long n = o->prompt_len < (long)sizeof prompt - 1 ? o->prompt_len : (long)sizeof prompt - 1;
+    long n =
+        o->prompt_len < (long)sizeof prompt - 1 ? o->prompt_len : (long)sizeof prompt - 1;
     uint64_t s = o->seed * 1000003ull + (uint64_t)i;
     for (long k = 0; k < n; k++) {
         uint64_t r = rng_next(&s);
@@ -137,30 +138,36 @@ static void build_request(const opts *o, long i, conn *c) {
     char body[70000];
     int bl;
     char temp[64] = "";
-    if (o->temperature >= 0) snprintf(temp, sizeof temp, ",\"temperature\":%g", o->temperature);
-    else snprintf(temp, sizeof temp, ",\"temperature\":0");
-    const char *so = o->stream ? ",\"stream\":true,\"stream_options\":{\"include_usage\":true}" : "";
+    if (o->temperature >= 0)
+        snprintf(temp, sizeof temp, ",\"temperature\":%g", o->temperature);
+    else
+        snprintf(temp, sizeof temp, ",\"temperature\":0");
+    const char *so =
+        o->stream ? ",\"stream\":true,\"stream_options\":{\"include_usage\":true}" : "";
     if (o->chat)
-        bl = snprintf(body, sizeof body,
-                      "{\"model\":\"%s\",\"messages\":[{\"role\":\"user\",\"content\":\"%s\"}],"
-                      "\"max_tokens\":%ld,\"ignore_eos\":true,\"seed\":%ld%s%s}",
-                      o->model, prompt, o->max_tokens, i, temp, so);
+        bl = snprintf(
+            body, sizeof body,
+            "{\"model\":\"%s\",\"messages\":[{\"role\":\"user\",\"content\":\"%s\"}],"
+            "\"max_tokens\":%ld,\"ignore_eos\":true,\"seed\":%ld%s%s}",
+            o->model, prompt, o->max_tokens, i, temp, so);
     else
         bl = snprintf(body, sizeof body,
                       "{\"model\":\"%s\",\"prompt\":\"%s\",\"max_tokens\":%ld,"
                       "\"ignore_eos\":true,\"seed\":%ld%s%s}",
                       o->model, prompt, o->max_tokens, i, temp, so);
     char auth[512] = "";
-    if (o->api_key) snprintf(auth, sizeof auth, "Authorization: Bearer %s\r\n", o->api_key);
+    if (o->api_key)
+        snprintf(auth, sizeof auth, "Authorization: Bearer %s\r\n", o->api_key);
     size_t need = (size_t)bl + 1024;
     size_t cap = 0;
     free(c->out);
     c->out = NULL;
     grow(&c->out, &cap, need);
-    c->out_len = (size_t)snprintf(c->out, need,
-                                  "POST %s HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\n"
-                                  "%sContent-Length: %d\r\n\r\n%s",
-                                  o->endpoint, o->host, o->port, auth, bl, body);
+    c->out_len = (size_t)snprintf(
+        c->out, need,
+        "POST %s HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\n"
+        "%sContent-Length: %d\r\n\r\n%s",
+        o->endpoint, o->host, o->port, auth, bl, body);
     c->out_off = 0;
 }
 
@@ -172,12 +179,13 @@ static int conn_open(worker *w, conn *c, int ep) {
     if (c->fd < 0) return -1;
     int one = 1;
     setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    if (connect(c->fd, (struct sockaddr *)&w->addr, sizeof w->addr) != 0 && errno != EINPROGRESS) {
+    if (connect(c->fd, (struct sockaddr *)&w->addr, sizeof w->addr) != 0 &&
+        errno != EINPROGRESS) {
         close(c->fd);
         c->fd = -1;
         return -1;
     }
-    struct epoll_event ev = {.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP, .data.ptr = c};
+    struct epoll_event ev = { .events = EPOLLIN | EPOLLOUT | EPOLLRDHUP, .data.ptr = c };
     epoll_ctl(ep, EPOLL_CTL_ADD, c->fd, &ev);
     c->in_len = 0;
     c->state = 0;
@@ -210,10 +218,11 @@ static long json_long(const char *s, size_t n, const char *key) {
 
 /* An SSE event with non-empty text/content. */
 static int event_has_text(const char *e, size_t n) {
-    static const char *keys[] = {"\"text\":\"", "\"content\":\""};
+    static const char *keys[] = { "\"text\":\"", "\"content\":\"" };
     for (int k = 0; k < 2; k++) {
         const char *p = memmem(e, n, keys[k], strlen(keys[k]));
-        if (p && (size_t)(p - e) + strlen(keys[k]) < n && p[strlen(keys[k])] != '"') return 1;
+        if (p && (size_t)(p - e) + strlen(keys[k]) < n && p[strlen(keys[k])] != '"')
+            return 1;
     }
     return 0;
 }
@@ -233,8 +242,10 @@ static void scan_events(conn *c, result *r, double t) {
                 r->ok = -1;
             } else {
                 if (event_has_text(start, n)) {
-                    if (r->first == 0) r->first = t;
-                    else add_itl(r, t - c->last_event);
+                    if (r->first == 0)
+                        r->first = t;
+                    else
+                        add_itl(r, t - c->last_event);
                     c->last_event = t;
                 }
                 long ct = json_long(start, n, "\"completion_tokens\":");
@@ -278,8 +289,10 @@ static int conn_parse(const opts *o, conn *c, result *r, double t) {
             c->remaining -= (long)take;
             off += take;
             if (c->remaining == 0) {
-                if (c->state == 1) complete = 1;
-                else c->state = 4;
+                if (c->state == 1)
+                    complete = 1;
+                else
+                    c->state = 4;
             }
             if (o->stream && c->chunked) scan_events(c, r, t);
         } else if (c->state == 2) {
@@ -296,8 +309,10 @@ static int conn_parse(const opts *o, conn *c, result *r, double t) {
         } else if (c->state == 4 || c->state == 5) {
             if (left < 2) break;
             off += 2;
-            if (c->state == 5) complete = 1;
-            else c->state = 2;
+            if (c->state == 5)
+                complete = 1;
+            else
+                c->state = 2;
         }
     }
     memmove(c->in, c->in + off, c->in_len - off);
@@ -306,7 +321,8 @@ static int conn_parse(const opts *o, conn *c, result *r, double t) {
     c->state = 0;
     if (c->status != 200) return -1;
     if (!o->stream || !c->chunked) {
-        long ct = json_long(c->body ? c->body : "", c->body_len, "\"completion_tokens\":");
+        long ct =
+            json_long(c->body ? c->body : "", c->body_len, "\"completion_tokens\":");
         long pt = json_long(c->body ? c->body : "", c->body_len, "\"prompt_tokens\":");
         if (ct < 0) return -1;
         r->out_tokens = ct;
@@ -336,7 +352,7 @@ static void start_request(worker *w, conn *c, int ep, double t) {
         w->done++;
         return;
     }
-    struct epoll_event ev = {.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP, .data.ptr = c};
+    struct epoll_event ev = { .events = EPOLLIN | EPOLLOUT | EPOLLRDHUP, .data.ptr = c };
     epoll_ctl(ep, EPOLL_CTL_MOD, c->fd, &ev);
 }
 
@@ -348,9 +364,10 @@ static void finish_request(worker *w, conn *c, int ok, double t, int ep) {
     c->busy = 0;
     c->req = -1;
     w->done++;
-    if (!ok || c->close_after) conn_close(c, ep);
+    if (!ok || c->close_after)
+        conn_close(c, ep);
     else {
-        struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = c};
+        struct epoll_event ev = { .events = EPOLLIN | EPOLLRDHUP, .data.ptr = c };
         epoll_ctl(ep, EPOLL_CTL_MOD, c->fd, &ev);
     }
 }
@@ -385,18 +402,22 @@ static void *worker_main(void *arg) {
             conn *c = evs[e].data.ptr;
             if (c->fd < 0) continue;
             if (!c->busy) { /* idle connection closed by the server */
-                if (evs[e].events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR | EPOLLIN)) conn_close(c, ep);
+                if (evs[e].events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR | EPOLLIN))
+                    conn_close(c, ep);
                 continue;
             }
             if ((evs[e].events & EPOLLOUT) && c->out_off < c->out_len) {
-                ssize_t wr = send(c->fd, c->out + c->out_off, c->out_len - c->out_off, MSG_NOSIGNAL);
-                if (wr > 0) c->out_off += (size_t)wr;
+                ssize_t wr = send(c->fd, c->out + c->out_off, c->out_len - c->out_off,
+                                  MSG_NOSIGNAL);
+                if (wr > 0)
+                    c->out_off += (size_t)wr;
                 else if (wr < 0 && errno != EAGAIN) {
                     finish_request(w, c, 0, t, ep);
                     continue;
                 }
                 if (c->out_off == c->out_len) {
-                    struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = c};
+                    struct epoll_event ev = { .events = EPOLLIN | EPOLLRDHUP,
+                                              .data.ptr = c };
                     epoll_ctl(ep, EPOLL_CTL_MOD, c->fd, &ev);
                 }
             }
@@ -415,15 +436,18 @@ static void *worker_main(void *arg) {
                     break;
                 }
                 int st = conn_parse(o, c, &w->res[c->req], t);
-                if (st != 0) finish_request(w, c, st > 0, t, ep);
-                else if (closed) finish_request(w, c, 0, t, ep);
+                if (st != 0)
+                    finish_request(w, c, st > 0, t, ep);
+                else if (closed)
+                    finish_request(w, c, 0, t, ep);
             }
         }
         /* timeouts */
         if (o->timeout > 0) {
             for (int k = 0; k < w->n_conns; k++) {
                 conn *c = &w->conns[k];
-                if (c->busy && t - w->res[c->req].start > o->timeout) finish_request(w, c, 0, t, ep);
+                if (c->busy && t - w->res[c->req].start > o->timeout)
+                    finish_request(w, c, 0, t, ep);
             }
         }
     }
@@ -445,10 +469,12 @@ static int cmp_d(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-typedef struct stat3 { double mean, p50, p99; } stat3;
+typedef struct stat3 {
+    double mean, p50, p99;
+} stat3;
 
 static stat3 stats(double *v, size_t n) {
-    stat3 s = {0, 0, 0};
+    stat3 s = { 0, 0, 0 };
     if (!n) return s;
     qsort(v, n, sizeof *v, cmp_d);
     double sum = 0;
@@ -461,58 +487,90 @@ static stat3 stats(double *v, size_t n) {
 
 static void usage(FILE *f) {
     fprintf(f,
-        "usage: loadgen [options]\n"
-        "  --host ADDR          server IPv4 address (default 127.0.0.1)\n"
-        "  --port N             server port (default 8080)\n"
-        "  --endpoint PATH      /v1/completions (default) or /v1/chat/completions\n"
-        "  --model NAME         model field (default mock-gpt2)\n"
-        "  --api-key KEY        send Authorization: Bearer KEY\n"
-        "  --requests N         total requests (default 1000)\n"
-        "  --concurrency C      requests in flight (default 16)\n"
-        "  --rate R             Poisson arrivals at R requests/s (connections\n"
-        "                       up to --concurrency; default: closed loop)\n"
-        "  --prompt-len N       prompt characters (default 32)\n"
-        "  --max-tokens N       output tokens per request (default 16)\n"
-        "  --temperature T      (default 0)\n"
-        "  --no-stream          non-streaming requests (TTFT = latency)\n"
-        "  --threads N          client threads (default 1)\n"
-        "  --timeout S          per-request timeout (default 600)\n"
-        "  --seed S             prompt seed (default 1)\n"
-        "  --json               print one JSON line instead of the table\n");
+            "usage: loadgen [options]\n"
+            "  --host ADDR          server IPv4 address (default 127.0.0.1)\n"
+            "  --port N             server port (default 8080)\n"
+            "  --endpoint PATH      /v1/completions (default) or /v1/chat/completions\n"
+            "  --model NAME         model field (default mock-gpt2)\n"
+            "  --api-key KEY        send Authorization: Bearer KEY\n"
+            "  --requests N         total requests (default 1000)\n"
+            "  --concurrency C      requests in flight (default 16)\n"
+            "  --rate R             Poisson arrivals at R requests/s (connections\n"
+            "                       up to --concurrency; default: closed loop)\n"
+            "  --prompt-len N       prompt characters (default 32)\n"
+            "  --max-tokens N       output tokens per request (default 16)\n"
+            "  --temperature T      (default 0)\n"
+            "  --no-stream          non-streaming requests (TTFT = latency)\n"
+            "  --threads N          client threads (default 1)\n"
+            "  --timeout S          per-request timeout (default 600)\n"
+            "  --seed S             prompt seed (default 1)\n"
+            "  --json               print one JSON line instead of the table\n");
 }
 
 int main(int argc, char **argv) {
-    opts o = {.host = "127.0.0.1", .endpoint = "/v1/completions", .model = "mock-gpt2",
-              .port = 8080, .requests = 1000, .concurrency = 16, .prompt_len = 32,
-              .max_tokens = 16, .threads = 1, .rate = 0, .temperature = -1,
-              .timeout = 600, .stream = 1, .seed = 1};
+    opts o = { .host = "127.0.0.1",
+               .endpoint = "/v1/completions",
+               .model = "mock-gpt2",
+               .port = 8080,
+               .requests = 1000,
+               .concurrency = 16,
+               .prompt_len = 32,
+               .max_tokens = 16,
+               .threads = 1,
+               .rate = 0,
+               .temperature = -1,
+               .timeout = 600,
+               .stream = 1,
+               .seed = 1 };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
 #define ARG(name) (strcmp(a, name) == 0 && v && (++i, 1))
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) { usage(stdout); return 0; }
-        else if (ARG("--host")) o.host = v;
-        else if (ARG("--port")) o.port = atoi(v);
-        else if (ARG("--endpoint")) o.endpoint = v;
-        else if (ARG("--model")) o.model = v;
-        else if (ARG("--api-key")) o.api_key = v;
-        else if (ARG("--requests")) o.requests = atol(v);
-        else if (ARG("--concurrency")) o.concurrency = atol(v);
-        else if (ARG("--rate")) o.rate = atof(v);
-        else if (ARG("--prompt-len")) o.prompt_len = atol(v);
-        else if (ARG("--max-tokens")) o.max_tokens = atol(v);
-        else if (ARG("--temperature")) o.temperature = atof(v);
-        else if (ARG("--threads")) o.threads = atol(v);
-        else if (ARG("--timeout")) o.timeout = atof(v);
-        else if (ARG("--seed")) o.seed = strtoul(v, NULL, 10);
-        else if (strcmp(a, "--no-stream") == 0) o.stream = 0;
-        else if (strcmp(a, "--json") == 0) o.json = 1;
-        else { usage(stderr); die("unknown or incomplete option '%s'", a); }
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            usage(stdout);
+            return 0;
+        } else if (ARG("--host"))
+            o.host = v;
+        else if (ARG("--port"))
+            o.port = atoi(v);
+        else if (ARG("--endpoint"))
+            o.endpoint = v;
+        else if (ARG("--model"))
+            o.model = v;
+        else if (ARG("--api-key"))
+            o.api_key = v;
+        else if (ARG("--requests"))
+            o.requests = atol(v);
+        else if (ARG("--concurrency"))
+            o.concurrency = atol(v);
+        else if (ARG("--rate"))
+            o.rate = atof(v);
+        else if (ARG("--prompt-len"))
+            o.prompt_len = atol(v);
+        else if (ARG("--max-tokens"))
+            o.max_tokens = atol(v);
+        else if (ARG("--temperature"))
+            o.temperature = atof(v);
+        else if (ARG("--threads"))
+            o.threads = atol(v);
+        else if (ARG("--timeout"))
+            o.timeout = atof(v);
+        else if (ARG("--seed"))
+            o.seed = strtoul(v, NULL, 10);
+        else if (strcmp(a, "--no-stream") == 0)
+            o.stream = 0;
+        else if (strcmp(a, "--json") == 0)
+            o.json = 1;
+        else {
+            usage(stderr);
+            die("unknown or incomplete option '%s'", a);
+        }
 #undef ARG
     }
-    if (o.requests < 1 || o.concurrency < 1 || o.threads < 1 || o.port < 1 || o.port > 65535 ||
-        o.max_tokens < 1 || o.prompt_len < 1 || o.rate < 0)
-        die("bad numbers (requests, concurrency, threads, port, max-tokens, prompt-len must be >= 1)");
+    if (o.requests < 1 || o.concurrency < 1 || o.threads < 1 || o.port < 1 ||
+        o.port > 65535 || o.max_tokens < 1 || o.prompt_len < 1 || o.rate < 0)
+        die("bad numbers (requests, concurrency, threads, port, max-tokens, prompt-len "
+            "must be >= 1)");
     if (o.threads > o.concurrency) o.threads = o.concurrency;
     o.chat = strstr(o.endpoint, "chat") != NULL;
 
@@ -520,8 +578,10 @@ int main(int argc, char **argv) {
     worker *ws = calloc((size_t)o.threads, sizeof *ws);
     pthread_t *th = calloc((size_t)o.threads, sizeof *th);
     if (!res || !ws || !th) die("out of memory");
-    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)o.port)};
-    if (inet_pton(AF_INET, o.host, &addr.sin_addr) != 1) die("--host '%s' is not an IPv4 address", o.host);
+    struct sockaddr_in addr = { .sin_family = AF_INET,
+                                .sin_port = htons((uint16_t)o.port) };
+    if (inet_pton(AF_INET, o.host, &addr.sin_addr) != 1)
+        die("--host '%s' is not an IPv4 address", o.host);
     double t0 = now_s();
     double *arrivals = NULL;
     if (o.rate > 0) {
@@ -554,7 +614,8 @@ int main(int argc, char **argv) {
             /* each thread takes every threads-th arrival */
             w->arrivals = malloc((size_t)w->n_req * sizeof *w->arrivals);
             if (!w->arrivals) die("out of memory");
-            for (long i = 0; i < w->n_req; i++) w->arrivals[i] = arrivals[w->first_req + i];
+            for (long i = 0; i < w->n_req; i++)
+                w->arrivals[i] = arrivals[w->first_req + i];
         }
         pthread_create(&th[k], NULL, worker_main, w);
     }
@@ -585,13 +646,17 @@ int main(int argc, char **argv) {
         ttft[a] = (r->first - r->start) * 1e3;
         e2e[a] = (r->end - r->start) * 1e3;
         a++;
-        if (r->out_tokens > 1) tpot[b++] = (r->end - r->first) * 1e3 / (double)(r->out_tokens - 1);
+        if (r->out_tokens > 1)
+            tpot[b++] = (r->end - r->first) * 1e3 / (double)(r->out_tokens - 1);
         for (int k = 0; k < r->n_itl; k++) itl[li++] = r->itl[k] * 1e3;
     }
-    stat3 s_ttft = stats(ttft, a), s_tpot = stats(tpot, b), s_itl = stats(itl, li), s_e2e = stats(e2e, a);
-    double rps = (double)okn / dur, otps = (double)out_tok / dur, ttps = (double)(in_tok + out_tok) / dur;
+    stat3 s_ttft = stats(ttft, a), s_tpot = stats(tpot, b), s_itl = stats(itl, li),
+          s_e2e = stats(e2e, a);
+    double rps = (double)okn / dur, otps = (double)out_tok / dur,
+           ttps = (double)(in_tok + out_tok) / dur;
     if (o.json) {
-        printf("{\"requests\":%ld,\"successful\":%ld,\"failed\":%ld,\"concurrency\":%ld,\"rate\":%g,"
+        printf("{\"requests\":%ld,\"successful\":%ld,\"failed\":%ld,\"concurrency\":%ld,"
+               "\"rate\":%g,"
                "\"stream\":%s,\"prompt_len\":%ld,\"max_tokens\":%ld,\"duration_s\":%.3f,"
                "\"input_tokens\":%ld,\"output_tokens\":%ld,\"request_throughput\":%.2f,"
                "\"output_token_throughput\":%.2f,\"total_token_throughput\":%.2f,"
@@ -599,15 +664,16 @@ int main(int argc, char **argv) {
                "\"mean_tpot_ms\":%.3f,\"median_tpot_ms\":%.3f,\"p99_tpot_ms\":%.3f,"
                "\"mean_itl_ms\":%.3f,\"median_itl_ms\":%.3f,\"p99_itl_ms\":%.3f,"
                "\"mean_e2el_ms\":%.3f,\"median_e2el_ms\":%.3f,\"p99_e2el_ms\":%.3f}\n",
-               o.requests, okn, fail, o.concurrency, o.rate, o.stream ? "true" : "false", o.prompt_len,
-               o.max_tokens, dur, in_tok, out_tok, rps, otps, ttps, s_ttft.mean, s_ttft.p50, s_ttft.p99,
-               s_tpot.mean, s_tpot.p50, s_tpot.p99, s_itl.mean, s_itl.p50, s_itl.p99, s_e2e.mean,
-               s_e2e.p50, s_e2e.p99);
+               o.requests, okn, fail, o.concurrency, o.rate, o.stream ? "true" : "false",
+               o.prompt_len, o.max_tokens, dur, in_tok, out_tok, rps, otps, ttps,
+               s_ttft.mean, s_ttft.p50, s_ttft.p99, s_tpot.mean, s_tpot.p50, s_tpot.p99,
+               s_itl.mean, s_itl.p50, s_itl.p99, s_e2e.mean, s_e2e.p50, s_e2e.p99);
     } else {
         printf("============ Serving Benchmark Result ============\n");
         printf("%-40s %ld\n", "Successful requests:", okn);
         printf("%-40s %ld\n", "Failed requests:", fail);
-        printf("%-40s %ld%s\n", "Concurrency:", o.concurrency, o.rate > 0 ? " (max connections)" : "");
+        printf("%-40s %ld%s\n", "Concurrency:", o.concurrency,
+               o.rate > 0 ? " (max connections)" : "");
         if (o.rate > 0) printf("%-40s %.2f\n", "Request rate (Poisson, req/s):", o.rate);
         printf("%-40s %.2f\n", "Benchmark duration (s):", dur);
         printf("%-40s %ld\n", "Total input tokens:", in_tok);
@@ -616,17 +682,17 @@ int main(int argc, char **argv) {
         printf("%-40s %.2f\n", "Output token throughput (tok/s):", otps);
         printf("%-40s %.2f\n", "Total Token throughput (tok/s):", ttps);
         printf("---------------Time to First Token----------------\n");
-        printf("%-40s %.3f\n%-40s %.3f\n%-40s %.3f\n", "Mean TTFT (ms):", s_ttft.mean, "Median TTFT (ms):",
-               s_ttft.p50, "P99 TTFT (ms):", s_ttft.p99);
+        printf("%-40s %.3f\n%-40s %.3f\n%-40s %.3f\n", "Mean TTFT (ms):", s_ttft.mean,
+               "Median TTFT (ms):", s_ttft.p50, "P99 TTFT (ms):", s_ttft.p99);
         printf("-----Time per Output Token (excl. 1st token)------\n");
-        printf("%-40s %.3f\n%-40s %.3f\n%-40s %.3f\n", "Mean TPOT (ms):", s_tpot.mean, "Median TPOT (ms):",
-               s_tpot.p50, "P99 TPOT (ms):", s_tpot.p99);
+        printf("%-40s %.3f\n%-40s %.3f\n%-40s %.3f\n", "Mean TPOT (ms):", s_tpot.mean,
+               "Median TPOT (ms):", s_tpot.p50, "P99 TPOT (ms):", s_tpot.p99);
         printf("---------------Inter-token Latency----------------\n");
-        printf("%-40s %.3f\n%-40s %.3f\n%-40s %.3f\n", "Mean ITL (ms):", s_itl.mean, "Median ITL (ms):",
-               s_itl.p50, "P99 ITL (ms):", s_itl.p99);
+        printf("%-40s %.3f\n%-40s %.3f\n%-40s %.3f\n", "Mean ITL (ms):", s_itl.mean,
+               "Median ITL (ms):", s_itl.p50, "P99 ITL (ms):", s_itl.p99);
         printf("----------------End-to-end Latency----------------\n");
-        printf("%-40s %.3f\n%-40s %.3f\n%-40s %.3f\n", "Mean E2EL (ms):", s_e2e.mean, "Median E2EL (ms):",
-               s_e2e.p50, "P99 E2EL (ms):", s_e2e.p99);
+        printf("%-40s %.3f\n%-40s %.3f\n%-40s %.3f\n", "Mean E2EL (ms):", s_e2e.mean,
+               "Median E2EL (ms):", s_e2e.p50, "P99 E2EL (ms):", s_e2e.p99);
         printf("==================================================\n");
     }
     for (long i = 0; i < o.requests; i++) free(res[i].itl);
@@ -634,6 +700,13 @@ int main(int argc, char **argv) {
         free(ws[k].conns);
         free(ws[k].arrivals);
     }
-    free(res); free(ws); free(th); free(arrivals); free(ttft); free(tpot); free(e2e); free(itl);
+    free(res);
+    free(ws);
+    free(th);
+    free(arrivals);
+    free(ttft);
+    free(tpot);
+    free(e2e);
+    free(itl);
     return fail ? 1 : 0;
 }

@@ -37,17 +37,17 @@
 
 #include "engines/cpu/cpu_internal.h"
 
-#define CPU_VERSION "cpu 1.0"
+#define CPU_VERSION     "cpu 1.0"
 #define CPU_MAX_THREADS 1024u
-#define CPU_MAX_LAYERS 4096u
-#define CPU_MAX_DIM (1u << 24)
+#define CPU_MAX_LAYERS  4096u
+#define CPU_MAX_DIM     (1u << 24)
 #define CPU_MAX_BATCH   (1u << 24) /* tokens of one training call */
 
 /* Every context call starts here. last_error keeps the message of the
  * last FAILED call (the header's rule), so nothing is cleared. */
-#define ENTER(ctx)                                                             \
-    do {                                                                       \
-        if (!(ctx)) return ORCH_ERR_INVALID_ARGUMENT;                          \
+#define ENTER(ctx)                                    \
+    do {                                              \
+        if (!(ctx)) return ORCH_ERR_INVALID_ARGUMENT; \
     } while (0)
 
 /* ------------------------------------------------------------------------- */
@@ -58,8 +58,8 @@
 static float *zalloc(size_t floats) {
     size_t bytes = floats * sizeof(float);
     if (bytes == 0) bytes = sizeof(float);
-    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    void *p =
+        mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     return p == MAP_FAILED ? NULL : p;
 }
 
@@ -99,10 +99,9 @@ static int32_t table_build(orch_engine_ctx *ctx) {
     ctx->tensors = calloc(count, sizeof *ctx->tensors);
     ctx->pv.layer = calloc(ctx->L, sizeof *ctx->pv.layer);
     ctx->gv.layer = calloc(ctx->L, sizeof *ctx->gv.layer);
-    if (!ctx->tensors || !ctx->pv.layer || !ctx->gv.layer)
-        return ORCH_ERR_OUT_OF_MEMORY;
-    ctx->n_params = engine_gpt2_table_fill(ctx->tensors, ctx->L, ctx->V, ctx->T,
-                                           ctx->C, ctx->M);
+    if (!ctx->tensors || !ctx->pv.layer || !ctx->gv.layer) return ORCH_ERR_OUT_OF_MEMORY;
+    ctx->n_params =
+        engine_gpt2_table_fill(ctx->tensors, ctx->L, ctx->V, ctx->T, ctx->C, ctx->M);
     ctx->n_tensors = count;
     return ORCH_OK;
 }
@@ -178,7 +177,7 @@ static void init_chunk(void *arg, size_t c, int tid) {
 }
 
 static int32_t params_init(orch_engine_ctx *ctx, uint64_t seed) {
-    init_job j = {ctx, seed, calloc(ctx->n_tensors, sizeof(uint64_t))};
+    init_job j = { ctx, seed, calloc(ctx->n_tensors, sizeof(uint64_t)) };
     if (!j.stream_base) return ORCH_ERR_OUT_OF_MEMORY;
     uint64_t k = 0;
     for (uint32_t i = 0; i < ctx->n_tensors; i++) {
@@ -261,15 +260,15 @@ static int32_t cpu_context_create(const orch_model_desc *model,
     uint64_t threads = given[OPT_THREADS] ? ov[OPT_THREADS] : o.threads;
     if (threads > CPU_MAX_THREADS)
         return engine_fail_buf(err, err_cap, ORCH_ERR_INVALID_ARGUMENT,
-                        "threads %llu exceeds the limit %u",
-                        (unsigned long long)threads, CPU_MAX_THREADS);
+                               "threads %llu exceeds the limit %u",
+                               (unsigned long long)threads, CPU_MAX_THREADS);
     if (threads == 0) threads = (uint64_t)cpu_pool_available_cpus();
     if (threads > CPU_MAX_THREADS) threads = CPU_MAX_THREADS;
 
     uint64_t n_params;
     if (engine_gpt2_param_count(&m, &n_params) != 0 || n_params > SIZE_MAX / 16)
         return engine_fail_buf(err, err_cap, ORCH_ERR_OUT_OF_MEMORY,
-                        "model too large (parameter count overflows)");
+                               "model too large (parameter count overflows)");
     const uint64_t mem = engine_host_memory_bytes();
     if (mem && n_params * sizeof(float) > mem)
         return engine_fail_buf(err, err_cap, ORCH_ERR_OUT_OF_MEMORY,
@@ -281,7 +280,7 @@ static int32_t cpu_context_create(const orch_model_desc *model,
     orch_engine_ctx *ctx = calloc(1, sizeof *ctx);
     if (!ctx)
         return engine_fail_buf(err, err_cap, ORCH_ERR_OUT_OF_MEMORY,
-                        "cannot allocate a context");
+                               "cannot allocate a context");
     ctx->V = m.vocab_size;
     ctx->T = m.context;
     ctx->L = m.layers;
@@ -298,15 +297,15 @@ static int32_t cpu_context_create(const orch_model_desc *model,
     if (table_build(ctx) != ORCH_OK) {
         cpu_context_destroy(ctx);
         return engine_fail_buf(err, err_cap, ORCH_ERR_OUT_OF_MEMORY,
-                        "cannot allocate the tensor table");
+                               "cannot allocate the tensor table");
     }
     void *p = NULL;
     if (posix_memalign(&p, 64, (size_t)ctx->n_params * sizeof(float)) != 0) {
         cpu_context_destroy(ctx);
         return engine_fail_buf(err, err_cap, ORCH_ERR_OUT_OF_MEMORY,
-                        "cannot allocate %llu MiB for %llu parameters",
-                        (unsigned long long)(ctx->n_params * 4 >> 20),
-                        (unsigned long long)ctx->n_params);
+                               "cannot allocate %llu MiB for %llu parameters",
+                               (unsigned long long)(ctx->n_params * 4 >> 20),
+                               (unsigned long long)ctx->n_params);
     }
     ctx->params = p;
     view_build(ctx, ctx->params, &ctx->pv);
@@ -315,14 +314,14 @@ static int32_t cpu_context_create(const orch_model_desc *model,
     if (!ctx->pool) {
         cpu_context_destroy(ctx);
         return engine_fail_buf(err, err_cap, ORCH_ERR_OUT_OF_MEMORY,
-                        "cannot start %d worker threads", (int)threads);
+                               "cannot start %d worker threads", (int)threads);
     }
     int32_t ist = params_init(ctx, o.seed);
     cpu_pool_park(ctx->pool);
     if (ist != ORCH_OK) {
         cpu_context_destroy(ctx);
         return engine_fail_buf(err, err_cap, ORCH_ERR_OUT_OF_MEMORY,
-                        "out of memory initialising parameters");
+                               "out of memory initialising parameters");
     }
     *out_ctx = ctx;
     return ORCH_OK;
@@ -345,8 +344,8 @@ static int32_t cpu_tensor_count(orch_engine_ctx *ctx, uint32_t kind,
     return ORCH_OK;
 }
 
-static int32_t cpu_tensor_info(orch_engine_ctx *ctx, uint32_t kind,
-                               uint32_t index, orch_tensor_info *out) {
+static int32_t cpu_tensor_info(orch_engine_ctx *ctx, uint32_t kind, uint32_t index,
+                               orch_tensor_info *out) {
     ENTER(ctx);
     int32_t st =
         engine_check_tensor_info(kind, index, ctx->n_tensors, out, ENGINE_ERRBUF(ctx));
@@ -361,8 +360,8 @@ static float *kind_buffer(orch_engine_ctx *ctx, uint32_t kind) {
                                         : ctx->adam_v;
 }
 
-static int32_t cpu_tensor_read(orch_engine_ctx *ctx, uint32_t kind,
-                               uint32_t index, void *dst, uint64_t dst_bytes) {
+static int32_t cpu_tensor_read(orch_engine_ctx *ctx, uint32_t kind, uint32_t index,
+                               void *dst, uint64_t dst_bytes) {
     ENTER(ctx);
     int32_t st =
         engine_check_tensor_io("tensor_read", kind, index, ctx->tensors, ctx->n_tensors,
@@ -376,9 +375,8 @@ static int32_t cpu_tensor_read(orch_engine_ctx *ctx, uint32_t kind,
     return ORCH_OK;
 }
 
-static int32_t cpu_tensor_write(orch_engine_ctx *ctx, uint32_t kind,
-                                uint32_t index, const void *src,
-                                uint64_t src_bytes) {
+static int32_t cpu_tensor_write(orch_engine_ctx *ctx, uint32_t kind, uint32_t index,
+                                const void *src, uint64_t src_bytes) {
     ENTER(ctx);
     int32_t st =
         engine_check_tensor_io("tensor_write", kind, index, ctx->tensors, ctx->n_tensors,
@@ -386,8 +384,7 @@ static int32_t cpu_tensor_write(orch_engine_ctx *ctx, uint32_t kind,
     if (st) return st;
     if (kind != ORCH_TENSOR_PARAM && (st = cpu_ensure_train_state(ctx)) != ORCH_OK)
         return st;
-    memcpy(kind_buffer(ctx, kind) + ctx->tensors[index].offset, src,
-           (size_t)src_bytes);
+    memcpy(kind_buffer(ctx, kind) + ctx->tensors[index].offset, src, (size_t)src_bytes);
     if (kind == ORCH_TENSOR_PARAM) ctx->packed_valid = 0;
     return ORCH_OK;
 }
@@ -413,14 +410,14 @@ static void zero_chunk(void *arg, size_t c, int tid) {
 static int32_t cpu_grads_zero(orch_engine_ctx *ctx) {
     ENTER(ctx);
     if (!ctx->grads) return ORCH_OK; /* never touched: already zero */
-    zero_job j = {ctx->grads, ctx->n_params};
+    zero_job j = { ctx->grads, ctx->n_params };
     cpu_pool_for(ctx->pool, (j.n + ZERO_CHUNK - 1) / ZERO_CHUNK, zero_chunk, &j);
     cpu_pool_park(ctx->pool);
     return ORCH_OK;
 }
 
-static int32_t cpu_grads_read(orch_engine_ctx *ctx, uint64_t offset,
-                              uint64_t count, float *dst) {
+static int32_t cpu_grads_read(orch_engine_ctx *ctx, uint64_t offset, uint64_t count,
+                              float *dst) {
     ENTER(ctx);
     int32_t st = engine_check_grad_range("grads_read", offset, count, ctx->n_params, dst,
                                          ENGINE_ERRBUF(ctx));
@@ -433,8 +430,8 @@ static int32_t cpu_grads_read(orch_engine_ctx *ctx, uint64_t offset,
     return ORCH_OK;
 }
 
-static int32_t cpu_grads_write(orch_engine_ctx *ctx, uint64_t offset,
-                               uint64_t count, const float *src) {
+static int32_t cpu_grads_write(orch_engine_ctx *ctx, uint64_t offset, uint64_t count,
+                               const float *src) {
     ENTER(ctx);
     int32_t st = engine_check_grad_range("grads_write", offset, count, ctx->n_params, src,
                                          ENGINE_ERRBUF(ctx));
@@ -451,39 +448,36 @@ static int32_t cpu_grads_write(orch_engine_ctx *ctx, uint64_t offset,
 
 static int32_t cpu_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
                                     const int32_t *targets, uint32_t batch,
-                                    uint32_t seq_len, float grad_scale,
-                                    float *out_loss) {
+                                    uint32_t seq_len, float grad_scale, float *out_loss) {
     ENTER(ctx);
     int32_t st = engine_check_train_call("forward_backward", tokens, targets, batch,
                                          seq_len, grad_scale, out_loss, &ctx->train_lim,
                                          NULL, ENGINE_ERRBUF(ctx));
     if (st) return st;
     float loss = 0.0f;
-    st = cpu_train_forward_backward(ctx, tokens, targets, batch, seq_len,
-                                    grad_scale, 1, &loss);
+    st = cpu_train_forward_backward(ctx, tokens, targets, batch, seq_len, grad_scale, 1,
+                                    &loss);
     cpu_pool_park(ctx->pool);
     if (st == ORCH_OK) *out_loss = loss;
     return st;
 }
 
 static int32_t cpu_eval_loss(orch_engine_ctx *ctx, const int32_t *tokens,
-                             const int32_t *targets, uint32_t batch,
-                             uint32_t seq_len, float *out_loss) {
+                             const int32_t *targets, uint32_t batch, uint32_t seq_len,
+                             float *out_loss) {
     ENTER(ctx);
     int32_t st =
         engine_check_train_call("eval_loss", tokens, targets, batch, seq_len, 0.0f,
                                 out_loss, &ctx->train_lim, NULL, ENGINE_ERRBUF(ctx));
     if (st) return st;
     float loss = 0.0f;
-    st = cpu_train_forward_backward(ctx, tokens, targets, batch, seq_len, 0.0f,
-                                    0, &loss);
+    st = cpu_train_forward_backward(ctx, tokens, targets, batch, seq_len, 0.0f, 0, &loss);
     cpu_pool_park(ctx->pool);
     if (st == ORCH_OK) *out_loss = loss;
     return st;
 }
 
-static int32_t cpu_optimizer_step(orch_engine_ctx *ctx,
-                                  const orch_adamw_params *params,
+static int32_t cpu_optimizer_step(orch_engine_ctx *ctx, const orch_adamw_params *params,
                                   float *out_grad_norm) {
     ENTER(ctx);
     orch_adamw_params p;
@@ -501,11 +495,10 @@ static int32_t cpu_optimizer_step(orch_engine_ctx *ctx,
 /* ------------------------------------------------------------------------- */
 
 /* K/V floats plus the written flags of one block. */
-static int block_bytes(const orch_engine_ctx *ctx, uint32_t block_size,
-                       uint64_t *out) {
+static int block_bytes(const orch_engine_ctx *ctx, uint32_t block_size, uint64_t *out) {
     uint64_t floats;
-    if (__builtin_mul_overflow((uint64_t)ctx->L * 2u * ctx->C,
-                               (uint64_t)block_size, &floats) ||
+    if (__builtin_mul_overflow((uint64_t)ctx->L * 2u * ctx->C, (uint64_t)block_size,
+                               &floats) ||
         floats > UINT64_MAX / 8)
         return -1;
     *out = floats * sizeof(float) + block_size + 3 * sizeof(uint32_t);
@@ -520,8 +513,7 @@ static int32_t cpu_kv_block_bytes(orch_engine_ctx *ctx, uint32_t block_size,
     uint64_t b;
     if (block_bytes(ctx, block_size, &b) != 0)
         return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                        "kv_block_bytes: block_size %u is too large",
-                        block_size);
+                        "kv_block_bytes: block_size %u is too large", block_size);
     *out_bytes = b;
     return ORCH_OK;
 }
@@ -533,8 +525,7 @@ static int32_t cpu_kv_configure(orch_engine_ctx *ctx, uint32_t block_size,
     if (st != ORCH_OK) return st;
     uint64_t per, total, slots = (uint64_t)block_size * num_blocks;
     if (block_bytes(ctx, block_size, &per) != 0 ||
-        __builtin_mul_overflow(per, (uint64_t)num_blocks, &total) ||
-        total > SIZE_MAX / 2)
+        __builtin_mul_overflow(per, (uint64_t)num_blocks, &total) || total > SIZE_MAX / 2)
         return cpu_fail(ctx, ORCH_ERR_OUT_OF_MEMORY,
                         "kv_configure: pool of %u blocks of %u positions is "
                         "too large",
@@ -552,8 +543,7 @@ static int32_t cpu_kv_configure(orch_engine_ctx *ctx, uint32_t block_size,
         return cpu_fail(ctx, ORCH_ERR_OUT_OF_MEMORY,
                         "kv_configure: cannot allocate %llu MiB for %u blocks "
                         "of %u positions",
-                        (unsigned long long)(total >> 20), num_blocks,
-                        block_size);
+                        (unsigned long long)(total >> 20), num_blocks, block_size);
     }
     kv_free(ctx);
     ctx->kv = kv;
@@ -585,15 +575,14 @@ static int32_t cpu_kv_copy_blocks(orch_engine_ctx *ctx, const int32_t *src,
     const engine_kv_view kv = cpu_kv_view(ctx);
     int32_t st = engine_kv_copy_check(src, dst, n, &kv, ENGINE_ERRBUF(ctx));
     if (st != ORCH_OK || n == 0) return st;
-    copy_job j = {ctx, src, dst, n};
+    copy_job j = { ctx, src, dst, n };
     cpu_pool_for(ctx->pool, n, copy_chunk, &j);
     cpu_pool_park(ctx->pool);
     engine_kv_copy_written(src, dst, n, &kv);
     return ORCH_OK;
 }
 
-static int32_t cpu_infer_forward_abi(orch_engine_ctx *ctx,
-                                     const orch_infer_batch *batch,
+static int32_t cpu_infer_forward_abi(orch_engine_ctx *ctx, const orch_infer_batch *batch,
                                      float *logits, uint64_t logits_cap) {
     ENTER(ctx);
     int32_t st = cpu_infer_forward(ctx, batch, logits, logits_cap);
@@ -608,8 +597,7 @@ static int32_t cpu_infer_forward_abi(orch_engine_ctx *ctx,
 static int32_t cpu_probe(char *msg, uint32_t msg_cap) {
     if (msg && msg_cap)
         snprintf(msg, msg_cap, "%d cores, %s kernels, OpenBLAS sgemm",
-                 cpu_pool_available_cpus(),
-                 cpu_kernels_isa_name(cpu_kernels_isa()));
+                 cpu_pool_available_cpus(), cpu_kernels_isa_name(cpu_kernels_isa()));
     return ORCH_OK;
 }
 
@@ -619,8 +607,8 @@ static const orch_engine_api cpu_api = {
     .struct_size = sizeof(orch_engine_api),
     .name = "cpu",
     .version = CPU_VERSION,
-    .capabilities = ORCH_CAP_TRAIN | ORCH_CAP_INFER | ORCH_CAP_KV_COPY |
-                    ORCH_CAP_EVAL | ORCH_CAP_DETERMINISTIC,
+    .capabilities = ORCH_CAP_TRAIN | ORCH_CAP_INFER | ORCH_CAP_KV_COPY | ORCH_CAP_EVAL |
+                    ORCH_CAP_DETERMINISTIC,
     .probe = cpu_probe,
     .status_string = engine_status_string,
     .context_create = cpu_context_create,

@@ -27,14 +27,13 @@
 
 /* Chunks of at least this many new tokens attend with sgemm, in blocks of
  * ATTN_ROW_BLOCK query rows (each block skips the keys it cannot see). */
-#define ATTN_GEMM_MIN 8
+#define ATTN_GEMM_MIN  8
 #define ATTN_ROW_BLOCK 64
 
-static float *kv_at(const orch_engine_ctx *ctx, uint32_t block, uint32_t l,
-                    int which, uint32_t slot) {
+static float *kv_at(const orch_engine_ctx *ctx, uint32_t block, uint32_t l, int which,
+                    uint32_t slot) {
     return ctx->kv +
-           ((((size_t)block * ctx->L + l) * 2 + (size_t)which) *
-                ctx->kv_block_size +
+           ((((size_t)block * ctx->L + l) * 2 + (size_t)which) * ctx->kv_block_size +
             slot) *
                ctx->C;
 }
@@ -56,8 +55,8 @@ void cpu_infer_free(orch_engine_ctx *ctx) {
 /* ------------------------------------------------------------------------- */
 
 static int32_t validate(orch_engine_ctx *ctx, const orch_infer_batch *batch,
-                        const float *logits, uint64_t logits_cap,
-                        uint64_t *out_tokens, uint64_t *out_rows) {
+                        const float *logits, uint64_t logits_cap, uint64_t *out_tokens,
+                        uint64_t *out_rows) {
     const engine_kv_view kv = cpu_kv_view(ctx);
     return engine_infer_check(batch, logits, logits_cap, ctx->V, ctx->T,
                               ctx->max_batch_tokens, "engine option max_batch_tokens",
@@ -75,8 +74,8 @@ static int32_t scratch_ensure(orch_engine_ctx *ctx, size_t N, size_t R,
     cpu_infer_scratch *s = &ctx->inf;
     const size_t C = ctx->C, M = ctx->M;
     att_per_thread = al16(att_per_thread);
-    size_t need = al16(N * C) * 3 + al16(N * 3 * C) + al16(N * M) +
-                  al16(R * C) + att_per_thread * (size_t)ctx->threads;
+    size_t need = al16(N * C) * 3 + al16(N * 3 * C) + al16(N * M) + al16(R * C) +
+                  att_per_thread * (size_t)ctx->threads;
     if (need > s->floats) {
         free(s->base);
         s->base = NULL;
@@ -91,12 +90,18 @@ static int32_t scratch_ensure(orch_engine_ctx *ctx, size_t N, size_t R,
         s->floats = need;
     }
     float *q = s->base;
-    s->x = q; q += al16(N * C);
-    s->ln = q; q += al16(N * C);
-    s->atty = q; q += al16(N * C);
-    s->qkv = q; q += al16(N * 3 * C);
-    s->fc = q; q += al16(N * M);
-    s->rows = q; q += al16(R * C);
+    s->x = q;
+    q += al16(N * C);
+    s->ln = q;
+    q += al16(N * C);
+    s->atty = q;
+    q += al16(N * C);
+    s->qkv = q;
+    q += al16(N * 3 * C);
+    s->fc = q;
+    q += al16(N * M);
+    s->rows = q;
+    q += al16(R * C);
     s->att = q;
     s->att_per_thread = att_per_thread;
     if (R > s->row_index_cap || !s->row_index) {
@@ -104,8 +109,7 @@ static int32_t scratch_ensure(orch_engine_ctx *ctx, size_t N, size_t R,
         s->row_index = malloc((R ? R : 1) * sizeof(int32_t));
         if (!s->row_index) {
             s->row_index_cap = 0;
-            return cpu_fail(ctx, ORCH_ERR_OUT_OF_MEMORY,
-                            "infer_forward: out of memory");
+            return cpu_fail(ctx, ORCH_ERR_OUT_OF_MEMORY, "infer_forward: out of memory");
         }
         s->row_index_cap = R ? R : 1;
     }
@@ -142,15 +146,14 @@ static void pack_chunk(void *arg, size_t c, int tid) {
 static int32_t packed_ensure(orch_engine_ctx *ctx) {
     if (ctx->packed_valid) return ORCH_OK;
     const size_t C = ctx->C, M = ctx->M, L = ctx->L;
-    const size_t sizes[4][2] = {{3 * C, C}, {C, C}, {M, C}, {C, M}};
+    const size_t sizes[4][2] = { { 3 * C, C }, { C, C }, { M, C }, { C, M } };
     if (!ctx->packed) {
         size_t total = al16(cpu_packed_floats(ctx->V, C));
         for (size_t k = 0; k < 4; k++)
             total += L * al16(cpu_packed_floats(sizes[k][0], sizes[k][1]));
         void *p = NULL;
         ctx->packed_layer = calloc(L * 4, sizeof(float *));
-        if (!ctx->packed_layer ||
-            posix_memalign(&p, 64, total * sizeof(float)) != 0) {
+        if (!ctx->packed_layer || posix_memalign(&p, 64, total * sizeof(float)) != 0) {
             free(ctx->packed_layer);
             ctx->packed_layer = NULL;
             return cpu_fail(ctx, ORCH_ERR_OUT_OF_MEMORY,
@@ -173,20 +176,20 @@ static int32_t packed_ensure(orch_engine_ctx *ctx) {
     if (!items)
         return cpu_fail(ctx, ORCH_ERR_OUT_OF_MEMORY, "infer_forward: out of memory");
     size_t n = 0;
-    items[n++] = (pack_item){ctx->pv.wte, ctx->packed_wte, ctx->V, C, 0};
+    items[n++] = (pack_item){ ctx->pv.wte, ctx->packed_wte, ctx->V, C, 0 };
     for (size_t l = 0; l < L; l++) {
         const cpu_layer_view *w = &ctx->pv.layer[l];
-        const float *src[4] = {w->qkv_w, w->ap_w, w->fc_w, w->mp_w};
+        const float *src[4] = { w->qkv_w, w->ap_w, w->fc_w, w->mp_w };
         for (size_t k = 0; k < 4; k++)
-            items[n++] = (pack_item){src[k], ctx->packed_layer[l * 4 + k],
-                                     sizes[k][0], sizes[k][1], 0};
+            items[n++] = (pack_item){ src[k], ctx->packed_layer[l * 4 + k], sizes[k][0],
+                                      sizes[k][1], 0 };
     }
     size_t chunks = 0;
     for (size_t i = 0; i < n; i++) {
         items[i].first_chunk = chunks;
         chunks += (cpu_panel_count(items[i].N) + PACK_PANELS - 1) / PACK_PANELS;
     }
-    pack_job j = {items, n};
+    pack_job j = { items, n };
     cpu_pool_for(ctx->pool, chunks, pack_chunk, &j);
     free(items);
     ctx->packed_valid = 1;
@@ -200,9 +203,9 @@ static int32_t packed_ensure(orch_engine_ctx *ctx) {
 typedef struct fwd_state {
     orch_engine_ctx *ctx;
     const orch_infer_batch *batch;
-    const uint32_t *tok0;    /* first row of each sequence in x */
-    const int32_t *tokens;   /* [N] token ids */
-    const uint32_t *pos;     /* [N] positions */
+    const uint32_t *tok0;  /* first row of each sequence in x */
+    const int32_t *tokens; /* [N] token ids */
+    const uint32_t *pos;   /* [N] positions */
     size_t N;
     uint32_t layer;
     size_t row_chunks;
@@ -247,8 +250,7 @@ static void rows_ln_chunk(void *arg, size_t c, int tid) {
 }
 
 /* One (sequence, head) task: store K/V of the new tokens, then attend. */
-static void attn_task(const fwd_state *f, uint32_t si, uint32_t h,
-                      float *scratch) {
+static void attn_task(const fwd_state *f, uint32_t si, uint32_t h, float *scratch) {
     orch_engine_ctx *ctx = f->ctx;
     const orch_seq_input *s = engine_batch_seq(f->batch, si);
     const uint32_t l = f->layer, bs = ctx->kv_block_size;
@@ -279,8 +281,8 @@ static void attn_task(const fwd_state *f, uint32_t si, uint32_t h,
             const uint32_t i1 = i0 + ATTN_ROW_BLOCK < n ? i0 + ATTN_ROW_BLOCK : n;
             const uint32_t rows = i1 - i0, Pc = start + i1;
             cpu_sgemm1(0, 1, (int)rows, (int)Pc, (int)HS, scale,
-                       qkv + (size_t)i0 * 3 * C + h * HS, (int)(3 * C), Kg,
-                       (int)HS, 0.0f, S, (int)Pc);
+                       qkv + (size_t)i0 * 3 * C + h * HS, (int)(3 * C), Kg, (int)HS, 0.0f,
+                       S, (int)Pc);
             for (uint32_t i = i0; i < i1; i++) {
                 float *row = S + (size_t)(i - i0) * Pc;
                 uint32_t valid = start + i + 1;
@@ -289,8 +291,8 @@ static void attn_task(const fwd_state *f, uint32_t si, uint32_t h,
                 cpu_scale(ctx->isa, row, 1.0f / sum, valid);
                 for (uint32_t j = valid; j < Pc; j++) row[j] = 0.0f;
             }
-            cpu_sgemm1(0, 0, (int)rows, (int)HS, (int)Pc, 1.0f, S, (int)Pc, Vg,
-                       (int)HS, 0.0f, out + (size_t)i0 * C, (int)C);
+            cpu_sgemm1(0, 0, (int)rows, (int)HS, (int)Pc, 1.0f, S, (int)Pc, Vg, (int)HS,
+                       0.0f, out + (size_t)i0 * C, (int)C);
         }
         return;
     }
@@ -362,8 +364,7 @@ int32_t cpu_infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *batch,
     if ((st = scratch_ensure(ctx, N, R, att)) != ORCH_OK) return st;
     const int skinny_layers = N <= ctx->skinny_max;
     const int skinny_head = R > 0 && R <= ctx->skinny_max;
-    if ((skinny_layers || skinny_head) && (st = packed_ensure(ctx)) != ORCH_OK)
-        return st;
+    if ((skinny_layers || skinny_head) && (st = packed_ensure(ctx)) != ORCH_OK) return st;
 
     /* Per-token tables (token ids, positions, first row of each sequence),
      * and the attention tasks' order. */
@@ -384,7 +385,7 @@ int32_t cpu_infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *batch,
     for (uint32_t i = 0; i < batch->n_seqs; i++) {
         const orch_seq_input *s = engine_batch_seq(batch, i);
         tok0[i] = (uint32_t)r;
-        keys[i] = (task_key){task_cost(s), i};
+        keys[i] = (task_key){ task_cost(s), i };
         for (uint32_t k = 0; k < s->n_tokens; k++, r++) {
             toks[r] = s->tokens[k];
             pos[r] = s->start_pos + k;
@@ -400,53 +401,87 @@ int32_t cpu_infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *batch,
     free(keys);
 
     const size_t row_chunks = cpu_pool_chunks(ctx->pool, N, 4, ROW_CHUNKS);
-    fwd_state f = {ctx, batch, tok0, toks, pos, N, 0, row_chunks, order};
+    fwd_state f = { ctx, batch, tok0, toks, pos, N, 0, row_chunks, order };
     cpu_infer_scratch *sc = &ctx->inf;
     cpu_pool_for(ctx->pool, row_chunks, embed_chunk, &f);
     for (uint32_t l = 0; l < ctx->L; l++) {
         const cpu_layer_view *w = &ctx->pv.layer[l];
         float *const *pk = ctx->packed_layer ? ctx->packed_layer + l * 4 : NULL;
         f.layer = l;
-        rows_ln_job lj = {ctx, sc->x, sc->ln, NULL, N, w->ln1_w, w->ln1_b, row_chunks};
+        rows_ln_job lj = { ctx, sc->x, sc->ln, NULL, N, w->ln1_w, w->ln1_b, row_chunks };
         cpu_pool_for(ctx->pool, row_chunks, rows_ln_chunk, &lj);
-        cpu_linear_fwd op = {.R = (int)N, .N = (int)(3 * C), .K = (int)C,
-                             .in = sc->ln, .ldin = (int)C, .W = w->qkv_w,
-                             .packed = skinny_layers ? pk[0] : NULL,
-                             .bias = w->qkv_b, .out = sc->qkv,
-                             .ldout = (int)(3 * C)};
+        cpu_linear_fwd op = { .R = (int)N,
+                              .N = (int)(3 * C),
+                              .K = (int)C,
+                              .in = sc->ln,
+                              .ldin = (int)C,
+                              .W = w->qkv_w,
+                              .packed = skinny_layers ? pk[0] : NULL,
+                              .bias = w->qkv_b,
+                              .out = sc->qkv,
+                              .ldout = (int)(3 * C) };
         cpu_linear_forward(ctx, &op);
         cpu_pool_for(ctx->pool, (size_t)batch->n_seqs * ctx->NH, attn_chunk, &f);
-        op = (cpu_linear_fwd){.R = (int)N, .N = (int)C, .K = (int)C,
-                              .in = sc->atty, .ldin = (int)C, .W = w->ap_w,
-                              .packed = skinny_layers ? pk[1] : NULL,
-                              .bias = w->ap_b, .resid = sc->x,
-                              .ldresid = (int)C, .out = sc->x,
-                              .ldout = (int)C};
+        op = (cpu_linear_fwd){ .R = (int)N,
+                               .N = (int)C,
+                               .K = (int)C,
+                               .in = sc->atty,
+                               .ldin = (int)C,
+                               .W = w->ap_w,
+                               .packed = skinny_layers ? pk[1] : NULL,
+                               .bias = w->ap_b,
+                               .resid = sc->x,
+                               .ldresid = (int)C,
+                               .out = sc->x,
+                               .ldout = (int)C };
         cpu_linear_forward(ctx, &op);
-        lj = (rows_ln_job){ctx, sc->x, sc->ln, NULL, N, w->ln2_w, w->ln2_b, row_chunks};
+        lj = (rows_ln_job){ ctx, sc->x, sc->ln, NULL, N, w->ln2_w, w->ln2_b, row_chunks };
         cpu_pool_for(ctx->pool, row_chunks, rows_ln_chunk, &lj);
-        op = (cpu_linear_fwd){.R = (int)N, .N = (int)M, .K = (int)C,
-                              .in = sc->ln, .ldin = (int)C, .W = w->fc_w,
-                              .packed = skinny_layers ? pk[2] : NULL,
-                              .bias = w->fc_b, .out = sc->fc, .ldout = (int)M,
-                              .gelu_inplace = 1};
+        op = (cpu_linear_fwd){ .R = (int)N,
+                               .N = (int)M,
+                               .K = (int)C,
+                               .in = sc->ln,
+                               .ldin = (int)C,
+                               .W = w->fc_w,
+                               .packed = skinny_layers ? pk[2] : NULL,
+                               .bias = w->fc_b,
+                               .out = sc->fc,
+                               .ldout = (int)M,
+                               .gelu_inplace = 1 };
         cpu_linear_forward(ctx, &op);
-        op = (cpu_linear_fwd){.R = (int)N, .N = (int)C, .K = (int)M,
-                              .in = sc->fc, .ldin = (int)M, .W = w->mp_w,
-                              .packed = skinny_layers ? pk[3] : NULL,
-                              .bias = w->mp_b, .resid = sc->x,
-                              .ldresid = (int)C, .out = sc->x,
-                              .ldout = (int)C};
+        op = (cpu_linear_fwd){ .R = (int)N,
+                               .N = (int)C,
+                               .K = (int)M,
+                               .in = sc->fc,
+                               .ldin = (int)M,
+                               .W = w->mp_w,
+                               .packed = skinny_layers ? pk[3] : NULL,
+                               .bias = w->mp_b,
+                               .resid = sc->x,
+                               .ldresid = (int)C,
+                               .out = sc->x,
+                               .ldout = (int)C };
         cpu_linear_forward(ctx, &op);
     }
     if (R > 0) {
-        rows_ln_job lj = {ctx, sc->x, sc->rows, sc->row_index, R, ctx->pv.lnf_w,
-                          ctx->pv.lnf_b, cpu_pool_chunks(ctx->pool, R, 4, ROW_CHUNKS)};
+        rows_ln_job lj = { ctx,
+                           sc->x,
+                           sc->rows,
+                           sc->row_index,
+                           R,
+                           ctx->pv.lnf_w,
+                           ctx->pv.lnf_b,
+                           cpu_pool_chunks(ctx->pool, R, 4, ROW_CHUNKS) };
         cpu_pool_for(ctx->pool, lj.chunks, rows_ln_chunk, &lj);
-        cpu_linear_fwd op = {.R = (int)R, .N = (int)ctx->V, .K = (int)C,
-                             .in = sc->rows, .ldin = (int)C, .W = ctx->pv.wte,
-                             .packed = skinny_head ? ctx->packed_wte : NULL,
-                             .out = logits, .ldout = (int)ctx->V};
+        cpu_linear_fwd op = { .R = (int)R,
+                              .N = (int)ctx->V,
+                              .K = (int)C,
+                              .in = sc->rows,
+                              .ldin = (int)C,
+                              .W = ctx->pv.wte,
+                              .packed = skinny_head ? ctx->packed_wte : NULL,
+                              .out = logits,
+                              .ldout = (int)ctx->V };
         cpu_linear_forward(ctx, &op);
     }
     free(tok0);

@@ -33,8 +33,18 @@
 
 /* Per-layer tensor order inside the table (after wte, wpe). */
 enum {
-    L_LN1_W, L_LN1_B, L_QKV_W, L_QKV_B, L_AP_W, L_AP_B,
-    L_LN2_W, L_LN2_B, L_FC_W, L_FC_B, L_MP_W, L_MP_B,
+    L_LN1_W,
+    L_LN1_B,
+    L_QKV_W,
+    L_QKV_B,
+    L_AP_W,
+    L_AP_B,
+    L_LN2_W,
+    L_LN2_B,
+    L_FC_W,
+    L_FC_B,
+    L_MP_W,
+    L_MP_B,
     L_COUNT
 };
 
@@ -54,30 +64,30 @@ typedef struct cpu_view {
 
 /* Saved activations of one layer for the backward pass. */
 typedef struct cpu_layer_acts {
-    float *res_in;            /* [BT,C] input of the layer */
+    float *res_in; /* [BT,C] input of the layer */
     float *ln1, *ln1_mean, *ln1_rstd;
-    float *qkv;               /* [BT,3C] */
-    float *att;               /* [B,NH,T,T] softmax probabilities */
-    float *atty;              /* [BT,C] attention output before c_proj */
-    float *res_mid;           /* [BT,C] after the attention residual */
+    float *qkv;     /* [BT,3C] */
+    float *att;     /* [B,NH,T,T] softmax probabilities */
+    float *atty;    /* [BT,C] attention output before c_proj */
+    float *res_mid; /* [BT,C] after the attention residual */
     float *ln2, *ln2_mean, *ln2_rstd;
-    float *fc;                /* [BT,M] before GELU */
-    float *fc_tanh;           /* [BT,M] tanh term of GELU */
-    float *gelu;              /* [BT,M] */
+    float *fc;      /* [BT,M] before GELU */
+    float *fc_tanh; /* [BT,M] tanh term of GELU */
+    float *gelu;    /* [BT,M] */
 } cpu_layer_acts;
 
 typedef struct cpu_train_acts {
-    float *base;              /* the one allocation */
+    float *base; /* the one allocation */
     size_t floats;
-    uint32_t B, T;            /* shape the buffers are carved for */
-    cpu_layer_acts *layer;    /* [L] */
-    float *res_out;           /* [BT,C] output of the last layer */
+    uint32_t B, T;         /* shape the buffers are carved for */
+    cpu_layer_acts *layer; /* [L] */
+    float *res_out;        /* [BT,C] output of the last layer */
     float *lnf, *lnf_mean, *lnf_rstd;
-    float *logits;            /* [BT,V], turned into dlogits in place */
-    float *row_loss;          /* [BT] */
+    float *logits;   /* [BT,V], turned into dlogits in place */
+    float *row_loss; /* [BT] */
     /* backward scratch */
     float *dres, *dtmp, *dqkv, *datty, *dfc;
-    float *att_scratch;       /* [threads][T*T] */
+    float *att_scratch; /* [threads][T*T] */
 } cpu_train_acts;
 
 /* Inference scratch, grown on demand. */
@@ -85,9 +95,9 @@ typedef struct cpu_infer_scratch {
     float *base;
     size_t floats;
     float *x, *ln, *qkv, *atty, *fc, *rows;
-    float *att;               /* per-thread attention scratch */
+    float *att; /* per-thread attention scratch */
     size_t att_per_thread;
-    int32_t *row_index;       /* token index of each logits row */
+    int32_t *row_index; /* token index of each logits row */
     size_t row_index_cap;
 } cpu_infer_scratch;
 
@@ -97,9 +107,9 @@ struct orch_engine_ctx {
     uint32_t V, T, L, NH, C, M, HS;
     float eps;
     /* execution */
-    int isa;                  /* kernels to use (<= what the CPU has) */
+    int isa; /* kernels to use (<= what the CPU has) */
     int threads;
-    uint32_t skinny_max;      /* row counts up to this use packed kernels */
+    uint32_t skinny_max; /* row counts up to this use packed kernels */
     uint32_t max_batch_tokens;
     engine_batch_limits train_lim; /* bounds of forward_backward / eval_loss */
     cpu_pool *pool;
@@ -108,16 +118,16 @@ struct orch_engine_ctx {
     uint32_t n_tensors;
     uint64_t n_params;
     float *params, *grads, *adam_m, *adam_v;
-    cpu_view pv, gv;          /* views into params and grads */
+    cpu_view pv, gv; /* views into params and grads */
     cpu_train_acts acts;
     /* packed copies of the weight matrices for skinny products */
     float *packed;
     int packed_valid;
-    float **packed_layer;     /* [L*4]: qkv, attn proj, fc, mlp proj */
+    float **packed_layer; /* [L*4]: qkv, attn proj, fc, mlp proj */
     float *packed_wte;
     /* KV pool */
     float *kv;
-    uint8_t *kv_written;      /* [blocks*block_size] */
+    uint8_t *kv_written; /* [blocks*block_size] */
     uint32_t kv_block_size, kv_num_blocks;
     engine_kv_mark *kv_marks; /* [blocks] validation marks */
     uint32_t kv_epoch;
@@ -146,12 +156,15 @@ int32_t cpu_ensure_train_state(orch_engine_ctx *ctx);
  * packed != NULL and R <= ctx->skinny_max selects the packed kernel. */
 typedef struct cpu_linear_fwd {
     int R, N, K;
-    const float *in; int ldin;
-    const float *W;  /* [N,K] row-major */
+    const float *in;
+    int ldin;
+    const float *W; /* [N,K] row-major */
     const float *packed;
     const float *bias;
-    const float *resid; int ldresid;
-    float *out; int ldout;
+    const float *resid;
+    int ldresid;
+    float *out;
+    int ldout;
     float *gelu_tanh, *gelu_out; /* [R,N], stride N */
     int gelu_inplace;
 } cpu_linear_fwd;
@@ -164,10 +177,14 @@ void cpu_linear_forward(orch_engine_ctx *ctx, const cpu_linear_fwd *op);
  * (din_accumulate must be 0). */
 typedef struct cpu_linear_bwd {
     int R, N, K;
-    const float *dout; int lddout;
-    const float *in; int ldin;
+    const float *dout;
+    int lddout;
+    const float *in;
+    int ldin;
     const float *W;
-    float *din; int lddin; int din_accumulate;
+    float *din;
+    int lddin;
+    int din_accumulate;
     const float *gelu_x, *gelu_tanh; /* [R,K] */
     float *dW, *dbias;
 } cpu_linear_bwd;
@@ -176,8 +193,8 @@ void cpu_linear_backward(orch_engine_ctx *ctx, const cpu_linear_bwd *op);
 /* C = alpha*op(A)*op(B) + beta*C with OpenBLAS on the calling thread only
  * (row-major). */
 void cpu_sgemm1(int trans_a, int trans_b, int M, int N, int K, float alpha,
-                const float *A, int lda, const float *B, int ldb, float beta,
-                float *C, int ldc);
+                const float *A, int lda, const float *B, int ldb, float beta, float *C,
+                int ldc);
 
 /* Tell OpenBLAS to stay single-threaded (the pool does the threading). */
 void cpu_blas_init(void);
@@ -185,15 +202,14 @@ const char *cpu_blas_name(void);
 
 /* ---- cpu_train.c ---- */
 int32_t cpu_train_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
-                                   const int32_t *targets, uint32_t B,
-                                   uint32_t T, float grad_scale, int backward,
-                                   float *out_loss);
-int32_t cpu_train_optimizer_step(orch_engine_ctx *ctx,
-                                 const orch_adamw_params *p, float *out_norm);
+                                   const int32_t *targets, uint32_t B, uint32_t T,
+                                   float grad_scale, int backward, float *out_loss);
+int32_t cpu_train_optimizer_step(orch_engine_ctx *ctx, const orch_adamw_params *p,
+                                 float *out_norm);
 void cpu_train_free(orch_engine_ctx *ctx);
-void cpu_layernorm_rows(int isa, const float *x, float *out, float *mean,
-                        float *rstd, const float *w, const float *b, size_t r0,
-                        size_t r1, uint32_t C, float eps);
+void cpu_layernorm_rows(int isa, const float *x, float *out, float *mean, float *rstd,
+                        const float *w, const float *b, size_t r0, size_t r1, uint32_t C,
+                        float eps);
 
 /* ---- cpu_infer.c ---- */
 int32_t cpu_infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *batch,

@@ -45,8 +45,7 @@ size_t cpu_packed_floats(size_t N, size_t K);
 size_t cpu_panel_count(size_t N);
 
 /* Pack panels [p0, p1) of the row-major [N, K] matrix w into wp. */
-void cpu_pack_panels(size_t N, size_t K, const float *w, float *wp, size_t p0,
-                     size_t p1);
+void cpu_pack_panels(size_t N, size_t K, const float *w, float *wp, size_t p0, size_t p1);
 
 /* y[m, n] = (accumulate ? y[m, n] : 0) + bias[n] + sum_k x[m, k] W[n, k]
  * for m < M and the rows n of panels [p0, p1); wp is W packed; bias may be
@@ -76,23 +75,20 @@ void cpu_triad(int isa, float *a, const float *b, const float *c, float s, size_
 void cpu_gelu(int isa, const float *x, float *th, float *gelu, size_t n);
 
 /* d[i] *= GELU'(x[i]) given th[i] = tanh(u) from the forward. */
-void cpu_gelu_backward(int isa, float *d, const float *x, const float *th,
-                       size_t n);
+void cpu_gelu_backward(int isa, float *d, const float *x, const float *th, size_t n);
 
 /* out[i] = a[i] + b[i] (b may be NULL: a copy). out may alias a. */
 void cpu_add(int isa, const float *a, const float *b, float *out, size_t n);
 
 /* LayerNorm of one row of n values: two passes (mean, then variance of
  * x - mean), out = (x - mean) * rstd * w + b; mean/rstd may be NULL. */
-void cpu_layernorm(int isa, const float *x, float *out, const float *w,
-                   const float *b, size_t n, float eps, float *mean,
-                   float *rstd);
+void cpu_layernorm(int isa, const float *x, float *out, const float *w, const float *b,
+                   size_t n, float eps, float *mean, float *rstd);
 
 /* LayerNorm backward of one row: dx += rstd * (dy*w - mean(dy*w)
  * - xhat * mean(dy*w*xhat)), xhat = (x - mean) * rstd. */
-void cpu_layernorm_backward(int isa, const float *dy, const float *x,
-                            const float *w, float mean, float rstd, float *dx,
-                            size_t n);
+void cpu_layernorm_backward(int isa, const float *dy, const float *x, const float *w,
+                            float mean, float rstd, float *dx, size_t n);
 
 /* Softmax helpers over one row: the maximum; x[i] = exp(x[i] - shift)
  * returning the sum (fixed order); x[i] *= a. */
@@ -103,10 +99,10 @@ void cpu_scale(int isa, float *x, float a, size_t n);
 /* Attention of one query over n positions whose head vectors (hs floats)
  * are reached through pointers (KV blocks are not contiguous):
  * scores: out[p] = scale * dot(q, k[p]);  mix: out = sum_p w[p] * v[p]. */
-void cpu_attn_scores(int isa, const float *q, const float *const *k, size_t n,
-                     size_t hs, float scale, float *out);
-void cpu_attn_mix(int isa, const float *w, const float *const *v, size_t n,
-                  size_t hs, float *out);
+void cpu_attn_scores(int isa, const float *q, const float *const *k, size_t n, size_t hs,
+                     float scale, float *out);
+void cpu_attn_mix(int isa, const float *w, const float *const *v, size_t n, size_t hs,
+                  float *out);
 
 /* Dot product of n floats (fixed order for a given n). */
 float cpu_dot(int isa, const float *a, const float *b, size_t n);

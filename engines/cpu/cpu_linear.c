@@ -19,12 +19,12 @@ void cpu_blas_init(void) { openblas_set_num_threads(1); }
 const char *cpu_blas_name(void) { return openblas_get_corename(); }
 
 void cpu_sgemm1(int trans_a, int trans_b, int M, int N, int K, float alpha,
-                const float *A, int lda, const float *B, int ldb, float beta,
-                float *C, int ldc) {
+                const float *A, int lda, const float *B, int ldb, float beta, float *C,
+                int ldc) {
     if (M <= 0 || N <= 0) return;
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-                trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B,
-                ldb, beta, C, ldc);
+                trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B, ldb, beta,
+                C, ldc);
 }
 
 /* GELU, tanh form, as torch.nn.functional.gelu(approximate='tanh'). */
@@ -48,14 +48,14 @@ static void gelu_cols(int isa, const cpu_linear_fwd *op, size_t c0, size_t c1) {
  * competing process). Packed products have no such cost: more chunks than
  * threads let a running thread take over from one the OS has descheduled,
  * which matters for decoding on a shared machine. */
-#define SGEMM_CHUNKS_PER_THREAD 1
-#define SGEMM_MIN_COLS 64
+#define SGEMM_CHUNKS_PER_THREAD  1
+#define SGEMM_MIN_COLS           64
 #define PACKED_CHUNKS_PER_THREAD 8
-#define PACKED_MIN_PANELS 8
+#define PACKED_MIN_PANELS        8
 /* With more rows than one tile holds, the kernel prefetches the next panel
  * group while computing; long chunks keep that pipeline full. */
 #define PACKED_WIDE_CHUNKS_PER_THREAD 2
-#define PACKED_WIDE_MIN_PANELS 32
+#define PACKED_WIDE_MIN_PANELS        32
 
 typedef struct linfwd_job {
     orch_engine_ctx *ctx;
@@ -85,9 +85,9 @@ static void linfwd_chunk(void *arg, size_t chunk, int tid) {
                            (c1 - c0) * sizeof(float));
             acc = 1;
         }
-        cpu_packed_matmul(j->ctx->isa, op->R, (size_t)op->N, (size_t)op->K,
-                          op->in, (size_t)op->ldin, op->packed, op->bias,
-                          op->out, (size_t)op->ldout, acc, p0, p1);
+        cpu_packed_matmul(j->ctx->isa, op->R, (size_t)op->N, (size_t)op->K, op->in,
+                          (size_t)op->ldin, op->packed, op->bias, op->out,
+                          (size_t)op->ldout, acc, p0, p1);
     } else {
         cpu_pool_range((size_t)op->N, (int)chunk, (int)j->chunks, 16, &c0, &c1);
         if (c0 >= c1) return;
@@ -104,22 +104,20 @@ static void linfwd_chunk(void *arg, size_t chunk, int tid) {
             beta = 1.0f;
         }
         cpu_sgemm1(0, 1, op->R, (int)(c1 - c0), op->K, 1.0f, op->in, op->ldin,
-                   op->W + c0 * (size_t)op->K, op->K, beta, op->out + c0,
-                   op->ldout);
+                   op->W + c0 * (size_t)op->K, op->K, beta, op->out + c0, op->ldout);
     }
     if (has_gelu) gelu_cols(j->ctx->isa, op, c0, c1);
 }
 
 void cpu_linear_forward(orch_engine_ctx *ctx, const cpu_linear_fwd *op) {
-    linfwd_job j = {ctx, op,
-                    op->packed != NULL && (uint32_t)op->R <= ctx->skinny_max, 1};
+    linfwd_job j = { ctx, op, op->packed != NULL && (uint32_t)op->R <= ctx->skinny_max,
+                     1 };
     if (!j.packed)
         j.chunks = cpu_pool_chunks(ctx->pool, (size_t)op->N, SGEMM_MIN_COLS,
                                    SGEMM_CHUNKS_PER_THREAD);
     else if (op->R > CPU_PACKED_TILE_ROWS)
         j.chunks = cpu_pool_chunks(ctx->pool, cpu_panel_count((size_t)op->N),
-                                   PACKED_WIDE_MIN_PANELS,
-                                   PACKED_WIDE_CHUNKS_PER_THREAD);
+                                   PACKED_WIDE_MIN_PANELS, PACKED_WIDE_CHUNKS_PER_THREAD);
     else
         j.chunks = cpu_pool_chunks(ctx->pool, cpu_panel_count((size_t)op->N),
                                    PACKED_MIN_PANELS, PACKED_CHUNKS_PER_THREAD);
@@ -142,9 +140,8 @@ static void linbwd_chunk(void *arg, size_t chunk, int tid) {
     if (chunk < j->kx) { /* dX columns [a, b) */
         cpu_pool_range((size_t)K, (int)chunk, (int)j->kx, 16, &a, &b);
         if (a >= b) return;
-        cpu_sgemm1(0, 0, R, (int)(b - a), N, 1.0f, op->dout, op->lddout,
-                   op->W + a, K, op->din_accumulate ? 1.0f : 0.0f, op->din + a,
-                   op->lddin);
+        cpu_sgemm1(0, 0, R, (int)(b - a), N, 1.0f, op->dout, op->lddout, op->W + a, K,
+                   op->din_accumulate ? 1.0f : 0.0f, op->din + a, op->lddin);
         if (op->gelu_x)
             for (int r = 0; r < R; r++)
                 cpu_gelu_backward(isa, op->din + (size_t)r * op->lddin + a,
@@ -155,8 +152,8 @@ static void linbwd_chunk(void *arg, size_t chunk, int tid) {
     /* dW rows [a, b) and their bias. */
     cpu_pool_range((size_t)N, (int)(chunk - j->kx), (int)j->kw, 16, &a, &b);
     if (a >= b) return;
-    cpu_sgemm1(1, 0, (int)(b - a), K, R, 1.0f, op->dout + a, op->lddout, op->in,
-               op->ldin, 1.0f, op->dW + a * (size_t)K, K);
+    cpu_sgemm1(1, 0, (int)(b - a), K, R, 1.0f, op->dout + a, op->lddout, op->in, op->ldin,
+               1.0f, op->dW + a * (size_t)K, K);
     if (op->dbias)
         for (int r = 0; r < R; r++)
             cpu_add(isa, op->dbias + a, op->dout + (size_t)r * op->lddout + a,
@@ -164,7 +161,7 @@ static void linbwd_chunk(void *arg, size_t chunk, int tid) {
 }
 
 void cpu_linear_backward(orch_engine_ctx *ctx, const cpu_linear_bwd *op) {
-    linbwd_job j = {op, ctx->isa, 0, 0};
+    linbwd_job j = { op, ctx->isa, 0, 0 };
     if (op->din)
         j.kx = cpu_pool_chunks(ctx->pool, (size_t)op->K, SGEMM_MIN_COLS,
                                SGEMM_CHUNKS_PER_THREAD);

@@ -63,8 +63,7 @@ static void pool_wait(cpu_pool *p, _Atomic uint32_t *word, uint32_t val) {
 }
 static void pool_wake(cpu_pool *p, _Atomic uint32_t *word) {
     (void)p;
-    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE_PRIVATE, 0x7fffffff, NULL,
-            NULL, 0);
+    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE_PRIVATE, 0x7fffffff, NULL, NULL, 0);
 }
 #else
 static void pool_wait(cpu_pool *p, _Atomic uint32_t *word, uint32_t val) {
@@ -87,10 +86,9 @@ static void *pool_main(void *varg) {
     for (;;) {
         uint32_t g;
         int spins = 0;
-        while ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) ==
-               seen) {
-            if (spins < POOL_SPIN && !atomic_load_explicit(&p->parked,
-                                                           memory_order_relaxed)) {
+        while ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) == seen) {
+            if (spins < POOL_SPIN &&
+                !atomic_load_explicit(&p->parked, memory_order_relaxed)) {
                 POOL_RELAX();
                 spins++;
                 continue;
@@ -102,8 +100,7 @@ static void *pool_main(void *varg) {
         seen = g;
         if (p->stop) break;
         p->fn(p->arg, w->tid, p->nth);
-        if (atomic_fetch_sub(&p->remaining, 1) == 1 &&
-            atomic_load(&p->driver_sleeping))
+        if (atomic_fetch_sub(&p->remaining, 1) == 1 && atomic_load(&p->driver_sleeping))
             pool_wake(p, &p->remaining);
     }
     return NULL;
@@ -145,8 +142,7 @@ cpu_pool *cpu_pool_create(int threads) {
         for (int t = 1; t < threads; t++) {
             p->workers[t].pool = p;
             p->workers[t].tid = t;
-            if (pthread_create(&p->threads[t], NULL, pool_main,
-                               &p->workers[t]) != 0) {
+            if (pthread_create(&p->threads[t], NULL, pool_main, &p->workers[t]) != 0) {
                 cpu_pool_destroy(p);
                 return NULL;
             }
@@ -199,8 +195,7 @@ void cpu_pool_run(cpu_pool *p, cpu_pool_fn fn, void *arg) {
     fn(arg, 0, p->nth);
     int spins = 0;
     uint32_t r;
-    while ((r = atomic_load_explicit(&p->remaining, memory_order_acquire)) !=
-           0) {
+    while ((r = atomic_load_explicit(&p->remaining, memory_order_acquire)) != 0) {
         if (spins < POOL_SPIN) {
             POOL_RELAX();
             spins++;
@@ -236,13 +231,12 @@ void cpu_pool_for(cpu_pool *p, size_t n_chunks, cpu_chunk_fn fn, void *arg) {
         for (size_t c = 0; c < n_chunks; c++) fn(arg, c, 0);
         return;
     }
-    for_job j = {fn, arg, n_chunks, 0};
+    for_job j = { fn, arg, n_chunks, 0 };
     atomic_init(&j.next, 0);
     cpu_pool_run(p, for_run, &j);
 }
 
-size_t cpu_pool_chunks(const cpu_pool *p, size_t n, size_t min_items,
-                       size_t per_thread) {
+size_t cpu_pool_chunks(const cpu_pool *p, size_t n, size_t min_items, size_t per_thread) {
     if (min_items == 0) min_items = 1;
     size_t k = (n + min_items - 1) / min_items;
     size_t cap = per_thread * (size_t)p->nth;
@@ -254,8 +248,7 @@ void cpu_pool_park(cpu_pool *p) {
     if (p) atomic_store(&p->parked, 1);
 }
 
-void cpu_pool_range(size_t n, int tid, int nth, size_t align, size_t *lo,
-                    size_t *hi) {
+void cpu_pool_range(size_t n, int tid, int nth, size_t align, size_t *lo, size_t *hi) {
     if (align == 0) align = 1;
     size_t units = (n + align - 1) / align;
     size_t a = units * (size_t)tid / (size_t)nth * align;

@@ -58,8 +58,7 @@ void cpu_pool_park(cpu_pool *pool);
 /* Partition of [0, n) into nth parts, multiples of `align` except the
  * last: part tid is [*lo, *hi) (used for chunks too: tid = chunk,
  * nth = number of chunks). */
-void cpu_pool_range(size_t n, int tid, int nth, size_t align, size_t *lo,
-                    size_t *hi);
+void cpu_pool_range(size_t n, int tid, int nth, size_t align, size_t *lo, size_t *hi);
 
 /* Number of CPUs this process may run on (at least 1). */
 int cpu_pool_available_cpus(void);

@@ -44,11 +44,10 @@ static float *carve(carver *c, size_t n) {
 }
 
 /* Lay the activation buffers out for (B, T); with base NULL only counts. */
-static size_t acts_carve(orch_engine_ctx *ctx, float *base, uint32_t B,
-                         uint32_t T) {
+static size_t acts_carve(orch_engine_ctx *ctx, float *base, uint32_t B, uint32_t T) {
     cpu_train_acts *a = &ctx->acts;
     const size_t BT = (size_t)B * T, C = ctx->C, M = ctx->M;
-    carver cv = {base, 0};
+    carver cv = { base, 0 };
     for (uint32_t l = 0; l < ctx->L; l++) {
         cpu_layer_acts *la = &a->layer[l];
         la->res_in = carve(&cv, BT * C);
@@ -122,16 +121,16 @@ void cpu_train_free(orch_engine_ctx *ctx) {
 /* Row kernels                                                                */
 /* ------------------------------------------------------------------------- */
 
-void cpu_layernorm_rows(int isa, const float *x, float *out, float *mean,
-                        float *rstd, const float *w, const float *b, size_t r0,
-                        size_t r1, uint32_t C, float eps) {
+void cpu_layernorm_rows(int isa, const float *x, float *out, float *mean, float *rstd,
+                        const float *w, const float *b, size_t r0, size_t r1, uint32_t C,
+                        float eps) {
     for (size_t r = r0; r < r1; r++)
-        cpu_layernorm(isa, x + r * C, out + r * C, w, b, C, eps,
-                      mean ? mean + r : NULL, rstd ? rstd + r : NULL);
+        cpu_layernorm(isa, x + r * C, out + r * C, w, b, C, eps, mean ? mean + r : NULL,
+                      rstd ? rstd + r : NULL);
 }
 
 /* Rows per chunk: at least ROW_MIN rows, ROW_CHUNKS chunks per thread. */
-#define ROW_MIN 4
+#define ROW_MIN    4
 #define ROW_CHUNKS 4
 
 typedef struct ln_job {
@@ -149,16 +148,17 @@ static void ln_chunk(void *arg, size_t c, int tid) {
     const ln_job *j = arg;
     size_t r0, r1;
     cpu_pool_range(j->rows, (int)c, (int)j->chunks, 1, &r0, &r1);
-    cpu_layernorm_rows(j->isa, j->x, j->out, j->mean, j->rstd, j->w, j->b, r0, r1,
-                       j->C, j->eps);
+    cpu_layernorm_rows(j->isa, j->x, j->out, j->mean, j->rstd, j->w, j->b, r0, r1, j->C,
+                       j->eps);
 }
 
-static void layernorm(orch_engine_ctx *ctx, const float *x, float *out,
-                      float *mean, float *rstd, const float *w, const float *b,
-                      size_t rows) {
-    ln_job j = {x, out, mean, rstd, w, b, rows,
-                cpu_pool_chunks(ctx->pool, rows, ROW_MIN, ROW_CHUNKS), ctx->C,
-                ctx->eps, ctx->isa};
+static void layernorm(orch_engine_ctx *ctx, const float *x, float *out, float *mean,
+                      float *rstd, const float *w, const float *b, size_t rows) {
+    ln_job j = {
+        x,      out,      mean,    rstd,
+        w,      b,        rows,    cpu_pool_chunks(ctx->pool, rows, ROW_MIN, ROW_CHUNKS),
+        ctx->C, ctx->eps, ctx->isa
+    };
     cpu_pool_for(ctx->pool, j.chunks, ln_chunk, &j);
 }
 
@@ -181,8 +181,8 @@ static void lnb_chunk(void *arg, size_t c, int tid) {
     if (c < j->kr) {
         cpu_pool_range(j->rows, (int)c, (int)j->kr, 1, &a, &b);
         for (size_t r = a; r < b; r++)
-            cpu_layernorm_backward(j->isa, j->dy + r * C, j->x + r * C, j->w,
-                                   j->mean[r], j->rstd[r], j->dx + r * C, C);
+            cpu_layernorm_backward(j->isa, j->dy + r * C, j->x + r * C, j->w, j->mean[r],
+                                   j->rstd[r], j->dx + r * C, C);
         return;
     }
     cpu_pool_range(C, (int)(c - j->kr), (int)j->kc, 16, &a, &b);
@@ -196,13 +196,22 @@ static void lnb_chunk(void *arg, size_t c, int tid) {
     }
 }
 
-static void layernorm_backward(orch_engine_ctx *ctx, const float *dy,
-                               const float *x, const float *mean,
-                               const float *rstd, const float *w, float *dx,
-                               float *dw, float *db, size_t rows) {
-    lnb_job j = {dy, x, mean, rstd, w, dx, dw, db, rows, ctx->C, ctx->isa,
-                 cpu_pool_chunks(ctx->pool, rows, ROW_MIN, ROW_CHUNKS),
-                 cpu_pool_chunks(ctx->pool, ctx->C, 64, 2)};
+static void layernorm_backward(orch_engine_ctx *ctx, const float *dy, const float *x,
+                               const float *mean, const float *rstd, const float *w,
+                               float *dx, float *dw, float *db, size_t rows) {
+    lnb_job j = { dy,
+                  x,
+                  mean,
+                  rstd,
+                  w,
+                  dx,
+                  dw,
+                  db,
+                  rows,
+                  ctx->C,
+                  ctx->isa,
+                  cpu_pool_chunks(ctx->pool, rows, ROW_MIN, ROW_CHUNKS),
+                  cpu_pool_chunks(ctx->pool, ctx->C, 64, 2) };
     cpu_pool_for(ctx->pool, j.kr + j.kc, lnb_chunk, &j);
 }
 
@@ -246,11 +255,16 @@ static void embed_chunk(void *arg, size_t c, int tid) {
     }
 }
 
-static void embed(orch_engine_ctx *ctx, const int32_t *tokens, uint32_t T,
-                  size_t rows, float *out, const float *dres) {
-    embed_job j = {ctx, tokens, T, rows, out, dres,
-                   dres ? cpu_pool_chunks(ctx->pool, ctx->C, 64, 2)
-                        : cpu_pool_chunks(ctx->pool, rows, ROW_MIN, ROW_CHUNKS)};
+static void embed(orch_engine_ctx *ctx, const int32_t *tokens, uint32_t T, size_t rows,
+                  float *out, const float *dres) {
+    embed_job j = { ctx,
+                    tokens,
+                    T,
+                    rows,
+                    out,
+                    dres,
+                    dres ? cpu_pool_chunks(ctx->pool, ctx->C, 64, 2)
+                         : cpu_pool_chunks(ctx->pool, rows, ROW_MIN, ROW_CHUNKS) };
     cpu_pool_for(ctx->pool, j.chunks, embed_chunk, &j);
 }
 
@@ -286,8 +300,7 @@ static void attn_fwd_task(const attn_job *j, uint32_t b, uint32_t h) {
     cpu_sgemm1(0, 0, T, HS, T, 1.0f, S, T, v, 3 * C, 0.0f, out, C);
 }
 
-static void attn_bwd_task(const attn_job *j, uint32_t b, uint32_t h,
-                          float *dS) {
+static void attn_bwd_task(const attn_job *j, uint32_t b, uint32_t h, float *dS) {
     const orch_engine_ctx *ctx = j->ctx;
     const int T = (int)j->T, C = (int)ctx->C, HS = (int)ctx->HS;
     const float scale = 1.0f / sqrtf((float)HS);
@@ -369,9 +382,8 @@ static void ce_chunk(void *arg, size_t c, int tid) {
 /* ------------------------------------------------------------------------- */
 
 int32_t cpu_train_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
-                                   const int32_t *targets, uint32_t B,
-                                   uint32_t T, float grad_scale, int backward,
-                                   float *out_loss) {
+                                   const int32_t *targets, uint32_t B, uint32_t T,
+                                   float grad_scale, int backward, float *out_loss) {
     const size_t BT = (size_t)B * T;
     const int C = (int)ctx->C, M = (int)ctx->M, V = (int)ctx->V;
     size_t counted = 0;
@@ -392,41 +404,72 @@ int32_t cpu_train_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
         cpu_layer_acts *la = &a->layer[l];
         const cpu_layer_view *w = &P->layer[l];
         float *res_out = l + 1 < ctx->L ? a->layer[l + 1].res_in : a->res_out;
-        layernorm(ctx, la->res_in, la->ln1, la->ln1_mean, la->ln1_rstd,
-                  w->ln1_w, w->ln1_b, BT);
-        cpu_linear_fwd f = {.R = (int)BT, .N = 3 * C, .K = C, .in = la->ln1,
-                            .ldin = C, .W = w->qkv_w, .bias = w->qkv_b,
-                            .out = la->qkv, .ldout = 3 * C};
+        layernorm(ctx, la->res_in, la->ln1, la->ln1_mean, la->ln1_rstd, w->ln1_w,
+                  w->ln1_b, BT);
+        cpu_linear_fwd f = { .R = (int)BT,
+                             .N = 3 * C,
+                             .K = C,
+                             .in = la->ln1,
+                             .ldin = C,
+                             .W = w->qkv_w,
+                             .bias = w->qkv_b,
+                             .out = la->qkv,
+                             .ldout = 3 * C };
         cpu_linear_forward(ctx, &f);
-        attn_job aj = {ctx, la, B, T, NULL, NULL, NULL};
+        attn_job aj = { ctx, la, B, T, NULL, NULL, NULL };
         cpu_pool_for(ctx->pool, (size_t)B * ctx->NH, attn_chunk, &aj);
-        f = (cpu_linear_fwd){.R = (int)BT, .N = C, .K = C, .in = la->atty,
-                             .ldin = C, .W = w->ap_w, .bias = w->ap_b,
-                             .resid = la->res_in, .ldresid = C,
-                             .out = la->res_mid, .ldout = C};
+        f = (cpu_linear_fwd){ .R = (int)BT,
+                              .N = C,
+                              .K = C,
+                              .in = la->atty,
+                              .ldin = C,
+                              .W = w->ap_w,
+                              .bias = w->ap_b,
+                              .resid = la->res_in,
+                              .ldresid = C,
+                              .out = la->res_mid,
+                              .ldout = C };
         cpu_linear_forward(ctx, &f);
-        layernorm(ctx, la->res_mid, la->ln2, la->ln2_mean, la->ln2_rstd,
-                  w->ln2_w, w->ln2_b, BT);
-        f = (cpu_linear_fwd){.R = (int)BT, .N = M, .K = C, .in = la->ln2,
-                             .ldin = C, .W = w->fc_w, .bias = w->fc_b,
-                             .out = la->fc, .ldout = M,
-                             .gelu_tanh = la->fc_tanh, .gelu_out = la->gelu};
+        layernorm(ctx, la->res_mid, la->ln2, la->ln2_mean, la->ln2_rstd, w->ln2_w,
+                  w->ln2_b, BT);
+        f = (cpu_linear_fwd){ .R = (int)BT,
+                              .N = M,
+                              .K = C,
+                              .in = la->ln2,
+                              .ldin = C,
+                              .W = w->fc_w,
+                              .bias = w->fc_b,
+                              .out = la->fc,
+                              .ldout = M,
+                              .gelu_tanh = la->fc_tanh,
+                              .gelu_out = la->gelu };
         cpu_linear_forward(ctx, &f);
-        f = (cpu_linear_fwd){.R = (int)BT, .N = C, .K = M, .in = la->gelu,
-                             .ldin = M, .W = w->mp_w, .bias = w->mp_b,
-                             .resid = la->res_mid, .ldresid = C,
-                             .out = res_out, .ldout = C};
+        f = (cpu_linear_fwd){ .R = (int)BT,
+                              .N = C,
+                              .K = M,
+                              .in = la->gelu,
+                              .ldin = M,
+                              .W = w->mp_w,
+                              .bias = w->mp_b,
+                              .resid = la->res_mid,
+                              .ldresid = C,
+                              .out = res_out,
+                              .ldout = C };
         cpu_linear_forward(ctx, &f);
     }
-    layernorm(ctx, a->res_out, a->lnf, a->lnf_mean, a->lnf_rstd, P->lnf_w,
-              P->lnf_b, BT);
-    cpu_linear_fwd head = {.R = (int)BT, .N = V, .K = C, .in = a->lnf,
-                           .ldin = C, .W = P->wte, .out = a->logits,
-                           .ldout = V};
+    layernorm(ctx, a->res_out, a->lnf, a->lnf_mean, a->lnf_rstd, P->lnf_w, P->lnf_b, BT);
+    cpu_linear_fwd head = { .R = (int)BT,
+                            .N = V,
+                            .K = C,
+                            .in = a->lnf,
+                            .ldin = C,
+                            .W = P->wte,
+                            .out = a->logits,
+                            .ldout = V };
     cpu_linear_forward(ctx, &head);
-    ce_job cj = {a->logits, targets, a->row_loss, BT, ctx->V,
-                 grad_scale / (float)counted, backward, ctx->isa,
-                 cpu_pool_chunks(ctx->pool, BT, 1, ROW_CHUNKS)};
+    ce_job cj = { a->logits, targets,  a->row_loss,
+                  BT,        ctx->V,   grad_scale / (float)counted,
+                  backward,  ctx->isa, cpu_pool_chunks(ctx->pool, BT, 1, ROW_CHUNKS) };
     cpu_pool_for(ctx->pool, cj.chunks, ce_chunk, &cj);
     double total = 0.0;
     for (size_t r = 0; r < BT; r++) total += a->row_loss[r];
@@ -435,48 +478,87 @@ int32_t cpu_train_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
 
     /* ---- backward ---- */
     const cpu_view *G = &ctx->gv;
-    cpu_linear_bwd hb = {.R = (int)BT, .N = V, .K = C, .dout = a->logits,
-                         .lddout = V, .in = a->lnf, .ldin = C, .W = P->wte,
-                         .din = a->dtmp, .lddin = C, .dW = G->wte};
+    cpu_linear_bwd hb = { .R = (int)BT,
+                          .N = V,
+                          .K = C,
+                          .dout = a->logits,
+                          .lddout = V,
+                          .in = a->lnf,
+                          .ldin = C,
+                          .W = P->wte,
+                          .din = a->dtmp,
+                          .lddin = C,
+                          .dW = G->wte };
     cpu_linear_backward(ctx, &hb);
     memset(a->dres, 0, BT * C * sizeof(float));
-    layernorm_backward(ctx, a->dtmp, a->res_out, a->lnf_mean, a->lnf_rstd,
-                       P->lnf_w, a->dres, G->lnf_w, G->lnf_b, BT);
+    layernorm_backward(ctx, a->dtmp, a->res_out, a->lnf_mean, a->lnf_rstd, P->lnf_w,
+                       a->dres, G->lnf_w, G->lnf_b, BT);
     for (uint32_t li = ctx->L; li-- > 0;) {
         cpu_layer_acts *la = &a->layer[li];
         const cpu_layer_view *w = &P->layer[li];
         const cpu_layer_view *g = &G->layer[li];
         /* MLP: dres is the gradient of the layer output. */
-        cpu_linear_bwd b = {.R = (int)BT, .N = C, .K = M, .dout = a->dres,
-                            .lddout = C, .in = la->gelu, .ldin = M,
-                            .W = w->mp_w, .din = a->dfc, .lddin = M,
-                            .gelu_x = la->fc, .gelu_tanh = la->fc_tanh,
-                            .dW = g->mp_w, .dbias = g->mp_b};
+        cpu_linear_bwd b = { .R = (int)BT,
+                             .N = C,
+                             .K = M,
+                             .dout = a->dres,
+                             .lddout = C,
+                             .in = la->gelu,
+                             .ldin = M,
+                             .W = w->mp_w,
+                             .din = a->dfc,
+                             .lddin = M,
+                             .gelu_x = la->fc,
+                             .gelu_tanh = la->fc_tanh,
+                             .dW = g->mp_w,
+                             .dbias = g->mp_b };
         cpu_linear_backward(ctx, &b);
-        b = (cpu_linear_bwd){.R = (int)BT, .N = M, .K = C, .dout = a->dfc,
-                             .lddout = M, .in = la->ln2, .ldin = C,
-                             .W = w->fc_w, .din = a->dtmp, .lddin = C,
-                             .dW = g->fc_w, .dbias = g->fc_b};
+        b = (cpu_linear_bwd){ .R = (int)BT,
+                              .N = M,
+                              .K = C,
+                              .dout = a->dfc,
+                              .lddout = M,
+                              .in = la->ln2,
+                              .ldin = C,
+                              .W = w->fc_w,
+                              .din = a->dtmp,
+                              .lddin = C,
+                              .dW = g->fc_w,
+                              .dbias = g->fc_b };
         cpu_linear_backward(ctx, &b);
-        layernorm_backward(ctx, a->dtmp, la->res_mid, la->ln2_mean,
-                           la->ln2_rstd, w->ln2_w, a->dres, g->ln2_w, g->ln2_b,
-                           BT);
+        layernorm_backward(ctx, a->dtmp, la->res_mid, la->ln2_mean, la->ln2_rstd,
+                           w->ln2_w, a->dres, g->ln2_w, g->ln2_b, BT);
         /* Attention: dres is now the gradient of res_mid. */
-        b = (cpu_linear_bwd){.R = (int)BT, .N = C, .K = C, .dout = a->dres,
-                             .lddout = C, .in = la->atty, .ldin = C,
-                             .W = w->ap_w, .din = a->datty, .lddin = C,
-                             .dW = g->ap_w, .dbias = g->ap_b};
+        b = (cpu_linear_bwd){ .R = (int)BT,
+                              .N = C,
+                              .K = C,
+                              .dout = a->dres,
+                              .lddout = C,
+                              .in = la->atty,
+                              .ldin = C,
+                              .W = w->ap_w,
+                              .din = a->datty,
+                              .lddin = C,
+                              .dW = g->ap_w,
+                              .dbias = g->ap_b };
         cpu_linear_backward(ctx, &b);
-        attn_job aj = {ctx, la, B, T, a->datty, a->dqkv, a->att_scratch};
+        attn_job aj = { ctx, la, B, T, a->datty, a->dqkv, a->att_scratch };
         cpu_pool_for(ctx->pool, (size_t)B * ctx->NH, attn_chunk, &aj);
-        b = (cpu_linear_bwd){.R = (int)BT, .N = 3 * C, .K = C, .dout = a->dqkv,
-                             .lddout = 3 * C, .in = la->ln1, .ldin = C,
-                             .W = w->qkv_w, .din = a->dtmp, .lddin = C,
-                             .dW = g->qkv_w, .dbias = g->qkv_b};
+        b = (cpu_linear_bwd){ .R = (int)BT,
+                              .N = 3 * C,
+                              .K = C,
+                              .dout = a->dqkv,
+                              .lddout = 3 * C,
+                              .in = la->ln1,
+                              .ldin = C,
+                              .W = w->qkv_w,
+                              .din = a->dtmp,
+                              .lddin = C,
+                              .dW = g->qkv_w,
+                              .dbias = g->qkv_b };
         cpu_linear_backward(ctx, &b);
-        layernorm_backward(ctx, a->dtmp, la->res_in, la->ln1_mean,
-                           la->ln1_rstd, w->ln1_w, a->dres, g->ln1_w, g->ln1_b,
-                           BT);
+        layernorm_backward(ctx, a->dtmp, la->res_in, la->ln1_mean, la->ln1_rstd, w->ln1_w,
+                           a->dres, g->ln1_w, g->ln1_b, BT);
     }
     embed(ctx, tokens, T, BT, NULL, a->dres);
     return ORCH_OK;
@@ -523,8 +605,8 @@ static void adamw_chunk(void *arg, size_t c, int tid) {
     }
 }
 
-int32_t cpu_train_optimizer_step(orch_engine_ctx *ctx,
-                                 const orch_adamw_params *p, float *out_norm) {
+int32_t cpu_train_optimizer_step(orch_engine_ctx *ctx, const orch_adamw_params *p,
+                                 float *out_norm) {
     int32_t st = cpu_ensure_train_state(ctx);
     if (st != ORCH_OK) return st;
     const size_t chunks = (ctx->n_params + OPT_CHUNK - 1) / OPT_CHUNK;

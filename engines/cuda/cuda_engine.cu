@@ -38,14 +38,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CU_STR2(x) #x
-#define CU_STR(x) CU_STR2(x)
+#define CU_STR2(x)        #x
+#define CU_STR(x)         CU_STR2(x)
 #define CU_ENGINE_VERSION "1.0.0 (CUDA runtime " CU_STR(CUDART_VERSION) ", cuBLAS)"
 
 /* Sizes beyond these are refused up front (int arguments of cuBLAS, 32-bit
  * grid dimensions and index arrays). */
-#define CU_MAX_DIM (1u << 24)
-#define CU_MAX_TOKENS (1u << 26)
+#define CU_MAX_DIM        (1u << 24)
+#define CU_MAX_TOKENS     (1u << 26)
 #define CU_MAX_BLOCK_SIZE (1u << 20)
 #define CU_BLAS_WORKSPACE (32u << 20)
 
@@ -90,11 +90,11 @@ static int32_t enter(orch_engine_ctx *ctx) {
     return ORCH_OK;
 }
 
-#define ENTER(ctx)                                                            \
-    do {                                                                      \
-        if (!(ctx)) return ORCH_ERR_INVALID_ARGUMENT;                         \
-        int32_t en_st_ = enter(ctx);                                          \
-        if (en_st_ != ORCH_OK) return en_st_;                                 \
+#define ENTER(ctx)                                    \
+    do {                                              \
+        if (!(ctx)) return ORCH_ERR_INVALID_ARGUMENT; \
+        int32_t en_st_ = enter(ctx);                  \
+        if (en_st_ != ORCH_OK) return en_st_;         \
     } while (0)
 
 /* ------------------------------------------------------------------------- */
@@ -134,20 +134,23 @@ static void *nvml_sym(void *h, const char *a, const char *b) {
 static int32_t probe_nvml(char *buf, size_t cap) {
     const char *vis = getenv("CUDA_VISIBLE_DEVICES");
     if (vis && (vis[0] == '\0' || vis[0] == '-')) {
-        snprintf(buf, cap, "no CUDA device (CUDA_VISIBLE_DEVICES='%.32s' hides them all)", vis);
+        snprintf(buf, cap, "no CUDA device (CUDA_VISIBLE_DEVICES='%.32s' hides them all)",
+                 vis);
         return ORCH_ERR_DEVICE;
     }
     void *h = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
     if (!h) {
-        snprintf(buf, cap, "no CUDA device (no NVIDIA driver here: libnvidia-ml.so.1 "
-                           "cannot be loaded)");
+        snprintf(buf, cap,
+                 "no CUDA device (no NVIDIA driver here: libnvidia-ml.so.1 "
+                 "cannot be loaded)");
         return ORCH_ERR_DEVICE;
     }
     /* the handle stays open: dlopen is reference counted, and unloading a
      * driver library under a live process buys nothing */
     nvml_void_fn init = (nvml_void_fn)nvml_sym(h, "nvmlInit_v2", "nvmlInit");
     nvml_void_fn shutdown = (nvml_void_fn)nvml_sym(h, "nvmlShutdown", NULL);
-    nvml_count_fn count = (nvml_count_fn)nvml_sym(h, "nvmlDeviceGetCount_v2", "nvmlDeviceGetCount");
+    nvml_count_fn count =
+        (nvml_count_fn)nvml_sym(h, "nvmlDeviceGetCount_v2", "nvmlDeviceGetCount");
     nvml_handle_fn handle = (nvml_handle_fn)nvml_sym(h, "nvmlDeviceGetHandleByIndex_v2",
                                                      "nvmlDeviceGetHandleByIndex");
     nvml_name_fn name = (nvml_name_fn)nvml_sym(h, "nvmlDeviceGetName", NULL);
@@ -157,13 +160,15 @@ static int32_t probe_nvml(char *buf, size_t cap) {
                                             "nvmlSystemGetCudaDriverVersion");
     nvml_err_fn errstr = (nvml_err_fn)nvml_sym(h, "nvmlErrorString", NULL);
     if (!init || !shutdown || !count || !handle || !name || !cc) {
-        snprintf(buf, cap, "no CUDA device (the NVIDIA driver library lacks the NVML calls "
-                           "this engine uses)");
+        snprintf(buf, cap,
+                 "no CUDA device (the NVIDIA driver library lacks the NVML calls "
+                 "this engine uses)");
         return ORCH_ERR_DEVICE;
     }
     int r = init();
     if (r != 0) {
-        snprintf(buf, cap, "no CUDA device (NVML: %s)", errstr ? errstr(r) : "init failed");
+        snprintf(buf, cap, "no CUDA device (NVML: %s)",
+                 errstr ? errstr(r) : "init failed");
         return ORCH_ERR_DEVICE;
     }
     int32_t st = ORCH_OK;
@@ -175,8 +180,9 @@ static int32_t probe_nvml(char *buf, size_t cap) {
                  r != 0 ? (errstr ? errstr(r) : "an error") : "none");
         st = ORCH_ERR_DEVICE;
     } else if (drv && drv(&dv) == 0 && dv / 1000 < CUDART_VERSION / 1000) {
-        snprintf(buf, cap, "no usable CUDA device: the NVIDIA driver supports CUDA %d.%d, "
-                           "this build needs %d.x",
+        snprintf(buf, cap,
+                 "no usable CUDA device: the NVIDIA driver supports CUDA %d.%d, "
+                 "this build needs %d.x",
                  dv / 1000, (dv % 1000) / 10, CUDART_VERSION / 1000);
         st = ORCH_ERR_UNSUPPORTED;
     } else {
@@ -203,8 +209,9 @@ static int32_t probe_nvml(char *buf, size_t cap) {
             }
         }
         if (usable < 0) {
-            snprintf(buf, cap, "no usable CUDA device: %s has compute capability %d.%d; "
-                               "this build needs %d.0 or newer",
+            snprintf(buf, cap,
+                     "no usable CUDA device: %s has compute capability %d.%d; "
+                     "this build needs %d.0 or newer",
                      first_name, first_major, first_minor, CU_NEED_CC_MAJOR);
             st = ORCH_ERR_UNSUPPORTED;
         } else {
@@ -258,14 +265,14 @@ static int32_t probe(char *msg, uint32_t msg_cap) {
  * are in cu_math order. */
 enum { OPT_MATH, OPT_DEVICE, OPT_COUNT };
 static const engine_opt_spec cu_opt_spec[OPT_COUNT] = {
-    {"math", "fp32|tf32|bf16", 0, 0},
-    {"device", NULL, 0, 1024},
+    { "math", "fp32|tf32|bf16", 0, 0 },
+    { "device", NULL, 0, 1024 },
 };
 
 /* What this engine accepts (int arguments of cuBLAS, 32-bit grids, the
  * paged-attention scores in shared memory). */
-static const engine_model_limits cu_limits = {"cuda", CU_MAX_DIM, CU_MAX_DIM / 16, 4096,
-                                              65536, 4u * 65536};
+static const engine_model_limits cu_limits = { "cuda", CU_MAX_DIM, CU_MAX_DIM / 16,
+                                               4096,   65536,      4u * 65536 };
 
 /* ------------------------------------------------------------------------- */
 /* Tensor table                                                               */
@@ -278,8 +285,8 @@ static int32_t build_table(orch_engine_ctx *ctx) {
     ctx->tensors = (cu_tensor *)calloc(count, sizeof(cu_tensor));
     if (!ctx->tensors)
         return cu_set_error(ctx, ORCH_ERR_OUT_OF_MEMORY, "out of host memory");
-    ctx->n_params = engine_gpt2_table_fill(ctx->tensors, ctx->L, ctx->V, ctx->T, ctx->C,
-                                           ctx->M);
+    ctx->n_params =
+        engine_gpt2_table_fill(ctx->tensors, ctx->L, ctx->V, ctx->T, ctx->C, ctx->M);
     ctx->n_tensors = count;
     return ORCH_OK;
 }
@@ -371,8 +378,8 @@ static int32_t create_device_state(orch_engine_ctx *ctx, uint64_t seed) {
     ctx->attn_smem_max = (size_t)ctx->T * sizeof(float);
     if (ctx->attn_smem_max > 48 * 1024) {
         int optin = 0;
-        CU_CHECK(ctx, cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
-                                             ctx->device));
+        CU_CHECK(ctx, cudaDeviceGetAttribute(
+                          &optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, ctx->device));
         if ((size_t)optin < ctx->attn_smem_max + 1024)
             return cu_set_error(ctx, ORCH_ERR_UNSUPPORTED,
                                 "context %u is too long for this device's shared memory "
@@ -384,8 +391,8 @@ static int32_t create_device_state(orch_engine_ctx *ctx, uint64_t seed) {
 }
 
 static int32_t context_create(const orch_model_desc *model,
-                              const orch_engine_options *opts,
-                              orch_engine_ctx **out_ctx, char *err, uint32_t err_cap) {
+                              const orch_engine_options *opts, orch_engine_ctx **out_ctx,
+                              char *err, uint32_t err_cap) {
     orch_engine_options o;
     int32_t st = engine_create_args(model, opts, out_ctx, &o, err, err_cap);
     if (st != ORCH_OK) return st;
@@ -393,8 +400,8 @@ static int32_t context_create(const orch_model_desc *model,
     memset(&md, 0, sizeof md);
     if ((st = engine_model_normalise(model, &cu_limits, &md, err, err_cap)) != ORCH_OK)
         return st;
-    uint64_t ov[OPT_COUNT] = {CU_MATH_FP32, 0};
-    uint8_t given[OPT_COUNT] = {0};
+    uint64_t ov[OPT_COUNT] = { CU_MATH_FP32, 0 };
+    uint8_t given[OPT_COUNT] = { 0 };
     st = engine_opts_parse(o.options, "cuda", cu_opt_spec, OPT_COUNT, ov, given, err,
                            err_cap);
     if (st != ORCH_OK) return st;
@@ -469,13 +476,14 @@ static int32_t tensor_count(orch_engine_ctx *ctx, uint32_t kind, uint32_t *out_c
 static int32_t tensor_info(orch_engine_ctx *ctx, uint32_t kind, uint32_t index,
                            orch_tensor_info *out) {
     if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
-    CU_TRY(engine_check_tensor_info(kind, index, ctx->n_tensors, out, ENGINE_ERRBUF(ctx)));
+    CU_TRY(
+        engine_check_tensor_info(kind, index, ctx->n_tensors, out, ENGINE_ERRBUF(ctx)));
     engine_tensor_info_fill(&ctx->tensors[index], out);
     return ORCH_OK;
 }
 
 static float *kind_base(orch_engine_ctx *ctx, uint32_t kind) {
-    return kind == ORCH_TENSOR_PARAM ? ctx->d_params
+    return kind == ORCH_TENSOR_PARAM    ? ctx->d_params
            : kind == ORCH_TENSOR_ADAM_M ? ctx->d_m
                                         : ctx->d_v;
 }
@@ -489,9 +497,11 @@ static int32_t tensor_copy(orch_engine_ctx *ctx, uint32_t kind, uint32_t index,
     const cu_tensor *t = &ctx->tensors[index];
     float *dev = kind_base(ctx, kind) + t->offset;
     if (to_host)
-        CU_CHECK(ctx, cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, ctx->stream));
+        CU_CHECK(ctx,
+                 cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, ctx->stream));
     else
-        CU_CHECK(ctx, cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, ctx->stream));
+        CU_CHECK(ctx,
+                 cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, ctx->stream));
     CU_CHECK(ctx, cudaStreamSynchronize(ctx->stream));
     return ORCH_OK;
 }
@@ -594,16 +604,18 @@ static int32_t kv_block_bytes(orch_engine_ctx *ctx, uint32_t block_size, uint64_
     return ORCH_OK;
 }
 
-static int32_t kv_configure(orch_engine_ctx *ctx, uint32_t block_size, uint32_t num_blocks) {
+static int32_t kv_configure(orch_engine_ctx *ctx, uint32_t block_size,
+                            uint32_t num_blocks) {
     ENTER(ctx);
     CU_TRY(engine_check_kv_configure(block_size, num_blocks, CU_MAX_BLOCK_SIZE,
                                      ENGINE_ERRBUF(ctx)));
     uint64_t block_bytes = (uint64_t)ctx->L * 2 * block_size * ctx->C * sizeof(float);
     uint64_t slots = (uint64_t)block_size * num_blocks;
     if (block_bytes > UINT64_MAX / num_blocks)
-        return cu_set_error(ctx, ORCH_ERR_OUT_OF_MEMORY,
-                            "kv_configure: a pool of %u blocks of %u positions is too large",
-                            num_blocks, block_size);
+        return cu_set_error(
+            ctx, ORCH_ERR_OUT_OF_MEMORY,
+            "kv_configure: a pool of %u blocks of %u positions is too large", num_blocks,
+            block_size);
     uint64_t total = block_bytes * num_blocks;
     engine_kv_mark *marks = (engine_kv_mark *)calloc(num_blocks, sizeof *marks);
     uint8_t *written = (uint8_t *)calloc((size_t)slots, 1);
@@ -654,8 +666,8 @@ static int32_t kv_configure(orch_engine_ctx *ctx, uint32_t block_size, uint32_t 
 
 /* The KV pool as the engines/common checks see it. */
 static engine_kv_view kv_view(orch_engine_ctx *ctx) {
-    engine_kv_view v = {ctx->kv_block_size, ctx->d_kv ? ctx->kv_num_blocks : 0,
-                        ctx->h_kv_marks, &ctx->kv_epoch, ctx->h_kv_written};
+    engine_kv_view v = { ctx->kv_block_size, ctx->d_kv ? ctx->kv_num_blocks : 0,
+                         ctx->h_kv_marks, &ctx->kv_epoch, ctx->h_kv_written };
     return v;
 }
 
@@ -677,7 +689,8 @@ static int32_t plan_batch(orch_engine_ctx *ctx, const orch_infer_batch *batch,
     size_t ints = 3 * (size_t)n_tokens + n_rows + batch->n_seqs + n_table + 1;
     int32_t *m = (int32_t *)malloc(ints * sizeof(int32_t));
     if (!m) return cu_set_error(ctx, ORCH_ERR_OUT_OF_MEMORY, "out of host memory");
-    int32_t *tok = m, *pos = tok + n_tokens, *seq = pos + n_tokens, *rows = seq + n_tokens;
+    int32_t *tok = m, *pos = tok + n_tokens, *seq = pos + n_tokens,
+            *rows = seq + n_tokens;
     int32_t *bt_off = rows + n_rows, *bt_all = bt_off + batch->n_seqs;
     uint32_t t = 0, r = 0, o = 0;
     for (uint32_t i = 0; i < batch->n_seqs; i++) {
@@ -724,8 +737,8 @@ static int32_t infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *batch
     return st;
 }
 
-static int32_t kv_copy_blocks(orch_engine_ctx *ctx, const int32_t *src, const int32_t *dst,
-                              uint32_t n) {
+static int32_t kv_copy_blocks(orch_engine_ctx *ctx, const int32_t *src,
+                              const int32_t *dst, uint32_t n) {
     ENTER(ctx);
     const engine_kv_view kv = kv_view(ctx);
     CU_TRY(engine_kv_copy_check(src, dst, n, &kv, ENGINE_ERRBUF(ctx)));
@@ -733,9 +746,10 @@ static int32_t kv_copy_blocks(orch_engine_ctx *ctx, const int32_t *src, const in
     size_t block_bytes = (size_t)ctx->L * 2 * ctx->kv_block_size * ctx->C * sizeof(float);
     size_t block_elems = block_bytes / sizeof(float);
     for (uint32_t i = 0; i < n; i++)
-        CU_CHECK(ctx, cudaMemcpyAsync(ctx->d_kv + (size_t)dst[i] * block_elems,
-                                      ctx->d_kv + (size_t)src[i] * block_elems, block_bytes,
-                                      cudaMemcpyDeviceToDevice, ctx->stream));
+        CU_CHECK(ctx,
+                 cudaMemcpyAsync(ctx->d_kv + (size_t)dst[i] * block_elems,
+                                 ctx->d_kv + (size_t)src[i] * block_elems, block_bytes,
+                                 cudaMemcpyDeviceToDevice, ctx->stream));
     CU_CHECK(ctx, cudaStreamSynchronize(ctx->stream));
     engine_kv_copy_written(src, dst, n, &kv);
     return ORCH_OK;
@@ -775,9 +789,11 @@ static const orch_engine_api cuda_api = {
     kv_copy_blocks,
 };
 
-extern "C" ORCH_ENGINE_EXPORT const orch_engine_api *orch_engine_get_api(uint32_t abi_major);
+extern "C" ORCH_ENGINE_EXPORT const orch_engine_api *
+orch_engine_get_api(uint32_t abi_major);
 
-extern "C" ORCH_ENGINE_EXPORT const orch_engine_api *orch_engine_get_api(uint32_t abi_major) {
+extern "C" ORCH_ENGINE_EXPORT const orch_engine_api *
+orch_engine_get_api(uint32_t abi_major) {
     (void)abi_major; /* the loader compares the major itself and names both */
     return &cuda_api;
 }

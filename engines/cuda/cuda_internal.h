@@ -59,7 +59,7 @@ enum {
 };
 /* Table index of tensor `which` (CU_*) of layer l; wte is 0, wpe is 1, and
  * ln_f.weight / ln_f.bias are the last two. */
-#define CU_LAYER_TENSOR(l, which) (2u + (uint32_t)(l) * CU_PER_LAYER + (uint32_t)(which))
+#define CU_LAYER_TENSOR(l, which) (2u + (uint32_t)(l)*CU_PER_LAYER + (uint32_t)(which))
 
 /* One tensor of the GPT-2 table (engines/common). */
 typedef engine_tensor cu_tensor;
@@ -71,28 +71,28 @@ typedef struct cu_acts {
     uint64_t cap_tokens; /* N = B*T the buffers hold */
     uint64_t cap_att;    /* B*H*T*T floats per layer the att buffers hold */
     float *base;         /* one cudaMalloc for all float buffers below */
-    float *res;    /* (L+1) x [N,C]: residual stream entering each layer, last = final */
-    float *ln1;    /* L x [N,C] */
+    float *res; /* (L+1) x [N,C]: residual stream entering each layer, last = final */
+    float *ln1; /* L x [N,C] */
     float *ln1_mean, *ln1_rstd; /* L x [N] */
-    float *qkvh;   /* L x 3 x [B,H,T,hs]: q, k, v per head (bias added) */
-    float *att;    /* L x [B*H,T,T]: causal softmax probabilities */
-    float *y;      /* L x [N,C]: attention output before c_proj */
-    float *x2;     /* L x [N,C]: residual after attention */
-    float *ln2;    /* L x [N,C] */
+    float *qkvh;                /* L x 3 x [B,H,T,hs]: q, k, v per head (bias added) */
+    float *att;                 /* L x [B*H,T,T]: causal softmax probabilities */
+    float *y;                   /* L x [N,C]: attention output before c_proj */
+    float *x2;                  /* L x [N,C]: residual after attention */
+    float *ln2;                 /* L x [N,C] */
     float *ln2_mean, *ln2_rstd; /* L x [N] */
-    float *fch;    /* L x [N,M]: c_fc output + bias (pre-GELU) */
-    float *fcg;    /* L x [N,M]: GELU output */
-    float *lnf;    /* [N,C] */
+    float *fch;                 /* L x [N,M]: c_fc output + bias (pre-GELU) */
+    float *fcg;                 /* L x [N,M]: GELU output */
+    float *lnf;                 /* [N,C] */
     float *lnf_mean, *lnf_rstd; /* [N] */
-    float *logits; /* [N,V]; reused in place for d(logits) */
-    float *losses; /* [N] per-token loss (0 for ignored targets) */
+    float *logits;              /* [N,V]; reused in place for d(logits) */
+    float *losses;              /* [N] per-token loss (0 for ignored targets) */
     /* scratch shared by the forward and the backward pass */
-    float *s_big;  /* [N, max(3C, M)]: qkv before the head split, d(fc), d(qkv) */
-    float *s_c0;   /* [N,C] */
-    float *s_c1;   /* [N,C] */
+    float *s_big;   /* [N, max(3C, M)]: qkv before the head split, d(fc), d(qkv) */
+    float *s_c0;    /* [N,C] */
+    float *s_c1;    /* [N,C] */
     float *s_heads; /* 3 x [N,C]: y per head; dq, dk, dv per head */
-    float *s_att;  /* [B*H,T,T]: d(att) */
-    float *s_part; /* column-sum partial results, CU_COLSUM_CHUNKS x max(3C,M) x 2 */
+    float *s_att;   /* [B*H,T,T]: d(att) */
+    float *s_part;  /* column-sum partial results, CU_COLSUM_CHUNKS x max(3C,M) x 2 */
     /* int buffers, laid out per call for N tokens: tokens [N], targets [N],
      * distinct token ids [N], their CSR offsets [N+1], rows grouped by token
      * (ascending within a token) [N] - the wte gradient without atomics */
@@ -104,7 +104,7 @@ typedef struct cu_infer_bufs {
     uint64_t cap_tokens; /* new tokens of a batch */
     uint64_t cap_rows;   /* logit rows */
     uint64_t cap_seqs;
-    uint64_t cap_table;  /* total block-table entries */
+    uint64_t cap_table; /* total block-table entries */
     float *base;
     float *x;      /* [n,C] residual */
     float *x2;     /* [n,C] */
@@ -147,10 +147,10 @@ struct orch_engine_ctx {
     float *d_params, *d_grads, *d_m, *d_v;
 
     /* reductions (grad norm, loss) */
-    double *d_red;    /* CU_NORM_BLOCKS partial sums + 1 result */
-    float *d_norm;    /* [2]: norm, clip scale */
-    double *h_red;    /* pinned: loss sum */
-    float *h_norm;    /* pinned: norm, scale */
+    double *d_red; /* CU_NORM_BLOCKS partial sums + 1 result */
+    float *d_norm; /* [2]: norm, clip scale */
+    double *h_red; /* pinned: loss sum */
+    float *h_norm; /* pinned: norm, scale */
 
     /* pinned host staging for index uploads */
     void *h_stage;
@@ -165,8 +165,8 @@ struct orch_engine_ctx {
     uint32_t kv_block_size, kv_num_blocks;
     engine_kv_mark *h_kv_marks; /* host [num_blocks]: validation marks (engines/common) */
     uint32_t kv_epoch;          /* their round counter */
-    uint8_t *h_kv_written; /* host [num_blocks * block_size]: slot holds K/V */
-    size_t attn_smem_max; /* dynamic shared memory the paged kernel may use */
+    uint8_t *h_kv_written;      /* host [num_blocks * block_size]: slot holds K/V */
+    size_t attn_smem_max;       /* dynamic shared memory the paged kernel may use */
 
     char last_error[1024];
 };
@@ -187,21 +187,20 @@ int32_t cu_cuda_error(orch_engine_ctx *ctx, cudaError_t e, const char *what);
 /* The same for cuBLAS statuses. */
 int32_t cu_blas_error(orch_engine_ctx *ctx, cublasStatus_t s, const char *what);
 
-#define CU_CHECK(ctx, call)                                                   \
-    do {                                                                      \
-        cudaError_t cu_e_ = (call);                                           \
-        if (cu_e_ != cudaSuccess) return cu_cuda_error((ctx), cu_e_, #call);  \
+#define CU_CHECK(ctx, call)                                                  \
+    do {                                                                     \
+        cudaError_t cu_e_ = (call);                                          \
+        if (cu_e_ != cudaSuccess) return cu_cuda_error((ctx), cu_e_, #call); \
     } while (0)
-#define CU_BLAS(ctx, call)                                                    \
-    do {                                                                      \
-        cublasStatus_t cu_s_ = (call);                                        \
-        if (cu_s_ != CUBLAS_STATUS_SUCCESS)                                   \
-            return cu_blas_error((ctx), cu_s_, #call);                        \
+#define CU_BLAS(ctx, call)                                                             \
+    do {                                                                               \
+        cublasStatus_t cu_s_ = (call);                                                 \
+        if (cu_s_ != CUBLAS_STATUS_SUCCESS) return cu_blas_error((ctx), cu_s_, #call); \
     } while (0)
-#define CU_TRY(expr)                                                          \
-    do {                                                                      \
-        int32_t cu_st_ = (expr);                                              \
-        if (cu_st_ != ORCH_OK) return cu_st_;                                 \
+#define CU_TRY(expr)                          \
+    do {                                      \
+        int32_t cu_st_ = (expr);              \
+        if (cu_st_ != ORCH_OK) return cu_st_; \
     } while (0)
 
 /* ------------------------------------------------------------------------- */
@@ -227,15 +226,14 @@ int32_t cu_model_train_step(orch_engine_ctx *ctx, const int32_t *tokens,
 
 /* Global grad norm, clipping and AdamW over every tensor. Inputs validated.
  * Returns ORCH_ERR_NUMERIC (and changes nothing) for a non-finite norm. */
-int32_t cu_model_adamw(orch_engine_ctx *ctx, const orch_adamw_params *p,
-                       float *out_norm);
+int32_t cu_model_adamw(orch_engine_ctx *ctx, const orch_adamw_params *p, float *out_norm);
 
 /* One validated inference batch (see cuda_engine.cu for the flattening). */
 typedef struct cu_infer_plan {
-    uint32_t n_tokens;  /* all new tokens of the batch */
-    uint32_t n_rows;    /* logit rows */
+    uint32_t n_tokens; /* all new tokens of the batch */
+    uint32_t n_rows;   /* logit rows */
     uint32_t n_seqs;
-    uint32_t n_table;   /* total block-table entries */
+    uint32_t n_table; /* total block-table entries */
     const int32_t *tokens, *pos, *seq, *rows, *bt_off, *bt_all; /* host arrays */
 } cu_infer_plan;
 int32_t cu_model_infer(orch_engine_ctx *ctx, const cu_infer_plan *plan,
@@ -255,14 +253,14 @@ int32_t cu_stage_reserve(orch_engine_ctx *ctx, size_t bytes);
 /* Row-major C[M,N] = alpha * op(A)[M,K] @ op(B)[K,N] + beta * C.
  * transA: A is stored [K,M] (lda = its row length); else [M,K].
  * transB: B is stored [N,K]; else [K,N]. Uses the context's math mode. */
-int32_t cu_gemm(orch_engine_ctx *ctx, int transA, int transB, int M, int N,
-                int K, float alpha, const float *A, int lda, const float *B,
-                int ldb, float beta, float *C, int ldc);
+int32_t cu_gemm(orch_engine_ctx *ctx, int transA, int transB, int M, int N, int K,
+                float alpha, const float *A, int lda, const float *B, int ldb, float beta,
+                float *C, int ldc);
 /* The same over `batch` matrices at fixed element strides. */
-int32_t cu_gemm_batched(orch_engine_ctx *ctx, int transA, int transB, int M,
-                        int N, int K, float alpha, const float *A, int lda,
-                        long long sA, const float *B, int ldb, long long sB,
-                        float beta, float *C, int ldc, long long sC, int batch);
+int32_t cu_gemm_batched(orch_engine_ctx *ctx, int transA, int transB, int M, int N, int K,
+                        float alpha, const float *A, int lda, long long sA,
+                        const float *B, int ldb, long long sB, float beta, float *C,
+                        int ldc, long long sC, int batch);
 
 /* ------------------------------------------------------------------------- */
 /* Kernel launchers (cuda_kernels.cu)                                         */
@@ -277,56 +275,51 @@ cudaError_t k_fill(cudaStream_t s, float *out, uint64_t n, float value);
 /* x[n,:] = wte[tokens[n],:] + wpe[pos(n),:], pos(n) = positions ? positions[n]
  * : n % T. */
 cudaError_t k_embed(cudaStream_t s, float *x, const int32_t *tokens,
-                    const int32_t *positions, const float *wte,
-                    const float *wpe, uint32_t n, uint32_t T, uint32_t C);
+                    const int32_t *positions, const float *wte, const float *wpe,
+                    uint32_t n, uint32_t T, uint32_t C);
 
 /* LayerNorm of each row of x [n,C] (one warp per row). mean/rstd may be NULL. */
-cudaError_t k_layernorm(cudaStream_t s, const float *x, const float *w,
-                        const float *b, float *out, float *mean, float *rstd,
-                        uint32_t n, uint32_t C, float eps);
+cudaError_t k_layernorm(cudaStream_t s, const float *x, const float *w, const float *b,
+                        float *out, float *mean, float *rstd, uint32_t n, uint32_t C,
+                        float eps);
 /* res = a + b + bias (bias [C] broadcast), then out = LayerNorm(res). */
-cudaError_t k_residual_layernorm(cudaStream_t s, const float *a,
-                                 const float *b, const float *bias, float *res,
-                                 const float *w, const float *lb, float *out,
-                                 float *mean, float *rstd, uint32_t n,
-                                 uint32_t C, float eps);
+cudaError_t k_residual_layernorm(cudaStream_t s, const float *a, const float *b,
+                                 const float *bias, float *res, const float *w,
+                                 const float *lb, float *out, float *mean, float *rstd,
+                                 uint32_t n, uint32_t C, float eps);
 /* LayerNorm backward for the input: dx (+)= d/dx given dout. accumulate=0
  * overwrites dx. */
-cudaError_t k_layernorm_bwd_dx(cudaStream_t s, const float *dout,
-                               const float *x, const float *mean,
-                               const float *rstd, const float *w, float *dx,
-                               uint32_t n, uint32_t C, int accumulate);
+cudaError_t k_layernorm_bwd_dx(cudaStream_t s, const float *dout, const float *x,
+                               const float *mean, const float *rstd, const float *w,
+                               float *dx, uint32_t n, uint32_t C, int accumulate);
 /* LayerNorm parameter gradients: dw += sum_rows dout*xhat, db += sum_rows dout.
  * `part` needs 2 * CU_COLSUM_CHUNKS * C floats. */
-cudaError_t k_layernorm_bwd_params(cudaStream_t s, const float *dout,
-                                   const float *x, const float *mean,
-                                   const float *rstd, float *dw, float *db,
-                                   uint32_t n, uint32_t C, float *part);
+cudaError_t k_layernorm_bwd_params(cudaStream_t s, const float *dout, const float *x,
+                                   const float *mean, const float *rstd, float *dw,
+                                   float *db, uint32_t n, uint32_t C, float *part);
 /* out[c] += sum over rows of a[r,c] (a is [n,C]). `part` needs
  * CU_COLSUM_CHUNKS * C floats. */
-cudaError_t k_colsum_add(cudaStream_t s, const float *a, float *out,
-                         uint32_t n, uint32_t C, float *part);
+cudaError_t k_colsum_add(cudaStream_t s, const float *a, float *out, uint32_t n,
+                         uint32_t C, float *part);
 
 /* Split qkv [B*T,3C] (+bias) into q,k,v [B,H,T,hs] at dst, dst + N*C,
  * dst + 2*N*C (N = B*T). */
-cudaError_t k_split_heads(cudaStream_t s, const float *qkv, const float *bias,
-                          float *dst, uint32_t B, uint32_t T, uint32_t H,
-                          uint32_t hs);
+cudaError_t k_split_heads(cudaStream_t s, const float *qkv, const float *bias, float *dst,
+                          uint32_t B, uint32_t T, uint32_t H, uint32_t hs);
 /* Inverse for `count` (1 or 3) tensors: src + i*N*C [B,H,T,hs] ->
  * dst[:, i*C .. (i+1)*C) of a [B*T, count*C] matrix. */
-cudaError_t k_merge_heads(cudaStream_t s, const float *src, float *dst,
-                          uint32_t B, uint32_t T, uint32_t H, uint32_t hs,
-                          uint32_t count);
+cudaError_t k_merge_heads(cudaStream_t s, const float *src, float *dst, uint32_t B,
+                          uint32_t T, uint32_t H, uint32_t hs, uint32_t count);
 /* The same layout change without the bias, for one [B*T,C] tensor:
  * src [B*T,C] -> dst [B,H,T,hs]. */
-cudaError_t k_to_heads(cudaStream_t s, const float *src, float *dst,
-                       uint32_t B, uint32_t T, uint32_t H, uint32_t hs);
+cudaError_t k_to_heads(cudaStream_t s, const float *src, float *dst, uint32_t B,
+                       uint32_t T, uint32_t H, uint32_t hs);
 
 /* Causal softmax in place over rows of [rows, T] (row r is query i = r % T).
  * tc: query-chunk size of the attention products; the kernel reads keys
  * 0..i and writes keys below min(T, (i/tc+1)*tc) (zeros above i). */
-cudaError_t k_softmax_causal(cudaStream_t s, float *att, uint64_t rows,
-                             uint32_t T, uint32_t tc);
+cudaError_t k_softmax_causal(cudaStream_t s, float *att, uint64_t rows, uint32_t T,
+                             uint32_t tc);
 /* datt <- att * (datt - sum(att*datt)) for keys 0..i, 0 above, over the same
  * columns as the forward. */
 cudaError_t k_softmax_causal_bwd(cudaStream_t s, const float *att, float *datt,
@@ -334,25 +327,23 @@ cudaError_t k_softmax_causal_bwd(cudaStream_t s, const float *att, float *datt,
 
 /* h += bias (broadcast over rows of [n,M]); g = gelu_tanh(h). g may equal h
  * (then h ends up holding gelu). */
-cudaError_t k_bias_gelu(cudaStream_t s, float *h, const float *bias, float *g,
-                        uint32_t n, uint32_t M);
+cudaError_t k_bias_gelu(cudaStream_t s, float *h, const float *bias, float *g, uint32_t n,
+                        uint32_t M);
 /* dg <- dg * gelu'(h) */
-cudaError_t k_gelu_bwd(cudaStream_t s, const float *h, float *dg, uint32_t n,
-                       uint32_t M);
+cudaError_t k_gelu_bwd(cudaStream_t s, const float *h, float *dg, uint32_t n, uint32_t M);
 
 /* Per row: loss[r] = logsumexp(logits[r]) - logits[r,t] (0 when t < 0); when
  * grad, logits[r] <- (softmax - onehot(t)) * dscale (0 row when t < 0). */
-cudaError_t k_cross_entropy(cudaStream_t s, float *logits,
-                            const int32_t *targets, float *losses, uint32_t n,
-                            uint32_t V, float dscale, int grad);
+cudaError_t k_cross_entropy(cudaStream_t s, float *logits, const int32_t *targets,
+                            float *losses, uint32_t n, uint32_t V, float dscale,
+                            int grad);
 /* *out = sum of x[0..n) in double (one block, fixed order). */
-cudaError_t k_sum_to_double(cudaStream_t s, const float *x, uint64_t n,
-                            double *out);
+cudaError_t k_sum_to_double(cudaStream_t s, const float *x, uint64_t n, double *out);
 
 /* Embedding backward: dwpe[t] += sum_b dx[b*T+t]; dwte[uniq[u]] += sum of
  * dx rows rows[start[u]..start[u+1]). */
-cudaError_t k_embed_bwd_wpe(cudaStream_t s, const float *dx, float *dwpe,
-                            uint32_t B, uint32_t T, uint32_t C);
+cudaError_t k_embed_bwd_wpe(cudaStream_t s, const float *dx, float *dwpe, uint32_t B,
+                            uint32_t T, uint32_t C);
 cudaError_t k_embed_bwd_wte(cudaStream_t s, const float *dx, float *dwte,
                             const int32_t *uniq, const int32_t *start,
                             const int32_t *rows, uint32_t n_uniq, uint32_t C);
@@ -360,37 +351,34 @@ cudaError_t k_embed_bwd_wte(cudaStream_t s, const float *dx, float *dwte,
 /* Sum of squares of g[0..n) into part[CU_NORM_BLOCKS] (double), then
  * norm[0] = sqrt(sum), norm[1] = clip scale (1 when no clipping; NaN when the
  * norm is not finite). */
-cudaError_t k_grad_norm(cudaStream_t s, const float *g, uint64_t n,
-                        double *part, float *norm, float clip);
+cudaError_t k_grad_norm(cudaStream_t s, const float *g, uint64_t n, double *part,
+                        float *norm, float clip);
 /* AdamW constants, computed on the host as the CPU engine does
  * (engines/common); gscale is unused: the clip scale is read on the device. */
 typedef engine_adamw_consts cu_adamw_consts;
 /* AdamW over n elements; reads norm[1] (clip scale) on the device and does
  * nothing when it is not finite. A scale != 1 is also written back to g
  * (the clipped gradient). */
-cudaError_t k_adamw(cudaStream_t s, float *p, float *g, float *m, float *v,
-                    uint64_t n, const float *norm, const cu_adamw_consts *c);
+cudaError_t k_adamw(cudaStream_t s, float *p, float *g, float *m, float *v, uint64_t n,
+                    const float *norm, const cu_adamw_consts *c);
 
 /* Inference. qkv [n,3C] + bias: q -> q [n,C]; k,v -> KV blocks of layer l. */
-cudaError_t k_kv_write(cudaStream_t s, const float *qkv, const float *bias,
-                       float *q, float *kv, const int32_t *pos,
-                       const int32_t *seq, const int32_t *bt_off,
-                       const int32_t *bt_all, uint32_t n, uint32_t C,
-                       uint32_t bs, uint32_t L, uint32_t layer);
+cudaError_t k_kv_write(cudaStream_t s, const float *qkv, const float *bias, float *q,
+                       float *kv, const int32_t *pos, const int32_t *seq,
+                       const int32_t *bt_off, const int32_t *bt_all, uint32_t n,
+                       uint32_t C, uint32_t bs, uint32_t L, uint32_t layer);
 /* y[n, h*hs..] = softmax(q k^T / sqrt(hs)) v over positions 0..pos[n] of the
  * token's sequence, read through its block table. smem_bytes >= (max pos + 1)
  * floats. */
 cudaError_t k_paged_attention(cudaStream_t s, const float *q, const float *kv,
                               const int32_t *pos, const int32_t *seq,
-                              const int32_t *bt_off, const int32_t *bt_all,
-                              float *y, uint32_t n, uint32_t C, uint32_t H,
-                              uint32_t bs, uint32_t L, uint32_t layer,
-                              size_t smem_bytes);
+                              const int32_t *bt_off, const int32_t *bt_all, float *y,
+                              uint32_t n, uint32_t C, uint32_t H, uint32_t bs, uint32_t L,
+                              uint32_t layer, size_t smem_bytes);
 /* Allow the paged-attention kernel `bytes` of dynamic shared memory. */
 cudaError_t k_paged_attention_smem(size_t bytes);
 /* dst[r,:] = src[rows[r],:] for r < n_rows ([*,C] matrices). */
-cudaError_t k_gather_rows(cudaStream_t s, const float *src,
-                          const int32_t *rows, float *dst, uint32_t n_rows,
-                          uint32_t C);
+cudaError_t k_gather_rows(cudaStream_t s, const float *src, const int32_t *rows,
+                          float *dst, uint32_t n_rows, uint32_t C);
 
 #endif

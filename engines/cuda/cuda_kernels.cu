@@ -29,9 +29,9 @@
 /* Helpers                                                                    */
 /* ------------------------------------------------------------------------- */
 
-#define FULL_MASK 0xffffffffu
-#define EW_THREADS 256 /* element-wise kernels */
-#define ROW_THREADS 256 /* warp-per-row kernels: 8 rows per block */
+#define FULL_MASK      0xffffffffu
+#define EW_THREADS     256 /* element-wise kernels */
+#define ROW_THREADS    256 /* warp-per-row kernels: 8 rows per block */
 #define ROWS_PER_BLOCK (ROW_THREADS / 32)
 
 static unsigned int ew_blocks(uint64_t n) {
@@ -116,15 +116,15 @@ __device__ double block_sum_d(double v, double *sh) {
  * of the splitmix64 stream of seed (engines/common, the CPU engine's stream,
  * so a seed gives the same weights on both engines): cos and sin of the same
  * angle. */
-__global__ void init_normal_kernel(float *out, uint64_t n, uint64_t seed,
-                                   uint64_t base, double std) {
+__global__ void init_normal_kernel(float *out, uint64_t n, uint64_t seed, uint64_t base,
+                                   double std) {
     uint64_t pairs = (n + 1) / 2;
     for (uint64_t q = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; q < pairs;
          q += (uint64_t)gridDim.x * blockDim.x) {
         uint64_t k = base + 2 * q;
         double r = sqrt(-2.0 * log(engine_unit(engine_splitmix64_at(seed, k))));
-        double th = 2.0 * 3.14159265358979323846 *
-                    engine_unit(engine_splitmix64_at(seed, k + 1));
+        double th =
+            2.0 * 3.14159265358979323846 * engine_unit(engine_splitmix64_at(seed, k + 1));
         out[2 * q] = (float)(std * r * cos(th));
         if (2 * q + 1 < n) out[2 * q + 1] = (float)(std * r * sin(th));
     }
@@ -152,9 +152,8 @@ cudaError_t k_fill(cudaStream_t s, float *out, uint64_t n, float value) {
 /* Embedding                                                                  */
 /* ------------------------------------------------------------------------- */
 
-__global__ void embed_kernel(float *x, const int32_t *tokens,
-                             const int32_t *positions, const float *wte,
-                             const float *wpe, uint32_t n, uint32_t T,
+__global__ void embed_kernel(float *x, const int32_t *tokens, const int32_t *positions,
+                             const float *wte, const float *wpe, uint32_t n, uint32_t T,
                              uint32_t C) {
     uint64_t total = (uint64_t)n * C;
     for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < total;
@@ -167,16 +166,16 @@ __global__ void embed_kernel(float *x, const int32_t *tokens,
 }
 
 cudaError_t k_embed(cudaStream_t s, float *x, const int32_t *tokens,
-                    const int32_t *positions, const float *wte,
-                    const float *wpe, uint32_t n, uint32_t T, uint32_t C) {
-    KLAUNCH(embed_kernel, ew_blocks((uint64_t)n * C), EW_THREADS, 0, s,
-        x, tokens, positions, wte, wpe, n, T, C);
+                    const int32_t *positions, const float *wte, const float *wpe,
+                    uint32_t n, uint32_t T, uint32_t C) {
+    KLAUNCH(embed_kernel, ew_blocks((uint64_t)n * C), EW_THREADS, 0, s, x, tokens,
+            positions, wte, wpe, n, T, C);
     return cudaGetLastError();
 }
 
 /* dwpe[t,c] += sum over b of dx[b*T+t, c]  (b in order) */
-__global__ void embed_bwd_wpe_kernel(const float *dx, float *dwpe, uint32_t B,
-                                     uint32_t T, uint32_t C) {
+__global__ void embed_bwd_wpe_kernel(const float *dx, float *dwpe, uint32_t B, uint32_t T,
+                                     uint32_t C) {
     uint64_t total = (uint64_t)T * C;
     for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < total;
          i += (uint64_t)gridDim.x * blockDim.x) {
@@ -186,17 +185,17 @@ __global__ void embed_bwd_wpe_kernel(const float *dx, float *dwpe, uint32_t B,
     }
 }
 
-cudaError_t k_embed_bwd_wpe(cudaStream_t s, const float *dx, float *dwpe,
-                            uint32_t B, uint32_t T, uint32_t C) {
-    KLAUNCH(embed_bwd_wpe_kernel, ew_blocks((uint64_t)T * C), EW_THREADS, 0, s,
-        dx, dwpe, B, T, C);
+cudaError_t k_embed_bwd_wpe(cudaStream_t s, const float *dx, float *dwpe, uint32_t B,
+                            uint32_t T, uint32_t C) {
+    KLAUNCH(embed_bwd_wpe_kernel, ew_blocks((uint64_t)T * C), EW_THREADS, 0, s, dx, dwpe,
+            B, T, C);
     return cudaGetLastError();
 }
 
 /* One block row per distinct token u; threads over channels. */
-__global__ void embed_bwd_wte_kernel(const float *dx, float *dwte,
-                                     const int32_t *uniq, const int32_t *start,
-                                     const int32_t *rows, uint32_t C) {
+__global__ void embed_bwd_wte_kernel(const float *dx, float *dwte, const int32_t *uniq,
+                                     const int32_t *start, const int32_t *rows,
+                                     uint32_t C) {
     uint32_t u = blockIdx.x;
     uint32_t c = blockIdx.y * blockDim.x + threadIdx.x;
     if (c >= C) return;
@@ -211,8 +210,7 @@ cudaError_t k_embed_bwd_wte(cudaStream_t s, const float *dx, float *dwte,
                             const int32_t *rows, uint32_t n_uniq, uint32_t C) {
     if (n_uniq == 0) return cudaSuccess;
     dim3 grid(n_uniq, (C + EW_THREADS - 1) / EW_THREADS);
-    KLAUNCH(embed_bwd_wte_kernel, grid, EW_THREADS, 0, s, dx, dwte, uniq, start,
-                                                     rows, C);
+    KLAUNCH(embed_bwd_wte_kernel, grid, EW_THREADS, 0, s, dx, dwte, uniq, start, rows, C);
     return cudaGetLastError();
 }
 
@@ -221,8 +219,8 @@ cudaError_t k_embed_bwd_wte(cudaStream_t s, const float *dx, float *dwte,
 /* ------------------------------------------------------------------------- */
 
 __global__ void layernorm_kernel(const float *x, const float *w, const float *b,
-                                 float *out, float *mean, float *rstd,
-                                 uint32_t n, uint32_t C, float eps) {
+                                 float *out, float *mean, float *rstd, uint32_t n,
+                                 uint32_t C, float eps) {
     uint64_t row = (uint64_t)blockIdx.x * ROWS_PER_BLOCK + (threadIdx.x >> 5);
     uint32_t lane = threadIdx.x & 31;
     if (row >= n) return;
@@ -245,19 +243,19 @@ __global__ void layernorm_kernel(const float *x, const float *w, const float *b,
     }
 }
 
-cudaError_t k_layernorm(cudaStream_t s, const float *x, const float *w,
-                        const float *b, float *out, float *mean, float *rstd,
-                        uint32_t n, uint32_t C, float eps) {
-    KLAUNCH(layernorm_kernel, row_blocks(n), ROW_THREADS, 0, s, x, w, b, out, mean,
-                                                           rstd, n, C, eps);
+cudaError_t k_layernorm(cudaStream_t s, const float *x, const float *w, const float *b,
+                        float *out, float *mean, float *rstd, uint32_t n, uint32_t C,
+                        float eps) {
+    KLAUNCH(layernorm_kernel, row_blocks(n), ROW_THREADS, 0, s, x, w, b, out, mean, rstd,
+            n, C, eps);
     return cudaGetLastError();
 }
 
 __global__ void residual_layernorm_kernel(const float *a, const float *bb,
-                                          const float *bias, float *res,
-                                          const float *w, const float *lb,
-                                          float *out, float *mean, float *rstd,
-                                          uint32_t n, uint32_t C, float eps) {
+                                          const float *bias, float *res, const float *w,
+                                          const float *lb, float *out, float *mean,
+                                          float *rstd, uint32_t n, uint32_t C,
+                                          float eps) {
     uint64_t row = (uint64_t)blockIdx.x * ROWS_PER_BLOCK + (threadIdx.x >> 5);
     uint32_t lane = threadIdx.x & 31;
     if (row >= n) return;
@@ -286,21 +284,20 @@ __global__ void residual_layernorm_kernel(const float *a, const float *bb,
     }
 }
 
-cudaError_t k_residual_layernorm(cudaStream_t s, const float *a,
-                                 const float *b, const float *bias, float *res,
-                                 const float *w, const float *lb, float *out,
-                                 float *mean, float *rstd, uint32_t n,
-                                 uint32_t C, float eps) {
-    KLAUNCH(residual_layernorm_kernel, row_blocks(n), ROW_THREADS, 0, s,
-        a, b, bias, res, w, lb, out, mean, rstd, n, C, eps);
+cudaError_t k_residual_layernorm(cudaStream_t s, const float *a, const float *b,
+                                 const float *bias, float *res, const float *w,
+                                 const float *lb, float *out, float *mean, float *rstd,
+                                 uint32_t n, uint32_t C, float eps) {
+    KLAUNCH(residual_layernorm_kernel, row_blocks(n), ROW_THREADS, 0, s, a, b, bias, res,
+            w, lb, out, mean, rstd, n, C, eps);
     return cudaGetLastError();
 }
 
 /* dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)), dxhat = dout*w */
 __global__ void layernorm_bwd_dx_kernel(const float *dout, const float *x,
                                         const float *mean, const float *rstd,
-                                        const float *w, float *dx, uint32_t n,
-                                        uint32_t C, int accumulate) {
+                                        const float *w, float *dx, uint32_t n, uint32_t C,
+                                        int accumulate) {
     uint64_t row = (uint64_t)blockIdx.x * ROWS_PER_BLOCK + (threadIdx.x >> 5);
     uint32_t lane = threadIdx.x & 31;
     if (row >= n) return;
@@ -325,12 +322,11 @@ __global__ void layernorm_bwd_dx_kernel(const float *dout, const float *x,
     }
 }
 
-cudaError_t k_layernorm_bwd_dx(cudaStream_t s, const float *dout,
-                               const float *x, const float *mean,
-                               const float *rstd, const float *w, float *dx,
-                               uint32_t n, uint32_t C, int accumulate) {
-    KLAUNCH(layernorm_bwd_dx_kernel, row_blocks(n), ROW_THREADS, 0, s,
-        dout, x, mean, rstd, w, dx, n, C, accumulate);
+cudaError_t k_layernorm_bwd_dx(cudaStream_t s, const float *dout, const float *x,
+                               const float *mean, const float *rstd, const float *w,
+                               float *dx, uint32_t n, uint32_t C, int accumulate) {
+    KLAUNCH(layernorm_bwd_dx_kernel, row_blocks(n), ROW_THREADS, 0, s, dout, x, mean,
+            rstd, w, dx, n, C, accumulate);
     return cudaGetLastError();
 }
 
@@ -353,8 +349,8 @@ static void colsum_shape(uint32_t n, uint32_t *chunks, uint32_t *rpc) {
     *chunks = n ? (n + r - 1) / r : 1;
 }
 
-__global__ void colsum_partial_kernel(const float *a, float *part, uint32_t n,
-                                      uint32_t C, uint32_t rpc) {
+__global__ void colsum_partial_kernel(const float *a, float *part, uint32_t n, uint32_t C,
+                                      uint32_t rpc) {
     __shared__ float sh[CS_Y][CS_X + 1];
     uint32_t c = blockIdx.x * CS_X + threadIdx.x;
     uint32_t k = blockIdx.y;
@@ -374,8 +370,8 @@ __global__ void colsum_partial_kernel(const float *a, float *part, uint32_t n,
 
 __global__ void ln_param_partial_kernel(const float *dout, const float *x,
                                         const float *mean, const float *rstd,
-                                        float *part_w, float *part_b,
-                                        uint32_t n, uint32_t C, uint32_t rpc) {
+                                        float *part_w, float *part_b, uint32_t n,
+                                        uint32_t C, uint32_t rpc) {
     __shared__ float sw[CS_Y][CS_X + 1];
     __shared__ float sb[CS_Y][CS_X + 1];
     uint32_t c = blockIdx.x * CS_X + threadIdx.x;
@@ -405,8 +401,8 @@ __global__ void ln_param_partial_kernel(const float *dout, const float *x,
     }
 }
 
-__global__ void colsum_finish_kernel(const float *part, float *out,
-                                     uint32_t chunks, uint32_t C) {
+__global__ void colsum_finish_kernel(const float *part, float *out, uint32_t chunks,
+                                     uint32_t C) {
     uint32_t c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
     float t = 0.0f;
@@ -414,8 +410,8 @@ __global__ void colsum_finish_kernel(const float *part, float *out,
     out[c] += t;
 }
 
-cudaError_t k_colsum_add(cudaStream_t s, const float *a, float *out,
-                         uint32_t n, uint32_t C, float *part) {
+cudaError_t k_colsum_add(cudaStream_t s, const float *a, float *out, uint32_t n,
+                         uint32_t C, float *part) {
     uint32_t chunks, rpc;
     colsum_shape(n, &chunks, &rpc);
     dim3 grid((C + CS_X - 1) / CS_X, chunks);
@@ -424,14 +420,13 @@ cudaError_t k_colsum_add(cudaStream_t s, const float *a, float *out,
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
     KLAUNCH(colsum_finish_kernel, (C + EW_THREADS - 1) / EW_THREADS, EW_THREADS, 0, s,
-        part, out, chunks, C);
+            part, out, chunks, C);
     return cudaGetLastError();
 }
 
-cudaError_t k_layernorm_bwd_params(cudaStream_t s, const float *dout,
-                                   const float *x, const float *mean,
-                                   const float *rstd, float *dw, float *db,
-                                   uint32_t n, uint32_t C, float *part) {
+cudaError_t k_layernorm_bwd_params(cudaStream_t s, const float *dout, const float *x,
+                                   const float *mean, const float *rstd, float *dw,
+                                   float *db, uint32_t n, uint32_t C, float *part) {
     uint32_t chunks, rpc;
     colsum_shape(n, &chunks, &rpc);
     float *part_w = part;
@@ -439,7 +434,7 @@ cudaError_t k_layernorm_bwd_params(cudaStream_t s, const float *dout,
     dim3 grid((C + CS_X - 1) / CS_X, chunks);
     dim3 block(CS_X, CS_Y);
     KLAUNCH(ln_param_partial_kernel, grid, block, 0, s, dout, x, mean, rstd, part_w,
-                                                   part_b, n, C, rpc);
+            part_b, n, C, rpc);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
     unsigned int fb = (C + EW_THREADS - 1) / EW_THREADS;
@@ -455,17 +450,15 @@ cudaError_t k_layernorm_bwd_params(cudaStream_t s, const float *dout,
 /* ------------------------------------------------------------------------- */
 /* Token row r = b*T + t; head layout index ((b*H + h)*T + t)*hs + d. */
 
-__device__ __forceinline__ uint64_t head_index(uint64_t r, uint32_t c,
-                                               uint32_t T, uint32_t H,
-                                               uint32_t hs) {
+__device__ __forceinline__ uint64_t head_index(uint64_t r, uint32_t c, uint32_t T,
+                                               uint32_t H, uint32_t hs) {
     uint64_t b = r / T, t = r % T;
     uint32_t h = c / hs, d = c % hs;
     return ((b * H + h) * T + t) * hs + d;
 }
 
-__global__ void split_heads_kernel(const float *qkv, const float *bias,
-                                   float *dst, uint32_t N, uint32_t T,
-                                   uint32_t H, uint32_t hs) {
+__global__ void split_heads_kernel(const float *qkv, const float *bias, float *dst,
+                                   uint32_t N, uint32_t T, uint32_t H, uint32_t hs) {
     uint32_t C = H * hs;
     uint64_t NC = (uint64_t)N * C;
     uint64_t total = NC * 3;
@@ -478,18 +471,16 @@ __global__ void split_heads_kernel(const float *qkv, const float *bias,
     }
 }
 
-cudaError_t k_split_heads(cudaStream_t s, const float *qkv, const float *bias,
-                          float *dst, uint32_t B, uint32_t T, uint32_t H,
-                          uint32_t hs) {
+cudaError_t k_split_heads(cudaStream_t s, const float *qkv, const float *bias, float *dst,
+                          uint32_t B, uint32_t T, uint32_t H, uint32_t hs) {
     uint32_t N = B * T;
     KLAUNCH(split_heads_kernel, ew_blocks((uint64_t)N * H * hs * 3), EW_THREADS, 0, s,
-        qkv, bias, dst, N, T, H, hs);
+            qkv, bias, dst, N, T, H, hs);
     return cudaGetLastError();
 }
 
-__global__ void merge_heads_kernel(const float *src, float *dst, uint32_t N,
-                                   uint32_t T, uint32_t H, uint32_t hs,
-                                   uint32_t count) {
+__global__ void merge_heads_kernel(const float *src, float *dst, uint32_t N, uint32_t T,
+                                   uint32_t H, uint32_t hs, uint32_t count) {
     uint32_t C = H * hs;
     uint64_t NC = (uint64_t)N * C;
     uint64_t total = NC * count;
@@ -502,17 +493,16 @@ __global__ void merge_heads_kernel(const float *src, float *dst, uint32_t N,
     }
 }
 
-cudaError_t k_merge_heads(cudaStream_t s, const float *src, float *dst,
-                          uint32_t B, uint32_t T, uint32_t H, uint32_t hs,
-                          uint32_t count) {
+cudaError_t k_merge_heads(cudaStream_t s, const float *src, float *dst, uint32_t B,
+                          uint32_t T, uint32_t H, uint32_t hs, uint32_t count) {
     uint32_t N = B * T;
-    KLAUNCH(merge_heads_kernel, ew_blocks((uint64_t)N * H * hs * count), EW_THREADS, 0,
-                         s, src, dst, N, T, H, hs, count);
+    KLAUNCH(merge_heads_kernel, ew_blocks((uint64_t)N * H * hs * count), EW_THREADS, 0, s,
+            src, dst, N, T, H, hs, count);
     return cudaGetLastError();
 }
 
-__global__ void to_heads_kernel(const float *src, float *dst, uint32_t N,
-                                uint32_t T, uint32_t H, uint32_t hs) {
+__global__ void to_heads_kernel(const float *src, float *dst, uint32_t N, uint32_t T,
+                                uint32_t H, uint32_t hs) {
     uint32_t C = H * hs;
     uint64_t total = (uint64_t)N * C;
     for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < total;
@@ -523,11 +513,11 @@ __global__ void to_heads_kernel(const float *src, float *dst, uint32_t N,
     }
 }
 
-cudaError_t k_to_heads(cudaStream_t s, const float *src, float *dst,
-                       uint32_t B, uint32_t T, uint32_t H, uint32_t hs) {
+cudaError_t k_to_heads(cudaStream_t s, const float *src, float *dst, uint32_t B,
+                       uint32_t T, uint32_t H, uint32_t hs) {
     uint32_t N = B * T;
-    KLAUNCH(to_heads_kernel, ew_blocks((uint64_t)N * H * hs), EW_THREADS, 0, s,
-        src, dst, N, T, H, hs);
+    KLAUNCH(to_heads_kernel, ew_blocks((uint64_t)N * H * hs), EW_THREADS, 0, s, src, dst,
+            N, T, H, hs);
     return cudaGetLastError();
 }
 
@@ -543,7 +533,8 @@ __device__ __forceinline__ uint32_t chunk_limit(uint32_t i, uint32_t T, uint32_t
     return lim < T ? lim : T;
 }
 
-__global__ void softmax_causal_kernel(float *att, uint64_t rows, uint32_t T, uint32_t tc) {
+__global__ void softmax_causal_kernel(float *att, uint64_t rows, uint32_t T,
+                                      uint32_t tc) {
     uint64_t row = (uint64_t)blockIdx.x * ROWS_PER_BLOCK + (threadIdx.x >> 5);
     uint32_t lane = threadIdx.x & 31;
     if (row >= rows) return;
@@ -587,8 +578,8 @@ __global__ void softmax_causal_bwd_kernel(const float *att, float *datt, uint64_
 
 cudaError_t k_softmax_causal_bwd(cudaStream_t s, const float *att, float *datt,
                                  uint64_t rows, uint32_t T, uint32_t tc) {
-    KLAUNCH(softmax_causal_bwd_kernel, row_blocks(rows), ROW_THREADS, 0, s, att, datt, rows,
-            T, tc);
+    KLAUNCH(softmax_causal_bwd_kernel, row_blocks(rows), ROW_THREADS, 0, s, att, datt,
+            rows, T, tc);
     return cudaGetLastError();
 }
 
@@ -611,8 +602,8 @@ __device__ __forceinline__ float gelu_grad_f(float x) {
     return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
 }
 
-__global__ void bias_gelu_kernel(float *h, const float *bias, float *g,
-                                 uint32_t n, uint32_t M) {
+__global__ void bias_gelu_kernel(float *h, const float *bias, float *g, uint32_t n,
+                                 uint32_t M) {
     uint64_t total = (uint64_t)n * M;
     for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < total;
          i += (uint64_t)gridDim.x * blockDim.x) {
@@ -622,15 +613,14 @@ __global__ void bias_gelu_kernel(float *h, const float *bias, float *g,
     }
 }
 
-cudaError_t k_bias_gelu(cudaStream_t s, float *h, const float *bias, float *g,
-                        uint32_t n, uint32_t M) {
-    KLAUNCH(bias_gelu_kernel, ew_blocks((uint64_t)n * M), EW_THREADS, 0, s, h, bias,
-                                                                       g, n, M);
+cudaError_t k_bias_gelu(cudaStream_t s, float *h, const float *bias, float *g, uint32_t n,
+                        uint32_t M) {
+    KLAUNCH(bias_gelu_kernel, ew_blocks((uint64_t)n * M), EW_THREADS, 0, s, h, bias, g, n,
+            M);
     return cudaGetLastError();
 }
 
-__global__ void gelu_bwd_kernel(const float *h, float *dg, uint32_t n,
-                                uint32_t M) {
+__global__ void gelu_bwd_kernel(const float *h, float *dg, uint32_t n, uint32_t M) {
     uint64_t total = (uint64_t)n * M;
     for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < total;
          i += (uint64_t)gridDim.x * blockDim.x)
@@ -649,9 +639,8 @@ cudaError_t k_gelu_bwd(cudaStream_t s, const float *h, float *dg, uint32_t n,
 
 #define CE_THREADS 512
 
-__global__ void cross_entropy_kernel(float *logits, const int32_t *targets,
-                                     float *losses, uint32_t V, float dscale,
-                                     int grad) {
+__global__ void cross_entropy_kernel(float *logits, const int32_t *targets, float *losses,
+                                     uint32_t V, float dscale, int grad) {
     __shared__ float sh[32];
     uint64_t row = blockIdx.x;
     float *x = logits + row * V;
@@ -678,12 +667,12 @@ __global__ void cross_entropy_kernel(float *logits, const int32_t *targets,
     }
 }
 
-cudaError_t k_cross_entropy(cudaStream_t s, float *logits,
-                            const int32_t *targets, float *losses, uint32_t n,
-                            uint32_t V, float dscale, int grad) {
+cudaError_t k_cross_entropy(cudaStream_t s, float *logits, const int32_t *targets,
+                            float *losses, uint32_t n, uint32_t V, float dscale,
+                            int grad) {
     if (n == 0) return cudaSuccess;
-    KLAUNCH(cross_entropy_kernel, n, CE_THREADS, 0, s, logits, targets, losses, V,
-                                                  dscale, grad);
+    KLAUNCH(cross_entropy_kernel, n, CE_THREADS, 0, s, logits, targets, losses, V, dscale,
+            grad);
     return cudaGetLastError();
 }
 
@@ -697,8 +686,7 @@ __global__ void sum_to_double_kernel(const float *x, uint64_t n, double *out) {
     if (threadIdx.x == 0) *out = acc;
 }
 
-cudaError_t k_sum_to_double(cudaStream_t s, const float *x, uint64_t n,
-                            double *out) {
+cudaError_t k_sum_to_double(cudaStream_t s, const float *x, uint64_t n, double *out) {
     KLAUNCH(sum_to_double_kernel, 1, SUM_THREADS, 0, s, x, n, out);
     return cudaGetLastError();
 }
@@ -724,8 +712,7 @@ __global__ void sumsq_partial_kernel(const float *g, uint64_t n, double *part) {
 __global__ void norm_finish_kernel(const double *part, float *norm, float clip) {
     __shared__ double sh[32];
     double acc = 0.0;
-    for (uint32_t i = threadIdx.x; i < CU_NORM_BLOCKS; i += blockDim.x)
-        acc += part[i];
+    for (uint32_t i = threadIdx.x; i < CU_NORM_BLOCKS; i += blockDim.x) acc += part[i];
     acc = block_sum_d(acc, sh);
     if (threadIdx.x == 0) {
         double nrm = sqrt(acc);
@@ -736,8 +723,8 @@ __global__ void norm_finish_kernel(const double *part, float *norm, float clip) 
     }
 }
 
-cudaError_t k_grad_norm(cudaStream_t s, const float *g, uint64_t n,
-                        double *part, float *norm, float clip) {
+cudaError_t k_grad_norm(cudaStream_t s, const float *g, uint64_t n, double *part,
+                        float *norm, float clip) {
     KLAUNCH(sumsq_partial_kernel, CU_NORM_BLOCKS, NORM_THREADS, 0, s, g, n, part);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
@@ -769,8 +756,8 @@ __global__ void adamw_kernel(float *p, float *g, float *m, float *v, uint64_t n,
     }
 }
 
-cudaError_t k_adamw(cudaStream_t s, float *p, float *g, float *m, float *v,
-                    uint64_t n, const float *norm, const cu_adamw_consts *c) {
+cudaError_t k_adamw(cudaStream_t s, float *p, float *g, float *m, float *v, uint64_t n,
+                    const float *norm, const cu_adamw_consts *c) {
     KLAUNCH(adamw_kernel, ew_blocks(n), EW_THREADS, 0, s, p, g, m, v, n, norm, *c);
     return cudaGetLastError();
 }
@@ -782,19 +769,17 @@ cudaError_t k_adamw(cudaStream_t s, float *p, float *g, float *m, float *v,
  *   kv[b*L*2*bs*C + ((l*2 + kind)*bs + slot)*C + c]. */
 
 __device__ __forceinline__ uint64_t kv_index(uint32_t block, uint32_t layer,
-                                             uint32_t kind, uint32_t slot,
-                                             uint32_t c, uint32_t C,
-                                             uint32_t bs, uint32_t L) {
+                                             uint32_t kind, uint32_t slot, uint32_t c,
+                                             uint32_t C, uint32_t bs, uint32_t L) {
     uint64_t block_elems = (uint64_t)L * 2 * bs * C;
     return (uint64_t)block * block_elems +
            (((uint64_t)layer * 2 + kind) * bs + slot) * C + c;
 }
 
-__global__ void kv_write_kernel(const float *qkv, const float *bias, float *q,
-                                float *kv, const int32_t *pos,
-                                const int32_t *seq, const int32_t *bt_off,
-                                const int32_t *bt_all, uint32_t n, uint32_t C,
-                                uint32_t bs, uint32_t L, uint32_t layer) {
+__global__ void kv_write_kernel(const float *qkv, const float *bias, float *q, float *kv,
+                                const int32_t *pos, const int32_t *seq,
+                                const int32_t *bt_off, const int32_t *bt_all, uint32_t n,
+                                uint32_t C, uint32_t bs, uint32_t L, uint32_t layer) {
     uint64_t total = (uint64_t)n * 3 * C;
     for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < total;
          i += (uint64_t)gridDim.x * blockDim.x) {
@@ -813,13 +798,12 @@ __global__ void kv_write_kernel(const float *qkv, const float *bias, float *q,
     }
 }
 
-cudaError_t k_kv_write(cudaStream_t s, const float *qkv, const float *bias,
-                       float *q, float *kv, const int32_t *pos,
-                       const int32_t *seq, const int32_t *bt_off,
-                       const int32_t *bt_all, uint32_t n, uint32_t C,
-                       uint32_t bs, uint32_t L, uint32_t layer) {
-    KLAUNCH(kv_write_kernel, ew_blocks((uint64_t)n * 3 * C), EW_THREADS, 0, s,
-        qkv, bias, q, kv, pos, seq, bt_off, bt_all, n, C, bs, L, layer);
+cudaError_t k_kv_write(cudaStream_t s, const float *qkv, const float *bias, float *q,
+                       float *kv, const int32_t *pos, const int32_t *seq,
+                       const int32_t *bt_off, const int32_t *bt_all, uint32_t n,
+                       uint32_t C, uint32_t bs, uint32_t L, uint32_t layer) {
+    KLAUNCH(kv_write_kernel, ew_blocks((uint64_t)n * 3 * C), EW_THREADS, 0, s, qkv, bias,
+            q, kv, pos, seq, bt_off, bt_all, n, C, bs, L, layer);
     return cudaGetLastError();
 }
 
@@ -829,9 +813,8 @@ cudaError_t k_kv_write(cudaStream_t s, const float *qkv, const float *bias,
  * memory; each warp computes whole dot products (lanes split the head dim). */
 __global__ void paged_attention_kernel(const float *q, const float *kv,
                                        const int32_t *pos, const int32_t *seq,
-                                       const int32_t *bt_off,
-                                       const int32_t *bt_all, float *y,
-                                       uint32_t C, uint32_t H, uint32_t bs,
+                                       const int32_t *bt_off, const int32_t *bt_all,
+                                       float *y, uint32_t C, uint32_t H, uint32_t bs,
                                        uint32_t L, uint32_t layer) {
     CU_DYN_SHARED(float, scores);
     __shared__ float red[32];
@@ -870,8 +853,8 @@ __global__ void paged_attention_kernel(const float *q, const float *kv,
     for (uint32_t d = threadIdx.x; d < hs; d += blockDim.x) {
         float acc = 0.0f;
         for (uint32_t j = 0; j < nk; j++) {
-            const float *vr = kv + kv_index((uint32_t)bt[j / bs], layer, 1, j % bs,
-                                            h * hs, C, bs, L);
+            const float *vr =
+                kv + kv_index((uint32_t)bt[j / bs], layer, 1, j % bs, h * hs, C, bs, L);
             acc += scores[j] * vr[d];
         }
         y[tok * C + (uint64_t)h * hs + d] = acc * inv;
@@ -880,25 +863,23 @@ __global__ void paged_attention_kernel(const float *q, const float *kv,
 
 cudaError_t k_paged_attention_smem(size_t bytes) {
     return cudaFuncSetAttribute(paged_attention_kernel,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)bytes);
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
 }
 
 cudaError_t k_paged_attention(cudaStream_t s, const float *q, const float *kv,
                               const int32_t *pos, const int32_t *seq,
-                              const int32_t *bt_off, const int32_t *bt_all,
-                              float *y, uint32_t n, uint32_t C, uint32_t H,
-                              uint32_t bs, uint32_t L, uint32_t layer,
-                              size_t smem_bytes) {
+                              const int32_t *bt_off, const int32_t *bt_all, float *y,
+                              uint32_t n, uint32_t C, uint32_t H, uint32_t bs, uint32_t L,
+                              uint32_t layer, size_t smem_bytes) {
     if (n == 0) return cudaSuccess;
     dim3 grid(n, H);
-    KLAUNCH(paged_attention_kernel, grid, ATTN_THREADS, smem_bytes, s,
-        q, kv, pos, seq, bt_off, bt_all, y, C, H, bs, L, layer);
+    KLAUNCH(paged_attention_kernel, grid, ATTN_THREADS, smem_bytes, s, q, kv, pos, seq,
+            bt_off, bt_all, y, C, H, bs, L, layer);
     return cudaGetLastError();
 }
 
-__global__ void gather_rows_kernel(const float *src, const int32_t *rows,
-                                   float *dst, uint32_t n_rows, uint32_t C) {
+__global__ void gather_rows_kernel(const float *src, const int32_t *rows, float *dst,
+                                   uint32_t n_rows, uint32_t C) {
     uint64_t total = (uint64_t)n_rows * C;
     for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < total;
          i += (uint64_t)gridDim.x * blockDim.x) {
@@ -908,11 +889,10 @@ __global__ void gather_rows_kernel(const float *src, const int32_t *rows,
     }
 }
 
-cudaError_t k_gather_rows(cudaStream_t s, const float *src,
-                          const int32_t *rows, float *dst, uint32_t n_rows,
-                          uint32_t C) {
+cudaError_t k_gather_rows(cudaStream_t s, const float *src, const int32_t *rows,
+                          float *dst, uint32_t n_rows, uint32_t C) {
     if (n_rows == 0) return cudaSuccess;
-    KLAUNCH(gather_rows_kernel, ew_blocks((uint64_t)n_rows * C), EW_THREADS, 0, s,
-        src, rows, dst, n_rows, C);
+    KLAUNCH(gather_rows_kernel, ew_blocks((uint64_t)n_rows * C), EW_THREADS, 0, s, src,
+            rows, dst, n_rows, C);
     return cudaGetLastError();
 }

@@ -32,35 +32,32 @@
  * transpose. So row-major C = op(A) op(B) is computed as the column-major
  * C^T = op(B)^T op(A)^T: the operands swap places and keep their op flags. */
 
-int32_t cu_gemm(orch_engine_ctx *ctx, int transA, int transB, int M, int N,
-                int K, float alpha, const float *A, int lda, const float *B,
-                int ldb, float beta, float *C, int ldc) {
+int32_t cu_gemm(orch_engine_ctx *ctx, int transA, int transB, int M, int N, int K,
+                float alpha, const float *A, int lda, const float *B, int ldb, float beta,
+                float *C, int ldc) {
     CU_BLAS(ctx, cublasGemmEx(ctx->blas, transB ? CUBLAS_OP_T : CUBLAS_OP_N,
-                              transA ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K,
-                              &alpha, B, CUDA_R_32F, ldb, A, CUDA_R_32F, lda,
-                              &beta, C, CUDA_R_32F, ldc, ctx->compute,
-                              CUBLAS_GEMM_DEFAULT));
+                              transA ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B,
+                              CUDA_R_32F, ldb, A, CUDA_R_32F, lda, &beta, C, CUDA_R_32F,
+                              ldc, ctx->compute, CUBLAS_GEMM_DEFAULT));
     return ORCH_OK;
 }
 
-int32_t cu_gemm_batched(orch_engine_ctx *ctx, int transA, int transB, int M,
-                        int N, int K, float alpha, const float *A, int lda,
-                        long long sA, const float *B, int ldb, long long sB,
-                        float beta, float *C, int ldc, long long sC,
-                        int batch) {
-    CU_BLAS(ctx, cublasGemmStridedBatchedEx(
-                     ctx->blas, transB ? CUBLAS_OP_T : CUBLAS_OP_N,
-                     transA ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B,
-                     CUDA_R_32F, ldb, sB, A, CUDA_R_32F, lda, sA, &beta, C,
-                     CUDA_R_32F, ldc, sC, batch, ctx->compute,
-                     CUBLAS_GEMM_DEFAULT));
+int32_t cu_gemm_batched(orch_engine_ctx *ctx, int transA, int transB, int M, int N, int K,
+                        float alpha, const float *A, int lda, long long sA,
+                        const float *B, int ldb, long long sB, float beta, float *C,
+                        int ldc, long long sC, int batch) {
+    CU_BLAS(ctx, cublasGemmStridedBatchedEx(ctx->blas, transB ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                            transA ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K,
+                                            &alpha, B, CUDA_R_32F, ldb, sB, A, CUDA_R_32F,
+                                            lda, sA, &beta, C, CUDA_R_32F, ldc, sC, batch,
+                                            ctx->compute, CUBLAS_GEMM_DEFAULT));
     return ORCH_OK;
 }
 
-#define KCHECK(ctx, call)                                                     \
-    do {                                                                      \
-        cudaError_t k_e_ = (call);                                            \
-        if (k_e_ != cudaSuccess) return cu_cuda_error((ctx), k_e_, #call);    \
+#define KCHECK(ctx, call)                                                  \
+    do {                                                                   \
+        cudaError_t k_e_ = (call);                                         \
+        if (k_e_ != cudaSuccess) return cu_cuda_error((ctx), k_e_, #call); \
     } while (0)
 
 /* ------------------------------------------------------------------------- */
@@ -72,8 +69,7 @@ static uint64_t al64(uint64_t n) { return (n + 63) & ~(uint64_t)63; }
 
 /* Allocate with cudaMalloc; out of memory becomes ORCH_ERR_OUT_OF_MEMORY with
  * the size in the message. */
-static int32_t dev_alloc(orch_engine_ctx *ctx, void **p, size_t bytes,
-                         const char *what) {
+static int32_t dev_alloc(orch_engine_ctx *ctx, void **p, size_t bytes, const char *what) {
     cudaError_t e = cudaMalloc(p, bytes ? bytes : 1);
     if (e == cudaSuccess) return ORCH_OK;
     *p = NULL;
@@ -137,29 +133,29 @@ static int32_t acts_reserve(orch_engine_ctx *ctx, uint64_t N, uint64_t att) {
     uint64_t NC = al64(N * C), Nr = al64(N);
     uint64_t sizes[32];
     int k = 0;
-    sizes[k++] = (L + 1) * NC;          /* res */
-    sizes[k++] = L * NC;                /* ln1 */
-    sizes[k++] = L * Nr;                /* ln1_mean */
-    sizes[k++] = L * Nr;                /* ln1_rstd */
-    sizes[k++] = L * 3 * NC;            /* qkvh */
-    sizes[k++] = L * al64(att);         /* att */
-    sizes[k++] = L * NC;                /* y */
-    sizes[k++] = L * NC;                /* x2 */
-    sizes[k++] = L * NC;                /* ln2 */
-    sizes[k++] = L * Nr;                /* ln2_mean */
-    sizes[k++] = L * Nr;                /* ln2_rstd */
-    sizes[k++] = L * al64(N * M);       /* fch */
-    sizes[k++] = L * al64(N * M);       /* fcg */
-    sizes[k++] = NC;                    /* lnf */
-    sizes[k++] = Nr;                    /* lnf_mean */
-    sizes[k++] = Nr;                    /* lnf_rstd */
-    sizes[k++] = al64(N * V);           /* logits */
-    sizes[k++] = Nr;                    /* losses */
-    sizes[k++] = al64(N * wide);        /* s_big */
-    sizes[k++] = NC;                    /* s_c0 */
-    sizes[k++] = NC;                    /* s_c1 */
-    sizes[k++] = 3 * NC;                /* s_heads */
-    sizes[k++] = al64(att);             /* s_att */
+    sizes[k++] = (L + 1) * NC;                         /* res */
+    sizes[k++] = L * NC;                               /* ln1 */
+    sizes[k++] = L * Nr;                               /* ln1_mean */
+    sizes[k++] = L * Nr;                               /* ln1_rstd */
+    sizes[k++] = L * 3 * NC;                           /* qkvh */
+    sizes[k++] = L * al64(att);                        /* att */
+    sizes[k++] = L * NC;                               /* y */
+    sizes[k++] = L * NC;                               /* x2 */
+    sizes[k++] = L * NC;                               /* ln2 */
+    sizes[k++] = L * Nr;                               /* ln2_mean */
+    sizes[k++] = L * Nr;                               /* ln2_rstd */
+    sizes[k++] = L * al64(N * M);                      /* fch */
+    sizes[k++] = L * al64(N * M);                      /* fcg */
+    sizes[k++] = NC;                                   /* lnf */
+    sizes[k++] = Nr;                                   /* lnf_mean */
+    sizes[k++] = Nr;                                   /* lnf_rstd */
+    sizes[k++] = al64(N * V);                          /* logits */
+    sizes[k++] = Nr;                                   /* losses */
+    sizes[k++] = al64(N * wide);                       /* s_big */
+    sizes[k++] = NC;                                   /* s_c0 */
+    sizes[k++] = NC;                                   /* s_c1 */
+    sizes[k++] = 3 * NC;                               /* s_heads */
+    sizes[k++] = al64(att);                            /* s_att */
     sizes[k++] = al64(2ull * CU_COLSUM_CHUNKS * wide); /* s_part */
     uint64_t total = 0;
     for (int i = 0; i < k; i++) total += sizes[i];
@@ -167,20 +163,20 @@ static int32_t acts_reserve(orch_engine_ctx *ctx, uint64_t N, uint64_t att) {
     CU_TRY(dev_alloc(ctx, &p, total * sizeof(float), "training activations"));
     a->base = (float *)p;
     float *cur = a->base;
-    float **views[] = {&a->res,      &a->ln1,      &a->ln1_mean, &a->ln1_rstd,
-                       &a->qkvh,     &a->att,      &a->y,        &a->x2,
-                       &a->ln2,      &a->ln2_mean, &a->ln2_rstd, &a->fch,
-                       &a->fcg,      &a->lnf,      &a->lnf_mean, &a->lnf_rstd,
-                       &a->logits,   &a->losses,   &a->s_big,    &a->s_c0,
-                       &a->s_c1,     &a->s_heads,  &a->s_att,    &a->s_part};
+    float **views[] = { &a->res,    &a->ln1,      &a->ln1_mean, &a->ln1_rstd,
+                        &a->qkvh,   &a->att,      &a->y,        &a->x2,
+                        &a->ln2,    &a->ln2_mean, &a->ln2_rstd, &a->fch,
+                        &a->fcg,    &a->lnf,      &a->lnf_mean, &a->lnf_rstd,
+                        &a->logits, &a->losses,   &a->s_big,    &a->s_c0,
+                        &a->s_c1,   &a->s_heads,  &a->s_att,    &a->s_part };
     for (int i = 0; i < k; i++) {
         *views[i] = cur;
         cur += sizes[i];
     }
     /* int staging on the device: tokens, targets, uniq, start (N+1), rows */
     p = NULL;
-    int32_t st = dev_alloc(ctx, &p, (5 * N + 1) * sizeof(int32_t),
-                           "training token buffers");
+    int32_t st =
+        dev_alloc(ctx, &p, (5 * N + 1) * sizeof(int32_t), "training token buffers");
     if (st != ORCH_OK) {
         cu_acts_free(ctx);
         return st;
@@ -194,8 +190,8 @@ static int32_t acts_reserve(orch_engine_ctx *ctx, uint64_t N, uint64_t att) {
 static int32_t infer_reserve(orch_engine_ctx *ctx, uint64_t n, uint64_t rows,
                              uint64_t seqs, uint64_t table) {
     cu_infer_bufs *b = &ctx->inf;
-    if (b->base && n <= b->cap_tokens && rows <= b->cap_rows &&
-        seqs <= b->cap_seqs && table <= b->cap_table)
+    if (b->base && n <= b->cap_tokens && rows <= b->cap_rows && seqs <= b->cap_seqs &&
+        table <= b->cap_table)
         return ORCH_OK;
     if (b->base) {
         n = n > b->cap_tokens ? n : b->cap_tokens;
@@ -223,8 +219,8 @@ static int32_t infer_reserve(orch_engine_ctx *ctx, uint64_t n, uint64_t rows,
     CU_TRY(dev_alloc(ctx, &p, total * sizeof(float), "inference activations"));
     b->base = (float *)p;
     float *cur = b->base;
-    float **views[] = {&b->x, &b->x2, &b->ln, &b->qkv, &b->q,
-                       &b->y, &b->tmp, &b->fc, &b->sel, &b->logits};
+    float **views[] = { &b->x, &b->x2,  &b->ln, &b->qkv, &b->q,
+                        &b->y, &b->tmp, &b->fc, &b->sel, &b->logits };
     for (int i = 0; i < k; i++) {
         *views[i] = cur;
         cur += sizes[i];
@@ -363,50 +359,50 @@ int32_t cu_model_train_step(orch_engine_ctx *ctx, const int32_t *tokens,
     const float *lnf_w = cu_tp(ctx, P, ctx->n_tensors - 2);
     const float *lnf_b = cu_tp(ctx, P, ctx->n_tensors - 1);
 
-#define RES(l) (a->res + (uint64_t)(l) * NC)
-#define LN1(l) (a->ln1 + (uint64_t)(l) * NC)
-#define LN1M(l) (a->ln1_mean + (uint64_t)(l) * N)
-#define LN1R(l) (a->ln1_rstd + (uint64_t)(l) * N)
-#define QH(l) (a->qkvh + (uint64_t)(l) * 3 * NC)
-#define KH(l) (QH(l) + NC)
-#define VH(l) (QH(l) + 2 * NC)
-#define ATT(l) (a->att + (uint64_t)(l) * A)
-#define YY(l) (a->y + (uint64_t)(l) * NC)
-#define X2(l) (a->x2 + (uint64_t)(l) * NC)
-#define LN2(l) (a->ln2 + (uint64_t)(l) * NC)
-#define LN2M(l) (a->ln2_mean + (uint64_t)(l) * N)
-#define LN2R(l) (a->ln2_rstd + (uint64_t)(l) * N)
-#define FCH(l) (a->fch + (uint64_t)(l) * N * M)
-#define FCG(l) (a->fcg + (uint64_t)(l) * N * M)
+#define RES(l)  (a->res + (uint64_t)(l)*NC)
+#define LN1(l)  (a->ln1 + (uint64_t)(l)*NC)
+#define LN1M(l) (a->ln1_mean + (uint64_t)(l)*N)
+#define LN1R(l) (a->ln1_rstd + (uint64_t)(l)*N)
+#define QH(l)   (a->qkvh + (uint64_t)(l)*3 * NC)
+#define KH(l)   (QH(l) + NC)
+#define VH(l)   (QH(l) + 2 * NC)
+#define ATT(l)  (a->att + (uint64_t)(l)*A)
+#define YY(l)   (a->y + (uint64_t)(l)*NC)
+#define X2(l)   (a->x2 + (uint64_t)(l)*NC)
+#define LN2(l)  (a->ln2 + (uint64_t)(l)*NC)
+#define LN2M(l) (a->ln2_mean + (uint64_t)(l)*N)
+#define LN2R(l) (a->ln2_rstd + (uint64_t)(l)*N)
+#define FCH(l)  (a->fch + (uint64_t)(l)*N * M)
+#define FCG(l)  (a->fcg + (uint64_t)(l)*N * M)
 
     /* ---- forward ---- */
     KCHECK(ctx, k_embed(s, RES(0), d_tok, NULL, wte, wpe, N, T, C));
-    KCHECK(ctx, k_layernorm(s, RES(0), PW(0, CU_LN1_W), PW(0, CU_LN1_B), LN1(0),
-                            LN1M(0), LN1R(0), N, C, eps));
+    KCHECK(ctx, k_layernorm(s, RES(0), PW(0, CU_LN1_W), PW(0, CU_LN1_B), LN1(0), LN1M(0),
+                            LN1R(0), N, C, eps));
     for (uint32_t l = 0; l < L; l++) {
         /* qkv = ln1 W_attn^T, then + bias and split into heads */
-        CU_TRY(cu_gemm(ctx, 0, 1, N, 3 * C, C, 1.0f, LN1(l), C, PW(l, CU_ATTN_W),
-                       C, 0.0f, a->s_big, 3 * C));
+        CU_TRY(cu_gemm(ctx, 0, 1, N, 3 * C, C, 1.0f, LN1(l), C, PW(l, CU_ATTN_W), C, 0.0f,
+                       a->s_big, 3 * C));
         KCHECK(ctx, k_split_heads(s, a->s_big, PW(l, CU_ATTN_B), QH(l), B, T, H, hs));
         /* att = softmax(q k^T * scale), then yh = att v, per query chunk:
          * rows q0..q0+nq-1 need keys 0..q0+nq-1 only (causal) */
         for (uint32_t q0 = 0; q0 < T; q0 += TC) {
             const int nq = (int)(T - q0 < TC ? T - q0 : TC), nk = (int)q0 + nq;
-            CU_TRY(cu_gemm_batched(ctx, 0, 1, nq, nk, hs, scale, QH(l) + (size_t)q0 * hs, hs,
-                                   sTh, KH(l), hs, sTh, 0.0f, ATT(l) + (size_t)q0 * T, T,
-                                   sTT, BH));
+            CU_TRY(cu_gemm_batched(ctx, 0, 1, nq, nk, hs, scale, QH(l) + (size_t)q0 * hs,
+                                   hs, sTh, KH(l), hs, sTh, 0.0f, ATT(l) + (size_t)q0 * T,
+                                   T, sTT, BH));
         }
         KCHECK(ctx, k_softmax_causal(s, ATT(l), (uint64_t)BH * T, T, TC));
         for (uint32_t q0 = 0; q0 < T; q0 += TC) {
             const int nq = (int)(T - q0 < TC ? T - q0 : TC), nk = (int)q0 + nq;
-            CU_TRY(cu_gemm_batched(ctx, 0, 0, nq, hs, nk, 1.0f, ATT(l) + (size_t)q0 * T, T,
-                                   sTT, VH(l), hs, sTh, 0.0f, a->s_heads + (size_t)q0 * hs,
-                                   hs, sTh, BH));
+            CU_TRY(cu_gemm_batched(ctx, 0, 0, nq, hs, nk, 1.0f, ATT(l) + (size_t)q0 * T,
+                                   T, sTT, VH(l), hs, sTh, 0.0f,
+                                   a->s_heads + (size_t)q0 * hs, hs, sTh, BH));
         }
         KCHECK(ctx, k_merge_heads(s, a->s_heads, YY(l), B, T, H, hs, 1));
         /* x2 = res + y W_proj^T + b_proj; ln2 = LN(x2) */
-        CU_TRY(cu_gemm(ctx, 0, 1, N, C, C, 1.0f, YY(l), C, PW(l, CU_PROJ_W), C,
-                       0.0f, a->s_c0, C));
+        CU_TRY(cu_gemm(ctx, 0, 1, N, C, C, 1.0f, YY(l), C, PW(l, CU_PROJ_W), C, 0.0f,
+                       a->s_c0, C));
         KCHECK(ctx, k_residual_layernorm(s, RES(l), a->s_c0, PW(l, CU_PROJ_B), X2(l),
                                          PW(l, CU_LN2_W), PW(l, CU_LN2_B), LN2(l),
                                          LN2M(l), LN2R(l), N, C, eps));
@@ -415,17 +411,17 @@ int32_t cu_model_train_step(orch_engine_ctx *ctx, const int32_t *tokens,
                        FCH(l), M));
         KCHECK(ctx, k_bias_gelu(s, FCH(l), PW(l, CU_FC_B), FCG(l), N, M));
         /* res[l+1] = x2 + fcg W_fcproj^T + b_fcproj; next LayerNorm */
-        CU_TRY(cu_gemm(ctx, 0, 1, N, C, M, 1.0f, FCG(l), M, PW(l, CU_FCPROJ_W), M,
-                       0.0f, a->s_c0, C));
+        CU_TRY(cu_gemm(ctx, 0, 1, N, C, M, 1.0f, FCG(l), M, PW(l, CU_FCPROJ_W), M, 0.0f,
+                       a->s_c0, C));
         if (l + 1 < L) {
-            KCHECK(ctx, k_residual_layernorm(
-                            s, X2(l), a->s_c0, PW(l, CU_FCPROJ_B), RES(l + 1),
-                            PW(l + 1, CU_LN1_W), PW(l + 1, CU_LN1_B), LN1(l + 1),
-                            LN1M(l + 1), LN1R(l + 1), N, C, eps));
+            KCHECK(ctx,
+                   k_residual_layernorm(s, X2(l), a->s_c0, PW(l, CU_FCPROJ_B), RES(l + 1),
+                                        PW(l + 1, CU_LN1_W), PW(l + 1, CU_LN1_B),
+                                        LN1(l + 1), LN1M(l + 1), LN1R(l + 1), N, C, eps));
         } else {
             KCHECK(ctx, k_residual_layernorm(s, X2(l), a->s_c0, PW(l, CU_FCPROJ_B),
-                                             RES(L), lnf_w, lnf_b, a->lnf,
-                                             a->lnf_mean, a->lnf_rstd, N, C, eps));
+                                             RES(L), lnf_w, lnf_b, a->lnf, a->lnf_mean,
+                                             a->lnf_rstd, N, C, eps));
         }
     }
     /* logits = lnf wte^T; cross-entropy (and d logits in place) */
@@ -433,8 +429,8 @@ int32_t cu_model_train_step(orch_engine_ctx *ctx, const int32_t *tokens,
     float dscale = grad_scale / (float)n_valid;
     KCHECK(ctx, k_cross_entropy(s, a->logits, d_tgt, a->losses, N, V, dscale, grad));
     KCHECK(ctx, k_sum_to_double(s, a->losses, N, ctx->d_red + CU_NORM_BLOCKS));
-    KCHECK(ctx, cudaMemcpyAsync(ctx->h_red, ctx->d_red + CU_NORM_BLOCKS,
-                                sizeof(double), cudaMemcpyDeviceToHost, s));
+    KCHECK(ctx, cudaMemcpyAsync(ctx->h_red, ctx->d_red + CU_NORM_BLOCKS, sizeof(double),
+                                cudaMemcpyDeviceToHost, s));
 
     if (grad) {
         float *dres = a->s_c1; /* running d(residual) */
@@ -445,12 +441,12 @@ int32_t cu_model_train_step(orch_engine_ctx *ctx, const int32_t *tokens,
         CU_TRY(cu_gemm(ctx, 0, 0, N, C, V, 1.0f, dlogits, V, wte, C, 0.0f, dln, C));
         CU_TRY(cu_gemm(ctx, 1, 0, V, C, N, 1.0f, dlogits, V, a->lnf, C, 1.0f,
                        cu_tp(ctx, G, 0), C));
-        KCHECK(ctx, k_layernorm_bwd_dx(s, dln, RES(L), a->lnf_mean, a->lnf_rstd,
-                                       lnf_w, dres, N, C, 0));
-        KCHECK(ctx, k_layernorm_bwd_params(s, dln, RES(L), a->lnf_mean, a->lnf_rstd,
-                                           cu_tp(ctx, G, ctx->n_tensors - 2),
-                                           cu_tp(ctx, G, ctx->n_tensors - 1), N, C,
-                                           part));
+        KCHECK(ctx, k_layernorm_bwd_dx(s, dln, RES(L), a->lnf_mean, a->lnf_rstd, lnf_w,
+                                       dres, N, C, 0));
+        KCHECK(ctx,
+               k_layernorm_bwd_params(s, dln, RES(L), a->lnf_mean, a->lnf_rstd,
+                                      cu_tp(ctx, G, ctx->n_tensors - 2),
+                                      cu_tp(ctx, G, ctx->n_tensors - 1), N, C, part));
         for (uint32_t li = L; li-- > 0;) {
             const uint32_t l = li;
             float *dfc = a->s_big;
@@ -458,27 +454,27 @@ int32_t cu_model_train_step(orch_engine_ctx *ctx, const int32_t *tokens,
             KCHECK(ctx, k_colsum_add(s, dres, GW(l, CU_FCPROJ_B), N, C, part));
             CU_TRY(cu_gemm(ctx, 1, 0, C, M, N, 1.0f, dres, C, FCG(l), M, 1.0f,
                            GW(l, CU_FCPROJ_W), M));
-            CU_TRY(cu_gemm(ctx, 0, 0, N, M, C, 1.0f, dres, C, PW(l, CU_FCPROJ_W), M,
-                           0.0f, dfc, M));
+            CU_TRY(cu_gemm(ctx, 0, 0, N, M, C, 1.0f, dres, C, PW(l, CU_FCPROJ_W), M, 0.0f,
+                           dfc, M));
             /* GELU and c_fc */
             KCHECK(ctx, k_gelu_bwd(s, FCH(l), dfc, N, M));
             KCHECK(ctx, k_colsum_add(s, dfc, GW(l, CU_FC_B), N, M, part));
             CU_TRY(cu_gemm(ctx, 1, 0, M, C, N, 1.0f, dfc, M, LN2(l), C, 1.0f,
                            GW(l, CU_FC_W), C));
-            CU_TRY(cu_gemm(ctx, 0, 0, N, C, M, 1.0f, dfc, M, PW(l, CU_FC_W), C, 0.0f,
-                           dln, C));
+            CU_TRY(cu_gemm(ctx, 0, 0, N, C, M, 1.0f, dfc, M, PW(l, CU_FC_W), C, 0.0f, dln,
+                           C));
             /* LN2: d(x2) = dres + LN2 backward */
             KCHECK(ctx, k_layernorm_bwd_dx(s, dln, X2(l), LN2M(l), LN2R(l),
                                            PW(l, CU_LN2_W), dres, N, C, 1));
-            KCHECK(ctx, k_layernorm_bwd_params(s, dln, X2(l), LN2M(l), LN2R(l),
-                                               GW(l, CU_LN2_W), GW(l, CU_LN2_B), N,
-                                               C, part));
+            KCHECK(ctx,
+                   k_layernorm_bwd_params(s, dln, X2(l), LN2M(l), LN2R(l),
+                                          GW(l, CU_LN2_W), GW(l, CU_LN2_B), N, C, part));
             /* attention output projection */
             KCHECK(ctx, k_colsum_add(s, dres, GW(l, CU_PROJ_B), N, C, part));
             CU_TRY(cu_gemm(ctx, 1, 0, C, C, N, 1.0f, dres, C, YY(l), C, 1.0f,
                            GW(l, CU_PROJ_W), C));
-            CU_TRY(cu_gemm(ctx, 0, 0, N, C, C, 1.0f, dres, C, PW(l, CU_PROJ_W), C,
-                           0.0f, dln, C));
+            CU_TRY(cu_gemm(ctx, 0, 0, N, C, C, 1.0f, dres, C, PW(l, CU_PROJ_W), C, 0.0f,
+                           dln, C));
             /* attention core: dyh in s_big[0..NC); dq, dk, dv in s_heads */
             float *dyh = a->s_big;
             float *dqh = a->s_heads, *dkh = a->s_heads + NC, *dvh = a->s_heads + 2 * NC;
@@ -486,24 +482,25 @@ int32_t cu_model_train_step(orch_engine_ctx *ctx, const int32_t *tokens,
             /* d(att) = dyh v^T and dq = scale * d(pre) k, per query chunk */
             for (uint32_t q0 = 0; q0 < T; q0 += TC) {
                 const int nq = (int)(T - q0 < TC ? T - q0 : TC), nk = (int)q0 + nq;
-                CU_TRY(cu_gemm_batched(ctx, 0, 1, nq, nk, hs, 1.0f, dyh + (size_t)q0 * hs, hs,
-                                       sTh, VH(l), hs, sTh, 0.0f, a->s_att + (size_t)q0 * T,
-                                       T, sTT, BH));
+                CU_TRY(cu_gemm_batched(ctx, 0, 1, nq, nk, hs, 1.0f, dyh + (size_t)q0 * hs,
+                                       hs, sTh, VH(l), hs, sTh, 0.0f,
+                                       a->s_att + (size_t)q0 * T, T, sTT, BH));
             }
-            KCHECK(ctx, k_softmax_causal_bwd(s, ATT(l), a->s_att, (uint64_t)BH * T, T, TC));
+            KCHECK(ctx,
+                   k_softmax_causal_bwd(s, ATT(l), a->s_att, (uint64_t)BH * T, T, TC));
             for (uint32_t q0 = 0; q0 < T; q0 += TC) {
                 const int nq = (int)(T - q0 < TC ? T - q0 : TC), nk = (int)q0 + nq;
-                CU_TRY(cu_gemm_batched(ctx, 0, 0, nq, hs, nk, scale, a->s_att + (size_t)q0 * T,
-                                       T, sTT, KH(l), hs, sTh, 0.0f, dqh + (size_t)q0 * hs,
-                                       hs, sTh, BH));
+                CU_TRY(cu_gemm_batched(ctx, 0, 0, nq, hs, nk, scale,
+                                       a->s_att + (size_t)q0 * T, T, sTT, KH(l), hs, sTh,
+                                       0.0f, dqh + (size_t)q0 * hs, hs, sTh, BH));
             }
             /* dv = att^T dyh and dk = scale * d(pre)^T q, per key chunk: keys
              * k0..k0+nc-1 are used by query rows k0..T-1 */
             for (uint32_t k0 = 0; k0 < T; k0 += TC) {
                 const int nc = (int)(T - k0 < TC ? T - k0 : TC), nr = (int)(T - k0);
                 const size_t corner = (size_t)k0 * T + k0;
-                CU_TRY(cu_gemm_batched(ctx, 1, 0, nc, hs, nr, 1.0f, ATT(l) + corner, T, sTT,
-                                       dyh + (size_t)k0 * hs, hs, sTh, 0.0f,
+                CU_TRY(cu_gemm_batched(ctx, 1, 0, nc, hs, nr, 1.0f, ATT(l) + corner, T,
+                                       sTT, dyh + (size_t)k0 * hs, hs, sTh, 0.0f,
                                        dvh + (size_t)k0 * hs, hs, sTh, BH));
                 CU_TRY(cu_gemm_batched(ctx, 1, 0, nc, hs, nr, scale, a->s_att + corner, T,
                                        sTT, QH(l) + (size_t)k0 * hs, hs, sTh, 0.0f,
@@ -515,19 +512,19 @@ int32_t cu_model_train_step(orch_engine_ctx *ctx, const int32_t *tokens,
             KCHECK(ctx, k_colsum_add(s, dqkv, GW(l, CU_ATTN_B), N, 3 * C, part));
             CU_TRY(cu_gemm(ctx, 1, 0, 3 * C, C, N, 1.0f, dqkv, 3 * C, LN1(l), C, 1.0f,
                            GW(l, CU_ATTN_W), C));
-            CU_TRY(cu_gemm(ctx, 0, 0, N, C, 3 * C, 1.0f, dqkv, 3 * C, PW(l, CU_ATTN_W),
-                           C, 0.0f, dln, C));
+            CU_TRY(cu_gemm(ctx, 0, 0, N, C, 3 * C, 1.0f, dqkv, 3 * C, PW(l, CU_ATTN_W), C,
+                           0.0f, dln, C));
             /* LN1: d(res[l]) = dres + LN1 backward */
             KCHECK(ctx, k_layernorm_bwd_dx(s, dln, RES(l), LN1M(l), LN1R(l),
                                            PW(l, CU_LN1_W), dres, N, C, 1));
-            KCHECK(ctx, k_layernorm_bwd_params(s, dln, RES(l), LN1M(l), LN1R(l),
-                                               GW(l, CU_LN1_W), GW(l, CU_LN1_B), N,
-                                               C, part));
+            KCHECK(ctx,
+                   k_layernorm_bwd_params(s, dln, RES(l), LN1M(l), LN1R(l),
+                                          GW(l, CU_LN1_W), GW(l, CU_LN1_B), N, C, part));
         }
         /* embeddings */
         KCHECK(ctx, k_embed_bwd_wpe(s, dres, cu_tp(ctx, G, 1), B, T, C));
-        KCHECK(ctx, k_embed_bwd_wte(s, dres, cu_tp(ctx, G, 0), d_uniq, d_start,
-                                    d_rows, n_uniq, C));
+        KCHECK(ctx, k_embed_bwd_wte(s, dres, cu_tp(ctx, G, 0), d_uniq, d_start, d_rows,
+                                    n_uniq, C));
     }
 #undef PW
 #undef GW
@@ -559,8 +556,8 @@ int32_t cu_model_train_step(orch_engine_ctx *ctx, const int32_t *tokens,
 int32_t cu_model_adamw(orch_engine_ctx *ctx, const orch_adamw_params *p,
                        float *out_norm) {
     cudaStream_t s = ctx->stream;
-    KCHECK(ctx, k_grad_norm(s, ctx->d_grads, ctx->n_params, ctx->d_red,
-                            ctx->d_norm, p->grad_clip));
+    KCHECK(ctx, k_grad_norm(s, ctx->d_grads, ctx->n_params, ctx->d_red, ctx->d_norm,
+                            p->grad_clip));
     cu_adamw_consts c;
     engine_adamw_consts_init(p, &c);
     for (uint32_t i = 0; i < ctx->n_tensors; i++) {
@@ -574,8 +571,7 @@ int32_t cu_model_adamw(orch_engine_ctx *ctx, const orch_adamw_params *p,
                                 cudaMemcpyDeviceToHost, s));
     KCHECK(ctx, cudaStreamSynchronize(s));
     float nrm = ctx->h_norm[0];
-    if (!isfinite(ctx->h_norm[1]))
-        return engine_fail_nonfinite_norm(ENGINE_ERRBUF(ctx));
+    if (!isfinite(ctx->h_norm[1])) return engine_fail_nonfinite_norm(ENGINE_ERRBUF(ctx));
     if (out_norm) *out_norm = nrm;
     return ORCH_OK;
 }
@@ -598,15 +594,20 @@ int32_t cu_model_infer(orch_engine_ctx *ctx, const cu_infer_plan *plan,
     CU_TRY(cu_stage_reserve(ctx, n_ints * sizeof(int32_t)));
     int32_t *h = (int32_t *)ctx->h_stage;
     size_t o = 0;
-    memcpy(h + o, plan->tokens, (size_t)n * 4); o += n;
-    memcpy(h + o, plan->pos, (size_t)n * 4); o += n;
-    memcpy(h + o, plan->seq, (size_t)n * 4); o += n;
+    memcpy(h + o, plan->tokens, (size_t)n * 4);
+    o += n;
+    memcpy(h + o, plan->pos, (size_t)n * 4);
+    o += n;
+    memcpy(h + o, plan->seq, (size_t)n * 4);
+    o += n;
     if (R) memcpy(h + o, plan->rows, (size_t)R * 4);
     o += R;
-    memcpy(h + o, plan->bt_off, (size_t)plan->n_seqs * 4); o += plan->n_seqs;
-    memcpy(h + o, plan->bt_all, (size_t)plan->n_table * 4); o += plan->n_table;
-    KCHECK(ctx, cudaMemcpyAsync(b->i_base, h, o * sizeof(int32_t),
-                                cudaMemcpyHostToDevice, s));
+    memcpy(h + o, plan->bt_off, (size_t)plan->n_seqs * 4);
+    o += plan->n_seqs;
+    memcpy(h + o, plan->bt_all, (size_t)plan->n_table * 4);
+    o += plan->n_table;
+    KCHECK(ctx,
+           cudaMemcpyAsync(b->i_base, h, o * sizeof(int32_t), cudaMemcpyHostToDevice, s));
     const int32_t *d_tok = b->i_base;
     const int32_t *d_pos = d_tok + n;
     const int32_t *d_seq = d_pos + n;
@@ -623,13 +624,13 @@ int32_t cu_model_infer(orch_engine_ctx *ctx, const cu_infer_plan *plan,
     const size_t smem = (size_t)ctx->T * sizeof(float);
 
     KCHECK(ctx, k_embed(s, b->x, d_tok, d_pos, wte, wpe, n, ctx->T, C));
-    KCHECK(ctx, k_layernorm(s, b->x, PW(0, CU_LN1_W), PW(0, CU_LN1_B), b->ln, NULL,
-                            NULL, n, C, eps));
+    KCHECK(ctx, k_layernorm(s, b->x, PW(0, CU_LN1_W), PW(0, CU_LN1_B), b->ln, NULL, NULL,
+                            n, C, eps));
     for (uint32_t l = 0; l < L; l++) {
-        CU_TRY(cu_gemm(ctx, 0, 1, n, 3 * C, C, 1.0f, b->ln, C, PW(l, CU_ATTN_W), C,
-                       0.0f, b->qkv, 3 * C));
-        KCHECK(ctx, k_kv_write(s, b->qkv, PW(l, CU_ATTN_B), b->q, ctx->d_kv, d_pos,
-                               d_seq, d_btoff, d_bt, n, C, bs, L, l));
+        CU_TRY(cu_gemm(ctx, 0, 1, n, 3 * C, C, 1.0f, b->ln, C, PW(l, CU_ATTN_W), C, 0.0f,
+                       b->qkv, 3 * C));
+        KCHECK(ctx, k_kv_write(s, b->qkv, PW(l, CU_ATTN_B), b->q, ctx->d_kv, d_pos, d_seq,
+                               d_btoff, d_bt, n, C, bs, L, l));
         KCHECK(ctx, k_paged_attention(s, b->q, ctx->d_kv, d_pos, d_seq, d_btoff, d_bt,
                                       b->y, n, C, H, bs, L, l, smem));
         CU_TRY(cu_gemm(ctx, 0, 1, n, C, C, 1.0f, b->y, C, PW(l, CU_PROJ_W), C, 0.0f,
@@ -637,8 +638,8 @@ int32_t cu_model_infer(orch_engine_ctx *ctx, const cu_infer_plan *plan,
         KCHECK(ctx, k_residual_layernorm(s, b->x, b->tmp, PW(l, CU_PROJ_B), b->x2,
                                          PW(l, CU_LN2_W), PW(l, CU_LN2_B), b->ln, NULL,
                                          NULL, n, C, eps));
-        CU_TRY(cu_gemm(ctx, 0, 1, n, M, C, 1.0f, b->ln, C, PW(l, CU_FC_W), C, 0.0f,
-                       b->fc, M));
+        CU_TRY(cu_gemm(ctx, 0, 1, n, M, C, 1.0f, b->ln, C, PW(l, CU_FC_W), C, 0.0f, b->fc,
+                       M));
         KCHECK(ctx, k_bias_gelu(s, b->fc, PW(l, CU_FC_B), b->fc, n, M));
         CU_TRY(cu_gemm(ctx, 0, 1, n, C, M, 1.0f, b->fc, M, PW(l, CU_FCPROJ_W), M, 0.0f,
                        b->tmp, C));
@@ -651,8 +652,7 @@ int32_t cu_model_infer(orch_engine_ctx *ctx, const cu_infer_plan *plan,
     if (R) {
         KCHECK(ctx, k_gather_rows(s, b->ln, d_rows, b->sel, R, C));
         CU_TRY(cu_gemm(ctx, 0, 1, R, V, C, 1.0f, b->sel, C, wte, C, 0.0f, b->logits, V));
-        KCHECK(ctx, cudaMemcpyAsync(logits_out, b->logits,
-                                    (size_t)R * V * sizeof(float),
+        KCHECK(ctx, cudaMemcpyAsync(logits_out, b->logits, (size_t)R * V * sizeof(float),
                                     cudaMemcpyDeviceToHost, s));
     }
     KCHECK(ctx, cudaStreamSynchronize(s));

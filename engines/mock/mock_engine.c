@@ -86,9 +86,9 @@
 #include "engines/common/engine_checks.h"
 #include "engines/common/engine_common.h"
 
-#define MOCK_VERSION "mock 1.0"
-#define MOCK_MAX_LAYERS 4096u
-#define MOCK_MAX_FAULTS 16u
+#define MOCK_VERSION      "mock 1.0"
+#define MOCK_MAX_LAYERS   4096u
+#define MOCK_MAX_FAULTS   16u
 #define MOCK_MAX_SLEEP_MS 600000u
 
 /* ------------------------------------------------------------------------- */
@@ -115,15 +115,15 @@ enum mock_call {
 };
 
 static const char *const call_names[CALL_COUNT] = {
-    "tensor_count",     "tensor_info",    "tensor_read",    "tensor_write",
-    "grads_zero",       "grads_read",     "grads_write",    "forward_backward",
-    "optimizer_step",   "eval_loss",      "kv_block_bytes", "kv_configure",
-    "infer_forward",    "kv_copy_blocks"};
+    "tensor_count",   "tensor_info",  "tensor_read",      "tensor_write",   "grads_zero",
+    "grads_read",     "grads_write",  "forward_backward", "optimizer_step", "eval_loss",
+    "kv_block_bytes", "kv_configure", "infer_forward",    "kv_copy_blocks"
+};
 
 typedef struct mock_fault {
-    uint32_t call;     /* enum mock_call */
-    uint64_t nth;      /* 1-based call number */
-    int and_after;     /* "N+": every call from the Nth on */
+    uint32_t call; /* enum mock_call */
+    uint64_t nth;  /* 1-based call number */
+    int and_after; /* "N+": every call from the Nth on */
 } mock_fault;
 
 typedef struct mock_config {
@@ -138,7 +138,7 @@ typedef engine_tensor mock_tensor;
 typedef engine_kv_mark mock_mark;
 
 struct orch_engine_ctx {
-    orch_model_desc model; /* normalised: defaults filled in */
+    orch_model_desc model;         /* normalised: defaults filled in */
     engine_batch_limits train_lim; /* bounds of forward_backward / eval_loss */
     mock_config cfg;
     uint64_t calls[CALL_COUNT];
@@ -181,7 +181,7 @@ static int32_t enter(orch_engine_ctx *ctx, enum mock_call call) {
 
 static void sleep_ms(uint32_t ms) {
     if (!ms) return;
-    struct timespec ts = {(time_t)(ms / 1000u), (long)(ms % 1000u) * 1000000L};
+    struct timespec ts = { (time_t)(ms / 1000u), (long)(ms % 1000u) * 1000000L };
     while (nanosleep(&ts, &ts) != 0) {
     }
 }
@@ -191,26 +191,25 @@ static void sleep_ms(uint32_t ms) {
 /* ------------------------------------------------------------------------- */
 
 /* Parse "CALL:N" or "CALL:N+" (len bytes of s) into cfg. */
-static int32_t parse_fault(const char *s, size_t len, const char *where,
-                           mock_config *cfg, char *err, uint32_t cap) {
+static int32_t parse_fault(const char *s, size_t len, const char *where, mock_config *cfg,
+                           char *err, uint32_t cap) {
     const char *colon = memchr(s, ':', len);
     if (!colon)
         return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
-                        "%s: fault '%.*s' is not CALL:N", where, (int)len, s);
+                               "%s: fault '%.*s' is not CALL:N", where, (int)len, s);
     size_t name_len = (size_t)(colon - s);
     int call = -1;
     for (int i = 0; i < CALL_COUNT; i++)
-        if (strlen(call_names[i]) == name_len &&
-            memcmp(call_names[i], s, name_len) == 0)
+        if (strlen(call_names[i]) == name_len && memcmp(call_names[i], s, name_len) == 0)
             call = i;
     if (call < 0)
         return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
-                        "%s: fault names unknown call '%.*s' (known: "
-                        "tensor_count, tensor_info, tensor_read, tensor_write, "
-                        "grads_zero, grads_read, grads_write, forward_backward, "
-                        "optimizer_step, eval_loss, kv_block_bytes, "
-                        "kv_configure, infer_forward, kv_copy_blocks)",
-                        where, (int)name_len, s);
+                               "%s: fault names unknown call '%.*s' (known: "
+                               "tensor_count, tensor_info, tensor_read, tensor_write, "
+                               "grads_zero, grads_read, grads_write, forward_backward, "
+                               "optimizer_step, eval_loss, kv_block_bytes, "
+                               "kv_configure, infer_forward, kv_copy_blocks)",
+                               where, (int)name_len, s);
     const char *num = colon + 1;
     size_t num_len = len - name_len - 1;
     int and_after = 0;
@@ -221,11 +220,11 @@ static int32_t parse_fault(const char *s, size_t len, const char *where,
     uint64_t nth;
     if (engine_parse_u64(num, num_len, &nth) != 0 || nth == 0)
         return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
-                        "%s: fault '%.*s': N must be an integer >= 1", where,
-                        (int)len, s);
+                               "%s: fault '%.*s': N must be an integer >= 1", where,
+                               (int)len, s);
     if (cfg->n_faults >= MOCK_MAX_FAULTS)
         return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
-                        "%s: more than %u faults", where, MOCK_MAX_FAULTS);
+                               "%s: more than %u faults", where, MOCK_MAX_FAULTS);
     mock_fault *f = &cfg->faults[cfg->n_faults++];
     f->call = (uint32_t)call;
     f->nth = nth;
@@ -233,21 +232,21 @@ static int32_t parse_fault(const char *s, size_t len, const char *where,
     return ORCH_OK;
 }
 
-static int32_t parse_sleep(const char *s, size_t len, const char *where,
-                           mock_config *cfg, char *err, uint32_t cap) {
+static int32_t parse_sleep(const char *s, size_t len, const char *where, mock_config *cfg,
+                           char *err, uint32_t cap) {
     uint64_t ms;
     if (engine_parse_u64(s, len, &ms) != 0 || ms > MOCK_MAX_SLEEP_MS)
         return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
-                        "%s: sleep_ms '%.*s' is not an integer 0..%u", where,
-                        (int)len, s, MOCK_MAX_SLEEP_MS);
+                               "%s: sleep_ms '%.*s' is not an integer 0..%u", where,
+                               (int)len, s, MOCK_MAX_SLEEP_MS);
     cfg->sleep_ms = (uint32_t)ms;
     return ORCH_OK;
 }
 
 /* Call the parser of each item of s (split at ',' / ';', trimmed). kind 0:
  * "key=value" options; kind 1: a list of faults. */
-static int32_t parse_list(const char *s, int kind, const char *where,
-                          mock_config *cfg, char *err, uint32_t cap) {
+static int32_t parse_list(const char *s, int kind, const char *where, mock_config *cfg,
+                          char *err, uint32_t cap) {
     engine_opt_item it;
     while (engine_opts_next(&s, &it)) {
         int32_t st;
@@ -259,9 +258,9 @@ static int32_t parse_list(const char *s, int kind, const char *where,
             st = parse_sleep(it.value, it.value_len, where, cfg, err, cap);
         } else {
             st = engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
-                          "%s: unknown option '%.*s' (the mock engine knows "
-                          "fault=CALL:N[+] and sleep_ms=N)",
-                          where, (int)it.item_len, it.item);
+                                 "%s: unknown option '%.*s' (the mock engine knows "
+                                 "fault=CALL:N[+] and sleep_ms=N)",
+                                 where, (int)it.item_len, it.item);
         }
         if (st != ORCH_OK) return st;
     }
@@ -391,7 +390,7 @@ static int32_t mock_context_create(const orch_model_desc *model,
     if (engine_gpt2_param_count(&m, &n_params) != 0 ||
         __builtin_mul_overflow(n_params, (uint64_t)16, &bytes))
         return engine_fail_buf(err, err_cap, ORCH_ERR_OUT_OF_MEMORY,
-                        "model too large (parameter count overflows)");
+                               "model too large (parameter count overflows)");
     const uint64_t mem = engine_host_memory_bytes();
     if (mem && bytes > mem)
         return engine_fail_buf(err, err_cap, ORCH_ERR_OUT_OF_MEMORY,
@@ -406,14 +405,14 @@ static int32_t mock_context_create(const orch_model_desc *model,
     orch_engine_ctx *ctx = calloc(1, sizeof *ctx);
     if (!ctx)
         return engine_fail_buf(err, err_cap, ORCH_ERR_OUT_OF_MEMORY,
-                        "cannot allocate a context");
+                               "cannot allocate a context");
     ctx->model = m;
     ctx->train_lim = (engine_batch_limits){ "mock", m.vocab_size, m.context, 0 };
     ctx->cfg = cfg;
     if (table_build(ctx) != ORCH_OK) {
         mock_context_destroy(ctx);
         return engine_fail_buf(err, err_cap, ORCH_ERR_OUT_OF_MEMORY,
-                        "cannot allocate the tensor table");
+                               "cannot allocate the tensor table");
     }
     /* calloc: pages of untouched buffers (moments, gradients) stay lazy. */
     size_t n = (size_t)ctx->n_params;
@@ -426,8 +425,8 @@ static int32_t mock_context_create(const orch_model_desc *model,
         !ctx->param_ready) {
         mock_context_destroy(ctx);
         return engine_fail_buf(err, err_cap, ORCH_ERR_OUT_OF_MEMORY,
-                        "cannot allocate %llu bytes for %llu parameters",
-                        (unsigned long long)bytes, (unsigned long long)n_params);
+                               "cannot allocate %llu bytes for %llu parameters",
+                               (unsigned long long)bytes, (unsigned long long)n_params);
     }
     ctx->seed = o.seed;
     *out_ctx = ctx;
@@ -458,8 +457,8 @@ static int32_t mock_tensor_count(orch_engine_ctx *ctx, uint32_t kind,
     return ORCH_OK;
 }
 
-static int32_t mock_tensor_info(orch_engine_ctx *ctx, uint32_t kind,
-                                uint32_t index, orch_tensor_info *out) {
+static int32_t mock_tensor_info(orch_engine_ctx *ctx, uint32_t kind, uint32_t index,
+                                orch_tensor_info *out) {
     if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
     int32_t st = enter(ctx, CALL_TENSOR_INFO);
     if (st) return st;
@@ -470,8 +469,8 @@ static int32_t mock_tensor_info(orch_engine_ctx *ctx, uint32_t kind,
     return ORCH_OK;
 }
 
-static int32_t mock_tensor_read(orch_engine_ctx *ctx, uint32_t kind,
-                                uint32_t index, void *dst, uint64_t dst_bytes) {
+static int32_t mock_tensor_read(orch_engine_ctx *ctx, uint32_t kind, uint32_t index,
+                                void *dst, uint64_t dst_bytes) {
     if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
     int32_t st = enter(ctx, CALL_TENSOR_READ);
     if (st) return st;
@@ -479,22 +478,19 @@ static int32_t mock_tensor_read(orch_engine_ctx *ctx, uint32_t kind,
                                      ctx->n_tensors, dst, dst_bytes, ENGINE_ERRBUF(ctx))))
         return st;
     if (kind == ORCH_TENSOR_PARAM) param_ensure(ctx, index);
-    memcpy(dst, kind_buffer(ctx, kind) + ctx->tensors[index].offset,
-           (size_t)dst_bytes);
+    memcpy(dst, kind_buffer(ctx, kind) + ctx->tensors[index].offset, (size_t)dst_bytes);
     return ORCH_OK;
 }
 
-static int32_t mock_tensor_write(orch_engine_ctx *ctx, uint32_t kind,
-                                 uint32_t index, const void *src,
-                                 uint64_t src_bytes) {
+static int32_t mock_tensor_write(orch_engine_ctx *ctx, uint32_t kind, uint32_t index,
+                                 const void *src, uint64_t src_bytes) {
     if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
     int32_t st = enter(ctx, CALL_TENSOR_WRITE);
     if (st) return st;
     if ((st = engine_check_tensor_io("tensor_write", kind, index, ctx->tensors,
                                      ctx->n_tensors, src, src_bytes, ENGINE_ERRBUF(ctx))))
         return st;
-    memcpy(kind_buffer(ctx, kind) + ctx->tensors[index].offset, src,
-           (size_t)src_bytes);
+    memcpy(kind_buffer(ctx, kind) + ctx->tensors[index].offset, src, (size_t)src_bytes);
     if (kind == ORCH_TENSOR_PARAM) ctx->param_ready[index] = 1;
     return ORCH_OK;
 }
@@ -511,8 +507,8 @@ static int32_t mock_grads_zero(orch_engine_ctx *ctx) {
     return ORCH_OK;
 }
 
-static int32_t mock_grads_read(orch_engine_ctx *ctx, uint64_t offset,
-                               uint64_t count, float *dst) {
+static int32_t mock_grads_read(orch_engine_ctx *ctx, uint64_t offset, uint64_t count,
+                               float *dst) {
     if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
     int32_t st = enter(ctx, CALL_GRADS_READ);
     if (st) return st;
@@ -523,8 +519,8 @@ static int32_t mock_grads_read(orch_engine_ctx *ctx, uint64_t offset,
     return ORCH_OK;
 }
 
-static int32_t mock_grads_write(orch_engine_ctx *ctx, uint64_t offset,
-                                uint64_t count, const float *src) {
+static int32_t mock_grads_write(orch_engine_ctx *ctx, uint64_t offset, uint64_t count,
+                                const float *src) {
     if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
     int32_t st = enter(ctx, CALL_GRADS_WRITE);
     if (st) return st;
@@ -536,8 +532,8 @@ static int32_t mock_grads_write(orch_engine_ctx *ctx, uint64_t offset,
 }
 
 /* The four parameter entries (element offsets) term (x,y,t) reads. */
-static void term_entries(const orch_engine_ctx *ctx, uint64_t x, uint64_t y,
-                         uint64_t t, uint64_t idx[4]) {
+static void term_entries(const orch_engine_ctx *ctx, uint64_t x, uint64_t y, uint64_t t,
+                         uint64_t idx[4]) {
     uint64_t C = ctx->model.width;
     idx[0] = ctx->off_wte + x * C + y % C;
     idx[1] = ctx->off_wte + y * C + x % C;
@@ -548,8 +544,8 @@ static void term_entries(const orch_engine_ctx *ctx, uint64_t x, uint64_t y,
 /* Mean loss over counted targets; with grads != NULL also add
  * grad_scale * gradient. Arguments already validated. */
 static float loss_compute(orch_engine_ctx *ctx, const int32_t *tokens,
-                          const int32_t *targets, uint32_t batch,
-                          uint32_t seq_len, float *grads, float grad_scale) {
+                          const int32_t *targets, uint32_t batch, uint32_t seq_len,
+                          float *grads, float grad_scale) {
     const double two_log_v = 2.0 * log((double)ctx->model.vocab_size);
     param_ensure(ctx, 0);                  /* wte */
     param_ensure(ctx, 1);                  /* wpe */
@@ -561,16 +557,15 @@ static float loss_compute(orch_engine_ctx *ctx, const int32_t *tokens,
     for (uint64_t i = 0; i < n; i++) {
         if (targets[i] == -1) continue;
         uint64_t idx[4];
-        term_entries(ctx, (uint64_t)tokens[i], (uint64_t)targets[i], i % seq_len,
-                     idx);
+        term_entries(ctx, (uint64_t)tokens[i], (uint64_t)targets[i], i % seq_len, idx);
         const float *p = ctx->params;
-        double z = (double)p[idx[0]] + (double)p[idx[1]] + (double)p[idx[2]] +
-                   (double)p[idx[3]];
+        double z =
+            (double)p[idx[0]] + (double)p[idx[1]] + (double)p[idx[2]] + (double)p[idx[3]];
         double s = 1.0 / (1.0 + exp(-z));
         sum += two_log_v * s;
         if (grads) {
-            float g = (float)((double)grad_scale * two_log_v * s * (1.0 - s) /
-                              (double)counted);
+            float g =
+                (float)((double)grad_scale * two_log_v * s * (1.0 - s) / (double)counted);
             for (int k = 0; k < 4; k++) grads[idx[k]] += g;
         }
     }
@@ -589,14 +584,14 @@ static int32_t mock_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens
                                       grad_scale, out_loss, &ctx->train_lim, NULL,
                                       ENGINE_ERRBUF(ctx))))
         return st;
-    *out_loss = loss_compute(ctx, tokens, targets, batch, seq_len, ctx->grads,
-                             grad_scale);
+    *out_loss =
+        loss_compute(ctx, tokens, targets, batch, seq_len, ctx->grads, grad_scale);
     return ORCH_OK;
 }
 
 static int32_t mock_eval_loss(orch_engine_ctx *ctx, const int32_t *tokens,
-                              const int32_t *targets, uint32_t batch,
-                              uint32_t seq_len, float *out_loss) {
+                              const int32_t *targets, uint32_t batch, uint32_t seq_len,
+                              float *out_loss) {
     if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
     int32_t st = enter(ctx, CALL_EVAL_LOSS);
     if (st) return st;
@@ -608,8 +603,7 @@ static int32_t mock_eval_loss(orch_engine_ctx *ctx, const int32_t *tokens,
     return ORCH_OK;
 }
 
-static int32_t mock_optimizer_step(orch_engine_ctx *ctx,
-                                   const orch_adamw_params *params,
+static int32_t mock_optimizer_step(orch_engine_ctx *ctx, const orch_adamw_params *params,
                                    float *out_grad_norm) {
     if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
     int32_t st = enter(ctx, CALL_OPTIMIZER_STEP);
@@ -651,8 +645,7 @@ static int32_t mock_optimizer_step(orch_engine_ctx *ctx,
 
 /* Per block: the slot token ids and written flags, plus the validation mark. */
 static uint64_t kv_bytes_per_block(uint32_t block_size) {
-    return (uint64_t)block_size * (sizeof(int32_t) + sizeof(uint8_t)) +
-           sizeof(mock_mark);
+    return (uint64_t)block_size * (sizeof(int32_t) + sizeof(uint8_t)) + sizeof(mock_mark);
 }
 
 static int32_t mock_kv_block_bytes(orch_engine_ctx *ctx, uint32_t block_size,
@@ -684,8 +677,8 @@ static int32_t mock_kv_configure(orch_engine_ctx *ctx, uint32_t block_size,
         free(wr);
         free(marks);
         return fail(ctx, ORCH_ERR_OUT_OF_MEMORY,
-                    "kv_configure: cannot allocate %u blocks of %u positions",
-                    num_blocks, block_size);
+                    "kv_configure: cannot allocate %u blocks of %u positions", num_blocks,
+                    block_size);
     }
     kv_free(ctx);
     ctx->kv_tokens = tok;
@@ -702,9 +695,8 @@ static uint32_t next_token(uint64_t S, uint32_t vocab) {
     return vocab >= 123u ? 97u + (uint32_t)(S % 26u) : (uint32_t)(S % vocab);
 }
 
-static int32_t mock_infer_forward(orch_engine_ctx *ctx,
-                                  const orch_infer_batch *batch, float *logits,
-                                  uint64_t logits_cap) {
+static int32_t mock_infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *batch,
+                                  float *logits, uint64_t logits_cap) {
     if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
     int32_t st = enter(ctx, CALL_INFER_FORWARD);
     if (st) return st;
@@ -736,8 +728,8 @@ static int32_t mock_infer_forward(orch_engine_ctx *ctx,
         for (uint64_t p = 0; p < end; p++) {
             uint64_t slot = (uint64_t)s->block_table[p / bs] * bs + p % bs;
             S += (uint64_t)ctx->kv_tokens[slot];
-            int emit = p >= s->start_pos &&
-                       (s->logits_mode == ORCH_LOGITS_ALL || p == end - 1);
+            int emit =
+                p >= s->start_pos && (s->logits_mode == ORCH_LOGITS_ALL || p == end - 1);
             if (!emit) continue;
             int64_t next = (int64_t)next_token(S, V);
             for (uint32_t v = 0; v < V; v++) {
@@ -782,9 +774,8 @@ static const orch_engine_api mock_api = {
     .struct_size = sizeof(orch_engine_api),
     .name = "mock",
     .version = MOCK_VERSION,
-    .capabilities = ORCH_CAP_TRAIN | ORCH_CAP_INFER | ORCH_CAP_KV_COPY |
-                    ORCH_CAP_EVAL | ORCH_CAP_DETERMINISTIC |
-                    ORCH_CAP_FAULT_INJECTION,
+    .capabilities = ORCH_CAP_TRAIN | ORCH_CAP_INFER | ORCH_CAP_KV_COPY | ORCH_CAP_EVAL |
+                    ORCH_CAP_DETERMINISTIC | ORCH_CAP_FAULT_INJECTION,
     .probe = mock_probe,
     .status_string = engine_status_string,
     .context_create = mock_context_create,

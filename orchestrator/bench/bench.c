@@ -14,7 +14,7 @@
 #include "orchestrator/core/util.h"
 #include "orchestrator/serve/block_manager.h"
 
-const uint32_t bench_decode_batches[BENCH_DECODE_BATCHES] = {1, 4, 16};
+const uint32_t bench_decode_batches[BENCH_DECODE_BATCHES] = { 1, 4, 16 };
 
 /* ------------------------------------------------------------------------- */
 /* Helpers                                                                    */
@@ -40,8 +40,8 @@ static uint32_t lcg_token(uint64_t *s, uint32_t vocab) {
     return (uint32_t)((*s >> 33) % vocab);
 }
 
-static int engine_fail(const engine_handle *h, const orch_engine_ctx *ctx,
-                       int32_t st, const char *what, char *err, size_t cap) {
+static int engine_fail(const engine_handle *h, const orch_engine_ctx *ctx, int32_t st,
+                       const char *what, char *err, size_t cap) {
     char msg[1024];
     engine_format_error(h, ctx, st, msg, sizeof msg);
     util_set_err(err, cap, "%s: %s", what, msg);
@@ -94,10 +94,10 @@ static int par_run(int nth, par_fn fn, void *arg) {
         free(pt);
         return -1;
     }
-    par_gate gate = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+    par_gate gate = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0 };
     int started = 0;
     for (int t = 1; t < nth; t++) {
-        pt[t] = (par_thread){fn, arg, t, nth, &gate};
+        pt[t] = (par_thread){ fn, arg, t, nth, &gate };
         if (pthread_create(&th[t], NULL, par_main, &pt[t]) != 0) break;
         started = t;
     }
@@ -113,8 +113,7 @@ static int par_run(int nth, par_fn fn, void *arg) {
     return ok ? 0 : -1;
 }
 
-static void split(size_t n, int tid, int nth, size_t align, size_t *a,
-                  size_t *b) {
+static void split(size_t n, int tid, int nth, size_t align, size_t *a, size_t *b) {
     size_t units = (n + align - 1) / align;
     *a = units * (size_t)tid / (size_t)nth * align;
     *b = units * (size_t)(tid + 1) / (size_t)nth * align;
@@ -126,12 +125,11 @@ static void split(size_t n, int tid, int nth, size_t align, size_t *a,
 /* sgemm peak                                                                 */
 /* ------------------------------------------------------------------------- */
 
-typedef void (*cblas_sgemm_fn)(int, int, int, int, int, int, float,
-                               const float *, int, const float *, int, float,
-                               float *, int);
+typedef void (*cblas_sgemm_fn)(int, int, int, int, int, int, float, const float *, int,
+                               const float *, int, float, float *, int);
 #define CBLAS_ROW_MAJOR 101
-#define CBLAS_NO_TRANS 111
-#define CBLAS_TRANS 112
+#define CBLAS_NO_TRANS  111
+#define CBLAS_TRANS     112
 
 typedef struct gemm_bench {
     cblas_sgemm_fn sgemm;
@@ -150,9 +148,8 @@ static void gemm_run(void *arg, int tid, int nth) {
         pthread_barrier_wait(&g->bar);
         double t0 = util_now();
         if (b > a)
-            g->sgemm(CBLAS_ROW_MAJOR, CBLAS_NO_TRANS, CBLAS_TRANS, g->M,
-                     (int)(b - a), g->K, 1.0f, g->A, g->K, g->B + a * g->K, g->K,
-                     0.0f, g->C + a, g->N);
+            g->sgemm(CBLAS_ROW_MAJOR, CBLAS_NO_TRANS, CBLAS_TRANS, g->M, (int)(b - a),
+                     g->K, 1.0f, g->A, g->K, g->B + a * g->K, g->K, 0.0f, g->C + a, g->N);
         pthread_barrier_wait(&g->bar);
         double dt = util_now() - t0;
         if (tid == 0 && r > 0 && dt > 0) { /* r == 0 warms up */
@@ -210,7 +207,7 @@ double bench_sgemm_gflops(int threads, int M, int N, int K) {
 typedef float v4f __attribute__((vector_size(16)));
 
 #define BW_FLOATS ((size_t)32 << 20) /* 128 MiB per buffer */
-#define BW_REPS 5
+#define BW_REPS   5
 
 typedef struct bw_bench {
     float *a, *b, *c;
@@ -222,8 +219,8 @@ typedef struct bw_bench {
 
 static float read_sum(const float *p, size_t n) {
     const v4f *v = (const v4f *)(const void *)p;
-    v4f s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0}, s4 = {0}, s5 = {0}, s6 = {0},
-        s7 = {0};
+    v4f s0 = { 0 }, s1 = { 0 }, s2 = { 0 }, s3 = { 0 }, s4 = { 0 }, s5 = { 0 },
+        s6 = { 0 }, s7 = { 0 };
     size_t i = 0, nv = n / 4;
     for (; i + 8 <= nv; i += 8) {
         s0 += v[i];
@@ -243,7 +240,7 @@ static float read_sum(const float *p, size_t n) {
 static void triad(float *a, const float *b, const float *c, float s, size_t n) {
     v4f *va = (v4f *)(void *)a;
     const v4f *vb = (const v4f *)(const void *)b, *vc = (const v4f *)(const void *)c;
-    const v4f sv = {s, s, s, s};
+    const v4f sv = { s, s, s, s };
     for (size_t i = 0; i < n / 4; i++) va[i] = vb[i] + sv * vc[i];
 }
 
@@ -386,12 +383,14 @@ int bench_train(const engine_handle *h, const orch_model_desc *model,
     r->tokens_per_s = (double)n / (r->ms_per_step / 1e3);
     r->model_gflops_per_s = r->flops_per_token * r->tokens_per_s / 1e9;
     /* The engine's context is still alive (OpenBLAS loaded, same threads). */
-    const int C = (int)model->width, M = (int)(model->mlp_width ? model->mlp_width
-                                                                : 4 * model->width);
-    const int shapes[4][2] = {{3 * C, C}, {M, C}, {C, M}, {(int)model->vocab_size, C}};
+    const int C = (int)model->width,
+              M = (int)(model->mlp_width ? model->mlp_width : 4 * model->width);
+    const int shapes[4][2] = {
+        { 3 * C, C }, { M, C }, { C, M }, { (int)model->vocab_size, C }
+    };
     for (int k = 0; k < 4; k++) {
-        double gf = bench_sgemm_gflops((int)r->threads, (int)n, shapes[k][0],
-                                       shapes[k][1]);
+        double gf =
+            bench_sgemm_gflops((int)r->threads, (int)n, shapes[k][0], shapes[k][1]);
         if (gf > r->sgemm_peak_gflops_per_s) r->sgemm_peak_gflops_per_s = gf;
     }
     if (r->sgemm_peak_gflops_per_s > 0)
@@ -429,7 +428,8 @@ int bench_infer(const engine_handle *h, const orch_model_desc *model,
         util_set_err(err, err_cap, "engine %s cannot run inference", api->name);
         return -1;
     }
-    const uint32_t V = model->vocab_size, bs = o->block_size ? o->block_size : ORCH_KV_BLOCK_TOKENS;
+    const uint32_t V = model->vocab_size,
+                   bs = o->block_size ? o->block_size : ORCH_KV_BLOCK_TOKENS;
     uint32_t prompt = o->prompt_len < model->context ? o->prompt_len : model->context;
     uint32_t dprompt = o->decode_prompt, dsteps = o->decode_steps;
     if (prompt == 0 || dsteps == 0 || dprompt == 0 ||
@@ -450,9 +450,9 @@ int bench_infer(const engine_handle *h, const orch_model_desc *model,
                               err_cap) != 0)
         return -1;
     int rc = -1;
-    int32_t *tokens = malloc((size_t)(prompt > maxb * (dprompt + 1) ? prompt
-                                                                     : maxb * (dprompt + 1)) *
-                             sizeof(int32_t));
+    int32_t *tokens =
+        malloc((size_t)(prompt > maxb * (dprompt + 1) ? prompt : maxb * (dprompt + 1)) *
+               sizeof(int32_t));
     int32_t *table = malloc((size_t)nblocks * sizeof(int32_t));
     float *logits = malloc((size_t)maxb * V * sizeof(float));
     orch_seq_input *seqs = calloc(maxb, sizeof *seqs);
@@ -492,7 +492,7 @@ int bench_infer(const engine_handle *h, const orch_model_desc *model,
      * steps of one token each; median step time. */
     /* Bandwidth right before and right after the single-sequence decode
      * (the same minutes of a possibly shared machine); the better counts. */
-    double rd[2] = {0, 0}, tr[2] = {0, 0};
+    double rd[2] = { 0, 0 }, tr[2] = { 0, 0 };
     const int bw_threads = (int)(o->threads ? o->threads : (uint32_t)available_cpus());
     if (bench_mem_bw(bw_threads, &rd[0], &tr[0], err, err_cap) != 0) goto done;
     for (int k = 0; k < BENCH_DECODE_BATCHES; k++) {

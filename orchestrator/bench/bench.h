@@ -40,9 +40,9 @@
 
 typedef struct bench_train_opts {
     uint32_t batch, seq_len;
-    uint32_t steps;     /* timed steps */
-    uint32_t warmup;    /* untimed steps first */
-    uint32_t threads;   /* engine threads; 0 = all cores */
+    uint32_t steps;   /* timed steps */
+    uint32_t warmup;  /* untimed steps first */
+    uint32_t threads; /* engine threads; 0 = all cores */
     uint64_t seed;
     const char *options; /* engine options string, may be NULL */
 } bench_train_opts;
@@ -51,12 +51,12 @@ typedef struct bench_train_result {
     uint32_t batch, seq_len, steps, threads;
     uint64_t params, params_no_wpe;
     double flops_per_token;
-    double ms_per_step;         /* median */
+    double ms_per_step; /* median */
     double ms_per_step_mean;
-    double tokens_per_s;        /* batch*seq_len / median step */
+    double tokens_per_s; /* batch*seq_len / median step */
     double model_gflops_per_s;
     double sgemm_peak_gflops_per_s; /* 0 when OpenBLAS is not in the process */
-    double mfu;                 /* 0 when the peak is unknown */
+    double mfu;                     /* 0 when the peak is unknown */
     float first_loss, last_loss;
 } bench_train_result;
 

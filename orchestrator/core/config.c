@@ -55,8 +55,8 @@ size_t config_edit_distance(const char *a, const char *b) {
 /* ------------------------------------------------------------------------- */
 
 /* Take ownership of doc: validate it into a new config. */
-static int config_from_doc(cJSON *doc, const char *origin, orch_config **out,
-                           char *err, size_t cap) {
+static int config_from_doc(cJSON *doc, const char *origin, orch_config **out, char *err,
+                           size_t cap) {
     orch_config *cfg = util_calloc(1, sizeof *cfg);
     if (!cfg) {
         cJSON_Delete(doc);
@@ -92,8 +92,8 @@ static void line_col(const char *text, const char *pos, int *line, int *col) {
     }
 }
 
-int config_parse_text(const char *text, const char *origin, orch_config **out,
-                      char *err, size_t err_cap) {
+int config_parse_text(const char *text, const char *origin, orch_config **out, char *err,
+                      size_t err_cap) {
     const char *name = origin ? origin : "<text>";
     if (!text) {
         util_set_err(err, err_cap, "%s: no text", name);
@@ -104,15 +104,15 @@ int config_parse_text(const char *text, const char *origin, orch_config **out,
     if (!doc) {
         int line, col;
         line_col(text, end ? end : text, &line, &col);
-        util_set_err(err, err_cap,
-                     "%s: line %d, column %d: invalid JSON", name, line, col);
+        util_set_err(err, err_cap, "%s: line %d, column %d: invalid JSON", name, line,
+                     col);
         return -1;
     }
     return config_from_doc(doc, name, out, err, err_cap);
 }
 
-int config_from_cjson(const void *json_object, const char *origin,
-                      orch_config **out, char *err, size_t err_cap) {
+int config_from_cjson(const void *json_object, const char *origin, orch_config **out,
+                      char *err, size_t err_cap) {
     const cJSON *obj = json_object;
     if (!obj) {
         util_set_err(err, err_cap, "%s: no config", origin ? origin : "<json>");
@@ -126,8 +126,7 @@ int config_from_cjson(const void *json_object, const char *origin,
     return config_from_doc(doc, origin ? origin : "<json>", out, err, err_cap);
 }
 
-int config_load_file(const char *path, orch_config **out, char *err,
-                     size_t err_cap) {
+int config_load_file(const char *path, orch_config **out, char *err, size_t err_cap) {
     char *buf = NULL, msg[CONFIG_PATH_MAX + 128];
     size_t len = 0;
     if (fsio_read_file(path, CONFIG_FILE_MAX_BYTES, &buf, &len, msg, sizeof msg) != 0) {
@@ -141,8 +140,7 @@ int config_load_file(const char *path, orch_config **out, char *err,
     }
     if (strlen(buf) != len) {
         free(buf);
-        util_set_err(err, err_cap, "%s: not a text file (contains NUL bytes)",
-                     path);
+        util_set_err(err, err_cap, "%s: not a text file (contains NUL bytes)", path);
         return -1;
     }
     int rc = config_parse_text(buf, path, out, err, err_cap);
@@ -171,8 +169,7 @@ static cJSON *override_value(const char *path, const char *text) {
 static int apply_one(cJSON *doc, const char *set, char *err, size_t cap) {
     const char *eq = strchr(set, '=');
     if (!eq) {
-        util_set_err(err, cap, "--set %s: expected KEY=VALUE (e.g. train.lr=3e-4)",
-                     set);
+        util_set_err(err, cap, "--set %s: expected KEY=VALUE (e.g. train.lr=3e-4)", set);
         return -1;
     }
     size_t plen = (size_t)(eq - set);
@@ -237,8 +234,8 @@ static int apply_one(cJSON *doc, const char *set, char *err, size_t cap) {
     return 0;
 }
 
-int config_apply_overrides(orch_config *cfg, const char *const *sets,
-                           size_t n_sets, char *err, size_t err_cap) {
+int config_apply_overrides(orch_config *cfg, const char *const *sets, size_t n_sets,
+                           char *err, size_t err_cap) {
     if (n_sets == 0) return 0;
     cJSON *doc = cJSON_Duplicate(cfg->doc, 1);
     if (!doc) {
@@ -311,8 +308,8 @@ static int absolute_glob(const char *pat, char *out, size_t cap, char *err,
 }
 
 int config_absolute_data_paths(orch_config *cfg, char *err, size_t err_cap) {
-    const char *keys[2] = {"data.train", "data.val"};
-    const char *vals[2] = {cfg->data.train, cfg->data.val};
+    const char *keys[2] = { "data.train", "data.val" };
+    const char *vals[2] = { cfg->data.train, cfg->data.val };
     char sets[2][CONFIG_PATH_MAX + 16];
     const char *set_ptrs[2];
     size_t n = 0;
@@ -336,8 +333,7 @@ int config_absolute_data_paths(orch_config *cfg, char *err, size_t err_cap) {
 void config_model_desc(const orch_config *cfg, orch_model_desc *desc) {
     memset(desc, 0, sizeof *desc);
     desc->struct_size = sizeof *desc;
-    desc->arch = strcmp(cfg->model.arch, "llama") == 0 ? ORCH_ARCH_LLAMA
-                                                       : ORCH_ARCH_GPT2;
+    desc->arch = strcmp(cfg->model.arch, "llama") == 0 ? ORCH_ARCH_LLAMA : ORCH_ARCH_GPT2;
     desc->vocab_size = cfg->model.vocab_size;
     desc->context = cfg->model.context;
     desc->layers = cfg->model.layers;
@@ -360,10 +356,8 @@ static int add_section(cJSON *root, const orch_config *cfg,
         cJSON *v = NULL;
         if (strcmp(s->name, "train") == 0) {
             /* Exactly one of max_steps / epochs is serialised. */
-            if (strcmp(k->name, "max_steps") == 0 && cfg->train.max_steps == 0)
-                continue;
-            if (strcmp(k->name, "epochs") == 0 && cfg->train.epochs == 0)
-                continue;
+            if (strcmp(k->name, "max_steps") == 0 && cfg->train.max_steps == 0) continue;
+            if (strcmp(k->name, "epochs") == 0 && cfg->train.epochs == 0) continue;
         }
         switch (k->type) {
         case CONFIG_KT_STR: v = cJSON_CreateString(p); break;

@@ -59,28 +59,28 @@
 #define CONFIG_PATH_MAX 4096
 
 typedef struct config_model {
-    char arch[16];          /* "gpt2" | "llama" */
+    char arch[16]; /* "gpt2" | "llama" */
     uint32_t vocab_size;
     uint32_t context;
     uint32_t layers;
     uint32_t heads;
-    uint32_t kv_heads;      /* = heads when not given */
+    uint32_t kv_heads; /* = heads when not given */
     uint32_t width;
-    uint32_t mlp_width;     /* = 4*width when not given */
+    uint32_t mlp_width; /* = 4*width when not given */
     double layernorm_eps;
-    double rope_theta;      /* 0 when not given */
+    double rope_theta; /* 0 when not given */
 } config_model;
 
 typedef struct config_train {
     uint32_t micro_batch;
     uint32_t seq_len;
     uint32_t grad_accum;
-    uint64_t max_steps;     /* 0 when epochs is used instead (see train.h) */
-    double epochs;          /* 0 when max_steps is used */
+    uint64_t max_steps; /* 0 when epochs is used instead (see train.h) */
+    double epochs;      /* 0 when max_steps is used */
     double lr;
     double min_lr;
     uint64_t warmup_steps;
-    char schedule[16];      /* "cosine" | "linear" | "constant" */
+    char schedule[16]; /* "cosine" | "linear" | "constant" */
     double weight_decay;
     double beta1;
     double beta2;
@@ -95,13 +95,13 @@ typedef struct config_train {
 } config_train;
 
 typedef struct config_data {
-    char tokenizer[16];                 /* "byte" | "gpt2" */
-    char train[CONFIG_PATH_MAX];        /* shard glob */
-    char val[CONFIG_PATH_MAX];          /* shard glob */
+    char tokenizer[16];          /* "byte" | "gpt2" */
+    char train[CONFIG_PATH_MAX]; /* shard glob */
+    char val[CONFIG_PATH_MAX];   /* shard glob */
 } config_data;
 
 typedef struct config_engine {
-    char name[CONFIG_PATH_MAX];         /* --engine value: mock|cpu|cuda|FILE */
+    char name[CONFIG_PATH_MAX]; /* --engine value: mock|cpu|cuda|FILE */
     uint32_t threads;
     char options[1024];
 } config_engine;
@@ -111,33 +111,32 @@ typedef struct orch_config {
     config_train train;
     config_data data;
     config_engine engine;
-    char source[CONFIG_PATH_MAX];       /* file name or "<text>" */
-    void *doc;                          /* private: the merged cJSON document */
+    char source[CONFIG_PATH_MAX]; /* file name or "<text>" */
+    void *doc;                    /* private: the merged cJSON document */
 } orch_config;
 
 /* Read, parse and validate a config file. *out is a new config (config_free).
  * Errors are "FILE: PATH: PROBLEM" (or "FILE: line L, column C: invalid
  * JSON ..."). */
-int config_load_file(const char *path, orch_config **out, char *err,
-                     size_t err_cap);
+int config_load_file(const char *path, orch_config **out, char *err, size_t err_cap);
 
 /* The same for JSON text (e.g. the "config" object of a checkpoint's
  * state.json printed as text). `origin` names it in errors (may be NULL). */
-int config_parse_text(const char *text, const char *origin, orch_config **out,
-                      char *err, size_t err_cap);
+int config_parse_text(const char *text, const char *origin, orch_config **out, char *err,
+                      size_t err_cap);
 
 /* The same from a parsed cJSON object (const cJSON *, passed as void * so this
  * header does not need cJSON.h). The object is copied, not kept. */
-int config_from_cjson(const void *json_object, const char *origin,
-                      orch_config **out, char *err, size_t err_cap);
+int config_from_cjson(const void *json_object, const char *origin, orch_config **out,
+                      char *err, size_t err_cap);
 
 /* Apply overrides "a.b=value" in order (value parsed as JSON when it parses,
  * else taken as a string; for string-typed keys the raw text is used unless
  * it is a quoted JSON string; the value null removes the key, restoring its
  * default), then re-validate everything. On failure cfg is
  * unchanged. Errors name the override: "--set train.lr=x: train.lr: ...". */
-int config_apply_overrides(orch_config *cfg, const char *const *sets,
-                           size_t n_sets, char *err, size_t err_cap);
+int config_apply_overrides(orch_config *cfg, const char *const *sets, size_t n_sets,
+                           char *err, size_t err_cap);
 
 /* Make relative data.train and data.val absolute: the directory part of the
  * glob (before its first wildcard) resolved with realpath(3) when it exists,

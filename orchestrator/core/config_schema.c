@@ -18,70 +18,96 @@
 /* Schema                                                                     */
 /* ------------------------------------------------------------------------- */
 /* Short names for the tables below. */
-#define KT_U32 CONFIG_KT_U32
-#define KT_U64 CONFIG_KT_U64
-#define KT_F64 CONFIG_KT_F64
-#define KT_STR CONFIG_KT_STR
-#define U53 9007199254740992.0 /* 2^53: the largest exact JSON integer */
+#define KT_U32    CONFIG_KT_U32
+#define KT_U64    CONFIG_KT_U64
+#define KT_F64    CONFIG_KT_F64
+#define KT_STR    CONFIG_KT_STR
+#define U53       9007199254740992.0 /* 2^53: the largest exact JSON integer */
 #define OFF(s, f) offsetof(s, f)
 #define CAP(s, f) sizeof(((s *)0)->f)
 
 /* Model keys: their defaults are NOT written into the document (the model
  * section is preserved as given); derived defaults are applied in config_validate. */
 static const config_key_spec model_keys[] = {
-    {"arch", KT_STR, 0, 0, 0, 0, 0, "gpt2|llama", OFF(config_model, arch), CAP(config_model, arch), 0, "gpt2"},
-    {"vocab_size", KT_U32, 1, 1, 2147483647.0, 0, 0, NULL, OFF(config_model, vocab_size), 0, 0, NULL},
-    {"context", KT_U32, 1, 1, 1048576, 0, 0, NULL, OFF(config_model, context), 0, 0, NULL},
-    {"layers", KT_U32, 1, 1, 1024, 0, 0, NULL, OFF(config_model, layers), 0, 0, NULL},
-    {"heads", KT_U32, 1, 1, 4096, 0, 0, NULL, OFF(config_model, heads), 0, 0, NULL},
-    {"kv_heads", KT_U32, 0, 1, 4096, 0, 0, NULL, OFF(config_model, kv_heads), 0, 0, NULL},
-    {"width", KT_U32, 1, 1, 65536, 0, 0, NULL, OFF(config_model, width), 0, 0, NULL},
-    {"mlp_width", KT_U32, 0, 1, 262144, 0, 0, NULL, OFF(config_model, mlp_width), 0, 0, NULL},
-    {"layernorm_eps", KT_F64, 0, 0, 1, 1, 0, NULL, OFF(config_model, layernorm_eps), 0, 1e-5, NULL},
-    {"rope_theta", KT_F64, 0, 0, 1e12, 0, 0, NULL, OFF(config_model, rope_theta), 0, 0, NULL},
+    { "arch", KT_STR, 0, 0, 0, 0, 0, "gpt2|llama", OFF(config_model, arch),
+      CAP(config_model, arch), 0, "gpt2" },
+    { "vocab_size", KT_U32, 1, 1, 2147483647.0, 0, 0, NULL, OFF(config_model, vocab_size),
+      0, 0, NULL },
+    { "context", KT_U32, 1, 1, 1048576, 0, 0, NULL, OFF(config_model, context), 0, 0,
+      NULL },
+    { "layers", KT_U32, 1, 1, 1024, 0, 0, NULL, OFF(config_model, layers), 0, 0, NULL },
+    { "heads", KT_U32, 1, 1, 4096, 0, 0, NULL, OFF(config_model, heads), 0, 0, NULL },
+    { "kv_heads", KT_U32, 0, 1, 4096, 0, 0, NULL, OFF(config_model, kv_heads), 0, 0,
+      NULL },
+    { "width", KT_U32, 1, 1, 65536, 0, 0, NULL, OFF(config_model, width), 0, 0, NULL },
+    { "mlp_width", KT_U32, 0, 1, 262144, 0, 0, NULL, OFF(config_model, mlp_width), 0, 0,
+      NULL },
+    { "layernorm_eps", KT_F64, 0, 0, 1, 1, 0, NULL, OFF(config_model, layernorm_eps), 0,
+      1e-5, NULL },
+    { "rope_theta", KT_F64, 0, 0, 1e12, 0, 0, NULL, OFF(config_model, rope_theta), 0, 0,
+      NULL },
 };
 
 static const config_key_spec train_keys[] = {
-    {"micro_batch", KT_U32, 1, 1, 65536, 0, 0, NULL, OFF(config_train, micro_batch), 0, 0, NULL},
-    {"seq_len", KT_U32, 1, 1, 1048576, 0, 0, NULL, OFF(config_train, seq_len), 0, 0, NULL},
-    {"grad_accum", KT_U32, 0, 1, 1048576, 0, 0, NULL, OFF(config_train, grad_accum), 0, 1, NULL},
-    {"max_steps", KT_U64, 0, 1, U53, 0, 0, NULL, OFF(config_train, max_steps), 0, 0, NULL},
-    {"epochs", KT_F64, 0, 0, 1e9, 1, 0, NULL, OFF(config_train, epochs), 0, 0, NULL},
-    {"lr", KT_F64, 1, 0, 10, 1, 0, NULL, OFF(config_train, lr), 0, 0, NULL},
-    {"min_lr", KT_F64, 0, 0, 10, 0, 0, NULL, OFF(config_train, min_lr), 0, 0, NULL},
-    {"warmup_steps", KT_U64, 0, 0, U53, 0, 0, NULL, OFF(config_train, warmup_steps), 0, 0, NULL},
-    {"schedule", KT_STR, 0, 0, 0, 0, 0, "cosine|linear|constant", OFF(config_train, schedule), CAP(config_train, schedule), 0, "cosine"},
-    {"weight_decay", KT_F64, 0, 0, 10, 0, 0, NULL, OFF(config_train, weight_decay), 0, 0.0, NULL},
-    {"beta1", KT_F64, 0, 0, 1, 0, 1, NULL, OFF(config_train, beta1), 0, 0.9, NULL},
-    {"beta2", KT_F64, 0, 0, 1, 0, 1, NULL, OFF(config_train, beta2), 0, 0.95, NULL},
-    {"eps", KT_F64, 0, 0, 1, 1, 0, NULL, OFF(config_train, eps), 0, 1e-8, NULL},
-    {"grad_clip", KT_F64, 0, 0, 1e9, 0, 0, NULL, OFF(config_train, grad_clip), 0, 1.0, NULL},
-    {"seed", KT_U64, 0, 0, U53, 0, 0, NULL, OFF(config_train, seed), 0, 1337, NULL},
-    {"eval_every", KT_U64, 0, 0, U53, 0, 0, NULL, OFF(config_train, eval_every), 0, 100, NULL},
-    {"eval_batches", KT_U32, 0, 1, 1048576, 0, 0, NULL, OFF(config_train, eval_batches), 0, 8, NULL},
-    {"checkpoint_every", KT_U64, 0, 0, U53, 0, 0, NULL, OFF(config_train, checkpoint_every), 0, 0, NULL},
-    {"keep_checkpoints", KT_U32, 0, 1, 1000000, 0, 0, NULL, OFF(config_train, keep_checkpoints), 0, 3, NULL},
-    {"early_stop_patience", KT_U32, 0, 0, 1000000, 0, 0, NULL, OFF(config_train, early_stop_patience), 0, 0, NULL},
+    { "micro_batch", KT_U32, 1, 1, 65536, 0, 0, NULL, OFF(config_train, micro_batch), 0,
+      0, NULL },
+    { "seq_len", KT_U32, 1, 1, 1048576, 0, 0, NULL, OFF(config_train, seq_len), 0, 0,
+      NULL },
+    { "grad_accum", KT_U32, 0, 1, 1048576, 0, 0, NULL, OFF(config_train, grad_accum), 0,
+      1, NULL },
+    { "max_steps", KT_U64, 0, 1, U53, 0, 0, NULL, OFF(config_train, max_steps), 0, 0,
+      NULL },
+    { "epochs", KT_F64, 0, 0, 1e9, 1, 0, NULL, OFF(config_train, epochs), 0, 0, NULL },
+    { "lr", KT_F64, 1, 0, 10, 1, 0, NULL, OFF(config_train, lr), 0, 0, NULL },
+    { "min_lr", KT_F64, 0, 0, 10, 0, 0, NULL, OFF(config_train, min_lr), 0, 0, NULL },
+    { "warmup_steps", KT_U64, 0, 0, U53, 0, 0, NULL, OFF(config_train, warmup_steps), 0,
+      0, NULL },
+    { "schedule", KT_STR, 0, 0, 0, 0, 0, "cosine|linear|constant",
+      OFF(config_train, schedule), CAP(config_train, schedule), 0, "cosine" },
+    { "weight_decay", KT_F64, 0, 0, 10, 0, 0, NULL, OFF(config_train, weight_decay), 0,
+      0.0, NULL },
+    { "beta1", KT_F64, 0, 0, 1, 0, 1, NULL, OFF(config_train, beta1), 0, 0.9, NULL },
+    { "beta2", KT_F64, 0, 0, 1, 0, 1, NULL, OFF(config_train, beta2), 0, 0.95, NULL },
+    { "eps", KT_F64, 0, 0, 1, 1, 0, NULL, OFF(config_train, eps), 0, 1e-8, NULL },
+    { "grad_clip", KT_F64, 0, 0, 1e9, 0, 0, NULL, OFF(config_train, grad_clip), 0, 1.0,
+      NULL },
+    { "seed", KT_U64, 0, 0, U53, 0, 0, NULL, OFF(config_train, seed), 0, 1337, NULL },
+    { "eval_every", KT_U64, 0, 0, U53, 0, 0, NULL, OFF(config_train, eval_every), 0, 100,
+      NULL },
+    { "eval_batches", KT_U32, 0, 1, 1048576, 0, 0, NULL, OFF(config_train, eval_batches),
+      0, 8, NULL },
+    { "checkpoint_every", KT_U64, 0, 0, U53, 0, 0, NULL,
+      OFF(config_train, checkpoint_every), 0, 0, NULL },
+    { "keep_checkpoints", KT_U32, 0, 1, 1000000, 0, 0, NULL,
+      OFF(config_train, keep_checkpoints), 0, 3, NULL },
+    { "early_stop_patience", KT_U32, 0, 0, 1000000, 0, 0, NULL,
+      OFF(config_train, early_stop_patience), 0, 0, NULL },
 };
 
 static const config_key_spec data_keys[] = {
-    {"tokenizer", KT_STR, 1, 0, 0, 0, 0, "byte|gpt2", OFF(config_data, tokenizer), CAP(config_data, tokenizer), 0, NULL},
-    {"train", KT_STR, 1, 0, 0, 0, 0, NULL, OFF(config_data, train), CAP(config_data, train), 0, NULL},
-    {"val", KT_STR, 1, 0, 0, 0, 0, NULL, OFF(config_data, val), CAP(config_data, val), 0, NULL},
+    { "tokenizer", KT_STR, 1, 0, 0, 0, 0, "byte|gpt2", OFF(config_data, tokenizer),
+      CAP(config_data, tokenizer), 0, NULL },
+    { "train", KT_STR, 1, 0, 0, 0, 0, NULL, OFF(config_data, train),
+      CAP(config_data, train), 0, NULL },
+    { "val", KT_STR, 1, 0, 0, 0, 0, NULL, OFF(config_data, val), CAP(config_data, val), 0,
+      NULL },
 };
 
 static const config_key_spec engine_keys[] = {
-    {"name", KT_STR, 0, 0, 0, 0, 0, NULL, OFF(config_engine, name), CAP(config_engine, name), 0, "cpu"},
-    {"threads", KT_U32, 0, 0, 4096, 0, 0, NULL, OFF(config_engine, threads), 0, 0, NULL},
-    {"options", KT_STR, 0, 0, 0, 0, 0, "", OFF(config_engine, options), CAP(config_engine, options), 0, ""},
+    { "name", KT_STR, 0, 0, 0, 0, 0, NULL, OFF(config_engine, name),
+      CAP(config_engine, name), 0, "cpu" },
+    { "threads", KT_U32, 0, 0, 4096, 0, 0, NULL, OFF(config_engine, threads), 0, 0,
+      NULL },
+    { "options", KT_STR, 0, 0, 0, 0, 0, "", OFF(config_engine, options),
+      CAP(config_engine, options), 0, "" },
 };
 
 #define NKEYS(a) (sizeof(a) / sizeof((a)[0]))
 const config_section_spec config_sections[] = {
-    {"model", 1, model_keys, NKEYS(model_keys), OFF(orch_config, model)},
-    {"train", 1, train_keys, NKEYS(train_keys), OFF(orch_config, train)},
-    {"data", 1, data_keys, NKEYS(data_keys), OFF(orch_config, data)},
-    {"engine", 0, engine_keys, NKEYS(engine_keys), OFF(orch_config, engine)},
+    { "model", 1, model_keys, NKEYS(model_keys), OFF(orch_config, model) },
+    { "train", 1, train_keys, NKEYS(train_keys), OFF(orch_config, train) },
+    { "data", 1, data_keys, NKEYS(data_keys), OFF(orch_config, data) },
+    { "engine", 0, engine_keys, NKEYS(engine_keys), OFF(orch_config, engine) },
 };
 const size_t config_n_sections = NKEYS(config_sections);
 
@@ -91,8 +117,7 @@ const config_section_spec *config_find_section(const char *name) {
     return NULL;
 }
 
-const config_key_spec *config_find_key(const config_section_spec *s,
-                                       const char *name) {
+const config_key_spec *config_find_key(const config_section_spec *s, const char *name) {
     for (size_t i = 0; i < s->n_keys; i++)
         if (strcmp(s->keys[i].name, name) == 0) return &s->keys[i];
     return NULL;
@@ -166,9 +191,7 @@ static int is_choice(const char *choices, const char *v) {
     return 0;
 }
 
-static void fmt_num(char *buf, size_t cap, double v) {
-    snprintf(buf, cap, "%.10g", v);
-}
+static void fmt_num(char *buf, size_t cap, double v) { snprintf(buf, cap, "%.10g", v); }
 
 /* ------------------------------------------------------------------------- */
 /* Validation                                                                 */
@@ -185,8 +208,8 @@ static int check_value(const char *path, const config_key_spec *k, const cJSON *
         }
         const char *s = v->valuestring;
         if (strlen(s) >= k->cap) {
-            util_set_err(err, cap, "%s: string too long (at most %zu bytes)",
-                         path, k->cap - 1);
+            util_set_err(err, cap, "%s: string too long (at most %zu bytes)", path,
+                         k->cap - 1);
             return -1;
         }
         if (k->choices && *k->choices && !is_choice(k->choices, s)) {
@@ -205,8 +228,7 @@ static int check_value(const char *path, const config_key_spec *k, const cJSON *
     }
     const char *want = k->type == KT_F64 ? "a number" : "an integer";
     if (!cJSON_IsNumber(v)) {
-        util_set_err(err, cap, "%s: expected %s, got %s", path, want,
-                     json_type_name(v));
+        util_set_err(err, cap, "%s: expected %s, got %s", path, want, json_type_name(v));
         return -1;
     }
     double d = v->valuedouble;
@@ -277,8 +299,7 @@ int config_validate(const void *json, orch_config *cfg, char *err, size_t cap) {
         if (!config_find_section(name)) {
             char near[128];
             nearest_path(name, near, sizeof near);
-            util_set_err(err, cap, "%s: unknown key (did you mean %s?)", name,
-                         near);
+            util_set_err(err, cap, "%s: unknown key (did you mean %s?)", name, near);
             return -1;
         }
         for (const cJSON *o = doc->child; o != it; o = o->next)
@@ -310,8 +331,8 @@ int config_validate(const void *json, orch_config *cfg, char *err, size_t cap) {
                 if (!k) {
                     char near[128];
                     nearest_path(path, near, sizeof near);
-                    util_set_err(err, cap, "%s: unknown key (did you mean %s?)",
-                                 path, near);
+                    util_set_err(err, cap, "%s: unknown key (did you mean %s?)", path,
+                                 near);
                     return -1;
                 }
                 for (const cJSON *o = sec->child; o != it; o = o->next)
@@ -324,11 +345,9 @@ int config_validate(const void *json, orch_config *cfg, char *err, size_t cap) {
         }
         for (size_t ki = 0; ki < s->n_keys; ki++) {
             const config_key_spec *k = &s->keys[ki];
-            const cJSON *v =
-                sec ? cJSON_GetObjectItemCaseSensitive(sec, k->name) : NULL;
+            const cJSON *v = sec ? cJSON_GetObjectItemCaseSensitive(sec, k->name) : NULL;
             if (!v && k->required) {
-                util_set_err(err, cap, "%s.%s: missing required key", s->name,
-                             k->name);
+                util_set_err(err, cap, "%s.%s: missing required key", s->name, k->name);
                 return -1;
             }
             store_value(dst, k, v);
@@ -347,8 +366,7 @@ int config_validate(const void *json, orch_config *cfg, char *err, size_t cap) {
     }
     if (!cJSON_GetObjectItemCaseSensitive(msec, "kv_heads")) m->kv_heads = m->heads;
     if (m->kv_heads > m->heads || m->heads % m->kv_heads != 0) {
-        util_set_err(err, cap,
-                     "model.kv_heads: %u does not divide model.heads (%u)",
+        util_set_err(err, cap, "model.kv_heads: %u does not divide model.heads (%u)",
                      m->kv_heads, m->heads);
         return -1;
     }
@@ -360,8 +378,8 @@ int config_validate(const void *json, orch_config *cfg, char *err, size_t cap) {
         m->mlp_width = m->width * 4;
     }
     if (t->seq_len > m->context) {
-        util_set_err(err, cap, "train.seq_len: %u exceeds model.context (%u)",
-                     t->seq_len, m->context);
+        util_set_err(err, cap, "train.seq_len: %u exceeds model.context (%u)", t->seq_len,
+                     m->context);
         return -1;
     }
     if (t->min_lr > t->lr) {
@@ -395,4 +413,3 @@ int config_validate(const void *json, orch_config *cfg, char *err, size_t cap) {
     }
     return 0;
 }
-

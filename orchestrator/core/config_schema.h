@@ -52,8 +52,7 @@ extern const size_t config_n_sections;
 
 /* The section named `name` / its key named `name`, or NULL. */
 const config_section_spec *config_find_section(const char *name);
-const config_key_spec *config_find_key(const config_section_spec *s,
-                                       const char *name);
+const config_key_spec *config_find_key(const config_section_spec *s, const char *name);
 /* The key of a "section.key" path, or NULL. */
 const config_key_spec *config_key_for_path(const char *path);
 

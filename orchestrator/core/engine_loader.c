@@ -43,8 +43,7 @@ int engine_resolve(const char *value, char *out, size_t out_cap, char *err,
         char dirs[4096];
         snprintf(dirs, sizeof dirs, "%s", env);
         char *save = NULL;
-        for (char *d = strtok_r(dirs, ":", &save); d;
-             d = strtok_r(NULL, ":", &save)) {
+        for (char *d = strtok_r(dirs, ":", &save); d; d = strtok_r(NULL, ":", &save)) {
             char cand[4096 + 512];
             snprintf(cand, sizeof cand, "%s/%s", d, file);
             if (file_exists(cand)) {
@@ -80,10 +79,13 @@ static int check_elf(const char *path, char *why, size_t cap) {
         snprintf(why, cap, "is a directory, not a shared library");
         return -1;
     }
-    unsigned char magic[4] = {0};
+    unsigned char magic[4] = { 0 };
     ssize_t n = read(fd, magic, 4);
     close(fd);
-    if (n != 4 || memcmp(magic, "\x7f" "ELF", 4) != 0) {
+    if (n != 4 || memcmp(magic,
+                         "\x7f"
+                         "ELF",
+                         4) != 0) {
         snprintf(why, cap, "not a shared library (no ELF header)");
         return -1;
     }
@@ -96,7 +98,8 @@ struct member_req {
     size_t offset;
     uint64_t cap; /* 0 = always required */
 };
-#define MEMBER(m, c) {#m, offsetof(orch_engine_api, m), c}
+#define MEMBER(m, c) \
+    { #m, offsetof(orch_engine_api, m), c }
 static const struct member_req required_members[] = {
     MEMBER(probe, 0),
     MEMBER(status_string, 0),
@@ -121,11 +124,9 @@ static const struct member_req required_members[] = {
 #undef MEMBER
 
 /* Size of the ABI 1.0 table: the end of its last member. */
-#define ABI_1_0_SIZE \
-    (offsetof(orch_engine_api, kv_copy_blocks) + sizeof(void (*)(void)))
+#define ABI_1_0_SIZE (offsetof(orch_engine_api, kv_copy_blocks) + sizeof(void (*)(void)))
 
-int engine_load(const char *value, engine_handle *out, char *err,
-                size_t err_cap) {
+int engine_load(const char *value, engine_handle *out, char *err, size_t err_cap) {
     char path[4096];
     if (engine_resolve(value, path, sizeof path, err, err_cap) != 0) return -1;
 
@@ -151,17 +152,15 @@ int engine_load(const char *value, engine_handle *out, char *err,
                          "orch, or the system library path (%s)",
                          path, e ? e : "dlopen failed");
         } else {
-            util_set_err(err, err_cap,
-                         "engine '%s': not a loadable shared library (%s)", path,
-                         e ? e : "dlopen failed");
+            util_set_err(err, err_cap, "engine '%s': not a loadable shared library (%s)",
+                         path, e ? e : "dlopen failed");
         }
         return -1;
     }
     dlerror();
     void *sym = dlsym(dl, ORCH_ENGINE_ENTRY_SYMBOL);
     if (!sym) {
-        util_set_err(err, err_cap,
-                     "engine '%s': missing entry symbol %s", path,
+        util_set_err(err, err_cap, "engine '%s': missing entry symbol %s", path,
                      ORCH_ENGINE_ENTRY_SYMBOL);
         dlclose(dl);
         return -1;
@@ -181,8 +180,7 @@ int engine_load(const char *value, engine_handle *out, char *err,
         util_set_err(err, err_cap,
                      "engine '%s': ABI version mismatch: engine has %u.%u, orch "
                      "needs %u.x",
-                     path, api->abi_major, api->abi_minor,
-                     ORCH_ENGINE_ABI_MAJOR);
+                     path, api->abi_major, api->abi_minor, ORCH_ENGINE_ABI_MAJOR);
         dlclose(dl);
         return -1;
     }
@@ -199,15 +197,13 @@ int engine_load(const char *value, engine_handle *out, char *err,
         dlclose(dl);
         return -1;
     }
-    for (size_t i = 0; i < sizeof required_members / sizeof required_members[0];
-         i++) {
+    for (size_t i = 0; i < sizeof required_members / sizeof required_members[0]; i++) {
         const struct member_req *r = &required_members[i];
         if (r->cap && !(api->capabilities & r->cap)) continue;
         const void *fn;
         memcpy(&fn, (const char *)api + r->offset, sizeof fn);
         if (!fn) {
-            util_set_err(err, err_cap,
-                         "engine '%s': required member '%s' is NULL", path,
+            util_set_err(err, err_cap, "engine '%s': required member '%s' is NULL", path,
                          r->name);
             dlclose(dl);
             return -1;
@@ -254,8 +250,7 @@ int engine_create_context(const engine_handle *h, const orch_model_desc *model,
     msg[sizeof msg - 1] = '\0';
     if (st != ORCH_OK || !ctx) {
         util_set_err(err, err_cap, "engine %s: cannot create context: %s%s%s",
-                     h->api->name, h->api->status_string(st), *msg ? ": " : "",
-                     msg);
+                     h->api->name, h->api->status_string(st), *msg ? ": " : "", msg);
         return -1;
     }
     *out = ctx;
@@ -273,19 +268,19 @@ void engine_caps_string(uint64_t caps, char *buf, size_t cap) {
     static const struct {
         uint64_t bit;
         const char *name;
-    } names[] = {{ORCH_CAP_TRAIN, "train"},
-                 {ORCH_CAP_INFER, "infer"},
-                 {ORCH_CAP_KV_COPY, "kv-copy"},
-                 {ORCH_CAP_EVAL, "eval"},
-                 {ORCH_CAP_DETERMINISTIC, "deterministic"},
-                 {ORCH_CAP_GPU, "gpu"},
-                 {ORCH_CAP_FAULT_INJECTION, "fault-injection"}};
+    } names[] = { { ORCH_CAP_TRAIN, "train" },
+                  { ORCH_CAP_INFER, "infer" },
+                  { ORCH_CAP_KV_COPY, "kv-copy" },
+                  { ORCH_CAP_EVAL, "eval" },
+                  { ORCH_CAP_DETERMINISTIC, "deterministic" },
+                  { ORCH_CAP_GPU, "gpu" },
+                  { ORCH_CAP_FAULT_INJECTION, "fault-injection" } };
     size_t used = 0;
     if (cap) buf[0] = '\0';
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         if (!(caps & names[i].bit)) continue;
-        int n = snprintf(buf + used, cap > used ? cap - used : 0, "%s%s",
-                         used ? "," : "", names[i].name);
+        int n = snprintf(buf + used, cap > used ? cap - used : 0, "%s%s", used ? "," : "",
+                         names[i].name);
         if (n > 0) used += (size_t)n;
         if (used >= cap) break;
     }

@@ -41,8 +41,7 @@ int engine_resolve(const char *value, char *out, size_t out_cap, char *err,
 
 /* Open, validate and probe. Returns 0 and fills *out, or -1 with a one-line
  * message "engine 'FILE': REASON" in err (out untouched). */
-int engine_load(const char *value, engine_handle *out, char *err,
-                size_t err_cap);
+int engine_load(const char *value, engine_handle *out, char *err, size_t err_cap);
 
 /* Close the library. Safe on a zeroed or already-unloaded handle. */
 void engine_unload(engine_handle *h);

@@ -55,7 +55,8 @@ int fsio_mkdir_p(const char *dir, char *err, size_t err_cap) {
         int end = *p == '\0';
         if (!end && *p != '/') continue;
         *p = '\0';
-        if (mkdir(buf, 0755) != 0 && errno != EEXIST) return fail(err, err_cap, errno, buf, "mkdir");
+        if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+            return fail(err, err_cap, errno, buf, "mkdir");
         struct stat st;
         if (stat(buf, &st) != 0) return fail(err, err_cap, errno, buf, NULL);
         if (!S_ISDIR(st.st_mode)) {
@@ -69,8 +70,8 @@ int fsio_mkdir_p(const char *dir, char *err, size_t err_cap) {
     return 0;
 }
 
-int fsio_read_file(const char *path, size_t max_bytes, char **out, size_t *len,
-                   char *err, size_t err_cap) {
+int fsio_read_file(const char *path, size_t max_bytes, char **out, size_t *len, char *err,
+                   size_t err_cap) {
     /* O_NONBLOCK: opening a FIFO must not wait for a writer. */
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return fail(err, err_cap, errno, path, NULL);

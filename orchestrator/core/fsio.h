@@ -33,12 +33,12 @@ int fsio_mkdir_p(const char *dir, char *err, size_t err_cap);
  * file" otherwise: a FIFO or device never blocks the caller); a file larger
  * than max_bytes is refused ("PATH: file larger than N bytes"); a missing file
  * says "PATH: no such file or directory". On failure *out is untouched. */
-int fsio_read_file(const char *path, size_t max_bytes, char **out, size_t *len,
-                   char *err, size_t err_cap);
+int fsio_read_file(const char *path, size_t max_bytes, char **out, size_t *len, char *err,
+                   size_t err_cap);
 
 /* Write all n bytes to fd (retrying short writes and EINTR). */
-int fsio_write_all(int fd, const void *buf, size_t n, const char *path,
-                   char *err, size_t err_cap);
+int fsio_write_all(int fd, const void *buf, size_t n, const char *path, char *err,
+                   size_t err_cap);
 
 /* fsync PATH (a file, or a directory when is_dir; file systems that cannot
  * fsync a directory are accepted). */
@@ -73,8 +73,7 @@ typedef struct fsio_atomic_file {
     char tmp_path[4160]; /* the temp file beside it */
 } fsio_atomic_file;
 
-int fsio_atomic_open(fsio_atomic_file *f, const char *path, char *err,
-                     size_t err_cap);
+int fsio_atomic_open(fsio_atomic_file *f, const char *path, char *err, size_t err_cap);
 int fsio_atomic_write(fsio_atomic_file *f, const void *buf, size_t n, char *err,
                       size_t err_cap);
 /* Flush, fsync, close, rename over the target, fsync its directory. On

@@ -23,10 +23,10 @@ typedef enum { M_COUNTER, M_GAUGE, M_HISTOGRAM } mtype;
 
 struct metrics_series {
     metrics_family *fam;
-    char **values;             /* n_labels copied label values */
-    _Atomic uint64_t bits;     /* counter/gauge value as double bits */
-    pthread_mutex_t lock;      /* histogram */
-    uint64_t *bucket_counts;   /* n_buckets (non-cumulative) + 1 for +Inf */
+    char **values;           /* n_labels copied label values */
+    _Atomic uint64_t bits;   /* counter/gauge value as double bits */
+    pthread_mutex_t lock;    /* histogram */
+    uint64_t *bucket_counts; /* n_buckets (non-cumulative) + 1 for +Inf */
     uint64_t count;
     double sum;
     metrics_series *next;
@@ -125,20 +125,18 @@ static int same_shape(const metrics_family *f, mtype type, size_t n_labels,
     return 1;
 }
 
-static metrics_family *family_register(metrics_registry *r, mtype type,
-                                       const char *name, const char *help,
-                                       size_t n_labels,
-                                       const char *const *labels,
-                                       const double *buckets,
+static metrics_family *family_register(metrics_registry *r, mtype type, const char *name,
+                                       const char *help, size_t n_labels,
+                                       const char *const *labels, const double *buckets,
                                        size_t n_buckets) {
-    static const double def_buckets[] = {.005, .01, .025, .05, .1, .25,
-                                         .5,   1,   2.5,  5,   10};
+    static const double def_buckets[] = {
+        .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10
+    };
     if (!r || !valid_name(name, 1) || n_labels > METRICS_MAX_LABELS ||
         (n_labels && !labels))
         return NULL;
     for (size_t i = 0; i < n_labels; i++) {
-        if (!valid_name(labels[i], 0) || strncmp(labels[i], "__", 2) == 0)
-            return NULL;
+        if (!valid_name(labels[i], 0) || strncmp(labels[i], "__", 2) == 0) return NULL;
         if (type == M_HISTOGRAM && strcmp(labels[i], "le") == 0) return NULL;
         for (size_t j = 0; j < i; j++)
             if (strcmp(labels[i], labels[j]) == 0) return NULL;
@@ -158,8 +156,7 @@ static metrics_family *family_register(metrics_registry *r, mtype type,
     for (metrics_family *f = r->first; f; f = f->next) {
         if (strcmp(f->name, name) == 0) {
             metrics_family *ret =
-                same_shape(f, type, n_labels, labels, buckets, n_buckets) ? f
-                                                                          : NULL;
+                same_shape(f, type, n_labels, labels, buckets, n_buckets) ? f : NULL;
             pthread_mutex_unlock(&r->lock);
             return ret;
         }
@@ -174,15 +171,18 @@ static metrics_family *family_register(metrics_registry *r, mtype type,
         ok = f->name && f->help;
         for (size_t i = 0; ok && i < n_labels; i++) {
             f->labels[i] = dupstr(labels[i]);
-            if (!f->labels[i]) ok = 0;
-            else f->n_labels = i + 1;
+            if (!f->labels[i])
+                ok = 0;
+            else
+                f->n_labels = i + 1;
         }
     }
     if (ok && type == M_HISTOGRAM) {
         const double *b = buckets ? buckets : def_buckets;
         size_t nb = buckets ? n_buckets : sizeof def_buckets / sizeof *def_buckets;
         f->buckets = malloc(nb * sizeof *b);
-        if (!f->buckets) ok = 0;
+        if (!f->buckets)
+            ok = 0;
         else {
             memcpy(f->buckets, b, nb * sizeof *b);
             f->n_buckets = nb;
@@ -193,37 +193,33 @@ static metrics_family *family_register(metrics_registry *r, mtype type,
         pthread_mutex_unlock(&r->lock);
         return NULL;
     }
-    if (r->last) r->last->next = f;
-    else r->first = f;
+    if (r->last)
+        r->last->next = f;
+    else
+        r->first = f;
     r->last = f;
     pthread_mutex_unlock(&r->lock);
     return f;
 }
 
-metrics_family *metrics_counter(metrics_registry *r, const char *name,
-                                const char *help, size_t n_labels,
-                                const char *const *label_names) {
-    return family_register(r, M_COUNTER, name, help, n_labels, label_names,
-                           NULL, 0);
+metrics_family *metrics_counter(metrics_registry *r, const char *name, const char *help,
+                                size_t n_labels, const char *const *label_names) {
+    return family_register(r, M_COUNTER, name, help, n_labels, label_names, NULL, 0);
 }
 
-metrics_family *metrics_gauge(metrics_registry *r, const char *name,
-                              const char *help, size_t n_labels,
-                              const char *const *label_names) {
-    return family_register(r, M_GAUGE, name, help, n_labels, label_names, NULL,
-                           0);
+metrics_family *metrics_gauge(metrics_registry *r, const char *name, const char *help,
+                              size_t n_labels, const char *const *label_names) {
+    return family_register(r, M_GAUGE, name, help, n_labels, label_names, NULL, 0);
 }
 
-metrics_family *metrics_histogram(metrics_registry *r, const char *name,
-                                  const char *help, size_t n_labels,
-                                  const char *const *label_names,
+metrics_family *metrics_histogram(metrics_registry *r, const char *name, const char *help,
+                                  size_t n_labels, const char *const *label_names,
                                   const double *buckets, size_t n_buckets) {
-    return family_register(r, M_HISTOGRAM, name, help, n_labels, label_names,
-                           buckets, n_buckets);
+    return family_register(r, M_HISTOGRAM, name, help, n_labels, label_names, buckets,
+                           n_buckets);
 }
 
-metrics_series *metrics_series_get(metrics_family *f,
-                                   const char *const *label_values) {
+metrics_series *metrics_series_get(metrics_family *f, const char *const *label_values) {
     if (!f || (f->n_labels && !label_values)) return NULL;
     for (size_t i = 0; i < f->n_labels; i++)
         if (!label_values[i]) return NULL;
@@ -264,8 +260,10 @@ metrics_series *metrics_series_get(metrics_family *f,
         pthread_mutex_unlock(&r->lock);
         return NULL;
     }
-    if (f->last) f->last->next = s;
-    else f->first = s;
+    if (f->last)
+        f->last->next = s;
+    else
+        f->first = s;
     f->last = s;
     pthread_mutex_unlock(&r->lock);
     return s;
@@ -321,8 +319,7 @@ void metrics_histogram_observe(metrics_series *s, double v) {
 
 double metrics_series_value(const metrics_series *s) {
     if (!s || s->fam->type == M_HISTOGRAM) return 0.0;
-    return b2d(atomic_load_explicit(&((metrics_series *)s)->bits,
-                                    memory_order_relaxed));
+    return b2d(atomic_load_explicit(&((metrics_series *)s)->bits, memory_order_relaxed));
 }
 
 uint64_t metrics_histogram_count(const metrics_series *s) {
@@ -349,10 +346,14 @@ double metrics_histogram_sum(const metrics_series *s) {
 /* Escape for HELP (\\ and \n) or label values (also \"). */
 static void sb_escaped(strbuf *b, const char *s, int quote) {
     for (; *s; s++) {
-        if (*s == '\\') strbuf_puts(b, "\\\\");
-        else if (*s == '\n') strbuf_puts(b, "\\n");
-        else if (quote && *s == '"') strbuf_puts(b, "\\\"");
-        else strbuf_put(b, s, 1);
+        if (*s == '\\')
+            strbuf_puts(b, "\\\\");
+        else if (*s == '\n')
+            strbuf_puts(b, "\\n");
+        else if (quote && *s == '"')
+            strbuf_puts(b, "\\\"");
+        else
+            strbuf_put(b, s, 1);
     }
 }
 
@@ -398,13 +399,13 @@ static void sb_labels(strbuf *b, const metrics_series *s, const char *le) {
 
 int metrics_render(metrics_registry *r, char **out, size_t *len) {
     if (!r || !out) return -1;
-    strbuf b = {0};
+    strbuf b = { 0 };
     strbuf_reserve(&b, 1024);
     if (b.p) b.p[0] = '\0';
     char num[64];
     pthread_mutex_lock(&r->lock);
     for (metrics_family *f = r->first; f; f = f->next) {
-        static const char *tn[] = {"counter", "gauge", "histogram"};
+        static const char *tn[] = { "counter", "gauge", "histogram" };
         strbuf_printf(&b, "# HELP %s ", f->name);
         sb_escaped(&b, f->help, 0);
         strbuf_printf(&b, "\n# TYPE %s %s\n", f->name, tn[f->type]);
@@ -427,8 +428,10 @@ int metrics_render(metrics_registry *r, char **out, size_t *len) {
             for (size_t i = 0; i <= f->n_buckets; i++) {
                 cum += counts[i];
                 char le[64];
-                if (i < f->n_buckets) fmt_double(le, sizeof le, f->buckets[i]);
-                else snprintf(le, sizeof le, "+Inf");
+                if (i < f->n_buckets)
+                    fmt_double(le, sizeof le, f->buckets[i]);
+                else
+                    snprintf(le, sizeof le, "+Inf");
                 strbuf_printf(&b, "%s_bucket", f->name);
                 sb_labels(&b, s, le);
                 strbuf_printf(&b, " %llu\n", (unsigned long long)cum);
@@ -461,13 +464,10 @@ struct metrics_http {
     uint16_t port;
 };
 
-static enum MHD_Result metrics_http_handler(void *cls,
-                                            struct MHD_Connection *conn,
+static enum MHD_Result metrics_http_handler(void *cls, struct MHD_Connection *conn,
                                             const char *url, const char *method,
-                                            const char *version,
-                                            const char *upload_data,
-                                            size_t *upload_data_size,
-                                            void **con_cls) {
+                                            const char *version, const char *upload_data,
+                                            size_t *upload_data_size, void **con_cls) {
     (void)version;
     (void)upload_data;
     metrics_http *h = cls;
@@ -497,8 +497,10 @@ static enum MHD_Result metrics_http_handler(void *cls,
         size_t len = 0;
         if (metrics_render(h->r, &text, &len) != 0) return MHD_NO;
         resp = MHD_create_response_from_buffer(len, text, MHD_RESPMEM_MUST_FREE);
-        if (!resp) free(text);
-        else MHD_add_response_header(resp, "Content-Type", METRICS_CONTENT_TYPE);
+        if (!resp)
+            free(text);
+        else
+            MHD_add_response_header(resp, "Content-Type", METRICS_CONTENT_TYPE);
         status = MHD_HTTP_OK;
     }
     if (!resp) return MHD_NO;
@@ -507,8 +509,8 @@ static enum MHD_Result metrics_http_handler(void *cls,
     return ret;
 }
 
-metrics_http *metrics_http_start(metrics_registry *r, const char *host,
-                                 uint16_t port, char *err, size_t err_cap) {
+metrics_http *metrics_http_start(metrics_registry *r, const char *host, uint16_t port,
+                                 char *err, size_t err_cap) {
     if (!r) {
         util_set_err(err, err_cap, "metrics: no registry");
         return NULL;
@@ -528,15 +530,14 @@ metrics_http *metrics_http_start(metrics_registry *r, const char *host,
         return NULL;
     }
     h->r = r;
-    h->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL,
-                            port, NULL, NULL, metrics_http_handler, h,
-                            MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
-                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)30,
-                            MHD_OPTION_END);
+    h->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL, port, NULL,
+                            NULL, metrics_http_handler, h, MHD_OPTION_SOCK_ADDR,
+                            (struct sockaddr *)&sa, MHD_OPTION_CONNECTION_TIMEOUT,
+                            (unsigned)30, MHD_OPTION_END);
     if (!h->d) {
         util_set_err(err, err_cap,
-                     "metrics: cannot listen on %s:%u (in use or not allowed)",
-                     host, (unsigned)port);
+                     "metrics: cannot listen on %s:%u (in use or not allowed)", host,
+                     (unsigned)port);
         free(h);
         return NULL;
     }

@@ -46,25 +46,21 @@ void metrics_registry_free(metrics_registry *r); /* NULL is a no-op */
 
 /* Register families. n_labels <= METRICS_MAX_LABELS; label_names may be NULL
  * when n_labels is 0. Counter names should end in _total (not enforced). */
-metrics_family *metrics_counter(metrics_registry *r, const char *name,
-                                const char *help, size_t n_labels,
-                                const char *const *label_names);
-metrics_family *metrics_gauge(metrics_registry *r, const char *name,
-                              const char *help, size_t n_labels,
-                              const char *const *label_names);
+metrics_family *metrics_counter(metrics_registry *r, const char *name, const char *help,
+                                size_t n_labels, const char *const *label_names);
+metrics_family *metrics_gauge(metrics_registry *r, const char *name, const char *help,
+                              size_t n_labels, const char *const *label_names);
 /* buckets: strictly increasing finite upper bounds (the +Inf bucket is
  * implicit); NULL/0 gives Prometheus' defaults
  * {.005,.01,.025,.05,.1,.25,.5,1,2.5,5,10}. At most 64 buckets. */
-metrics_family *metrics_histogram(metrics_registry *r, const char *name,
-                                  const char *help, size_t n_labels,
-                                  const char *const *label_names,
+metrics_family *metrics_histogram(metrics_registry *r, const char *name, const char *help,
+                                  size_t n_labels, const char *const *label_names,
                                   const double *buckets, size_t n_buckets);
 
 /* The series of `f` for these label values (n_labels strings, in the order of
  * the label names; NULL for a family without labels). Created on first use.
  * NULL on bad arguments or out of memory. */
-metrics_series *metrics_series_get(metrics_family *f,
-                                   const char *const *label_values);
+metrics_series *metrics_series_get(metrics_family *f, const char *const *label_values);
 
 /* Counter: add v >= 0 (negative or non-finite v is ignored). */
 void metrics_counter_add(metrics_series *s, double v);
@@ -95,8 +91,8 @@ int metrics_render(metrics_registry *r, char **out, size_t *len);
  * with a message in err when the address cannot be bound. Stop with
  * metrics_http_stop (NULL is a no-op) before freeing the registry. */
 typedef struct metrics_http metrics_http;
-metrics_http *metrics_http_start(metrics_registry *r, const char *host,
-                                 uint16_t port, char *err, size_t err_cap);
+metrics_http *metrics_http_start(metrics_registry *r, const char *host, uint16_t port,
+                                 char *err, size_t err_cap);
 uint16_t metrics_http_port(const metrics_http *h);
 void metrics_http_stop(metrics_http *h);
 

@@ -15,9 +15,7 @@ void rng_seed(orch_rng *r, uint64_t seed) {
     for (int i = 0; i < 4; i++) r->s[i] = rng_splitmix64(&x);
 }
 
-static inline uint64_t rotl(uint64_t x, int k) {
-    return (x << k) | (x >> (64 - k));
-}
+static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 
 uint64_t rng_next(orch_rng *r) {
     uint64_t *s = r->s;
@@ -41,6 +39,4 @@ uint64_t rng_below(orch_rng *r, uint64_t n) {
     }
 }
 
-double rng_uniform(orch_rng *r) {
-    return (double)(rng_next(r) >> 11) * 0x1.0p-53;
-}
+double rng_uniform(orch_rng *r) { return (double)(rng_next(r) >> 11) * 0x1.0p-53; }

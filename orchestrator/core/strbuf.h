@@ -25,8 +25,7 @@ void strbuf_reserve(strbuf *b, size_t extra);
 /* Append n bytes / a C string / printf-formatted text. */
 void strbuf_put(strbuf *b, const char *s, size_t n);
 void strbuf_puts(strbuf *b, const char *s);
-void strbuf_printf(strbuf *b, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
+void strbuf_printf(strbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Free the contents and reset to empty. */
 void strbuf_free(strbuf *b);
 

@@ -14,9 +14,9 @@
 #include <stdio.h>
 
 /* Exit statuses of the orch binary (documented in README and --help). */
-#define ORCH_EXIT_OK 0
-#define ORCH_EXIT_FAILURE 1   /* runtime failure */
-#define ORCH_EXIT_USAGE 2     /* bad arguments, config, input file or engine */
+#define ORCH_EXIT_OK      0
+#define ORCH_EXIT_FAILURE 1 /* runtime failure */
+#define ORCH_EXIT_USAGE   2 /* bad arguments, config, input file or engine */
 
 /* Print "orch: error: <message>" as one line to stderr. */
 void util_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

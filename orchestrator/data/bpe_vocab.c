@@ -31,8 +31,7 @@ static size_t pow2_at_least(size_t n) {
 /* ---- GPT-2 byte <-> unicode mapping ----------------------------------- */
 
 static int gpt2_byte_printable(int b) {
-    return (b >= 33 && b <= 126) || (b >= 161 && b <= 172) ||
-           (b >= 174 && b <= 255);
+    return (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
 }
 
 /* code point -> byte (or -1), for code points below 512. */
@@ -50,8 +49,8 @@ static void gpt2_unicode_to_byte(int16_t map[512]) {
 /* Convert a GPT-2 "unicode spelled" token (UTF-8, length n) to raw bytes in
    out (capacity >= n). Returns the byte count, or -1 on a character outside
    the mapping. */
-static long gpt2_spelling_to_bytes(const int16_t map[512], const char *s,
-                                   size_t n, unsigned char *out) {
+static long gpt2_spelling_to_bytes(const int16_t map[512], const char *s, size_t n,
+                                   unsigned char *out) {
     const unsigned char *p = (const unsigned char *)s;
     size_t i = 0, o = 0;
     while (i < n) {
@@ -64,8 +63,7 @@ static long gpt2_spelling_to_bytes(const int16_t map[512], const char *s,
     return (long)o;
 }
 
-static char *read_vocab_file(const char *path, size_t *len, char *err,
-                             size_t err_cap) {
+static char *read_vocab_file(const char *path, size_t *len, char *err, size_t err_cap) {
     char *buf = NULL, msg[PATH_MAX + 128];
     if (fsio_read_file(path, VOCAB_FILE_MAX_BYTES, &buf, len, msg, sizeof msg) != 0) {
         util_set_err(err, err_cap, "cannot read %s (run tools/setup.sh)", msg);
@@ -91,8 +89,8 @@ static int32_t vocab_index_find(const bpe_vocab *t, const vocab_index *vi,
 }
 
 /* Load encoder.json into t->pool/off/vocab_size/eot. */
-static int load_encoder(bpe_vocab *t, const char *dir, const int16_t map[512],
-                        char *err, size_t err_cap) {
+static int load_encoder(bpe_vocab *t, const char *dir, const int16_t map[512], char *err,
+                        size_t err_cap) {
     char path[PATH_MAX];
     if (snprintf(path, sizeof path, "%s/encoder.json", dir) >= (int)sizeof path) {
         util_set_err(err, err_cap, "path too long: %s", dir);
@@ -134,9 +132,8 @@ static int load_encoder(bpe_vocab *t, const char *dir, const int16_t map[512],
     for (cJSON *c = root->child; c; c = c->next) {
         double v = cJSON_IsNumber(c) ? c->valuedouble : -1;
         if (v < 0 || v >= n || v != (double)(int)v) {
-            util_set_err(err, err_cap,
-                         "%s: token \"%.40s\" has id %g outside 0..%d", path,
-                         c->string, v, n - 1);
+            util_set_err(err, err_cap, "%s: token \"%.40s\" has id %g outside 0..%d",
+                         path, c->string, v, n - 1);
             goto done;
         }
         int id = (int)v;
@@ -210,7 +207,8 @@ static int load_merges(bpe_vocab *t, const char *dir, const int16_t map[512],
             continue;
         }
         char *sp = memchr(p, ' ', ll);
-        if (!sp || sp == p || sp + 1 >= p + ll || memchr(sp + 1, ' ', (size_t)(p + ll - sp - 1))) {
+        if (!sp || sp == p || sp + 1 >= p + ll ||
+            memchr(sp + 1, ' ', (size_t)(p + ll - sp - 1))) {
             util_set_err(err, err_cap,
                          "%s line %zu: expected two tokens separated by one "
                          "space",
@@ -237,8 +235,7 @@ static int load_merges(bpe_vocab *t, const char *dir, const int16_t map[512],
         uint64_t key = (((uint64_t)(uint32_t)ia << 32) | (uint32_t)ib) + 1;
         size_t mask = t->merge_cap - 1;
         size_t i = bpe_hash_u64(key) & mask;
-        while (t->merge_keys[i] != 0 && t->merge_keys[i] != key)
-            i = (i + 1) & mask;
+        while (t->merge_keys[i] != 0 && t->merge_keys[i] != key) i = (i + 1) & mask;
         /* A repeated pair keeps its first (lowest) rank. */
         if (t->merge_keys[i] == 0) {
             t->merge_keys[i] = key;
@@ -254,7 +251,6 @@ done:
     free(text);
     return rc;
 }
-
 
 int bpe_vocab_init_bytes(bpe_vocab *v, char *err, size_t err_cap) {
     memset(v, 0, sizeof *v);
@@ -315,8 +311,8 @@ static int load_gpt2(bpe_vocab *t, const char *dir, char *err, size_t err_cap) {
         t->byte_id[b] = vocab_index_find(t, &vi, &c, 1);
         if (t->byte_id[b] < 0) {
             free(vi.slot);
-            util_set_err(err, err_cap,
-                         "%s/encoder.json has no token for byte 0x%02x", dir, b);
+            util_set_err(err, err_cap, "%s/encoder.json has no token for byte 0x%02x",
+                         dir, b);
             return -1;
         }
     }

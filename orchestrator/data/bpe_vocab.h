@@ -21,14 +21,14 @@
 
 typedef struct bpe_vocab {
     uint32_t vocab_size;
-    int32_t eot;               /* id of "<|endoftext|>", -1 when none */
-    char *pool;                /* token bytes: pool[off[i] .. off[i+1]) */
-    uint32_t *off;             /* vocab_size + 1 offsets */
-    int32_t byte_id[256];      /* id of the single-byte token for each byte */
-    uint64_t *merge_keys;      /* ((a << 32) | b) + 1, 0 = empty slot */
+    int32_t eot;          /* id of "<|endoftext|>", -1 when none */
+    char *pool;           /* token bytes: pool[off[i] .. off[i+1]) */
+    uint32_t *off;        /* vocab_size + 1 offsets */
+    int32_t byte_id[256]; /* id of the single-byte token for each byte */
+    uint64_t *merge_keys; /* ((a << 32) | b) + 1, 0 = empty slot */
     uint32_t *merge_rank;
     int32_t *merge_result;
-    size_t merge_cap;          /* power of two; 0 = no merges */
+    size_t merge_cap; /* power of two; 0 = no merges */
 } bpe_vocab;
 
 /* The byte tokenizer's table: id = byte value, no merges. */
@@ -36,8 +36,7 @@ int bpe_vocab_init_bytes(bpe_vocab *v, char *err, size_t err_cap);
 
 /* GPT-2's tables from DIR/encoder.json and DIR/vocab.bpe (missing files say
  * to run tools/setup.sh; malformed ones name the file and line). */
-int bpe_vocab_load_gpt2(const char *dir, bpe_vocab *v, char *err,
-                        size_t err_cap);
+int bpe_vocab_load_gpt2(const char *dir, bpe_vocab *v, char *err, size_t err_cap);
 
 void bpe_vocab_free(bpe_vocab *v);
 

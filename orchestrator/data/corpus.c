@@ -25,10 +25,9 @@
 
 extern char **environ;
 
-#define KJV_RANGE "gen1:1-rev22:21"
+#define KJV_RANGE       "gen1:1-rev22:21"
 #define KJV_FIRST_VERSE "In the beginning God created the heaven and the earth."
-#define KJV_LAST_VERSE \
-    "The grace of our Lord Jesus Christ be with you all. Amen."
+#define KJV_LAST_VERSE  "The grace of our Lord Jesus Christ be with you all. Amen."
 /* `bible -l1000` gives 4,298,239 bytes; allow for packaging differences. */
 #define KJV_MIN_BYTES 4000000
 #define KJV_MAX_BYTES 4700000
@@ -92,7 +91,7 @@ int corpus_fetch_kjv(const char *out_path, char *err, size_t err_cap) {
     posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
     posix_spawn_file_actions_adddup2(&fa, fd, 1);
     posix_spawn_file_actions_adddup2(&fa, errpipe[1], 2);
-    char *argv[] = {"bible", "-l1000", KJV_RANGE, NULL};
+    char *argv[] = { "bible", "-l1000", KJV_RANGE, NULL };
     pid_t pid;
     int src = posix_spawnp(&pid, "bible", &fa, NULL, argv, environ);
     posix_spawn_file_actions_destroy(&fa);
@@ -136,10 +135,9 @@ int corpus_fetch_kjv(const char *out_path, char *err, size_t err_cap) {
                          "the `bible` program (Debian package bible-kjv) is not "
                          "installed; run tools/setup.sh");
         else
-            util_set_err(err, err_cap,
-                         "`bible -l1000 '" KJV_RANGE "'` failed (status %d)%s%s",
-                         WIFEXITED(status) ? WEXITSTATUS(status) : -1,
-                         mn ? ": " : "", msg);
+            util_set_err(
+                err, err_cap, "`bible -l1000 '" KJV_RANGE "'` failed (status %d)%s%s",
+                WIFEXITED(status) ? WEXITSTATUS(status) : -1, mn ? ": " : "", msg);
         fsio_atomic_abort(&f);
         return -1;
     }
@@ -182,11 +180,9 @@ static void remove_flat_dir(const char *dir) {
     if (d) {
         struct dirent *e;
         while ((e = readdir(d)) != NULL) {
-            if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
-                continue;
+            if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
             char p[PATH_MAX];
-            if (snprintf(p, sizeof p, "%s/%s", dir, e->d_name) < (int)sizeof p)
-                unlink(p);
+            if (snprintf(p, sizeof p, "%s/%s", dir, e->d_name) < (int)sizeof p) unlink(p);
         }
         closedir(d);
     }
@@ -194,9 +190,8 @@ static void remove_flat_dir(const char *dir) {
 }
 
 /* 1 if both globs open as valid datasets made with tokenizer kind. */
-static int shards_valid(const char *train_glob, const char *val_glob,
-                        const char *kind) {
-    const char *globs[2] = {train_glob, val_glob};
+static int shards_valid(const char *train_glob, const char *val_glob, const char *kind) {
+    const char *globs[2] = { train_glob, val_glob };
     for (int i = 0; i < 2; i++) {
         dataset *ds;
         char e[256];
@@ -208,15 +203,13 @@ static int shards_valid(const char *train_glob, const char *val_glob,
     return 1;
 }
 
-int corpus_prepare_kjv(const char *data_dir, const char *kind,
-                       shard_progress_fn progress, void *progress_user,
-                       char *train_glob, size_t train_glob_cap,
-                       char *val_glob, size_t val_glob_cap, int *prepared,
-                       char *err, size_t err_cap) {
+int corpus_prepare_kjv(const char *data_dir, const char *kind, shard_progress_fn progress,
+                       void *progress_user, char *train_glob, size_t train_glob_cap,
+                       char *val_glob, size_t val_glob_cap, int *prepared, char *err,
+                       size_t err_cap) {
     if (prepared) *prepared = 0;
     if (!tokenizer_kind_valid(kind)) {
-        util_set_err(err, err_cap,
-                     "unknown tokenizer '%s' (expected byte or gpt2)",
+        util_set_err(err, err_cap, "unknown tokenizer '%s' (expected byte or gpt2)",
                      kind ? kind : "(null)");
         return -1;
     }
@@ -249,8 +242,7 @@ int corpus_prepare_kjv(const char *data_dir, const char *kind,
     if (shards_valid(tglob, vglob, kind)) return 0;
 
     struct stat st;
-    if (stat(text, &st) != 0 && corpus_fetch_kjv(text, err, err_cap) != 0)
-        return -1;
+    if (stat(text, &st) != 0 && corpus_fetch_kjv(text, err, err_cap) != 0) return -1;
 
     char tmp[PATH_MAX], old[PATH_MAX];
     unsigned k = atomic_fetch_add(&tmp_counter, 1);

@@ -33,10 +33,9 @@ int corpus_default_data_dir(char *buf, size_t cap, char *err, size_t err_cap);
    valid, this only opens the datasets to check them (fast).
    *prepared is set to 1 when shards were (re)built, else 0 (may be NULL).
    progress may be NULL. Returns 0 / -1. */
-int corpus_prepare_kjv(const char *data_dir, const char *kind,
-                       shard_progress_fn progress, void *progress_user,
-                       char *train_glob, size_t train_glob_cap,
-                       char *val_glob, size_t val_glob_cap, int *prepared,
-                       char *err, size_t err_cap);
+int corpus_prepare_kjv(const char *data_dir, const char *kind, shard_progress_fn progress,
+                       void *progress_user, char *train_glob, size_t train_glob_cap,
+                       char *val_glob, size_t val_glob_cap, int *prepared, char *err,
+                       size_t err_cap);
 
 #endif

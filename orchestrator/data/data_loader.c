@@ -34,10 +34,14 @@ int data_rng_from_hex(const char *hex, data_rng *r) {
         for (int j = 0; j < 16; j++) {
             char c = hex[16 * i + j];
             int d;
-            if (c >= '0' && c <= '9') d = c - '0';
-            else if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
-            else if (c >= 'A' && c <= 'F') d = c - 'A' + 10;
-            else return -1;
+            if (c >= '0' && c <= '9')
+                d = c - '0';
+            else if (c >= 'a' && c <= 'f')
+                d = c - 'a' + 10;
+            else if (c >= 'A' && c <= 'F')
+                d = c - 'A' + 10;
+            else
+                return -1;
             v = (v << 4) | (uint64_t)d;
         }
         tmp.s[i] = v;
@@ -63,14 +67,14 @@ typedef struct slot {
 struct data_loader {
     const dataset *ds;
     data_loader_opts o;
-    uint64_t n_offsets;   /* offsets are drawn from [0, n_offsets) */
-    int32_t *window;      /* seq_len+1 scratch (synchronous mode) */
+    uint64_t n_offsets; /* offsets are drawn from [0, n_offsets) */
+    int32_t *window;    /* seq_len+1 scratch (synchronous mode) */
     slot slots[N_SLOTS];
-    data_rng gen;         /* producer's generator */
-    data_rng consumed;    /* state after the last returned batch */
-    unsigned head;        /* next slot the consumer takes */
-    unsigned tail;        /* next slot the producer fills */
-    int held;             /* consumer holds slot (head-1) */
+    data_rng gen;      /* producer's generator */
+    data_rng consumed; /* state after the last returned batch */
+    unsigned head;     /* next slot the consumer takes */
+    unsigned tail;     /* next slot the producer fills */
+    int held;          /* consumer holds slot (head-1) */
     int stop;
     int thread_started;
     pthread_t thread;
@@ -89,8 +93,7 @@ static int fill_batch(data_loader *l, data_rng *g, slot *s, int32_t *window) {
         uint32_t row = i % B;
         if (dataset_read(l->ds, off, (uint64_t)T + 1, window) != 0) return -1;
         memcpy(s->tokens + (size_t)row * T, window, (size_t)T * sizeof *window);
-        memcpy(s->targets + (size_t)row * T, window + 1,
-               (size_t)T * sizeof *window);
+        memcpy(s->targets + (size_t)row * T, window + 1, (size_t)T * sizeof *window);
     }
     s->rng_after = *g;
     return 0;
@@ -127,9 +130,8 @@ static void *producer_main(void *arg) {
     return NULL;
 }
 
-int data_loader_open(const dataset *ds, const data_loader_opts *o,
-                     const data_rng *start, data_loader **out, char *err,
-                     size_t err_cap) {
+int data_loader_open(const dataset *ds, const data_loader_opts *o, const data_rng *start,
+                     data_loader **out, char *err, size_t err_cap) {
     uint32_t world = o->world ? o->world : 1;
     if (o->micro_batch == 0 || o->seq_len == 0 || o->rank >= world) {
         util_set_err(err, err_cap, "data loader: bad options");
@@ -193,8 +195,8 @@ fail:
     return -1;
 }
 
-int data_loader_next(data_loader *l, const int32_t **tokens,
-                     const int32_t **targets, char *err, size_t err_cap) {
+int data_loader_next(data_loader *l, const int32_t **tokens, const int32_t **targets,
+                     char *err, size_t err_cap) {
     if (!l->thread_started) {
         slot *s = &l->slots[0];
         if (fill_batch(l, &l->gen, s, l->window) != 0) {
@@ -228,9 +230,7 @@ int data_loader_next(data_loader *l, const int32_t **tokens,
     return 0;
 }
 
-void data_loader_rng_state(const data_loader *l, data_rng *out) {
-    *out = l->consumed;
-}
+void data_loader_rng_state(const data_loader *l, data_rng *out) { *out = l->consumed; }
 
 void data_loader_close(data_loader *l) {
     if (!l) return;
@@ -254,9 +254,8 @@ void data_loader_close(data_loader *l) {
 /* ------------------------------------------------------------------------- */
 /* Validation set                                                             */
 /* ------------------------------------------------------------------------- */
-int data_eval_set_build(const dataset *ds, uint32_t n_batches,
-                        uint32_t micro_batch, uint32_t seq_len,
-                        data_eval_set *out, char *err, size_t err_cap) {
+int data_eval_set_build(const dataset *ds, uint32_t n_batches, uint32_t micro_batch,
+                        uint32_t seq_len, data_eval_set *out, char *err, size_t err_cap) {
     uint64_t total = dataset_total_tokens(ds);
     if (n_batches == 0 || micro_batch == 0 || seq_len == 0) {
         util_set_err(err, err_cap, "validation set: bad sizes");
@@ -283,9 +282,9 @@ int data_eval_set_build(const dataset *ds, uint32_t n_batches,
     }
     uint64_t last = total - seq_len - 1; /* largest start offset */
     for (size_t w = 0; w < windows; w++) {
-        uint64_t off = windows > 1 ? (uint64_t)((double)last * (double)w /
-                                                (double)(windows - 1))
-                                   : 0;
+        uint64_t off = windows > 1
+                           ? (uint64_t)((double)last * (double)w / (double)(windows - 1))
+                           : 0;
         if (off > last) off = last;
         if (dataset_read(ds, off, (uint64_t)seq_len + 1, win) != 0) {
             free(tok);

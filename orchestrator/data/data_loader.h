@@ -51,9 +51,9 @@ int data_rng_from_hex(const char *hex, data_rng *r);
 typedef struct data_loader_opts {
     uint32_t micro_batch;
     uint32_t seq_len;
-    uint32_t rank;   /* 0 for a single process */
-    uint32_t world;  /* number of data-parallel ranks; 0 or 1 = one */
-    int prefetch;    /* 1: background thread (default use); 0: synchronous */
+    uint32_t rank;  /* 0 for a single process */
+    uint32_t world; /* number of data-parallel ranks; 0 or 1 = one */
+    int prefetch;   /* 1: background thread (default use); 0: synchronous */
 } data_loader_opts;
 
 typedef struct data_loader data_loader;
@@ -61,13 +61,12 @@ typedef struct data_loader data_loader;
 /* Start a loader at RNG state *start (the state after the batches already
  * consumed). Errors: dataset shorter than seq_len+1 tokens, bad options,
  * out of memory, thread creation failure. */
-int data_loader_open(const dataset *ds, const data_loader_opts *o,
-                     const data_rng *start, data_loader **out, char *err,
-                     size_t err_cap);
+int data_loader_open(const dataset *ds, const data_loader_opts *o, const data_rng *start,
+                     data_loader **out, char *err, size_t err_cap);
 
 /* The next batch (blocks until the prefetch thread has it ready). */
-int data_loader_next(data_loader *l, const int32_t **tokens,
-                     const int32_t **targets, char *err, size_t err_cap);
+int data_loader_next(data_loader *l, const int32_t **tokens, const int32_t **targets,
+                     char *err, size_t err_cap);
 
 /* RNG state after the last batch returned by data_loader_next (the start
  * state when none was returned yet): save this to resume. Batches prefetched
@@ -88,9 +87,8 @@ typedef struct data_eval_set {
 
 /* Build the set from evenly spaced windows of ds. Caller frees with
  * data_eval_set_free. */
-int data_eval_set_build(const dataset *ds, uint32_t n_batches,
-                        uint32_t micro_batch, uint32_t seq_len,
-                        data_eval_set *out, char *err, size_t err_cap);
+int data_eval_set_build(const dataset *ds, uint32_t n_batches, uint32_t micro_batch,
+                        uint32_t seq_len, data_eval_set *out, char *err, size_t err_cap);
 void data_eval_set_free(data_eval_set *s);
 
 #endif

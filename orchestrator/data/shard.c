@@ -93,9 +93,8 @@ static void header_build(unsigned char h[SHARD_HEADER_SIZE], const char *name,
 }
 
 /* Validate a header against the file size; fills info. */
-static int header_parse(const char *path, const unsigned char *h,
-                        uint64_t file_size, shard_info *info, char *err,
-                        size_t err_cap) {
+static int header_parse(const char *path, const unsigned char *h, uint64_t file_size,
+                        shard_info *info, char *err, size_t err_cap) {
     if (file_size < 8 || memcmp(h, SHARD_MAGIC, 8) != 0) {
         util_set_err(err, err_cap,
                      "%s is not an orch token shard (bad magic; expected "
@@ -121,8 +120,7 @@ static int header_parse(const char *path, const unsigned char *h,
     if (get_u32(h + 12) != SHARD_HEADER_SIZE ||
         get_u64(h + 56) != shard_checksum(h, 56)) {
         util_set_err(err, err_cap,
-                     "%s has a corrupt header (checksum mismatch); " HINT_PREPARE,
-                     path);
+                     "%s has a corrupt header (checksum mismatch); " HINT_PREPARE, path);
         return -1;
     }
     memset(info, 0, sizeof *info);
@@ -133,8 +131,7 @@ static int header_parse(const char *path, const unsigned char *h,
     info->payload_checksum = get_u64(h + 48);
     memcpy(info->tokenizer, h + 24, 16);
     if (info->tokenizer[15] != '\0' || info->tokenizer[0] == '\0' ||
-        info->vocab_size == 0 ||
-        info->token_width != width_for_vocab(info->vocab_size)) {
+        info->vocab_size == 0 || info->token_width != width_for_vocab(info->vocab_size)) {
         util_set_err(err, err_cap,
                      "%s has an inconsistent header (tokenizer, vocab size or "
                      "token width); " HINT_PREPARE,
@@ -152,8 +149,8 @@ static int header_parse(const char *path, const unsigned char *h,
                      "%s is %s: header says %llu tokens (%llu bytes), file "
                      "has %llu bytes; " HINT_PREPARE,
                      path, file_size < want ? "truncated" : "the wrong size",
-                     (unsigned long long)info->n_tokens,
-                     (unsigned long long)want, (unsigned long long)file_size);
+                     (unsigned long long)info->n_tokens, (unsigned long long)want,
+                     (unsigned long long)file_size);
         return -1;
     }
     return 0;
@@ -161,13 +158,11 @@ static int header_parse(const char *path, const unsigned char *h,
 
 /* Check the payload checksum and that every token is below the vocab. */
 static int payload_verify(const char *path, const shard_info *info,
-                          const unsigned char *payload, char *err,
-                          size_t err_cap) {
+                          const unsigned char *payload, char *err, size_t err_cap) {
     size_t bytes = (size_t)(info->n_tokens * info->token_width);
     if (shard_checksum(payload, bytes) != info->payload_checksum) {
         util_set_err(err, err_cap,
-                     "%s is corrupt: payload checksum mismatch; " HINT_PREPARE,
-                     path);
+                     "%s is corrupt: payload checksum mismatch; " HINT_PREPARE, path);
         return -1;
     }
     uint32_t max = 0;
@@ -188,8 +183,7 @@ static int payload_verify(const char *path, const shard_info *info,
     }
     if (info->n_tokens > 0 && max >= info->vocab_size) {
         util_set_err(err, err_cap,
-                     "%s holds token id %u, outside its vocabulary of %u; "
-                     HINT_PREPARE,
+                     "%s holds token id %u, outside its vocabulary of %u; " HINT_PREPARE,
                      path, max, info->vocab_size);
         return -1;
     }
@@ -198,14 +192,12 @@ static int payload_verify(const char *path, const shard_info *info,
 
 /* ---- writing ------------------------------------------------------------ */
 
-int shard_write_file(const char *path, const char *tokenizer_name,
-                     uint32_t vocab_size, const int32_t *ids, uint64_t n,
-                     char *err, size_t err_cap) {
+int shard_write_file(const char *path, const char *tokenizer_name, uint32_t vocab_size,
+                     const int32_t *ids, uint64_t n, char *err, size_t err_cap) {
     if (!tokenizer_name || !*tokenizer_name ||
         strlen(tokenizer_name) > SHARD_TOKENIZER_NAME_MAX) {
-        util_set_err(err, err_cap,
-                     "shard %s: tokenizer name must be 1..%d characters", path,
-                     SHARD_TOKENIZER_NAME_MAX);
+        util_set_err(err, err_cap, "shard %s: tokenizer name must be 1..%d characters",
+                     path, SHARD_TOKENIZER_NAME_MAX);
         return -1;
     }
     if (vocab_size == 0) {
@@ -217,8 +209,7 @@ int shard_write_file(const char *path, const char *tokenizer_name,
             util_set_err(err, err_cap,
                          "shard %s: token %lld at position %llu is outside "
                          "the vocabulary (0..%u)",
-                         path, (long long)ids[i], (unsigned long long)i,
-                         vocab_size - 1);
+                         path, (long long)ids[i], (unsigned long long)i, vocab_size - 1);
             return -1;
         }
     }
@@ -255,8 +246,8 @@ int shard_write_file(const char *path, const char *tokenizer_name,
 /* ---- reading ------------------------------------------------------------ */
 
 /* Open and mmap path; *map is NULL for an empty file. */
-static int map_file(const char *path, const unsigned char **map, size_t *size,
-                    char *err, size_t err_cap) {
+static int map_file(const char *path, const unsigned char **map, size_t *size, char *err,
+                    size_t err_cap) {
     *map = NULL;
     *size = 0;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -273,8 +264,7 @@ static int map_file(const char *path, const unsigned char **map, size_t *size,
     if (st.st_size > 0) {
         void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
         if (m == MAP_FAILED) {
-            util_set_err(err, err_cap, "cannot mmap %s: %s", path,
-                         strerror(errno));
+            util_set_err(err, err_cap, "cannot mmap %s: %s", path, strerror(errno));
             close(fd);
             return -1;
         }
@@ -285,8 +275,8 @@ static int map_file(const char *path, const unsigned char **map, size_t *size,
     return 0;
 }
 
-int shard_read_info(const char *path, int verify_payload, shard_info *info,
-                    char *err, size_t err_cap) {
+int shard_read_info(const char *path, int verify_payload, shard_info *info, char *err,
+                    size_t err_cap) {
     const unsigned char *map;
     size_t size;
     if (map_file(path, &map, &size, err, err_cap) != 0) return -1;
@@ -318,8 +308,7 @@ struct dataset {
 /* Why glob(3) found no shards: the directory part of the pattern (before
  * its first wildcard) or a plain path does not exist, nothing matches in an
  * existing directory, or the directory cannot be read. */
-static void explain_no_match(const char *pattern, int grc, char *err,
-                             size_t err_cap) {
+static void explain_no_match(const char *pattern, int grc, char *err, size_t err_cap) {
     size_t fixed = strcspn(pattern, "*?[\\");
     const char *slash = NULL;
     for (const char *p = pattern; p < pattern + fixed; p++)
@@ -358,14 +347,12 @@ static void explain_no_match(const char *pattern, int grc, char *err,
                      grc == GLOB_NOSPACE ? "out of memory" : "read error");
 }
 
-int dataset_open(const char *glob_pattern, dataset **out, char *err,
-                 size_t err_cap) {
-    return dataset_open_flags(glob_pattern, DATASET_VERIFY_CHECKSUM, out, err,
-                              err_cap);
+int dataset_open(const char *glob_pattern, dataset **out, char *err, size_t err_cap) {
+    return dataset_open_flags(glob_pattern, DATASET_VERIFY_CHECKSUM, out, err, err_cap);
 }
 
-int dataset_open_flags(const char *glob_pattern, unsigned flags, dataset **out,
-                       char *err, size_t err_cap) {
+int dataset_open_flags(const char *glob_pattern, unsigned flags, dataset **out, char *err,
+                       size_t err_cap) {
     *out = NULL;
     if (!glob_pattern || !*glob_pattern) {
         util_set_err(err, err_cap, "no token shard path given");
@@ -404,11 +391,10 @@ int dataset_open_flags(const char *glob_pattern, unsigned flags, dataset **out,
         }
         static const unsigned char empty[SHARD_HEADER_SIZE];
         shard_info info;
-        rc = header_parse(path, s->map ? s->map : empty, s->map_size, &info,
-                          err, err_cap);
+        rc =
+            header_parse(path, s->map ? s->map : empty, s->map_size, &info, err, err_cap);
         if (rc == 0 && (flags & DATASET_VERIFY_CHECKSUM))
-            rc = payload_verify(path, &info, s->map + SHARD_HEADER_SIZE, err,
-                                err_cap);
+            rc = payload_verify(path, &info, s->map + SHARD_HEADER_SIZE, err, err_cap);
         if (rc != 0) break;
         if (i == 0) {
             ds->vocab_size = info.vocab_size;
@@ -419,8 +405,8 @@ int dataset_open_flags(const char *glob_pattern, unsigned flags, dataset **out,
                          "%s was made with tokenizer %s (vocab %u) but %s with "
                          "%s (vocab %u); shards of one dataset must share a "
                          "tokenizer",
-                         path, info.tokenizer, info.vocab_size,
-                         ds->shards[0].path, ds->tokenizer, ds->vocab_size);
+                         path, info.tokenizer, info.vocab_size, ds->shards[0].path,
+                         ds->tokenizer, ds->vocab_size);
             rc = -1;
             break;
         }
@@ -428,8 +414,7 @@ int dataset_open_flags(const char *glob_pattern, unsigned flags, dataset **out,
         s->n_tokens = info.n_tokens;
         s->start = ds->total;
         ds->total += info.n_tokens;
-        if (s->map)
-            (void)madvise((void *)s->map, s->map_size, MADV_RANDOM);
+        if (s->map) (void)madvise((void *)s->map, s->map_size, MADV_RANDOM);
     }
     globfree(&g);
     if (rc == 0 && ds->total == 0) {
@@ -448,8 +433,7 @@ int dataset_open_flags(const char *glob_pattern, unsigned flags, dataset **out,
 void dataset_close(dataset *ds) {
     if (!ds) return;
     for (size_t i = 0; i < ds->n_shards; i++) {
-        if (ds->shards[i].map)
-            munmap((void *)ds->shards[i].map, ds->shards[i].map_size);
+        if (ds->shards[i].map) munmap((void *)ds->shards[i].map, ds->shards[i].map_size);
         free(ds->shards[i].path);
     }
     free(ds->shards);
@@ -464,8 +448,7 @@ const char *dataset_shard_path(const dataset *ds, size_t i) {
     return i < ds->n_shards ? ds->shards[i].path : NULL;
 }
 
-int dataset_read(const dataset *ds, uint64_t global_offset, uint64_t n,
-                 int32_t *dst) {
+int dataset_read(const dataset *ds, uint64_t global_offset, uint64_t n, int32_t *dst) {
     if (global_offset > ds->total || n > ds->total - global_offset) return -1;
     if (n == 0) return 0;
     /* Last shard whose start <= offset (empty shards are skipped below). */
@@ -517,8 +500,8 @@ typedef struct prep_state {
     const shard_prepare_opts *o;
     const char *tok_name;
     uint32_t vocab;
-    const char *prefix;  /* "train" | "val" */
-    int32_t *buf;        /* current shard */
+    const char *prefix; /* "train" | "val" */
+    int32_t *buf;       /* current shard */
     uint64_t buf_n, buf_cap;
     uint32_t shard_no;
     uint64_t tokens;
@@ -531,22 +514,20 @@ typedef struct prep_state {
 
 static int prep_flush(prep_state *st) {
     char path[PATH_MAX];
-    if (snprintf(path, sizeof path, "%s/%s_%03u.bin", st->o->out_dir,
-                 st->prefix, st->shard_no) >= (int)sizeof path) {
-        util_set_err(st->err, st->err_cap, "output path too long: %s",
-                     st->o->out_dir);
+    if (snprintf(path, sizeof path, "%s/%s_%03u.bin", st->o->out_dir, st->prefix,
+                 st->shard_no) >= (int)sizeof path) {
+        util_set_err(st->err, st->err_cap, "output path too long: %s", st->o->out_dir);
         return -1;
     }
-    if (shard_write_file(path, st->tok_name, st->vocab, st->buf, st->buf_n,
-                         st->err, st->err_cap) != 0)
+    if (shard_write_file(path, st->tok_name, st->vocab, st->buf, st->buf_n, st->err,
+                         st->err_cap) != 0)
         return -1;
     st->shard_no++;
     st->buf_n = 0;
     return 0;
 }
 
-static int prep_sink(void *user, const int32_t *ids, size_t n,
-                     size_t bytes_done) {
+static int prep_sink(void *user, const int32_t *ids, size_t n, size_t bytes_done) {
     prep_state *st = user;
     while (n > 0) {
         uint64_t room = st->buf_cap - st->buf_n;
@@ -587,13 +568,13 @@ static void remove_stale(const char *dir, const char *prefix, uint32_t keep) {
     closedir(d);
 }
 
-static int prep_part(prep_state *st, const tokenizer *tok, const char *text,
-                     size_t len, uint32_t *shards, uint64_t *tokens) {
+static int prep_part(prep_state *st, const tokenizer *tok, const char *text, size_t len,
+                     uint32_t *shards, uint64_t *tokens) {
     st->shard_no = 0;
     st->tokens = 0;
     st->buf_n = 0;
-    if (len > 0 && tokenizer_encode_stream(tok, text, len, prep_sink, st,
-                                           st->err, st->err_cap) != 0)
+    if (len > 0 &&
+        tokenizer_encode_stream(tok, text, len, prep_sink, st, st->err, st->err_cap) != 0)
         return -1;
     if ((st->buf_n > 0 || st->shard_no == 0) && prep_flush(st) != 0) return -1;
     *shards = st->shard_no;
@@ -621,9 +602,8 @@ static size_t split_point(const char *text, size_t len, double frac) {
     return (size_t)-1;
 }
 
-int shard_prepare_corpus(const shard_prepare_opts *o,
-                         shard_prepare_result *result, char *err,
-                         size_t err_cap) {
+int shard_prepare_corpus(const shard_prepare_opts *o, shard_prepare_result *result,
+                         char *err, size_t err_cap) {
     memset(result, 0, sizeof *result);
     double t0 = util_now();
     if (!o || (!o->tokenizer && !o->tok) || !o->input || !o->out_dir) {
@@ -633,8 +613,7 @@ int shard_prepare_corpus(const shard_prepare_opts *o,
         return -1;
     }
     if (!(o->val_fraction >= 0 && o->val_fraction <= 0.5)) {
-        util_set_err(err, err_cap,
-                     "validation fraction %g is outside [0, 0.5]",
+        util_set_err(err, err_cap, "validation fraction %g is outside [0, 0.5]",
                      o->val_fraction);
         return -1;
     }
@@ -687,15 +666,15 @@ int shard_prepare_corpus(const shard_prepare_opts *o,
 
     st.prefix = "train";
     st.base_bytes = 0;
-    if (prep_part(&st, tok, text, split, &result->train_shards,
-                  &result->train_tokens) != 0)
+    if (prep_part(&st, tok, text, split, &result->train_shards, &result->train_tokens) !=
+        0)
         goto done;
     remove_stale(o->out_dir, "train", result->train_shards);
     st.prefix = "val";
     st.base_bytes = split;
     if (split < size) {
-        if (prep_part(&st, tok, text + split, size - split,
-                      &result->val_shards, &result->val_tokens) != 0)
+        if (prep_part(&st, tok, text + split, size - split, &result->val_shards,
+                      &result->val_tokens) != 0)
             goto done;
     }
     remove_stale(o->out_dir, "val", result->val_shards);

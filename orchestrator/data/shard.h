@@ -29,17 +29,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define SHARD_MAGIC "ORCHTOK" /* 8 bytes with the NUL */
-#define SHARD_VERSION 1u
-#define SHARD_HEADER_SIZE 64u
+#define SHARD_MAGIC              "ORCHTOK" /* 8 bytes with the NUL */
+#define SHARD_VERSION            1u
+#define SHARD_HEADER_SIZE        64u
 #define SHARD_TOKENIZER_NAME_MAX 15 /* longest tokenizer name stored */
 
 /* Write n token ids to path atomically (fsio_atomic_*: a temp file beside
    it, fsync, rename, fsync of the parent directory). Every id must lie in
    [0, vocab_size). Token width is chosen from vocab_size. Returns 0 / -1. */
-int shard_write_file(const char *path, const char *tokenizer_name,
-                     uint32_t vocab_size, const int32_t *ids, uint64_t n,
-                     char *err, size_t err_cap);
+int shard_write_file(const char *path, const char *tokenizer_name, uint32_t vocab_size,
+                     const int32_t *ids, uint64_t n, char *err, size_t err_cap);
 
 /* Header of one shard as read and validated from disk. */
 typedef struct shard_info {
@@ -53,8 +52,8 @@ typedef struct shard_info {
 
 /* Read and validate one shard file's header and size (and, when
    verify_payload, its payload checksum). Returns 0 / -1. */
-int shard_read_info(const char *path, int verify_payload, shard_info *info,
-                    char *err, size_t err_cap);
+int shard_read_info(const char *path, int verify_payload, shard_info *info, char *err,
+                    size_t err_cap);
 
 /* --- dataset: all shards matching a glob, read as one token sequence ---- */
 
@@ -71,12 +70,11 @@ typedef struct dataset dataset;
    shards with different tokenizers or vocab sizes, an empty total. The
    pattern may also be a single plain path. *out is owned by the caller
    (dataset_close). Same as dataset_open_flags(..., DATASET_VERIFY_CHECKSUM). */
-int dataset_open(const char *glob_pattern, dataset **out, char *err,
-                 size_t err_cap);
+int dataset_open(const char *glob_pattern, dataset **out, char *err, size_t err_cap);
 /* As dataset_open; flags 0 skips the payload checksum (headers and sizes
    are always checked), for very large datasets. */
-int dataset_open_flags(const char *glob_pattern, unsigned flags,
-                       dataset **out, char *err, size_t err_cap);
+int dataset_open_flags(const char *glob_pattern, unsigned flags, dataset **out, char *err,
+                       size_t err_cap);
 void dataset_close(dataset *ds); /* NULL is fine */
 
 uint64_t dataset_total_tokens(const dataset *ds);
@@ -89,28 +87,26 @@ const char *dataset_shard_path(const dataset *ds, size_t i);
 /* Copy tokens [global_offset, global_offset + n) into dst as int32, across
    shard boundaries. Returns 0, or -1 (dst untouched) if the range does not
    lie inside [0, dataset_total_tokens). Thread-safe. */
-int dataset_read(const dataset *ds, uint64_t global_offset, uint64_t n,
-                 int32_t *dst);
+int dataset_read(const dataset *ds, uint64_t global_offset, uint64_t n, int32_t *dst);
 
 /* --- corpus preparation ------------------------------------------------- */
 
 /* Progress callback: bytes of input tokenized so far out of total. Called
    from the calling thread, at most every ~64 KiB of input and once at the
    end (done == total). */
-typedef void (*shard_progress_fn)(void *user, uint64_t done_bytes,
-                                  uint64_t total_bytes);
+typedef void (*shard_progress_fn)(void *user, uint64_t done_bytes, uint64_t total_bytes);
 
 typedef struct shard_prepare_opts {
-    const char *tokenizer;   /* "byte" | "gpt2" (required unless tok) */
-    const char *vocab_dir;   /* GPT-2 vocabulary dir, NULL = default search */
+    const char *tokenizer;       /* "byte" | "gpt2" (required unless tok) */
+    const char *vocab_dir;       /* GPT-2 vocabulary dir, NULL = default search */
     const struct tokenizer *tok; /* optional: an open tokenizer to use instead
                                     of opening `tokenizer` (not freed) */
-    const char *input;       /* text file (required) */
-    const char *out_dir;     /* created if missing (required) */
-    double val_fraction;     /* in [0, 0.5]; 0 = no validation shard.
+    const char *input;           /* text file (required) */
+    const char *out_dir;         /* created if missing (required) */
+    double val_fraction;         /* in [0, 0.5]; 0 = no validation shard.
                                 Callers wanting the default use 0.01. */
-    uint64_t shard_tokens;   /* max tokens per shard; 0 = 100,000,000 */
-    shard_progress_fn progress; /* may be NULL */
+    uint64_t shard_tokens;       /* max tokens per shard; 0 = 100,000,000 */
+    shard_progress_fn progress;  /* may be NULL */
     void *progress_user;
 } shard_prepare_opts;
 
@@ -130,8 +126,7 @@ typedef struct shard_prepare_result {
    two lines, both parts are non-empty. Each part is tokenized separately.
    Shards are written atomically; stale train_NNN.bin / val_NNN.bin files
    from an earlier run with more shards are removed. Returns 0 / -1. */
-int shard_prepare_corpus(const shard_prepare_opts *opts,
-                         shard_prepare_result *result, char *err,
-                         size_t err_cap);
+int shard_prepare_corpus(const shard_prepare_opts *opts, shard_prepare_result *result,
+                         char *err, size_t err_cap);
 
 #endif

@@ -63,8 +63,7 @@ int tokenizer_find_gpt2_dir(char *buf, size_t cap, char *err, size_t err_cap) {
     if (env && *env) snprintf(cand[nc++], PATH_MAX, "%s/gpt2", env);
     char exe[PATH_MAX];
     if (util_exe_dir(exe, sizeof exe) == 0)
-        snprintf(cand[nc++], PATH_MAX, "%.*s/../data/gpt2", PATH_MAX - 20,
-                 exe);
+        snprintf(cand[nc++], PATH_MAX, "%.*s/../data/gpt2", PATH_MAX - 20, exe);
     snprintf(cand[nc++], PATH_MAX, "./data/gpt2");
     for (int i = 0; i < nc; i++) {
         if (dir_has_vocab(cand[i])) {
@@ -85,8 +84,7 @@ int tokenizer_find_gpt2_dir(char *buf, size_t cap, char *err, size_t err_cap) {
     return -1;
 }
 
-static int gpt2_open(tokenizer *t, const char *vocab_dir, char *err,
-                     size_t err_cap) {
+static int gpt2_open(tokenizer *t, const char *vocab_dir, char *err, size_t err_cap) {
     char dir[PATH_MAX];
     if (vocab_dir) {
         if (!dir_has_vocab(vocab_dir)) {
@@ -104,9 +102,9 @@ static int gpt2_open(tokenizer *t, const char *vocab_dir, char *err,
 
     int ec;
     PCRE2_SIZE eo;
-    t->re = pcre2_compile((PCRE2_SPTR)GPT2_PATTERN, PCRE2_ZERO_TERMINATED,
-                          PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &ec,
-                          &eo, NULL);
+    t->re =
+        pcre2_compile((PCRE2_SPTR)GPT2_PATTERN, PCRE2_ZERO_TERMINATED,
+                      PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &ec, &eo, NULL);
     if (!t->re) {
         PCRE2_UCHAR msg[256];
         pcre2_get_error_message(ec, msg, sizeof msg);
@@ -125,12 +123,11 @@ int tokenizer_kind_valid(const char *kind) {
     return kind && (strcmp(kind, "byte") == 0 || strcmp(kind, "gpt2") == 0);
 }
 
-int tokenizer_open(const char *kind, const char *vocab_dir, tokenizer **out,
-                   char *err, size_t err_cap) {
+int tokenizer_open(const char *kind, const char *vocab_dir, tokenizer **out, char *err,
+                   size_t err_cap) {
     *out = NULL;
     if (!tokenizer_kind_valid(kind)) {
-        util_set_err(err, err_cap,
-                     "unknown tokenizer '%s' (expected byte or gpt2)",
+        util_set_err(err, err_cap, "unknown tokenizer '%s' (expected byte or gpt2)",
                      kind ? kind : "(null)");
         return -1;
     }
@@ -261,8 +258,8 @@ static void bpe_push_pair(const tokenizer *t, bpe_work *w, int32_t i) {
 }
 
 /* BPE of one piece of n > 0 bytes, appended to out. */
-static int bpe_piece(const tokenizer *t, bpe_work *w, const unsigned char *s,
-                     size_t n, id_buf *out) {
+static int bpe_piece(const tokenizer *t, bpe_work *w, const unsigned char *s, size_t n,
+                     id_buf *out) {
     if (n == 1) {
         if (id_buf_reserve(out, 1) != 0) return -1;
         out->v[out->n++] = t->v.byte_id[s[0]];
@@ -315,8 +312,7 @@ typedef struct piece_cache {
 
 enum { CACHE_MAX_PIECE = 128 };
 
-static struct cache_slot *cache_find(piece_cache *c, const unsigned char *s,
-                                     size_t n) {
+static struct cache_slot *cache_find(piece_cache *c, const unsigned char *s, size_t n) {
     size_t mask = c->cap - 1;
     for (size_t i = bpe_hash_bytes(s, n) & mask;; i = (i + 1) & mask) {
         struct cache_slot *e = &c->slot[i];
@@ -368,8 +364,8 @@ enum { STREAM_BATCH = 65536 };
 
 /* Hand out's ids to the sink (if any) once enough have collected, or always
    when final. */
-static int flush_sink(id_buf *out, tokenizer_sink_fn sink, void *user,
-                      size_t bytes_done, int final, char *err, size_t err_cap) {
+static int flush_sink(id_buf *out, tokenizer_sink_fn sink, void *user, size_t bytes_done,
+                      int final, char *err, size_t err_cap) {
     if (!sink || (!final && out->n < STREAM_BATCH)) return 0;
     if (sink(user, out->v, out->n, bytes_done) != 0) {
         if (err && err_cap && !err[0])
@@ -381,11 +377,11 @@ static int flush_sink(id_buf *out, tokenizer_sink_fn sink, void *user,
 }
 
 static int gpt2_encode(const tokenizer *t, const unsigned char *s, size_t len,
-                       id_buf *out, tokenizer_sink_fn sink, void *user,
-                       char *err, size_t err_cap) {
+                       id_buf *out, tokenizer_sink_fn sink, void *user, char *err,
+                       size_t err_cap) {
     pcre2_match_data *md = pcre2_match_data_create_from_pattern(t->re, NULL);
-    bpe_work w = {0};
-    piece_cache cache = {0};
+    bpe_work w = { 0 };
+    piece_cache cache = { 0 };
     int rc = -1;
     if (!md) {
         util_set_err(err, err_cap, "out of memory");
@@ -409,8 +405,8 @@ static int gpt2_encode(const tokenizer *t, const unsigned char *s, size_t len,
         } else if (m < 0) {
             PCRE2_UCHAR msg[256];
             pcre2_get_error_message(m, msg, sizeof msg);
-            util_set_err(err, err_cap, "pre-tokenizer failed at byte %zu: %s",
-                         pos, (const char *)msg);
+            util_set_err(err, err_cap, "pre-tokenizer failed at byte %zu: %s", pos,
+                         (const char *)msg);
             goto done;
         } else {
             PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
@@ -422,8 +418,7 @@ static int gpt2_encode(const tokenizer *t, const unsigned char *s, size_t len,
         /* Bytes the pattern skipped (invalid UTF-8) form their own piece. */
         if (ms > pos && encode_piece(t, &w, &cache, s + pos, ms - pos, out) != 0)
             goto oom;
-        if (me > ms && encode_piece(t, &w, &cache, s + ms, me - ms, out) != 0)
-            goto oom;
+        if (me > ms && encode_piece(t, &w, &cache, s + ms, me - ms, out) != 0) goto oom;
         pos = me;
         if (flush_sink(out, sink, user, pos, 0, err, err_cap) != 0) goto done;
     }
@@ -443,17 +438,15 @@ done:
     return rc;
 }
 
-static int encode_any(const tokenizer *t, const char *text, size_t len,
-                      id_buf *out, tokenizer_sink_fn sink, void *user,
-                      char *err, size_t err_cap) {
+static int encode_any(const tokenizer *t, const char *text, size_t len, id_buf *out,
+                      tokenizer_sink_fn sink, void *user, char *err, size_t err_cap) {
     if (t->kind == KIND_GPT2)
-        return gpt2_encode(t, (const unsigned char *)text, len, out, sink,
-                           user, err, err_cap);
+        return gpt2_encode(t, (const unsigned char *)text, len, out, sink, user, err,
+                           err_cap);
     const unsigned char *s = (const unsigned char *)text;
     size_t step = sink ? STREAM_BATCH : len;
     if (id_buf_reserve(out, (step < len ? step : len) + 1) != 0) {
-        util_set_err(err, err_cap, "out of memory while encoding %zu bytes",
-                     len);
+        util_set_err(err, err_cap, "out of memory while encoding %zu bytes", len);
         return -1;
     }
     for (size_t pos = 0; pos < len;) {
@@ -461,19 +454,17 @@ static int encode_any(const tokenizer *t, const char *text, size_t len,
         for (size_t i = 0; i < k; i++) out->v[out->n + i] = s[pos + i];
         out->n += k;
         pos += k;
-        if (flush_sink(out, sink, user, pos, pos == len, err, err_cap) != 0)
-            return -1;
+        if (flush_sink(out, sink, user, pos, pos == len, err, err_cap) != 0) return -1;
     }
-    if (len == 0 && flush_sink(out, sink, user, 0, 1, err, err_cap) != 0)
-        return -1;
+    if (len == 0 && flush_sink(out, sink, user, 0, 1, err, err_cap) != 0) return -1;
     return 0;
 }
 
-int tokenizer_encode(const tokenizer *t, const char *text, size_t len,
-                     int32_t **ids, size_t *n_ids, char *err, size_t err_cap) {
+int tokenizer_encode(const tokenizer *t, const char *text, size_t len, int32_t **ids,
+                     size_t *n_ids, char *err, size_t err_cap) {
     *ids = NULL;
     *n_ids = 0;
-    id_buf out = {0};
+    id_buf out = { 0 };
     if (encode_any(t, text, len, &out, NULL, NULL, err, err_cap) != 0 ||
         (!out.v && id_buf_reserve(&out, 1) != 0)) {
         if (!out.v) util_set_err(err, err_cap, "out of memory");
@@ -489,7 +480,7 @@ int tokenizer_encode_stream(const tokenizer *t, const char *text, size_t len,
                             tokenizer_sink_fn sink, void *user, char *err,
                             size_t err_cap) {
     if (err && err_cap) err[0] = '\0';
-    id_buf out = {0};
+    id_buf out = { 0 };
     int rc = encode_any(t, text, len, &out, sink, user, err, err_cap);
     free(out.v);
     return rc;
@@ -497,8 +488,8 @@ int tokenizer_encode_stream(const tokenizer *t, const char *text, size_t len,
 
 /* ---- decoding ----------------------------------------------------------- */
 
-int tokenizer_decode(const tokenizer *t, const int32_t *ids, size_t n_ids,
-                     char **text, size_t *len, char *err, size_t err_cap) {
+int tokenizer_decode(const tokenizer *t, const int32_t *ids, size_t n_ids, char **text,
+                     size_t *len, char *err, size_t err_cap) {
     *text = NULL;
     *len = 0;
     size_t total = 0;

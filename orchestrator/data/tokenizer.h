@@ -37,8 +37,8 @@ typedef struct tokenizer tokenizer;
 
 /* kind: "byte" (256 ids) or "gpt2"; vocab_dir NULL = search $ORCH_DATA_DIR/gpt2,
    then <dir of orch binary>/../data/gpt2, then ./data/gpt2 (ignored for "byte"). */
-int tokenizer_open(const char *kind, const char *vocab_dir, tokenizer **out,
-                   char *err, size_t err_cap);
+int tokenizer_open(const char *kind, const char *vocab_dir, tokenizer **out, char *err,
+                   size_t err_cap);
 /* Frees t (NULL is fine). */
 void tokenizer_free(tokenizer *t);
 /* "byte" | "gpt2"; pointer valid while t lives. */
@@ -49,13 +49,13 @@ uint32_t tokenizer_vocab_size(const tokenizer *t);
 int32_t tokenizer_eot(const tokenizer *t);
 
 /* encode: *ids malloc'd (never NULL on success, even for len 0), caller frees. */
-int tokenizer_encode(const tokenizer *t, const char *text, size_t len,
-                     int32_t **ids, size_t *n_ids, char *err, size_t err_cap);
+int tokenizer_encode(const tokenizer *t, const char *text, size_t len, int32_t **ids,
+                     size_t *n_ids, char *err, size_t err_cap);
 /* decode: *text malloc'd, NUL-terminated (the NUL is not counted in *len),
    caller frees; bytes may be invalid UTF-8 mid-stream. Fails on any id
    outside [0, vocab_size), naming the id and its position. */
-int tokenizer_decode(const tokenizer *t, const int32_t *ids, size_t n_ids,
-                     char **text, size_t *len, char *err, size_t err_cap);
+int tokenizer_decode(const tokenizer *t, const int32_t *ids, size_t n_ids, char **text,
+                     size_t *len, char *err, size_t err_cap);
 /* Raw bytes of one token (pointer valid while t lives, not NUL-terminated),
    for streaming. Returns 0, or -1 if id is out of range. */
 int tokenizer_token_bytes(const tokenizer *t, int32_t id, const char **bytes,

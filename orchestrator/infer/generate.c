@@ -26,16 +26,14 @@ struct generate_session {
 };
 
 int generate_session_create(const engine_handle *h, orch_engine_ctx *ctx,
-                            uint32_t vocab_size, uint32_t context,
-                            uint32_t prefill_chunk, generate_session **out,
-                            char *err, size_t err_cap) {
+                            uint32_t vocab_size, uint32_t context, uint32_t prefill_chunk,
+                            generate_session **out, char *err, size_t err_cap) {
     if (!h || !h->api || !ctx || vocab_size == 0 || context == 0) {
         util_set_err(err, err_cap, "generate: bad arguments");
         return -1;
     }
     if (!(h->api->capabilities & ORCH_CAP_INFER)) {
-        util_set_err(err, err_cap, "engine %s cannot run inference",
-                     h->api->name);
+        util_set_err(err, err_cap, "engine %s cannot run inference", h->api->name);
         return -1;
     }
     generate_session *s = util_calloc(1, sizeof *s);
@@ -54,8 +52,8 @@ int generate_session_create(const engine_handle *h, orch_engine_ctx *ctx,
     if (st != ORCH_OK) {
         char msg[512];
         engine_format_error(h, ctx, st, msg, sizeof msg);
-        util_set_err(err, err_cap, "kv_configure(%u blocks of %u): %s",
-                     s->n_blocks, ORCH_KV_BLOCK_TOKENS, msg);
+        util_set_err(err, err_cap, "kv_configure(%u blocks of %u): %s", s->n_blocks,
+                     ORCH_KV_BLOCK_TOKENS, msg);
         generate_session_free(s);
         return -1;
     }
@@ -74,8 +72,8 @@ void generate_session_free(generate_session *s) {
     free(s);
 }
 
-int generate_feed(generate_session *s, const int32_t *ids, size_t n,
-                  char *err, size_t err_cap) {
+int generate_feed(generate_session *s, const int32_t *ids, size_t n, char *err,
+                  size_t err_cap) {
     if (s->broken) {
         util_set_err(err, err_cap, "generate: session failed earlier; reset it");
         return -1;
@@ -93,8 +91,8 @@ int generate_feed(generate_session *s, const int32_t *ids, size_t n,
     }
     for (size_t i = 0; i < n; i++)
         if (ids[i] < 0 || (uint32_t)ids[i] >= s->vocab) {
-            util_set_err(err, err_cap, "token id %d outside the vocabulary (%u)",
-                         ids[i], s->vocab);
+            util_set_err(err, err_cap, "token id %d outside the vocabulary (%u)", ids[i],
+                         s->vocab);
             return -1;
         }
     size_t done = 0;
@@ -116,13 +114,11 @@ int generate_feed(generate_session *s, const int32_t *ids, size_t n,
         b.n_seqs = 1;
         b.seq_stride = sizeof seq;
         b.seqs = &seq;
-        int32_t st = s->h->api->infer_forward(s->ctx, &b, s->logits,
-                                              last ? s->vocab : 0);
+        int32_t st = s->h->api->infer_forward(s->ctx, &b, s->logits, last ? s->vocab : 0);
         if (st != ORCH_OK) {
             char msg[512];
             engine_format_error(s->h, s->ctx, st, msg, sizeof msg);
-            util_set_err(err, err_cap, "infer_forward at position %u: %s",
-                         s->pos, msg);
+            util_set_err(err, err_cap, "infer_forward at position %u: %s", s->pos, msg);
             s->broken = 1;
             s->have_logits = 0;
             return -1;

@@ -29,16 +29,15 @@ typedef struct generate_session generate_session;
 /* Configure ctx's KV pool for one sequence of up to `context` positions and
  * return a session. prefill_chunk 0 = 512. Requires ORCH_CAP_INFER. */
 int generate_session_create(const engine_handle *h, orch_engine_ctx *ctx,
-                            uint32_t vocab_size, uint32_t context,
-                            uint32_t prefill_chunk, generate_session **out,
-                            char *err, size_t err_cap);
+                            uint32_t vocab_size, uint32_t context, uint32_t prefill_chunk,
+                            generate_session **out, char *err, size_t err_cap);
 void generate_session_free(generate_session *s); /* NULL is a no-op */
 
 /* Append n >= 1 tokens at the current position and run the forward.
  * Errors: position + n over the context (nothing is run), bad token id,
  * engine failure (the session is then unusable until generate_reset). */
-int generate_feed(generate_session *s, const int32_t *ids, size_t n,
-                  char *err, size_t err_cap);
+int generate_feed(generate_session *s, const int32_t *ids, size_t n, char *err,
+                  size_t err_cap);
 
 /* vocab_size logits of the last fed token; NULL before the first feed. Valid
  * until the next feed/reset/free. */

@@ -17,12 +17,11 @@ void inference_model_close(inference_model *m) {
     memset(m, 0, sizeof *m);
 }
 
-int inference_model_open(const inference_model_opts *o, inference_model *m,
-                        char *warn, size_t warn_cap, char *err,
-                        size_t err_cap) {
+int inference_model_open(const inference_model_opts *o, inference_model *m, char *warn,
+                         size_t warn_cap, char *err, size_t err_cap) {
     memset(m, 0, sizeof *m);
-    if (ckpt_find_latest(o->checkpoint, m->ckpt_dir, sizeof m->ckpt_dir, warn,
-                         warn_cap, err, err_cap) != 0)
+    if (ckpt_find_latest(o->checkpoint, m->ckpt_dir, sizeof m->ckpt_dir, warn, warn_cap,
+                         err, err_cap) != 0)
         return -1;
     if (ckpt_read_step(m->ckpt_dir, &m->step, NULL, 0) != 0) m->step = 0;
     char tok[64];
@@ -31,15 +30,13 @@ int inference_model_open(const inference_model_opts *o, inference_model *m,
     config_model_desc(m->cfg, &m->desc);
     const char *eng = o->engine ? o->engine : m->cfg->engine.name;
     if (engine_load(eng, &m->engine, err, err_cap) != 0) goto fail;
-    uint32_t threads = o->threads >= 0 ? (uint32_t)o->threads
-                                       : m->cfg->engine.threads;
+    uint32_t threads = o->threads >= 0 ? (uint32_t)o->threads : m->cfg->engine.threads;
     const char *opts = o->options ? o->options
                        : (o->engine && strcmp(o->engine, m->cfg->engine.name) != 0)
                            ? "" /* options belong to the config's engine */
                            : m->cfg->engine.options;
-    if (engine_create_context(&m->engine, &m->desc, threads,
-                              m->cfg->train.seed, opts[0] ? opts : NULL,
-                              &m->ctx, err, err_cap) != 0)
+    if (engine_create_context(&m->engine, &m->desc, threads, m->cfg->train.seed,
+                              opts[0] ? opts : NULL, &m->ctx, err, err_cap) != 0)
         goto fail;
     if (ckpt_load_weights(m->ckpt_dir, &m->engine, m->ctx, 0, err, err_cap) != 0)
         goto fail;

@@ -25,29 +25,28 @@
  * weights loaded, tokenizer opened. Shared by `orch generate` and `orch eval`
  * (and usable by serve). */
 typedef struct inference_model {
-    char ckpt_dir[4096];   /* the checkpoint actually used */
-    uint64_t step;         /* its step */
-    orch_config *cfg;      /* merged config from state.json (owned) */
-    engine_handle engine;  /* loaded engine (owned) */
-    orch_engine_ctx *ctx;  /* context with the weights (owned) */
+    char ckpt_dir[4096];  /* the checkpoint actually used */
+    uint64_t step;        /* its step */
+    orch_config *cfg;     /* merged config from state.json (owned) */
+    engine_handle engine; /* loaded engine (owned) */
+    orch_engine_ctx *ctx; /* context with the weights (owned) */
     orch_model_desc desc;
-    tokenizer *tok;        /* NULL when open_tokenizer was 0 (owned) */
+    tokenizer *tok; /* NULL when open_tokenizer was 0 (owned) */
 } inference_model;
 
 typedef struct inference_model_opts {
-    const char *checkpoint;  /* run dir or checkpoint dir (required) */
-    const char *engine;      /* NULL = the config's engine.name */
-    int threads;             /* < 0 = the config's engine.threads */
-    const char *options;     /* NULL = the config's engine.options */
-    int open_tokenizer;      /* 1: also open the config's tokenizer */
+    const char *checkpoint; /* run dir or checkpoint dir (required) */
+    const char *engine;     /* NULL = the config's engine.name */
+    int threads;            /* < 0 = the config's engine.threads */
+    const char *options;    /* NULL = the config's engine.options */
+    int open_tokenizer;     /* 1: also open the config's tokenizer */
 } inference_model_opts;
 
 /* Open everything. warn (may be NULL) receives a fallback warning from
  * ckpt_find_latest ("" when none). On failure *m is left zeroed and nothing
  * is held. */
-int inference_model_open(const inference_model_opts *o, inference_model *m,
-                        char *warn, size_t warn_cap, char *err,
-                        size_t err_cap);
+int inference_model_open(const inference_model_opts *o, inference_model *m, char *warn,
+                         size_t warn_cap, char *err, size_t err_cap);
 /* Release everything (safe on a zeroed struct). */
 void inference_model_close(inference_model *m);
 

@@ -12,8 +12,8 @@
 struct block_manager {
     uint32_t total, block_size;
     uint32_t n_free;
-    int32_t *free_stack;  /* n_free ids; top = free_stack[n_free-1] */
-    uint32_t *refcount;   /* per block; 0 = free */
+    int32_t *free_stack; /* n_free ids; top = free_stack[n_free-1] */
+    uint32_t *refcount;  /* per block; 0 = free */
 };
 
 block_manager *block_manager_create(uint32_t num_blocks, uint32_t block_size) {
@@ -43,16 +43,10 @@ void block_manager_free(block_manager *bm) {
     free(bm);
 }
 
-uint32_t block_manager_block_size(const block_manager *bm) {
-    return bm->block_size;
-}
+uint32_t block_manager_block_size(const block_manager *bm) { return bm->block_size; }
 uint32_t block_manager_total(const block_manager *bm) { return bm->total; }
-uint32_t block_manager_free_count(const block_manager *bm) {
-    return bm->n_free;
-}
-uint32_t block_manager_used(const block_manager *bm) {
-    return bm->total - bm->n_free;
-}
+uint32_t block_manager_free_count(const block_manager *bm) { return bm->n_free; }
+uint32_t block_manager_used(const block_manager *bm) { return bm->total - bm->n_free; }
 
 uint32_t block_manager_blocks_for(const block_manager *bm, uint64_t n_tokens) {
     uint64_t n = (n_tokens + bm->block_size - 1) / bm->block_size;
@@ -131,14 +125,13 @@ void block_table_free(block_manager *bm, block_table *t) {
     memset(t, 0, sizeof *t);
 }
 
-int block_table_fork(block_manager *bm, const block_table *src,
-                     uint32_t n_blocks, block_table *dst) {
+int block_table_fork(block_manager *bm, const block_table *src, uint32_t n_blocks,
+                     block_table *dst) {
     if (!src || !dst || dst->n != 0 || n_blocks > src->n) return -1;
     if (table_grow(dst, n_blocks) != 0) return -1;
     for (uint32_t j = 0; j < n_blocks; j++) {
         if (block_manager_ref(bm, src->ids[j]) != 0) {
-            for (uint32_t k = 0; k < j; k++)
-                (void)block_manager_release(bm, src->ids[k]);
+            for (uint32_t k = 0; k < j; k++) (void)block_manager_release(bm, src->ids[k]);
             return -1;
         }
         dst->ids[j] = src->ids[j];

@@ -57,9 +57,9 @@ uint32_t block_manager_refcount(const block_manager *bm, int32_t id);
 
 /* ---- block tables ---- */
 typedef struct block_table {
-    int32_t *ids;  /* logical block j -> pool block ids[j] */
-    uint32_t n;    /* blocks in the table */
-    uint32_t cap;  /* capacity of ids */
+    int32_t *ids; /* logical block j -> pool block ids[j] */
+    uint32_t n;   /* blocks in the table */
+    uint32_t cap; /* capacity of ids */
 } block_table;
 
 /* Grow t so that it covers n_tokens positions, allocating new blocks at the
@@ -75,8 +75,8 @@ void block_table_release(block_manager *bm, block_table *t);
 void block_table_free(block_manager *bm, block_table *t);
 /* Make dst share the first n_blocks blocks of src (one more reference each).
  * dst must be empty. -1 on bad arguments or out of memory. */
-int block_table_fork(block_manager *bm, const block_table *src,
-                     uint32_t n_blocks, block_table *dst);
+int block_table_fork(block_manager *bm, const block_table *src, uint32_t n_blocks,
+                     block_table *dst);
 /* Before writing positions into logical block j of t: if that block is
  * shared, allocate a private copy target, put it in the table, drop one
  * reference of the shared block and report *copy_src / *copy_dst (the caller

@@ -8,24 +8,20 @@
 
 #include "orchestrator/core/util.h"
 
-const char *const CHAT_TEMPLATE_STOPS[CHAT_TEMPLATE_N_STOPS] = {"\nUser:",
-                                                                "\nSystem:"};
+const char *const CHAT_TEMPLATE_STOPS[CHAT_TEMPLATE_N_STOPS] = { "\nUser:", "\nSystem:" };
 
 static const char *role_label(const char *role) {
     if (!role) return NULL;
-    if (strcmp(role, "system") == 0 || strcmp(role, "developer") == 0)
-        return "System: ";
+    if (strcmp(role, "system") == 0 || strcmp(role, "developer") == 0) return "System: ";
     if (strcmp(role, "user") == 0) return "User: ";
     if (strcmp(role, "assistant") == 0) return "Assistant: ";
     return NULL;
 }
 
-int chat_template_role_valid(const char *role) {
-    return role_label(role) != NULL;
-}
+int chat_template_role_valid(const char *role) { return role_label(role) != NULL; }
 
-int chat_template_render(const chat_message *msgs, size_t n, char **out,
-                         size_t *out_len, char *err, size_t err_cap) {
+int chat_template_render(const chat_message *msgs, size_t n, char **out, size_t *out_len,
+                         char *err, size_t err_cap) {
     static const char cue[] = "Assistant:";
     if (!out || (n && !msgs)) {
         util_set_err(err, err_cap, "messages: missing");

@@ -23,7 +23,7 @@
 
 #include <stddef.h>
 
-#define CHAT_TEMPLATE_NAME "orch-plain-v1"
+#define CHAT_TEMPLATE_NAME    "orch-plain-v1"
 #define CHAT_TEMPLATE_N_STOPS 2
 extern const char *const CHAT_TEMPLATE_STOPS[CHAT_TEMPLATE_N_STOPS];
 
@@ -36,7 +36,7 @@ typedef struct chat_message {
 /* 1 if role is accepted by the template. */
 int chat_template_role_valid(const char *role);
 
-int chat_template_render(const chat_message *msgs, size_t n, char **out,
-                         size_t *out_len, char *err, size_t err_cap);
+int chat_template_render(const chat_message *msgs, size_t n, char **out, size_t *out_len,
+                         char *err, size_t err_cap);
 
 #endif

@@ -29,7 +29,7 @@ double sampler_rng_uniform(sampler_rng *rng) { return rng_uniform(rng); }
 /* Parameters                                                                 */
 /* ------------------------------------------------------------------------- */
 sampler_params sampler_params_default(void) {
-    sampler_params p = {.temperature = 1.0f, .top_k = 0, .top_p = 1.0f};
+    sampler_params p = { .temperature = 1.0f, .top_k = 0, .top_p = 1.0f };
     return p;
 }
 
@@ -101,26 +101,33 @@ static void select_top(cand *c, size_t n, size_t k) {
         while (i < gt) {
             int r = cand_cmp(&c[i], &pivot);
             if (r < 0) {
-                cand t = c[lt]; c[lt] = c[i]; c[i] = t;
-                lt++; i++;
+                cand t = c[lt];
+                c[lt] = c[i];
+                c[i] = t;
+                lt++;
+                i++;
             } else if (r > 0) {
                 gt--;
-                cand t = c[gt]; c[gt] = c[i]; c[i] = t;
+                cand t = c[gt];
+                c[gt] = c[i];
+                c[i] = t;
             } else {
                 i++;
             }
         }
-        if (k < lt) hi = lt;
-        else if (k >= gt) lo = gt;
-        else return;
+        if (k < lt)
+            hi = lt;
+        else if (k >= gt)
+            lo = gt;
+        else
+            return;
     }
 }
 
 /* ------------------------------------------------------------------------- */
 /* Sampling                                                                   */
 /* ------------------------------------------------------------------------- */
-int32_t sampler_argmax(const float *logits, uint32_t vocab,
-                       const uint32_t *mask) {
+int32_t sampler_argmax(const float *logits, uint32_t vocab, const uint32_t *mask) {
     if (!logits) return -1;
     int32_t best = -1;
     float bv = 0.0f;
@@ -136,9 +143,8 @@ int32_t sampler_argmax(const float *logits, uint32_t vocab,
     return best;
 }
 
-int32_t sampler_sample(const sampler_params *p, const float *logits,
-                       uint32_t vocab, const uint32_t *mask, sampler_rng *rng,
-                       sampler_ws *ws) {
+int32_t sampler_sample(const sampler_params *p, const float *logits, uint32_t vocab,
+                       const uint32_t *mask, sampler_rng *rng, sampler_ws *ws) {
     if (!p || !logits || vocab == 0) return -1;
     if (p->temperature <= 0.0f || p->top_k == 1) {
         int32_t t = sampler_argmax(logits, vocab, mask);
@@ -230,8 +236,7 @@ static double log_sum_exp(const float *logits, uint32_t vocab, double *maxl) {
 }
 
 double sampler_logprob(const float *logits, uint32_t vocab, int32_t token) {
-    if (!logits || token < 0 || (uint32_t)token >= vocab ||
-        !isfinite(logits[token]))
+    if (!logits || token < 0 || (uint32_t)token >= vocab || !isfinite(logits[token]))
         return -INFINITY;
     double m;
     double lse = log_sum_exp(logits, vocab, &m);
@@ -245,7 +250,7 @@ uint32_t sampler_top_logprobs(const float *logits, uint32_t vocab, uint32_t n,
     if (n > vocab) n = vocab;
     /* insertion into a small sorted list */
     int32_t ids[32];
-    float vals[32] = {0}; /* vals[have - 1] is read only once have == n */
+    float vals[32] = { 0 }; /* vals[have - 1] is read only once have == n */
     uint32_t have = 0;
     for (uint32_t v = 0; v < vocab; v++) {
         float x = isfinite(logits[v]) ? logits[v] : -INFINITY;

@@ -73,13 +73,11 @@ void sampler_ws_free(sampler_ws *ws);
  * may be NULL when temperature == 0). Non-finite logits count as -inf.
  * Returns the token id, or -1 when no token is allowed / every allowed logit
  * is -inf / arguments are bad. */
-int32_t sampler_sample(const sampler_params *p, const float *logits,
-                       uint32_t vocab, const uint32_t *mask, sampler_rng *rng,
-                       sampler_ws *ws);
+int32_t sampler_sample(const sampler_params *p, const float *logits, uint32_t vocab,
+                       const uint32_t *mask, sampler_rng *rng, sampler_ws *ws);
 
 /* Greedy helper: argmax over allowed tokens (lowest id on ties), -1 if none. */
-int32_t sampler_argmax(const float *logits, uint32_t vocab,
-                       const uint32_t *mask);
+int32_t sampler_argmax(const float *logits, uint32_t vocab, const uint32_t *mask);
 
 /* Natural-log softmax probability of `token` under the raw logits
  * (temperature 1, no truncation, no mask), computed in double. */

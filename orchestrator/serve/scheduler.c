@@ -46,7 +46,7 @@ struct scheduler {
     sched_seq **batch;
     uint32_t *batch_rows; /* logits rows of entry i */
     float *logits;
-    uint64_t logits_cap;  /* floats */
+    uint64_t logits_cap; /* floats */
     uint32_t rows_cap;
     sampler_ws *ws;
 
@@ -67,24 +67,32 @@ struct scheduler {
 static void wait_push_back(scheduler *s, sched_seq *q) {
     q->priv.prev = s->wait_tail;
     q->priv.next = NULL;
-    if (s->wait_tail) s->wait_tail->priv.next = q;
-    else s->wait_head = q;
+    if (s->wait_tail)
+        s->wait_tail->priv.next = q;
+    else
+        s->wait_head = q;
     s->wait_tail = q;
 }
 
 static void wait_push_front(scheduler *s, sched_seq *q) {
     q->priv.prev = NULL;
     q->priv.next = s->wait_head;
-    if (s->wait_head) s->wait_head->priv.prev = q;
-    else s->wait_tail = q;
+    if (s->wait_head)
+        s->wait_head->priv.prev = q;
+    else
+        s->wait_tail = q;
     s->wait_head = q;
 }
 
 static void wait_remove(scheduler *s, sched_seq *q) {
-    if (q->priv.prev) q->priv.prev->priv.next = q->priv.next;
-    else s->wait_head = q->priv.next;
-    if (q->priv.next) q->priv.next->priv.prev = q->priv.prev;
-    else s->wait_tail = q->priv.prev;
+    if (q->priv.prev)
+        q->priv.prev->priv.next = q->priv.next;
+    else
+        s->wait_head = q->priv.next;
+    if (q->priv.next)
+        q->priv.next->priv.prev = q->priv.prev;
+    else
+        s->wait_tail = q->priv.prev;
     q->priv.prev = q->priv.next = NULL;
 }
 
@@ -109,15 +117,16 @@ static void seq_finish(scheduler *s, sched_seq *q, int reason, int status,
     if (reason == SCHED_FINISH_STOP || reason == SCHED_FINISH_LENGTH) {
         metrics_histogram_observe(s->m_e2e, now - q->t_submit);
         if (n_out > 1)
-            metrics_histogram_observe(s->m_tpot,
-                                      (now - t_first) / (double)(n_out - 1));
+            metrics_histogram_observe(s->m_tpot, (now - t_first) / (double)(n_out - 1));
     }
     /* Notified later (flush_finished), once no scheduler structure points
      * at q any more: the caller may free it from inside notify. */
     q->priv.prev = NULL;
     q->priv.next = NULL;
-    if (s->fin_tail) s->fin_tail->priv.next = q;
-    else s->fin_head = q;
+    if (s->fin_tail)
+        s->fin_tail->priv.next = q;
+    else
+        s->fin_head = q;
     s->fin_tail = q;
 }
 
@@ -161,53 +170,59 @@ static void *sched_main(void *arg);
 static void register_metrics(scheduler *s) {
     metrics_registry *r = s->cfg.metrics;
     if (!r) return;
-    static const double ttft_b[] = {.001, .0025, .005, .01, .025, .05, .1,
-                                    .25,  .5,    1,    2.5, 5,    10,  30};
-    static const double tpot_b[] = {.0005, .001, .0025, .005, .01, .025,
-                                    .05,   .1,   .25,   .5,   1,   2.5};
-    static const double e2e_b[] = {.005, .01, .025, .05, .1, .25, .5,
-                                   1,    2.5, 5,    10,  30, 60, 120};
-    static const double batch_b[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
-    static const double tok_b[] = {1, 4, 16, 64, 256, 1024, 4096, 16384};
-    static const double iter_b[] = {.0001, .00025, .0005, .001, .0025, .005,
-                                    .01,   .025,   .05,   .1,   .25,   1};
+    static const double ttft_b[] = { .001, .0025, .005, .01, .025, .05, .1,
+                                     .25,  .5,    1,    2.5, 5,    10,  30 };
+    static const double tpot_b[] = { .0005, .001, .0025, .005, .01, .025,
+                                     .05,   .1,   .25,   .5,   1,   2.5 };
+    static const double e2e_b[] = { .005, .01, .025, .05, .1, .25, .5,
+                                    1,    2.5, 5,    10,  30, 60,  120 };
+    static const double batch_b[] = { 1, 2, 4, 8, 16, 32, 64, 128, 256, 512 };
+    static const double tok_b[] = { 1, 4, 16, 64, 256, 1024, 4096, 16384 };
+    static const double iter_b[] = { .0001, .00025, .0005, .001, .0025, .005,
+                                     .01,   .025,   .05,   .1,   .25,   1 };
 #define SERIES(fam) metrics_series_get((fam), NULL)
-    s->m_running = SERIES(metrics_gauge(r, "orch_requests_running",
-        "Sequences currently scheduled (holding KV blocks).", 0, NULL));
+    s->m_running = SERIES(
+        metrics_gauge(r, "orch_requests_running",
+                      "Sequences currently scheduled (holding KV blocks).", 0, NULL));
     s->m_waiting = SERIES(metrics_gauge(r, "orch_requests_waiting",
-        "Sequences waiting to be scheduled.", 0, NULL));
-    s->m_kv_used = SERIES(metrics_gauge(r, "orch_kv_blocks_used",
-        "KV cache blocks in use.", 0, NULL));
-    s->m_kv_total = SERIES(metrics_gauge(r, "orch_kv_blocks_capacity",
-        "KV cache blocks in the pool (capacity).", 0, NULL));
-    s->m_prompt_tokens = SERIES(metrics_counter(r, "orch_prompt_tokens_total",
-        "Prompt tokens of accepted sequences.", 0, NULL));
-    s->m_gen_tokens = SERIES(metrics_counter(r, "orch_generation_tokens_total",
-        "Generated tokens.", 0, NULL));
-    s->m_preempt = SERIES(metrics_counter(r, "orch_preemptions_total",
-        "Sequences preempted because the KV pool ran out (recomputed later).",
-        0, NULL));
-    s->m_errors = SERIES(metrics_counter(r, "orch_engine_errors_total",
-        "Engine forward calls that failed (their sequences got HTTP 500).", 0,
-        NULL));
-    s->m_ttft = SERIES(metrics_histogram(r, "orch_time_to_first_token_seconds",
-        "Time from submission to the first generated token.", 0, NULL, ttft_b,
-        sizeof ttft_b / sizeof *ttft_b));
-    s->m_tpot = SERIES(metrics_histogram(r, "orch_time_per_output_token_seconds",
-        "Mean time per generated token after the first, per sequence.", 0, NULL,
-        tpot_b, sizeof tpot_b / sizeof *tpot_b));
-    s->m_e2e = SERIES(metrics_histogram(r, "orch_e2e_request_latency_seconds",
-        "Time from submission to the last token, per completed sequence.", 0,
-        NULL, e2e_b, sizeof e2e_b / sizeof *e2e_b));
-    s->m_batch_seqs = SERIES(metrics_histogram(r, "orch_batch_size",
-        "Sequences per scheduler iteration (engine forward).", 0, NULL, batch_b,
-        sizeof batch_b / sizeof *batch_b));
-    s->m_batch_tokens = SERIES(metrics_histogram(r, "orch_batch_tokens",
-        "Tokens per scheduler iteration (decode + prefill).", 0, NULL, tok_b,
-        sizeof tok_b / sizeof *tok_b));
-    s->m_iter_seconds = SERIES(metrics_histogram(r, "orch_iteration_seconds",
-        "Wall time of one scheduler iteration's engine forward.", 0, NULL,
-        iter_b, sizeof iter_b / sizeof *iter_b));
+                                        "Sequences waiting to be scheduled.", 0, NULL));
+    s->m_kv_used = SERIES(
+        metrics_gauge(r, "orch_kv_blocks_used", "KV cache blocks in use.", 0, NULL));
+    s->m_kv_total =
+        SERIES(metrics_gauge(r, "orch_kv_blocks_capacity",
+                             "KV cache blocks in the pool (capacity).", 0, NULL));
+    s->m_prompt_tokens = SERIES(metrics_counter(
+        r, "orch_prompt_tokens_total", "Prompt tokens of accepted sequences.", 0, NULL));
+    s->m_gen_tokens = SERIES(
+        metrics_counter(r, "orch_generation_tokens_total", "Generated tokens.", 0, NULL));
+    s->m_preempt = SERIES(metrics_counter(
+        r, "orch_preemptions_total",
+        "Sequences preempted because the KV pool ran out (recomputed later).", 0, NULL));
+    s->m_errors = SERIES(metrics_counter(
+        r, "orch_engine_errors_total",
+        "Engine forward calls that failed (their sequences got HTTP 500).", 0, NULL));
+    s->m_ttft =
+        SERIES(metrics_histogram(r, "orch_time_to_first_token_seconds",
+                                 "Time from submission to the first generated token.", 0,
+                                 NULL, ttft_b, sizeof ttft_b / sizeof *ttft_b));
+    s->m_tpot = SERIES(
+        metrics_histogram(r, "orch_time_per_output_token_seconds",
+                          "Mean time per generated token after the first, per sequence.",
+                          0, NULL, tpot_b, sizeof tpot_b / sizeof *tpot_b));
+    s->m_e2e = SERIES(metrics_histogram(
+        r, "orch_e2e_request_latency_seconds",
+        "Time from submission to the last token, per completed sequence.", 0, NULL, e2e_b,
+        sizeof e2e_b / sizeof *e2e_b));
+    s->m_batch_seqs = SERIES(metrics_histogram(
+        r, "orch_batch_size", "Sequences per scheduler iteration (engine forward).", 0,
+        NULL, batch_b, sizeof batch_b / sizeof *batch_b));
+    s->m_batch_tokens = SERIES(metrics_histogram(
+        r, "orch_batch_tokens", "Tokens per scheduler iteration (decode + prefill).", 0,
+        NULL, tok_b, sizeof tok_b / sizeof *tok_b));
+    s->m_iter_seconds =
+        SERIES(metrics_histogram(r, "orch_iteration_seconds",
+                                 "Wall time of one scheduler iteration's engine forward.",
+                                 0, NULL, iter_b, sizeof iter_b / sizeof *iter_b));
 #undef SERIES
     metrics_gauge_set(s->m_kv_total, block_manager_total(s->bm));
     metrics_gauge_set(s->m_kv_used, 0);
@@ -225,7 +240,9 @@ int scheduler_create(const scheduler_config *cfg, scheduler **out, char *err,
     if (c.block_size == 0) c.block_size = ORCH_KV_BLOCK_TOKENS;
     if (c.max_seqs == 0 || c.max_batch_tokens == 0 || c.vocab_size == 0 ||
         c.context == 0) {
-        util_set_err(err, err_cap, "scheduler: max_seqs, max_batch_tokens, vocab and context must be > 0");
+        util_set_err(
+            err, err_cap,
+            "scheduler: max_seqs, max_batch_tokens, vocab and context must be > 0");
         return -1;
     }
     if (c.max_batch_tokens < c.max_seqs) {
@@ -284,7 +301,9 @@ int scheduler_create(const scheduler_config *cfg, scheduler **out, char *err,
         in.block_table = &blk0;
         in.n_blocks = 1;
         in.logits_mode = ORCH_LOGITS_LAST;
-        orch_infer_batch b = {.struct_size = sizeof b, .n_seqs = 1, .seq_stride = sizeof in, .seqs = &in};
+        orch_infer_batch b = {
+            .struct_size = sizeof b, .n_seqs = 1, .seq_stride = sizeof in, .seqs = &in
+        };
         st = c.engine->api->infer_forward(c.ctx, &b, s->logits, s->logits_cap);
         if (st != ORCH_OK) {
             char msg[512];
@@ -310,8 +329,8 @@ int scheduler_create(const scheduler_config *cfg, scheduler **out, char *err,
     return 0;
 }
 
-int scheduler_submit(scheduler *s, sched_seq *const *seqs, uint32_t n,
-                     char *err, size_t err_cap) {
+int scheduler_submit(scheduler *s, sched_seq *const *seqs, uint32_t n, char *err,
+                     size_t err_cap) {
     if (!s || !seqs || n == 0) {
         util_set_err(err, err_cap, "nothing to submit");
         return SCHED_BAD;
@@ -319,7 +338,8 @@ int scheduler_submit(scheduler *s, sched_seq *const *seqs, uint32_t n,
     for (uint32_t i = 0; i < n; i++) {
         sched_seq *q = seqs[i];
         if (!q->prompt || q->n_prompt == 0 || !q->lock || !q->notify) {
-            util_set_err(err, err_cap, "sequence %u: empty prompt or missing lock/notify", i);
+            util_set_err(err, err_cap, "sequence %u: empty prompt or missing lock/notify",
+                         i);
             return SCHED_BAD;
         }
         if ((uint64_t)q->n_prompt + q->max_tokens > s->cfg.context) {
@@ -334,8 +354,10 @@ int scheduler_submit(scheduler *s, sched_seq *const *seqs, uint32_t n,
         }
         for (uint32_t j = 0; j < q->n_prompt; j++) {
             if (q->prompt[j] < 0 || (uint32_t)q->prompt[j] >= s->cfg.vocab_size) {
-                util_set_err(err, err_cap, "token id %d at prompt position %u is outside the vocabulary (0..%u)",
-                             q->prompt[j], j, s->cfg.vocab_size - 1);
+                util_set_err(
+                    err, err_cap,
+                    "token id %d at prompt position %u is outside the vocabulary (0..%u)",
+                    q->prompt[j], j, s->cfg.vocab_size - 1);
                 return SCHED_BAD;
             }
         }
@@ -362,8 +384,10 @@ int scheduler_submit(scheduler *s, sched_seq *const *seqs, uint32_t n,
         q->finish = SCHED_FINISH_NONE;
         q->t_submit = now;
         q->priv.next = NULL;
-        if (s->inbox_tail) s->inbox_tail->priv.next = q;
-        else s->inbox_head = q;
+        if (s->inbox_tail)
+            s->inbox_tail->priv.next = q;
+        else
+            s->inbox_head = q;
         s->inbox_tail = q;
         prompt_tokens += q->n_prompt;
     }
@@ -496,8 +520,11 @@ static void handle_cancels(scheduler *s, int all, int status, const char *msg) {
 
 /* Append a sampled token (seq_output.h). Returns a sched_finish reason (NONE
  * to continue), or -1 out of memory. */
-static int append_token(scheduler *s, sched_seq *q, int32_t tok, const float *row, double now) {
-    seq_token t = {.id = tok, .bytes = "", .row = row, .vocab = s->cfg.vocab_size, .now = now};
+static int append_token(scheduler *s, sched_seq *q, int32_t tok, const float *row,
+                        double now) {
+    seq_token t = {
+        .id = tok, .bytes = "", .row = row, .vocab = s->cfg.vocab_size, .now = now
+    };
     int32_t eot = tokenizer_eot(s->cfg.tok);
     t.is_eot = !q->ignore_eot && eot >= 0 && tok == eot;
     if (!t.is_eot && tokenizer_token_bytes(s->cfg.tok, tok, &t.bytes, &t.n_bytes) != 0)
@@ -511,13 +538,12 @@ static int append_token(scheduler *s, sched_seq *q, int32_t tok, const float *ro
 }
 
 typedef struct plan {
-    uint32_t n;        /* batch entries */
-    uint32_t rows;     /* logits rows */
+    uint32_t n;    /* batch entries */
+    uint32_t rows; /* logits rows */
     uint32_t tokens;
 } plan;
 
-static void plan_add(scheduler *s, plan *p, sched_seq *q, uint32_t chunk,
-                     uint32_t mode) {
+static void plan_add(scheduler *s, plan *p, sched_seq *q, uint32_t chunk, uint32_t mode) {
     orch_seq_input *in = &s->inputs[p->n];
     memset(in, 0, sizeof *in);
     in->tokens = q->priv.all + q->priv.n_computed;
@@ -535,8 +561,8 @@ static void plan_add(scheduler *s, plan *p, sched_seq *q, uint32_t chunk,
 }
 
 /* Logits mode and chunk length for a prefill step of q. */
-static uint32_t prefill_chunk(const sched_seq *q, uint32_t budget,
-                              uint32_t *plp_left, uint32_t *mode) {
+static uint32_t prefill_chunk(const sched_seq *q, uint32_t budget, uint32_t *plp_left,
+                              uint32_t *mode) {
     uint32_t remaining = q->priv.n_all - q->priv.n_computed;
     uint32_t chunk = remaining < budget ? remaining : budget;
     int want_all = q->want_prompt_logprobs && !q->priv.prompt_lp_done &&
@@ -548,7 +574,7 @@ static uint32_t prefill_chunk(const sched_seq *q, uint32_t budget,
         *mode = ORCH_LOGITS_ALL;
     } else {
         *mode = q->priv.n_computed + chunk == q->priv.n_all ? ORCH_LOGITS_LAST
-                                                           : ORCH_LOGITS_NONE;
+                                                            : ORCH_LOGITS_NONE;
     }
     return chunk;
 }
@@ -596,7 +622,8 @@ static int build_batch(scheduler *s, plan *p) {
     /* 3. admit waiting sequences in arrival order while blocks allow */
     uint32_t total = block_manager_total(s->bm);
     uint32_t watermark = total / 100 > 0 ? total / 100 : 1;
-    while (s->wait_head && budget > 0 && s->n_running < s->cfg.max_seqs && !preempted_any) {
+    while (s->wait_head && budget > 0 && s->n_running < s->cfg.max_seqs &&
+           !preempted_any) {
         sched_seq *q = s->wait_head;
         uint32_t need = block_table_missing(s->bm, &q->priv.blocks, q->priv.n_all);
         uint32_t spare = s->n_running > 0 ? watermark : 0;
@@ -619,7 +646,8 @@ static int build_batch(scheduler *s, plan *p) {
 static int seq_init(sched_seq *q) {
     q->priv.cap_all = 0;
     q->priv.all = NULL;
-    if (grow((void **)&q->priv.all, sizeof(int32_t), q->n_prompt + 1, &q->priv.cap_all) != 0)
+    if (grow((void **)&q->priv.all, sizeof(int32_t), q->n_prompt + 1, &q->priv.cap_all) !=
+        0)
         return -1;
     memcpy(q->priv.all, q->prompt, q->n_prompt * sizeof(int32_t));
     q->priv.n_all = q->n_prompt;
@@ -773,7 +801,7 @@ static void *sched_main(void *arg) {
         if (p.n == 0) {
             /* nothing runnable (should not happen): do not spin */
             update_gauges(s);
-            struct timespec ts = {0, 1000000};
+            struct timespec ts = { 0, 1000000 };
             nanosleep(&ts, NULL);
             continue;
         }

@@ -78,25 +78,25 @@ typedef void (*sched_notify_fn)(sched_seq *seq, int finished);
 
 /* Scheduler-private per-sequence state (do not touch). */
 typedef struct sched_priv {
-    int state;             /* 0 new, 1 waiting, 2 running, 3 done */
-    uint64_t arrival;      /* submission order */
-    int32_t *all;          /* prompt + generated tokens */
+    int state;        /* 0 new, 1 waiting, 2 running, 3 done */
+    uint64_t arrival; /* submission order */
+    int32_t *all;     /* prompt + generated tokens */
     uint32_t n_all, cap_all;
-    uint32_t n_computed;   /* positions whose KV is in the blocks */
+    uint32_t n_computed; /* positions whose KV is in the blocks */
     block_table blocks;
-    int prompt_lp_done;    /* prompt log-probabilities computed */
+    int prompt_lp_done; /* prompt log-probabilities computed */
     int preempted;
     sched_seq *prev, *next; /* waiting list / inbox links */
 } sched_priv;
 
 struct sched_seq {
     /* ---- inputs: set before scheduler_submit, not changed afterwards ---- */
-    const int32_t *prompt;    /* n_prompt >= 1 ids (borrowed until finished) */
+    const int32_t *prompt; /* n_prompt >= 1 ids (borrowed until finished) */
     uint32_t n_prompt;
-    uint32_t max_tokens;      /* 0: prefill only (prompt log-probabilities) */
+    uint32_t max_tokens; /* 0: prefill only (prompt log-probabilities) */
     sampler_params sampling;
-    sampler_rng rng;          /* seeded by the caller; advanced by sampling */
-    const char *const *stop;  /* n_stop non-empty strings (borrowed) */
+    sampler_rng rng;         /* seeded by the caller; advanced by sampling */
+    const char *const *stop; /* n_stop non-empty strings (borrowed) */
     uint32_t n_stop;
     int want_logprobs;        /* record each generated token's log-prob */
     uint32_t top_logprobs;    /* and its top-N alternatives (<= 20) */
@@ -108,32 +108,32 @@ struct sched_seq {
      * tokens generated so far readable in out_tokens; returns a bitset as in
      * sampler.h (valid until the next call) or NULL for no restriction. */
     const uint32_t *(*token_mask)(sched_seq *seq);
-    pthread_mutex_t *lock;    /* guards the outputs below (caller's mutex) */
+    pthread_mutex_t *lock; /* guards the outputs below (caller's mutex) */
     sched_notify_fn notify;
-    void *user;               /* for the caller */
+    void *user; /* for the caller */
 
     /* ---- outputs: written by the scheduler thread under *lock ---- */
-    int32_t *out_tokens;      /* generated ids (incl. a final end-of-text) */
+    int32_t *out_tokens; /* generated ids (incl. a final end-of-text) */
     uint32_t n_out, cap_out;
-    double *out_logprob;      /* [n_out] when want_logprobs */
-    int32_t *out_top_ids;     /* [n_out * top_logprobs] */
+    double *out_logprob;  /* [n_out] when want_logprobs */
+    int32_t *out_top_ids; /* [n_out * top_logprobs] */
     double *out_top_lp;
-    uint32_t *out_text_end;   /* [n_out] byte length of text after token i
+    uint32_t *out_text_end;  /* [n_out] byte length of text after token i
                                  (capped at the final text length) */
-    double *prompt_logprob;   /* [n_prompt]; [0] is NaN (no context) */
-    int32_t *prompt_top_ids;  /* [n_prompt * top_logprobs] */
+    double *prompt_logprob;  /* [n_prompt]; [0] is NaN (no context) */
+    int32_t *prompt_top_ids; /* [n_prompt * top_logprobs] */
     double *prompt_top_lp;
-    char *text;               /* generated text, NUL-terminated */
+    char *text; /* generated text, NUL-terminated */
     size_t text_len, text_cap;
-    size_t text_ready;        /* bytes of text safe to send while streaming */
-    int finish;               /* sched_finish */
-    int http_status;          /* for SCHED_FINISH_ERROR / CANCELLED */
+    size_t text_ready; /* bytes of text safe to send while streaming */
+    int finish;        /* sched_finish */
+    int http_status;   /* for SCHED_FINISH_ERROR / CANCELLED */
     char error[256];
     double t_submit, t_first_token, t_done; /* util_now() seconds */
     uint32_t preemptions;
 
     /* ---- any thread ---- */
-    atomic_int cancel;        /* set to 1 (then scheduler_wake) to cancel */
+    atomic_int cancel; /* set to 1 (then scheduler_wake) to cancel */
 
     sched_priv priv;
 };
@@ -143,16 +143,16 @@ void sched_seq_free_outputs(sched_seq *s);
 
 typedef struct scheduler_config {
     const engine_handle *engine;
-    orch_engine_ctx *ctx;        /* owned by the caller; scheduler thread uses it */
-    const tokenizer *tok;        /* token bytes and end-of-text */
+    orch_engine_ctx *ctx; /* owned by the caller; scheduler thread uses it */
+    const tokenizer *tok; /* token bytes and end-of-text */
     uint32_t vocab_size, context;
-    uint32_t block_size;         /* 0 = ORCH_KV_BLOCK_TOKENS */
-    uint32_t num_blocks;         /* KV pool size; >= blocks for one context */
-    uint32_t max_seqs;           /* running sequences */
-    uint32_t max_batch_tokens;   /* tokens per iteration (>= max_seqs) */
-    uint32_t max_waiting;        /* waiting sequences before QUEUE_FULL */
-    metrics_registry *metrics;   /* may be NULL */
-    void (*poll)(void *arg);     /* called once per busy iteration; may be NULL */
+    uint32_t block_size;       /* 0 = ORCH_KV_BLOCK_TOKENS */
+    uint32_t num_blocks;       /* KV pool size; >= blocks for one context */
+    uint32_t max_seqs;         /* running sequences */
+    uint32_t max_batch_tokens; /* tokens per iteration (>= max_seqs) */
+    uint32_t max_waiting;      /* waiting sequences before QUEUE_FULL */
+    metrics_registry *metrics; /* may be NULL */
+    void (*poll)(void *arg);   /* called once per busy iteration; may be NULL */
     void *poll_arg;
 } scheduler_config;
 
@@ -168,8 +168,8 @@ enum { SCHED_OK = 0, SCHED_QUEUE_FULL = 1, SCHED_STOPPED = 2, SCHED_BAD = 3 };
  * waiting queue would exceed max_waiting (a submission into an empty queue is
  * always taken); SCHED_STOPPED after scheduler_stop_accepting; SCHED_BAD for a
  * sequence the scheduler cannot run (message in err). */
-int scheduler_submit(scheduler *s, sched_seq *const *seqs, uint32_t n,
-                     char *err, size_t err_cap);
+int scheduler_submit(scheduler *s, sched_seq *const *seqs, uint32_t n, char *err,
+                     size_t err_cap);
 /* Make the thread look at cancel flags now. */
 void scheduler_wake(scheduler *s);
 /* New submissions get SCHED_STOPPED from now on. */

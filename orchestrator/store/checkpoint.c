@@ -29,10 +29,11 @@ int ckpt_verify(const char *ckpt_dir, char *err, size_t err_cap) {
         util_set_err(err, err_cap, "%s: not a checkpoint directory", ckpt_dir);
         return -1;
     }
-    if (ckpt_path_join(p, sizeof p, ckpt_dir, CKPT_SUMS_FILE, err, err_cap) != 0) return -1;
+    if (ckpt_path_join(p, sizeof p, ckpt_dir, CKPT_SUMS_FILE, err, err_cap) != 0)
+        return -1;
     if (!ckpt_is_file(p)) {
-        util_set_err(err, err_cap, "%s: missing %s (incomplete checkpoint)",
-                     ckpt_dir, CKPT_SUMS_FILE);
+        util_set_err(err, err_cap, "%s: missing %s (incomplete checkpoint)", ckpt_dir,
+                     CKPT_SUMS_FILE);
         return -1;
     }
     if (fsio_read_file(p, 1 << 16, &text, NULL, err, err_cap) != 0) return -1;
@@ -88,13 +89,13 @@ int ckpt_verify(const char *ckpt_dir, char *err, size_t err_cap) {
         if (strcmp(file, CKPT_STATE_FILE) == 0) have_state = 1;
     }
     if (!have_model || !have_state) {
-        util_set_err(err, err_cap, "%s: %s does not list %s", ckpt_dir,
-                     CKPT_SUMS_FILE, have_model ? CKPT_STATE_FILE : CKPT_MODEL_FILE);
+        util_set_err(err, err_cap, "%s: %s does not list %s", ckpt_dir, CKPT_SUMS_FILE,
+                     have_model ? CKPT_STATE_FILE : CKPT_MODEL_FILE);
         goto out;
     }
     /* Every checkpoint file that is present must be covered (a checksums
      * file cut short would otherwise vouch for fewer files). */
-    static const char *const known[] = {CKPT_OPTIM_FILE, CKPT_META_FILE};
+    static const char *const known[] = { CKPT_OPTIM_FILE, CKPT_META_FILE };
     for (size_t k = 0; k < sizeof known / sizeof known[0]; k++) {
         char fp[PATH_MAX], needle[64];
         if (ckpt_path_join(fp, sizeof fp, ckpt_dir, known[k], err, err_cap) != 0)
@@ -113,8 +114,8 @@ out:
     return rc;
 }
 
-int ckpt_find_latest(const char *path, char *out_dir, size_t out_cap,
-                     char *warn, size_t warn_cap, char *err, size_t err_cap) {
+int ckpt_find_latest(const char *path, char *out_dir, size_t out_cap, char *warn,
+                     size_t warn_cap, char *err, size_t err_cap) {
     char p[PATH_MAX], verr[1024];
     if (warn && warn_cap) warn[0] = '\0';
     if (!path || !ckpt_is_dir(path)) {
@@ -143,17 +144,17 @@ int ckpt_find_latest(const char *path, char *out_dir, size_t out_cap,
         if (errno == ENOENT || !ckpt_is_file(p))
             snprintf(problem, sizeof problem, "no '%s' file", CKPT_LATEST_FILE);
         else
-            snprintf(problem, sizeof problem, "cannot read '%s': %s",
-                     CKPT_LATEST_FILE, verr);
+            snprintf(problem, sizeof problem, "cannot read '%s': %s", CKPT_LATEST_FILE,
+                     verr);
     } else {
         size_t l = strlen(text);
-        while (l && (text[l - 1] == '\n' || text[l - 1] == '\r' ||
-                     text[l - 1] == ' '))
+        while (l && (text[l - 1] == '\n' || text[l - 1] == '\r' || text[l - 1] == ' '))
             text[--l] = '\0';
         uint64_t step;
         if (ckpt_parse_name(text, &step) != 0) {
-            snprintf(problem, sizeof problem, "'%s' is corrupt (does not name "
-                                              "a ckpt-STEP directory)",
+            snprintf(problem, sizeof problem,
+                     "'%s' is corrupt (does not name "
+                     "a ckpt-STEP directory)",
                      CKPT_LATEST_FILE);
         } else if (ckpt_path_join(p, sizeof p, path, text, err, err_cap) != 0) {
             free(text);
@@ -187,8 +188,8 @@ int ckpt_find_latest(const char *path, char *out_dir, size_t out_cap,
         }
         if (ckpt_verify(p, verr, sizeof verr) != 0) {
             if (sl < sizeof skipped - 80)
-                sl += (size_t)snprintf(skipped + sl, sizeof skipped - sl,
-                                       "%s%s", sl ? ", " : "", v[i].name);
+                sl += (size_t)snprintf(skipped + sl, sizeof skipped - sl, "%s%s",
+                                       sl ? ", " : "", v[i].name);
             continue;
         }
         free(v);
@@ -197,26 +198,28 @@ int ckpt_find_latest(const char *path, char *out_dir, size_t out_cap,
             return -1;
         }
         util_set_err(warn, warn_cap, "%s: %s; using %s%s%s%s", path, problem,
-                     p + strlen(path) + 1, sl ? " (skipped corrupt: " : "",
-                     skipped, sl ? ")" : "");
+                     p + strlen(path) + 1, sl ? " (skipped corrupt: " : "", skipped,
+                     sl ? ")" : "");
         return 0;
     }
     free(v);
     if (n == 0)
-        util_set_err(err, err_cap, "%s: no checkpoint found (%s, no ckpt-* "
-                                   "directories)",
+        util_set_err(err, err_cap,
+                     "%s: no checkpoint found (%s, no ckpt-* "
+                     "directories)",
                      path, problem);
     else
-        util_set_err(err, err_cap, "%s: %s, and none of the %zu ckpt-* "
-                                   "directories verifies",
+        util_set_err(err, err_cap,
+                     "%s: %s, and none of the %zu ckpt-* "
+                     "directories verifies",
                      path, problem, n);
     return -1;
 }
 
-int ckpt_read_state(const char *ckpt_dir, char **state_json, char *err,
-                    size_t err_cap) {
+int ckpt_read_state(const char *ckpt_dir, char **state_json, char *err, size_t err_cap) {
     char p[PATH_MAX];
-    if (ckpt_path_join(p, sizeof p, ckpt_dir, CKPT_STATE_FILE, err, err_cap) != 0) return -1;
+    if (ckpt_path_join(p, sizeof p, ckpt_dir, CKPT_STATE_FILE, err, err_cap) != 0)
+        return -1;
     return fsio_read_file(p, CKPT_STATE_MAX_BYTES, state_json, NULL, err, err_cap);
 }
 
@@ -254,10 +257,10 @@ int ckpt_read_config(const char *ckpt_dir, orch_config **out, char *tokenizer,
     return 0;
 }
 
-int ckpt_read_step(const char *ckpt_dir, uint64_t *step, char *err,
-                   size_t err_cap) {
+int ckpt_read_step(const char *ckpt_dir, uint64_t *step, char *err, size_t err_cap) {
     char p[PATH_MAX], *text = NULL;
-    if (ckpt_path_join(p, sizeof p, ckpt_dir, CKPT_META_FILE, err, err_cap) != 0) return -1;
+    if (ckpt_path_join(p, sizeof p, ckpt_dir, CKPT_META_FILE, err, err_cap) != 0)
+        return -1;
     if (fsio_read_file(p, CKPT_META_MAX_BYTES, &text, NULL, NULL, 0) == 0) {
         cJSON *j = cJSON_Parse(text);
         free(text);
@@ -288,11 +291,10 @@ int ckpt_has_optimizer(const char *ckpt_dir) {
 /* ------------------------------------------------------------------------- */
 
 /* Load one engine table from file f; names get `prefix`. */
-static int load_table(const char *fpath, const safetensors_file *f,
-                      const char *prefix, const engine_handle *h,
-                      orch_engine_ctx *ctx, uint32_t kind, char *err,
-                      size_t err_cap) {
-    ckpt_tsrc s = {h, ctx, kind, NULL, 0};
+static int load_table(const char *fpath, const safetensors_file *f, const char *prefix,
+                      const engine_handle *h, orch_engine_ctx *ctx, uint32_t kind,
+                      char *err, size_t err_cap) {
+    ckpt_tsrc s = { h, ctx, kind, NULL, 0 };
     size_t n;
     if (ckpt_tsrc_count(&s, &n, err, err_cap) != 0) return -1;
     void *buf = NULL;
@@ -305,14 +307,14 @@ static int load_table(const char *fpath, const safetensors_file *f,
         snprintf(name, sizeof name, "%s%s", prefix, d.name);
         const safetensors_tensor *t = safetensors_find(f, name);
         if (!t) {
-            util_set_err(err, err_cap, "%s: missing tensor '%s' (the model "
-                                       "config does not match the checkpoint?)",
+            util_set_err(err, err_cap,
+                         "%s: missing tensor '%s' (the model "
+                         "config does not match the checkpoint?)",
                          fpath, name);
             goto out;
         }
         int same = t->ndim == d.ndim;
-        for (uint32_t k = 0; same && k < d.ndim; k++)
-            same = t->shape[k] == d.shape[k];
+        for (uint32_t k = 0; same && k < d.ndim; k++) same = t->shape[k] == d.shape[k];
         if (!same) {
             char a[128] = "", b[128] = "";
             size_t al = 0, bl = 0;
@@ -331,11 +333,9 @@ static int load_table(const char *fpath, const safetensors_file *f,
         const void *src = t->data;
         int convert = t->dtype != d.dtype;
         if (convert && !(d.dtype == SAFETENSORS_F32 &&
-                         (t->dtype == SAFETENSORS_F16 ||
-                          t->dtype == SAFETENSORS_BF16))) {
-            util_set_err(err, err_cap,
-                         "%s: tensor '%s' is %s but the engine needs %s", fpath,
-                         name, safetensors_dtype_name(t->dtype),
+                         (t->dtype == SAFETENSORS_F16 || t->dtype == SAFETENSORS_BF16))) {
+            util_set_err(err, err_cap, "%s: tensor '%s' is %s but the engine needs %s",
+                         fpath, name, safetensors_dtype_name(t->dtype),
                          safetensors_dtype_name(d.dtype));
             goto out;
         }
@@ -370,8 +370,8 @@ out:
 }
 
 /* Every tensor of f must have been consumed by a table (prefix-matched). */
-static int check_no_extra(const char *fpath, const safetensors_file *f,
-                          size_t expected, char *err, size_t err_cap) {
+static int check_no_extra(const char *fpath, const safetensors_file *f, size_t expected,
+                          char *err, size_t err_cap) {
     if (safetensors_count(f) == expected) return 0;
     util_set_err(err, err_cap,
                  "%s: holds %zu tensors but the model has %zu (the model "
@@ -380,9 +380,8 @@ static int check_no_extra(const char *fpath, const safetensors_file *f,
     return -1;
 }
 
-int ckpt_load_weights(const char *ckpt_dir, const engine_handle *h,
-                      orch_engine_ctx *ctx, int with_optimizer, char *err,
-                      size_t err_cap) {
+int ckpt_load_weights(const char *ckpt_dir, const engine_handle *h, orch_engine_ctx *ctx,
+                      int with_optimizer, char *err, size_t err_cap) {
     char p[PATH_MAX];
     safetensors_file *f = NULL;
     uint32_t count = 0;
@@ -395,27 +394,27 @@ int ckpt_load_weights(const char *ckpt_dir, const engine_handle *h,
         ckpt_engine_err(h, ctx, st, "tensor_count", err, err_cap);
         return -1;
     }
-    if (ckpt_path_join(p, sizeof p, ckpt_dir, CKPT_MODEL_FILE, err, err_cap) != 0) return -1;
+    if (ckpt_path_join(p, sizeof p, ckpt_dir, CKPT_MODEL_FILE, err, err_cap) != 0)
+        return -1;
     if (safetensors_open(p, &f, err, err_cap) != 0) return -1;
     int rc = check_no_extra(p, f, count, err, err_cap);
-    if (rc == 0)
-        rc = load_table(p, f, "", h, ctx, ORCH_TENSOR_PARAM, err, err_cap);
+    if (rc == 0) rc = load_table(p, f, "", h, ctx, ORCH_TENSOR_PARAM, err, err_cap);
     safetensors_close(f);
     if (rc != 0 || !with_optimizer) return rc;
 
-    if (ckpt_path_join(p, sizeof p, ckpt_dir, CKPT_OPTIM_FILE, err, err_cap) != 0) return -1;
+    if (ckpt_path_join(p, sizeof p, ckpt_dir, CKPT_OPTIM_FILE, err, err_cap) != 0)
+        return -1;
     if (!ckpt_is_file(p)) {
-        util_set_err(err, err_cap, "%s: checkpoint has no optimizer state "
-                                   "(%s missing)",
+        util_set_err(err, err_cap,
+                     "%s: checkpoint has no optimizer state "
+                     "(%s missing)",
                      ckpt_dir, CKPT_OPTIM_FILE);
         return -1;
     }
     if (safetensors_open(p, &f, err, err_cap) != 0) return -1;
     rc = check_no_extra(p, f, 2 * (size_t)count, err, err_cap);
-    if (rc == 0)
-        rc = load_table(p, f, "m.", h, ctx, ORCH_TENSOR_ADAM_M, err, err_cap);
-    if (rc == 0)
-        rc = load_table(p, f, "v.", h, ctx, ORCH_TENSOR_ADAM_V, err, err_cap);
+    if (rc == 0) rc = load_table(p, f, "m.", h, ctx, ORCH_TENSOR_ADAM_M, err, err_cap);
+    if (rc == 0) rc = load_table(p, f, "v.", h, ctx, ORCH_TENSOR_ADAM_V, err, err_cap);
     safetensors_close(f);
     return rc;
 }

@@ -50,8 +50,8 @@
  *    dir that verifies, with a one-line explanation in warn (warn[0] is '\0'
  *    when there is nothing to warn about).
  * Errors: no checkpoint at all, or none that verifies. */
-int ckpt_find_latest(const char *path, char *out_dir, size_t out_cap,
-                     char *warn, size_t warn_cap, char *err, size_t err_cap);
+int ckpt_find_latest(const char *path, char *out_dir, size_t out_cap, char *warn,
+                     size_t warn_cap, char *err, size_t err_cap);
 
 /* Check a checkpoint directory: checksums.sha256 present and well formed,
  * every file it lists present with the recorded SHA-256, model.safetensors and
@@ -59,8 +59,7 @@ int ckpt_find_latest(const char *path, char *out_dir, size_t out_cap,
 int ckpt_verify(const char *ckpt_dir, char *err, size_t err_cap);
 
 /* The state.json text of a checkpoint (malloc'd, NUL-terminated). */
-int ckpt_read_state(const char *ckpt_dir, char **state_json, char *err,
-                    size_t err_cap);
+int ckpt_read_state(const char *ckpt_dir, char **state_json, char *err, size_t err_cap);
 
 /* The merged run config in a checkpoint's state.json (its "config" object;
  * *out: config_free) and, when tokenizer is not NULL, the tokenizer the run
@@ -74,8 +73,7 @@ int ckpt_read_config(const char *ckpt_dir, orch_config **out, char *tokenizer,
 
 /* Step recorded in the checkpoint's meta.json (falls back to the ckpt-STEP
  * directory name). */
-int ckpt_read_step(const char *ckpt_dir, uint64_t *step, char *err,
-                   size_t err_cap);
+int ckpt_read_step(const char *ckpt_dir, uint64_t *step, char *err, size_t err_cap);
 
 /* 1 if the checkpoint holds optimizer.safetensors, else 0. */
 int ckpt_has_optimizer(const char *ckpt_dir);
@@ -84,8 +82,7 @@ int ckpt_has_optimizer(const char *ckpt_dir);
  * optimizer.safetensors into ADAM_M/ADAM_V (an error when the checkpoint has
  * none). F16/BF16 files are converted to the engine's f32. Does not verify
  * checksums (ckpt_find_latest does). */
-int ckpt_load_weights(const char *ckpt_dir, const engine_handle *h,
-                      orch_engine_ctx *ctx, int with_optimizer, char *err,
-                      size_t err_cap);
+int ckpt_load_weights(const char *ckpt_dir, const engine_handle *h, orch_engine_ctx *ctx,
+                      int with_optimizer, char *err, size_t err_cap);
 
 #endif

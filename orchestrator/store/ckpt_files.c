@@ -18,8 +18,8 @@
 #include "orchestrator/core/util.h"
 #include "orchestrator/store/safetensors.h"
 
-int ckpt_path_join(char *out, size_t cap, const char *dir, const char *name,
-                   char *err, size_t err_cap) {
+int ckpt_path_join(char *out, size_t cap, const char *dir, const char *name, char *err,
+                   size_t err_cap) {
     if (snprintf(out, cap, "%s/%s", dir, name) >= (int)cap) {
         util_set_err(err, err_cap, "%s/%s: path too long", dir, name);
         return -1;
@@ -70,8 +70,13 @@ int ckpt_list(const char *run_dir, ckpt_ent **out, size_t *n_out) {
     if (!d) return -1;
     size_t n = 0, cap = 16;
     ckpt_ent *v = malloc(cap * sizeof *v);
+    if (!v) {
+        closedir(d);
+        errno = ENOMEM;
+        return -1;
+    }
     struct dirent *e;
-    while (v && (e = readdir(d)) != NULL) {
+    while ((e = readdir(d)) != NULL) {
         uint64_t step;
         if (ckpt_parse_name(e->d_name, &step) != 0) continue;
         char p[PATH_MAX];
@@ -82,8 +87,9 @@ int ckpt_list(const char *run_dir, ckpt_ent **out, size_t *n_out) {
             ckpt_ent *nv = realloc(v, 2 * cap * sizeof *v);
             if (!nv) {
                 free(v);
-                v = NULL;
-                break;
+                closedir(d);
+                errno = ENOMEM;
+                return -1;
             }
             v = nv;
             cap *= 2;
@@ -95,10 +101,6 @@ int ckpt_list(const char *run_dir, ckpt_ent **out, size_t *n_out) {
         n++;
     }
     closedir(d);
-    if (!v) {
-        errno = ENOMEM;
-        return -1;
-    }
     qsort(v, n, sizeof *v, cmp_step_desc);
     *out = v;
     *n_out = n;

@@ -21,25 +21,25 @@
 #include "orchestrator/core/engine_loader.h"
 #include "orchestrator/store/ckpt_save.h"
 
-#define CKPT_MODEL_FILE "model.safetensors"
-#define CKPT_OPTIM_FILE "optimizer.safetensors"
-#define CKPT_STATE_FILE "state.json"
-#define CKPT_META_FILE "meta.json"
-#define CKPT_SUMS_FILE "checksums.sha256"
+#define CKPT_MODEL_FILE  "model.safetensors"
+#define CKPT_OPTIM_FILE  "optimizer.safetensors"
+#define CKPT_STATE_FILE  "state.json"
+#define CKPT_META_FILE   "meta.json"
+#define CKPT_SUMS_FILE   "checksums.sha256"
 #define CKPT_LATEST_FILE "latest"
-#define CKPT_PREFIX "ckpt-"
+#define CKPT_PREFIX      "ckpt-"
 /* Temp names inside a run directory, each ending in "-PID" of the writer. */
-#define CKPT_TMP_PREFIX ".tmp-ckpt-"
-#define CKPT_TRASH_PREFIX ".trash-ckpt-"
+#define CKPT_TMP_PREFIX        ".tmp-ckpt-"
+#define CKPT_TRASH_PREFIX      ".trash-ckpt-"
 #define CKPT_LATEST_TMP_PREFIX ".latest.tmp-"
 
 /* Largest state.json read back (it holds the config and the trainer state). */
 #define CKPT_STATE_MAX_BYTES ((size_t)1 << 30)
-#define CKPT_META_MAX_BYTES ((size_t)1 << 20)
+#define CKPT_META_MAX_BYTES  ((size_t)1 << 20)
 
 /* out = DIR/NAME ("DIR/NAME: path too long" when it does not fit). */
-int ckpt_path_join(char *out, size_t cap, const char *dir, const char *name,
-                   char *err, size_t err_cap);
+int ckpt_path_join(char *out, size_t cap, const char *dir, const char *name, char *err,
+                   size_t err_cap);
 /* 1 when PATH is a directory / a regular file (following symlinks). */
 int ckpt_is_dir(const char *path);
 int ckpt_is_file(const char *path);

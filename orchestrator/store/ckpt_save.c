@@ -25,7 +25,7 @@
 #include "orchestrator/store/sha256.h"
 
 ckpt_save_opts ckpt_save_opts_default(void) {
-    ckpt_save_opts o = {3, 1, NAN};
+    ckpt_save_opts o = { 3, 1, NAN };
     return o;
 }
 
@@ -36,14 +36,13 @@ ckpt_save_opts ckpt_save_opts_default(void) {
 /* Write the tables of `n_src` sources into one safetensors file, each with its
  * name prefix. */
 static int write_tables(const char *path, const ckpt_tsrc *srcs,
-                        const char *const *prefixes, size_t n_src,
-                        uint8_t sha[32], char *err, size_t err_cap) {
+                        const char *const *prefixes, size_t n_src, uint8_t sha[32],
+                        char *err, size_t err_cap) {
     safetensors_writer *w = NULL;
     void *buf = NULL;
     uint64_t max_bytes = 0;
     if (safetensors_writer_create(path, &w, err, err_cap) != 0) return -1;
-    if (safetensors_writer_add_metadata(w, "format", "pt", err, err_cap) != 0)
-        goto fail;
+    if (safetensors_writer_add_metadata(w, "format", "pt", err, err_cap) != 0) goto fail;
     for (size_t s = 0; s < n_src; s++) {
         size_t n;
         if (ckpt_tsrc_count(&srcs[s], &n, err, err_cap) != 0) goto fail;
@@ -52,8 +51,8 @@ static int write_tables(const char *path, const ckpt_tsrc *srcs,
             if (ckpt_tsrc_desc(&srcs[s], i, &d, err, err_cap) != 0) goto fail;
             char name[ORCH_TENSOR_NAME_MAX + 16];
             snprintf(name, sizeof name, "%s%s", prefixes[s], d.name);
-            if (safetensors_writer_declare(w, name, d.dtype, d.ndim, d.shape,
-                                           err, err_cap) != 0)
+            if (safetensors_writer_declare(w, name, d.dtype, d.ndim, d.shape, err,
+                                           err_cap) != 0)
                 goto fail;
             if (d.nbytes > max_bytes) max_bytes = d.nbytes;
         }
@@ -73,8 +72,8 @@ static int write_tables(const char *path, const ckpt_tsrc *srcs,
             if (ckpt_tsrc_desc(&srcs[s], i, &d, err, err_cap) != 0) goto fail;
             const void *data = buf;
             if (srcs[s].h) {
-                int32_t st = srcs[s].h->api->tensor_read(
-                    srcs[s].ctx, srcs[s].kind, (uint32_t)i, buf, d.nbytes);
+                int32_t st = srcs[s].h->api->tensor_read(srcs[s].ctx, srcs[s].kind,
+                                                         (uint32_t)i, buf, d.nbytes);
                 if (st != ORCH_OK) {
                     char what[128];
                     snprintf(what, sizeof what, "tensor_read '%s'", d.name);
@@ -84,8 +83,7 @@ static int write_tables(const char *path, const ckpt_tsrc *srcs,
             } else {
                 data = srcs[s].mem[i].data;
             }
-            if (safetensors_writer_write(w, data, (size_t)d.nbytes, err,
-                                         err_cap) != 0)
+            if (safetensors_writer_write(w, data, (size_t)d.nbytes, err, err_cap) != 0)
                 goto fail;
         }
     }
@@ -103,8 +101,8 @@ typedef struct sum_entry {
 } sum_entry;
 
 /* DIR/NAME = data (fsynced); its digest goes to the next checksum entry. */
-static int put_file(const char *dir, const char *name, const char *data,
-                    size_t len, sum_entry *sum, char *err, size_t err_cap) {
+static int put_file(const char *dir, const char *name, const char *data, size_t len,
+                    sum_entry *sum, char *err, size_t err_cap) {
     char path[PATH_MAX];
     if (ckpt_path_join(path, sizeof path, dir, name, err, err_cap) != 0) return -1;
     if (fsio_write_file(path, data, len, err, err_cap) != 0) return -1;
@@ -136,24 +134,24 @@ static char *meta_json(uint64_t step, double val_loss, const char *engine_name,
  * the directory itself fsynced. */
 static int write_contents(const char *dir, const ckpt_tsrc *params,
                           const ckpt_tsrc *adam_m, const ckpt_tsrc *adam_v,
-                          const char *state_json, uint64_t step,
-                          double val_loss, const char *engine_name,
-                          char *err, size_t err_cap) {
+                          const char *state_json, uint64_t step, double val_loss,
+                          const char *engine_name, char *err, size_t err_cap) {
     char path[PATH_MAX];
     sum_entry sums[4];
     size_t ns = 0;
 
     cJSON *probe = cJSON_Parse(state_json ? state_json : "");
     if (!probe) {
-        util_set_err(err, err_cap, "state JSON given to the checkpoint is not "
-                                   "valid JSON");
+        util_set_err(err, err_cap,
+                     "state JSON given to the checkpoint is not "
+                     "valid JSON");
         return -1;
     }
     cJSON_Delete(probe);
 
     if (ckpt_path_join(path, sizeof path, dir, CKPT_MODEL_FILE, err, err_cap) != 0)
         return -1;
-    static const char *const no_prefix[1] = {""};
+    static const char *const no_prefix[1] = { "" };
     if (write_tables(path, params, no_prefix, 1, sums[ns].sha, err, err_cap) != 0)
         return -1;
     sums[ns++].file = CKPT_MODEL_FILE;
@@ -161,15 +159,14 @@ static int write_contents(const char *dir, const ckpt_tsrc *params,
     if (adam_m && adam_v) {
         if (ckpt_path_join(path, sizeof path, dir, CKPT_OPTIM_FILE, err, err_cap) != 0)
             return -1;
-        ckpt_tsrc both[2] = {*adam_m, *adam_v};
-        static const char *const pre[2] = {"m.", "v."};
-        if (write_tables(path, both, pre, 2, sums[ns].sha, err, err_cap) != 0)
-            return -1;
+        ckpt_tsrc both[2] = { *adam_m, *adam_v };
+        static const char *const pre[2] = { "m.", "v." };
+        if (write_tables(path, both, pre, 2, sums[ns].sha, err, err_cap) != 0) return -1;
         sums[ns++].file = CKPT_OPTIM_FILE;
     }
 
-    if (put_file(dir, CKPT_STATE_FILE, state_json, strlen(state_json), &sums[ns++],
-                 err, err_cap) != 0)
+    if (put_file(dir, CKPT_STATE_FILE, state_json, strlen(state_json), &sums[ns++], err,
+                 err_cap) != 0)
         return -1;
 
     char *mtext = meta_json(step, val_loss, engine_name, adam_m != NULL);
@@ -177,8 +174,8 @@ static int write_contents(const char *dir, const ckpt_tsrc *params,
         util_set_err(err, err_cap, "out of memory");
         return -1;
     }
-    int rc = put_file(dir, CKPT_META_FILE, mtext, strlen(mtext), &sums[ns++], err,
-                      err_cap);
+    int rc =
+        put_file(dir, CKPT_META_FILE, mtext, strlen(mtext), &sums[ns++], err, err_cap);
     free(mtext);
     if (rc != 0) return -1;
 
@@ -187,8 +184,8 @@ static int write_contents(const char *dir, const ckpt_tsrc *params,
     for (size_t i = 0; i < ns; i++) {
         char hex[65];
         sha256_hex(sums[i].sha, hex);
-        tl += (size_t)snprintf(text + tl, sizeof text - tl, "%s  %s\n", hex,
-                               sums[i].file);
+        tl +=
+            (size_t)snprintf(text + tl, sizeof text - tl, "%s  %s\n", hex, sums[i].file);
     }
     if (put_file(dir, CKPT_SUMS_FILE, text, tl, NULL, err, err_cap) != 0) return -1;
     return fsio_fsync_path(dir, 1, err, err_cap);
@@ -213,8 +210,8 @@ static void clean_stale(const char *run_dir) {
         const char *dash = strrchr(n, '-');
         uint64_t pid = 0;
         int dead = 1;
-        if (dash && util_parse_u64(dash + 1, &pid) == 0 && pid > 0 &&
-            pid <= INT_MAX && (pid_t)pid != getpid())
+        if (dash && util_parse_u64(dash + 1, &pid) == 0 && pid > 0 && pid <= INT_MAX &&
+            (pid_t)pid != getpid())
             dead = kill((pid_t)pid, 0) != 0 && errno == ESRCH;
         if (!dead) continue;
         char p[PATH_MAX];
@@ -249,8 +246,7 @@ static void delete_ckpt(const char *run_dir, const char *name) {
     ckpt_rm_rf(to);
 }
 
-static void apply_retention(const char *run_dir, const char *latest_name,
-                            int keep_last) {
+static void apply_retention(const char *run_dir, const char *latest_name, int keep_last) {
     if (keep_last <= 0) return;
     ckpt_ent *v = NULL;
     size_t n = 0;
@@ -258,8 +254,7 @@ static void apply_retention(const char *run_dir, const char *latest_name,
     size_t best = SIZE_MAX;
     for (size_t i = 0; i < n; i++) {
         char p[PATH_MAX];
-        if (snprintf(p, sizeof p, "%s/%s", run_dir, v[i].name) >= (int)sizeof p)
-            continue;
+        if (snprintf(p, sizeof p, "%s/%s", run_dir, v[i].name) >= (int)sizeof p) continue;
         v[i].val_loss = read_meta_val_loss(p);
         if (isfinite(v[i].val_loss) &&
             (best == SIZE_MAX || v[i].val_loss < v[best].val_loss))
@@ -299,8 +294,8 @@ static int update_latest(const char *run_dir, const char *name, char *err,
 /* Move the finished temp dir onto FINAL. When FINAL exists (the same step
  * saved again, e.g. after a resume) it is exchanged atomically and the old one
  * removed. */
-static int install_dir(const char *tmp, const char *final, const char *trash,
-                       char *err, size_t err_cap) {
+static int install_dir(const char *tmp, const char *final, const char *trash, char *err,
+                       size_t err_cap) {
     if (fsio_rename(tmp, final, err, err_cap) == 0) return 0;
     if (errno != EEXIST && errno != ENOTEMPTY) return -1;
     if (fsio_exchange(tmp, final, NULL, 0) == 0) {
@@ -327,9 +322,8 @@ static int make_run_dir(const char *run_dir, char *err, size_t err_cap) {
 }
 
 int ckpt_save(const char *run_dir, uint64_t step, const engine_handle *h,
-              orch_engine_ctx *ctx, const char *state_json,
-              const ckpt_save_opts *o, char *out_dir, size_t out_cap,
-              char *err, size_t err_cap) {
+              orch_engine_ctx *ctx, const char *state_json, const ckpt_save_opts *o,
+              char *out_dir, size_t out_cap, char *err, size_t err_cap) {
     ckpt_save_opts def = ckpt_save_opts_default();
     if (!o) o = &def;
     if (!run_dir || !*run_dir || !h || !h->api || !ctx || !state_json) {
@@ -354,12 +348,12 @@ int ckpt_save(const char *run_dir, uint64_t step, const engine_handle *h,
         util_set_err(err, err_cap, "%s: mkdir: %s", tmp, strerror(errno));
         return -1;
     }
-    ckpt_tsrc params = {h, ctx, ORCH_TENSOR_PARAM, NULL, 0};
-    ckpt_tsrc m = {h, ctx, ORCH_TENSOR_ADAM_M, NULL, 0};
-    ckpt_tsrc v = {h, ctx, ORCH_TENSOR_ADAM_V, NULL, 0};
+    ckpt_tsrc params = { h, ctx, ORCH_TENSOR_PARAM, NULL, 0 };
+    ckpt_tsrc m = { h, ctx, ORCH_TENSOR_ADAM_M, NULL, 0 };
+    ckpt_tsrc v = { h, ctx, ORCH_TENSOR_ADAM_V, NULL, 0 };
     if (write_contents(tmp, &params, o->with_optimizer ? &m : NULL,
-                       o->with_optimizer ? &v : NULL, state_json, step,
-                       o->val_loss, h->api->name, err, err_cap) != 0)
+                       o->with_optimizer ? &v : NULL, state_json, step, o->val_loss,
+                       h->api->name, err, err_cap) != 0)
         goto fail;
     if (install_dir(tmp, final, trash, err, err_cap) != 0) goto fail;
     if (fsio_fsync_path(run_dir, 1, err, err_cap) != 0) return -1;
@@ -373,8 +367,7 @@ fail:
 }
 
 int ckpt_write_dir(const char *ckpt_dir, const ckpt_tensor *tensors, size_t n,
-                   const char *state_json, uint64_t step, char *err,
-                   size_t err_cap) {
+                   const char *state_json, uint64_t step, char *err, size_t err_cap) {
     char parent[PATH_MAX], tmp[PATH_MAX];
     if (!ckpt_dir || !*ckpt_dir || !state_json) {
         util_set_err(err, err_cap, "ckpt_write_dir: missing argument");
@@ -395,8 +388,7 @@ int ckpt_write_dir(const char *ckpt_dir, const ckpt_tensor *tensors, size_t n,
     }
     struct stat st;
     if (lstat(ckpt_dir, &st) == 0) {
-        util_set_err(err, err_cap, "%s: already exists (choose a new --out)",
-                     ckpt_dir);
+        util_set_err(err, err_cap, "%s: already exists (choose a new --out)", ckpt_dir);
         return -1;
     }
     const char *pdir = slash ? parent : ".";
@@ -411,9 +403,9 @@ int ckpt_write_dir(const char *ckpt_dir, const ckpt_tensor *tensors, size_t n,
         util_set_err(err, err_cap, "%s: mkdir: %s", tmp, strerror(errno));
         return -1;
     }
-    ckpt_tsrc src = {NULL, NULL, 0, tensors, n};
-    if (write_contents(tmp, &src, NULL, NULL, state_json, step, NAN, "", err,
-                       err_cap) != 0 ||
+    ckpt_tsrc src = { NULL, NULL, 0, tensors, n };
+    if (write_contents(tmp, &src, NULL, NULL, state_json, step, NAN, "", err, err_cap) !=
+            0 ||
         fsio_rename(tmp, ckpt_dir, err, err_cap) != 0) {
         ckpt_rm_rf(tmp);
         return -1;

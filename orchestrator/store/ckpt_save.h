@@ -46,24 +46,22 @@ ckpt_save_opts ckpt_save_opts_default(void);
  * out_dir (may be NULL) receives the final checkpoint directory path.
  * On failure nothing that existed before is lost and `latest` is unchanged. */
 int ckpt_save(const char *run_dir, uint64_t step, const engine_handle *h,
-              orch_engine_ctx *ctx, const char *state_json,
-              const ckpt_save_opts *o, char *out_dir, size_t out_cap,
-              char *err, size_t err_cap);
+              orch_engine_ctx *ctx, const char *state_json, const ckpt_save_opts *o,
+              char *out_dir, size_t out_cap, char *err, size_t err_cap);
 
 /* One named tensor in host memory, for ckpt_write_dir (e.g. imported weights). */
 typedef struct ckpt_tensor {
     const char *name;
-    int dtype;                            /* safetensors_dtype / orch_dtype */
+    int dtype; /* safetensors_dtype / orch_dtype */
     uint32_t ndim;
     uint64_t shape[ORCH_TENSOR_MAX_DIMS];
-    const void *data;                     /* numel * dtype size bytes */
+    const void *data; /* numel * dtype size bytes */
 } ckpt_tensor;
 
 /* Write a standalone checkpoint directory at exactly CKPT_DIR (model tensors,
  * no optimizer state, state_json verbatim, meta.json, checksums) atomically:
  * temp dir, fsync, rename. CKPT_DIR must not exist yet. step goes to meta. */
 int ckpt_write_dir(const char *ckpt_dir, const ckpt_tensor *tensors, size_t n,
-                   const char *state_json, uint64_t step, char *err,
-                   size_t err_cap);
+                   const char *state_json, uint64_t step, char *err, size_t err_cap);
 
 #endif

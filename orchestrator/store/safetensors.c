@@ -28,11 +28,11 @@ static const struct {
     const char *name;
     size_t size;
 } dtypes[SAFETENSORS_DTYPE_COUNT] = {
-    [SAFETENSORS_F32] = {"F32", 4},  [SAFETENSORS_F16] = {"F16", 2},
-    [SAFETENSORS_BF16] = {"BF16", 2}, [SAFETENSORS_I32] = {"I32", 4},
-    [SAFETENSORS_F64] = {"F64", 8},  [SAFETENSORS_I64] = {"I64", 8},
-    [SAFETENSORS_I16] = {"I16", 2},  [SAFETENSORS_I8] = {"I8", 1},
-    [SAFETENSORS_U8] = {"U8", 1},    [SAFETENSORS_BOOL] = {"BOOL", 1},
+    [SAFETENSORS_F32] = { "F32", 4 },   [SAFETENSORS_F16] = { "F16", 2 },
+    [SAFETENSORS_BF16] = { "BF16", 2 }, [SAFETENSORS_I32] = { "I32", 4 },
+    [SAFETENSORS_F64] = { "F64", 8 },   [SAFETENSORS_I64] = { "I64", 8 },
+    [SAFETENSORS_I16] = { "I16", 2 },   [SAFETENSORS_I8] = { "I8", 1 },
+    [SAFETENSORS_U8] = { "U8", 1 },     [SAFETENSORS_BOOL] = { "BOOL", 1 },
 };
 
 size_t safetensors_dtype_size(int dtype) {
@@ -130,8 +130,7 @@ const safetensors_tensor *safetensors_get(const safetensors_file *f, size_t i) {
     return &f->tensors[i];
 }
 
-const safetensors_tensor *safetensors_find(const safetensors_file *f,
-                                           const char *name) {
+const safetensors_tensor *safetensors_find(const safetensors_file *f, const char *name) {
     if (!f || !name) return NULL;
     for (size_t i = 0; i < f->n; i++)
         if (strcmp(f->tensors[i].name, name) == 0) return &f->tensors[i];
@@ -170,8 +169,8 @@ static int cmp_names(const void *a, const void *b) {
 
 /* The header's JSON: starts with '{', parses, nothing but whitespace after
  * it, an object. NULL (err set) otherwise. */
-static cJSON *parse_json(const char *path, const char *hdr, size_t hdr_len,
-                         char *err, size_t err_cap) {
+static cJSON *parse_json(const char *path, const char *hdr, size_t hdr_len, char *err,
+                         size_t err_cap) {
     if (hdr_len == 0 || hdr[0] != '{') {
         util_set_err(err, err_cap,
                      "%s: not a safetensors file (header does not start with "
@@ -185,8 +184,7 @@ static cJSON *parse_json(const char *path, const char *hdr, size_t hdr_len,
         size_t at = end ? (size_t)(end - hdr) : 0;
         const char *ep = cJSON_GetErrorPtr();
         if (ep && ep >= hdr && ep <= hdr + hdr_len) at = (size_t)(ep - hdr);
-        util_set_err(err, err_cap,
-                     "%s: header is not valid JSON (near byte %zu of %zu)",
+        util_set_err(err, err_cap, "%s: header is not valid JSON (near byte %zu of %zu)",
                      path, at, hdr_len);
         return NULL;
     }
@@ -194,8 +192,8 @@ static cJSON *parse_json(const char *path, const char *hdr, size_t hdr_len,
     for (const char *p = end; p && p < hdr + hdr_len; p++) {
         if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r' && *p != '\0') {
             util_set_err(err, err_cap,
-                         "%s: trailing bytes after the JSON header (byte %zu)",
-                         path, (size_t)(p - hdr));
+                         "%s: trailing bytes after the JSON header (byte %zu)", path,
+                         (size_t)(p - hdr));
             cJSON_Delete(root);
             return NULL;
         }
@@ -212,8 +210,7 @@ static cJSON *parse_json(const char *path, const char *hdr, size_t hdr_len,
 static int parse_metadata(safetensors_file *f, const cJSON *e, const char *path,
                           char *err, size_t err_cap) {
     if (!cJSON_IsObject(e)) {
-        util_set_err(err, err_cap, "%s: __metadata__ is not an object of strings",
-                     path);
+        util_set_err(err, err_cap, "%s: __metadata__ is not an object of strings", path);
         return -1;
     }
     size_t m = (size_t)cJSON_GetArraySize(e);
@@ -250,33 +247,36 @@ static int parse_entry(const cJSON *e, const char *name, safetensors_tensor *t,
         return -1;
     }
     if (!cJSON_IsObject(e)) {
-        util_set_err(err, err_cap, "%s: tensor '%s': entry is not an object",
-                     path, name);
+        util_set_err(err, err_cap, "%s: tensor '%s': entry is not an object", path, name);
         return -1;
     }
     const cJSON *jd = NULL, *js = NULL, *jo = NULL;
     for (cJSON *k = e->child; k; k = k->next) {
         const cJSON **slot = NULL;
-        if (k->string && strcmp(k->string, "dtype") == 0) slot = &jd;
-        else if (k->string && strcmp(k->string, "shape") == 0) slot = &js;
-        else if (k->string && strcmp(k->string, "data_offsets") == 0) slot = &jo;
+        if (k->string && strcmp(k->string, "dtype") == 0)
+            slot = &jd;
+        else if (k->string && strcmp(k->string, "shape") == 0)
+            slot = &js;
+        else if (k->string && strcmp(k->string, "data_offsets") == 0)
+            slot = &jo;
         if (!slot || *slot) {
-            util_set_err(err, err_cap, "%s: tensor '%s': %s key '%s'", path,
-                         name, slot ? "duplicate" : "unexpected",
-                         k->string ? k->string : "?");
+            util_set_err(err, err_cap, "%s: tensor '%s': %s key '%s'", path, name,
+                         slot ? "duplicate" : "unexpected", k->string ? k->string : "?");
             return -1;
         }
         *slot = k;
     }
     if (!jd || !js || !jo) {
-        util_set_err(err, err_cap, "%s: tensor '%s': missing '%s'", path,
-                     name, !jd ? "dtype" : !js ? "shape" : "data_offsets");
+        util_set_err(err, err_cap, "%s: tensor '%s': missing '%s'", path, name,
+                     !jd   ? "dtype"
+                     : !js ? "shape"
+                           : "data_offsets");
         return -1;
     }
     int dt = cJSON_IsString(jd) ? safetensors_dtype_parse(jd->valuestring) : -1;
     if (dt < 0) {
-        util_set_err(err, err_cap, "%s: tensor '%s': unsupported dtype %s%s%s",
-                     path, name, cJSON_IsString(jd) ? "'" : "",
+        util_set_err(err, err_cap, "%s: tensor '%s': unsupported dtype %s%s%s", path,
+                     name, cJSON_IsString(jd) ? "'" : "",
                      cJSON_IsString(jd) ? jd->valuestring : "(not a string)",
                      cJSON_IsString(jd) ? "'" : "");
         return -1;
@@ -301,8 +301,7 @@ static int parse_entry(const cJSON *e, const char *name, safetensors_tensor *t,
             return -1;
         }
         if (v && t->numel > UINT64_MAX / v) {
-            util_set_err(err, err_cap, "%s: tensor '%s': shape overflows",
-                         path, name);
+            util_set_err(err, err_cap, "%s: tensor '%s': shape overflows", path, name);
             return -1;
         }
         t->shape[t->ndim++] = v;
@@ -310,8 +309,7 @@ static int parse_entry(const cJSON *e, const char *name, safetensors_tensor *t,
     }
     size_t es = safetensors_dtype_size(dt);
     if (t->numel > UINT64_MAX / es) {
-        util_set_err(err, err_cap, "%s: tensor '%s': shape overflows", path,
-                     name);
+        util_set_err(err, err_cap, "%s: tensor '%s': shape overflows", path, name);
         return -1;
     }
     t->nbytes = t->numel * es;
@@ -328,16 +326,16 @@ static int parse_entry(const cJSON *e, const char *name, safetensors_tensor *t,
         util_set_err(err, err_cap,
                      "%s: tensor '%s': data_offsets [%llu, %llu] outside "
                      "the data buffer of %llu bytes (truncated file?)",
-                     path, name, (unsigned long long)b,
-                     (unsigned long long)en, (unsigned long long)data_len);
+                     path, name, (unsigned long long)b, (unsigned long long)en,
+                     (unsigned long long)data_len);
         return -1;
     }
     if (en - b != t->nbytes) {
         util_set_err(err, err_cap,
                      "%s: tensor '%s': data_offsets span %llu bytes but "
                      "%s shape needs %llu",
-                     path, name, (unsigned long long)(en - b),
-                     dtypes[dt].name, (unsigned long long)t->nbytes);
+                     path, name, (unsigned long long)(en - b), dtypes[dt].name,
+                     (unsigned long long)t->nbytes);
         return -1;
     }
     t->data = data + b;
@@ -347,8 +345,7 @@ static int parse_entry(const cJSON *e, const char *name, safetensors_tensor *t,
 /* order[0..n): unique names, and the data of the entries tiles the data
  * buffer exactly (no overlap, no hole). Sorts order. */
 static int check_layout(safetensors_tensor **order, size_t n, const uint8_t *data,
-                        uint64_t data_len, const char *path, char *err,
-                        size_t err_cap) {
+                        uint64_t data_len, const char *path, char *err, size_t err_cap) {
     /* Unique names. */
     qsort(order, n, sizeof *order, cmp_names);
     for (size_t i = 1; i < n; i++)
@@ -364,8 +361,8 @@ static int check_layout(safetensors_tensor **order, size_t n, const uint8_t *dat
         uint64_t b = (uint64_t)((const uint8_t *)order[i]->data - data);
         if (b < pos) {
             util_set_err(err, err_cap,
-                         "%s: tensor '%s' overlaps the previous tensor's data",
-                         path, order[i]->name);
+                         "%s: tensor '%s' overlaps the previous tensor's data", path,
+                         order[i]->name);
             return -1;
         }
         if (b > pos) {
@@ -389,9 +386,9 @@ static int check_layout(safetensors_tensor **order, size_t n, const uint8_t *dat
 }
 
 /* Parse and validate the header; fills f->tensors, f->names and f->meta. */
-static int parse_header(safetensors_file *f, const char *path,
-                        const char *hdr, size_t hdr_len, uint64_t data_len,
-                        const uint8_t *data, char *err, size_t err_cap) {
+static int parse_header(safetensors_file *f, const char *path, const char *hdr,
+                        size_t hdr_len, uint64_t data_len, const uint8_t *data, char *err,
+                        size_t err_cap) {
     cJSON *root = parse_json(path, hdr, hdr_len, err, err_cap);
     if (!root) return -1;
     size_t n = 0, names_len = 0;
@@ -491,13 +488,12 @@ int safetensors_open(const char *path, safetensors_file **out, char *err,
         goto fail;
     }
     if (hlen > HEADER_MAX) {
-        util_set_err(err, err_cap, "%s: header length %llu exceeds the %llu limit",
-                     path, (unsigned long long)hlen,
-                     (unsigned long long)HEADER_MAX);
+        util_set_err(err, err_cap, "%s: header length %llu exceeds the %llu limit", path,
+                     (unsigned long long)hlen, (unsigned long long)HEADER_MAX);
         goto fail;
     }
-    if (parse_header(f, path, (const char *)p + 8, (size_t)hlen,
-                     size - 8 - hlen, p + 8 + hlen, err, err_cap) != 0)
+    if (parse_header(f, path, (const char *)p + 8, (size_t)hlen, size - 8 - hlen,
+                     p + 8 + hlen, err, err_cap) != 0)
         goto fail;
     *out = f;
     return 0;
@@ -512,16 +508,16 @@ fail:
 
 struct safetensors_writer {
     char *path;
-    cJSON *header; /* tensors in declaration order */
-    cJSON *meta;   /* NULL until a metadata entry is added */
-    uint64_t total;   /* bytes of data declared */
-    uint64_t written; /* bytes of data written */
+    cJSON *header;        /* tensors in declaration order */
+    cJSON *meta;          /* NULL until a metadata entry is added */
+    uint64_t total;       /* bytes of data declared */
+    uint64_t written;     /* bytes of data written */
     fsio_atomic_file out; /* the temp file; out.fp is NULL until begin_data */
     sha256_ctx sha;
 };
 
-int safetensors_writer_create(const char *path, safetensors_writer **out,
-                              char *err, size_t err_cap) {
+int safetensors_writer_create(const char *path, safetensors_writer **out, char *err,
+                              size_t err_cap) {
     safetensors_writer *w = util_calloc(1, sizeof *w);
     if (!w) goto oom;
     w->path = strdup(path);
@@ -536,8 +532,7 @@ oom:
 }
 
 int safetensors_writer_add_metadata(safetensors_writer *w, const char *key,
-                                    const char *value, char *err,
-                                    size_t err_cap) {
+                                    const char *value, char *err, size_t err_cap) {
     if (w->out.fp) {
         util_set_err(err, err_cap, "%s: metadata after begin_data", w->path);
         return -1;
@@ -547,8 +542,7 @@ int safetensors_writer_add_metadata(safetensors_writer *w, const char *key,
         if (!w->meta) goto oom;
     }
     if (cJSON_GetObjectItemCaseSensitive(w->meta, key)) {
-        util_set_err(err, err_cap, "%s: duplicate metadata key '%s'", w->path,
-                     key);
+        util_set_err(err, err_cap, "%s: duplicate metadata key '%s'", w->path, key);
         return -1;
     }
     if (!cJSON_AddStringToObject(w->meta, key, value)) goto oom;
@@ -558,9 +552,9 @@ oom:
     return -1;
 }
 
-int safetensors_writer_declare(safetensors_writer *w, const char *name,
-                               int dtype, uint32_t ndim, const uint64_t *shape,
-                               char *err, size_t err_cap) {
+int safetensors_writer_declare(safetensors_writer *w, const char *name, int dtype,
+                               uint32_t ndim, const uint64_t *shape, char *err,
+                               size_t err_cap) {
     if (w->out.fp) {
         util_set_err(err, err_cap, "%s: declare after begin_data", w->path);
         return -1;
@@ -571,20 +565,18 @@ int safetensors_writer_declare(safetensors_writer *w, const char *name,
         return -1;
     }
     if (dtype < 0 || dtype > SAFETENSORS_I32 || ndim > SAFETENSORS_MAX_DIMS) {
-        util_set_err(err, err_cap, "%s: tensor '%s': unsupported dtype or rank",
-                     w->path, name);
+        util_set_err(err, err_cap, "%s: tensor '%s': unsupported dtype or rank", w->path,
+                     name);
         return -1;
     }
     if (cJSON_GetObjectItemCaseSensitive(w->header, name)) {
-        util_set_err(err, err_cap, "%s: duplicate tensor name '%s'", w->path,
-                     name);
+        util_set_err(err, err_cap, "%s: duplicate tensor name '%s'", w->path, name);
         return -1;
     }
     uint64_t numel = 1;
     for (uint32_t i = 0; i < ndim; i++) {
         if (shape[i] && numel > (uint64_t)EXACT_MAX / shape[i]) {
-            util_set_err(err, err_cap, "%s: tensor '%s': too large", w->path,
-                         name);
+            util_set_err(err, err_cap, "%s: tensor '%s': too large", w->path, name);
             return -1;
         }
         numel *= shape[i];
@@ -628,8 +620,7 @@ static int put(safetensors_writer *w, const void *p, size_t n, char *err,
     return 0;
 }
 
-int safetensors_writer_begin_data(safetensors_writer *w, char *err,
-                                  size_t err_cap) {
+int safetensors_writer_begin_data(safetensors_writer *w, char *err, size_t err_cap) {
     if (w->out.fp) {
         util_set_err(err, err_cap, "%s: begin_data called twice", w->path);
         return -1;
@@ -677,8 +668,8 @@ oom:
     return -1;
 }
 
-int safetensors_writer_write(safetensors_writer *w, const void *data,
-                             size_t bytes, char *err, size_t err_cap) {
+int safetensors_writer_write(safetensors_writer *w, const void *data, size_t bytes,
+                             char *err, size_t err_cap) {
     if (!w->out.fp) {
         util_set_err(err, err_cap, "%s: write before begin_data", w->path);
         return -1;
@@ -695,15 +686,14 @@ int safetensors_writer_write(safetensors_writer *w, const void *data,
     return 0;
 }
 
-int safetensors_writer_finish(safetensors_writer *w, uint8_t sha256_out[32],
-                              char *err, size_t err_cap) {
+int safetensors_writer_finish(safetensors_writer *w, uint8_t sha256_out[32], char *err,
+                              size_t err_cap) {
     int rc = -1;
     if (!w->out.fp && safetensors_writer_begin_data(w, err, err_cap) != 0) goto out;
     if (w->written != w->total) {
         util_set_err(err, err_cap,
-                     "%s: only %llu of %llu declared data bytes were written",
-                     w->path, (unsigned long long)w->written,
-                     (unsigned long long)w->total);
+                     "%s: only %llu of %llu declared data bytes were written", w->path,
+                     (unsigned long long)w->written, (unsigned long long)w->total);
         goto out;
     }
     if (fsio_atomic_commit(&w->out, err, err_cap) != 0) goto out;

@@ -76,13 +76,13 @@ float safetensors_f16_to_f32(uint16_t h);
 float safetensors_bf16_to_f32(uint16_t h);
 
 typedef struct safetensors_tensor {
-    const char *name;    /* NUL-terminated UTF-8, owned by the file */
-    int dtype;           /* safetensors_dtype */
-    uint32_t ndim;       /* 0 = scalar */
+    const char *name; /* NUL-terminated UTF-8, owned by the file */
+    int dtype;        /* safetensors_dtype */
+    uint32_t ndim;    /* 0 = scalar */
     uint64_t shape[SAFETENSORS_MAX_DIMS];
-    uint64_t numel;      /* product of shape (1 for a scalar) */
-    uint64_t nbytes;     /* numel * dtype size */
-    const void *data;    /* nbytes bytes inside the mapping (may be unaligned
+    uint64_t numel;   /* product of shape (1 for a scalar) */
+    uint64_t nbytes;  /* numel * dtype size */
+    const void *data; /* nbytes bytes inside the mapping (may be unaligned
                             for foreign files; memcpy to read) */
 } safetensors_tensor;
 
@@ -90,8 +90,7 @@ typedef struct safetensors_file safetensors_file;
 
 /* Map and validate PATH. Returns 0 and *out, or -1 with
  * "PATH: PROBLEM" in err. */
-int safetensors_open(const char *path, safetensors_file **out, char *err,
-                     size_t err_cap);
+int safetensors_open(const char *path, safetensors_file **out, char *err, size_t err_cap);
 /* Unmap and free. NULL is a no-op. */
 void safetensors_close(safetensors_file *f);
 
@@ -99,8 +98,7 @@ void safetensors_close(safetensors_file *f);
 size_t safetensors_count(const safetensors_file *f);
 const safetensors_tensor *safetensors_get(const safetensors_file *f, size_t i);
 /* Tensor named `name`, or NULL. */
-const safetensors_tensor *safetensors_find(const safetensors_file *f,
-                                           const char *name);
+const safetensors_tensor *safetensors_find(const safetensors_file *f, const char *name);
 /* Value of "__metadata__"[key], or NULL. */
 const char *safetensors_metadata(const safetensors_file *f, const char *key);
 
@@ -108,29 +106,27 @@ const char *safetensors_metadata(const safetensors_file *f, const char *key);
 typedef struct safetensors_writer safetensors_writer;
 
 /* Start a writer for PATH (nothing is created until begin_data). */
-int safetensors_writer_create(const char *path, safetensors_writer **out,
-                              char *err, size_t err_cap);
+int safetensors_writer_create(const char *path, safetensors_writer **out, char *err,
+                              size_t err_cap);
 /* Add a "__metadata__" string entry (before begin_data). */
 int safetensors_writer_add_metadata(safetensors_writer *w, const char *key,
-                                    const char *value, char *err,
-                                    size_t err_cap);
+                                    const char *value, char *err, size_t err_cap);
 /* Declare the next tensor (before begin_data). Names must be unique and
  * non-empty; "__metadata__" is reserved. */
-int safetensors_writer_declare(safetensors_writer *w, const char *name,
-                               int dtype, uint32_t ndim, const uint64_t *shape,
-                               char *err, size_t err_cap);
+int safetensors_writer_declare(safetensors_writer *w, const char *name, int dtype,
+                               uint32_t ndim, const uint64_t *shape, char *err,
+                               size_t err_cap);
 /* Create the temp file and write the header. */
-int safetensors_writer_begin_data(safetensors_writer *w, char *err,
-                                  size_t err_cap);
+int safetensors_writer_begin_data(safetensors_writer *w, char *err, size_t err_cap);
 /* Append `bytes` bytes of data. The bytes go to the declared tensors in order;
  * a chunk may span tensors. Writing past the declared total is an error. */
-int safetensors_writer_write(safetensors_writer *w, const void *data,
-                             size_t bytes, char *err, size_t err_cap);
+int safetensors_writer_write(safetensors_writer *w, const void *data, size_t bytes,
+                             char *err, size_t err_cap);
 /* Check every declared byte was written, fsync, close, rename the temp file
  * onto PATH. sha256_out (32 bytes, may be NULL) receives the file's SHA-256.
  * Frees w whether it succeeds or not (on failure the temp file is removed). */
-int safetensors_writer_finish(safetensors_writer *w, uint8_t sha256_out[32],
-                              char *err, size_t err_cap);
+int safetensors_writer_finish(safetensors_writer *w, uint8_t sha256_out[32], char *err,
+                              size_t err_cap);
 /* Drop everything: remove the temp file, free w. NULL is a no-op. */
 void safetensors_writer_abort(safetensors_writer *w);
 

@@ -27,9 +27,9 @@
 #define DIST_DEFAULT_TIMEOUT_S 60.0
 #define DIST_DEFAULT_BUCKET_MB 8.0
 #define DIST_MIN_BUCKET_FLOATS 256u
-#define DIST_COPY_CHUNK (1u << 16) /* floats per grads_read between polls */
-#define DIST_N_BUCKET_BUFS 3       /* buckets in flight at most */
-#define DIST_BCAST_CHUNK (1u << 30) /* bytes per MPI_Bcast call */
+#define DIST_COPY_CHUNK        (1u << 16) /* floats per grads_read between polls */
+#define DIST_N_BUCKET_BUFS     3          /* buckets in flight at most */
+#define DIST_BCAST_CHUNK       (1u << 30) /* bytes per MPI_Bcast call */
 
 /* ------------------------------------------------------------------------- */
 /* Launcher environment                                                       */
@@ -80,7 +80,7 @@ static struct {
     atomic_int wd_quit;
     uint64_t step; /* last step seen by dist_allreduce_grads (messages) */
 #endif
-} g = {.rank = 0, .world = 1};
+} g = { .rank = 0, .world = 1 };
 
 int dist_rank(void) { return g.rank; }
 int dist_world(void) { return g.world; }
@@ -94,8 +94,7 @@ static int parse_seconds(const char *name, double def, double *out, char *err,
     if (!v || !*v) return 0;
     double d;
     if (util_parse_double(v, &d) != 0 || !(d > 0) || d > 1e7) {
-        util_set_err(err, cap, "%s='%s': expected a positive number of seconds",
-                     name, v);
+        util_set_err(err, cap, "%s='%s': expected a positive number of seconds", name, v);
         return -1;
     }
     *out = d;
@@ -103,12 +102,12 @@ static int parse_seconds(const char *name, double def, double *out, char *err,
 }
 
 static int read_settings(char *err, size_t cap) {
-    if (parse_seconds("ORCH_DIST_TIMEOUT", DIST_DEFAULT_TIMEOUT_S, &g.timeout_s,
-                      err, cap) != 0)
+    if (parse_seconds("ORCH_DIST_TIMEOUT", DIST_DEFAULT_TIMEOUT_S, &g.timeout_s, err,
+                      cap) != 0)
         return -1;
     double slow_def = g.timeout_s * 10 > 600 ? g.timeout_s * 10 : 600;
-    if (parse_seconds("ORCH_DIST_SLOW_TIMEOUT", slow_def, &g.slow_timeout_s, err,
-                      cap) != 0)
+    if (parse_seconds("ORCH_DIST_SLOW_TIMEOUT", slow_def, &g.slow_timeout_s, err, cap) !=
+        0)
         return -1;
     double mb = DIST_DEFAULT_BUCKET_MB;
     const char *v = getenv("ORCH_DIST_BUCKET_MB");
@@ -131,7 +130,7 @@ static long long now_ms(void) { return (long long)(util_now() * 1000.0); }
 
 static void *watchdog_main(void *arg) {
     (void)arg;
-    struct timespec nap = {0, 50 * 1000 * 1000}; /* 50 ms */
+    struct timespec nap = { 0, 50 * 1000 * 1000 }; /* 50 ms */
     while (!atomic_load(&g.wd_quit)) {
         nanosleep(&nap, NULL);
         long long d = atomic_load(&g.wd_deadline_ms);
@@ -142,18 +141,17 @@ static void *watchdog_main(void *arg) {
         char at[48] = "";
         if (step) snprintf(at, sizeof at, " at step %llu", step);
         char line[512];
-        int n = snprintf(
-            line, sizeof line,
-            "orch: error: rank %d of %d: %s%s has not completed after %g s "
-            "(%s): another rank died or hangs; exiting so the launcher stops "
-            "the job (the last checkpoint is kept)\n",
-            g.rank, g.world, what ? what : "collective", at,
-            slow ? g.slow_timeout_s : g.timeout_s,
-            slow ? "ORCH_DIST_SLOW_TIMEOUT" : "ORCH_DIST_TIMEOUT");
+        int n =
+            snprintf(line, sizeof line,
+                     "orch: error: rank %d of %d: %s%s has not completed after %g s "
+                     "(%s): another rank died or hangs; exiting so the launcher stops "
+                     "the job (the last checkpoint is kept)\n",
+                     g.rank, g.world, what ? what : "collective", at,
+                     slow ? g.slow_timeout_s : g.timeout_s,
+                     slow ? "ORCH_DIST_SLOW_TIMEOUT" : "ORCH_DIST_TIMEOUT");
         if (n > 0) {
             ssize_t w = write(STDERR_FILENO, line,
-                              (size_t)n < sizeof line ? (size_t)n
-                                                      : sizeof line - 1);
+                              (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
             (void)w;
         }
         _exit(ORCH_EXIT_FAILURE);
@@ -205,14 +203,13 @@ static void wd_disarm(void) { atomic_store(&g.wd_deadline_ms, 0); }
 static int mpi_fail(int code, const char *what, char *err, size_t cap) {
     char s[MPI_MAX_ERROR_STRING] = "";
     int len = 0;
-    if (MPI_Error_string(code, s, &len) != MPI_SUCCESS) snprintf(s, sizeof s, "code %d", code);
-    util_set_err(err, cap, "rank %d of %d: %s failed: %s", g.rank, g.world,
-                 what, s);
+    if (MPI_Error_string(code, s, &len) != MPI_SUCCESS)
+        snprintf(s, sizeof s, "code %d", code);
+    util_set_err(err, cap, "rank %d of %d: %s failed: %s", g.rank, g.world, what, s);
     return -1;
 }
 
-static int bcast_raw(void *buf, size_t n, const char *what, char *err,
-                     size_t cap) {
+static int bcast_raw(void *buf, size_t n, const char *what, char *err, size_t cap) {
     unsigned char *p = buf;
     while (n > 0) {
         size_t c = n < DIST_BCAST_CHUNK ? n : DIST_BCAST_CHUNK;
@@ -310,8 +307,7 @@ int dist_finish(int rc, int agreed) {
 /* ------------------------------------------------------------------------- */
 /* Small collectives                                                          */
 /* ------------------------------------------------------------------------- */
-int dist_bcast_bytes(void *buf, size_t n, const char *what, char *err,
-                     size_t err_cap) {
+int dist_bcast_bytes(void *buf, size_t n, const char *what, char *err, size_t err_cap) {
 #if DIST_MPI
     if (!g.active) return 0;
     wd_arm("broadcast from rank 0", 0, 1);
@@ -340,7 +336,7 @@ int dist_check_same(const void *data, size_t n, const char *what, char *err,
 #if DIST_MPI
     if (!g.active) return 0;
     uint64_t h = fnv1a(data, n, 0xcbf29ce484222325ull);
-    uint64_t v[2] = {h, ~h}, r[2];
+    uint64_t v[2] = { h, ~h }, r[2];
     wd_arm("agreement between ranks", 0, 1);
     int rc = MPI_Allreduce(v, r, 2, MPI_UINT64_T, MPI_MAX, g.comm);
     wd_disarm();
@@ -359,8 +355,7 @@ int dist_check_same(const void *data, size_t n, const char *what, char *err,
 #endif
 }
 
-int dist_allreduce_sum(double *v, size_t n, const char *what, char *err,
-                       size_t err_cap) {
+int dist_allreduce_sum(double *v, size_t n, const char *what, char *err, size_t err_cap) {
 #if DIST_MPI
     if (!g.active || n == 0) return 0;
     if (n > INT_MAX) {
@@ -378,11 +373,10 @@ int dist_allreduce_sum(double *v, size_t n, const char *what, char *err,
 #endif
 }
 
-int dist_share_status(int *rc_io, char *msg, size_t msg_cap, char *err,
-                      size_t err_cap) {
+int dist_share_status(int *rc_io, char *msg, size_t msg_cap, char *err, size_t err_cap) {
 #if DIST_MPI
     if (!g.active) return 0;
-    int32_t head[2] = {0, 0};
+    int32_t head[2] = { 0, 0 };
     if (g.rank == 0) {
         size_t len = msg ? strnlen(msg, msg_cap) : 0;
         head[0] = *rc_io;
@@ -424,23 +418,21 @@ static int engine_err(const engine_handle *h, orch_engine_ctx *ctx, int32_t st,
                       const char *what, char *err, size_t cap) {
     char m[1024];
     engine_format_error(h, ctx, st, m, sizeof m);
-    util_set_err(err, cap, "rank %d of %d: engine %s: %s failed: %s", g.rank,
-                 g.world, h->api->name, what, m);
+    util_set_err(err, cap, "rank %d of %d: engine %s: %s failed: %s", g.rank, g.world,
+                 h->api->name, what, m);
     return -1;
 }
 
 static size_t dtype_size(uint32_t dt) {
     switch (dt) {
     case ORCH_DTYPE_F16:
-    case ORCH_DTYPE_BF16:
-        return 2;
-    default:
-        return 4;
+    case ORCH_DTYPE_BF16: return 2;
+    default: return 4;
     }
 }
 
-static int bcast_table(const engine_handle *h, orch_engine_ctx *ctx,
-                       uint32_t kind, char *err, size_t cap) {
+static int bcast_table(const engine_handle *h, orch_engine_ctx *ctx, uint32_t kind,
+                       char *err, size_t cap) {
     const orch_engine_api *api = h->api;
     uint32_t count = 0;
     int32_t st = api->tensor_count(ctx, kind, &count);
@@ -476,8 +468,7 @@ static int bcast_table(const engine_handle *h, orch_engine_ctx *ctx,
                              err, cap);
     void *buf = rc == 0 ? malloc(max_bytes ? max_bytes : 1) : NULL;
     if (rc == 0 && !buf) {
-        util_set_err(err, cap, "model broadcast: out of memory (%zu bytes)",
-                     max_bytes);
+        util_set_err(err, cap, "model broadcast: out of memory (%zu bytes)", max_bytes);
         rc = -1;
     }
     for (uint32_t i = 0; i < count && rc == 0; i++) {
@@ -507,8 +498,8 @@ int dist_bcast_model(const engine_handle *h, orch_engine_ctx *ctx, char *err,
                      size_t err_cap) {
 #if DIST_MPI
     if (!g.active) return 0;
-    static const uint32_t kinds[3] = {ORCH_TENSOR_PARAM, ORCH_TENSOR_ADAM_M,
-                                      ORCH_TENSOR_ADAM_V};
+    static const uint32_t kinds[3] = { ORCH_TENSOR_PARAM, ORCH_TENSOR_ADAM_M,
+                                       ORCH_TENSOR_ADAM_V };
     for (int k = 0; k < 3; k++)
         if (bcast_table(h, ctx, kinds[k], err, err_cap) != 0) return -1;
     return 0;
@@ -522,8 +513,8 @@ int dist_bcast_model(const engine_handle *h, orch_engine_ctx *ctx, char *err,
 /* Gradient all-reduce                                                        */
 /* ------------------------------------------------------------------------- */
 #if DIST_MPI
-static int param_count(const engine_handle *h, orch_engine_ctx *ctx,
-                       uint64_t *out, char *err, size_t cap) {
+static int param_count(const engine_handle *h, orch_engine_ctx *ctx, uint64_t *out,
+                       char *err, size_t cap) {
     uint32_t count = 0;
     int32_t st = h->api->tensor_count(ctx, ORCH_TENSOR_PARAM, &count);
     if (st != ORCH_OK) return engine_err(h, ctx, st, "tensor_count", err, cap);
@@ -556,24 +547,22 @@ static int poll_requests(MPI_Request *req, int n, char *err, size_t cap) {
 /* Copy count floats from/to the engine's flat gradient buffer in chunks,
  * polling the requests in flight between chunks. */
 static int copy_grads(const engine_handle *h, orch_engine_ctx *ctx, int write,
-                      uint64_t off, uint64_t count, float *buf,
-                      MPI_Request *req, int n_req, char *err, size_t cap) {
+                      uint64_t off, uint64_t count, float *buf, MPI_Request *req,
+                      int n_req, char *err, size_t cap) {
     for (uint64_t c = 0; c < count; c += DIST_COPY_CHUNK) {
         uint64_t k = count - c < DIST_COPY_CHUNK ? count - c : DIST_COPY_CHUNK;
         int32_t st = write ? h->api->grads_write(ctx, off + c, k, buf + c)
                            : h->api->grads_read(ctx, off + c, k, buf + c);
         if (st != ORCH_OK)
-            return engine_err(h, ctx, st, write ? "grads_write" : "grads_read",
-                              err, cap);
+            return engine_err(h, ctx, st, write ? "grads_write" : "grads_read", err, cap);
         if (poll_requests(req, n_req, err, cap) != 0) return -1;
     }
     return 0;
 }
 #endif
 
-int dist_allreduce_grads(const engine_handle *h, orch_engine_ctx *ctx,
-                         double *scalars, uint32_t n_scalars, uint64_t step,
-                         char *err, size_t err_cap) {
+int dist_allreduce_grads(const engine_handle *h, orch_engine_ctx *ctx, double *scalars,
+                         uint32_t n_scalars, uint64_t step, char *err, size_t err_cap) {
 #if DIST_MPI
     if (!g.active) return 0;
     uint64_t n = 0;
@@ -598,16 +587,16 @@ int dist_allreduce_grads(const engine_handle *h, orch_engine_ctx *ctx,
 
     /* req[0..K-1]: bucket buffers; req[K]: the scalars. */
     MPI_Request req[DIST_N_BUCKET_BUFS + 1];
-    int pending[DIST_N_BUCKET_BUFS] = {0};
-    uint64_t b_off[DIST_N_BUCKET_BUFS] = {0}, b_cnt[DIST_N_BUCKET_BUFS] = {0};
+    int pending[DIST_N_BUCKET_BUFS] = { 0 };
+    uint64_t b_off[DIST_N_BUCKET_BUFS] = { 0 }, b_cnt[DIST_N_BUCKET_BUFS] = { 0 };
     for (int i = 0; i <= DIST_N_BUCKET_BUFS; i++) req[i] = MPI_REQUEST_NULL;
     const int n_req = DIST_N_BUCKET_BUFS + 1;
     int rc;
 
     wd_arm("gradient all-reduce", step, 0);
     if (n_scalars) {
-        rc = MPI_Iallreduce(MPI_IN_PLACE, scalars, (int)n_scalars, MPI_DOUBLE,
-                            MPI_SUM, g.comm, &req[DIST_N_BUCKET_BUFS]);
+        rc = MPI_Iallreduce(MPI_IN_PLACE, scalars, (int)n_scalars, MPI_DOUBLE, MPI_SUM,
+                            g.comm, &req[DIST_N_BUCKET_BUFS]);
         if (rc != MPI_SUCCESS) goto mpi_error;
     }
     uint64_t n_buckets = n ? (n + bucket - 1) / bucket : 0;
@@ -617,8 +606,8 @@ int dist_allreduce_grads(const engine_handle *h, orch_engine_ctx *ctx,
             rc = MPI_Wait(&req[s], MPI_STATUS_IGNORE);
             if (rc != MPI_SUCCESS) goto mpi_error;
             pending[s] = 0;
-            if (copy_grads(h, ctx, 1, b_off[s], b_cnt[s], g.bufs[s], req, n_req,
-                           err, err_cap) != 0)
+            if (copy_grads(h, ctx, 1, b_off[s], b_cnt[s], g.bufs[s], req, n_req, err,
+                           err_cap) != 0)
                 goto fail;
         }
         if (b >= n_buckets) continue; /* draining */
@@ -627,8 +616,8 @@ int dist_allreduce_grads(const engine_handle *h, orch_engine_ctx *ctx,
         if (copy_grads(h, ctx, 0, b_off[s], b_cnt[s], g.bufs[s], req, n_req, err,
                        err_cap) != 0)
             goto fail;
-        rc = MPI_Iallreduce(MPI_IN_PLACE, g.bufs[s], (int)b_cnt[s], MPI_FLOAT,
-                            MPI_SUM, g.comm, &req[s]);
+        rc = MPI_Iallreduce(MPI_IN_PLACE, g.bufs[s], (int)b_cnt[s], MPI_FLOAT, MPI_SUM,
+                            g.comm, &req[s]);
         if (rc != MPI_SUCCESS) goto mpi_error;
         pending[s] = 1;
     }

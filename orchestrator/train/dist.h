@@ -89,8 +89,7 @@ int dist_is_root(void); /* rank 0 */
 int dist_finish(int rc, int agreed);
 
 /* Broadcast n bytes from rank 0 to every rank (slow timeout). */
-int dist_bcast_bytes(void *buf, size_t n, const char *what, char *err,
-                     size_t err_cap);
+int dist_bcast_bytes(void *buf, size_t n, const char *what, char *err, size_t err_cap);
 
 /* Check that every rank holds the same n bytes (a 64-bit hash compared by
  * MIN/MAX all-reduce). On a mismatch every rank returns -1 with
@@ -107,19 +106,16 @@ int dist_bcast_model(const engine_handle *h, orch_engine_ctx *ctx, char *err,
 /* SUM the flat gradient buffer of ctx over all ranks (bucketed, overlapped;
  * see above) and, in the same round, the n_scalars doubles in scalars (in
  * place). step is used in messages only. */
-int dist_allreduce_grads(const engine_handle *h, orch_engine_ctx *ctx,
-                         double *scalars, uint32_t n_scalars, uint64_t step,
-                         char *err, size_t err_cap);
+int dist_allreduce_grads(const engine_handle *h, orch_engine_ctx *ctx, double *scalars,
+                         uint32_t n_scalars, uint64_t step, char *err, size_t err_cap);
 
 /* SUM n doubles over all ranks, in place. */
-int dist_allreduce_sum(double *v, size_t n, const char *what, char *err,
-                       size_t err_cap);
+int dist_allreduce_sum(double *v, size_t n, const char *what, char *err, size_t err_cap);
 
 /* Rank 0's outcome of something only it does (e.g. writing a checkpoint):
  * *rc and the text in msg (a path on success, the error on failure) are
  * broadcast from rank 0 (slow timeout). Returns 0 when the broadcast itself
  * worked. */
-int dist_share_status(int *rc, char *msg, size_t msg_cap, char *err,
-                      size_t err_cap);
+int dist_share_status(int *rc, char *msg, size_t msg_cap, char *err, size_t err_cap);
 
 #endif

@@ -9,10 +9,14 @@
 
 int lr_schedule_parse_kind(const char *name, lr_schedule_kind *out) {
     if (!name) return -1;
-    if (strcmp(name, "cosine") == 0) *out = LR_SCHEDULE_COSINE;
-    else if (strcmp(name, "linear") == 0) *out = LR_SCHEDULE_LINEAR;
-    else if (strcmp(name, "constant") == 0) *out = LR_SCHEDULE_CONSTANT;
-    else return -1;
+    if (strcmp(name, "cosine") == 0)
+        *out = LR_SCHEDULE_COSINE;
+    else if (strcmp(name, "linear") == 0)
+        *out = LR_SCHEDULE_LINEAR;
+    else if (strcmp(name, "constant") == 0)
+        *out = LR_SCHEDULE_CONSTANT;
+    else
+        return -1;
     return 0;
 }
 
@@ -32,8 +36,7 @@ double lr_schedule_at(const lr_schedule *s, uint64_t t) {
     if (s->kind == LR_SCHEDULE_CONSTANT) return s->lr;
     double p = 1.0;
     if (s->total_steps > s->warmup_steps)
-        p = (double)(t - s->warmup_steps) /
-            (double)(s->total_steps - s->warmup_steps);
+        p = (double)(t - s->warmup_steps) / (double)(s->total_steps - s->warmup_steps);
     if (p < 0.0) p = 0.0;
     if (p > 1.0) p = 1.0;
     if (s->kind == LR_SCHEDULE_LINEAR) return s->lr - (s->lr - s->min_lr) * p;

@@ -74,9 +74,12 @@ static void fmt_duration(double s, char *buf, size_t cap) {
 }
 
 static void fmt_rate(double r, char *buf, size_t cap) {
-    if (r >= 1e6) snprintf(buf, cap, "%.2fM", r / 1e6);
-    else if (r >= 1e3) snprintf(buf, cap, "%.1fk", r / 1e3);
-    else snprintf(buf, cap, "%.0f", r);
+    if (r >= 1e6)
+        snprintf(buf, cap, "%.2fM", r / 1e6);
+    else if (r >= 1e3)
+        snprintf(buf, cap, "%.1fk", r / 1e3);
+    else
+        snprintf(buf, cap, "%.0f", r);
 }
 
 /* ------------------------------------------------------------------------- */
@@ -90,8 +93,8 @@ static void progress_break(trainer *t) {
     }
 }
 
-static void progress(trainer *t, uint64_t step, double loss, double lr,
-                     double tps, double eta, int force) {
+static void progress(trainer *t, uint64_t step, double loss, double lr, double tps,
+                     double eta, int force) {
     FILE *f = t->o->out;
     if (!f) return;
     double now = util_now();
@@ -106,19 +109,18 @@ static void progress(trainer *t, uint64_t step, double loss, double lr,
         fprintf(f,
                 "\rstep %*llu/%llu | loss %.4f | lr %.2e | %s tok/s | ETA %s"
                 "\033[K",
-                w, (unsigned long long)step,
-                (unsigned long long)t->st.total_steps, loss, lr, rate, etas);
+                w, (unsigned long long)step, (unsigned long long)t->st.total_steps, loss,
+                lr, rate, etas);
         t->progress_open = 1;
     } else {
-        fprintf(f, "step %*llu/%llu | loss %.4f | lr %.2e | %s tok/s | ETA %s\n",
-                w, (unsigned long long)step,
-                (unsigned long long)t->st.total_steps, loss, lr, rate, etas);
+        fprintf(f, "step %*llu/%llu | loss %.4f | lr %.2e | %s tok/s | ETA %s\n", w,
+                (unsigned long long)step, (unsigned long long)t->st.total_steps, loss, lr,
+                rate, etas);
     }
     fflush(f);
 }
 
-static void say(trainer *t, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
+static void say(trainer *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void say(trainer *t, const char *fmt, ...) {
     if (!t->o->out) return;
     progress_break(t);
@@ -132,8 +134,8 @@ static void say(trainer *t, const char *fmt, ...) {
 /* ------------------------------------------------------------------------- */
 /* Engine calls                                                               */
 /* ------------------------------------------------------------------------- */
-static int engine_fail(trainer *t, int32_t st, const char *what, uint64_t step,
-                       int *kind, char *err, size_t cap) {
+static int engine_fail(trainer *t, int32_t st, const char *what, uint64_t step, int *kind,
+                       char *err, size_t cap) {
     char msg[1024];
     engine_format_error(&t->eng, t->ctx, st, msg, sizeof msg);
     const char *hint = st == ORCH_ERR_NUMERIC
@@ -144,9 +146,8 @@ static int engine_fail(trainer *t, int32_t st, const char *what, uint64_t step,
     if (t->have_ckpt)
         snprintf(last, sizeof last, "; last good checkpoint: %s", t->ckpt_dir);
     return fail(kind, TRAIN_ERR_RUNTIME, err, cap,
-                "step %llu: engine %s: %s failed: %s%s%s",
-                (unsigned long long)step, t->eng.api->name, what, msg, hint,
-                last);
+                "step %llu: engine %s: %s failed: %s%s%s", (unsigned long long)step,
+                t->eng.api->name, what, msg, hint, last);
 }
 
 /* Mean validation loss over the eval set. Data parallel (dist.h): rank r
@@ -161,23 +162,22 @@ static int evaluate(trainer *t, double *out, int *kind, char *err, size_t cap) {
     if (dist_world() > 1 && !(shared = calloc(e->n_batches, sizeof *shared)))
         return fail(kind, TRAIN_ERR_RUNTIME, err, cap, "evaluation: out of memory");
     for (uint32_t b = 0; b < e->n_batches; b++) {
-        if (shared && b % (uint32_t)dist_world() != (uint32_t)dist_rank())
-            continue;
+        if (shared && b % (uint32_t)dist_world() != (uint32_t)dist_rank()) continue;
         float l = 0;
-        int32_t st = api->eval_loss(t->ctx, e->tokens + b * per,
-                                    e->targets + b * per, e->micro_batch,
-                                    e->seq_len, &l);
+        int32_t st = api->eval_loss(t->ctx, e->tokens + b * per, e->targets + b * per,
+                                    e->micro_batch, e->seq_len, &l);
         if (st != ORCH_OK) {
             free(shared);
             return engine_fail(t, st, "eval_loss", t->st.step, kind, err, cap);
         }
-        if (shared) shared[b] = (double)l;
-        else sum += (double)l;
+        if (shared)
+            shared[b] = (double)l;
+        else
+            sum += (double)l;
     }
     if (shared) {
         char msg[1024];
-        int rc = dist_allreduce_sum(shared, e->n_batches, "evaluation", msg,
-                                    sizeof msg);
+        int rc = dist_allreduce_sum(shared, e->n_batches, "evaluation", msg, sizeof msg);
         for (uint32_t b = 0; b < e->n_batches; b++) sum += shared[b];
         free(shared);
         if (rc != 0)
@@ -192,21 +192,19 @@ static int save_checkpoint(trainer *t, double val_loss, int *kind, char *err,
                            size_t cap) {
     char *state = train_state_to_json(&t->st, t->eng.api->name, &t->sched, t->cfg);
     if (!state)
-        return fail(kind, TRAIN_ERR_RUNTIME, err, cap,
-                    "checkpoint: out of memory");
+        return fail(kind, TRAIN_ERR_RUNTIME, err, cap, "checkpoint: out of memory");
     ckpt_save_opts so = ckpt_save_opts_default();
     so.keep_last = (int)t->cfg->train.keep_checkpoints;
     so.with_optimizer = 1;
     so.val_loss = val_loss;
     char dir[4096], msg[1024];
-    int rc = ckpt_save(t->o->run_dir, t->st.step, &t->eng, t->ctx, state, &so,
-                       dir, sizeof dir, msg, sizeof msg);
+    int rc = ckpt_save(t->o->run_dir, t->st.step, &t->eng, t->ctx, state, &so, dir,
+                       sizeof dir, msg, sizeof msg);
     free(state);
     if (rc != 0) {
         char last[4300] = "";
         if (t->have_ckpt)
-            snprintf(last, sizeof last, " (last good checkpoint: %s)",
-                     t->ckpt_dir);
+            snprintf(last, sizeof last, " (last good checkpoint: %s)", t->ckpt_dir);
         return fail(kind, TRAIN_ERR_RUNTIME, err, cap,
                     "step %llu: cannot save checkpoint: %s%s",
                     (unsigned long long)t->st.step, msg, last);
@@ -220,8 +218,7 @@ static int save_checkpoint(trainer *t, double val_loss, int *kind, char *err,
 
 /* Data parallel (dist.h): rank 0 alone writes checkpoints; tell every rank
  * how it went (the directory, or rank 0's error). */
-static int share_checkpoint(trainer *t, int *saved, int *kind, char *err,
-                            size_t cap) {
+static int share_checkpoint(trainer *t, int *saved, int *kind, char *err, size_t cap) {
     if (dist_world() == 1) return 0;
     char text[4096], msg[1024];
     snprintf(text, sizeof text, "%s", *saved == 0 ? t->ckpt_dir : err);
@@ -229,8 +226,7 @@ static int share_checkpoint(trainer *t, int *saved, int *kind, char *err,
         return fail(kind, TRAIN_ERR_RUNTIME, err, cap, "step %llu: %s",
                     (unsigned long long)t->st.step, msg);
     if (dist_is_root()) return 0;
-    if (*saved != 0)
-        return fail(kind, TRAIN_ERR_RUNTIME, err, cap, "rank 0: %s", text);
+    if (*saved != 0) return fail(kind, TRAIN_ERR_RUNTIME, err, cap, "rank 0: %s", text);
     snprintf(t->ckpt_dir, sizeof t->ckpt_dir, "%s", text);
     t->ckpt_step = t->st.step;
     t->have_ckpt = 1;
@@ -247,25 +243,22 @@ static int open_data(trainer *t, int *kind, char *err, size_t cap) {
         return fail(kind, TRAIN_ERR_INPUT, err, cap, "data.train: %s", msg);
     if (dataset_open(c->data.val, &t->val_ds, msg, sizeof msg) != 0)
         return fail(kind, TRAIN_ERR_INPUT, err, cap, "data.val: %s", msg);
-    const dataset *ds[2] = {t->train_ds, t->val_ds};
-    const char *which[2] = {"data.train", "data.val"};
+    const dataset *ds[2] = { t->train_ds, t->val_ds };
+    const char *which[2] = { "data.train", "data.val" };
     for (int i = 0; i < 2; i++) {
         if (strcmp(dataset_tokenizer_name(ds[i]), c->data.tokenizer) != 0)
             return fail(kind, TRAIN_ERR_INPUT, err, cap,
                         "%s: shards were made with the '%s' tokenizer but "
                         "data.tokenizer is '%s'",
-                        which[i], dataset_tokenizer_name(ds[i]),
-                        c->data.tokenizer);
+                        which[i], dataset_tokenizer_name(ds[i]), c->data.tokenizer);
         if (dataset_vocab_size(ds[i]) > c->model.vocab_size)
             return fail(kind, TRAIN_ERR_INPUT, err, cap,
                         "%s: shard vocabulary (%u) exceeds model.vocab_size "
                         "(%u)",
-                        which[i], dataset_vocab_size(ds[i]),
-                        c->model.vocab_size);
+                        which[i], dataset_vocab_size(ds[i]), c->model.vocab_size);
     }
-    if (data_eval_set_build(t->val_ds, c->train.eval_batches,
-                            c->train.micro_batch, c->train.seq_len, &t->eval,
-                            msg, sizeof msg) != 0)
+    if (data_eval_set_build(t->val_ds, c->train.eval_batches, c->train.micro_batch,
+                            c->train.seq_len, &t->eval, msg, sizeof msg) != 0)
         return fail(kind, TRAIN_ERR_INPUT, err, cap, "data.val: %s", msg);
     return 0;
 }
@@ -274,8 +267,7 @@ static uint64_t total_steps_of(const orch_config *c, const dataset *train) {
     if (c->train.max_steps) return c->train.max_steps;
     double per_step = (double)c->train.micro_batch * c->train.seq_len *
                       c->train.grad_accum * dist_world();
-    double steps = ceil(c->train.epochs * (double)dataset_total_tokens(train) /
-                        per_step);
+    double steps = ceil(c->train.epochs * (double)dataset_total_tokens(train) / per_step);
     return steps < 1 ? 1 : (uint64_t)steps;
 }
 
@@ -294,8 +286,7 @@ static int open_engine(trainer *t, int *kind, char *err, size_t cap) {
     orch_model_desc desc;
     config_model_desc(c, &desc);
     if (engine_create_context(&t->eng, &desc, c->engine.threads, c->train.seed,
-                              c->engine.options, &t->ctx, msg,
-                              sizeof msg) != 0)
+                              c->engine.options, &t->ctx, msg, sizeof msg) != 0)
         return fail(kind, TRAIN_ERR_INPUT, err, cap, "%s", msg);
     return 0;
 }
@@ -308,8 +299,7 @@ static int restore(trainer *t, int *kind, char *err, size_t cap) {
     train_state s;
     int rc = train_state_from_json(text, &s, tok, sizeof tok, msg, sizeof msg);
     free(text);
-    if (rc != 0)
-        return fail(kind, TRAIN_ERR_INPUT, err, cap, "resume: %s: %s", dir, msg);
+    if (rc != 0) return fail(kind, TRAIN_ERR_INPUT, err, cap, "resume: %s: %s", dir, msg);
     if (*tok && strcmp(tok, t->cfg->data.tokenizer) != 0)
         return fail(kind, TRAIN_ERR_INPUT, err, cap,
                     "resume: %s was trained with the '%s' tokenizer, the config "
@@ -381,16 +371,15 @@ static int eval_step(trainer *t, uint64_t step, double *val, int *stop, int *kin
     } else {
         t->st.evals_since_best++;
     }
-    say(t, "step %llu: val loss %.4f | ppl %.2f%s\n", (unsigned long long)step, v,
-        exp(v), improved ? " (best)" : "");
+    say(t, "step %llu: val loss %.4f | ppl %.2f%s\n", (unsigned long long)step, v, exp(v),
+        improved ? " (best)" : "");
     train_metrics_eval(&t->m, v);
     uint32_t patience = t->cfg->train.early_stop_patience;
     *stop = patience && t->st.evals_since_best >= patience;
     return 0;
 }
 
-static int train_loop(trainer *t, train_result *res, int *kind, char *err,
-                      size_t cap) {
+static int train_loop(trainer *t, train_result *res, int *kind, char *err, size_t cap) {
     const train_opts *o = t->o;
     const config_train *c = &t->cfg->train;
     const orch_engine_api *api = t->eng.api;
@@ -411,8 +400,7 @@ static int train_loop(trainer *t, train_result *res, int *kind, char *err,
         uint64_t step = t->st.step + 1;
         double t0 = util_now();
         int32_t st = api->grads_zero(t->ctx);
-        if (st != ORCH_OK)
-            return engine_fail(t, st, "grads_zero", step, kind, err, cap);
+        if (st != ORCH_OK) return engine_fail(t, st, "grads_zero", step, kind, err, cap);
         double loss_sum = 0;
         for (uint32_t m = 0; m < c->grad_accum; m++) {
             const int32_t *tok, *tgt;
@@ -422,13 +410,11 @@ static int train_loop(trainer *t, train_result *res, int *kind, char *err,
             float l = 0;
             st = api->forward_backward(t->ctx, tok, tgt, B, T, grad_scale, &l);
             if (st != ORCH_OK)
-                return engine_fail(t, st, "forward_backward", step, kind, err,
-                                   cap);
+                return engine_fail(t, st, "forward_backward", step, kind, err, cap);
             loss_sum += (double)l;
         }
-        double shared[2] = {loss_sum, o->stop_flag && *o->stop_flag};
-        if (dist_allreduce_grads(&t->eng, t->ctx, shared, 2, step, msg,
-                                 sizeof msg) != 0)
+        double shared[2] = { loss_sum, o->stop_flag && *o->stop_flag };
+        if (dist_allreduce_grads(&t->eng, t->ctx, shared, 2, step, msg, sizeof msg) != 0)
             return fail(kind, TRAIN_ERR_RUNTIME, err, cap, "step %llu: %s",
                         (unsigned long long)step, msg);
         loss_sum = shared[0];
@@ -461,8 +447,7 @@ static int train_loop(trainer *t, train_result *res, int *kind, char *err,
         int last = step == t->st.total_steps;
         double avg = (util_now() - run_start) / (double)steps_run;
         double eta = avg * (double)(t->st.total_steps - step);
-        progress(t, step, loss, lr, t->st.tokens_per_s, eta,
-                 step == first + 1 || last);
+        progress(t, step, loss, lr, t->st.tokens_per_s, eta, step == first + 1 || last);
 
         /* Evaluation and early stopping. */
         val_at_step = NAN;
@@ -476,16 +461,13 @@ static int train_loop(trainer *t, train_result *res, int *kind, char *err,
 
         /* Ranks stop together: a signal counts when any rank had it at the
          * all-reduce of this step. */
-        int signalled = dist_world() > 1 ? shared[1] > 0
-                                         : o->stop_flag && *o->stop_flag;
+        int signalled = dist_world() > 1 ? shared[1] > 0 : o->stop_flag && *o->stop_flag;
         int paused = o->stop_after && steps_run >= o->stop_after && !last;
         int periodic = c->checkpoint_every && step % c->checkpoint_every == 0;
         if (periodic || last || signalled || paused || stop_early) {
-            int saved = dist_is_root()
-                            ? save_checkpoint(t, val_at_step, kind, err, cap)
-                            : 0;
-            if (share_checkpoint(t, &saved, kind, err, cap) != 0 || saved != 0)
-                return -1;
+            int saved =
+                dist_is_root() ? save_checkpoint(t, val_at_step, kind, err, cap) : 0;
+            if (share_checkpoint(t, &saved, kind, err, cap) != 0 || saved != 0) return -1;
             if (periodic && !last && !signalled && !paused && !stop_early)
                 say(t, "step %llu: checkpoint %s\n", (unsigned long long)step,
                     t->ckpt_dir);
@@ -518,8 +500,7 @@ static int train_loop(trainer *t, train_result *res, int *kind, char *err,
     res->best_val_step = t->st.best_val_step;
     res->elapsed_s = t->st.elapsed_s;
     res->run_s = run_s;
-    res->tokens_per_s =
-        run_s > 0 ? (double)steps_run * step_tokens / run_s : 0;
+    res->tokens_per_s = run_s > 0 ? (double)steps_run * step_tokens / run_s : 0;
     snprintf(res->checkpoint, sizeof res->checkpoint, "%s", t->ckpt_dir);
     return 0;
 }
@@ -536,14 +517,12 @@ static void print_banner(const trainer *t) {
     config_model_desc(t->cfg, &d);
     uint32_t n_tensors = 0;
     uint64_t n_params = 0;
-    if (t->eng.api->tensor_count(t->ctx, ORCH_TENSOR_PARAM, &n_tensors) ==
-        ORCH_OK) {
+    if (t->eng.api->tensor_count(t->ctx, ORCH_TENSOR_PARAM, &n_tensors) == ORCH_OK) {
         for (uint32_t i = 0; i < n_tensors; i++) {
             orch_tensor_info ti;
             memset(&ti, 0, sizeof ti);
             ti.struct_size = sizeof ti;
-            if (t->eng.api->tensor_info(t->ctx, ORCH_TENSOR_PARAM, i, &ti) ==
-                ORCH_OK)
+            if (t->eng.api->tensor_info(t->ctx, ORCH_TENSOR_PARAM, i, &ti) == ORCH_OK)
                 n_params += ti.numel;
         }
     }
@@ -552,21 +531,19 @@ static void print_banner(const trainer *t) {
             "context %u, %.2fM parameters\n"
             "train: data %s tokens (%s tokenizer) | batch %u x %u x %u "
             "accum | %llu steps | out %s\n",
-            t->eng.api->name, t->eng.probe_msg, d.layers, d.heads, d.width,
-            d.context, (double)n_params / 1e6, ntok, t->cfg->data.tokenizer,
-            c->micro_batch, c->seq_len, c->grad_accum,
-            (unsigned long long)t->st.total_steps, o->run_dir);
+            t->eng.api->name, t->eng.probe_msg, d.layers, d.heads, d.width, d.context,
+            (double)n_params / 1e6, ntok, t->cfg->data.tokenizer, c->micro_batch,
+            c->seq_len, c->grad_accum, (unsigned long long)t->st.total_steps, o->run_dir);
     if (o->resume_ckpt)
-        fprintf(o->out, "train: resuming from %s (step %llu)\n",
-                o->resume_ckpt, (unsigned long long)t->st.step);
+        fprintf(o->out, "train: resuming from %s (step %llu)\n", o->resume_ckpt,
+                (unsigned long long)t->st.step);
     else if (o->init_ckpt)
-        fprintf(o->out, "train: starting from the weights of %s\n",
-                o->init_ckpt);
+        fprintf(o->out, "train: starting from the weights of %s\n", o->init_ckpt);
     fflush(o->out);
 }
 
-int train_run(const train_opts *o, train_result *res, int *err_kind,
-              char *err, size_t err_cap) {
+int train_run(const train_opts *o, train_result *res, int *err_kind, char *err,
+              size_t err_cap) {
     trainer t;
     memset(&t, 0, sizeof t);
     memset(res, 0, sizeof *res);
@@ -608,8 +585,7 @@ int train_run(const train_opts *o, train_result *res, int *err_kind,
      * and state. */
     if (dist_world() > 1 &&
         (dist_bcast_model(&t.eng, t.ctx, msg, sizeof msg) != 0 ||
-         dist_bcast_bytes(&t.st, sizeof t.st, "training state", msg,
-                          sizeof msg) != 0)) {
+         dist_bcast_bytes(&t.st, sizeof t.st, "training state", msg, sizeof msg) != 0)) {
         fail(err_kind, TRAIN_ERR_RUNTIME, err, err_cap, "%s", msg);
         goto out;
     }
@@ -637,10 +613,9 @@ int train_run(const train_opts *o, train_result *res, int *err_kind,
         goto out;
     }
 
-    data_loader_opts lo = {c->micro_batch, c->seq_len, (uint32_t)dist_rank(),
-                           (uint32_t)dist_world(), 1};
-    if (data_loader_open(t.train_ds, &lo, &t.st.rng, &t.loader, msg,
-                         sizeof msg) != 0) {
+    data_loader_opts lo = { c->micro_batch, c->seq_len, (uint32_t)dist_rank(),
+                            (uint32_t)dist_world(), 1 };
+    if (data_loader_open(t.train_ds, &lo, &t.st.rng, &t.loader, msg, sizeof msg) != 0) {
         fail(err_kind, TRAIN_ERR_INPUT, err, err_cap, "data.train: %s", msg);
         goto out;
     }

@@ -66,10 +66,7 @@
 /* Exit status of `orch train` after a signal stopped it with a checkpoint. */
 #define TRAIN_EXIT_INTERRUPTED 3
 
-typedef enum train_err_kind {
-    TRAIN_ERR_RUNTIME = 1,
-    TRAIN_ERR_INPUT = 2
-} train_err_kind;
+typedef enum train_err_kind { TRAIN_ERR_RUNTIME = 1, TRAIN_ERR_INPUT = 2 } train_err_kind;
 
 typedef enum train_outcome {
     TRAIN_COMPLETED = 0,     /* reached the last step */
@@ -80,34 +77,34 @@ typedef enum train_outcome {
 } train_outcome;
 
 typedef struct train_opts {
-    const orch_config *cfg;        /* merged config (borrowed) */
-    const char *run_dir;           /* output directory (created) */
-    const char *resume_ckpt;       /* checkpoint directory, or NULL */
-    const char *init_ckpt;         /* fresh run starting from these weights
+    const orch_config *cfg;           /* merged config (borrowed) */
+    const char *run_dir;              /* output directory (created) */
+    const char *resume_ckpt;          /* checkpoint directory, or NULL */
+    const char *init_ckpt;            /* fresh run starting from these weights
                                       (e.g. imported GPT-2), or NULL */
-    uint64_t stop_after;           /* steps in this invocation; 0 = no limit */
-    int metrics_port;              /* < 0: off; 0: any free port */
+    uint64_t stop_after;              /* steps in this invocation; 0 = no limit */
+    int metrics_port;                 /* < 0: off; 0: any free port */
     volatile sig_atomic_t *stop_flag; /* may be NULL */
-    FILE *out;                     /* progress and summary; NULL = silent */
-    int live;                      /* rewrite the progress line with '\r' */
+    FILE *out;                        /* progress and summary; NULL = silent */
+    int live;                         /* rewrite the progress line with '\r' */
 } train_opts;
 
 typedef struct train_result {
     train_outcome outcome;
-    uint64_t start_step;     /* step of the resumed checkpoint (0 fresh) */
-    uint64_t step;           /* last completed step */
+    uint64_t start_step; /* step of the resumed checkpoint (0 fresh) */
+    uint64_t step;       /* last completed step */
     uint64_t total_steps;
-    double last_loss;        /* NaN if no step ran */
-    double last_val_loss;    /* NaN if never evaluated */
-    double best_val_loss;    /* NaN if never evaluated */
+    double last_loss;     /* NaN if no step ran */
+    double last_val_loss; /* NaN if never evaluated */
+    double best_val_loss; /* NaN if never evaluated */
     uint64_t best_val_step;
-    double elapsed_s;        /* total across resumes */
-    double run_s;            /* this invocation */
-    double tokens_per_s;     /* this invocation */
-    char checkpoint[4096];   /* last checkpoint written or resumed ("" none) */
+    double elapsed_s;      /* total across resumes */
+    double run_s;          /* this invocation */
+    double tokens_per_s;   /* this invocation */
+    char checkpoint[4096]; /* last checkpoint written or resumed ("" none) */
 } train_result;
 
-int train_run(const train_opts *o, train_result *res, int *err_kind,
-              char *err, size_t err_cap);
+int train_run(const train_opts *o, train_result *res, int *err_kind, char *err,
+              size_t err_cap);
 
 #endif

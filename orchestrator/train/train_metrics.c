@@ -18,13 +18,12 @@
 /* ------------------------------------------------------------------------- */
 /* /metrics                                                                   */
 /* ------------------------------------------------------------------------- */
-static metrics_series *gauge(metrics_registry *r, const char *name,
-                             const char *help) {
+static metrics_series *gauge(metrics_registry *r, const char *name, const char *help) {
     return metrics_series_get(metrics_gauge(r, name, help, 0, NULL), NULL);
 }
 
-int train_metrics_start(train_metrics *m, int port, const train_state *st,
-                        FILE *out, char *err, size_t cap) {
+int train_metrics_start(train_metrics *m, int port, const train_state *st, FILE *out,
+                        char *err, size_t cap) {
     memset(m, 0, sizeof *m);
     if (port < 0) return 0;
     if (port > 65535) {
@@ -40,25 +39,24 @@ int train_metrics_start(train_metrics *m, int port, const train_state *st,
     m->step = gauge(r, "orch_train_step", "Last completed training step.");
     m->max_steps = gauge(r, "orch_train_max_steps", "Steps this run trains for.");
     m->loss = gauge(r, "orch_train_loss", "Training loss of the last step.");
-    m->val_loss = gauge(r, "orch_train_val_loss",
-                        "Validation loss of the last evaluation.");
+    m->val_loss =
+        gauge(r, "orch_train_val_loss", "Validation loss of the last evaluation.");
     m->val_ppl = gauge(r, "orch_train_val_perplexity",
                        "Validation perplexity of the last evaluation.");
     m->lr = gauge(r, "orch_train_learning_rate", "Learning rate of the last step.");
-    m->grad_norm = gauge(r, "orch_train_grad_norm",
-                         "Global gradient L2 norm before clipping.");
-    m->tps = gauge(r, "orch_train_tokens_per_second",
-                   "Training throughput of the last step.");
-    m->elapsed = gauge(r, "orch_train_elapsed_seconds",
-                       "Training time across resumes.");
-    m->tokens = metrics_series_get(
-        metrics_counter(r, "orch_train_tokens_total",
-                        "Tokens trained on in this process.", 0, NULL),
-        NULL);
-    m->ckpts = metrics_series_get(
-        metrics_counter(r, "orch_train_checkpoints_total",
-                        "Checkpoints written by this process.", 0, NULL),
-        NULL);
+    m->grad_norm =
+        gauge(r, "orch_train_grad_norm", "Global gradient L2 norm before clipping.");
+    m->tps =
+        gauge(r, "orch_train_tokens_per_second", "Training throughput of the last step.");
+    m->elapsed = gauge(r, "orch_train_elapsed_seconds", "Training time across resumes.");
+    m->tokens =
+        metrics_series_get(metrics_counter(r, "orch_train_tokens_total",
+                                           "Tokens trained on in this process.", 0, NULL),
+                           NULL);
+    m->ckpts = metrics_series_get(metrics_counter(r, "orch_train_checkpoints_total",
+                                                  "Checkpoints written by this process.",
+                                                  0, NULL),
+                                  NULL);
     m->step_seconds = metrics_series_get(
         metrics_histogram(r, "orch_train_step_seconds",
                           "Wall time of one optimizer step.", 0, NULL, NULL, 0),
@@ -86,8 +84,8 @@ void train_metrics_stop(train_metrics *m) {
 }
 
 void train_metrics_step(train_metrics *m, uint64_t step, double loss, double lr,
-                        double grad_norm, const train_state *st,
-                        double step_tokens, double step_seconds) {
+                        double grad_norm, const train_state *st, double step_tokens,
+                        double step_seconds) {
     metrics_gauge_set(m->step, (double)step);
     metrics_gauge_set(m->loss, loss);
     metrics_gauge_set(m->lr, lr);
@@ -128,8 +126,8 @@ static int jsonl_cut(const char *path, FILE *in, uint64_t keep_step, char *err,
     return fsio_atomic_commit(&f, err, cap);
 }
 
-int train_jsonl_open(const char *run_dir, uint64_t keep_step, int fresh,
-                     FILE **out, char *err, size_t cap) {
+int train_jsonl_open(const char *run_dir, uint64_t keep_step, int fresh, FILE **out,
+                     char *err, size_t cap) {
     char path[PATH_MAX];
     if (snprintf(path, sizeof path, "%s/metrics.jsonl", run_dir) >= (int)sizeof path) {
         util_set_err(err, cap, "%s: path too long", run_dir);
@@ -151,8 +149,8 @@ int train_jsonl_open(const char *run_dir, uint64_t keep_step, int fresh,
     return 0;
 }
 
-void train_jsonl_write(FILE *f, uint64_t step, double loss, double lr,
-                       double gnorm, double tps, double elapsed, double val_loss) {
+void train_jsonl_write(FILE *f, uint64_t step, double loss, double lr, double gnorm,
+                       double tps, double elapsed, double val_loss) {
     if (!f) return;
     fprintf(f,
             "{\"step\":%llu,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,"

@@ -26,33 +26,32 @@
 typedef struct train_metrics {
     metrics_registry *reg;
     metrics_http *http;
-    metrics_series *step, *max_steps, *loss, *val_loss, *val_ppl, *lr,
-        *grad_norm, *tps, *elapsed, *tokens, *ckpts, *step_seconds;
+    metrics_series *step, *max_steps, *loss, *val_loss, *val_ppl, *lr, *grad_norm, *tps,
+        *elapsed, *tokens, *ckpts, *step_seconds;
 } train_metrics;
 
 /* port < 0: off (nothing is started); 0: any free port. Seeds the gauges
  * from st and prints "metrics: http://127.0.0.1:PORT/metrics" to out (may be
  * NULL). */
-int train_metrics_start(train_metrics *m, int port, const train_state *st,
-                        FILE *out, char *err, size_t err_cap);
+int train_metrics_start(train_metrics *m, int port, const train_state *st, FILE *out,
+                        char *err, size_t err_cap);
 void train_metrics_stop(train_metrics *m); /* safe on a zeroed struct */
 
 /* One optimizer step: gauges, token counter and step-time histogram. */
 void train_metrics_step(train_metrics *m, uint64_t step, double loss, double lr,
-                        double grad_norm, const train_state *st,
-                        double step_tokens, double step_seconds);
+                        double grad_norm, const train_state *st, double step_tokens,
+                        double step_seconds);
 /* One evaluation. */
 void train_metrics_eval(train_metrics *m, double val_loss);
 
 /* Open RUN_DIR/metrics.jsonl for appending into *out: truncated when fresh;
  * otherwise lines with a step above keep_step (and a torn last line) are
  * dropped first, by an atomic rewrite. */
-int train_jsonl_open(const char *run_dir, uint64_t keep_step, int fresh,
-                     FILE **out, char *err, size_t err_cap);
+int train_jsonl_open(const char *run_dir, uint64_t keep_step, int fresh, FILE **out,
+                     char *err, size_t err_cap);
 /* One line (val_loss and val_ppl only when val_loss is finite); flushed.
  * f may be NULL (nothing is written). */
-void train_jsonl_write(FILE *f, uint64_t step, double loss, double lr,
-                       double grad_norm, double tokens_per_s, double elapsed,
-                       double val_loss);
+void train_jsonl_write(FILE *f, uint64_t step, double loss, double lr, double grad_norm,
+                       double tokens_per_s, double elapsed, double val_loss);
 
 #endif

@@ -56,8 +56,8 @@ char *train_state_to_json(const train_state *s, const char *engine_name,
     return text;
 }
 
-int train_state_from_json(const char *text, train_state *s, char *tok,
-                          size_t tok_cap, char *err, size_t cap) {
+int train_state_from_json(const char *text, train_state *s, char *tok, size_t tok_cap,
+                          char *err, size_t cap) {
     cJSON *root = cJSON_Parse(text);
     if (!root || !cJSON_IsObject(root)) {
         cJSON_Delete(root);

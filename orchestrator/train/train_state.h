@@ -48,7 +48,7 @@ char *train_state_to_json(const train_state *s, const char *engine_name,
  * their defaults: NaN losses, 0 counters). tok (may be NULL) receives the
  * "tokenizer" string ("" when absent). Errors: not a JSON object, an
  * unsupported format, a missing or bad "step" or "data.rng". */
-int train_state_from_json(const char *text, train_state *s, char *tok,
-                          size_t tok_cap, char *err, size_t err_cap);
+int train_state_from_json(const char *text, train_state *s, char *tok, size_t tok_cap,
+                          char *err, size_t err_cap);
 
 #endif

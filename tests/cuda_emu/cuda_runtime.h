@@ -25,14 +25,14 @@
 
 #include <functional>
 
-#define ORCH_CUDA_EMU 1
+#define ORCH_CUDA_EMU  1
 #define CUDART_VERSION 13000
 
 #define __global__
 #define __device__
 #define __host__
 #define __forceinline__ inline
-#define __shared__ static
+#define __shared__      static
 
 struct dim3 {
     unsigned int x, y, z;
@@ -103,14 +103,16 @@ struct emu_ids {
 };
 emu_ids *emu_current_ids(void);
 #define threadIdx (emu_current_ids()->tid)
-#define blockIdx (emu_current_ids()->bid)
-#define blockDim (emu_current_ids()->bdim)
-#define gridDim (emu_current_ids()->gdim)
+#define blockIdx  (emu_current_ids()->bid)
+#define blockDim  (emu_current_ids()->bdim)
+#define gridDim   (emu_current_ids()->gdim)
 
 void __syncthreads(void);
 float emu_shfl_xor(float v, int lane_mask);
 double emu_shfl_xor_d(double v, int lane_mask);
-static inline float __shfl_xor_sync(unsigned int, float v, int m) { return emu_shfl_xor(v, m); }
+static inline float __shfl_xor_sync(unsigned int, float v, int m) {
+    return emu_shfl_xor(v, m);
+}
 static inline double __shfl_xor_sync(unsigned int, double v, int m) {
     return emu_shfl_xor_d(v, m);
 }

@@ -314,8 +314,9 @@ cudaError_t emu_launch(dim3 grid, dim3 block, size_t smem, cudaStream_t,
     unsigned long long nthreads = (unsigned long long)block.x * block.y * block.z;
     if (nthreads == 0 || nthreads > 1024 || grid.x == 0 || grid.y == 0 || grid.z == 0 ||
         grid.y > 65535 || grid.z > 65535 || smem > 227 * 1024) {
-        fprintf(stderr, "cuda emulator: bad launch configuration grid (%u,%u,%u) block "
-                        "(%u,%u,%u) smem %zu\n",
+        fprintf(stderr,
+                "cuda emulator: bad launch configuration grid (%u,%u,%u) block "
+                "(%u,%u,%u) smem %zu\n",
                 grid.x, grid.y, grid.z, block.x, block.y, block.z, smem);
         return set_err(cudaErrorInvalidConfiguration);
     }
@@ -385,8 +386,9 @@ cudaError_t emu_launch(dim3 grid, dim3 block, size_t smem, cudaStream_t,
                     }
                     if (all_done) break;
                     if (!progress) {
-                        fprintf(stderr, "cuda emulator: deadlock (threads wait at "
-                                        "different barriers) in block (%u,%u,%u)\n",
+                        fprintf(stderr,
+                                "cuda emulator: deadlock (threads wait at "
+                                "different barriers) in block (%u,%u,%u)\n",
                                 bx, by, bz);
                         abort();
                     }
@@ -412,11 +414,15 @@ cublasStatus_t cublasDestroy(cublasHandle_t h) {
     free(h);
     return CUBLAS_STATUS_SUCCESS;
 }
-cublasStatus_t cublasSetStream(cublasHandle_t, cudaStream_t) { return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasSetStream(cublasHandle_t, cudaStream_t) {
+    return CUBLAS_STATUS_SUCCESS;
+}
 cublasStatus_t cublasSetPointerMode(cublasHandle_t, cublasPointerMode_t) {
     return CUBLAS_STATUS_SUCCESS;
 }
-cublasStatus_t cublasSetMathMode(cublasHandle_t, cublasMath_t) { return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasSetMathMode(cublasHandle_t, cublasMath_t) {
+    return CUBLAS_STATUS_SUCCESS;
+}
 cublasStatus_t cublasSetWorkspace(cublasHandle_t, void *ws, size_t bytes) {
     return in_device(ws, bytes) ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_INVALID_VALUE;
 }
@@ -424,8 +430,10 @@ const char *cublasGetStatusString(cublasStatus_t s) {
     switch (s) {
     case CUBLAS_STATUS_SUCCESS: return "the operation completed successfully";
     case CUBLAS_STATUS_ALLOC_FAILED: return "the resource allocation failed";
-    case CUBLAS_STATUS_INVALID_VALUE: return "an invalid numeric value was used as an argument";
-    case CUBLAS_STATUS_NOT_SUPPORTED: return "the functionality requested is not supported";
+    case CUBLAS_STATUS_INVALID_VALUE:
+        return "an invalid numeric value was used as an argument";
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+        return "the functionality requested is not supported";
     default: return "an internal operation failed";
     }
 }
@@ -453,15 +461,17 @@ static size_t extent(int rows, int cols, int ld) {
 }
 
 static cublasStatus_t gemm_one(cublasOperation_t ta, cublasOperation_t tb, int m, int n,
-                               int k, float alpha, const float *A, int lda, const float *B,
-                               int ldb, float beta, float *C, int ldc, int bits) {
+                               int k, float alpha, const float *A, int lda,
+                               const float *B, int ldb, float beta, float *C, int ldc,
+                               int bits) {
     int arows = ta == CUBLAS_OP_N ? m : k, acols = ta == CUBLAS_OP_N ? k : m;
     int brows = tb == CUBLAS_OP_N ? k : n, bcols = tb == CUBLAS_OP_N ? n : k;
     if (!in_device(A, extent(arows, acols, lda) * 4) ||
         !in_device(B, extent(brows, bcols, ldb) * 4) ||
         !in_device(C, extent(m, n, ldc) * 4)) {
-        fprintf(stderr, "cuda emulator: GEMM operand outside a device allocation "
-                        "(m %d n %d k %d lda %d ldb %d ldc %d)\n",
+        fprintf(stderr,
+                "cuda emulator: GEMM operand outside a device allocation "
+                "(m %d n %d k %d lda %d ldb %d ldc %d)\n",
                 m, n, k, lda, ldb, ldc);
         return CUBLAS_STATUS_INVALID_VALUE;
     }
@@ -469,8 +479,10 @@ static cublasStatus_t gemm_one(cublasOperation_t ta, cublasOperation_t tb, int m
         for (int i = 0; i < m; i++) {
             float acc = 0.0f;
             for (int p = 0; p < k; p++) {
-                float a = ta == CUBLAS_OP_N ? A[i + (size_t)p * lda] : A[p + (size_t)i * lda];
-                float b = tb == CUBLAS_OP_N ? B[p + (size_t)j * ldb] : B[j + (size_t)p * ldb];
+                float a =
+                    ta == CUBLAS_OP_N ? A[i + (size_t)p * lda] : A[p + (size_t)i * lda];
+                float b =
+                    tb == CUBLAS_OP_N ? B[p + (size_t)j * ldb] : B[j + (size_t)p * ldb];
                 if (bits) {
                     a = round_mantissa(a, bits);
                     b = round_mantissa(b, bits);
@@ -499,7 +511,9 @@ static cublasStatus_t check_args(cublasOperation_t ta, cublasOperation_t tb, int
 }
 
 static int compute_bits(cublasComputeType_t c) {
-    return c == CUBLAS_COMPUTE_32F_FAST_TF32 ? 10 : c == CUBLAS_COMPUTE_32F_FAST_16BF ? 7 : 0;
+    return c == CUBLAS_COMPUTE_32F_FAST_TF32   ? 10
+           : c == CUBLAS_COMPUTE_32F_FAST_16BF ? 7
+                                               : 0;
 }
 
 cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb,
@@ -510,8 +524,9 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
     if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
     cublasStatus_t s = check_args(ta, tb, m, n, k, lda, ldb, ldc, at, bt, ct);
     if (s != CUBLAS_STATUS_SUCCESS) {
-        fprintf(stderr, "cuda emulator: cublasGemmEx bad arguments (m %d n %d k %d lda %d "
-                        "ldb %d ldc %d)\n",
+        fprintf(stderr,
+                "cuda emulator: cublasGemmEx bad arguments (m %d n %d k %d lda %d "
+                "ldb %d ldc %d)\n",
                 m, n, k, lda, ldb, ldc);
         return s;
     }
@@ -521,12 +536,13 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
                     compute_bits(compute));
 }
 
-cublasStatus_t cublasGemmStridedBatchedEx(
-    cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
-    const void *alpha, const void *A, cudaDataType at, int lda, long long sA,
-    const void *B, cudaDataType bt, int ldb, long long sB, const void *beta, void *C,
-    cudaDataType ct, int ldc, long long sC, int batch, cublasComputeType_t compute,
-    cublasGemmAlgo_t) {
+cublasStatus_t
+cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb,
+                           int m, int n, int k, const void *alpha, const void *A,
+                           cudaDataType at, int lda, long long sA, const void *B,
+                           cudaDataType bt, int ldb, long long sB, const void *beta,
+                           void *C, cudaDataType ct, int ldc, long long sC, int batch,
+                           cublasComputeType_t compute, cublasGemmAlgo_t) {
     if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
     cublasStatus_t s = check_args(ta, tb, m, n, k, lda, ldb, ldc, at, bt, ct);
     if (s != CUBLAS_STATUS_SUCCESS || batch < 0) {
@@ -534,8 +550,8 @@ cublasStatus_t cublasGemmStridedBatchedEx(
         return CUBLAS_STATUS_INVALID_VALUE;
     }
     for (int i = 0; i < batch; i++) {
-        s = gemm_one(ta, tb, m, n, k, *(const float *)alpha, (const float *)A + i * sA, lda,
-                     (const float *)B + i * sB, ldb, *(const float *)beta,
+        s = gemm_one(ta, tb, m, n, k, *(const float *)alpha, (const float *)A + i * sA,
+                     lda, (const float *)B + i * sB, ldb, *(const float *)beta,
                      (float *)C + i * sC, ldc, compute_bits(compute));
         if (s != CUBLAS_STATUS_SUCCESS) return s;
     }

@@ -8,7 +8,7 @@ typedef struct {
 } api_1_9;
 
 static const api_1_9 api = {
-    .v1_0 = {BROKEN_BASE_TABLE("newer-minor")},
+    .v1_0 = { BROKEN_BASE_TABLE("newer-minor") },
 };
 static api_1_9 table;
 

@@ -2,7 +2,7 @@
  * forward_backward (required by that capability) NULL. */
 #include "tests/engines/broken_common.h"
 
-static const orch_engine_api api = {BROKEN_BASE_TABLE("null-cap-member")};
+static const orch_engine_api api = { BROKEN_BASE_TABLE("null-cap-member") };
 static orch_engine_api broken;
 
 const orch_engine_api *orch_engine_get_api(uint32_t abi_major) {

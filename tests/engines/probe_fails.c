@@ -6,7 +6,7 @@ static int32_t probe_no(char *msg, uint32_t cap) {
     return ORCH_ERR_DEVICE;
 }
 
-static const orch_engine_api api = {BROKEN_BASE_TABLE("probe-fails")};
+static const orch_engine_api api = { BROKEN_BASE_TABLE("probe-fails") };
 static orch_engine_api broken;
 
 const orch_engine_api *orch_engine_get_api(uint32_t abi_major) {

@@ -2,7 +2,7 @@
  * and name both versions. */
 #include "tests/engines/broken_common.h"
 
-static const orch_engine_api api = {BROKEN_BASE_TABLE("wrong-major")};
+static const orch_engine_api api = { BROKEN_BASE_TABLE("wrong-major") };
 static orch_engine_api api2;
 
 const orch_engine_api *orch_engine_get_api(uint32_t abi_major) {
