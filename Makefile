@@ -160,8 +160,9 @@ asan:
 # scheduler and HTTP threads, the data prefetcher, the engines' thread pools,
 # training signals and the MPI watchdog. tests/tsan.supp names the few
 # third-party libraries whose internals are not ours to report.
-TSAN_SUITES := test_scheduler test_data_loader test_metrics test_cpu_engine \
-  test_mock_engine serve_api serve_load serve_cpu train_signals train_cli dist_train
+TSAN_SUITES := test_scheduler test_data_loader test_metrics test_cpu_engine test_server_serve \
+  test_server_conn_watch test_mock_engine serve_api serve_load serve_cpu train_signals \
+  train_cli dist_train
 tsan:
 	@tools/setup.sh
 	@$(MAKE) --no-print-directory BUILD=build/tsan SAN=thread test-bins

@@ -93,6 +93,16 @@ START_TEST(mkdir_p_nested_and_existing) {
 }
 END_TEST
 
+START_TEST(mkdir_fresh_only) {
+    ck_assert_msg(fsio_mkdir(at("fresh"), err, sizeof err) == 0, "%s", err);
+    ck_assert(is_dir(at("fresh")));
+    errno = 0;
+    ck_assert_int_eq(fsio_mkdir(at("fresh"), err, sizeof err), -1);
+    ck_assert_int_eq(errno, EEXIST);
+    ck_assert_msg(strstr(err, "fresh: mkdir: file exists") != NULL, "%s", err);
+}
+END_TEST
+
 START_TEST(mkdir_p_file_in_the_way) {
     put(at("f"), "x", 1);
     errno = 0;
@@ -295,6 +305,7 @@ static Suite *suite(void) {
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 20);
     tcase_add_test(tc, mkdir_p_nested_and_existing);
+    tcase_add_test(tc, mkdir_fresh_only);
     tcase_add_test(tc, mkdir_p_file_in_the_way);
     tcase_add_test(tc, read_file_cap_and_contents);
     tcase_add_test(tc, read_file_refuses_non_regular);

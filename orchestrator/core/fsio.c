@@ -70,6 +70,11 @@ int fsio_mkdir_p(const char *dir, char *err, size_t err_cap) {
     return 0;
 }
 
+int fsio_mkdir(const char *dir, char *err, size_t err_cap) {
+    if (mkdir(dir, 0755) == 0) return 0;
+    return fail(err, err_cap, errno, dir, "mkdir");
+}
+
 int fsio_read_file(const char *path, size_t max_bytes, char **out, size_t *len, char *err,
                    size_t err_cap) {
     /* O_NONBLOCK: opening a FIFO must not wait for a writer. */

@@ -28,6 +28,10 @@
  * non-directory along the path is an error naming it. */
 int fsio_mkdir_p(const char *dir, char *err, size_t err_cap);
 
+/* mkdir DIR (mode 0755); an existing DIR is an error (EEXIST), so a caller
+ * that must start from a fresh directory knows it got one. */
+int fsio_mkdir(const char *dir, char *err, size_t err_cap);
+
 /* Read all of PATH into a malloc'd, NUL-terminated buffer (*out, caller
  * frees; *len may be NULL). PATH must be a regular file ("PATH: not a regular
  * file" otherwise: a FIFO or device never blocks the caller); a file larger

@@ -344,10 +344,7 @@ int ckpt_save(const char *run_dir, uint64_t step, const engine_handle *h,
         return -1;
     }
     ckpt_rm_rf(tmp);
-    if (mkdir(tmp, 0755) != 0) {
-        util_set_err(err, err_cap, "%s: mkdir: %s", tmp, strerror(errno));
-        return -1;
-    }
+    if (fsio_mkdir(tmp, err, err_cap) != 0) return -1;
     ckpt_tsrc params = { h, ctx, ORCH_TENSOR_PARAM, NULL, 0 };
     ckpt_tsrc m = { h, ctx, ORCH_TENSOR_ADAM_M, NULL, 0 };
     ckpt_tsrc v = { h, ctx, ORCH_TENSOR_ADAM_V, NULL, 0 };
@@ -399,10 +396,7 @@ int ckpt_write_dir(const char *ckpt_dir, const ckpt_tensor *tensors, size_t n,
         return -1;
     }
     ckpt_rm_rf(tmp);
-    if (mkdir(tmp, 0755) != 0) {
-        util_set_err(err, err_cap, "%s: mkdir: %s", tmp, strerror(errno));
-        return -1;
-    }
+    if (fsio_mkdir(tmp, err, err_cap) != 0) return -1;
     ckpt_tsrc src = { NULL, NULL, 0, tensors, n };
     if (write_contents(tmp, &src, NULL, NULL, state_json, step, NAN, "", err, err_cap) !=
             0 ||
