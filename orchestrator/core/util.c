@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,6 +56,18 @@ double util_now(void) {
 void *util_calloc(size_t n, size_t size) {
     if (n == 0 || size == 0) return calloc(1, 1);
     return calloc(n, size);
+}
+
+int util_thread_start_nosignals(pthread_t *thread, void *(*fn)(void *), void *arg) {
+    sigset_t block, old;
+    sigemptyset(&block);
+    sigaddset(&block, SIGINT);
+    sigaddset(&block, SIGTERM);
+    sigaddset(&block, SIGUSR1);
+    pthread_sigmask(SIG_BLOCK, &block, &old);
+    int rc = pthread_create(thread, NULL, fn, arg);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return rc;
 }
 
 int util_exe_dir(char *buf, size_t cap) {

@@ -9,6 +9,7 @@
 #ifndef ORCH_UTIL_H
 #define ORCH_UTIL_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -33,6 +34,11 @@ double util_now(void);
 /* Allocation that returns NULL on failure (never aborts); zeroed. Free with
  * free(). */
 void *util_calloc(size_t n, size_t size);
+
+/* pthread_create with SIGINT, SIGTERM and SIGUSR1 blocked in the new thread,
+ * so those signals always reach the thread that handles them (the main one).
+ * Returns 0, or the pthread_create error number (nothing started). */
+int util_thread_start_nosignals(pthread_t *thread, void *(*fn)(void *), void *arg);
 
 /* Directory holding the running executable (from /proc/self/exe), without a
  * trailing slash, into buf. Returns 0, or -1 when it cannot be found. */

@@ -5,7 +5,6 @@
 #include "orchestrator/data/data_loader.h"
 
 #include <pthread.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -163,15 +162,7 @@ int data_loader_open(const dataset *ds, const data_loader_opts *o, const data_rn
     pthread_mutex_init(&l->mu, NULL);
     pthread_cond_init(&l->cv, NULL);
     if (o->prefetch) {
-        sigset_t block, old;
-        sigemptyset(&block);
-        sigaddset(&block, SIGINT);
-        sigaddset(&block, SIGTERM);
-        sigaddset(&block, SIGUSR1);
-        pthread_sigmask(SIG_BLOCK, &block, &old);
-        int rc = pthread_create(&l->thread, NULL, producer_main, l);
-        pthread_sigmask(SIG_SETMASK, &old, NULL);
-        if (rc != 0) {
+        if (util_thread_start_nosignals(&l->thread, producer_main, l) != 0) {
             util_set_err(err, err_cap, "data loader: cannot start thread");
             pthread_mutex_destroy(&l->mu);
             pthread_cond_destroy(&l->cv);

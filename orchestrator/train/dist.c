@@ -17,7 +17,6 @@
 #define DIST_MPI 1
 #include <mpi.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdatomic.h>
 #include <time.h>
 #else
@@ -162,15 +161,7 @@ static void *watchdog_main(void *arg) {
 static int watchdog_start(char *err, size_t cap) {
     atomic_store(&g.wd_deadline_ms, 0);
     atomic_store(&g.wd_quit, 0);
-    sigset_t block, old;
-    sigemptyset(&block);
-    sigaddset(&block, SIGINT);
-    sigaddset(&block, SIGTERM);
-    sigaddset(&block, SIGUSR1);
-    pthread_sigmask(SIG_BLOCK, &block, &old);
-    int rc = pthread_create(&g.wd_thread, NULL, watchdog_main, NULL);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    if (rc != 0) {
+    if (util_thread_start_nosignals(&g.wd_thread, watchdog_main, NULL) != 0) {
         util_set_err(err, cap, "dist: cannot start the watchdog thread");
         return -1;
     }
