@@ -8,6 +8,7 @@
 #include <stdlib.h>
 
 #include "orchestrator/train/lr_schedule.h"
+#include "tests/test_util.h"
 
 #define NEAR(a, b)                                                                 \
     ck_assert_msg(fabs((a) - (b)) <= 1e-12 * fmax(1.0, fabs(b)), "%.17g != %.17g", \
@@ -82,9 +83,5 @@ int main(void) {
     tcase_add_test(tc, test_edges);
     tcase_add_test(tc, test_names);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return test_run_suite(s);
 }
