@@ -161,7 +161,8 @@ asan:
 # training signals and the MPI watchdog. tests/tsan.supp names the few
 # third-party libraries whose internals are not ours to report.
 TSAN_SUITES := test_scheduler test_data_loader test_metrics test_cpu_engine test_server_serve \
-  test_server_conn_watch test_mock_engine serve_api serve_load serve_cpu train_signals \
+  test_server_conn_watch test_server_listener test_server_policy test_mock_engine serve_api \
+  serve_load serve_cpu serve_hardening serve_slowloris train_signals \
   train_cli dist_train
 tsan:
 	@tools/setup.sh
@@ -189,5 +190,44 @@ format-check:
 
 clean:
 	rm -rf build
+
+# ==== fuzz: libFuzzer harnesses (tests/fuzz/) ==================================
+# make fuzz builds build/fuzz/fuzz_<name> from tests/fuzz/fuzz_<name>.c, linked
+# with the orchestrator (minus cli/main.c) compiled by clang with ASan, UBSan
+# and libFuzzer's coverage instrumentation into build/fuzz/obj (its own object
+# files, never mixed with $(BUILD)). tests/fuzz/run.sh SECONDS runs them.
+FUZZ_BUILD := build/fuzz
+FUZZ_CC ?= clang
+FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=undefined
+FUZZ_CFLAGS = -std=c11 $(WARN) -Wno-missing-field-initializers -O1 -g -fno-omit-frame-pointer -D_GNU_SOURCE -I. -MMD -MP \
+  $(FUZZ_SAN) $(PKG_CFLAGS)
+FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
+FUZZ_BINS := $(patsubst tests/fuzz/%.c,$(FUZZ_BUILD)/%,$(FUZZ_SRCS))
+FUZZ_LIB_OBJS := $(patsubst %.c,$(FUZZ_BUILD)/obj/%.o,$(filter-out orchestrator/cli/main.c,$(ORCH_SRCS)))
+FUZZ_LIB := $(FUZZ_BUILD)/liborch_fuzz.a
+
+.PHONY: fuzz
+fuzz: $(FUZZ_BINS)
+
+# The BPE merge loops spend most of their time in comparison tracing
+# (-fsanitize-coverage=trace-cmp) without gaining coverage from it: off there.
+FUZZ_NO_CMP := $(FUZZ_BUILD)/obj/orchestrator/data/tokenizer.o
+$(FUZZ_NO_CMP): FUZZ_COV_EXTRA := -fno-sanitize-coverage=trace-cmp
+
+$(FUZZ_LIB_OBJS): $(FUZZ_BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link $(FUZZ_COV_EXTRA) -c $< -o $@
+
+$(FUZZ_LIB): $(FUZZ_LIB_OBJS)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(FUZZ_BINS): $(FUZZ_BUILD)/%: tests/fuzz/%.c tests/fuzz/fuzz_util.h $(FUZZ_LIB)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< $(FUZZ_LIB) $(ORCH_LIBS)
+
+ifneq ($(BUILD),build)
+-include $(shell find $(FUZZ_BUILD) -name '*.d' 2>/dev/null)
+endif
+# ==== end of fuzz ===============================================================
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

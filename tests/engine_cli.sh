@@ -2,8 +2,10 @@
 # engine_cli.sh - command-line checks of engine loading and the help texts:
 #   - `orch info --engine=mock` prints the ABI version and capabilities (exit 0);
 #   - every broken test engine ($ORCH_BUILD/tests/engines/*.so), a missing
-#     file, a text file and an unknown name exit 2 with exactly one line on
-#     stderr naming the file (and the reason, for the known cases);
+#     file, a text file, a FIFO (at once, without waiting for a writer), a
+#     directory and an unknown name exit 2 with exactly one line on stderr
+#     naming the file (and the reason, for the known cases); the valid test
+#     engines (newer_minor, marker_ctor: its constructor runs) load;
 #   - `orch --help` and `orch CMD --help` exit 0 with output for every command
 #     that `orch --help` lists;
 #   - every $ORCH_BUILD/libengine_*.so exports exactly one dynamic symbol,
@@ -39,7 +41,8 @@ fi
 # expect_reject FILE_OR_NAME SHOWN_NAME [REASON_FRAGMENT]
 expect_reject() {
   local value=$1 shown=$2 reason=${3:-}
-  "$ORCH_BIN" info --engine="$value" >"$tmp/out" 2>"$tmp/err"
+  # (a timeout: a FIFO that made orch wait would otherwise hang the suite)
+  timeout -k 1 10 "$ORCH_BIN" info --engine="$value" >"$tmp/out" 2>"$tmp/err"
   local rc=$? lines
   lines=$(wc -l <"$tmp/err")
   if [ "$rc" -ne 2 ]; then
@@ -76,6 +79,20 @@ n_broken=0
 for so in "$ORCH_BUILD"/tests/engines/*.so; do
   [ -f "$so" ] || continue
   name=$(basename "$so" .so)
+  if [ "$name" = marker_ctor ]; then
+    # A valid engine whose constructor leaves a marker: a library named on
+    # the command line is loaded (tests/trust_cli.sh covers configs and
+    # checkpoints, which must not load it).
+    rm -f "$tmp/marker"
+    if ORCH_TEST_MARKER="$tmp/marker" "$ORCH_BIN" info --engine="$so" >"$tmp/out" 2>"$tmp/err" &&
+      grep -Eq '^engine: +marker-ctor$' "$tmp/out" && [ -f "$tmp/marker" ]; then
+      pass "info --engine=$so (loaded from the command line, constructor ran)"
+    else
+      fail "info --engine=$so: not loaded"
+      sed 's/^/      /' "$tmp/err"
+    fi
+    continue
+  fi
   if [ "$name" = newer_minor ]; then
     # A valid engine from a later minor version loads.
     if "$ORCH_BIN" info --engine="$so" >"$tmp/out" 2>"$tmp/err" &&
@@ -95,6 +112,12 @@ done
 printf 'plain text, not a library\n' >"$tmp/libengine_text.so"
 expect_reject "$tmp/libengine_text.so" "$tmp/libengine_text.so" "not a shared library"
 expect_reject "$tmp/absent.so" "$tmp/absent.so" "file not found"
+# A FIFO is refused at once (opening it must not wait for a writer).
+mkfifo "$tmp/libengine_fifo.so"
+expect_reject "$tmp/libengine_fifo.so" "$tmp/libengine_fifo.so" \
+  "not a regular file, not a shared library"
+mkdir "$tmp/libengine_dir.so"
+expect_reject "$tmp/libengine_dir.so" "$tmp/libengine_dir.so" "is a directory"
 expect_reject "no_such_engine_xyz" "libengine_no_such_engine_xyz.so" "not found"
 
 "$ORCH_BIN" info --bogus >"$tmp/out" 2>"$tmp/err"

@@ -4,8 +4,9 @@
 # disconnects cancel and free blocks at once (streaming, suspended and
 # waiting clients); a full waiting queue gives 429; an engine error fails its
 # requests with 500 (and a stream error event) while the server carries on;
-# 503 while loading; SIGTERM drains (running requests finish, new connections
-# are refused, exit 0) and a drain timeout cancels what is left.
+# 503 while loading (429 and 503 with Retry-After); SIGTERM drains (running
+# requests finish, new connections are refused, exit 0) and a drain timeout
+# cancels what is left.
 source "$(dirname "$0")/serve/common.sh"
 run() { "$PY" "$SERVE_DIR/load_checks.py" "$@" || fail "$1"; }
 

@@ -839,9 +839,17 @@ START_TEST(read_config_and_its_errors) {
         const char *text, *expect;
     } bad[] = {
         { NULL, "state.json: no such file or directory" },
-        { "{not json", "state.json: not valid JSON" },
-        { "[1, 2]", "state.json: no \"config\" object" },
-        { "{\"config\": 7}", "state.json: no \"config\" object" },
+        { "{not json", "state.json: not valid JSON (unexpected text at line 1, column " },
+        { "", "state.json: not valid JSON (empty file at line 1, column 1)" },
+        { "{\"config\": " CFG_JSON "}\n{}",
+          "state.json: not valid JSON (unexpected text at line 2, column 1)" },
+        { "{\"config\": " CFG_JSON,
+          "state.json: not valid JSON (unexpected end at line 1" },
+        /* JSON, but not an object: not "no config object". */
+        { "[1, 2]", "state.json: not a JSON object (it holds an array)" },
+        { "{\"config\": 7}", "state.json: no \"config\" object: it is a number" },
+        { "{\"tokenizer\": 5, \"config\": " CFG_JSON "}",
+          "state.json: tokenizer: expected a string, got a number" },
         { "{\"config\": {\"model\": {}}}",
           "state.json: config: model.vocab_size: missing required key" },
     };

@@ -4,6 +4,7 @@
  * overrides, serialisation and the model description.
  */
 #include <check.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -192,6 +193,47 @@ START_TEST(test_other_ranges) {
                      "\"max_steps\": 10, \"epochs\": 2, \"lr\": 0.001}",
                      DATA, ""),
                  "train.epochs", "not both");
+}
+END_TEST
+
+/* Numbers no integer field can hold are refused before any conversion
+ * (issue 12, defect 8): the message names the key. */
+START_TEST(test_huge_and_fractional_numbers) {
+    static const char *const keys[] = {
+        "model.vocab_size",       "model.context",
+        "model.layers",           "model.width",
+        "train.micro_batch",      "train.max_steps",
+        "train.warmup_steps",     "train.seed",
+        "train.eval_every",       "train.eval_batches",
+        "train.checkpoint_every", "train.keep_checkpoints",
+        "engine.threads",
+    };
+    static const char *const values[] = { "1e300", "-1",
+                                          "1.5",   "18446744073709551616",
+                                          "1e999", "9007199254740994" };
+    for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {
+        for (size_t v = 0; v < sizeof values / sizeof values[0]; v++) {
+            orch_config *c = load_ok(DOC(MODEL, TRAIN, DATA, ""));
+            orch_config before = *c;
+            char set[128];
+            snprintf(set, sizeof set, "%s=%s", keys[k], values[v]);
+            const char *sets[] = { set };
+            err[0] = '\0';
+            ck_assert_msg(config_apply_overrides(c, sets, 1, err, sizeof err) == -1,
+                          "%s accepted", set);
+            char want[160];
+            snprintf(want, sizeof want, "%s: ", keys[k]);
+            ck_assert_msg(strstr(err, want) != NULL, "%s: '%s'", set, err);
+            ck_assert(memcmp(&before, c, offsetof(orch_config, source)) == 0);
+            config_free(c);
+        }
+    }
+    /* The limits themselves are fine. */
+    orch_config *c = load_ok(DOC(MODEL, TRAIN, DATA, ""));
+    const char *sets[] = { "train.max_steps=9007199254740992", "train.seed=0" };
+    ck_assert_msg(config_apply_overrides(c, sets, 2, err, sizeof err) == 0, "%s", err);
+    ck_assert_uint_eq(c->train.max_steps, (uint64_t)1 << 53);
+    config_free(c);
 }
 END_TEST
 
@@ -429,6 +471,7 @@ static Suite *config_suite(void) {
     tcase_add_test(tc, test_lr_not_positive);
     tcase_add_test(tc, test_min_lr_over_lr);
     tcase_add_test(tc, test_other_ranges);
+    tcase_add_test(tc, test_huge_and_fractional_numbers);
     tcase_add_test(tc, test_missing_required);
     tcase_add_test(tc, test_duplicate_key);
     tcase_add_test(tc, test_invalid_json_position);

@@ -4,7 +4,13 @@
  * read (exactly at the cap, one byte over, empty files, embedded NULs,
  * missing files, directories, a FIFO that must not block), atomic writes
  * (content replaced, no temp file left, abort and failed commit leave the
- * target untouched), the small primitives, and the directory exchange.
+ * target untouched), the small primitives, the directory exchange, appends
+ * and removal (rm -rf never follows a symlink, FIFOs are refused without
+ * blocking), temp-name parsing, and the fault hook itself: site counting per
+ * mode, the fault firing once at the armed site with the call's errno, a
+ * short write leaving exactly half, a crash exiting with
+ * FSIO_FAULT_CRASH_CODE, and mkdir -p counting only the components it makes.
+ * (tests/test_fault_injection.c sweeps the hook over whole operations.)
  */
 #include <check.h>
 #include <dirent.h>
@@ -14,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "orchestrator/core/fsio.h"
@@ -299,6 +306,239 @@ START_TEST(exchange_swaps_directories) {
 }
 END_TEST
 
+START_TEST(fault_hook_counts_and_fires) {
+    const char *p = at("f");
+    /* Counting: create, write, fsync, close. */
+    fsio_fault_arm(0, EIO, FSIO_FAULT_FAIL);
+    ck_assert_int_eq(fsio_write_file(p, "abcdef", 6, err, sizeof err), 0);
+    ck_assert_uint_eq(fsio_fault_sites(), 4);
+    ck_assert_int_eq(fsio_fault_fired(NULL, NULL, 0), 0);
+    /* Site 2 (the write) fails with the armed errno and nothing else. */
+    fsio_fault_arm(2, ENOSPC, FSIO_FAULT_FAIL);
+    errno = 0;
+    ck_assert_int_eq(fsio_write_file(p, "xyz", 3, err, sizeof err), -1);
+    ck_assert_int_eq(errno, ENOSPC);
+    char want[600];
+    snprintf(want, sizeof want, "%s: write: no space left on device", p);
+    ck_assert_str_eq(err, want);
+    fsio_op op;
+    char fp[512];
+    ck_assert_int_eq(fsio_fault_fired(&op, fp, sizeof fp), 1);
+    ck_assert_int_eq(op, FSIO_OP_WRITE);
+    ck_assert_str_eq(fp, p);
+    ck_assert_str_eq(fsio_op_name(op), "write");
+    /* It fires once: the same call works again while still armed. */
+    ck_assert_int_eq(fsio_write_file(p, "xyz", 3, err, sizeof err), 0);
+    ck_assert_uint_eq(fsio_fault_sites(), 6); /* 2 + create, write, fsync, close */
+    /* FSYNC counts only fsyncs: an atomic write has two (file, directory). */
+    fsio_fault_arm(0, EIO, FSIO_FAULT_FSYNC);
+    ck_assert_int_eq(fsio_write_atomic(p, "new", 3, err, sizeof err), 0);
+    ck_assert_uint_eq(fsio_fault_sites(), 2);
+    fsio_fault_arm(1, EIO, FSIO_FAULT_FSYNC);
+    ck_assert_int_eq(fsio_write_atomic(p, "lost", 4, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, ": fsync: input/output error"), "%s", err);
+    size_t n;
+    char *b = slurp(p, &n);
+    ck_assert_str_eq(b, "new"); /* the target is untouched */
+    free(b);
+    ck_assert_int_eq(count_entries(dir, ".tmp."), 0);
+    /* SHORT counts only writes; the k-th writes half, then fails. */
+    fsio_fault_arm(1, ENOSPC, FSIO_FAULT_SHORT);
+    ck_assert_int_eq(fsio_write_file(p, "abcdef", 6, err, sizeof err), -1);
+    ck_assert_int_eq(errno, ENOSPC);
+    fsio_fault_disarm();
+    b = slurp(p, &n);
+    ck_assert_str_eq(b, "abc");
+    free(b);
+    /* Disarmed: nothing fails and nothing is counted (what the last armed
+     * run saw stays readable until the next arm). */
+    ck_assert_int_eq(fsio_write_file(p, "ok", 2, err, sizeof err), 0);
+    ck_assert_uint_eq(fsio_fault_sites(), 1);
+    ck_assert_int_eq(fsio_fault_fired(&op, NULL, 0), 1);
+    ck_assert_int_eq(op, FSIO_OP_WRITE);
+    fsio_fault_arm(0, EIO, FSIO_FAULT_FAIL);
+    ck_assert_int_eq(fsio_fault_fired(NULL, NULL, 0), 0);
+    fsio_fault_disarm();
+}
+END_TEST
+
+START_TEST(fault_hook_every_kind_of_call) {
+    struct {
+        fsio_op op;
+        const char *what;
+    } seen[16];
+    int ns = 0;
+    /* Each site of an atomic write, in order, fails the write with a
+     * message naming the target and leaves no temp file. */
+    const char *t = at("t");
+    put(t, "old", 3);
+    fsio_fault_arm(0, EIO, FSIO_FAULT_FAIL);
+    ck_assert_int_eq(fsio_write_atomic(t, "new", 3, err, sizeof err), 0);
+    uint64_t sites = fsio_fault_sites();
+    ck_assert_uint_eq(sites, 7); /* create write flush fsync close rename fsync-dir */
+    for (uint64_t k = 1; k <= sites; k++) {
+        put(t, "old", 3);
+        fsio_fault_arm(k, EIO, FSIO_FAULT_FAIL);
+        ck_assert_int_eq(fsio_write_atomic(t, "new", 3, err, sizeof err), -1);
+        /* The message names the target (its directory for the last fsync). */
+        ck_assert_msg(strstr(err, k == sites ? dir : t), "%s", err);
+        char fp[512];
+        ck_assert(fsio_fault_fired(&seen[ns].op, fp, sizeof fp));
+        seen[ns++].what = NULL;
+        fsio_fault_disarm();
+        size_t n;
+        char *b = slurp(t, &n);
+        /* Only the last site (the directory fsync) comes after the rename. */
+        ck_assert_str_eq(b, k == sites ? "new" : "old");
+        free(b);
+        ck_assert_int_eq(count_entries(dir, ".tmp."), 0);
+    }
+    static const fsio_op order[7] = { FSIO_OP_CREATE, FSIO_OP_WRITE, FSIO_OP_WRITE,
+                                      FSIO_OP_FSYNC,  FSIO_OP_CLOSE, FSIO_OP_RENAME,
+                                      FSIO_OP_FSYNC };
+    for (int i = 0; i < 7; i++) ck_assert_int_eq(seen[i].op, order[i]);
+    /* mkdir, opendir, remove, exchange. */
+    fsio_fault_arm(1, EIO, FSIO_FAULT_FAIL);
+    ck_assert_int_eq(fsio_mkdir(at("d"), err, sizeof err), -1);
+    ck_assert(!is_dir(at("d")));
+    ck_assert_int_eq(fsio_mkdir(at("d"), err, sizeof err), 0);
+    fsio_fault_arm(1, EIO, FSIO_FAULT_FAIL);
+    ck_assert_ptr_null(fsio_opendir(at("d"), err, sizeof err));
+    ck_assert_msg(strstr(err, "d: open directory: input/output error"), "%s", err);
+    fsio_fault_arm(1, EIO, FSIO_FAULT_FAIL);
+    ck_assert_int_eq(fsio_unlink(t, err, sizeof err), -1);
+    ck_assert_int_eq(access(t, F_OK), 0);
+    ck_assert_int_eq(mkdir(at("e"), 0755), 0);
+    fsio_fault_arm(1, EIO, FSIO_FAULT_FAIL);
+    ck_assert_int_eq(fsio_exchange(at("d"), at("e"), err, sizeof err), -1);
+    ck_assert_int_eq(errno, EIO); /* not EINVAL: callers must not fall back */
+    fsio_fault_disarm();
+}
+END_TEST
+
+START_TEST(fault_hook_crash) {
+    fflush(NULL);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        fsio_fault_arm(2, 0, FSIO_FAULT_CRASH);
+        (void)fsio_mkdir(at("one"), NULL, 0);
+        (void)fsio_mkdir(at("two"), NULL, 0); /* replaced by _exit */
+        _exit(0);
+    }
+    int st;
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    ck_assert(WIFEXITED(st));
+    ck_assert_int_eq(WEXITSTATUS(st), FSIO_FAULT_CRASH_CODE);
+    ck_assert(is_dir(at("one")));
+    ck_assert(!is_dir(at("two")));
+}
+END_TEST
+
+START_TEST(mkdir_p_counts_only_missing) {
+    ck_assert_int_eq(mkdir(at("a"), 0755), 0);
+    fsio_fault_arm(0, EIO, FSIO_FAULT_FAIL);
+    ck_assert_int_eq(fsio_mkdir_p(at("a/b/c"), err, sizeof err), 0);
+    ck_assert_uint_eq(fsio_fault_sites(), 2);
+    fsio_fault_arm(0, EIO, FSIO_FAULT_FAIL);
+    ck_assert_int_eq(fsio_mkdir_p(at("a/b/c"), err, sizeof err), 0);
+    ck_assert_uint_eq(fsio_fault_sites(), 0);
+    fsio_fault_arm(2, ENOSPC, FSIO_FAULT_FAIL);
+    ck_assert_int_eq(fsio_mkdir_p(at("a/x/y/z"), err, sizeof err), -1);
+    fsio_fault_disarm();
+    ck_assert_msg(strstr(err, "a/x/y: mkdir: no space left on device"), "%s", err);
+    ck_assert(is_dir(at("a/x")));
+}
+END_TEST
+
+START_TEST(rm_rf_never_follows_symlinks) {
+    ck_assert_int_eq(mkdir(at("keep"), 0755), 0);
+    put(at("keep/file"), "k", 1);
+    ck_assert_int_eq(mkdir(at("t"), 0755), 0);
+    ck_assert_int_eq(mkdir(at("t/sub"), 0755), 0);
+    put(at("t/sub/f"), "x", 1);
+    put(at("t/g"), "y", 1);
+    ck_assert_int_eq(symlink(at("keep"), at("t/link-dir")), 0);
+    ck_assert_int_eq(symlink(at("keep/file"), at("t/sub/link-file")), 0);
+    ck_assert_int_eq(mkfifo(at("t/fifo"), 0644), 0);
+    ck_assert_msg(fsio_rm_rf(at("t"), err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(access(at("t"), F_OK), -1);
+    ck_assert_int_eq(count_entries(at("keep"), NULL), 1);
+    ck_assert_int_eq(fsio_rm_rf(at("t"), err, sizeof err), 0); /* missing: fine */
+    /* A symlink given itself is removed, not its target. */
+    ck_assert_int_eq(symlink(at("keep"), at("l")), 0);
+    ck_assert_int_eq(fsio_rm_rf(at("l"), err, sizeof err), 0);
+    ck_assert_int_eq(count_entries(at("keep"), NULL), 1);
+    /* A failure is reported, naming the path; the rest is still removed. */
+    ck_assert_int_eq(mkdir(at("u"), 0755), 0);
+    put(at("u/a"), "a", 1);
+    put(at("u/b"), "b", 1);
+    fsio_fault_arm(2, EIO, FSIO_FAULT_FAIL); /* site 1 opens u */
+    ck_assert_int_eq(fsio_rm_rf(at("u"), err, sizeof err), -1);
+    fsio_fault_disarm();
+    ck_assert_msg(strstr(err, at("u/")) && strstr(err, ": remove: input/output error"),
+                  "%s", err);
+    ck_assert_int_eq(count_entries(at("u"), NULL), 1);
+    ck_assert_int_eq(fsio_unlink(at("nope"), err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "nope: remove: no such file"), "%s", err);
+}
+END_TEST
+
+START_TEST(tmp_names) {
+    long pid = 0;
+    ck_assert_int_eq(fsio_tmp_name_pid("config.json.tmp.1234.7", &pid), 1);
+    ck_assert_int_eq(pid, 1234);
+    ck_assert_int_eq(fsio_tmp_name_pid("train_000.bin.tmp.99.0", &pid), 1);
+    ck_assert_int_eq(pid, 99);
+    static const char *const no[] = {
+        "config.json",         "x.tmp.12",         "x.tmp..3",     ".tmp.5.6",
+        "x.tmp.0.1",           "x.tmp.a.1",        "x.tmp.1.",     "x.tmpl.1.2",
+        "x.tmp.99999999999.1", ".latest.tmp-1234", "ckpt-00000001"
+    };
+    for (size_t i = 0; i < sizeof no / sizeof no[0]; i++)
+        ck_assert_msg(fsio_tmp_name_pid(no[i], &pid) == 0, "%s", no[i]);
+    /* The names fsio_atomic_open makes parse, with this process's id. */
+    fsio_atomic_file f;
+    ck_assert_int_eq(fsio_atomic_open(&f, at("x"), err, sizeof err), 0);
+    const char *base = strrchr(f.tmp_path, '/') + 1;
+    ck_assert_int_eq(fsio_tmp_name_pid(base, &pid), 1);
+    ck_assert_int_eq(pid, (long)getpid());
+    fsio_atomic_abort(&f);
+}
+END_TEST
+
+START_TEST(append_and_non_regular_files) {
+    const char *p = at("log");
+    int fd = fsio_open_append(p, 1, err, sizeof err);
+    ck_assert_msg(fd >= 0, "%s", err);
+    ck_assert_int_eq(fsio_write_all(fd, "one\n", 4, p, err, sizeof err), 0);
+    close(fd);
+    fd = fsio_open_append(p, 0, err, sizeof err);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(fsio_write_all(fd, "two\n", 4, p, err, sizeof err), 0);
+    ck_assert_int_eq(fcntl(fd, F_GETFL) & (O_APPEND | O_NONBLOCK), O_APPEND);
+    close(fd);
+    size_t n;
+    char *b = slurp(p, &n);
+    ck_assert_str_eq(b, "one\ntwo\n");
+    free(b);
+    fd = fsio_open_append(p, 1, err, sizeof err); /* truncate */
+    close(fd);
+    b = slurp(p, &n);
+    ck_assert_uint_eq(n, 0);
+    free(b);
+    /* A FIFO (which would block an open for writing) and a device are
+     * refused at once. */
+    ck_assert_int_eq(mkfifo(at("fifo"), 0644), 0);
+    ck_assert_int_eq(fsio_open_append(at("fifo"), 0, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "fifo: not a regular file"), "%s", err);
+    ck_assert_int_eq(fsio_write_file(at("fifo"), "x", 1, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "fifo: not a regular file"), "%s", err);
+    ck_assert_int_eq(fsio_open_append("/dev/null", 0, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "/dev/null: not a regular file"), "%s", err);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("fsio");
     TCase *tc = tcase_create("core");
@@ -313,6 +553,13 @@ static Suite *suite(void) {
     tcase_add_test(tc, atomic_abort_and_failures_leave_target);
     tcase_add_test(tc, primitives);
     tcase_add_test(tc, exchange_swaps_directories);
+    tcase_add_test(tc, fault_hook_counts_and_fires);
+    tcase_add_test(tc, fault_hook_every_kind_of_call);
+    tcase_add_test(tc, fault_hook_crash);
+    tcase_add_test(tc, mkdir_p_counts_only_missing);
+    tcase_add_test(tc, rm_rf_never_follows_symlinks);
+    tcase_add_test(tc, tmp_names);
+    tcase_add_test(tc, append_and_non_regular_files);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -107,17 +107,23 @@ END_TEST
 
 /* ---- inference_model_open ------------------------------------------------ */
 
-/* state.json of a run whose config describes a width-`width` mock model. */
-static void state_json(char *buf, size_t cap, uint32_t width) {
+/* state.json of a run whose config describes a width-`width` model on the
+ * engine named `engine`. */
+static void state_json_engine(char *buf, size_t cap, uint32_t width, const char *engine) {
     snprintf(buf, cap,
              "{\"format\": 1, \"step\": 4, \"tokenizer\": \"byte\", \"config\": {"
              "\"model\": {\"vocab_size\": 256, \"context\": 32, \"layers\": 1, "
              "\"heads\": 2, \"width\": %u}, \"train\": {\"micro_batch\": 1, "
              "\"seq_len\": 8, \"max_steps\": 4, \"lr\": 0.01, \"seed\": 5}, "
              "\"data\": {\"tokenizer\": \"byte\", \"train\": \"/nowhere/t_*.bin\", "
-             "\"val\": \"/nowhere/v_*.bin\"}, \"engine\": {\"name\": \"mock\", "
+             "\"val\": \"/nowhere/v_*.bin\"}, \"engine\": {\"name\": \"%s\", "
              "\"threads\": 1}}}",
-             width);
+             width, engine);
+}
+
+/* ... on the mock. */
+static void state_json(char *buf, size_t cap, uint32_t width) {
+    state_json_engine(buf, cap, width, "mock");
 }
 
 /* Save ctx as step 4 of RUN with a config of the given width. */
@@ -248,6 +254,49 @@ START_TEST(model_open_failures_hold_nothing) {
 }
 END_TEST
 
+/* A checkpoint naming a library: not opened unless trusted (issue 12). */
+START_TEST(model_open_refuses_a_library_from_the_checkpoint) {
+    char run[512], err[4096], warn[1024], state[6000], lib[4200];
+    snprintf(run, sizeof run, "%s/run", dir);
+    snprintf(lib, sizeof lib, "%s/tests/engines/marker_ctor.so", test_build_dir());
+    char marker[600];
+    snprintf(marker, sizeof marker, "%s/marker", dir);
+    setenv("ORCH_TEST_MARKER", marker, 1);
+    state_json_engine(state, sizeof state, 8, lib);
+    orch_engine_ctx *a = mk(&mock, 8, 1, 1, NULL);
+    ckpt_save_opts so = ckpt_save_opts_default();
+    ck_assert_msg(ckpt_save(run, 4, &mock, a, state, &so, NULL, 0, err, sizeof err) == 0,
+                  "%s", err);
+    mock.api->context_destroy(a);
+    inference_model m;
+    inference_model_opts mo = { run, NULL, -1, NULL, INFERENCE_MODEL_TOKENIZER };
+    ck_assert_int_eq(inference_model_open(&mo, &m, warn, sizeof warn, err, sizeof err),
+                     -1);
+    char want[10000];
+    snprintf(want, sizeof want,
+             "%s/ckpt-00000004/state.json: config engine.name '%s' is a library path; "
+             "paths are only accepted from the command line: pass --engine=%s, or "
+             "--trust-config-engine",
+             run, lib, lib);
+    ck_assert_str_eq(err, want);
+    ck_assert_int_ne(access(marker, F_OK), 0); /* never dlopened */
+    ck_assert_ptr_null(m.cfg);
+    /* Trusted: loaded (the marker appears); it has no contexts to offer. */
+    mo.flags |= INFERENCE_MODEL_TRUST_CONFIG_ENGINE;
+    ck_assert_int_eq(inference_model_open(&mo, &m, warn, sizeof warn, err, sizeof err),
+                     -1);
+    ck_assert_msg(strstr(err, "cannot create context") != NULL, "%s", err);
+    ck_assert_int_eq(access(marker, F_OK), 0);
+    /* --engine overrides the checkpoint's name without any trust. */
+    mo.engine = "mock";
+    mo.flags = INFERENCE_MODEL_TOKENIZER;
+    ck_assert_msg(inference_model_open(&mo, &m, warn, sizeof warn, err, sizeof err) == 0,
+                  "%s", err);
+    inference_model_close(&m);
+    unsetenv("ORCH_TEST_MARKER");
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("inference");
     TCase *tc = tcase_create("core");
@@ -256,6 +305,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, generate_session_mock_rule);
     tcase_add_test(tc, model_open_from_a_run);
     tcase_add_test(tc, model_open_failures_hold_nothing);
+    tcase_add_test(tc, model_open_refuses_a_library_from_the_checkpoint);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -208,11 +208,45 @@ START_TEST(test_reject_bad_files) {
     /* A directory. */
     snprintf(p, sizeof p, "%s", tmp_dir);
     expect_reject(p, (const char *const[]){ "not a shared library", NULL });
+    /* A FIFO: refused at once (this test would hang if the loader waited
+     * for a writer), like a directory. */
+    snprintf(p, sizeof p, "%s/fifo.so", tmp_dir);
+    ck_assert_int_eq(mkfifo(p, 0644), 0);
+    expect_reject(p, (const char *const[]){ "not a regular file", NULL });
     /* A bare name found nowhere. */
     setenv("ORCH_ENGINE_PATH", tmp_dir, 1);
     expect_reject("libengine_surely_absent.so",
                   (const char *const[]){ "not found in", NULL });
     test_rmdir(tmp_dir);
+}
+END_TEST
+
+/* engine.name from a file: only mock, cpu and cuda, unless trusted. */
+START_TEST(test_config_name_trust) {
+    ck_assert(engine_is_builtin_name("mock") && engine_is_builtin_name("cpu") &&
+              engine_is_builtin_name("cuda"));
+    ck_assert(!engine_is_builtin_name("CPU") && !engine_is_builtin_name("cpu ") &&
+              !engine_is_builtin_name("") && !engine_is_builtin_name(NULL) &&
+              !engine_is_builtin_name("libengine_cpu.so") &&
+              !engine_is_builtin_name("./cpu"));
+    char err[1024];
+    ck_assert_int_eq(engine_check_config_name("cpu", "c.json", 0, err, sizeof err), 0);
+    ck_assert_int_eq(engine_check_config_name("x.so", "c.json", 0, err, sizeof err), -1);
+    ck_assert_str_eq(err, "c.json: config engine.name 'x.so' is a library path; paths "
+                          "are only accepted from the command line: pass --engine=x.so, "
+                          "or --trust-config-engine");
+    ck_assert_int_eq(
+        engine_check_config_name("/tmp/e/libx", "R/state.json", 0, err, sizeof err), -1);
+    ck_assert(strstr(err, "R/state.json: config engine.name '/tmp/e/libx' is a library "
+                          "path") == err);
+    ck_assert_int_eq(engine_check_config_name("foo", "c.json", 0, err, sizeof err), -1);
+    ck_assert_str_eq(err, "c.json: config engine.name 'foo' is not a built-in engine "
+                          "(mock, cpu, cuda); other engines are only accepted from the "
+                          "command line: pass --engine=foo, or --trust-config-engine");
+    /* Trusted: anything goes (the loader's own checks still apply). */
+    ck_assert_int_eq(engine_check_config_name("/tmp/x.so", "c.json", 1, err, sizeof err),
+                     0);
+    ck_assert_int_eq(engine_check_config_name("foo", NULL, 1, err, sizeof err), 0);
 }
 END_TEST
 
@@ -334,6 +368,7 @@ int main(void) {
     tcase_add_test(tc, test_reject_null_api);
     tcase_add_test(tc, test_reject_bad_files);
     tcase_add_test(tc, test_accept_newer_minor);
+    tcase_add_test(tc, test_config_name_trust);
     tcase_add_test(tc, test_load_mock_by_name);
     tcase_add_test(tc, test_caps_string);
     suite_add_tcase(s, tc);

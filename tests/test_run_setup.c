@@ -311,6 +311,76 @@ START_TEST(builtin_default) {
 }
 END_TEST
 
+/* An engine.name from a file must be built in unless trusted (issue 12,
+ * defect 1): refused before anything is loaded, whatever the file. */
+START_TEST(engine_name_from_files_needs_trust) {
+    char err[2048];
+    write_config("tiny.json", 8, "d/t_*.bin", "d/v_*.bin");
+    orch_config *cfg = NULL;
+    ck_assert_int_eq(config_load_file("tiny.json", &cfg, err, sizeof err), 0);
+    const char *lib[] = { "engine.name=/opt/evil/libengine_x.so" };
+    ck_assert_int_eq(config_apply_overrides(cfg, lib, 1, err, sizeof err), 0);
+    char *text = config_to_json(cfg);
+    config_free(cfg);
+    write_text("evil.json", text);
+    free(text);
+    /* --config FILE */
+    run_setup_opts o = opts();
+    o.config_path = "evil.json";
+    expect_err(&o,
+               "evil.json: config engine.name '/opt/evil/libengine_x.so' is a library "
+               "path; paths are only accepted from the command line: pass "
+               "--engine=/opt/evil/libengine_x.so, or --trust-config-engine");
+    /* ...accepted with --trust-config-engine, --engine or --set engine.name. */
+    run_setup rs;
+    o.trust_config_engine = 1;
+    ck_assert_msg(run_setup_prepare(&o, &rs, err, sizeof err) == 0, "%s", err);
+    ck_assert_str_eq(rs.cfg->engine.name, "/opt/evil/libengine_x.so");
+    run_setup_free(&rs);
+    o.trust_config_engine = 0;
+    o.engine = "./mine.so";
+    ck_assert_msg(run_setup_prepare(&o, &rs, err, sizeof err) == 0, "%s", err);
+    ck_assert_str_eq(rs.cfg->engine.name, "./mine.so");
+    run_setup_free(&rs);
+    o.engine = NULL;
+    const char *set[] = { "engine.name=cuda" };
+    o.sets = set;
+    o.n_sets = 1;
+    ck_assert_msg(run_setup_prepare(&o, &rs, err, sizeof err) == 0, "%s", err);
+    run_setup_free(&rs);
+    /* A checkpoint that names it: --resume and --init. */
+    make_run("run", 4, "evil.json", 1);
+    o = opts();
+    o.resume = 1;
+    o.out_dir = "run";
+    expect_err(&o, "run/ckpt-00000004/state.json: config engine.name "
+                   "'/opt/evil/libengine_x.so' is a library path; paths are only "
+                   "accepted from the command line: pass "
+                   "--engine=/opt/evil/libengine_x.so, or --trust-config-engine");
+    o = opts();
+    o.init_from = "run";
+    o.out_dir = "ft";
+    expect_err(&o, "run/ckpt-00000004/state.json: config engine.name "
+                   "'/opt/evil/libengine_x.so' is a library path; paths are only "
+                   "accepted from the command line: pass "
+                   "--engine=/opt/evil/libengine_x.so, or --trust-config-engine");
+    o.trust_config_engine = 1;
+    ck_assert_msg(run_setup_prepare(&o, &rs, err, sizeof err) == 0, "%s", err);
+    run_setup_free(&rs);
+    /* --resume with --config: the --config file is where the name came from. */
+    o = opts();
+    o.resume = 1;
+    o.out_dir = "run";
+    o.config_path = "evil.json";
+    o.steps = 30;
+    expect_err(&o,
+               "evil.json: config engine.name '/opt/evil/libengine_x.so' is a library "
+               "path; paths are only accepted from the command line: pass "
+               "--engine=/opt/evil/libengine_x.so, or --trust-config-engine");
+    ck_assert_int_ne(access("ft", F_OK), 0); /* nothing created */
+}
+END_TEST
+
 START_TEST(default_corpus_decision) {
     write_config("c.json", 8, "data/kjv-byte/train_*.bin", "data/kjv-byte/val_*.bin");
     orch_config *cfg = NULL;
@@ -366,6 +436,7 @@ static Suite *run_setup_suite(void) {
     tcase_add_test(tc, init_starts_a_new_run);
     tcase_add_test(tc, builtin_default);
     tcase_add_test(tc, default_corpus_decision);
+    tcase_add_test(tc, engine_name_from_files_needs_trust);
     suite_add_tcase(s, tc);
     return s;
 }

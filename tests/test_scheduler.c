@@ -6,7 +6,8 @@
  * the KV pool runs out (all outputs still exact, pool empty afterwards), stop
  * strings across token boundaries and the streaming hold-back, cancellation
  * freeing blocks, an injected engine fault failing only its batch, the
- * waiting-queue limit, seeded sampling that is the same alone and in a busy
+ * waiting-queue limit (counted in sequences: a submission of more than it
+ * holds never fits), seeded sampling that is the same alone and in a busy
  * batch, prompt log-probabilities, and submission/creation errors.
  */
 #include <check.h>
@@ -309,6 +310,12 @@ START_TEST(waiting_queue_limit) {
     for (int i = 0; i < 5; i++) init_seq(&s[i], p, 2, 8);
     sched_seq *ab[2] = { &s[0], &s[1] };
     char err[128];
+    /* the queue counts sequences: 3 can never wait in a queue of 2, not even
+     * an empty one */
+    sched_seq *abc[3] = { &s[0], &s[1], &s[2] };
+    ck_assert_int_eq(scheduler_submit(sch, abc, 3, err, sizeof err), SCHED_TOO_MANY);
+    ck_assert_str_eq(err, "the request needs 3 sequences, but at most 2 may wait "
+                          "(--max-waiting)");
     ck_assert_int_eq(scheduler_submit(sch, ab, 2, err, sizeof err), SCHED_OK);
     scheduler_stats st;
     for (int i = 0; i < 200; i++) {

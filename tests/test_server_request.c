@@ -6,13 +6,17 @@
  * context for chat, cut to what fits), max_completion_tokens, sampling
  * fields, stream options, logprobs, the chat template's stop strings, nulls
  * as absent, the sequences a request becomes (prompt / choice / RNG stream),
- * and a table of rejected bodies with their exact status, param, code and
- * message.
+ * a table of rejected bodies with their exact status, param, code and
+ * message, the strict JSON rules (data after the value, control bytes, NULs in
+ * strings, duplicate keys at any depth) and prompts refused before they are
+ * read in full (byte length, token arrays, tokenizing stopped at the
+ * context).
  */
 #include <check.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "orchestrator/core/strbuf.h"
 #include "orchestrator/serve/request.h"
 #include "tests/test_util.h"
 
@@ -340,6 +344,151 @@ START_TEST(rejected_bodies) {
 }
 END_TEST
 
+/* Bodies cJSON accepts that must be refused (json_strict.h), and prompts
+ * refused before they are read in full. */
+static const bad_case STRICT[] = {
+    { 0, "{\"prompt\":\"a\"} x", 400, NULL, "invalid_json",
+      "unexpected data after the JSON value (byte 15)" },
+    { 0, "{\"prompt\":\"a\"}{}", 400, NULL, "invalid_json",
+      "unexpected data after the JSON value (byte 14)" },
+    { 0, "{\"prompt\":\"a\"\x01}", 400, NULL, "invalid_json",
+      "control character 0x01 outside a string (byte 13)" },
+    { 0, "{\"prompt\":\"a\\u0000b\"}", 400, "prompt", "invalid_value",
+      "prompt contains a NUL character (\\u0000), which is not allowed" },
+    { 0, "{\"prompt\":[\"ok\",\"a\\u0000\"]}", 400, "prompt", "invalid_value",
+      "prompt[1] contains a NUL character (\\u0000), which is not allowed" },
+    { 0, "{\"prompt\":\"a\",\"user\":\"\\u0000\"}", 400, "user", "invalid_value",
+      "user contains a NUL character (\\u0000), which is not allowed" },
+    { 0, "{\"prompt\":\"a\",\"zz\":{\"k\":[1,\"\\u0000\"]}}", 400, NULL, "invalid_value",
+      "zz.k[1] contains a NUL character (\\u0000), which is not allowed" },
+    { 0, "{\"pro\\u0000mpt\":\"a\"}", 400, NULL, "invalid_value",
+      "a key of pro\\u0000mpt contains a NUL character (\\u0000), which is not allowed" },
+    { 1, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\\u0000\"}]}", 400, "messages",
+      "invalid_value",
+      "messages[0].content contains a NUL character (\\u0000), which is not allowed" },
+    { 0, "{\"model\":\"m\",\"prompt\":\"a\",\"model\":\"x\"}", 400, "model",
+      "duplicate_key", "duplicate key 'model' in the request body" },
+    { 1, "{\"messages\":[{\"role\":\"user\",\"role\":\"system\",\"content\":\"x\"}]}",
+      400, "messages", "duplicate_key", "duplicate key 'role' in messages[0]" },
+    { 0,
+      "{\"prompt\":\"a\",\"stream_options\":{\"include_usage\":true,\"include_usage\":"
+      "false}}",
+      400, "stream_options", "duplicate_key",
+      "duplicate key 'include_usage' in stream_options" },
+    { 0,
+      "{\"a\":1,\"b\":2,\"c\":3,\"d\":4,\"e\":5,\"f\":6,\"g\":7,\"h\":8,\"i\":9,\"a\":0,"
+      "\"prompt\":\"x\"}",
+      400, NULL, "duplicate_key", "duplicate key 'a' in the request body" },
+};
+
+START_TEST(strict_json) {
+    for (size_t i = 0; i < sizeof STRICT / sizeof *STRICT; i++) {
+        const bad_case *c = &STRICT[i];
+        gen_request r;
+        api_error e;
+        memset(&e, 0, sizeof e);
+        int rc = gen_request_parse(&lim, c->chat, c->body, strlen(c->body), &r, &e);
+        ck_assert_msg(rc == -1, "case %zu accepted: %s", i, c->body);
+        ck_assert_msg(e.status == c->status, "case %zu: status %u", i, e.status);
+        if (c->param)
+            ck_assert_msg(e.param && strcmp(e.param, c->param) == 0, "case %zu param %s",
+                          i, e.param ? e.param : "(null)");
+        else
+            ck_assert_msg(!e.param, "case %zu param %s", i, e.param);
+        ck_assert_msg(e.code && strcmp(e.code, c->code) == 0, "case %zu code %s", i,
+                      e.code);
+        ck_assert_msg(strcmp(e.msg, c->msg) == 0, "case %zu: [%s]", i, e.msg);
+        gen_request_free(&r);
+    }
+    /* a raw NUL byte inside the prompt string (strlen would stop there) */
+    static const char raw[] = "{\"prompt\":\"ab\0cd\"}";
+    gen_request r;
+    api_error e;
+    ck_assert_int_eq(gen_request_parse(&lim, 0, raw, sizeof raw - 1, &r, &e), -1);
+    ck_assert_str_eq(e.param, "prompt");
+    ck_assert_str_eq(e.code, "invalid_value");
+    gen_request_free(&r);
+    /* a NUL after the value is trailing data, not the end */
+    static const char tail[] = "{\"prompt\":\"ab\"}\0{\"x\":1}";
+    ck_assert_int_eq(gen_request_parse(&lim, 0, tail, sizeof tail - 1, &r, &e), -1);
+    ck_assert_str_eq(e.msg, "unexpected data after the JSON value (byte 15)");
+    gen_request_free(&r);
+    /* what stays accepted: trailing whitespace, an escaped backslash before
+     * u0000 (six characters, no NUL), the same key in different objects */
+    parse_ok(0, "{\"prompt\":\"a\"} \r\n\t", &r);
+    expect_prompt(&r.prompts[0], "a", 16);
+    gen_request_free(&r);
+    parse_ok(0, "{\"prompt\":\"\\\\u0000\"}", &r);
+    expect_prompt(&r.prompts[0], "\\u0000", 16);
+    gen_request_free(&r);
+    parse_ok(1,
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"user\","
+             "\"content\":\"b\"}]}",
+             &r);
+    gen_request_free(&r);
+}
+END_TEST
+
+START_TEST(long_prompts_refused_early) {
+    gen_request r;
+    api_error e;
+    char body[512], text[301];
+    memset(text, 'a', 300);
+    text[300] = '\0';
+    /* byte tokenizer: 1 byte per token, the count is exact */
+    lim.max_token_bytes = 1;
+    snprintf(body, sizeof body, "{\"prompt\":\"%.64s\"}", text);
+    ck_assert_int_eq(gen_request_parse(&lim, 0, body, strlen(body), &r, &e), -1);
+    ck_assert_str_eq(e.code, "context_length_exceeded");
+    ck_assert_str_eq(e.msg, "This model's maximum context length is 64 tokens, but the "
+                            "prompt has 64 tokens. Please shorten it.");
+    gen_request_free(&r);
+    /* tokens of up to 4 bytes: 300 bytes are at least 75 tokens */
+    lim.max_token_bytes = 4;
+    snprintf(body, sizeof body, "{\"prompt\":\"%s\"}", text);
+    ck_assert_int_eq(gen_request_parse(&lim, 0, body, strlen(body), &r, &e), -1);
+    ck_assert_str_eq(e.param, "prompt");
+    ck_assert_str_eq(e.msg,
+                     "This model's maximum context length is 64 tokens, but the "
+                     "prompt has at least 75 tokens (300 bytes). Please shorten it.");
+    gen_request_free(&r);
+    /* 255 bytes with 4-byte tokens could fit: tokenized, and refused once the
+     * tokens fill the context */
+    snprintf(body, sizeof body, "{\"prompt\":\"%.255s\"}", text);
+    ck_assert_int_eq(gen_request_parse(&lim, 0, body, strlen(body), &r, &e), -1);
+    ck_assert_str_eq(e.msg,
+                     "This model's maximum context length is 64 tokens, but the "
+                     "prompt has at least 255 tokens (255 bytes). Please shorten it.");
+    gen_request_free(&r);
+    /* chat: the rendered messages */
+    lim.max_token_bytes = 1;
+    snprintf(body, sizeof body,
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"%.60s\"}]}", text);
+    ck_assert_int_eq(gen_request_parse(&lim, 1, body, strlen(body), &r, &e), -1);
+    ck_assert_str_eq(e.param, "messages");
+    ck_assert_str_eq(e.code, "context_length_exceeded");
+    gen_request_free(&r);
+    /* a token array of context length is refused before its ids are checked */
+    strbuf b = { 0 };
+    strbuf_puts(&b, "{\"prompt\":[");
+    for (int i = 0; i < 64; i++) strbuf_puts(&b, i ? ",999" : "999");
+    strbuf_puts(&b, "]}");
+    ck_assert_int_eq(gen_request_parse(&lim, 0, b.p, b.len, &r, &e), -1);
+    ck_assert_str_eq(e.code, "context_length_exceeded");
+    gen_request_free(&r);
+    free(b.p);
+    /* what fits is still accepted */
+    lim.max_token_bytes = 4;
+    snprintf(body, sizeof body, "{\"prompt\":\"%.40s\",\"max_tokens\":3}", text);
+    parse_ok(0, body, &r);
+    ck_assert_uint_eq(r.prompts[0].n_ids, 40);
+    gen_request_free(&r);
+    lim.max_token_bytes = 0;
+    /* the longest token of each tokenizer */
+    ck_assert_uint_eq(request_max_token_bytes(tok), 1);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("server_request");
     TCase *tc = tcase_create("parse");
@@ -350,6 +499,8 @@ static Suite *suite(void) {
     tcase_add_test(tc, fields_and_stops);
     tcase_add_test(tc, sequences_of_a_request);
     tcase_add_test(tc, rejected_bodies);
+    tcase_add_test(tc, strict_json);
+    tcase_add_test(tc, long_prompts_refused_early);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -1,5 +1,6 @@
 /*
- * test_server_serve.c - the serve module (serve/serve.h): option defaults,
+ * test_server_serve.c - the serve module (serve/serve.h): option defaults
+ * (connection limits and deadlines included),
  * default model names, the mock's built-in model, KV pool sizing (budget,
  * cap at max_seqs full contexts, INT32_MAX, too small), and serve_run's
  * whole life on the mock engine driven through its hooks: the exact progress
@@ -39,6 +40,16 @@ START_TEST(defaults_names_and_mock_model) {
     ck_assert_uint_eq(o.max_body, 4u << 20);
     ck_assert_uint_eq(o.http_threads, 1);
     ck_assert_uint_eq(o.drain_timeout, 30);
+    ck_assert_uint_eq(o.max_body_memory_mib, 256);
+    ck_assert_uint_eq(o.http_workers, 2);
+    ck_assert_uint_eq(o.max_connections, 4096);
+    ck_assert_uint_eq(o.max_connections_per_ip, 1024);
+    ck_assert_uint_eq(o.header_timeout_s, 10);
+    ck_assert_uint_eq(o.body_timeout_s, 60);
+    ck_assert_uint_eq(o.idle_timeout_s, 15);
+    ck_assert_uint_eq(o.n_allowed_hosts, 0);
+    ck_assert_uint_eq(o.n_cors_origins, 0);
+    ck_assert_int_eq(o.trust_config_engine, 0);
     static const char *const names[][2] = {
         { "runs/default", "default" },
         { "runs/default/", "default" },
@@ -159,10 +170,11 @@ static void http_post(unsigned port, const char *path, const char *body, char *o
     sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
     char req[1024];
-    int n = snprintf(req, sizeof req,
-                     "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     "Content-Length: %zu\r\nConnection: close\r\n\r\n%s",
-                     path, strlen(body), body);
+    int n = snprintf(
+        req, sizeof req,
+        "POST %s HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+        "Content-Length: %zu\r\nConnection: close\r\n\r\n%s",
+        path, strlen(body), body);
     ck_assert(write(fd, req, (size_t)n) == n);
     size_t got = 0;
     ssize_t r;

@@ -274,6 +274,30 @@ START_TEST(test_corrupt_files) {
 }
 END_TEST
 
+/* Found by tests/fuzz/fuzz_shard: a header whose vocab_size (0xFFFFFFFF) no
+ * int32 token id can reach; its tokens would come out as negative ids. With
+ * both checksums made right it is refused as an inconsistent header. */
+START_TEST(test_vocab_beyond_int32) {
+    static const unsigned char shard[] = {
+        0x4f, 0x52, 0x43, 0x48, 0x54, 0x4f, 0x4b, 0x00, 0x01, 0x00, 0x00, 0x00,
+        0x40, 0x00, 0x00, 0x00, 0x04, 0x00, 0x00, 0x00, 0xff, 0xff, 0xff, 0xff,
+        0xff, 0xff, 0xff, 0xff, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+        0x00, 0x00, 0x00, 0x00, 0x04, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+        0x00, 0x00, 0x04, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0xf4, 0xc9,
+        0xa2, 0xe4, 0x79, 0xda, 0xf6, 0xc9, 0x5b, 0x45, 0xec, 0x06, 0x53, 0xa8,
+        0x1c, 0x0b, 0x00, 0x00, 0x00, 0x00, 0x6f, 0x11
+    };
+    unsigned char b[sizeof shard];
+    memcpy(b, shard, sizeof b);
+    uint64_t sum = shard_checksum(b + SHARD_HEADER_SIZE, sizeof b - SHARD_HEADER_SIZE);
+    for (int i = 0; i < 8; i++) b[48 + i] = (unsigned char)(sum >> (8 * i));
+    sum = shard_checksum(b, 56);
+    for (int i = 0; i < 8; i++) b[56 + i] = (unsigned char)(sum >> (8 * i));
+    write_all(pathf("vocab32.bin"), b, sizeof b);
+    expect_refused("vocab32.bin", "inconsistent header", NULL);
+}
+END_TEST
+
 START_TEST(test_mixed_tokenizers) {
     write_shard("m_000.bin", "byte", 256, 0, 10);
     write_shard("m_001.bin", "gpt2", 50257, 0, 10);
@@ -688,6 +712,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_roundtrip_widths);
     tcase_add_test(tc, test_write_atomic_and_errors);
     tcase_add_test(tc, test_corrupt_files);
+    tcase_add_test(tc, test_vocab_beyond_int32);
     tcase_add_test(tc, test_mixed_tokenizers);
     tcase_add_test(tc, test_read_across_boundaries);
     tcase_add_test(tc, test_concurrent_reads);

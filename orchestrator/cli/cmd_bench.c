@@ -23,17 +23,20 @@ static const char usage_text[] =
     "usage: orch bench train [--engine=E] [--config FILE] [--batch B] [--seq T]\n"
     "                        [--steps N] [--warmup N] [--threads N]\n"
     "                        [--options S] [--seed N] [--peak-gflops G]\n"
-    "                        [--json]\n"
+    "                        [--json] [--trust-config-engine]\n"
     "       orch bench infer [--engine=E] [--config FILE] [--prompt N]\n"
     "                        [--decode-prompt N] [--decode-steps N]\n"
     "                        [--block-size N] [--threads N] [--options S]\n"
-    "                        [--seed N] [--json]\n"
+    "                        [--seed N] [--json] [--trust-config-engine]\n"
     "\n"
     "Benchmarks an engine on the model of FILE's \"model\" section "
     "(default\n" BENCH_DEFAULT_CONFIG
     "; random weights). Engine, threads and options default to\n"
     "the config's \"engine\" section, batch and seq to train.micro_batch and\n"
     "train.seq_len. --json prints one JSON line instead of the table.\n"
+    "The config's engine.name must be mock, cpu or cuda unless\n"
+    "--trust-config-engine is given (a library file or path is otherwise\n"
+    "only taken from --engine).\n"
     "\n"
     "train: grads_zero + forward_backward + optimizer_step (AdamW, clip 1.0)\n"
     "  per step; --warmup untimed steps (2) then --steps timed ones (10).\n"
@@ -84,7 +87,7 @@ typedef struct bench_args {
     const char *engine, *config, *options;
     uint32_t batch, seq, steps, warmup, threads;
     uint32_t prompt, dprompt, dsteps, block;
-    int have_threads, have_seed, json;
+    int have_threads, have_seed, json, trust_engine;
     double peak_given;
     uint64_t seed;
     orch_model_desc model;
@@ -102,6 +105,7 @@ static int parse_flags(int argc, char **argv, bench_args *a, int *st) {
           .seen = &a->have_threads },
         { "--seed", FLAG_U64, &a->seed, "N", .help = NULL, .seen = &a->have_seed },
         { "--json", FLAG_TRUE, &a->json, NULL, .help = NULL },
+        { "--trust-config-engine", FLAG_TRUE, &a->trust_engine, NULL, .help = NULL },
     };
     const flag_spec train_only[] = {
         { "--batch", FLAG_U32, &a->batch, "B", .help = NULL, .min = 1 },
@@ -143,6 +147,12 @@ static int resolve_config(bench_args *a) {
         return ORCH_EXIT_USAGE;
     }
     config_model_desc(cfg, &a->model);
+    if (!a->engine && engine_check_config_name(cfg->engine.name, a->config,
+                                               a->trust_engine, err, sizeof err) != 0) {
+        util_error("bench: %s", err);
+        config_free(cfg);
+        return ORCH_EXIT_USAGE;
+    }
     snprintf(a->engine_buf, sizeof a->engine_buf, "%s",
              a->engine ? a->engine : cfg->engine.name);
     snprintf(a->options_buf, sizeof a->options_buf, "%s",

@@ -19,7 +19,7 @@
 int cmd_eval(int argc, char **argv) {
     const char *ckpt = NULL, *engine = NULL, *val = NULL;
     uint64_t batches = 0;
-    int threads = -1;
+    int threads = -1, trust_engine = 0;
     const flag_spec flags[] = {
         { "--checkpoint", FLAG_STRING, &ckpt, "DIR",
           .help = "run directory (newest complete checkpoint) or a\n"
@@ -31,6 +31,10 @@ int cmd_eval(int argc, char **argv) {
           .help = "validation shards (default: the config's data.val)" },
         { "--engine", FLAG_STRING, &engine, "E",
           .help = "engine (default: the checkpoint config's)" },
+        { "--trust-config-engine", FLAG_TRUE, &trust_engine, NULL,
+          .help = "load the checkpoint config's engine even when it\n"
+                  "is a library file or path (default: only mock,\n"
+                  "cpu and cuda)" },
         { "--threads", FLAG_INT, &threads, "N",
           .help = "engine threads (default: the config's)", .min = 0, .max = 4096 },
         { NULL },
@@ -57,7 +61,8 @@ int cmd_eval(int argc, char **argv) {
     }
     char err[2048], warn[2048];
     inference_model m;
-    inference_model_opts mo = { ckpt, engine, threads, NULL, 0 };
+    inference_model_opts mo = { ckpt, engine, threads, NULL,
+                                trust_engine ? INFERENCE_MODEL_TRUST_CONFIG_ENGINE : 0 };
     if (inference_model_open(&mo, &m, warn, sizeof warn, err, sizeof err) != 0) {
         util_error("eval: %s", err);
         return ORCH_EXIT_USAGE;

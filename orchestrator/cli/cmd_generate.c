@@ -36,7 +36,7 @@ static const char footer_text[] =
 typedef struct gen_args {
     const char *ckpt, *prompt, *prompt_file, *engine;
     uint64_t max_tokens, seed;
-    int have_seed, echo, threads, context_shift;
+    int have_seed, echo, threads, context_shift, trust_engine;
     sampler_params sp;
 } gen_args;
 
@@ -71,6 +71,10 @@ static int parse_args(int argc, char **argv, gen_args *a, int *st) {
                   "of keeping its last half and recomputing" },
         { "--engine", FLAG_STRING, &a->engine, "E",
           .help = "engine (default: the checkpoint config's)" },
+        { "--trust-config-engine", FLAG_TRUE, &a->trust_engine, NULL,
+          .help = "load the checkpoint config's engine even when it\n"
+                  "is a library file or path (default: only mock,\n"
+                  "cpu and cuda)" },
         { "--threads", FLAG_INT, &a->threads, "N",
           .help = "engine threads (default: the config's)", .min = 0, .max = 4096 },
         { NULL },
@@ -261,7 +265,10 @@ int cmd_generate(int argc, char **argv) {
 
     char err[2048], warn[2048];
     inference_model m;
-    inference_model_opts mo = { a.ckpt, a.engine, a.threads, NULL, 1 };
+    inference_model_opts mo = { a.ckpt, a.engine, a.threads, NULL,
+                                INFERENCE_MODEL_TOKENIZER |
+                                    (a.trust_engine ? INFERENCE_MODEL_TRUST_CONFIG_ENGINE
+                                                    : 0) };
     if (inference_model_open(&mo, &m, warn, sizeof warn, err, sizeof err) != 0) {
         util_error("generate: %s", err);
         free(prompt_buf);

@@ -11,6 +11,7 @@
 
 #include "orchestrator/cli/commands.h"
 #include "orchestrator/cli/flags.h"
+#include "orchestrator/cli/out_dir.h"
 #include "orchestrator/core/fsio.h"
 #include "orchestrator/data/corpus.h"
 #include "orchestrator/data/shard.h"
@@ -35,6 +36,17 @@ static void show_progress(void *user, uint64_t done, uint64_t total) {
             (double)total / 1e6, mbs);
     fflush(stderr);
     p->shown = 1;
+}
+
+/* The corpus must be a non-empty regular file; 0, or -1 after printing. */
+static int check_input(const char *input) {
+    struct stat st;
+    if (stat(input, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0) return 0;
+    util_error("prepare: --input %s is %s", input,
+               stat(input, &st) != 0  ? "missing or unreadable"
+               : !S_ISREG(st.st_mode) ? "not a regular file"
+                                      : "empty");
+    return -1;
 }
 
 int cmd_prepare(int argc, char **argv) {
@@ -94,35 +106,31 @@ int cmd_prepare(int argc, char **argv) {
     }
     char err[2048];
     char kjv_path[PATH_MAX];
-    if (kjv) {
-        if (snprintf(kjv_path, sizeof kjv_path, "%s/kjv.txt", out) >=
-            (int)sizeof kjv_path) {
-            util_error("prepare: --out path too long");
-            return ORCH_EXIT_USAGE;
-        }
-        /* shard_prepare_corpus creates DIR; the text goes there first. */
-        if (fsio_mkdir_p(out, err, sizeof err) != 0) {
-            util_error("prepare: %s", err);
-            return ORCH_EXIT_FAILURE;
-        }
-        if (corpus_fetch_kjv(kjv_path, err, sizeof err) != 0) {
-            util_error("prepare: %s", err);
-            return ORCH_EXIT_FAILURE;
-        }
-        input = kjv_path;
-    }
-    struct stat st;
-    if (stat(input, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size == 0) {
-        util_error("prepare: --input %s is %s", input,
-                   stat(input, &st) != 0  ? "missing or unreadable"
-                   : !S_ISREG(st.st_mode) ? "not a regular file"
-                                          : "empty");
+    if (kjv &&
+        snprintf(kjv_path, sizeof kjv_path, "%s/kjv.txt", out) >= (int)sizeof kjv_path) {
+        util_error("prepare: --out path too long");
         return ORCH_EXIT_USAGE;
     }
+    if (!kjv && check_input(input) != 0) return ORCH_EXIT_USAGE;
+    /* Everything that can be checked is checked before DIR is created. */
     tokenizer *tok;
     if (tokenizer_open(kind, vocab_dir, &tok, err, sizeof err) != 0) {
         util_error("prepare: %s", err);
         return ORCH_EXIT_USAGE;
+    }
+    out_dir_guard od; /* a failure below takes a new DIR back */
+    out_dir_guard_begin(&od, out);
+    if (kjv) {
+        /* shard_prepare_corpus creates DIR; the text goes there first. */
+        rc = ORCH_EXIT_FAILURE;
+        if (fsio_mkdir_p(out, err, sizeof err) != 0 ||
+            corpus_fetch_kjv(kjv_path, err, sizeof err) != 0) {
+            util_error("prepare: %s", err);
+            goto fail;
+        }
+        input = kjv_path;
+        rc = ORCH_EXIT_USAGE;
+        if (check_input(input) != 0) goto fail;
     }
     progress_state ps = { util_now(), 0, 0 };
     int tty = isatty(STDERR_FILENO);
@@ -138,12 +146,13 @@ int cmd_prepare(int argc, char **argv) {
     };
     shard_prepare_result r;
     rc = shard_prepare_corpus(&o, &r, err, sizeof err);
-    tokenizer_free(tok);
     if (ps.shown) fprintf(stderr, "\n");
     if (rc != 0) {
         util_error("prepare: %s", err);
-        return ORCH_EXIT_FAILURE;
+        rc = ORCH_EXIT_FAILURE;
+        goto fail;
     }
+    tokenizer_free(tok);
     printf("prepare: %s: %.2f MB -> train %llu tokens (%u shard%s), val %llu "
            "tokens (%u shard%s), tokenizer %s (vocab %u), %.2f s (%.1f MB/s) "
            "-> %s\n",
@@ -153,4 +162,8 @@ int cmd_prepare(int argc, char **argv) {
            kind, r.vocab_size, r.seconds,
            r.seconds > 0 ? (double)r.input_bytes / 1e6 / r.seconds : 0.0, out);
     return ORCH_EXIT_OK;
+fail:
+    tokenizer_free(tok);
+    out_dir_guard_undo(&od);
+    return rc;
 }

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #include "orchestrator/cli/commands.h"
@@ -24,6 +25,13 @@ static const char usage_text[] =
     "and no checkpoint the mock engine's built-in model is served (byte\n"
     "tokenizer, vocabulary 256, context 1024). Runs until SIGTERM or SIGINT,\n"
     "then drains and exits 0.\n"
+    "\n"
+    "Slow or many clients: connections past --max-connections (or\n"
+    "--max-connections-per-ip from one address) get 503 at once; each phase\n"
+    "of a request has a deadline that trickled bytes do not extend (head,\n"
+    "body, keep-alive idle: 408 and close); request bodies share\n"
+    "--max-body-memory-mib. Bound to loopback, only loopback Host names (and\n"
+    "--allowed-host) are accepted; POST bodies must be application/json.\n"
     "\noptions:\n";
 
 /* Flags into o; 0, or 1 with the exit status in *st. */
@@ -35,6 +43,10 @@ static int parse_args(int argc, char **argv, serve_options *o, int *st) {
           .help = "run or checkpoint directory (required unless\n--engine=mock)" },
         { "--engine", FLAG_STRING, &o->engine, "E",
           .help = "mock|cpu|cuda|FILE.so (default: the checkpoint\nconfig's engine)" },
+        { "--trust-config-engine", FLAG_TRUE, &o->trust_config_engine, NULL,
+          .help = "load the checkpoint config's engine even when it\n"
+                  "is a library file or path (default: only mock,\n"
+                  "cpu and cuda)" },
         { "--engine-options", FLAG_STRING, &o->engine_options, "S",
           .help = "engine options, e.g. sleep_ms=5 for the mock" },
         { "--threads", FLAG_INT, &o->threads, "N",
@@ -68,8 +80,45 @@ static int parse_args(int argc, char **argv, serve_options *o, int *st) {
         { "--max-body", FLAG_U64, &o->max_body, "BYTES",
           .help = "request body limit (default 4194304)", .min = 64,
           .max = (int64_t)1 << 32 },
+        { "--max-body-memory-mib", FLAG_U64, &o->max_body_memory_mib, "MIB",
+          .help = "memory for all request bodies in flight; past it\n"
+                  "503 with Retry-After (default 256)",
+          .min = 1, .max = 1 << 20 },
         { "--http-threads", FLAG_U64, &o->http_threads, "N",
           .help = "HTTP polling threads (default 1)", .min = 1, .max = 64 },
+        { "--http-workers", FLAG_U64, &o->http_workers, "N",
+          .help = "threads that parse, tokenize and render off the\n"
+                  "HTTP threads (default 2)",
+          .min = 1, .max = 64 },
+        { "--max-connections", FLAG_U64, &o->max_connections, "N",
+          .help = "open connections; past it 503 at once (default\n"
+                  "4096; the open-file limit is raised to fit)",
+          .min = 1, .max = 1 << 20 },
+        { "--max-connections-per-ip", FLAG_U64, &o->max_connections_per_ip, "N",
+          .help = "open connections from one client address; past\n"
+                  "it 503 at once (default 1024)",
+          .min = 1, .max = 1 << 20 },
+        { "--header-timeout-s", FLAG_U64, &o->header_timeout_s, "S",
+          .help = "the whole request head must arrive within S s of\n"
+                  "the connection (a deadline, not reset by each\n"
+                  "byte; 408 and close; default 10)",
+          .min = 1, .max = 86400 },
+        { "--body-timeout-s", FLAG_U64, &o->body_timeout_s, "S",
+          .help = "the whole body within S s of its head (default 60)", .min = 1,
+          .max = 86400 },
+        { "--idle-timeout-s", FLAG_U64, &o->idle_timeout_s, "S",
+          .help = "a kept-alive connection must send its next request\n"
+                  "head within S s of the last answer (default 15)",
+          .min = 1, .max = 86400 },
+        { "--allowed-host", FLAG_LIST, o->allowed_hosts, "NAME",
+          .help = "also accept this Host name (any port); bound to\n"
+                  "loopback only localhost, 127.0.0.1 and [::1] are\n"
+                  "accepted otherwise (repeatable)",
+          .max = SERVE_MAX_LIST, .count = &o->n_allowed_hosts },
+        { "--cors-origin", FLAG_LIST, o->cors_origins, "ORIGIN",
+          .help = "send CORS headers to, and answer preflight from,\n"
+                  "this Origin ('*' = any; default none; repeatable)",
+          .max = SERVE_MAX_LIST, .count = &o->n_cors_origins },
         { "--drain-timeout", FLAG_U64, &o->drain_timeout, "S",
           .help = "seconds running requests get after SIGTERM\n(default 30)", .min = 0,
           .max = 86400 },
@@ -92,6 +141,13 @@ static int parse_args(int argc, char **argv, serve_options *o, int *st) {
         util_error("serve: --max-batch-tokens (%llu) must be at least --max-seqs (%llu)",
                    (unsigned long long)o->max_batch_tokens,
                    (unsigned long long)o->max_seqs);
+        return 1;
+    }
+    if (o->max_body > (o->max_body_memory_mib << 20)) {
+        util_error("serve: --max-body (%llu) must not exceed --max-body-memory-mib (%llu "
+                   "MiB)",
+                   (unsigned long long)o->max_body,
+                   (unsigned long long)o->max_body_memory_mib);
         return 1;
     }
     if (!o->ckpt && !(o->engine && strcmp(o->engine, "mock") == 0)) {
@@ -120,10 +176,28 @@ static void log_line(void *arg, int warning, const char *msg) {
         fprintf(stderr, "orch serve: %s\n", msg);
 }
 
+/* Raise the open-file limit to what --max-connections needs (the
+ * connections, refused sockets still being answered, the rest of the
+ * process); warn when the hard limit is lower. */
+static void raise_fd_limit(const serve_options *o) {
+    struct rlimit rl;
+    rlim_t need = (rlim_t)o->max_connections + 256 + 256;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= need) return;
+    rl.rlim_cur = rl.rlim_max != RLIM_INFINITY && rl.rlim_max < need ? rl.rlim_max : need;
+    (void)setrlimit(RLIMIT_NOFILE, &rl);
+    if (rl.rlim_cur < need)
+        util_warn(
+            "serve: the open-file limit (%llu) is below what --max-connections %llu "
+            "needs (%llu); connections past it are answered 503",
+            (unsigned long long)rl.rlim_cur, (unsigned long long)o->max_connections,
+            (unsigned long long)need);
+}
+
 int cmd_serve(int argc, char **argv) {
     serve_options o;
     int st;
     if (parse_args(argc, argv, &o, &st)) return st;
+    raise_fd_limit(&o);
 
     /* Signals are taken synchronously by this thread; every thread started
      * from here on inherits the mask. */

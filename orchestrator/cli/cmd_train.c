@@ -14,6 +14,7 @@
 
 #include "orchestrator/cli/commands.h"
 #include "orchestrator/cli/flags.h"
+#include "orchestrator/cli/out_dir.h"
 #include "orchestrator/core/config.h"
 #include "orchestrator/core/util.h"
 #include "orchestrator/data/corpus.h"
@@ -26,7 +27,7 @@
 static const char usage_text[] =
     "usage: orch train [--config FILE] [--engine E] [--steps N] [--out DIR]\n"
     "                  [--resume[=DIR] | --init DIR] [--set KEY=VALUE ...]\n"
-    "                  [--metrics-port N] [--stop-after N]\n"
+    "                  [--metrics-port N] [--stop-after N] [--trust-config-engine]\n"
     "\n"
     "Trains a GPT-style model. Without --config it trains the built-in\n"
     "default (configs/default.json next to the orch binary, else\n"
@@ -71,6 +72,10 @@ static int parse_args(int argc, char **argv, train_args *a, int *st) {
           .help = "run configuration (JSON; see `orch config check`)" },
         { "--engine", FLAG_STRING, &o->engine, "E",
           .help = "engine: mock | cpu | cuda | FILE.so (engine.name)" },
+        { "--trust-config-engine", FLAG_TRUE, &o->trust_config_engine, NULL,
+          .help = "load the engine.name of the config or checkpoint\n"
+                  "even when it is a library file or path (by default\n"
+                  "only mock, cpu and cuda are taken from files)" },
         { "--steps", FLAG_U64, &o->steps, "N",
           .help = "train to step N (train.max_steps)", .min = 1,
           .max = (int64_t)1 << 53 },
@@ -300,7 +305,12 @@ int cmd_train(int argc, char **argv) {
         rc = ORCH_EXIT_FAILURE;
         goto done;
     }
+    /* train_run creates the run directory before it opens the data and the
+     * engine: a run that fails removes it again while it is empty. */
+    out_dir_guard od;
+    out_dir_guard_begin(&od, rs.run_dir);
     rc = run_training(&a, &rs, live, &trained);
+    if (!trained) out_dir_guard_undo(&od);
 done:
     run_setup_free(&rs);
     /* Every rank that finished train_run agrees on rc; any other failure

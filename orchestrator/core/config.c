@@ -132,7 +132,7 @@ int config_load_file(const char *path, orch_config **out, char *err, size_t err_
     if (fsio_read_file(path, CONFIG_FILE_MAX_BYTES, &buf, &len, msg, sizeof msg) != 0) {
         if (errno == EFBIG)
             util_set_err(err, err_cap, "%s: file too large for a config", path);
-        else if (errno == EINVAL) /* a directory, FIFO or device */
+        else if (errno == EINVAL || errno == EISDIR) /* a directory, FIFO, device */
             util_set_err(err, err_cap, "%s: cannot open: not a regular file", path);
         else
             util_set_err(err, err_cap, "%s: cannot open: %s", path, strerror(errno));

@@ -25,6 +25,10 @@
  *           directory. (The tokenizer is stored by kind only; the GPT-2
  *           vocabulary is found by the search in tokenizer.h.)
  *   engine: name "cpu", threads 0 (all cores), options ""
+ *           (any --engine value is stored, but a name read back from a
+ *           config file or a checkpoint is only loaded when it is mock, cpu
+ *           or cuda, unless --trust-config-engine: engine_check_config_name
+ *           in engine_loader.h)
  * Unknown keys anywhere are errors (the message names the nearest valid key).
  * model.vocab_size must cover the tokenizer (256 byte, 50257 gpt2).
  *
@@ -101,7 +105,8 @@ typedef struct config_data {
 } config_data;
 
 typedef struct config_engine {
-    char name[CONFIG_PATH_MAX]; /* --engine value: mock|cpu|cuda|FILE */
+    char name[CONFIG_PATH_MAX]; /* --engine value: mock|cpu|cuda|FILE
+                                   (FILE: see engine_check_config_name) */
     uint32_t threads;
     char options[1024];
 } config_engine;

@@ -13,11 +13,34 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "orchestrator/core/fsio.h"
 #include "orchestrator/core/util.h"
 
 static int file_exists(const char *p) {
     struct stat st;
     return stat(p, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+int engine_is_builtin_name(const char *name) {
+    static const char *const builtin[] = { "mock", "cpu", "cuda" };
+    for (size_t i = 0; name && i < sizeof builtin / sizeof builtin[0]; i++)
+        if (strcmp(name, builtin[i]) == 0) return 1;
+    return 0;
+}
+
+int engine_check_config_name(const char *name, const char *origin, int trusted, char *err,
+                             size_t err_cap) {
+    if (trusted || engine_is_builtin_name(name)) return 0;
+    const char *n = name ? name : "";
+    int path = strchr(n, '/') != NULL || strstr(n, ".so") != NULL;
+    util_set_err(err, err_cap,
+                 "%s%sconfig engine.name '%s' is %s; %s are only accepted from the "
+                 "command line: pass --engine=%s, or --trust-config-engine",
+                 origin ? origin : "", origin ? ": " : "", n,
+                 path ? "a library path"
+                      : "not a built-in engine (" ENGINE_BUILTIN_NAMES ")",
+                 path ? "paths" : "other engines", n);
+    return -1;
 }
 
 int engine_resolve(const char *value, char *out, size_t out_cap, char *err,
@@ -68,15 +91,14 @@ int engine_resolve(const char *value, char *out, size_t out_cap, char *err,
 }
 
 static int check_elf(const char *path, char *why, size_t cap) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        snprintf(why, cap, "cannot open: %s", strerror(errno));
-        return -1;
-    }
-    struct stat st;
-    if (fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
-        close(fd);
-        snprintf(why, cap, "is a directory, not a shared library");
+    int fd;
+    char msg[512];
+    if (fsio_open_regular(path, &fd, NULL, msg, sizeof msg) != 0) {
+        if (errno == EISDIR || errno == EINVAL)
+            snprintf(why, cap, "%s, not a shared library",
+                     errno == EISDIR ? "is a directory" : "not a regular file");
+        else
+            snprintf(why, cap, "cannot open: %s", strerror(errno));
         return -1;
     }
     unsigned char magic[4] = { 0 };

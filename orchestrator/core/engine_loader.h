@@ -14,6 +14,16 @@
  * named), its table is shorter than ABI 1.0, a required member is NULL, or its
  * probe() says it cannot run here.
  *
+ * A FIFO, device or directory given as the library is refused without
+ * blocking.
+ *
+ * Trust: a path or a file name is only loaded when it came from the command
+ * line. An engine.name read from a config file or a checkpoint's state.json
+ * must be one of the built-in names (ENGINE_BUILTIN_NAMES) unless the user
+ * passed --trust-config-engine; engine_check_config_name says so, and callers
+ * run it BEFORE engine_load (dlopen runs a library's constructors before any
+ * check could).
+ *
  * Thread rules: engine_load/engine_unload are not thread-safe with respect to
  * the same handle; distinct handles are independent.
  * Memory: the handle owns the dlopen handle; engine_unload releases it (after
@@ -33,6 +43,24 @@ typedef struct engine_handle {
     char path[4096];            /* file that was opened */
     char probe_msg[256];        /* what probe() said */
 } engine_handle;
+
+/* The built-in engines, as a message lists them. */
+#define ENGINE_BUILTIN_NAMES "mock, cpu, cuda"
+
+/* 1 when name is a built-in engine name (mock, cpu, cuda), else 0. */
+int engine_is_builtin_name(const char *name);
+
+/* An engine.name taken from a file (a config file or a checkpoint's
+ * state.json, named by origin) rather than the command line: 0 when it is a
+ * built-in name or trusted is set, else -1 with one line in err, e.g.
+ *   "run/ckpt-00000003/state.json: config engine.name 'x.so' is a library
+ *    path; paths are only accepted from the command line: pass --engine=x.so,
+ *    or --trust-config-engine"
+ *   "cfg.json: config engine.name 'foo' is not a built-in engine (mock, cpu,
+ *    cuda); other engines are only accepted from the command line: pass
+ *    --engine=foo, or --trust-config-engine". */
+int engine_check_config_name(const char *name, const char *origin, int trusted, char *err,
+                             size_t err_cap);
 
 /* Resolve VALUE to a file name/path into out (see above). Returns 0, or -1 with
  * a message in err when nothing was found. */

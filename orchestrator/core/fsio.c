@@ -1,5 +1,7 @@
 /*
- * fsio.c - directories, capped whole-file reads and atomic writes; see fsio.h.
+ * fsio.c - directories, capped whole-file reads, atomic writes, appends,
+ * removal, and the test-only fault hook every write-side primitive calls;
+ * see fsio.h.
  */
 #include "orchestrator/core/fsio.h"
 
@@ -13,6 +15,138 @@
 #include <unistd.h>
 
 #include "orchestrator/core/util.h"
+
+/* ------------------------------------------------------------------------- */
+/* Fault hook                                                                 */
+/* ------------------------------------------------------------------------- */
+
+static struct {
+    atomic_int armed;
+    atomic_uint_fast64_t count;
+    atomic_int fired;
+    uint64_t site;
+    int err;
+    fsio_fault_mode mode;
+    int from_env; /* armed by ORCH_FSIO_FAULT: say on stderr when it fires */
+    fsio_op fired_op;
+    char fired_path[PATH_MAX];
+} g_fault;
+
+static const char *const op_names[FSIO_OP_COUNT] = { "create", "write",  "fsync",
+                                                     "close",  "rename", "mkdir",
+                                                     "remove", "opendir" };
+
+const char *fsio_op_name(fsio_op op) {
+    return (unsigned)op < FSIO_OP_COUNT ? op_names[op] : "?";
+}
+
+void fsio_fault_arm(uint64_t site, int err, fsio_fault_mode mode) {
+    atomic_store(&g_fault.armed, 0);
+    g_fault.site = site;
+    g_fault.err = err ? err : EIO;
+    g_fault.mode = mode;
+    g_fault.fired_op = FSIO_OP_COUNT;
+    g_fault.fired_path[0] = '\0';
+    g_fault.from_env = 0;
+    atomic_store(&g_fault.count, 0);
+    atomic_store(&g_fault.fired, 0);
+    atomic_store_explicit(&g_fault.armed, 1, memory_order_release);
+}
+
+void fsio_fault_disarm(void) { atomic_store(&g_fault.armed, 0); }
+
+uint64_t fsio_fault_sites(void) { return atomic_load(&g_fault.count); }
+
+int fsio_fault_fired(fsio_op *op, char *path, size_t path_cap) {
+    if (!atomic_load_explicit(&g_fault.fired, memory_order_acquire)) return 0;
+    if (op) *op = g_fault.fired_op;
+    if (path && path_cap) snprintf(path, path_cap, "%s", g_fault.fired_path);
+    return 1;
+}
+
+/* The armed hook: count the call; at the armed site crash, or return -1
+ * (fail with fault_errno()) or 1 (a short write, then fail). */
+static int fault_slow(fsio_op op, const char *path) {
+    fsio_fault_mode mode = g_fault.mode;
+    if ((mode == FSIO_FAULT_FSYNC && op != FSIO_OP_FSYNC) ||
+        (mode == FSIO_FAULT_SHORT && op != FSIO_OP_WRITE))
+        return 0;
+    uint64_t n = atomic_fetch_add(&g_fault.count, 1) + 1;
+    if (n != g_fault.site) return 0;
+    if (mode == FSIO_FAULT_CRASH || g_fault.from_env) {
+        static const char *const what[] = { "failure", "fsync failure", "short write",
+                                            "crash" };
+        char line[PATH_MAX + 96];
+        int len = snprintf(line, sizeof line, "fsio-fault: %s at site %llu (%s %s)\n",
+                           what[mode], (unsigned long long)n, fsio_op_name(op),
+                           path ? path : "");
+        if (len > (int)sizeof line - 1) len = (int)sizeof line - 1;
+        ssize_t w = write(STDERR_FILENO, line, (size_t)len);
+        (void)w;
+        if (mode == FSIO_FAULT_CRASH) _exit(FSIO_FAULT_CRASH_CODE);
+    }
+    g_fault.fired_op = op;
+    snprintf(g_fault.fired_path, sizeof g_fault.fired_path, "%s", path ? path : "");
+    atomic_store_explicit(&g_fault.fired, 1, memory_order_release);
+    return mode == FSIO_FAULT_SHORT ? 1 : -1;
+}
+
+/* The hook of every write-side primitive: 0 = make the call. Unarmed, one
+ * atomic load. */
+static inline int fsio_fault_check(fsio_op op, const char *path) {
+    if (__builtin_expect(!atomic_load_explicit(&g_fault.armed, memory_order_acquire), 1))
+        return 0;
+    return fault_slow(op, path);
+}
+
+static int fault_errno(void) { return g_fault.err; }
+
+static void fault_print_count(void) {
+    char line[64];
+    int len = snprintf(line, sizeof line, "fsio-fault: %llu sites\n",
+                       (unsigned long long)fsio_fault_sites());
+    ssize_t w = write(STDERR_FILENO, line, (size_t)len);
+    (void)w;
+}
+
+/* ORCH_FSIO_FAULT (test-only, see fsio.h), read once at program start. */
+__attribute__((constructor)) static void fault_from_env(void) {
+    const char *v = getenv("ORCH_FSIO_FAULT");
+    if (!v || !*v) return;
+    if (strcmp(v, "count") == 0) {
+        fsio_fault_arm(0, EIO, FSIO_FAULT_FAIL);
+        atexit(fault_print_count);
+        return;
+    }
+    static const struct {
+        const char *name;
+        int err;
+        fsio_fault_mode mode;
+    } modes[] = { { "enospc", ENOSPC, FSIO_FAULT_FAIL },
+                  { "eio", EIO, FSIO_FAULT_FAIL },
+                  { "fsync", EIO, FSIO_FAULT_FSYNC },
+                  { "short", ENOSPC, FSIO_FAULT_SHORT },
+                  { "crash", 0, FSIO_FAULT_CRASH } };
+    const char *colon = strchr(v, ':');
+    uint64_t site = 0;
+    if (!colon || util_parse_u64(colon + 1, &site) != 0 || site == 0) goto bad;
+    for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++)
+        if (strlen(modes[i].name) == (size_t)(colon - v) &&
+            strncmp(v, modes[i].name, (size_t)(colon - v)) == 0) {
+            fsio_fault_arm(site, modes[i].err, modes[i].mode);
+            g_fault.from_env = 1;
+            return;
+        }
+bad:;
+    static const char msg[] = "fsio-fault: ignoring ORCH_FSIO_FAULT (expected "
+                              "count or enospc|eio|fsync|short|crash:K)\n";
+    ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
+    (void)w;
+}
+
+/* ------------------------------------------------------------------------- */
+/* Errors                                                                     */
+/* ------------------------------------------------------------------------- */
 
 /* strerror(e) with its first letter in lower case ("no such file or
  * directory"), so it reads as the tail of "PATH: what failed: ..." lines. */
@@ -39,6 +173,81 @@ static int too_large(char *err, size_t err_cap, const char *path, size_t max_byt
     return -1;
 }
 
+static int not_regular(char *err, size_t err_cap, const char *path) {
+    util_set_err(err, err_cap, "%s: not a regular file", path);
+    errno = EINVAL;
+    return -1;
+}
+
+/* ------------------------------------------------------------------------- */
+/* Hooked system calls: each returns like the call it wraps                   */
+/* ------------------------------------------------------------------------- */
+
+static int sys_fault(void) {
+    errno = fault_errno();
+    return -1;
+}
+
+static int sys_mkdir(const char *path) {
+    int f = fsio_fault_check(FSIO_OP_MKDIR, path);
+    return f ? sys_fault() : mkdir(path, 0755);
+}
+
+static int sys_open_write(const char *path, int flags) {
+    int f = fsio_fault_check(FSIO_OP_CREATE, path);
+    return f ? sys_fault() : open(path, flags | O_WRONLY | O_CLOEXEC, 0644);
+}
+
+static int sys_fsync(int fd, const char *path) {
+    int f = fsio_fault_check(FSIO_OP_FSYNC, path);
+    return f ? sys_fault() : fsync(fd);
+}
+
+/* The descriptor is closed either way (a failed close still releases it). */
+static int sys_close(int fd, const char *path) {
+    int f = fsio_fault_check(FSIO_OP_CLOSE, path);
+    int rc = close(fd);
+    return f ? sys_fault() : rc;
+}
+
+static int sys_fclose(FILE *fp, const char *path) {
+    int f = fsio_fault_check(FSIO_OP_CLOSE, path);
+    int rc = fclose(fp);
+    return f ? sys_fault() : rc;
+}
+
+static int sys_rename(const char *from, const char *to) {
+    int f = fsio_fault_check(FSIO_OP_RENAME, from);
+    return f ? sys_fault() : rename(from, to);
+}
+
+static int sys_unlinkat(int dfd, const char *name, int flags, const char *path) {
+    int f = fsio_fault_check(FSIO_OP_REMOVE, path);
+    return f ? sys_fault() : unlinkat(dfd, name, flags);
+}
+
+/* Open a file for writing (flags: O_CREAT, O_TRUNC, O_APPEND as wanted)
+ * without blocking on a FIFO, refusing anything but a regular file. */
+static int open_regular_for_write(const char *path, int flags, char *err,
+                                  size_t err_cap) {
+    struct stat st;
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
+        return not_regular(err, err_cap, path);
+    int fd = sys_open_write(path, flags | O_NONBLOCK);
+    if (fd < 0) return fail(err, err_cap, errno, path, NULL);
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return not_regular(err, err_cap, path);
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl != -1) (void)fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    return fd;
+}
+
+/* ------------------------------------------------------------------------- */
+/* Directories and reads                                                      */
+/* ------------------------------------------------------------------------- */
+
 int fsio_mkdir_p(const char *dir, char *err, size_t err_cap) {
     char buf[PATH_MAX];
     if (!dir || !*dir) {
@@ -55,10 +264,14 @@ int fsio_mkdir_p(const char *dir, char *err, size_t err_cap) {
         int end = *p == '\0';
         if (!end && *p != '/') continue;
         *p = '\0';
-        if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-            return fail(err, err_cap, errno, buf, "mkdir");
         struct stat st;
-        if (stat(buf, &st) != 0) return fail(err, err_cap, errno, buf, NULL);
+        if (stat(buf, &st) != 0) {
+            if (errno != ENOENT) return fail(err, err_cap, errno, buf, NULL);
+            /* Missing: make it (another process may just have). */
+            if (sys_mkdir(buf) != 0 && errno != EEXIST)
+                return fail(err, err_cap, errno, buf, "mkdir");
+            if (stat(buf, &st) != 0) return fail(err, err_cap, errno, buf, NULL);
+        }
         if (!S_ISDIR(st.st_mode)) {
             util_set_err(err, err_cap, "%s: exists and is not a directory", buf);
             errno = ENOTDIR;
@@ -71,12 +284,12 @@ int fsio_mkdir_p(const char *dir, char *err, size_t err_cap) {
 }
 
 int fsio_mkdir(const char *dir, char *err, size_t err_cap) {
-    if (mkdir(dir, 0755) == 0) return 0;
+    if (sys_mkdir(dir) == 0) return 0;
     return fail(err, err_cap, errno, dir, "mkdir");
 }
 
-int fsio_read_file(const char *path, size_t max_bytes, char **out, size_t *len, char *err,
-                   size_t err_cap) {
+int fsio_open_regular(const char *path, int *fd_out, struct stat *st_out, char *err,
+                      size_t err_cap) {
     /* O_NONBLOCK: opening a FIFO must not wait for a writer. */
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return fail(err, err_cap, errno, path, NULL);
@@ -89,9 +302,21 @@ int fsio_read_file(const char *path, size_t max_bytes, char **out, size_t *len, 
     if (!S_ISREG(st.st_mode)) {
         close(fd);
         util_set_err(err, err_cap, "%s: not a regular file", path);
-        errno = EINVAL;
+        errno = S_ISDIR(st.st_mode) ? EISDIR : EINVAL;
         return -1;
     }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl != -1) (void)fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    *fd_out = fd;
+    if (st_out) *st_out = st;
+    return 0;
+}
+
+int fsio_read_file(const char *path, size_t max_bytes, char **out, size_t *len, char *err,
+                   size_t err_cap) {
+    int fd;
+    struct stat st;
+    if (fsio_open_regular(path, &fd, &st, err, err_cap) != 0) return -1;
     if ((uint64_t)st.st_size > max_bytes) {
         close(fd);
         return too_large(err, err_cap, path, max_bytes);
@@ -146,24 +371,32 @@ int fsio_read_file(const char *path, size_t max_bytes, char **out, size_t *len, 
     return 0;
 }
 
+/* ------------------------------------------------------------------------- */
+/* Writes                                                                     */
+/* ------------------------------------------------------------------------- */
+
 int fsio_write_all(int fd, const void *buf, size_t n, const char *path, char *err,
                    size_t err_cap) {
+    int f = fsio_fault_check(FSIO_OP_WRITE, path);
+    if (f < 0) return fail(err, err_cap, fault_errno(), path, "write");
     const char *p = buf;
-    while (n) {
-        ssize_t w = write(fd, p, n);
+    size_t todo = f > 0 ? n / 2 : n; /* a short write: half, then the error */
+    while (todo) {
+        ssize_t w = write(fd, p, todo);
         if (w < 0 && errno == EINTR) continue;
         if (w < 0) return fail(err, err_cap, errno, path, "write");
         if (w == 0) return fail(err, err_cap, EIO, path, "write");
         p += w;
-        n -= (size_t)w;
+        todo -= (size_t)w;
     }
+    if (f > 0) return fail(err, err_cap, fault_errno(), path, "write");
     return 0;
 }
 
 int fsio_fsync_path(const char *path, int is_dir, char *err, size_t err_cap) {
     int fd = open(path, (is_dir ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
     if (fd < 0) return fail(err, err_cap, errno, path, "open for fsync");
-    int rc = fsync(fd);
+    int rc = sys_fsync(fd, path);
     int e = errno;
     close(fd);
     if (rc != 0 && !(is_dir && (e == EINVAL || e == EROFS)))
@@ -189,7 +422,7 @@ int fsio_fsync_parent(const char *path, char *err, size_t err_cap) {
 }
 
 int fsio_rename(const char *from, const char *to, char *err, size_t err_cap) {
-    if (rename(from, to) == 0) return 0;
+    if (sys_rename(from, to) == 0) return 0;
     int e = errno;
     char r[256];
     reason(e, r, sizeof r);
@@ -199,8 +432,9 @@ int fsio_rename(const char *from, const char *to, char *err, size_t err_cap) {
 }
 
 int fsio_exchange(const char *a, const char *b, char *err, size_t err_cap) {
-    if (renameat2(AT_FDCWD, a, AT_FDCWD, b, RENAME_EXCHANGE) == 0) return 0;
-    int e = errno;
+    int f = fsio_fault_check(FSIO_OP_RENAME, a);
+    if (!f && renameat2(AT_FDCWD, a, AT_FDCWD, b, RENAME_EXCHANGE) == 0) return 0;
+    int e = f ? fault_errno() : errno;
     char r[256];
     reason(e, r, sizeof r);
     util_set_err(err, err_cap, "%s: exchange with %s: %s", a, b, r);
@@ -210,20 +444,20 @@ int fsio_exchange(const char *a, const char *b, char *err, size_t err_cap) {
 
 int fsio_write_file(const char *path, const void *data, size_t len, char *err,
                     size_t err_cap) {
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) return fail(err, err_cap, errno, path, NULL);
+    int fd = open_regular_for_write(path, O_CREAT | O_TRUNC, err, err_cap);
+    if (fd < 0) return -1;
     if (fsio_write_all(fd, data, len, path, err, err_cap) != 0) {
         int e = errno;
         close(fd);
         errno = e;
         return -1;
     }
-    if (fsync(fd) != 0) {
+    if (sys_fsync(fd, path) != 0) {
         int e = errno;
         close(fd);
         return fail(err, err_cap, e, path, "fsync");
     }
-    if (close(fd) != 0) return fail(err, err_cap, errno, path, "close");
+    if (sys_close(fd, path) != 0) return fail(err, err_cap, errno, path, "close");
     return 0;
 }
 
@@ -238,7 +472,7 @@ int fsio_atomic_open(fsio_atomic_file *f, const char *path, char *err, size_t er
     }
     snprintf(f->tmp_path, sizeof f->tmp_path, "%s.tmp.%ld.%u", path, (long)getpid(),
              atomic_fetch_add(&counter, 1));
-    int fd = open(f->tmp_path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    int fd = sys_open_write(f->tmp_path, O_CREAT | O_EXCL);
     if (fd < 0) {
         int e = errno;
         f->tmp_path[0] = '\0';
@@ -256,8 +490,12 @@ int fsio_atomic_open(fsio_atomic_file *f, const char *path, char *err, size_t er
 
 int fsio_atomic_write(fsio_atomic_file *f, const void *buf, size_t n, char *err,
                       size_t err_cap) {
-    if (n && fwrite(buf, 1, n, f->fp) != n)
+    int fault = fsio_fault_check(FSIO_OP_WRITE, f->tmp_path);
+    if (fault < 0) return fail(err, err_cap, fault_errno(), f->path, "write");
+    size_t todo = fault > 0 ? n / 2 : n;
+    if (todo && fwrite(buf, 1, todo, f->fp) != todo)
         return fail(err, err_cap, errno ? errno : EIO, f->path, "write");
+    if (fault > 0) return fail(err, err_cap, fault_errno(), f->path, "write");
     return 0;
 }
 
@@ -267,16 +505,18 @@ int fsio_atomic_commit(fsio_atomic_file *f, char *err, size_t err_cap) {
         errno = EBADF;
         return -1;
     }
-    int rc = 0, e = 0;
+    int e = 0;
     const char *what = NULL;
-    if (fflush(f->fp) != 0 || ferror(f->fp)) {
-        e = errno ? errno : EIO;
+    /* The flush is where buffered bytes reach the file: a write site. */
+    int fault = fsio_fault_check(FSIO_OP_WRITE, f->tmp_path);
+    if (fault || fflush(f->fp) != 0 || ferror(f->fp)) {
+        e = fault ? fault_errno() : errno ? errno : EIO;
         what = "write";
-    } else if (fsync(fileno(f->fp)) != 0) {
+    } else if (sys_fsync(fileno(f->fp), f->tmp_path) != 0) {
         e = errno;
         what = "fsync";
     }
-    if (fclose(f->fp) != 0 && !what) {
+    if (sys_fclose(f->fp, f->tmp_path) != 0 && !what) {
         e = errno;
         what = "close";
     }
@@ -292,8 +532,7 @@ int fsio_atomic_commit(fsio_atomic_file *f, char *err, size_t err_cap) {
         return -1;
     }
     f->tmp_path[0] = '\0';
-    rc = fsio_fsync_parent(f->path, err, err_cap);
-    return rc;
+    return fsio_fsync_parent(f->path, err, err_cap);
 }
 
 void fsio_atomic_abort(fsio_atomic_file *f) {
@@ -301,7 +540,7 @@ void fsio_atomic_abort(fsio_atomic_file *f) {
     int saved = errno;
     if (f->fp) fclose(f->fp);
     f->fp = NULL;
-    if (f->tmp_path[0]) unlink(f->tmp_path);
+    if (f->tmp_path[0]) (void)fsio_unlink(f->tmp_path, NULL, 0);
     f->tmp_path[0] = '\0';
     errno = saved;
 }
@@ -317,4 +556,80 @@ int fsio_write_atomic(const char *path, const void *data, size_t len, char *err,
         return -1;
     }
     return fsio_atomic_commit(&f, err, err_cap);
+}
+
+int fsio_tmp_name_pid(const char *name, long *pid) {
+    /* TARGET.tmp.PID.N: scan back over N, then PID. */
+    size_t len = strlen(name), i = len;
+    while (i > 0 && name[i - 1] >= '0' && name[i - 1] <= '9') i--;
+    if (i == len || i == 0 || name[i - 1] != '.') return 0;
+    size_t pid_end = --i;
+    while (i > 0 && name[i - 1] >= '0' && name[i - 1] <= '9') i--;
+    if (i == pid_end || pid_end - i > 10 || i < 5 ||
+        strncmp(name + i - 5, ".tmp.", 5) != 0)
+        return 0;
+    if (i == 5) return 0; /* no TARGET */
+    long v = 0;
+    for (size_t k = i; k < pid_end; k++) v = v * 10 + (name[k] - '0');
+    if (v <= 0 || v > INT_MAX) return 0;
+    *pid = v;
+    return 1;
+}
+
+int fsio_open_append(const char *path, int truncate, char *err, size_t err_cap) {
+    return open_regular_for_write(path, O_CREAT | O_APPEND | (truncate ? O_TRUNC : 0),
+                                  err, err_cap);
+}
+
+/* ------------------------------------------------------------------------- */
+/* Removal                                                                    */
+/* ------------------------------------------------------------------------- */
+
+int fsio_unlink(const char *path, char *err, size_t err_cap) {
+    if (sys_unlinkat(AT_FDCWD, path, 0, path) == 0) return 0;
+    return fail(err, err_cap, errno, path, "remove");
+}
+
+DIR *fsio_opendir(const char *dir, char *err, size_t err_cap) {
+    int f = fsio_fault_check(FSIO_OP_OPENDIR, dir);
+    DIR *d = f ? NULL : opendir(dir);
+    if (!d) fail(err, err_cap, f ? fault_errno() : errno, dir, "open directory");
+    return d;
+}
+
+/* Remove NAME in directory dfd (PATH: the same, for messages), recursively;
+ * never follows a symlink. */
+static int rm_at(int dfd, const char *name, const char *path, char *err, size_t err_cap) {
+    struct stat st;
+    if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0)
+        return errno == ENOENT ? 0 : fail(err, err_cap, errno, path, "remove");
+    if (!S_ISDIR(st.st_mode)) {
+        if (sys_unlinkat(dfd, name, 0, path) == 0 || errno == ENOENT) return 0;
+        return fail(err, err_cap, errno, path, "remove");
+    }
+    int f = fsio_fault_check(FSIO_OP_OPENDIR, path);
+    int fd = f ? -1 : openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (!d) {
+        int e = f ? fault_errno() : errno;
+        if (fd >= 0) close(fd);
+        return fail(err, err_cap, e, path, "open directory");
+    }
+    int rc = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+        char sub[PATH_MAX];
+        snprintf(sub, sizeof sub, "%s/%s", path, e->d_name); /* only for messages */
+        if (rm_at(dirfd(d), e->d_name, sub, rc ? NULL : err, rc ? 0 : err_cap) != 0)
+            rc = -1;
+    }
+    closedir(d);
+    if (rc != 0) return -1;
+    if (sys_unlinkat(dfd, name, AT_REMOVEDIR, path) == 0 || errno == ENOENT) return 0;
+    return fail(err, err_cap, errno, path, "remove");
+}
+
+int fsio_rm_rf(const char *path, char *err, size_t err_cap) {
+    return rm_at(AT_FDCWD, path, path, err, err_cap);
 }

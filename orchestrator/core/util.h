@@ -57,8 +57,8 @@ char *util_read_stream(FILE *f, size_t *len);
 
 /* The whole of stdin when path is "-" (util_read_stream), else of the
  * regular file PATH (fsio_read_file, at most UTIL_READ_FILE_MAX bytes).
- * NULL with errno set on failure: ENOENT etc. from open, EINVAL for a
- * directory, FIFO or device, EFBIG for a file over the limit. */
+ * NULL with errno set on failure: ENOENT etc. from open, EISDIR for a
+ * directory, EINVAL for a FIFO or device, EFBIG for a file over the limit. */
 #define UTIL_READ_FILE_MAX ((size_t)1 << 30)
 char *util_read_file(const char *path, size_t *len);
 

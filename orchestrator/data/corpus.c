@@ -4,7 +4,6 @@
  */
 #include "orchestrator/data/corpus.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -174,20 +173,9 @@ int corpus_default_data_dir(char *buf, size_t cap, char *err, size_t err_cap) {
     return 0;
 }
 
-/* Remove a directory holding only plain files (what prepare writes). */
-static void remove_flat_dir(const char *dir) {
-    DIR *d = opendir(dir);
-    if (d) {
-        struct dirent *e;
-        while ((e = readdir(d)) != NULL) {
-            if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
-            char p[PATH_MAX];
-            if (snprintf(p, sizeof p, "%s/%s", dir, e->d_name) < (int)sizeof p) unlink(p);
-        }
-        closedir(d);
-    }
-    rmdir(dir);
-}
+/* Remove a directory prepare wrote (best effort: it only holds our temp or
+ * replaced shards). */
+static void remove_flat_dir(const char *dir) { (void)fsio_rm_rf(dir, NULL, 0); }
 
 /* 1 if both globs open as valid datasets made with tokenizer kind. */
 static int shards_valid(const char *train_glob, const char *val_glob, const char *kind) {

@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <glob.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,7 +31,7 @@
 
 static uint64_t rotl64(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
 
-static uint64_t shard_checksum(const unsigned char *p, size_t n) {
+uint64_t shard_checksum(const unsigned char *p, size_t n) {
     const uint64_t k1 = 0x9e3779b185ebca87ULL, k2 = 0xc2b2ae3d27d4eb4fULL;
     uint64_t h = 0x27d4eb2f165667c5ULL ^ ((uint64_t)n * k1);
     size_t i = 0;
@@ -131,7 +132,8 @@ static int header_parse(const char *path, const unsigned char *h, uint64_t file_
     info->payload_checksum = get_u64(h + 48);
     memcpy(info->tokenizer, h + 24, 16);
     if (info->tokenizer[15] != '\0' || info->tokenizer[0] == '\0' ||
-        info->vocab_size == 0 || info->token_width != width_for_vocab(info->vocab_size)) {
+        info->vocab_size == 0 || info->vocab_size > (uint32_t)INT32_MAX ||
+        info->token_width != width_for_vocab(info->vocab_size)) {
         util_set_err(err, err_cap,
                      "%s has an inconsistent header (tokenizer, vocab size or "
                      "token width); " HINT_PREPARE,
@@ -250,15 +252,14 @@ static int map_file(const char *path, const unsigned char **map, size_t *size, c
                     size_t err_cap) {
     *map = NULL;
     *size = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        util_set_err(err, err_cap, "cannot open %s: %s", path, strerror(errno));
-        return -1;
-    }
+    int fd;
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        util_set_err(err, err_cap, "%s is not a regular file", path);
-        close(fd);
+    char why[512];
+    if (fsio_open_regular(path, &fd, &st, why, sizeof why) != 0) {
+        if (errno == EINVAL || errno == EISDIR)
+            util_set_err(err, err_cap, "%s is not a regular file", path);
+        else
+            util_set_err(err, err_cap, "cannot open %s: %s", path, strerror(errno));
         return -1;
     }
     if (st.st_size > 0) {
@@ -548,24 +549,39 @@ static int prep_sink(void *user, const int32_t *ids, size_t n, size_t bytes_done
     return 0;
 }
 
-/* Remove prefix_NNN.bin files with NNN >= keep (left from a larger run). */
-static void remove_stale(const char *dir, const char *prefix, uint32_t keep) {
-    DIR *d = opendir(dir);
-    if (!d) return;
+/* 1 when NAME is an fsio temp file (prefix_NNN.bin.tmp.PID.N) of a process
+ * that is gone: a prepare that died mid-write. */
+static int dead_temp(const char *name) {
+    long pid;
+    return fsio_tmp_name_pid(name, &pid) && (pid_t)pid != getpid() &&
+           kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+}
+
+/* Remove prefix_NNN.bin files with NNN >= keep (left from a larger run) and
+ * dead processes' temp files of prefix_NNN.bin. A stale shard that stays
+ * would join the new set's glob, so failing to remove one is an error. */
+static int remove_stale(const char *dir, const char *prefix, uint32_t keep, char *err,
+                        size_t err_cap) {
+    DIR *d = fsio_opendir(dir, err, err_cap);
+    if (!d) return -1;
     size_t pl = strlen(prefix);
+    int rc = 0;
     struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
+    while (rc == 0 && (e = readdir(d)) != NULL) {
         const char *nm = e->d_name;
         if (strncmp(nm, prefix, pl) != 0 || nm[pl] != '_') continue;
         const char *q = nm + pl + 1;
         size_t digits = strspn(q, "0123456789");
-        if (digits < 3 || strcmp(q + digits, ".bin") != 0) continue;
-        if ((uint32_t)strtoul(q, NULL, 10) < keep) continue;
+        if (digits < 3 || strncmp(q + digits, ".bin", 4) != 0) continue;
+        if (q[digits + 4] ? !dead_temp(nm) : (uint32_t)strtoul(q, NULL, 10) < keep)
+            continue;
         char path[PATH_MAX];
-        if (snprintf(path, sizeof path, "%s/%s", dir, nm) < (int)sizeof path)
-            unlink(path);
+        if (snprintf(path, sizeof path, "%s/%s", dir, nm) < (int)sizeof path &&
+            fsio_unlink(path, err, err_cap) != 0 && errno != ENOENT)
+            rc = -1;
     }
     closedir(d);
+    return rc;
 }
 
 static int prep_part(prep_state *st, const tokenizer *tok, const char *text, size_t len,
@@ -669,7 +685,8 @@ int shard_prepare_corpus(const shard_prepare_opts *o, shard_prepare_result *resu
     if (prep_part(&st, tok, text, split, &result->train_shards, &result->train_tokens) !=
         0)
         goto done;
-    remove_stale(o->out_dir, "train", result->train_shards);
+    if (remove_stale(o->out_dir, "train", result->train_shards, err, err_cap) != 0)
+        goto done;
     st.prefix = "val";
     st.base_bytes = split;
     if (split < size) {
@@ -677,7 +694,7 @@ int shard_prepare_corpus(const shard_prepare_opts *o, shard_prepare_result *resu
                       &result->val_tokens) != 0)
             goto done;
     }
-    remove_stale(o->out_dir, "val", result->val_shards);
+    if (remove_stale(o->out_dir, "val", result->val_shards, err, err_cap) != 0) goto done;
     if (o->progress) o->progress(o->progress_user, size, size);
     result->input_bytes = size;
     result->train_bytes = split;

@@ -41,6 +41,10 @@ int shard_write_file(const char *path, const char *tokenizer_name, uint32_t voca
                      const int32_t *ids, uint64_t n, char *err, size_t err_cap);
 
 /* Header of one shard as read and validated from disk. */
+/* The 64-bit checksum of n bytes used for the payload (header bytes 48..55)
+ * and for header bytes 0..55 (bytes 56..63). Pure function, thread-safe. */
+uint64_t shard_checksum(const unsigned char *p, size_t n);
+
 typedef struct shard_info {
     uint32_t version;
     uint32_t token_width;

@@ -321,7 +321,7 @@ static struct cache_slot *cache_find(piece_cache *c, const unsigned char *s, siz
 }
 
 static int cache_grow(piece_cache *c) {
-    size_t ncap = c->cap ? c->cap * 2 : 4096;
+    size_t ncap = c->cap ? c->cap * 2 : 64; /* grows with the text */
     struct cache_slot *ns = calloc(ncap, sizeof *ns);
     if (!ns) return -1;
     struct cache_slot *old = c->slot;

@@ -3,7 +3,9 @@
  */
 #include "orchestrator/infer/inference_model.h"
 
+#include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "orchestrator/core/util.h"
 #include "orchestrator/store/checkpoint.h"
@@ -23,12 +25,25 @@ int inference_model_open(const inference_model_opts *o, inference_model *m, char
     if (ckpt_find_latest(o->checkpoint, m->ckpt_dir, sizeof m->ckpt_dir, warn, warn_cap,
                          err, err_cap) != 0)
         return -1;
-    if (ckpt_read_step(m->ckpt_dir, &m->step, NULL, 0) != 0) m->step = 0;
+    if (ckpt_read_step(m->ckpt_dir, &m->step, err, err_cap) != 0) {
+        /* A damaged meta.json is an error; none at all means step 0. */
+        char meta[sizeof m->ckpt_dir + 16];
+        snprintf(meta, sizeof meta, "%s/meta.json", m->ckpt_dir);
+        if (access(meta, F_OK) == 0) goto fail;
+        m->step = 0;
+        if (err_cap) err[0] = '\0';
+    }
     char tok[64];
     if (ckpt_read_config(m->ckpt_dir, &m->cfg, tok, sizeof tok, err, err_cap) != 0)
         goto fail;
     config_model_desc(m->cfg, &m->desc);
     const char *eng = o->engine ? o->engine : m->cfg->engine.name;
+    if (!o->engine) {
+        char origin[sizeof m->ckpt_dir + 16];
+        snprintf(origin, sizeof origin, "%s/state.json", m->ckpt_dir);
+        int trusted = (o->flags & INFERENCE_MODEL_TRUST_CONFIG_ENGINE) != 0;
+        if (engine_check_config_name(eng, origin, trusted, err, err_cap) != 0) goto fail;
+    }
     if (engine_load(eng, &m->engine, err, err_cap) != 0) goto fail;
     uint32_t threads = o->threads >= 0 ? (uint32_t)o->threads : m->cfg->engine.threads;
     const char *opts = o->options ? o->options
@@ -40,7 +55,7 @@ int inference_model_open(const inference_model_opts *o, inference_model *m, char
         goto fail;
     if (ckpt_load_weights(m->ckpt_dir, &m->engine, m->ctx, 0, err, err_cap) != 0)
         goto fail;
-    if (o->open_tokenizer) {
+    if (o->flags & INFERENCE_MODEL_TOKENIZER) {
         if (tokenizer_open(tok, NULL, &m->tok, err, err_cap) != 0) goto fail;
         if (tokenizer_vocab_size(m->tok) > m->desc.vocab_size) {
             util_set_err(err, err_cap,

@@ -31,20 +31,31 @@ typedef struct inference_model {
     engine_handle engine; /* loaded engine (owned) */
     orch_engine_ctx *ctx; /* context with the weights (owned) */
     orch_model_desc desc;
-    tokenizer *tok; /* NULL when open_tokenizer was 0 (owned) */
+    tokenizer *tok; /* NULL without INFERENCE_MODEL_TOKENIZER (owned) */
 } inference_model;
+
+/* inference_model_opts.flags */
+#define INFERENCE_MODEL_TOKENIZER 1u /* also open the config's tokenizer */
+#define INFERENCE_MODEL_TRUST_CONFIG_ENGINE \
+    2u /* --trust-config-engine: the config's engine.name may be a library \
+          file or path */
 
 typedef struct inference_model_opts {
     const char *checkpoint; /* run dir or checkpoint dir (required) */
-    const char *engine;     /* NULL = the config's engine.name */
+    const char *engine;     /* NULL = the config's engine.name (from the
+                               command line: any name, file or path) */
     int threads;            /* < 0 = the config's engine.threads */
     const char *options;    /* NULL = the config's engine.options */
-    int open_tokenizer;     /* 1: also open the config's tokenizer */
+    unsigned flags;         /* INFERENCE_MODEL_* bits */
 } inference_model_opts;
 
-/* Open everything. warn (may be NULL) receives a fallback warning from
- * ckpt_find_latest ("" when none). On failure *m is left zeroed and nothing
- * is held. */
+/* Open everything. Without o->engine the checkpoint config's engine.name
+ * is used, and it must be a built-in engine name unless flags has
+ * INFERENCE_MODEL_TRUST_CONFIG_ENGINE ("DIR/state.json: config engine.name
+ * 'x.so' is a library path; ...", engine_check_config_name): the library is
+ * then not opened at all.
+ * warn (may be NULL) receives a fallback warning from ckpt_find_latest (""
+ * when none). On failure *m is left zeroed and nothing is held. */
 int inference_model_open(const inference_model_opts *o, inference_model *m, char *warn,
                          size_t warn_cap, char *err, size_t err_cap);
 /* Release everything (safe on a zeroed struct). */

@@ -1,9 +1,11 @@
 /*
  * http.h - the OpenAI-compatible HTTP front end of `orch serve`
  * (libmicrohttpd, internal epoll polling thread(s), suspend/resume):
- * routing, authentication, request bodies, hand-off to the scheduler,
- * answers. Request bodies are parsed by request.h, answers written by
- * render.h, errors shaped by api_error.h.
+ * routing, header checks, request bodies, hand-off to the scheduler,
+ * answers. Connections are accepted by listener.h (limits, deadlines),
+ * headers checked by http_policy.h, bodies parsed by request.h on a small
+ * worker pool (work_pool.h), answers written by render.h, errors shaped by
+ * api_error.h; a generation request's life is in http_gen.c.
  *
  * Routes:
  *   GET  /health               200 {"status":"ok"}; 503 {"status":"loading"}
@@ -12,17 +14,30 @@
  *   POST /v1/completions       prompt: string | token ids | list of either
  *   POST /v1/chat/completions  messages through chat_template.h
  *   GET  /metrics              Prometheus text (metrics.h)
+ *   OPTIONS (any route)        CORS preflight, for an allowed origin only
+ * Checks, in order, before a body is read: Host (http_policy.h), route,
+ * method, API key (routes under /v1/), Content-Type of POST routes, the
+ * framing headers, the body size, the memory of bodies in flight.
  * Errors use OpenAI's shape {"error":{"message","type","param","code"}}:
- *   400 malformed JSON, wrong types, bad ranges, unknown model, context
- *       overflow (states the prompt's tokens and the context size);
+ *   400 malformed JSON (also: data after it, a key twice in an object, a NUL
+ *       in a string), wrong types, bad ranges, unknown model, context
+ *       overflow (states the prompt's tokens and the context size), more
+ *       sequences (n x prompts) than --max-waiting, two different
+ *       Content-Length headers or Content-Length with Transfer-Encoding
+ *       (code invalid_header, Connection: close), HTTP/1.1 without Host;
  *   401 missing or wrong Bearer token when an API key is set (routes under /v1/ only);
- *   404 unknown route; 405 wrong method (with Allow); 413 body over the
- *   limit; 429 waiting queue full; 500 engine failure; 503 loading/draining.
+ *   403 a Host that is not allowed (code host_not_allowed);
+ *   404 unknown route; 405 wrong method (with Allow); 408 a request head or
+ *   body past its deadline (listener.h); 413 body over the limit; 415 a POST
+ *   body that is not application/json; 429 waiting queue full; 500 engine
+ *   failure; 503 loading/draining, too many connections (listener.h), or
+ *   the bodies in flight over max_body_memory (code server_busy). 429 and
+ *   503 carry Retry-After: 1.
  *
  * Each request becomes one scheduler sequence per (prompt, choice). A
- * connection that is waiting for the scheduler is suspended; the scheduler's
- * notify resumes it. Client disconnects are noticed through conn_watch.h,
- * polled by the scheduler thread once per iteration
+ * connection that is waiting for the worker pool or the scheduler is
+ * suspended; whoever finishes resumes it. Client disconnects are noticed
+ * through conn_watch.h, polled by the scheduler thread once per iteration
  * (http_server_poll_disconnects), so a closed client's sequences are
  * cancelled and their KV blocks freed in the next iteration, also while its
  * connection is suspended. (A client that half-closes its socket right after
@@ -35,7 +50,7 @@
  * http_server_inflight() == 0 -> http_server_stop.
  * Threads: all functions are thread-safe. Memory: the server owns its
  * requests; the scheduler, tokenizer and registry passed in must outlive it
- * (until http_server_stop returns).
+ * (until http_server_stop returns); the configuration's strings are copied.
  * Errors: http_server_start returns -1 with a message when it cannot listen.
  */
 #ifndef ORCH_HTTP_H
@@ -50,16 +65,34 @@
 
 #define HTTP_DEFAULT_MAX_BODY             (4u << 20)
 #define HTTP_DEFAULT_MAX_SEQS_PER_REQUEST 256u
+#define HTTP_DEFAULT_MAX_BODY_MEMORY      (256u << 20)
+#define HTTP_DEFAULT_MAX_CONNECTIONS      4096u
+#define HTTP_DEFAULT_MAX_CONNECTIONS_IP   1024u
+#define HTTP_DEFAULT_HEADER_TIMEOUT_S     10u
+#define HTTP_DEFAULT_BODY_TIMEOUT_S       60u
+#define HTTP_DEFAULT_IDLE_TIMEOUT_S       15u
+#define HTTP_DEFAULT_WORKERS              2u
 
 typedef struct http_server_config {
-    const char *host;              /* IPv4 address to bind; NULL = 127.0.0.1 */
-    uint16_t port;                 /* 0 = any free port (see http_server_port) */
-    const char *api_key;           /* NULL or "" = no authentication */
-    const char *model_name;        /* the id /v1/models reports and requests use */
-    size_t max_body;               /* request body limit in bytes; 0 = 4 MiB */
-    uint32_t http_threads;         /* polling threads; 0 = 1 */
-    uint32_t max_seqs_per_request; /* n * prompts limit; 0 = 256 */
-    metrics_registry *metrics;     /* required */
+    const char *host;                 /* IPv4 address to bind; NULL = 127.0.0.1 */
+    uint16_t port;                    /* 0 = any free port (see http_server_port) */
+    const char *api_key;              /* NULL or "" = no authentication */
+    const char *model_name;           /* the id /v1/models reports and requests use */
+    size_t max_body;                  /* request body limit in bytes; 0 = 4 MiB */
+    size_t max_body_memory;           /* all bodies in flight together; 0 = 256 MiB */
+    uint32_t http_threads;            /* polling threads; 0 = 1 */
+    uint32_t workers;                 /* parsing / rendering threads; 0 = 2 */
+    uint32_t max_seqs_per_request;    /* n * prompts limit; 0 = 256 */
+    uint32_t max_connections;         /* 0 = 4096 (listener.h) */
+    uint32_t max_connections_per_ip;  /* 0 = 1024 */
+    uint32_t header_timeout_s;        /* 0 = 10 */
+    uint32_t body_timeout_s;          /* 0 = 60 */
+    uint32_t idle_timeout_s;          /* keep-alive; 0 = 15 */
+    const char *const *allowed_hosts; /* --allowed-host (http_policy.h) */
+    size_t n_allowed_hosts;
+    const char *const *cors_origins; /* --cors-origin */
+    size_t n_cors_origins;
+    metrics_registry *metrics; /* required */
 } http_server_config;
 
 typedef struct http_server http_server;

@@ -13,6 +13,7 @@
 #include "orchestrator/core/strbuf.h"
 #include "orchestrator/core/util.h"
 #include "orchestrator/serve/chat_template.h"
+#include "orchestrator/serve/json_strict.h"
 
 /* ------------------------------------------------------------------------- */
 /* Field readers                                                              */
@@ -91,21 +92,82 @@ static int add_prompt_ids(const request_limits *lim, gen_request *r, int32_t *id
     return 0;
 }
 
+/* The prompt (param) has at least n tokens, n >= the context. */
+static int too_long(const request_limits *lim, const char *param, uint64_t n, int exact,
+                    size_t bytes, api_error *e) {
+    if (exact)
+        return api_error_set(e, 400, param, "context_length_exceeded",
+                             "This model's maximum context length is %u tokens, but the "
+                             "%s has %" PRIu64 " tokens. Please shorten it.",
+                             lim->context, param, n);
+    return api_error_set(e, 400, param, "context_length_exceeded",
+                         "This model's maximum context length is %u tokens, but the %s "
+                         "has at least %" PRIu64
+                         " tokens (%zu bytes). Please shorten it.",
+                         lim->context, param, n, bytes);
+}
+
+/* tokenizer_encode_stream sink: collect ids, stop at the context. */
+typedef struct enc_acc {
+    int32_t *ids;
+    size_t n, cap, limit;
+    int over, oom;
+} enc_acc;
+
+static int enc_sink(void *user, const int32_t *ids, size_t n, size_t bytes_done) {
+    (void)bytes_done;
+    enc_acc *a = user;
+    if (a->n + n + 1 > a->cap) {
+        size_t cap = a->cap ? a->cap : 256;
+        while (cap < a->n + n + 1) cap *= 2;
+        int32_t *p = realloc(a->ids, cap * sizeof *p);
+        if (!p) {
+            a->oom = 1;
+            return 1;
+        }
+        a->ids = p;
+        a->cap = cap;
+    }
+    memcpy(a->ids + a->n, ids, n * sizeof *ids);
+    a->n += n;
+    a->over = a->n >= a->limit;
+    return a->over;
+}
+
+/* Text -> the next prompt. A text certain not to fit the context is refused
+ * before any work (every token is at most max_token_bytes long, so it has at
+ * least len / max_token_bytes tokens), and tokenizing stops once the tokens
+ * fill the context. */
 static int add_prompt_text(const request_limits *lim, gen_request *r, const char *s,
                            size_t len, const char *param, api_error *e) {
-    int32_t *ids = NULL;
-    size_t n = 0;
-    char err[256];
-    if (tokenizer_encode(lim->tok, s, len, &ids, &n, err, sizeof err) != 0)
+    uint32_t mtb = lim->max_token_bytes;
+    if (mtb && lim->context && len / mtb >= lim->context)
+        return too_long(lim, param, len / mtb, mtb == 1, len, e);
+    enc_acc a = { .limit = lim->context ? lim->context : SIZE_MAX };
+    char err[256] = "";
+    int rc = tokenizer_encode_stream(lim->tok, s, len, enc_sink, &a, err, sizeof err);
+    if (a.over) {
+        free(a.ids);
+        return too_long(lim, param, a.n, 0, len, e);
+    }
+    if (a.oom || (rc == 0 && !a.ids && !(a.ids = malloc(sizeof *a.ids)))) {
+        free(a.ids);
+        return api_error_set(e, 500, NULL, NULL, "out of memory");
+    }
+    if (rc != 0) {
+        free(a.ids);
         return api_error_set(e, 400, param, "invalid_value", "%s: %s", param, err);
-    if (n > UINT32_MAX) n = UINT32_MAX;
-    return add_prompt_ids(lim, r, ids, (uint32_t)n, e);
+    }
+    if (a.n > UINT32_MAX) a.n = UINT32_MAX;
+    return add_prompt_ids(lim, r, a.ids, (uint32_t)a.n, e);
 }
 
 /* A JSON array of token ids -> malloc'd ids. */
 static int token_array(const request_limits *lim, const cJSON *arr, int32_t **out,
                        uint32_t *n_out, api_error *e) {
     int n = cJSON_GetArraySize(arr);
+    if (lim->context && (uint32_t)n >= lim->context) /* before decoding it */
+        return too_long(lim, "prompt", (uint64_t)n, 1, 0, e);
     int32_t *ids = malloc(((size_t)n + 1) * sizeof *ids);
     if (!ids) return api_error_set(e, 500, NULL, NULL, "out of memory");
     int i = 0;
@@ -525,6 +587,25 @@ static int parse_fields(const request_limits *lim, gen_request *r, const cJSON *
     return check_context(lim, r, &mt, e);
 }
 
+/* Every top-level field a request may name, NUL-separated (error params
+ * point into it). */
+static const char request_fields[] =
+    "model\0prompt\0messages\0max_tokens\0max_completion_tokens\0temperature\0"
+    "top_p\0top_k\0n\0best_of\0seed\0stream\0stream_options\0ignore_eos\0"
+    "logprobs\0top_logprobs\0echo\0stop\0presence_penalty\0frequency_penalty\0"
+    "logit_bias\0suffix\0tools\0functions\0response_format\0user\0";
+
+uint32_t request_max_token_bytes(const tokenizer *tok) {
+    uint32_t v = tokenizer_vocab_size(tok), best = 0;
+    for (uint32_t i = 0; i < v; i++) {
+        const char *b;
+        size_t n = 0;
+        if (tokenizer_token_bytes(tok, (int32_t)i, &b, &n) == 0 && n > best)
+            best = n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
+    }
+    return best;
+}
+
 int gen_request_parse(const request_limits *lim, int chat, const char *body, size_t len,
                       gen_request *out, api_error *e) {
     memset(out, 0, sizeof *out);
@@ -532,14 +613,20 @@ int gen_request_parse(const request_limits *lim, int chat, const char *body, siz
     out->n = 1;
     out->sampling = (sampler_params){ .temperature = 1.0f, .top_k = 0, .top_p = 1.0f };
     const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(body ? body : "", len, &end, 0);
+    if (!body) {
+        body = "";
+        len = 0;
+    }
+    cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, 0);
     if (!root) {
-        size_t at = end && body ? (size_t)(end - body) : 0;
+        size_t at = end ? (size_t)(end - body) : 0;
         return api_error_set(e, 400, NULL, "invalid_json",
                              "the request body is not valid JSON (error near byte %zu)",
                              at);
     }
-    int rc = parse_fields(lim, out, root, e);
+    size_t parsed = end ? (size_t)(end - body) : len;
+    int rc = json_strict_check(body, len, parsed, root, request_fields, e);
+    if (rc == 0) rc = parse_fields(lim, out, root, e);
     cJSON_Delete(root);
     return rc;
 }

@@ -3,7 +3,9 @@
  * parsed and validated into one typed generation request, and the scheduler
  * sequences it becomes (one per prompt and choice).
  *
- * Parsing checks, in this order: JSON object; 'model' (must be the served
+ * Parsing checks, in this order: valid JSON with nothing after it, no stray
+ * control bytes, no NUL in any string and no key twice in one object
+ * (json_strict.h); a JSON object; 'model' (must be the served
  * model when given); unsupported features (only their neutral values:
  * presence/frequency_penalty 0, empty logit_bias, no suffix, tools, functions,
  * response_format other than text); temperature [0, 2]; top_p (0, 1]; top_k
@@ -14,6 +16,12 @@
  * a string, token ids, or a list of either) or messages (chat, rendered by
  * chat_template.h and tokenized); n x prompts <= max_seqs; each prompt shorter
  * than the context, and prompt + max_tokens within it.
+ *
+ * A prompt certain not to fit is refused without the work of reading it: a
+ * token-id array of context or more elements before its ids are checked or
+ * decoded, a text of context x max_token_bytes or more bytes before it is
+ * tokenized ("has at least N tokens (B bytes)"; exact for the byte
+ * tokenizer), and tokenizing stops as soon as the tokens fill the context.
  *
  * max_tokens is resolved once, here, per prompt: the client's value, else
  * REQUEST_DEFAULT_MAX_TOKENS (completions) or the rest of the context (chat),
@@ -49,7 +57,13 @@ typedef struct request_limits {
     uint32_t vocab;         /* token ids must be below it */
     uint32_t context;       /* prompt + max_tokens must fit in it */
     uint32_t max_seqs;      /* prompts x n per request */
+    /* Bytes of the longest token (request_max_token_bytes); 0 = unknown. A
+     * text prompt of at least context x this many bytes is refused unread. */
+    uint32_t max_token_bytes;
 } request_limits;
+
+/* The byte length of tok's longest token (for request_limits). */
+uint32_t request_max_token_bytes(const tokenizer *tok);
 
 typedef struct gen_prompt {
     int32_t *ids; /* token ids (at least 1) */

@@ -368,8 +368,16 @@ int scheduler_submit(scheduler *s, sched_seq *const *seqs, uint32_t n, char *err
         util_set_err(err, err_cap, "the server is shutting down");
         return SCHED_STOPPED;
     }
+    if (n > s->cfg.max_waiting) { /* sequences count: this never fits */
+        pthread_mutex_unlock(&s->mu);
+        util_set_err(err, err_cap,
+                     "the request needs %u sequences, but at most %u may "
+                     "wait (--max-waiting)",
+                     n, s->cfg.max_waiting);
+        return SCHED_TOO_MANY;
+    }
     unsigned waiting = atomic_load(&s->n_waiting);
-    if (waiting > 0 && waiting + n > s->cfg.max_waiting) {
+    if (waiting + n > s->cfg.max_waiting) {
         pthread_mutex_unlock(&s->mu);
         util_set_err(err, err_cap, "the waiting queue is full (%u sequences)", waiting);
         return SCHED_QUEUE_FULL;

@@ -150,7 +150,7 @@ typedef struct scheduler_config {
     uint32_t num_blocks;       /* KV pool size; >= blocks for one context */
     uint32_t max_seqs;         /* running sequences */
     uint32_t max_batch_tokens; /* tokens per iteration (>= max_seqs) */
-    uint32_t max_waiting;      /* waiting sequences before QUEUE_FULL */
+    uint32_t max_waiting;      /* waiting sequences (not requests) before QUEUE_FULL */
     metrics_registry *metrics; /* may be NULL */
     void (*poll)(void *arg);   /* called once per busy iteration; may be NULL */
     void *poll_arg;
@@ -163,11 +163,18 @@ typedef struct scheduler scheduler;
 int scheduler_create(const scheduler_config *cfg, scheduler **out, char *err,
                      size_t err_cap);
 
-enum { SCHED_OK = 0, SCHED_QUEUE_FULL = 1, SCHED_STOPPED = 2, SCHED_BAD = 3 };
-/* Hand n sequences to the scheduler (all or none). SCHED_QUEUE_FULL when the
- * waiting queue would exceed max_waiting (a submission into an empty queue is
- * always taken); SCHED_STOPPED after scheduler_stop_accepting; SCHED_BAD for a
- * sequence the scheduler cannot run (message in err). */
+enum {
+    SCHED_OK = 0,
+    SCHED_QUEUE_FULL = 1,
+    SCHED_STOPPED = 2,
+    SCHED_BAD = 3,
+    SCHED_TOO_MANY = 4
+};
+/* Hand n sequences to the scheduler (all or none). The waiting queue counts
+ * sequences: SCHED_TOO_MANY when n alone is over max_waiting (it can never be
+ * taken), SCHED_QUEUE_FULL when the sequences already waiting plus n would
+ * exceed max_waiting; SCHED_STOPPED after scheduler_stop_accepting; SCHED_BAD
+ * for a sequence the scheduler cannot run (message in err). */
 int scheduler_submit(scheduler *s, sched_seq *const *seqs, uint32_t n, char *err,
                      size_t err_cap);
 /* Make the thread look at cancel flags now. */

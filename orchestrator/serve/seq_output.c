@@ -110,7 +110,9 @@ static int check_stop(sched_seq *q, const seq_token *t, uint32_t i, size_t old_l
     } else if (q->n_stop && find_stop(q, old_len, &stop_at)) {
         q->text_len = stop_at;
         q->text[stop_at] = '\0';
-        for (uint32_t k = 0; k <= i; k++)
+        /* tokens before i ended where the text may now be cut; token i's end
+         * is written below (reading it here would read an unset value) */
+        for (uint32_t k = 0; k < i; k++)
             if (q->out_text_end[k] > stop_at) q->out_text_end[k] = (uint32_t)stop_at;
         reason = SCHED_FINISH_STOP;
     }

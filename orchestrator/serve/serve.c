@@ -27,8 +27,15 @@ void serve_options_default(serve_options *o) {
     o->max_waiting = 1024;
     o->kv_memory_mib = 1024;
     o->max_body = HTTP_DEFAULT_MAX_BODY;
+    o->max_body_memory_mib = HTTP_DEFAULT_MAX_BODY_MEMORY >> 20;
     o->http_threads = 1;
+    o->http_workers = HTTP_DEFAULT_WORKERS;
     o->drain_timeout = 30;
+    o->max_connections = HTTP_DEFAULT_MAX_CONNECTIONS;
+    o->max_connections_per_ip = HTTP_DEFAULT_MAX_CONNECTIONS_IP;
+    o->header_timeout_s = HTTP_DEFAULT_HEADER_TIMEOUT_S;
+    o->body_timeout_s = HTTP_DEFAULT_BODY_TIMEOUT_S;
+    o->idle_timeout_s = HTTP_DEFAULT_IDLE_TIMEOUT_S;
 }
 
 void serve_default_model_name(const char *path, char *out, size_t cap) {
@@ -110,8 +117,10 @@ static int model_open(const serve_options *o, const serve_hooks *h, serve_model 
                       char *err, size_t err_cap) {
     if (o->ckpt) {
         char warn[2048];
+        unsigned flags = INFERENCE_MODEL_TOKENIZER;
+        if (o->trust_config_engine) flags |= INFERENCE_MODEL_TRUST_CONFIG_ENGINE;
         inference_model_opts mo = { o->ckpt, o->engine, o->threads, o->engine_options,
-                                    1 };
+                                    flags };
         if (inference_model_open(&mo, &m->gm, warn, sizeof warn, err, err_cap) != 0)
             return -1;
         if (warn[0]) say(h, 1, "%s", warn);
@@ -184,7 +193,18 @@ static int serve_start(const serve_options *o, const serve_hooks *h, const char 
         .api_key = o->api_key,
         .model_name = name,
         .max_body = (size_t)o->max_body,
+        .max_body_memory = (size_t)(o->max_body_memory_mib << 20),
         .http_threads = (uint32_t)o->http_threads,
+        .workers = (uint32_t)o->http_workers,
+        .max_connections = (uint32_t)o->max_connections,
+        .max_connections_per_ip = (uint32_t)o->max_connections_per_ip,
+        .header_timeout_s = (uint32_t)o->header_timeout_s,
+        .body_timeout_s = (uint32_t)o->body_timeout_s,
+        .idle_timeout_s = (uint32_t)o->idle_timeout_s,
+        .allowed_hosts = o->allowed_hosts,
+        .n_allowed_hosts = o->n_allowed_hosts,
+        .cors_origins = o->cors_origins,
+        .n_cors_origins = o->n_cors_origins,
         .metrics = st->reg,
     };
     if (http_server_start(&sc, &st->srv, err, err_cap) != 0) return -1;

@@ -4,6 +4,12 @@
  * the HTTP front end (http.h) and the scheduler (scheduler.h), serve until
  * asked to stop, then drain and shut down in the one safe order.
  *
+ * Clients: connections are limited in number (in all and per client
+ * address; past either 503 at once) and in time (deadlines for the request
+ * head, the body and a kept-alive connection's idle time that trickled
+ * bytes do not extend); request bodies share a memory cap; Host, media type
+ * and CORS are checked before a body is read (http.h, listener.h,
+ * http_policy.h; the options below).
  * Start: the HTTP server listens first (API routes answer 503 "loading"),
  * then the model is opened, the KV pool sized, the scheduler created (its
  * warm-up forward runs), and the server set ready.
@@ -32,6 +38,8 @@
 
 #include "engine_api/orch_engine.h"
 
+#define SERVE_MAX_LIST 16 /* --allowed-host / --cors-origin values */
+
 /* Integer options are uint64_t so that a flag parser can write them all the
  * same way; serve_run takes them as they are (ranges are the CLI's job). */
 typedef struct serve_options {
@@ -42,6 +50,8 @@ typedef struct serve_options {
     const char *model_name;     /* NULL = serve_default_model_name(ckpt) or mock-gpt2 */
     const char *api_key;        /* NULL or "" = none */
     int threads;                /* engine threads; -1 = the config's (mock: 1) */
+    int trust_config_engine;    /* the checkpoint config's engine may be a library
+                                   path (INFERENCE_MODEL_TRUST_CONFIG_ENGINE) */
     uint64_t port;              /* 0 = any free port */
     uint64_t max_seqs;          /* running sequences */
     uint64_t max_batch_tokens;  /* tokens per scheduler iteration */
@@ -49,13 +59,33 @@ typedef struct serve_options {
     uint64_t kv_blocks;         /* KV pool blocks; 0 = from kv_memory_mib */
     uint64_t kv_memory_mib;     /* KV pool budget when kv_blocks is 0 */
     uint64_t max_body;          /* request body limit, bytes */
-    uint64_t http_threads;      /* HTTP polling threads */
-    uint64_t drain_timeout;     /* seconds running requests get after a stop */
+    uint64_t max_body_memory_mib; /* all request bodies in flight together */
+    uint64_t http_threads;        /* HTTP polling threads */
+    uint64_t http_workers;        /* parsing / rendering threads */
+    uint64_t drain_timeout;       /* seconds running requests get after a stop */
+    /* Connections (listener.h): at most max_connections open, at most
+     * max_connections_per_ip from one address (past either: 503 at once);
+     * the whole request head within header_timeout_s of the accept, the
+     * whole body within body_timeout_s of its head, the next request head on
+     * a kept-alive connection within idle_timeout_s (408 and close). */
+    uint64_t max_connections;
+    uint64_t max_connections_per_ip;
+    uint64_t header_timeout_s;
+    uint64_t body_timeout_s;
+    uint64_t idle_timeout_s;
+    /* Host and CORS (http_policy.h): extra accepted Host names; origins that
+     * get CORS headers ("*" = any). */
+    const char *allowed_hosts[SERVE_MAX_LIST];
+    size_t n_allowed_hosts;
+    const char *cors_origins[SERVE_MAX_LIST];
+    size_t n_cors_origins;
 } serve_options;
 
 /* The defaults of `orch serve` (port 8080, 64 sequences, 2048 tokens per
- * iteration, 1024 waiting, 1024 MiB of KV, 4 MiB bodies, 1 HTTP thread, 30 s
- * drain, threads -1, no API key). */
+ * iteration, 1024 waiting, 1024 MiB of KV, 4 MiB bodies, 256 MiB of bodies
+ * in flight, 1 HTTP thread, 2 workers, 30 s drain, 4096 connections, 1024
+ * per address, deadlines 10 s head, 60 s body, 15 s keep-alive idle, threads
+ * -1, no API key, no extra Host names, no CORS). */
 void serve_options_default(serve_options *o);
 
 typedef struct serve_hooks {

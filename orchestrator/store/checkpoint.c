@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "orchestrator/core/fsio.h"
+#include "orchestrator/core/json_read.h"
 #include "orchestrator/core/util.h"
 #include "orchestrator/store/ckpt_files.h"
 #include "orchestrator/store/safetensors.h"
@@ -32,8 +33,12 @@ int ckpt_verify(const char *ckpt_dir, char *err, size_t err_cap) {
     if (ckpt_path_join(p, sizeof p, ckpt_dir, CKPT_SUMS_FILE, err, err_cap) != 0)
         return -1;
     if (!ckpt_is_file(p)) {
-        util_set_err(err, err_cap, "%s: missing %s (incomplete checkpoint)", ckpt_dir,
-                     CKPT_SUMS_FILE);
+        if (ckpt_exists(p))
+            util_set_err(err, err_cap, "%s: %s is not a regular file", ckpt_dir,
+                         CKPT_SUMS_FILE);
+        else
+            util_set_err(err, err_cap, "%s: missing %s (incomplete checkpoint)", ckpt_dir,
+                         CKPT_SUMS_FILE);
         return -1;
     }
     if (fsio_read_file(p, 1 << 16, &text, NULL, err, err_cap) != 0) return -1;
@@ -71,7 +76,8 @@ int ckpt_verify(const char *ckpt_dir, char *err, size_t err_cap) {
         char fp[PATH_MAX];
         if (ckpt_path_join(fp, sizeof fp, ckpt_dir, file, err, err_cap) != 0) goto out;
         if (!ckpt_is_file(fp)) {
-            util_set_err(err, err_cap, "%s: missing file %s", ckpt_dir, file);
+            util_set_err(err, err_cap, "%s: %s %s", ckpt_dir,
+                         ckpt_exists(fp) ? "not a regular file:" : "missing file", file);
             goto out;
         }
         uint8_t dg[32];
@@ -141,8 +147,11 @@ int ckpt_find_latest(const char *path, char *out_dir, size_t out_cap, char *warn
     char *text = NULL;
     if (ckpt_path_join(p, sizeof p, path, CKPT_LATEST_FILE, err, err_cap) != 0) return -1;
     if (fsio_read_file(p, 4096, &text, NULL, verr, sizeof verr) != 0) {
-        if (errno == ENOENT || !ckpt_is_file(p))
+        if (errno == ENOENT || !ckpt_exists(p))
             snprintf(problem, sizeof problem, "no '%s' file", CKPT_LATEST_FILE);
+        else if (!ckpt_is_file(p))
+            snprintf(problem, sizeof problem, "'%s' is not a regular file",
+                     CKPT_LATEST_FILE);
         else
             snprintf(problem, sizeof problem, "cannot read '%s': %s", CKPT_LATEST_FILE,
                      verr);
@@ -223,20 +232,68 @@ int ckpt_read_state(const char *ckpt_dir, char **state_json, char *err, size_t e
     return fsio_read_file(p, CKPT_STATE_MAX_BYTES, state_json, NULL, err, err_cap);
 }
 
-int ckpt_read_config(const char *ckpt_dir, orch_config **out, char *tokenizer,
-                     size_t tokenizer_cap, char *err, size_t err_cap) {
-    char *text = NULL;
-    if (ckpt_read_state(ckpt_dir, &text, err, err_cap) != 0) return -1;
-    cJSON *root = cJSON_Parse(text);
-    free(text);
-    if (!root) {
-        util_set_err(err, err_cap, "%s/%s: not valid JSON", ckpt_dir, CKPT_STATE_FILE);
+/* state.json parsed: one JSON object and nothing after it. */
+static int parse_state(const char *ckpt_dir, const char *text, size_t len, cJSON **out,
+                       char *err, size_t err_cap) {
+    if (strlen(text) != len) {
+        util_set_err(err, err_cap, "%s/%s: not valid JSON (it contains a NUL byte)",
+                     ckpt_dir, CKPT_STATE_FILE);
         return -1;
     }
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithOpts(text, &end, 1);
+    if (!root) {
+        int line = 1, col = 1;
+        const char *stop = end ? end : text;
+        for (const char *p = text; p < stop && *p; p++) {
+            if (*p == '\n') {
+                line++;
+                col = 1;
+            } else {
+                col++;
+            }
+        }
+        util_set_err(err, err_cap, "%s/%s: not valid JSON (%s at line %d, column %d)",
+                     ckpt_dir, CKPT_STATE_FILE,
+                     len == 0 ? "empty file"
+                     : *stop  ? "unexpected text"
+                              : "unexpected end",
+                     line, col);
+        return -1;
+    }
+    if (!cJSON_IsObject(root)) {
+        util_set_err(err, err_cap, "%s/%s: not a JSON object (it holds %s)", ckpt_dir,
+                     CKPT_STATE_FILE, json_read_type_name(root));
+        cJSON_Delete(root);
+        return -1;
+    }
+    *out = root;
+    return 0;
+}
+
+int ckpt_read_config(const char *ckpt_dir, orch_config **out, char *tokenizer,
+                     size_t tokenizer_cap, char *err, size_t err_cap) {
+    char p[PATH_MAX], *text = NULL;
+    size_t len = 0;
+    if (ckpt_path_join(p, sizeof p, ckpt_dir, CKPT_STATE_FILE, err, err_cap) != 0 ||
+        fsio_read_file(p, CKPT_STATE_MAX_BYTES, &text, &len, err, err_cap) != 0)
+        return -1;
+    cJSON *root = NULL;
+    int rc = parse_state(ckpt_dir, text, len, &root, err, err_cap);
+    free(text);
+    if (rc != 0) return -1;
     const cJSON *c = cJSON_GetObjectItemCaseSensitive(root, "config");
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(root, "tokenizer");
     if (!cJSON_IsObject(c)) {
-        util_set_err(err, err_cap, "%s/%s: no \"config\" object", ckpt_dir,
-                     CKPT_STATE_FILE);
+        util_set_err(err, err_cap, "%s/%s: no \"config\" object%s%s", ckpt_dir,
+                     CKPT_STATE_FILE, c ? ": it is " : "",
+                     c ? json_read_type_name(c) : "");
+        cJSON_Delete(root);
+        return -1;
+    }
+    if (t && !cJSON_IsString(t)) {
+        util_set_err(err, err_cap, "%s/%s: tokenizer: expected a string, got %s",
+                     ckpt_dir, CKPT_STATE_FILE, json_read_type_name(t));
         cJSON_Delete(root);
         return -1;
     }
@@ -247,30 +304,40 @@ int ckpt_read_config(const char *ckpt_dir, orch_config **out, char *tokenizer,
         cJSON_Delete(root);
         return -1;
     }
-    if (tokenizer) {
-        const cJSON *t = cJSON_GetObjectItemCaseSensitive(root, "tokenizer");
+    if (tokenizer)
         snprintf(tokenizer, tokenizer_cap, "%s",
-                 cJSON_IsString(t) ? t->valuestring : cfg->data.tokenizer);
-    }
+                 t ? t->valuestring : cfg->data.tokenizer);
     cJSON_Delete(root);
     *out = cfg;
     return 0;
 }
 
 int ckpt_read_step(const char *ckpt_dir, uint64_t *step, char *err, size_t err_cap) {
-    char p[PATH_MAX], *text = NULL;
+    char p[PATH_MAX], *text = NULL, msg[256];
     if (ckpt_path_join(p, sizeof p, ckpt_dir, CKPT_META_FILE, err, err_cap) != 0)
         return -1;
     if (fsio_read_file(p, CKPT_META_MAX_BYTES, &text, NULL, NULL, 0) == 0) {
-        cJSON *j = cJSON_Parse(text);
+        const char *end = NULL;
+        cJSON *j = cJSON_ParseWithOpts(text, &end, 1);
         free(text);
-        const cJSON *s = cJSON_GetObjectItemCaseSensitive(j, "step");
-        if (cJSON_IsNumber(s) && s->valuedouble >= 0) {
-            *step = (uint64_t)s->valuedouble;
+        if (!cJSON_IsObject(j)) {
             cJSON_Delete(j);
+            util_set_err(err, err_cap, "%s: not a JSON object", p);
+            return -1;
+        }
+        uint64_t s = 0;
+        int rc = json_read_u64(j, "step", JSON_READ_REQUIRED, 0, 0, JSON_READ_U64_MAX, &s,
+                               msg, sizeof msg);
+        int missing = rc != 0 && !cJSON_GetObjectItemCaseSensitive(j, "step");
+        cJSON_Delete(j);
+        if (rc == 0) {
+            *step = s;
             return 0;
         }
-        cJSON_Delete(j);
+        if (!missing) {
+            util_set_err(err, err_cap, "%s: %s", p, msg);
+            return -1;
+        }
     }
     const char *base = strrchr(ckpt_dir, '/');
     base = base ? base + 1 : ckpt_dir;

@@ -65,14 +65,21 @@ int ckpt_read_state(const char *ckpt_dir, char **state_json, char *err, size_t e
  * *out: config_free) and, when tokenizer is not NULL, the tokenizer the run
  * used (state.json's "tokenizer", else the config's data.tokenizer).
  * Errors name the file and the problem: "DIR/state.json: no such file or
- * directory", "DIR/state.json: not valid JSON", "DIR/state.json: no
- * \"config\" object", "DIR/state.json: config: model.width: missing required
- * key". On failure *out is untouched. */
+ * directory", "DIR/state.json: not a regular file", "DIR/state.json: not
+ * valid JSON (unexpected text at line 3, column 7)" (also for trailing text
+ * after the object, an empty file or a NUL byte), "DIR/state.json: not a
+ * JSON object (it holds an array)", "DIR/state.json: no \"config\" object",
+ * "DIR/state.json: config: model.width: missing required key". On failure
+ * *out is untouched. The config's engine.name is not checked here (see
+ * engine_check_config_name). */
 int ckpt_read_config(const char *ckpt_dir, orch_config **out, char *tokenizer,
                      size_t tokenizer_cap, char *err, size_t err_cap);
 
 /* Step recorded in the checkpoint's meta.json (falls back to the ckpt-STEP
- * directory name). */
+ * directory name when there is no meta.json or it has no "step"). Errors: a
+ * meta.json that is not a JSON object or whose step is not an integer in
+ * [0, 2^53] ("DIR/meta.json: step: 1e+300 is out of range
+ * (0..9007199254740992)"), or no step recorded anywhere. */
 int ckpt_read_step(const char *ckpt_dir, uint64_t *step, char *err, size_t err_cap);
 
 /* 1 if the checkpoint holds optimizer.safetensors, else 0. */

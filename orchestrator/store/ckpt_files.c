@@ -7,7 +7,6 @@
 
 #include <dirent.h>
 #include <errno.h>
-#include <ftw.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -37,6 +36,11 @@ int ckpt_is_file(const char *path) {
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
+int ckpt_exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
 int ckpt_parse_name(const char *name, uint64_t *step) {
     size_t pl = strlen(CKPT_PREFIX);
     if (strncmp(name, CKPT_PREFIX, pl) != 0) return -1;
@@ -45,19 +49,6 @@ int ckpt_parse_name(const char *name, uint64_t *step) {
     for (const char *p = d; *p; p++)
         if (*p < '0' || *p > '9') return -1;
     return util_parse_u64(d, step);
-}
-
-static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb;
-    (void)flag;
-    (void)ftw;
-    return remove(p) == 0 || errno == ENOENT ? 0 : -1;
-}
-
-int ckpt_rm_rf(const char *path) {
-    struct stat st;
-    if (lstat(path, &st) != 0) return errno == ENOENT ? 0 : -1;
-    return nftw(path, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
 }
 
 static int cmp_step_desc(const void *a, const void *b) {

@@ -40,13 +40,13 @@
 /* out = DIR/NAME ("DIR/NAME: path too long" when it does not fit). */
 int ckpt_path_join(char *out, size_t cap, const char *dir, const char *name, char *err,
                    size_t err_cap);
-/* 1 when PATH is a directory / a regular file (following symlinks). */
+/* 1 when PATH is a directory / a regular file / anything at all (following
+ * symlinks). */
 int ckpt_is_dir(const char *path);
 int ckpt_is_file(const char *path);
+int ckpt_exists(const char *path);
 /* "ckpt-DIGITS" -> step: 0, or -1 when the name is not one. */
 int ckpt_parse_name(const char *name, uint64_t *step);
-/* rm -rf PATH without following symlinks (a missing PATH is fine). */
-int ckpt_rm_rf(const char *path);
 
 /* One ckpt-* directory of a run directory. */
 typedef struct ckpt_ent {

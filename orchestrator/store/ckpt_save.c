@@ -195,27 +195,42 @@ static int write_contents(const char *dir, const ckpt_tsrc *params,
 /* Stale temp dirs, retention                                                 */
 /* ------------------------------------------------------------------------- */
 
+/* 1 when a temp entry named with PID belongs to a process that is gone (or
+ * to this one, for the checkpoint's own temp names: an earlier failed save). */
+static int owner_gone(uint64_t pid, int own_is_gone) {
+    if (pid == 0 || pid > INT_MAX) return 1;
+    if ((pid_t)pid == getpid()) return own_is_gone;
+    return kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+}
+
 /* Remove RUN/.tmp-ckpt-*-PID, RUN/.trash-ckpt-*-PID and RUN/.latest.tmp-PID
- * left by dead processes (or by an earlier failed save of this one). */
+ * left by dead processes (or by an earlier failed save of this one), and the
+ * fsio temp files (config.json.tmp.PID.N, metrics.jsonl.tmp.PID.N) of dead
+ * processes. Best effort: what cannot be removed now is retried next save. */
 static void clean_stale(const char *run_dir) {
-    DIR *d = opendir(run_dir);
+    DIR *d = fsio_opendir(run_dir, NULL, 0);
     if (!d) return;
     struct dirent *e;
     while ((e = readdir(d)) != NULL) {
         const char *n = e->d_name;
-        if (strncmp(n, CKPT_TMP_PREFIX, strlen(CKPT_TMP_PREFIX)) != 0 &&
-            strncmp(n, CKPT_TRASH_PREFIX, strlen(CKPT_TRASH_PREFIX)) != 0 &&
-            strncmp(n, CKPT_LATEST_TMP_PREFIX, strlen(CKPT_LATEST_TMP_PREFIX)) != 0)
-            continue;
-        const char *dash = strrchr(n, '-');
+        long tmp_pid = 0;
         uint64_t pid = 0;
-        int dead = 1;
-        if (dash && util_parse_u64(dash + 1, &pid) == 0 && pid > 0 && pid <= INT_MAX &&
-            (pid_t)pid != getpid())
-            dead = kill((pid_t)pid, 0) != 0 && errno == ESRCH;
-        if (!dead) continue;
+        int gone;
+        if (strncmp(n, CKPT_TMP_PREFIX, strlen(CKPT_TMP_PREFIX)) == 0 ||
+            strncmp(n, CKPT_TRASH_PREFIX, strlen(CKPT_TRASH_PREFIX)) == 0 ||
+            strncmp(n, CKPT_LATEST_TMP_PREFIX, strlen(CKPT_LATEST_TMP_PREFIX)) == 0) {
+            const char *dash = strrchr(n, '-');
+            if (!dash || util_parse_u64(dash + 1, &pid) != 0) pid = 0;
+            gone = owner_gone(pid, 1);
+        } else if (fsio_tmp_name_pid(n, &tmp_pid)) {
+            gone = owner_gone((uint64_t)tmp_pid, 0);
+        } else {
+            continue;
+        }
+        if (!gone) continue;
         char p[PATH_MAX];
-        if (snprintf(p, sizeof p, "%s/%s", run_dir, n) < (int)sizeof p) ckpt_rm_rf(p);
+        if (snprintf(p, sizeof p, "%s/%s", run_dir, n) < (int)sizeof p)
+            (void)fsio_rm_rf(p, NULL, 0);
     }
     closedir(d);
 }
@@ -243,7 +258,7 @@ static void delete_ckpt(const char *run_dir, const char *name) {
                  name + strlen(CKPT_PREFIX), (long)getpid()) >= (int)sizeof to)
         return;
     if (fsio_rename(from, to, NULL, 0) != 0) return;
-    ckpt_rm_rf(to);
+    (void)fsio_rm_rf(to, NULL, 0); /* the next save retries what is left */
 }
 
 static void apply_retention(const char *run_dir, const char *latest_name, int keep_last) {
@@ -285,7 +300,7 @@ static int update_latest(const char *run_dir, const char *name, char *err,
     int tl = snprintf(text, sizeof text, "%s\n", name);
     if (fsio_write_file(tmp, text, (size_t)tl, err, err_cap) != 0 ||
         fsio_rename(tmp, dst, err, err_cap) != 0) {
-        unlink(tmp);
+        (void)fsio_unlink(tmp, NULL, 0);
         return -1;
     }
     return fsio_fsync_path(run_dir, 1, err, err_cap);
@@ -298,10 +313,11 @@ static int install_dir(const char *tmp, const char *final, const char *trash, ch
                        size_t err_cap) {
     if (fsio_rename(tmp, final, err, err_cap) == 0) return 0;
     if (errno != EEXIST && errno != ENOTEMPTY) return -1;
-    if (fsio_exchange(tmp, final, NULL, 0) == 0) {
-        ckpt_rm_rf(tmp); /* now holds the old contents */
+    if (fsio_exchange(tmp, final, err, err_cap) == 0) {
+        (void)fsio_rm_rf(tmp, NULL, 0); /* now holds the old contents */
         return 0;
     }
+    if (errno != EINVAL && errno != ENOSYS) return -1; /* a real failure */
     /* No RENAME_EXCHANGE on this file system: move the old one aside first. */
     if (fsio_rename(final, trash, err, err_cap) != 0) return -1;
     if (fsio_rename(tmp, final, err, err_cap) != 0) {
@@ -310,7 +326,7 @@ static int install_dir(const char *tmp, const char *final, const char *trash, ch
         errno = e;
         return -1;
     }
-    ckpt_rm_rf(trash);
+    (void)fsio_rm_rf(trash, NULL, 0);
     return 0;
 }
 
@@ -343,8 +359,8 @@ int ckpt_save(const char *run_dir, uint64_t step, const engine_handle *h,
         util_set_err(err, err_cap, "%s: path too long", run_dir);
         return -1;
     }
-    ckpt_rm_rf(tmp);
-    if (fsio_mkdir(tmp, err, err_cap) != 0) return -1;
+    if (fsio_rm_rf(tmp, err, err_cap) != 0 || fsio_mkdir(tmp, err, err_cap) != 0)
+        return -1;
     ckpt_tsrc params = { h, ctx, ORCH_TENSOR_PARAM, NULL, 0 };
     ckpt_tsrc m = { h, ctx, ORCH_TENSOR_ADAM_M, NULL, 0 };
     ckpt_tsrc v = { h, ctx, ORCH_TENSOR_ADAM_V, NULL, 0 };
@@ -359,7 +375,7 @@ int ckpt_save(const char *run_dir, uint64_t step, const engine_handle *h,
     if (out_dir && out_cap) snprintf(out_dir, out_cap, "%s", final);
     return 0;
 fail:
-    ckpt_rm_rf(tmp);
+    (void)fsio_rm_rf(tmp, NULL, 0); /* else removed by the next save */
     return -1;
 }
 
@@ -395,13 +411,13 @@ int ckpt_write_dir(const char *ckpt_dir, const ckpt_tensor *tensors, size_t n,
         util_set_err(err, err_cap, "%s: path too long", ckpt_dir);
         return -1;
     }
-    ckpt_rm_rf(tmp);
-    if (fsio_mkdir(tmp, err, err_cap) != 0) return -1;
+    if (fsio_rm_rf(tmp, err, err_cap) != 0 || fsio_mkdir(tmp, err, err_cap) != 0)
+        return -1;
     ckpt_tsrc src = { NULL, NULL, 0, tensors, n };
     if (write_contents(tmp, &src, NULL, NULL, state_json, step, NAN, "", err, err_cap) !=
             0 ||
         fsio_rename(tmp, ckpt_dir, err, err_cap) != 0) {
-        ckpt_rm_rf(tmp);
+        (void)fsio_rm_rf(tmp, NULL, 0);
         return -1;
     }
     return fsio_fsync_path(pdir, 1, err, err_cap);

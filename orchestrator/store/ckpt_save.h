@@ -4,7 +4,8 @@
  * checkpoint directory, e.g. imported weights). The layout is described in
  * checkpoint.h, which includes this header; callers include checkpoint.h.
  *
- * Save protocol (ckpt_save): stale temp dirs of dead processes are removed;
+ * Save protocol (ckpt_save): stale temp dirs of dead processes (and their
+ * fsio temp files, e.g. config.json.tmp.PID.N) are removed;
  * everything is written into RUN/.tmp-ckpt-STEP-PID/, every file and the dir
  * are fsynced, the dir is renamed to ckpt-STEP (atomically exchanged with an
  * existing ckpt-STEP when one is there), RUN is fsynced, then `latest` is
@@ -17,9 +18,14 @@
  * Memory: nothing is returned that the caller must free.
  * Threads: reentrant; two processes must not save into the same run
  * directory at once.
- * Errors: 0 / -1 with a one-line message in err; nothing is printed. A
- * failed save removes its temp dir and leaves everything that existed
- * before, `latest` included, unchanged.
+ * Errors: 0 / -1 with a one-line message in err naming the file that
+ * failed; nothing is printed. A failed save removes its temp dir (or the
+ * next save does) and leaves everything that existed before, `latest`
+ * included, unchanged; once `latest` names the new checkpoint, a failure is
+ * still reported (e.g. the final fsync of RUN) while `latest` stays valid.
+ * Failures of the cleanup steps (stale temp dirs, retention) are not errors:
+ * the next save retries them. tests/test_fault_injection.c fails every
+ * write-side call of a save in turn and checks all of this.
  */
 #ifndef ORCH_CKPT_SAVE_H
 #define ORCH_CKPT_SAVE_H

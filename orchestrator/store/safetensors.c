@@ -440,6 +440,35 @@ out:
     return rc;
 }
 
+/* Validate the size bytes at p (the whole file; NULL when size < 8) into f:
+ * header length against the size, then the header. f borrows p. */
+static int parse_bytes(safetensors_file *f, const char *path, const uint8_t *p,
+                       uint64_t size, char *err, size_t err_cap) {
+    if (size < 8 || !p) {
+        util_set_err(err, err_cap,
+                     "%s: file is %llu bytes, too short for a safetensors "
+                     "header (truncated?)",
+                     path, (unsigned long long)size);
+        return -1;
+    }
+    uint64_t hlen = 0;
+    for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | p[i];
+    if (hlen > size - 8) {
+        util_set_err(err, err_cap,
+                     "%s: header length %llu exceeds the file size %llu "
+                     "(truncated or not a safetensors file)",
+                     path, (unsigned long long)hlen, (unsigned long long)size);
+        return -1;
+    }
+    if (hlen > HEADER_MAX) {
+        util_set_err(err, err_cap, "%s: header length %llu exceeds the %llu limit", path,
+                     (unsigned long long)hlen, (unsigned long long)HEADER_MAX);
+        return -1;
+    }
+    return parse_header(f, path, (const char *)p + 8, (size_t)hlen, size - 8 - hlen,
+                        p + 8 + hlen, err, err_cap);
+}
+
 int safetensors_open(const char *path, safetensors_file **out, char *err,
                      size_t err_cap) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -454,52 +483,47 @@ int safetensors_open(const char *path, safetensors_file **out, char *err,
         return -1;
     }
     uint64_t size = (uint64_t)st.st_size;
-    if (size < 8) {
-        util_set_err(err, err_cap,
-                     "%s: file is %llu bytes, too short for a safetensors "
-                     "header (truncated?)",
-                     path, (unsigned long long)size);
-        close(fd);
-        return -1;
-    }
     safetensors_file *f = util_calloc(1, sizeof *f);
     if (!f) {
         util_set_err(err, err_cap, "%s: out of memory", path);
         close(fd);
         return -1;
     }
-    void *map = mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (size >= 8) { /* shorter files are refused by parse_bytes */
+        void *map = mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (map == MAP_FAILED) {
+            util_set_err(err, err_cap, "%s: mmap: %s", path, strerror(errno));
+            close(fd);
+            free(f);
+            return -1;
+        }
+        f->map = map;
+        f->map_len = (size_t)size;
+    }
     close(fd);
-    if (map == MAP_FAILED) {
-        util_set_err(err, err_cap, "%s: mmap: %s", path, strerror(errno));
-        free(f);
+    if (parse_bytes(f, path, f->map, size, err, err_cap) != 0) {
+        safetensors_close(f);
         return -1;
     }
-    f->map = map;
-    f->map_len = (size_t)size;
-    const uint8_t *p = map;
-    uint64_t hlen = 0;
-    for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | p[i];
-    if (hlen > size - 8) {
-        util_set_err(err, err_cap,
-                     "%s: header length %llu exceeds the file size %llu "
-                     "(truncated or not a safetensors file)",
-                     path, (unsigned long long)hlen, (unsigned long long)size);
-        goto fail;
-    }
-    if (hlen > HEADER_MAX) {
-        util_set_err(err, err_cap, "%s: header length %llu exceeds the %llu limit", path,
-                     (unsigned long long)hlen, (unsigned long long)HEADER_MAX);
-        goto fail;
-    }
-    if (parse_header(f, path, (const char *)p + 8, (size_t)hlen, size - 8 - hlen,
-                     p + 8 + hlen, err, err_cap) != 0)
-        goto fail;
     *out = f;
     return 0;
-fail:
-    safetensors_close(f);
-    return -1;
+}
+
+int safetensors_open_memory(const void *buf, size_t len, const char *name,
+                            safetensors_file **out, char *err, size_t err_cap) {
+    if (!name) name = "<memory>";
+    safetensors_file *f = util_calloc(1, sizeof *f);
+    if (!f) {
+        util_set_err(err, err_cap, "%s: out of memory", name);
+        return -1;
+    }
+    /* f->map stays NULL: the buffer is the caller's, never unmapped. */
+    if (parse_bytes(f, name, buf, len, err, err_cap) != 0) {
+        safetensors_close(f);
+        return -1;
+    }
+    *out = f;
+    return 0;
 }
 
 /* ------------------------------------------------------------------------- */

@@ -91,6 +91,12 @@ typedef struct safetensors_file safetensors_file;
 /* Map and validate PATH. Returns 0 and *out, or -1 with
  * "PATH: PROBLEM" in err. */
 int safetensors_open(const char *path, safetensors_file **out, char *err, size_t err_cap);
+/* The same checks over len bytes at buf, a whole file already in memory
+ * (tests, fuzzing). name (may be NULL: "<memory>") stands for PATH in errors.
+ * The file borrows buf: keep it unchanged until safetensors_close, which does
+ * not free it; tensor data points into it. */
+int safetensors_open_memory(const void *buf, size_t len, const char *name,
+                            safetensors_file **out, char *err, size_t err_cap);
 /* Unmap and free. NULL is a no-op. */
 void safetensors_close(safetensors_file *f);
 

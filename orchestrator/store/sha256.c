@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "orchestrator/core/fsio.h"
 #include "orchestrator/core/util.h"
 
 void sha256_init(sha256_ctx *c) {
@@ -51,11 +52,8 @@ int sha256_buffer(const void *data, size_t len, uint8_t out[32]) {
 }
 
 int sha256_file(const char *path, uint8_t out[32], char *err, size_t err_cap) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        util_set_err(err, err_cap, "%s: %s", path, strerror(errno));
-        return -1;
-    }
+    int fd;
+    if (fsio_open_regular(path, &fd, NULL, err, err_cap) != 0) return -1;
     enum { CHUNK = 1 << 20 };
     unsigned char *buf = malloc(CHUNK);
     if (!buf) {

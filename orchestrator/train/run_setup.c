@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 
 #include "orchestrator/core/config.h"
+#include "orchestrator/core/engine_loader.h"
 #include "orchestrator/core/util.h"
 #include "orchestrator/store/checkpoint.h"
 #include "orchestrator/train/run_setup.h"
@@ -190,6 +191,25 @@ static int check_model_kept(const run_setup *rs, char *err, size_t err_cap) {
     return -1;
 }
 
+/* engine.name from a file (not --engine or --set engine.name=) must be a
+ * built-in name unless trusted. */
+static int check_engine_trust(const run_setup_opts *o, const run_setup *rs, char *err,
+                              size_t err_cap) {
+    if (o->engine) return 0;
+    for (size_t i = 0; i < o->n_sets; i++)
+        if (strncmp(o->sets[i], "engine.name=", 12) == 0) return 0;
+    const char *ckpt = rs->resume_ckpt[0] ? rs->resume_ckpt : rs->init_ckpt;
+    char origin[PATH_MAX + 16];
+    if (o->config_path)
+        snprintf(origin, sizeof origin, "%s", o->config_path);
+    else if (ckpt[0])
+        snprintf(origin, sizeof origin, "%s/state.json", ckpt);
+    else
+        snprintf(origin, sizeof origin, "%.*s", PATH_MAX, rs->cfg->source);
+    return engine_check_config_name(rs->cfg->engine.name, origin, o->trust_config_engine,
+                                    err, err_cap);
+}
+
 /* A fresh run must not silently mix with an existing one. */
 static int check_fresh_dir(const run_setup *rs, char *err, size_t err_cap) {
     if (rs->resume_ckpt[0] || !is_dir(rs->run_dir)) return 0;
@@ -254,7 +274,9 @@ int run_setup_prepare(const run_setup_opts *o, run_setup *rs, char *err, size_t 
         goto fail;
     }
     if (apply_overrides(o, rs->cfg, err, err_cap) != 0 ||
-        check_model_kept(rs, err, err_cap) != 0 || check_fresh_dir(rs, err, err_cap) != 0)
+        check_model_kept(rs, err, err_cap) != 0 ||
+        check_fresh_dir(rs, err, err_cap) != 0 ||
+        check_engine_trust(o, rs, err, err_cap) != 0)
         goto fail;
     config_free(ckpt_cfg);
     return 0;

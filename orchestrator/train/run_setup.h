@@ -26,6 +26,12 @@
  *     still equal the checkpoint's after them.
  *   - A fresh run (not --resume) refuses a run directory that already holds
  *     a checkpoint.
+ *   - Engine trust: unless --engine (or --set engine.name=...) names it on
+ *     the command line, the merged engine.name comes from a file (the
+ *     --config file, the checkpoint's state.json or the built-in default)
+ *     and must be a built-in engine name (mock, cpu, cuda) unless
+ *     --trust-config-engine is given (engine_check_config_name). So a
+ *     config or checkpoint cannot make `orch train` dlopen a library.
  *
  * Memory: run_setup owns its cfg (run_setup_free); opts strings are borrowed.
  * Threads: no shared state (reads the file system and /proc/self/exe).
@@ -37,6 +43,9 @@
  *   "--init: the model section cannot change (it differs from DIR/state.json)"
  *   "runs/t already holds checkpoints (newest runs/t/ckpt-00000040): use
  *    --resume to continue it or --out for a new run"
+ *   "runs/x/ckpt-00000040/state.json: config engine.name 'x.so' is a library
+ *    path; paths are only accepted from the command line: pass
+ *    --engine=x.so, or --trust-config-engine"
  * and config errors as config.h words them; all are bad input (exit 2).
  */
 #ifndef ORCH_RUN_SETUP_H
@@ -60,6 +69,8 @@ typedef struct run_setup_opts {
     size_t n_sets;
     const char *default_root; /* holds configs/default.json; NULL = search
                                      (<exe dir>/.., then ".") */
+    int trust_config_engine;  /* --trust-config-engine: engine.name from a
+                                 file may be a library file or path */
 } run_setup_opts;
 
 typedef struct run_setup {

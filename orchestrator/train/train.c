@@ -455,8 +455,17 @@ static int train_loop(trainer *t, train_result *res, int *kind, char *err, size_
         if (((c->eval_every && step % c->eval_every == 0) || last) &&
             eval_step(t, step, &val_at_step, &stop_early, kind, err, cap) != 0)
             return -1;
-        train_jsonl_write(t->jsonl, step, loss, lr, gnorm, t->st.tokens_per_s,
-                          t->st.elapsed_s, val_at_step);
+        /* A lost metrics line stops the run: a resume from the last
+         * checkpoint writes it again (metrics.jsonl is cut back to it). */
+        if (train_jsonl_append(t->jsonl, o->run_dir, step, loss, lr, gnorm,
+                               t->st.tokens_per_s, t->st.elapsed_s, val_at_step, msg,
+                               sizeof msg) != 0) {
+            char last[4300] = "";
+            if (t->have_ckpt)
+                snprintf(last, sizeof last, " (last good checkpoint: %s)", t->ckpt_dir);
+            return fail(kind, TRAIN_ERR_RUNTIME, err, cap, "step %llu: %s%s",
+                        (unsigned long long)step, msg, last);
+        }
         train_metrics_step(&t->m, step, loss, lr, gnorm, &t->st, step_tokens, dt);
 
         /* Ranks stop together: a signal counts when any rank had it at the

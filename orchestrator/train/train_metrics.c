@@ -6,11 +6,14 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/types.h>
+#include <unistd.h>
 
 #include "orchestrator/core/fsio.h"
 #include "orchestrator/core/util.h"
@@ -105,6 +108,15 @@ void train_metrics_eval(train_metrics *m, double val_loss) {
 /* metrics.jsonl                                                              */
 /* ------------------------------------------------------------------------- */
 
+static int jsonl_path(char *path, size_t cap, const char *run_dir, char *err,
+                      size_t err_cap) {
+    if (snprintf(path, cap, "%s/metrics.jsonl", run_dir) >= (int)cap) {
+        util_set_err(err, err_cap, "%s: path too long", run_dir);
+        return -1;
+    }
+    return 0;
+}
+
 /* Rewrite PATH (open as `in`) keeping the complete lines whose step is <=
  * keep_step. */
 static int jsonl_cut(const char *path, FILE *in, uint64_t keep_step, char *err,
@@ -114,50 +126,87 @@ static int jsonl_cut(const char *path, FILE *in, uint64_t keep_step, char *err,
     char *line = NULL;
     size_t lcap = 0;
     ssize_t n;
-    while ((n = getline(&line, &lcap, in)) > 0) {
+    int rc = 0;
+    while (rc == 0 && (n = getline(&line, &lcap, in)) > 0) {
         if (line[n - 1] != '\n') break; /* torn last line */
         cJSON *j = cJSON_Parse(line);
         const cJSON *s = cJSON_GetObjectItemCaseSensitive(j, "step");
         int keep = cJSON_IsNumber(s) && s->valuedouble <= (double)keep_step;
         cJSON_Delete(j);
-        if (keep) fputs(line, f.fp);
+        if (keep) rc = fsio_atomic_write(&f, line, (size_t)n, err, cap);
+    }
+    if (rc == 0 && ferror(in)) {
+        util_set_err(err, cap, "%s: read: %s", path, strerror(errno));
+        rc = -1;
     }
     free(line);
+    if (rc != 0) {
+        fsio_atomic_abort(&f);
+        return -1;
+    }
     return fsio_atomic_commit(&f, err, cap);
+}
+
+/* Open an existing PATH for reading without blocking on a FIFO: 1 and *in
+ * when it is a regular file, 0 when it does not exist, -1 otherwise. */
+static int open_existing(const char *path, FILE **in, char *err, size_t cap) {
+    int fd;
+    if (fsio_open_regular(path, &fd, NULL, err, cap) != 0)
+        return errno == ENOENT ? 0 : -1;
+    *in = fdopen(fd, "r");
+    if (!*in) {
+        util_set_err(err, cap, "%s: %s", path, strerror(errno));
+        close(fd);
+        return -1;
+    }
+    return 1;
 }
 
 int train_jsonl_open(const char *run_dir, uint64_t keep_step, int fresh, FILE **out,
                      char *err, size_t cap) {
     char path[PATH_MAX];
-    if (snprintf(path, sizeof path, "%s/metrics.jsonl", run_dir) >= (int)sizeof path) {
-        util_set_err(err, cap, "%s: path too long", run_dir);
-        return -1;
-    }
+    if (jsonl_path(path, sizeof path, run_dir, err, cap) != 0) return -1;
     if (!fresh) {
-        FILE *in = fopen(path, "r");
-        if (in) {
+        FILE *in = NULL;
+        int have = open_existing(path, &in, err, cap);
+        if (have < 0) return -1;
+        if (have) {
             int rc = jsonl_cut(path, in, keep_step, err, cap);
             fclose(in);
             if (rc != 0) return -1;
         }
     }
-    *out = fopen(path, fresh ? "w" : "a");
+    int fd = fsio_open_append(path, fresh, err, cap);
+    if (fd < 0) return -1;
+    /* The stream only carries the descriptor (the caller fcloses it): lines
+     * are written by train_jsonl_append, one write(2) each. */
+    *out = fdopen(fd, "a");
     if (!*out) {
         util_set_err(err, cap, "%s: %s", path, strerror(errno));
+        close(fd);
         return -1;
     }
     return 0;
 }
 
-void train_jsonl_write(FILE *f, uint64_t step, double loss, double lr, double gnorm,
-                       double tps, double elapsed, double val_loss) {
-    if (!f) return;
-    fprintf(f,
-            "{\"step\":%llu,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,"
-            "\"tokens_per_s\":%.1f,\"elapsed\":%.3f",
-            (unsigned long long)step, loss, lr, gnorm, tps, elapsed);
-    if (isfinite(val_loss))
-        fprintf(f, ",\"val_loss\":%.9g,\"val_ppl\":%.9g", val_loss, exp(val_loss));
-    fprintf(f, "}\n");
-    fflush(f);
+int train_jsonl_append(FILE *f, const char *run_dir, uint64_t step, double loss,
+                       double lr, double gnorm, double tps, double elapsed,
+                       double val_loss, char *err, size_t cap) {
+    if (!f) return 0;
+    char line[512], path[PATH_MAX];
+    int n = snprintf(line, sizeof line,
+                     "{\"step\":%llu,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,"
+                     "\"tokens_per_s\":%.1f,\"elapsed\":%.3f",
+                     (unsigned long long)step, loss, lr, gnorm, tps, elapsed);
+    if (isfinite(val_loss) && n > 0 && n < (int)sizeof line)
+        n += snprintf(line + n, sizeof line - (size_t)n,
+                      ",\"val_loss\":%.9g,\"val_ppl\":%.9g", val_loss, exp(val_loss));
+    if (n > 0 && n < (int)sizeof line - 2) n += snprintf(line + n, 3, "}\n");
+    if (jsonl_path(path, sizeof path, run_dir ? run_dir : ".", err, cap) != 0) return -1;
+    if (n <= 0 || n >= (int)sizeof line) { /* cannot happen: the fields are numbers */
+        util_set_err(err, cap, "%s: line too long", path);
+        errno = EOVERFLOW;
+        return -1;
+    }
+    return fsio_write_all(fileno(f), line, (size_t)n, path, err, cap);
 }

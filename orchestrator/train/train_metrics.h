@@ -10,7 +10,8 @@
  * Threads: used by the training thread; the HTTP server reads the registry
  * from its own threads (metrics.h makes that safe).
  * Errors: 0 / -1 with a one-line message in err; nothing is printed except
- * the endpoint's address on `out`.
+ * the endpoint's address on `out`. A metrics.jsonl write error is an error
+ * of the run (train_jsonl_append), never ignored.
  */
 #ifndef ORCH_TRAIN_METRICS_H
 #define ORCH_TRAIN_METRICS_H
@@ -46,12 +47,22 @@ void train_metrics_eval(train_metrics *m, double val_loss);
 
 /* Open RUN_DIR/metrics.jsonl for appending into *out: truncated when fresh;
  * otherwise lines with a step above keep_step (and a torn last line) are
- * dropped first, by an atomic rewrite. */
+ * dropped first, by an atomic rewrite. Everything goes through fsio (fault
+ * sites); a metrics.jsonl that is not a regular file (a FIFO, a device) is
+ * refused without blocking. *out only carries the descriptor: write lines
+ * with train_jsonl_append, fclose it when done. */
 int train_jsonl_open(const char *run_dir, uint64_t keep_step, int fresh, FILE **out,
                      char *err, size_t err_cap);
-/* One line (val_loss and val_ppl only when val_loss is finite); flushed.
- * f may be NULL (nothing is written). */
-void train_jsonl_write(FILE *f, uint64_t step, double loss, double lr, double grad_norm,
-                       double tokens_per_s, double elapsed, double val_loss);
+
+/* Append one line (val_loss and val_ppl only when val_loss is finite) to f,
+ * opened by train_jsonl_open for RUN_DIR, with one write(2) (O_APPEND: a line
+ * is never split by buffering). f may be NULL (nothing is written).
+ * Errors: -1 with err = "RUN_DIR/metrics.jsonl: write: REASON" (e.g. no space
+ * left on device) and errno set. The caller stops the run: the line is lost,
+ * and a resume from the last checkpoint writes it again (metrics.jsonl is cut
+ * back to the checkpoint's step), so nothing is saved first. */
+int train_jsonl_append(FILE *f, const char *run_dir, uint64_t step, double loss,
+                       double lr, double grad_norm, double tokens_per_s, double elapsed,
+                       double val_loss, char *err, size_t err_cap);
 
 #endif

@@ -9,15 +9,11 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "orchestrator/core/json_read.h"
 #include "orchestrator/core/util.h"
 
 static cJSON *num_or_null(double v) {
     return isfinite(v) ? cJSON_CreateNumber(v) : cJSON_CreateNull();
-}
-
-static double get_num(const cJSON *obj, const char *key, double def) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-    return cJSON_IsNumber(v) ? v->valuedouble : def;
 }
 
 char *train_state_to_json(const train_state *s, const char *engine_name,
@@ -56,17 +52,54 @@ char *train_state_to_json(const train_state *s, const char *engine_name,
     return text;
 }
 
+/* The numbers of state.json, each range-checked before it is converted. */
+static int read_numbers(const cJSON *root, train_state *s, char *err, size_t cap) {
+    const uint64_t U53 = JSON_READ_U64_MAX;
+    const unsigned N = JSON_READ_NULLABLE;
+    uint64_t evals = 0, u = 0;
+    double d = 0;
+    if (json_read_u64(root, "step", JSON_READ_REQUIRED, 0, 0, U53, &s->step, err, cap) ||
+        json_read_u64(root, "total_steps", 0, 0, 0, U53, &s->total_steps, err, cap) ||
+        json_read_u64(root, "data.tokens_seen", 0, 0, 0, U53, &s->tokens_seen, err,
+                      cap) ||
+        json_read_u64(root, "best_val_step", 0, 0, 0, s->step, &s->best_val_step, err,
+                      cap) ||
+        json_read_u64(root, "evals_since_best", 0, 0, 0, UINT32_MAX, &evals, err, cap) ||
+        json_read_u64(root, "engine_threads", 0, 0, 0, UINT32_MAX, &u, err, cap) ||
+        json_read_f64(root, "best_val_loss", N, NAN, -HUGE_VAL, HUGE_VAL,
+                      &s->best_val_loss, err, cap) ||
+        json_read_f64(root, "metrics.loss", N, NAN, -HUGE_VAL, HUGE_VAL, &s->last_loss,
+                      err, cap) ||
+        json_read_f64(root, "metrics.val_loss", N, NAN, -HUGE_VAL, HUGE_VAL,
+                      &s->last_val_loss, err, cap) ||
+        json_read_f64(root, "metrics.elapsed_s", N, 0, 0, HUGE_VAL, &s->elapsed_s, err,
+                      cap) ||
+        json_read_f64(root, "metrics.tokens_per_s", N, 0, 0, HUGE_VAL, &s->tokens_per_s,
+                      err, cap) ||
+        json_read_f64(root, "schedule.last_lr", N, NAN, 0, HUGE_VAL, &s->last_lr, err,
+                      cap) ||
+        /* Checked, not kept: the schedule is rebuilt from the config. */
+        json_read_f64(root, "schedule.lr", N, 0, 0, HUGE_VAL, &d, err, cap) ||
+        json_read_f64(root, "schedule.min_lr", N, 0, 0, HUGE_VAL, &d, err, cap) ||
+        json_read_u64(root, "schedule.warmup_steps", 0, 0, 0, U53, &u, err, cap) ||
+        json_read_u64(root, "schedule.total_steps", 0, 0, 0, U53, &u, err, cap))
+        return -1;
+    s->evals_since_best = (uint32_t)evals;
+    return 0;
+}
+
 int train_state_from_json(const char *text, train_state *s, char *tok, size_t tok_cap,
                           char *err, size_t cap) {
-    cJSON *root = cJSON_Parse(text);
+    const char *end = NULL;
+    cJSON *root = text ? cJSON_ParseWithOpts(text, &end, 1) : NULL;
     if (!root || !cJSON_IsObject(root)) {
         cJSON_Delete(root);
         util_set_err(err, cap, "state.json is not a JSON object");
         return -1;
     }
     int rc = -1;
+    char msg[512];
     const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(root, "format");
-    const cJSON *step = cJSON_GetObjectItemCaseSensitive(root, "step");
     const cJSON *data = cJSON_GetObjectItemCaseSensitive(root, "data");
     const cJSON *rng = cJSON_GetObjectItemCaseSensitive(data, "rng");
     const cJSON *tk = cJSON_GetObjectItemCaseSensitive(root, "tokenizer");
@@ -75,29 +108,21 @@ int train_state_from_json(const char *text, train_state *s, char *tok, size_t to
                      TRAIN_STATE_FORMAT);
         goto out;
     }
-    if (!cJSON_IsNumber(step) || step->valuedouble < 0) {
-        util_set_err(err, cap, "state.json: missing or bad \"step\"");
+    memset(s, 0, sizeof *s);
+    if (read_numbers(root, s, msg, sizeof msg) != 0) {
+        util_set_err(err, cap, "state.json: %s", msg);
         goto out;
     }
-    memset(s, 0, sizeof *s);
-    s->step = (uint64_t)step->valuedouble;
-    s->total_steps = (uint64_t)get_num(root, "total_steps", 0);
     if (!cJSON_IsString(rng) || data_rng_from_hex(rng->valuestring, &s->rng)) {
         util_set_err(err, cap, "state.json: missing or bad \"data.rng\"");
         goto out;
     }
-    s->tokens_seen = (uint64_t)get_num(data, "tokens_seen", 0);
-    s->best_val_loss = get_num(root, "best_val_loss", NAN);
-    s->best_val_step = (uint64_t)get_num(root, "best_val_step", 0);
-    s->evals_since_best = (uint32_t)get_num(root, "evals_since_best", 0);
-    const cJSON *met = cJSON_GetObjectItemCaseSensitive(root, "metrics");
-    s->last_loss = get_num(met, "loss", NAN);
-    s->last_val_loss = get_num(met, "val_loss", NAN);
-    s->elapsed_s = get_num(met, "elapsed_s", 0);
-    s->tokens_per_s = get_num(met, "tokens_per_s", 0);
-    const cJSON *sch = cJSON_GetObjectItemCaseSensitive(root, "schedule");
-    s->last_lr = get_num(sch, "last_lr", NAN);
-    if (tok) snprintf(tok, tok_cap, "%s", cJSON_IsString(tk) ? tk->valuestring : "");
+    if (tk && !cJSON_IsString(tk)) {
+        util_set_err(err, cap, "state.json: tokenizer: expected a string, got %s",
+                     json_read_type_name(tk));
+        goto out;
+    }
+    if (tok) snprintf(tok, tok_cap, "%s", tk ? tk->valuestring : "");
     rc = 0;
 out:
     cJSON_Delete(root);

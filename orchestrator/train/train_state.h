@@ -46,8 +46,14 @@ char *train_state_to_json(const train_state *s, const char *engine_name,
 
 /* Parse state.json text into *s (zeroed first; absent optional fields get
  * their defaults: NaN losses, 0 counters). tok (may be NULL) receives the
- * "tokenizer" string ("" when absent). Errors: not a JSON object, an
- * unsupported format, a missing or bad "step" or "data.rng". */
+ * "tokenizer" string ("" when absent). Every number is range-checked before
+ * it is converted (json_read.h): step, total_steps, data.tokens_seen and the
+ * schedule's step counts are integers in [0, 2^53], best_val_step is at most
+ * step, evals_since_best and engine_threads fit 32 bits, losses are finite
+ * or null, times, rates and learning rates finite and >= 0. Errors: not a
+ * JSON object (or trailing text after it), an unsupported format, a number
+ * of the wrong type or out of range ("state.json: step: 1e+300 is out of
+ * range (0..9007199254740992)"), a missing "step", a bad "data.rng". */
 int train_state_from_json(const char *text, train_state *s, char *tok, size_t tok_cap,
                           char *err, size_t err_cap);
 

@@ -244,7 +244,8 @@ check(st == 200, "small body ok on the small server")
 # chunked upload without Content-Length, over the limit
 s = socket.create_connection(("127.0.0.1", small_port), timeout=10)
 chunk = b'{"prompt":"' + b"q" * 3000 + b'"}'
-s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" +
+s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+          b"Transfer-Encoding: chunked\r\n\r\n" +
           (b"%x\r\n" % len(chunk)) + chunk + b"\r\n0\r\n\r\n")
 resp = b""
 while True:

@@ -37,11 +37,13 @@ def post(port, path, obj, headers=None, timeout=30):
     return st, js, hd
 
 
-def stream(port, path, obj, timeout=30):
+def stream(port, path, obj, timeout=30, headers=None):
     """POST with stream; returns (status, headers, list of event payloads
     (parsed JSON or the string "[DONE]"))."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    conn.request("POST", path, body=json.dumps(obj), headers={"Content-Type": "application/json"})
+    h = {"Content-Type": "application/json"}
+    h.update(headers or {})
+    conn.request("POST", path, body=json.dumps(obj), headers=h)
     r = conn.getresponse()
     hd = {k.lower(): v for k, v in r.getheaders()}
     raw = r.read().decode("utf-8")
@@ -101,7 +103,7 @@ def wait_for(pred, timeout=10.0, what="condition"):
 def raw_post(port, path, body_bytes, extra_headers=b""):
     """Open a socket, send a POST, return the connected socket (not read)."""
     s = socket.create_connection(("127.0.0.1", port), timeout=30)
-    s.sendall(b"POST " + path.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" +
+    s.sendall(b"POST " + path.encode() + b" HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n" +
               extra_headers + b"Content-Length: " + str(len(body_bytes)).encode() + b"\r\n\r\n" + body_bytes)
     return s
 

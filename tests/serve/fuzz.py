@@ -12,7 +12,7 @@ from client import check, request
 
 port, iters, seed = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 rnd = random.Random(seed)
-OK = {200, 400, 401, 404, 405, 413, 429}
+OK = {200, 400, 401, 403, 404, 405, 413, 415, 429}
 PATHS = ["/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics", "/v1/x", "/",
          "/v1/completions?x=1", "/%00", "/v1/models/" + "a" * 300]
 FIELDS = ["model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "n", "echo",
@@ -83,8 +83,13 @@ def send_raw(data, read=True, close_early=False, half_close=False):
 
 
 def post_body(body, path="/v1/completions", extra=b""):
-    return (b"POST " + path.encode() + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + extra +
-            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    # mostly a well-formed JSON POST; now and then a foreign Host or another
+    # media type (403 / 415 before the body is read)
+    r = rnd.random()
+    host = b"evil.example" if r < 0.03 else b"localhost"
+    ctype = b"text/plain" if 0.03 <= r < 0.06 else b"application/json"
+    return (b"POST " + path.encode() + b" HTTP/1.1\r\nHost: " + host + b"\r\nContent-Type: " + ctype +
+            b"\r\nConnection: close\r\n" + extra + b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
 
 
 def status_of(resp):
@@ -149,12 +154,12 @@ for i in range(iters):
     else:  # lying Content-Length, odd headers, wrong methods
         body = json.dumps({"prompt": "cl", "max_tokens": 1}).encode()
         variants = [
-            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 5\r\n\r\n" + body,
-            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: -5\r\n\r\n" + body,
-            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 99999999999999999999\r\n\r\n",
+            b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: 5\r\n\r\n" + body,
+            b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: -5\r\n\r\n" + body,
+            b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: 99999999999999999999\r\n\r\n",
             post_body(body, extra=b"Authorization: Bearer " + b"k" * 5000 + b"\r\n"),
             post_body(body, extra=b"X-A: b\r\n" * 200),
-            b"PATCH /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+            b"PATCH /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n",
             b"GET /v1/chat/completions HTTP/1.0\r\n\r\n",
         ]
         expect(send_raw(rnd.choice(variants)), "headers")

@@ -76,8 +76,9 @@ def queue_full():
     wait_for(lambda: metrics(port)["orch_requests_running"] == 1, 5, "first running")
     b = raw_post(port, C, json.dumps({"prompt": "second", "max_tokens": 400, "temperature": 0}).encode())
     wait_for(lambda: metrics(port)["orch_requests_waiting"] == 1, 5, "second waiting")
-    st, js, _ = post(port, C, {"prompt": "third", "max_tokens": 5})
+    st, js, hd = post(port, C, {"prompt": "third", "max_tokens": 5})
     check(st == 429, "third request: %d %s" % (st, js))
+    check(hd.get("retry-after") == "1", "429 without Retry-After: %s" % hd)
     check(js["error"]["code"] == "queue_full" and js["error"]["type"] == "rate_limit_error", "429 body %s" % js)
     m = metrics(port)
     check(m['orch_requests_total{endpoint="/v1/completions",status="429"}'] == 1, "429 counted")
@@ -115,8 +116,9 @@ def loading():
     # sleep_ms=1500: the warm-up forward keeps the server loading
     st, _, body = request(port, "GET", "/health")
     check(st == 503 and json.loads(body) == {"status": "loading"}, "health while loading: %d %s" % (st, body))
-    st, js, _ = post(port, C, {"prompt": "early", "max_tokens": 1})
+    st, js, hd = post(port, C, {"prompt": "early", "max_tokens": 1})
     check(st == 503 and js["error"]["code"] == "model_loading", "request while loading: %d %s" % (st, js))
+    check(hd.get("retry-after") == "1", "503 without Retry-After: %s" % hd)
     print("loading ok")
 
 
