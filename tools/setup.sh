@@ -15,7 +15,7 @@ PACKAGES=(
   libcurl4-openssl-dev
   bible-kjv gnuplot-nox prometheus python3-yaml
   cppcheck clang-format
-  clang libclang-rt-14-dev
+  clang libclang-rt-14-dev valgrind
   nodejs
 )
 
