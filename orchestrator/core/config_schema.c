@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "orchestrator/core/json_read.h"
 #include "orchestrator/core/util.h"
 
 /* ------------------------------------------------------------------------- */
@@ -168,16 +169,6 @@ static void nearest_path(const char *path, char *out, size_t cap) {
     }
 }
 
-static const char *json_type_name(const cJSON *v) {
-    if (cJSON_IsString(v)) return "a string";
-    if (cJSON_IsNumber(v)) return "a number";
-    if (cJSON_IsBool(v)) return "a boolean";
-    if (cJSON_IsNull(v)) return "null";
-    if (cJSON_IsArray(v)) return "an array";
-    if (cJSON_IsObject(v)) return "an object";
-    return "an invalid value";
-}
-
 static int is_choice(const char *choices, const char *v) {
     size_t n = strlen(v);
     const char *p = choices;
@@ -203,7 +194,7 @@ static int check_value(const char *path, const config_key_spec *k, const cJSON *
     if (k->type == KT_STR) {
         if (!cJSON_IsString(v)) {
             util_set_err(err, cap, "%s: expected a string, got %s", path,
-                         json_type_name(v));
+                         json_read_type_name(v));
             return -1;
         }
         const char *s = v->valuestring;
@@ -228,7 +219,8 @@ static int check_value(const char *path, const config_key_spec *k, const cJSON *
     }
     const char *want = k->type == KT_F64 ? "a number" : "an integer";
     if (!cJSON_IsNumber(v)) {
-        util_set_err(err, cap, "%s: expected %s, got %s", path, want, json_type_name(v));
+        util_set_err(err, cap, "%s: expected %s, got %s", path, want,
+                     json_read_type_name(v));
         return -1;
     }
     double d = v->valuedouble;
@@ -290,7 +282,7 @@ int config_validate(const void *json, orch_config *cfg, char *err, size_t cap) {
     memset(cfg, 0, offsetof(orch_config, source));
     if (!cJSON_IsObject(doc)) {
         util_set_err(err, cap, "top level: expected an object, got %s",
-                     json_type_name(doc));
+                     json_read_type_name(doc));
         return -1;
     }
     /* Unknown and duplicate sections. */
@@ -319,7 +311,7 @@ int config_validate(const void *json, orch_config *cfg, char *err, size_t cap) {
             }
         } else if (!cJSON_IsObject(sec)) {
             util_set_err(err, cap, "%s: expected an object, got %s", s->name,
-                         json_type_name(sec));
+                         json_read_type_name(sec));
             return -1;
         }
         if (sec) {

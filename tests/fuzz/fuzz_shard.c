@@ -27,34 +27,6 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-/* shard.c's checksum (a copy: keep in step with shard_checksum there). If the
- * two ever differ, the fixed-up pass only stops reaching past the checksum. */
-static uint64_t rotl64(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
-static uint64_t checksum(const unsigned char *p, size_t n) {
-    const uint64_t k1 = 0x9e3779b185ebca87ULL, k2 = 0xc2b2ae3d27d4eb4fULL;
-    uint64_t h = 0x27d4eb2f165667c5ULL ^ ((uint64_t)n * k1);
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        uint64_t w;
-        memcpy(&w, p + i, 8);
-        w = le64toh(w);
-        h ^= rotl64(w * k2, 31) * k1;
-        h = rotl64(h, 27) * k1 + 0x52dce729;
-    }
-    if (i < n) {
-        uint64_t w = 0;
-        for (size_t j = 0; i + j < n; j++) w |= (uint64_t)p[i + j] << (8 * j);
-        h ^= rotl64(w * k2, 31) * k1;
-        h = rotl64(h, 27) * k1 + 0x52dce729;
-    }
-    h ^= h >> 33;
-    h *= k2;
-    h ^= h >> 29;
-    h *= 0x165667b19e3779f9ULL;
-    h ^= h >> 32;
-    return h;
-}
-
 static void put_u64(unsigned char *p, uint64_t v) {
     v = htole64(v);
     memcpy(p, &v, 8);
@@ -130,8 +102,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     unsigned char *fixed = malloc(size);
     FUZZ_CHECK(fixed != NULL, "out of memory");
     memcpy(fixed, data, size);
-    put_u64(fixed + 48, checksum(fixed + SHARD_HEADER_SIZE, size - SHARD_HEADER_SIZE));
-    put_u64(fixed + 56, checksum(fixed, 56));
+    put_u64(fixed + 48,
+            shard_checksum(fixed + SHARD_HEADER_SIZE, size - SHARD_HEADER_SIZE));
+    put_u64(fixed + 56, shard_checksum(fixed, 56));
     check_file(fixed, size);
     free(fixed);
     return 0;
