@@ -101,6 +101,12 @@ for f in state.json checksums.sha256 model.safetensors meta.json; do
     "$ORCH_BIN" train --resume=r_fifo/ckpt-00000003 --steps 5
 done
 
+# A FIFO given to import-gpt2 as the Hugging Face safetensors file.
+mkfifo hf_fifo.safetensors
+run_to "FIFO safetensors: import-gpt2 refuses" 2 "hf_fifo.safetensors: not a regular file" \
+  "$ORCH_BIN" import-gpt2 hf_fifo.safetensors --out r_import
+[ -e r_import ] && fail "import-gpt2 on a FIFO left r_import behind"
+
 mkdir -p d_fifo d_dir
 cp data/val_000.bin d_fifo/ && cp data/val_000.bin d_dir/
 mkfifo d_fifo/train_000.bin

@@ -471,17 +471,9 @@ static int parse_bytes(safetensors_file *f, const char *path, const uint8_t *p,
 
 int safetensors_open(const char *path, safetensors_file **out, char *err,
                      size_t err_cap) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        util_set_err(err, err_cap, "%s: %s", path, strerror(errno));
-        return -1;
-    }
+    int fd;
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        util_set_err(err, err_cap, "%s: not a regular file", path);
-        close(fd);
-        return -1;
-    }
+    if (fsio_open_regular(path, &fd, &st, err, err_cap) != 0) return -1;
     uint64_t size = (uint64_t)st.st_size;
     safetensors_file *f = util_calloc(1, sizeof *f);
     if (!f) {
