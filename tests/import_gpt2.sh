@@ -137,7 +137,7 @@ expect_err() { # rc pattern args...
 }
 expect_err 1 "already exists" hf/model.safetensors --out ck
 expect_err 2 "need MODEL.safetensors and --out" hf/model.safetensors
-expect_err 2 "No such file" nope.safetensors --out x
+expect_err 2 "nope.safetensors: no such file or directory" nope.safetensors --out x
 head -c 1000 hf/model.safetensors >trunc.safetensors
 expect_err 2 "truncated" trunc.safetensors --out x
 printf 'garbage!garbage!' >junk.safetensors
