@@ -114,7 +114,9 @@ def connection_limits():
     wait_for(lambda: request(port, "GET", "/health")[0] == 200, 3, "places to be freed")
     m = metrics(port)
     check(m['orch_http_connections_refused_total{reason="max_per_ip"}'] == 1, "per-ip counter")
-    check(m['orch_http_connections_refused_total{reason="max_connections"}'] == 1, "total counter")
+    # >= 1: a /health probe of wait_for may itself be refused while the held
+    # sockets are still being closed.
+    check(m['orch_http_connections_refused_total{reason="max_connections"}'] >= 1, "total counter")
 
     # keep-alive: closed --idle-timeout-s (2) after the answer, without a word
     s = conn_from(1)
