@@ -109,7 +109,7 @@ $(BUILD)/libengine_mock.so: $(patsubst %.c,$(BUILD)/obj/%.o,$(MOCK_SRCS)) $(COMM
 	$(CC) $(LDFLAGS_COMMON) -shared -o $@ $^ -lm -lpthread
 
 $(BUILD)/libengine_cpu.so: $(patsubst %.c,$(BUILD)/obj/%.o,$(CPU_SRCS)) $(COMMON_OBJS)
-	$(CC) $(LDFLAGS_COMMON) -shared -o $@ $^ -lopenblas -lm -lpthread
+	$(CC) $(LDFLAGS_COMMON) -shared -o $@ $^ -ldl -lm -lpthread
 
 $(BUILD)/obj/engines/cuda/%.cu.o: engines/cuda/%.cu
 	@mkdir -p $(dir $@)

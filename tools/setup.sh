@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 
 PACKAGES=(
   build-essential pkg-config
-  libcjson-dev libmicrohttpd-dev libopenblas-dev check libpcre2-dev libssl-dev
+  libcjson-dev libmicrohttpd-dev libopenblas-dev libdnnl-dev check libpcre2-dev libssl-dev
   libopenmpi-dev openmpi-bin
   libcurl4-openssl-dev
   bible-kjv gnuplot-nox prometheus python3-yaml

@@ -35,6 +35,8 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "engines/cpu/cpu_blas.h"
+#include "engines/cpu/cpu_features.h"
 #include "engines/cpu/cpu_internal.h"
 
 #define CPU_VERSION     "cpu 1.0"
@@ -74,13 +76,42 @@ static void zfree(float *p, size_t floats) {
 /* ------------------------------------------------------------------------- */
 
 /* The keys of the options string (engines/common parses it). */
-enum { OPT_THREADS, OPT_ISA, OPT_SKINNY, OPT_MAX_BATCH_TOKENS, OPT_COUNT };
+enum {
+    OPT_THREADS,
+    OPT_ISA,
+    OPT_SKINNY,
+    OPT_MAX_BATCH_TOKENS,
+    OPT_PRECISION,
+    OPT_WEIGHTS,
+    OPT_COUNT
+};
 static const engine_opt_spec cpu_opt_spec[OPT_COUNT] = {
     { "threads", NULL, 0, CPU_MAX_THREADS },
     { "isa", "avx512|avx2|generic", 0, 0 },
     { "skinny", NULL, 0, 1024 },
     { "max_batch_tokens", NULL, 1, 1u << 24 },
+    { "precision", "fp32|bf16|auto", 0, 0 },
+    { "weights", "fp32|int8", 0, 0 },
 };
+enum { PREC_WORD_FP32, PREC_WORD_BF16, PREC_WORD_AUTO };
+
+/* Whether bf16 matrix products run natively under the ISA cap `isa`: AMX-BF16
+ * or AVX512_BF16. On refusal, why goes to err (one line naming what lacks). */
+static int bf16_native(int isa, char *why, size_t cap) {
+    const cpu_features *f = cpu_features_get();
+    if (isa < CPU_ISA_AVX512) {
+        snprintf(why, cap, "isa=%s excludes AMX-BF16 and AVX512_BF16",
+                 cpu_kernels_isa_name(isa));
+        return 0;
+    }
+    if (!f->amx_bf16 && !f->avx512_bf16) {
+        snprintf(why, cap, "this CPU (%s) has neither AMX-BF16 nor AVX512_BF16%s",
+                 f->brand,
+                 f->amx_in_cpu ? " (AMX is present but the OS refused tile data)" : "");
+        return 0;
+    }
+    return 1;
+}
 /* CPU_ISA_* of the isa words, in their order above. */
 static const int cpu_isa_of[3] = { CPU_ISA_AVX512, CPU_ISA_AVX2, CPU_ISA_GENERIC };
 
@@ -236,8 +267,6 @@ int32_t cpu_ensure_train_state(orch_engine_ctx *ctx) {
     return ORCH_OK;
 }
 
-static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
-
 static int32_t cpu_context_create(const orch_model_desc *model,
                                   const orch_engine_options *opts,
                                   orch_engine_ctx **out_ctx, char *err,
@@ -249,14 +278,28 @@ static int32_t cpu_context_create(const orch_model_desc *model,
     memset(&m, 0, sizeof m);
     st = engine_model_normalise(model, &cpu_limits, &m, err, err_cap);
     if (st != ORCH_OK) return st;
-    uint64_t ov[OPT_COUNT] = { 0, 0, 64, 16384 };
+    uint64_t ov[OPT_COUNT] = { 0, 0, 64, 16384, PREC_WORD_FP32, 0 };
     uint8_t given[OPT_COUNT] = { 0 };
     st = engine_opts_parse(o.options, "cpu", cpu_opt_spec, OPT_COUNT, ov, given, err,
                            err_cap);
     if (st != ORCH_OK) return st;
+    st = cpu_blas_load(err, err_cap);
+    if (st != ORCH_OK) return st;
     const int best_isa = cpu_kernels_isa();
     int isa = given[OPT_ISA] ? cpu_isa_of[ov[OPT_ISA]] : best_isa;
     if (isa > best_isa) isa = best_isa;
+    int precision = CPU_PREC_FP32;
+    char why[200];
+    if (ov[OPT_PRECISION] == PREC_WORD_BF16) {
+        if (!bf16_native(isa, why, sizeof why))
+            return engine_fail_buf(err, err_cap, ORCH_ERR_UNSUPPORTED,
+                                   "precision=bf16: %s; use precision=fp32 (or auto)",
+                                   why);
+        precision = CPU_PREC_BF16;
+    } else if (ov[OPT_PRECISION] == PREC_WORD_AUTO && bf16_native(isa, why, sizeof why)) {
+        precision = CPU_PREC_BF16;
+    }
+    const int weights = ov[OPT_WEIGHTS] == 1 ? CPU_WEIGHTS_INT8 : CPU_WEIGHTS_FP32;
     uint64_t threads = given[OPT_THREADS] ? ov[OPT_THREADS] : o.threads;
     if (threads > CPU_MAX_THREADS)
         return engine_fail_buf(err, err_cap, ORCH_ERR_INVALID_ARGUMENT,
@@ -290,6 +333,8 @@ static int32_t cpu_context_create(const orch_model_desc *model,
     ctx->HS = m.width / m.heads;
     ctx->eps = m.layernorm_eps;
     ctx->isa = isa;
+    ctx->precision = precision;
+    ctx->weights = weights;
     ctx->threads = (int)threads;
     ctx->skinny_max = (uint32_t)ov[OPT_SKINNY];
     ctx->max_batch_tokens = (uint32_t)ov[OPT_MAX_BATCH_TOKENS];
@@ -309,7 +354,6 @@ static int32_t cpu_context_create(const orch_model_desc *model,
     }
     ctx->params = p;
     view_build(ctx, ctx->params, &ctx->pv);
-    pthread_once(&blas_once, cpu_blas_init);
     ctx->pool = cpu_pool_create(ctx->threads);
     if (!ctx->pool) {
         cpu_context_destroy(ctx);
@@ -595,9 +639,25 @@ static int32_t cpu_infer_forward_abi(orch_engine_ctx *ctx, const orch_infer_batc
 /* ------------------------------------------------------------------------- */
 
 static int32_t cpu_probe(char *msg, uint32_t msg_cap) {
-    if (msg && msg_cap)
-        snprintf(msg, msg_cap, "%d cores, %s kernels, OpenBLAS sgemm",
-                 cpu_pool_available_cpus(), cpu_kernels_isa_name(cpu_kernels_isa()));
+    char err[256] = "";
+    int32_t st = cpu_blas_load(err, sizeof err);
+    if (st != ORCH_OK) {
+        if (msg && msg_cap) snprintf(msg, msg_cap, "%s", err);
+        return st;
+    }
+    if (!msg || !msg_cap) return ORCH_OK;
+    const cpu_features *f = cpu_features_get();
+    char feats[256], why[200];
+    const int isa = cpu_kernels_isa();
+    const int bf16 = bf16_native(isa, why, sizeof why);
+    snprintf(msg, msg_cap,
+             "%d cores of %s; ISA: %s; vector kernels: %s; GEMM: OpenBLAS kernel %s "
+             "(%s%s%s); precisions: fp32%s; weights: fp32, int8",
+             cpu_pool_available_cpus(), f->brand,
+             cpu_features_list(f, feats, sizeof feats), cpu_kernels_isa_name(isa),
+             cpu_blas_kernel(), cpu_blas_choice(),
+             *cpu_blas_requested() ? ", OPENBLAS_CORETYPE=" : "", cpu_blas_requested(),
+             bf16 ? (f->amx_bf16 ? ", bf16 (AMX-BF16)" : ", bf16 (AVX512_BF16)") : "");
     return ORCH_OK;
 }
 

@@ -31,6 +31,12 @@
 
 #define CPU_ERR_MAX 512
 
+/* Matrix-product precision (engine option precision=): fp32 everywhere, or
+ * bf16 inputs with fp32 accumulation, fp32 master weights and optimizer. */
+enum { CPU_PREC_FP32 = 0, CPU_PREC_BF16 = 1 };
+/* Weight storage for inference (engine option weights=). */
+enum { CPU_WEIGHTS_FP32 = 0, CPU_WEIGHTS_INT8 = 1 };
+
 /* Per-layer tensor order inside the table (after wte, wpe). */
 enum {
     L_LN1_W,
@@ -107,7 +113,9 @@ struct orch_engine_ctx {
     uint32_t V, T, L, NH, C, M, HS;
     float eps;
     /* execution */
-    int isa; /* kernels to use (<= what the CPU has) */
+    int isa;       /* kernels to use (<= what the CPU has) */
+    int precision; /* CPU_PREC_*: type of the matrix products */
+    int weights;   /* CPU_WEIGHTS_*: storage of the weight matrices for inference */
     int threads;
     uint32_t skinny_max; /* row counts up to this use packed kernels */
     uint32_t max_batch_tokens;
@@ -191,14 +199,10 @@ typedef struct cpu_linear_bwd {
 void cpu_linear_backward(orch_engine_ctx *ctx, const cpu_linear_bwd *op);
 
 /* C = alpha*op(A)*op(B) + beta*C with OpenBLAS on the calling thread only
- * (row-major). */
+ * (row-major; cpu_blas.c loads OpenBLAS). */
 void cpu_sgemm1(int trans_a, int trans_b, int M, int N, int K, float alpha,
                 const float *A, int lda, const float *B, int ldb, float beta, float *C,
                 int ldc);
-
-/* Tell OpenBLAS to stay single-threaded (the pool does the threading). */
-void cpu_blas_init(void);
-const char *cpu_blas_name(void);
 
 /* ---- cpu_train.c ---- */
 int32_t cpu_train_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,

@@ -6,6 +6,8 @@
  */
 #include "engines/cpu/cpu_kernels.h"
 
+#include "engines/cpu/cpu_features.h"
+
 #include <math.h>
 #include <string.h>
 
@@ -24,13 +26,10 @@
 /* ------------------------------------------------------------------------- */
 
 int cpu_kernels_isa(void) {
-#if CPU_X86
-    /* __builtin_cpu_supports also checks that the OS saves the registers. */
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f")) return CPU_ISA_AVX512;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        return CPU_ISA_AVX2;
-#endif
+    /* cpu_features checks that the OS saves the registers too. */
+    const cpu_features *f = cpu_features_get();
+    if (f->avx512f) return CPU_ISA_AVX512;
+    if (f->avx2 && f->fma) return CPU_ISA_AVX2;
     return CPU_ISA_GENERIC;
 }
 

@@ -9,22 +9,15 @@
  * same output element and the cut depends only on the shapes and the thread
  * count, so results are bit-identical run to run.
  */
-#include <cblas.h>
 #include <string.h>
 
+#include "engines/cpu/cpu_blas.h"
 #include "engines/cpu/cpu_internal.h"
-
-void cpu_blas_init(void) { openblas_set_num_threads(1); }
-
-const char *cpu_blas_name(void) { return openblas_get_corename(); }
 
 void cpu_sgemm1(int trans_a, int trans_b, int M, int N, int K, float alpha,
                 const float *A, int lda, const float *B, int ldb, float beta, float *C,
                 int ldc) {
-    if (M <= 0 || N <= 0) return;
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-                trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B, ldb, beta,
-                C, ldc);
+    cpu_blas_sgemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 /* GELU, tanh form, as torch.nn.functional.gelu(approximate='tanh'). */

@@ -231,7 +231,7 @@ int engine_load(const char *value, engine_handle *out, char *err, size_t err_cap
             return -1;
         }
     }
-    char msg[256] = "";
+    char msg[1024] = "";
     int32_t st = api->probe(msg, sizeof msg);
     msg[sizeof msg - 1] = '\0';
     if (st != ORCH_OK) {

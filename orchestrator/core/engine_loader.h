@@ -41,7 +41,7 @@ typedef struct engine_handle {
     void *dl;                   /* dlopen handle */
     const orch_engine_api *api; /* validated table */
     char path[4096];            /* file that was opened */
-    char probe_msg[256];        /* what probe() said */
+    char probe_msg[1024];       /* what probe() said */
 } engine_handle;
 
 /* The built-in engines, as a message lists them. */
