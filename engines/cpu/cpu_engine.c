@@ -71,6 +71,11 @@ static void zfree(float *p, size_t floats) {
     munmap(p, bytes ? bytes : sizeof(float));
 }
 
+void cpu_params_changed(orch_engine_ctx *ctx) {
+    ctx->packed_valid = 0;
+    ctx->params_version++;
+}
+
 /* ------------------------------------------------------------------------- */
 /* Options                                                                    */
 /* ------------------------------------------------------------------------- */
@@ -429,7 +434,7 @@ static int32_t cpu_tensor_write(orch_engine_ctx *ctx, uint32_t kind, uint32_t in
     if (kind != ORCH_TENSOR_PARAM && (st = cpu_ensure_train_state(ctx)) != ORCH_OK)
         return st;
     memcpy(kind_buffer(ctx, kind) + ctx->tensors[index].offset, src, (size_t)src_bytes);
-    if (kind == ORCH_TENSOR_PARAM) ctx->packed_valid = 0;
+    if (kind == ORCH_TENSOR_PARAM) cpu_params_changed(ctx);
     return ORCH_OK;
 }
 

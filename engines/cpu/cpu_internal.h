@@ -131,6 +131,7 @@ struct orch_engine_ctx {
     /* packed copies of the weight matrices for skinny products */
     float *packed;
     int packed_valid;
+    uint64_t params_version; /* bumped by cpu_params_changed */
     float **packed_layer; /* [L*4]: qkv, attn proj, fc, mlp proj */
     float *packed_wte;
     /* KV pool */
@@ -151,6 +152,11 @@ static inline engine_kv_view cpu_kv_view(orch_engine_ctx *ctx) {
                          ctx->kv_marks, &ctx->kv_epoch, ctx->kv_written };
     return v;
 }
+
+/* The parameters changed (tensor_write, optimizer step): every derived copy
+ * of the weights (packed, bf16, int8) is stale. Derived copies compare
+ * their own version against ctx->params_version. */
+void cpu_params_changed(orch_engine_ctx *ctx);
 
 /* Allocate gradients and moments if training has not touched them yet. */
 int32_t cpu_ensure_train_state(orch_engine_ctx *ctx);

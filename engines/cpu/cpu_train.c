@@ -626,7 +626,7 @@ int32_t cpu_train_optimizer_step(orch_engine_ctx *ctx, const orch_adamw_params *
     engine_adamw_consts_init(p, &j.base);
     j.base.gscale = engine_grad_clip_scale(p, norm);
     cpu_pool_for(ctx->pool, chunks, adamw_chunk, &j);
-    ctx->packed_valid = 0;
+    cpu_params_changed(ctx);
     if (out_norm) *out_norm = (float)norm;
     return ORCH_OK;
 }
