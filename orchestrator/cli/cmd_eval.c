@@ -17,7 +17,7 @@
 #include "orchestrator/core/util.h"
 
 int cmd_eval(int argc, char **argv) {
-    const char *ckpt = NULL, *engine = NULL, *val = NULL;
+    const char *ckpt = NULL, *engine = NULL, *val = NULL, *quantize = NULL;
     uint64_t batches = 0;
     int threads = -1, trust_engine = 0;
     const flag_spec flags[] = {
@@ -37,6 +37,10 @@ int cmd_eval(int argc, char **argv) {
                   "cpu and cuda)" },
         { "--threads", FLAG_INT, &threads, "N",
           .help = "engine threads (default: the config's)", .min = 0, .max = 4096 },
+        { "--quantize", FLAG_STRING, &quantize, "FMT",
+          .help = "weights as FMT for inference: int8 (engine option\n"
+                  "weights=int8: int8 blocks of 32, fp32 scales) or\n"
+                  "fp32 (default)" },
         { NULL },
     };
     const flags_cmd cmd = {
@@ -49,7 +53,9 @@ int cmd_eval(int argc, char **argv) {
                  "train.micro_batch x train.seq_len tokens).\n"
                  "\noptions:\n",
         .flags = flags,
-        .footer = "\noutput lines: checkpoint, step, tokens, val_loss, perplexity\n"
+        .footer = "\n--quantize int8 evaluates the weights rounded to int8 (the cpu\n"
+                  "engine computes the loss in fp32 on the dequantized values).\n"
+                  "output lines: checkpoint, step, tokens, val_loss, perplexity\n"
                   "exit status: 0 ok, 1 runtime failure, 2 bad usage/checkpoint/data/"
                   "engine\n",
     };
@@ -59,9 +65,15 @@ int cmd_eval(int argc, char **argv) {
         util_error("eval: --checkpoint DIR is required (see orch eval --help)");
         return ORCH_EXIT_USAGE;
     }
-    char err[2048], warn[2048];
+    char err[2048], warn[2048], qopts[64];
+    const char *options = inference_model_quantize_options(quantize, NULL, qopts,
+                                                           sizeof qopts, err, sizeof err);
+    if (quantize && !options) {
+        util_error("eval: %s", err);
+        return ORCH_EXIT_USAGE;
+    }
     inference_model m;
-    inference_model_opts mo = { ckpt, engine, threads, NULL,
+    inference_model_opts mo = { ckpt, engine, threads, options,
                                 trust_engine ? INFERENCE_MODEL_TRUST_CONFIG_ENGINE : 0 };
     if (inference_model_open(&mo, &m, warn, sizeof warn, err, sizeof err) != 0) {
         util_error("eval: %s", err);

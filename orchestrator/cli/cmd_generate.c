@@ -34,7 +34,9 @@ static const char footer_text[] =
     "exit status: 0 ok, 1 runtime failure, 2 bad usage/checkpoint/engine\n";
 
 typedef struct gen_args {
-    const char *ckpt, *prompt, *prompt_file, *engine;
+    const char *ckpt, *prompt, *prompt_file, *engine, *quantize;
+    const char *options; /* engine options for --quantize (NULL: the config's) */
+    char options_buf[64];
     uint64_t max_tokens, seed;
     int have_seed, echo, threads, context_shift, trust_engine;
     sampler_params sp;
@@ -77,6 +79,10 @@ static int parse_args(int argc, char **argv, gen_args *a, int *st) {
                   "cpu and cuda)" },
         { "--threads", FLAG_INT, &a->threads, "N",
           .help = "engine threads (default: the config's)", .min = 0, .max = 4096 },
+        { "--quantize", FLAG_STRING, &a->quantize, "FMT",
+          .help = "weights as FMT for inference: int8 (engine option\n"
+                  "weights=int8: int8 blocks of 32, fp32 scales) or\n"
+                  "fp32 (default)" },
         { NULL },
     };
     const flags_cmd cmd = {
@@ -92,6 +98,12 @@ static int parse_args(int argc, char **argv, gen_args *a, int *st) {
     if (!a->ckpt) {
         util_error("generate: --checkpoint DIR is required (see orch generate "
                    "--help)");
+        return 1;
+    }
+    a->options = inference_model_quantize_options(
+        a->quantize, NULL, a->options_buf, sizeof a->options_buf, perr, sizeof perr);
+    if (a->quantize && !a->options) {
+        util_error("generate: %s", perr);
         return 1;
     }
     if (a->prompt && a->prompt_file) {
@@ -265,7 +277,7 @@ int cmd_generate(int argc, char **argv) {
 
     char err[2048], warn[2048];
     inference_model m;
-    inference_model_opts mo = { a.ckpt, a.engine, a.threads, NULL,
+    inference_model_opts mo = { a.ckpt, a.engine, a.threads, a.options,
                                 INFERENCE_MODEL_TOKENIZER |
                                     (a.trust_engine ? INFERENCE_MODEL_TRUST_CONFIG_ENGINE
                                                     : 0) };

@@ -15,6 +15,7 @@
 #include "orchestrator/cli/commands.h"
 #include "orchestrator/cli/flags.h"
 #include "orchestrator/core/util.h"
+#include "orchestrator/infer/inference_model.h"
 #include "orchestrator/serve/serve.h"
 
 static const char usage_text[] =
@@ -37,6 +38,8 @@ static const char usage_text[] =
 /* Flags into o; 0, or 1 with the exit status in *st. */
 static int parse_args(int argc, char **argv, serve_options *o, int *st) {
     serve_options_default(o);
+    const char *quantize = NULL;
+    static char options_buf[4096]; /* o->engine_options with --quantize */
     o->api_key = getenv("ORCH_API_KEY");
     const flag_spec flags[] = {
         { "--checkpoint", FLAG_STRING, &o->ckpt, "DIR",
@@ -49,6 +52,10 @@ static int parse_args(int argc, char **argv, serve_options *o, int *st) {
                   "cpu and cuda)" },
         { "--engine-options", FLAG_STRING, &o->engine_options, "S",
           .help = "engine options, e.g. sleep_ms=5 for the mock" },
+        { "--quantize", FLAG_STRING, &quantize, "FMT",
+          .help = "weights as FMT for inference: int8 (engine option\n"
+                  "weights=int8: int8 blocks of 32, fp32 scales) or\n"
+                  "fp32 (default)" },
         { "--threads", FLAG_INT, &o->threads, "N",
           .help = "engine threads (default: the config's; 0 = all)", .min = 0,
           .max = 4096 },
@@ -154,6 +161,18 @@ static int parse_args(int argc, char **argv, serve_options *o, int *st) {
         util_error(
             "serve: --checkpoint DIR is required (or --engine=mock for the mock model)");
         return 1;
+    }
+    if (quantize) {
+        /* Without a checkpoint there is no config to append to. */
+        const char *base = o->engine_options ? o->engine_options : o->ckpt ? NULL : "";
+        char qerr[256];
+        const char *opts = inference_model_quantize_options(
+            quantize, base, options_buf, sizeof options_buf, qerr, sizeof qerr);
+        if (!opts) {
+            util_error("serve: %s", qerr);
+            return 1;
+        }
+        o->engine_options = opts;
     }
     return 0;
 }

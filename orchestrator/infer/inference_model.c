@@ -10,6 +10,25 @@
 #include "orchestrator/core/util.h"
 #include "orchestrator/store/checkpoint.h"
 
+const char *inference_model_quantize_options(const char *word, const char *options,
+                                             char *buf, size_t cap, char *err,
+                                             size_t err_cap) {
+    if (!word || strcmp(word, "fp32") == 0) return options;
+    if (strcmp(word, "int8") != 0) {
+        util_set_err(err, err_cap, "--quantize: unknown format '%s' (choices: %s)", word,
+                     INFERENCE_QUANTIZE_CHOICES);
+        return NULL;
+    }
+    int n = options
+                ? snprintf(buf, cap, "%s%sweights=int8", options, options[0] ? "," : "")
+                : snprintf(buf, cap, "+weights=int8");
+    if (n < 0 || (size_t)n >= cap) {
+        util_set_err(err, err_cap, "--quantize: engine options too long");
+        return NULL;
+    }
+    return buf;
+}
+
 void inference_model_close(inference_model *m) {
     if (!m) return;
     tokenizer_free(m->tok);
@@ -46,10 +65,19 @@ int inference_model_open(const inference_model_opts *o, inference_model *m, char
     }
     if (engine_load(eng, &m->engine, err, err_cap) != 0) goto fail;
     uint32_t threads = o->threads >= 0 ? (uint32_t)o->threads : m->cfg->engine.threads;
-    const char *opts = o->options ? o->options
-                       : (o->engine && strcmp(o->engine, m->cfg->engine.name) != 0)
+    const char *base = (o->engine && strcmp(o->engine, m->cfg->engine.name) != 0)
                            ? "" /* options belong to the config's engine */
                            : m->cfg->engine.options;
+    const char *opts = o->options && o->options[0] != '+' ? o->options : base;
+    char joined[4096];
+    if (o->options && o->options[0] == '+') {
+        if ((size_t)snprintf(joined, sizeof joined, "%s%s%s", base, base[0] ? "," : "",
+                             o->options + 1) >= sizeof joined) {
+            util_set_err(err, err_cap, "engine options too long");
+            goto fail;
+        }
+        opts = joined;
+    }
     if (engine_create_context(&m->engine, &m->desc, threads, m->cfg->train.seed,
                               opts[0] ? opts : NULL, &m->ctx, err, err_cap) != 0)
         goto fail;

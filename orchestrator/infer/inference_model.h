@@ -45,7 +45,9 @@ typedef struct inference_model_opts {
     const char *engine;     /* NULL = the config's engine.name (from the
                                command line: any name, file or path) */
     int threads;            /* < 0 = the config's engine.threads */
-    const char *options;    /* NULL = the config's engine.options */
+    const char *options;    /* NULL = the config's engine.options; "+S" =
+                               those (or "" with another --engine) followed
+                               by S (--quantize adds weights=int8 so) */
     unsigned flags;         /* INFERENCE_MODEL_* bits */
 } inference_model_opts;
 
@@ -60,5 +62,19 @@ int inference_model_open(const inference_model_opts *o, inference_model *m, char
                          size_t warn_cap, char *err, size_t err_cap);
 /* Release everything (safe on a zeroed struct). */
 void inference_model_close(inference_model *m);
+
+/* The --quantize choices of generate, serve and eval, for --help. */
+#define INFERENCE_QUANTIZE_CHOICES "int8, fp32"
+
+/* The engine options for `--quantize WORD` given the command's own options
+ * (NULL = the config's): WORD NULL or "fp32" returns options unchanged;
+ * "int8" appends "weights=int8" (to options, or as "+weights=int8" to the
+ * config's: see inference_model_opts.options) into buf and returns buf.
+ * Another word: NULL with "--quantize: unknown format 'W' (choices: int8,
+ * fp32)" in err. Whether the engine supports the format is the engine's to
+ * say (its context_create error). */
+const char *inference_model_quantize_options(const char *word, const char *options,
+                                             char *buf, size_t cap, char *err,
+                                             size_t err_cap);
 
 #endif
