@@ -26,6 +26,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "engine_api/orch_engine.h"
 #include "orchestrator/bench/bench.h"
@@ -918,7 +921,7 @@ END_TEST
 START_TEST(test_bench_runs) {
     orch_model_desc m = test_model_desc(97, 64, 2, 2, 32);
     char err[512];
-    bench_train_opts to = { 2, 16, 2, 1, 2, 1, NULL };
+    bench_train_opts to = { 2, 16, 2, 1, 2, 1, NULL, NULL };
     bench_train_result tr;
     ck_assert_msg(bench_train(&H, &m, &to, &tr, err, sizeof err) == 0, "%s", err);
     ck_assert(tr.tokens_per_s > 0 && tr.ms_per_step > 0 && tr.model_gflops_per_s > 0);
@@ -926,7 +929,7 @@ START_TEST(test_bench_runs) {
                   "the cpu engine brings OpenBLAS: the peak must be measured");
     ck_assert(fabs(tr.tokens_per_s * tr.ms_per_step / 1e3 - 32.0) < 1e-6);
     ck_assert(isfinite(tr.first_loss) && isfinite(tr.last_loss));
-    bench_infer_opts io = { 40, 8, 4, 4, 2, 1, NULL };
+    bench_infer_opts io = { 40, 8, 4, 4, 2, 1, NULL, NULL };
     bench_infer_result ir;
     ck_assert_msg(bench_infer(&H, &m, &io, &ir, err, sizeof err) == 0, "%s", err);
     ck_assert(ir.prefill_tokens_per_s > 0 && ir.mem_bw_gb_per_s > 0);
@@ -936,9 +939,212 @@ START_TEST(test_bench_runs) {
     ck_assert(fabs(ir.decode_bw_fraction - ir.weight_bytes * ir.decode_tokens_per_s[0] /
                                                (ir.mem_bw_gb_per_s * 1e9)) < 1e-9);
     /* Bad shapes are refused with a message. */
-    bench_train_opts bad = { 2, 65, 1, 0, 1, 1, NULL };
+    bench_train_opts bad = { 2, 65, 1, 0, 1, 1, NULL, NULL };
     err[0] = 0;
     ck_assert(bench_train(&H, &m, &bad, &tr, err, sizeof err) == -1 && err[0]);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------- */
+/* Training memory: attention recomputed per query block, GELU recomputed,    */
+/* the loss over row chunks                                                   */
+/* ------------------------------------------------------------------------- */
+
+/* Gradients at a sequence longer than one attention query block (128) and
+ * not a multiple of it, against central finite differences. Only the last
+ * 6 positions of each sequence count, so the loss reaches every key through
+ * the last block and (two layers) every query block of the first layer,
+ * and the gradients are not diluted by averaging over hundreds of rows.
+ * The same gradients with 1 and 3 threads agree. */
+START_TEST(test_long_seq_gradients) {
+    enum { LB = 2, LT = 250 };
+    orch_model_desc m = test_model_desc(29, 256, 2, 2, 8);
+    m.mlp_width = 16;
+    int32_t *tokens = malloc(LB * LT * sizeof(int32_t));
+    int32_t *targets = malloc(LB * LT * sizeof(int32_t));
+    for (int i = 0; i < LB * LT; i++) {
+        tokens[i] = (i * 7 + i / 13) % 29;
+        targets[i] = i % LT >= LT - 6 ? (i * 11 + 5) % 29 : -1;
+    }
+    float *g[2];
+    orch_engine_ctx *ctx = NULL;
+    float loss = 0.0f;
+    for (int v = 0; v < 2; v++) {
+        orch_engine_ctx *c = make_ctx(&m, v == 0 ? 3 : 1, 7, NULL);
+        fill_random_params(c, 5);
+        ck_assert_int_eq(A->forward_backward(c, tokens, targets, LB, LT, 1.0f, &loss),
+                         ORCH_OK);
+        uint64_t n;
+        g[v] = read_grads(c, &n);
+        double gmax = 0.0, dmax = 0.0;
+        for (uint64_t k = 0; k < n; k++) {
+            if (fabs(g[v][k]) > gmax) gmax = fabs(g[v][k]);
+            if (fabs(g[v][k] - g[0][k]) > dmax) dmax = fabs(g[v][k] - g[0][k]);
+        }
+        ck_assert_msg(dmax <= 1e-5 * gmax,
+                      "threads 1 vs 3: gradients differ by %g (max %g)", dmax, gmax);
+        if (v == 0)
+            ctx = c;
+        else
+            A->context_destroy(c);
+    }
+    test_table t;
+    test_read_table(A, ctx, ORCH_TENSOR_PARAM, &t);
+    const float h = 2e-3f;
+    uint64_t rng = 777;
+    int checked = 0;
+    for (uint32_t i = 0; i < t.n; i++) {
+        const orch_tensor_info ti = t.info[i];
+        float *w = malloc(ti.numel * sizeof(float));
+        ck_assert_int_eq(
+            A->tensor_read(ctx, ORCH_TENSOR_PARAM, i, w, ti.numel * sizeof(float)),
+            ORCH_OK);
+        uint64_t limit = strcmp(ti.name, "wpe.weight") == 0 ? LT * m.width : ti.numel;
+        uint64_t pick[3] = { 0 };
+        for (uint64_t k = 0; k < limit; k++)
+            if (fabsf(g[0][ti.offset + k]) > fabsf(g[0][ti.offset + pick[0]]))
+                pick[0] = k;
+        for (int k = 1; k < 3; k++) pick[k] = (test_lcg64(&rng) >> 33) % limit;
+        double gmax = fabs(g[0][ti.offset + pick[0]]);
+        for (int k = 0; k < 3; k++) {
+            float orig = w[pick[k]], lp, lm;
+            w[pick[k]] = orig + h;
+            ck_assert_int_eq(
+                A->tensor_write(ctx, ORCH_TENSOR_PARAM, i, w, ti.numel * sizeof(float)),
+                ORCH_OK);
+            ck_assert_int_eq(A->eval_loss(ctx, tokens, targets, LB, LT, &lp), ORCH_OK);
+            w[pick[k]] = orig - h;
+            ck_assert_int_eq(
+                A->tensor_write(ctx, ORCH_TENSOR_PARAM, i, w, ti.numel * sizeof(float)),
+                ORCH_OK);
+            ck_assert_int_eq(A->eval_loss(ctx, tokens, targets, LB, LT, &lm), ORCH_OK);
+            w[pick[k]] = orig;
+            double fd = ((double)lp - (double)lm) / (2.0 * h);
+            double an = g[0][ti.offset + pick[k]];
+            double loss_ulp = (double)nextafterf(loss, INFINITY) - (double)loss;
+            double tol = 2e-3 * gmax + 1e-2 * fabs(an) + 4.0 * loss_ulp / (2.0 * h);
+            ck_assert_msg(fabs(fd - an) <= tol,
+                          "%s[%llu] at T=%d: finite difference %.6g vs backward %.6g",
+                          ti.name, (unsigned long long)pick[k], LT, fd, an);
+            checked++;
+        }
+        ck_assert_int_eq(
+            A->tensor_write(ctx, ORCH_TENSOR_PARAM, i, w, ti.numel * sizeof(float)),
+            ORCH_OK);
+        free(w);
+    }
+    ck_assert_int_eq(checked, 3 * (int)t.n);
+    free(g[0]);
+    free(g[1]);
+    free(tokens);
+    free(targets);
+    A->context_destroy(ctx);
+}
+END_TEST
+
+/* Peak RSS (KiB) of a child that makes a context of m and runs one
+ * forward_backward of B x T. */
+static long child_peak_rss_kib(const orch_model_desc *m, uint32_t B, uint32_t T) {
+    int fd[2];
+    ck_assert_int_eq(pipe(fd), 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        close(fd[0]);
+        long kib = -1;
+        orch_engine_ctx *ctx = NULL;
+        char err[256];
+        if (engine_create_context(&H, m, 2, 3, NULL, &ctx, err, sizeof err) == 0) {
+            size_t n = (size_t)B * T;
+            int32_t *tok = malloc(n * sizeof(int32_t)),
+                    *tgt = malloc(n * sizeof(int32_t));
+            for (size_t i = 0; i < n; i++) {
+                tok[i] = (int32_t)((i * 13 + 1) % m->vocab_size);
+                tgt[i] = (int32_t)((i * 17 + 3) % m->vocab_size);
+            }
+            float loss;
+            if (tok && tgt &&
+                A->forward_backward(ctx, tok, tgt, B, T, 1.0f, &loss) == 0) {
+                struct rusage ru;
+                getrusage(RUSAGE_SELF, &ru);
+                kib = ru.ru_maxrss;
+            }
+        }
+        if (write(fd[1], &kib, sizeof kib) != (ssize_t)sizeof kib) _exit(1);
+        _exit(0);
+    }
+    close(fd[1]);
+    long kib = -1;
+    ck_assert_int_eq(read(fd[0], &kib, sizeof kib), (ssize_t)sizeof kib);
+    close(fd[0]);
+    int status;
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert_msg(kib > 0, "child failed to train %u x %u", B, T);
+    return kib;
+}
+
+/* Activation memory is linear in the tokens of a batch, not quadratic in
+ * seq_len: the same 2048 tokens as 32 x 64 and as 2 x 1024 take about the
+ * same peak RSS. Keeping [B, heads, T, T] probabilities per layer would add
+ * 4 layers x 2 x 4 x 1024^2 floats = 128 MiB at 2 x 1024. */
+START_TEST(test_activation_memory_linear) {
+    orch_model_desc m = test_model_desc(64, 1024, 4, 4, 32);
+    long short_kib = child_peak_rss_kib(&m, 32, 64);
+    long long_kib = child_peak_rss_kib(&m, 2, 1024);
+    ck_assert_msg(long_kib - short_kib < 24 * 1024,
+                  "peak RSS 2x1024: %ld KiB, 32x64: %ld KiB (quadratic in seq_len?)",
+                  long_kib, short_kib);
+}
+END_TEST
+
+/* The loss runs over chunks of 1024 rows: 5 x 256 rows (one full chunk and
+ * a partial one, vocabulary 67) give the loss and gradients of the same five
+ * sequences run one by one (256 rows each, one chunk), and eval_loss the same
+ * loss bit for bit. */
+START_TEST(test_chunked_loss) {
+    enum { CB = 5, CT = 256 };
+    orch_model_desc m = test_model_desc(67, CT, 1, 2, 16);
+    orch_engine_ctx *ctx = make_ctx(&m, 0, 11, NULL);
+    fill_random_params(ctx, 21);
+    int32_t *tokens = malloc(CB * CT * sizeof(int32_t));
+    int32_t *targets = malloc(CB * CT * sizeof(int32_t));
+    for (int i = 0; i < CB * CT; i++) {
+        tokens[i] = (i * 31 + 3) % 67;
+        targets[i] = (i * 19 + 8) % 67;
+    }
+    float loss_all, loss_eval;
+    ck_assert_int_eq(A->grads_zero(ctx), ORCH_OK);
+    ck_assert_int_eq(A->forward_backward(ctx, tokens, targets, CB, CT, 1.0f, &loss_all),
+                     ORCH_OK);
+    uint64_t n;
+    float *g_all = read_grads(ctx, &n);
+    ck_assert_int_eq(A->eval_loss(ctx, tokens, targets, CB, CT, &loss_eval), ORCH_OK);
+    ck_assert_msg(loss_eval == loss_all, "eval_loss %.9g vs forward_backward %.9g",
+                  loss_eval, loss_all);
+    ck_assert_int_eq(A->grads_zero(ctx), ORCH_OK);
+    double sum = 0.0;
+    for (int b = 0; b < CB; b++) {
+        float l;
+        ck_assert_int_eq(A->forward_backward(ctx, tokens + b * CT, targets + b * CT, 1,
+                                             CT, 1.0f / CB, &l),
+                         ORCH_OK);
+        sum += l;
+    }
+    float *g_one = read_grads(ctx, &n);
+    ck_assert_msg(fabs(sum / CB - loss_all) <= 1e-5 * fabs(loss_all),
+                  "chunked loss %.9g vs per-sequence %.9g", loss_all, sum / CB);
+    double gmax = 0.0, dmax = 0.0;
+    for (uint64_t k = 0; k < n; k++) {
+        if (fabs(g_all[k]) > gmax) gmax = fabs(g_all[k]);
+        if (fabs(g_all[k] - g_one[k]) > dmax) dmax = fabs(g_all[k] - g_one[k]);
+    }
+    ck_assert_msg(gmax > 0 && dmax <= 1e-4 * gmax,
+                  "chunked vs per-sequence gradients differ by %g (max %g)", dmax, gmax);
+    free(g_all);
+    free(g_one);
+    free(tokens);
+    free(targets);
+    A->context_destroy(ctx);
 }
 END_TEST
 
@@ -973,6 +1179,13 @@ static Suite *suite(void) {
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_bench_formula);
     tcase_add_test(tc, test_bench_runs);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("train_memory");
+    tcase_add_unchecked_fixture(tc, load_engine, unload_engine);
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_long_seq_gradients);
+    tcase_add_test(tc, test_activation_memory_linear);
+    tcase_add_test(tc, test_chunked_loss);
     suite_add_tcase(s, tc);
     return s;
 }

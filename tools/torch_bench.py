@@ -11,16 +11,24 @@ thread count passed in (torch.set_num_threads), and bench_vs_torch.sh sets
 OMP_WAIT_POLICY=PASSIVE and glibc malloc tunables that keep freed memory
 mapped. Each step is timed; the median is reported.
 
+With --precision bf16 the forward and loss run under
+torch.autocast("cpu", dtype=torch.bfloat16) (PyTorch's mixed precision on
+the CPU: bf16 matmuls through oneDNN, AMX where present; fp32 master weights
+and optimizer), the counterpart of orch's precision=bf16.
+
 Model FLOPs per token = 6*N + 12*layers*seq*width (N = parameters except
-wpe), as in `orch bench train --help`. The sgemm peak is torch.mm's best
-GFLOP/s over the same training shapes, measured in this process.
+wpe), as in `orch bench train --help`. The GEMM peak is torch.mm's best
+GFLOP/s over the same training shapes in the precision used (fp32, or bf16
+tensors for --precision bf16), measured in this process.
 
 Usage: /usr/bin/python3 tools/torch_bench.py --config FILE [--batch B]
-       [--seq T] [--steps N] [--warmup N] [--threads N] [--json]
+       [--seq T] [--steps N] [--warmup N] [--threads N]
+       [--precision fp32|bf16] [--json]
 """
 import argparse
 import json
 import math
+import resource
 import statistics
 import time
 
@@ -85,10 +93,10 @@ def flops_per_token(m, seq):
     return 6 * n + 12 * L * seq * C, n + T * C
 
 
-def mm_peak(shapes):
+def mm_peak(shapes, dtype=torch.float32):
     best = 0.0
     for M, N, K in shapes:
-        a, b = torch.randn(M, K), torch.randn(N, K)
+        a, b = torch.randn(M, K).to(dtype), torch.randn(N, K).to(dtype)
         for r in range(4):
             t0 = time.perf_counter()
             torch.mm(a, b.t())
@@ -108,6 +116,8 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--foreach", choices=["yes", "no"], default="yes",
                     help="AdamW multi-tensor path (default yes)")
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                    help="bf16: torch.autocast('cpu', dtype=torch.bfloat16)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     with open(a.config) as f:
@@ -130,7 +140,11 @@ def main():
     for step in range(a.warmup + a.steps):
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss = model(x, y)
+        if a.precision == "bf16":
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = model(x, y)
+        else:
+            loss = model(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -144,14 +158,18 @@ def main():
     C = m["width"]
     M = m.get("mlp_width", 4 * C)
     peak = mm_peak([(B * T, 3 * C, C), (B * T, M, C), (B * T, C, M),
-                    (B * T, m["vocab_size"], C)])
-    res = {"bench": "train", "engine": "torch %s" % torch.__version__,
+                    (B * T, m["vocab_size"], C)],
+                   torch.bfloat16 if a.precision == "bf16" else torch.float32)
+    name = "torch %s%s" % (torch.__version__,
+                           " bf16 autocast" if a.precision == "bf16" else "")
+    res = {"bench": "train", "engine": name, "precision": a.precision,
            "params": params, "batch": B, "seq_len": T, "steps": a.steps,
            "threads": a.threads, "tokens_per_s": tps, "ms_per_step": ms,
            "ms_per_step_mean": 1e3 * statistics.mean(times),
            "flops_per_token": fpt, "model_gflops_per_s": fpt * tps / 1e9,
            "sgemm_peak_gflops_per_s": peak, "mfu": fpt * tps / 1e9 / peak,
-           "first_loss": losses[0], "last_loss": losses[-1]}
+           "first_loss": losses[0], "last_loss": losses[-1],
+           "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     if a.json:
         print(json.dumps(res))
     else:

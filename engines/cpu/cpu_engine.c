@@ -18,8 +18,42 @@
  *                       64; 0 = OpenBLAS for every product). Measured here:
  *                       OpenBLAS reaches ~44% of the bandwidth for one row
  *                       and ~half the packed kernel's speed at 16-64 rows.
+ *   weights=fp32|int8   weights=int8 (inference only; training refused):
+ *                       tensor_write rounds every weight matrix (wte = LM
+ *                       head, qkv, attn/mlp proj, fc; not wpe, biases,
+ *                       LayerNorm) through int8 blocks of 32 along K with one
+ *                       fp32 scale each (Q8_0-like), tensor_read returns those
+ *                       values and checkpoints stay fp32. Products of at most
+ *                       skinny rows run on int8 kernels (cpu_quant.c); memory
+ *                       is NOT saved: the fp32 parameters stay resident (prefill
+ *                       and eval_loss use them) and the int8 copy (1.125 bytes
+ *                       a weight) comes on top, in place of the fp32 packed one.
+ *   int8_kernel=auto|amx|avx512vnni|avxvnni|avx2|generic   int8 kernel (auto:
+ *                       the first the CPU and isa= allow; amx runs AMX-INT8
+ *                       from 16 rows, AVX512-VNNI below; one the CPU or isa=
+ *                       lacks is refused; all give the same bits)
  *   max_batch_tokens=N  most new tokens one infer_forward takes (default
  *                       16384); more is ORCH_ERR_CAPACITY
+ *   precision=fp32|bf16|auto  type of the matrix products (default fp32).
+ *                       bf16: the products of training and eval, and those of
+ *                       inference with more rows than skinny= (prefill), are
+ *                       bf16 x bf16 with fp32 accumulation on oneDNN
+ *                       (libdnnl.so.2, loaded at run time; AMX-BF16 or
+ *                       AVX512_BF16 kernels); the decode kernels, LayerNorm,
+ *                       softmax, attention products, loss, master weights,
+ *                       gradients and AdamW stay fp32. Refused (one line) when
+ *                       the CPU or isa= lacks native bf16 or oneDNN is
+ *                       missing; auto picks bf16 where it would be accepted.
+ *                       bf16 results are deterministic for a given thread
+ *                       count too (oneDNN's blocking is fixed per shape and
+ *                       thread count; tested).
+ *   bf16_isa=amx|avx512 with precision=bf16 (or auto choosing it): cap
+ *                       oneDNN at AMX or at AVX512_BF16 (tests of the
+ *                       fallback; one the CPU lacks is refused, naming it;
+ *                       ignored for fp32). oneDNN's cap is process-global
+ *                       and fixed once it has run: a context asking for
+ *                       another cap than the one in force is refused; use a
+ *                       separate process (or ONEDNN_MAX_CPU_ISA=avx512_core_bf16).
  *
  * Initialisation (context_create): N(0, 0.02) for matrices and embeddings,
  * N(0, 0.02/sqrt(2*layers)) for attn.c_proj.weight and mlp.c_proj.weight,
@@ -35,9 +69,11 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "engines/cpu/cpu_bf16.h"
 #include "engines/cpu/cpu_blas.h"
 #include "engines/cpu/cpu_features.h"
 #include "engines/cpu/cpu_internal.h"
+#include "engines/cpu/cpu_quant.h"
 
 #define CPU_VERSION     "cpu 1.0"
 #define CPU_MAX_THREADS 1024u
@@ -88,6 +124,8 @@ enum {
     OPT_MAX_BATCH_TOKENS,
     OPT_PRECISION,
     OPT_WEIGHTS,
+    OPT_INT8_KERNEL,
+    OPT_BF16_ISA,
     OPT_COUNT
 };
 static const engine_opt_spec cpu_opt_spec[OPT_COUNT] = {
@@ -97,6 +135,8 @@ static const engine_opt_spec cpu_opt_spec[OPT_COUNT] = {
     { "max_batch_tokens", NULL, 1, 1u << 24 },
     { "precision", "fp32|bf16|auto", 0, 0 },
     { "weights", "fp32|int8", 0, 0 },
+    { "int8_kernel", "auto|amx|avx512vnni|avxvnni|avx2|generic", 0, 0 },
+    { "bf16_isa", "amx|avx512", 0, 0 },
 };
 enum { PREC_WORD_FP32, PREC_WORD_BF16, PREC_WORD_AUTO };
 
@@ -247,6 +287,7 @@ static void cpu_context_destroy(orch_engine_ctx *ctx) {
     kv_free(ctx);
     cpu_train_free(ctx);
     cpu_infer_free(ctx);
+    cpu_linear_bf16_free(ctx);
     free(ctx->params);
     zfree(ctx->grads, ctx->n_params);
     zfree(ctx->adam_m, ctx->n_params);
@@ -283,7 +324,7 @@ static int32_t cpu_context_create(const orch_model_desc *model,
     memset(&m, 0, sizeof m);
     st = engine_model_normalise(model, &cpu_limits, &m, err, err_cap);
     if (st != ORCH_OK) return st;
-    uint64_t ov[OPT_COUNT] = { 0, 0, 64, 16384, PREC_WORD_FP32, 0 };
+    uint64_t ov[OPT_COUNT] = { 0, 0, 64, 16384, PREC_WORD_FP32, 0, 0 };
     uint8_t given[OPT_COUNT] = { 0 };
     st = engine_opts_parse(o.options, "cpu", cpu_opt_spec, OPT_COUNT, ov, given, err,
                            err_cap);
@@ -304,7 +345,20 @@ static int32_t cpu_context_create(const orch_model_desc *model,
     } else if (ov[OPT_PRECISION] == PREC_WORD_AUTO && bf16_native(isa, why, sizeof why)) {
         precision = CPU_PREC_BF16;
     }
+    if (precision == CPU_PREC_BF16 &&
+        (st = cpu_bf16_setup(given[OPT_BF16_ISA] ? (int)ov[OPT_BF16_ISA] : -1, err,
+                             err_cap)) != ORCH_OK) {
+        if (ov[OPT_PRECISION] != PREC_WORD_AUTO) return st;
+        precision = CPU_PREC_FP32; /* auto: no usable oneDNN here */
+    }
     const int weights = ov[OPT_WEIGHTS] == 1 ? CPU_WEIGHTS_INT8 : CPU_WEIGHTS_FP32;
+    /* int8_kernel words: auto, then CPU_Q8_* from the best down. */
+    static const int q8_of[6] = {
+        -1, CPU_Q8_AMX, CPU_Q8_AVX512VNNI, CPU_Q8_AVXVNNI, CPU_Q8_AVX2, CPU_Q8_GENERIC
+    };
+    const int q8_kernel = cpu_q8_select(isa, q8_of[ov[OPT_INT8_KERNEL]], why, sizeof why);
+    if (q8_kernel < 0)
+        return engine_fail_buf(err, err_cap, ORCH_ERR_UNSUPPORTED, "%s", why);
     uint64_t threads = given[OPT_THREADS] ? ov[OPT_THREADS] : o.threads;
     if (threads > CPU_MAX_THREADS)
         return engine_fail_buf(err, err_cap, ORCH_ERR_INVALID_ARGUMENT,
@@ -340,6 +394,7 @@ static int32_t cpu_context_create(const orch_model_desc *model,
     ctx->isa = isa;
     ctx->precision = precision;
     ctx->weights = weights;
+    ctx->q8_kernel = q8_kernel;
     ctx->threads = (int)threads;
     ctx->skinny_max = (uint32_t)ov[OPT_SKINNY];
     ctx->max_batch_tokens = (uint32_t)ov[OPT_MAX_BATCH_TOKENS];
@@ -366,6 +421,7 @@ static int32_t cpu_context_create(const orch_model_desc *model,
                                "cannot start %d worker threads", (int)threads);
     }
     int32_t ist = params_init(ctx, o.seed);
+    if (ist == ORCH_OK) cpu_q8_round_all(ctx); /* weights=int8: onto the grid */
     cpu_pool_park(ctx->pool);
     if (ist != ORCH_OK) {
         cpu_context_destroy(ctx);
@@ -434,7 +490,10 @@ static int32_t cpu_tensor_write(orch_engine_ctx *ctx, uint32_t kind, uint32_t in
     if (kind != ORCH_TENSOR_PARAM && (st = cpu_ensure_train_state(ctx)) != ORCH_OK)
         return st;
     memcpy(kind_buffer(ctx, kind) + ctx->tensors[index].offset, src, (size_t)src_bytes);
-    if (kind == ORCH_TENSOR_PARAM) cpu_params_changed(ctx);
+    if (kind == ORCH_TENSOR_PARAM) {
+        cpu_q8_round_tensor(ctx, index); /* weights=int8: onto the grid */
+        cpu_params_changed(ctx);
+    }
     return ORCH_OK;
 }
 
@@ -499,6 +558,9 @@ static int32_t cpu_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
                                     const int32_t *targets, uint32_t batch,
                                     uint32_t seq_len, float grad_scale, float *out_loss) {
     ENTER(ctx);
+    if (ctx->weights == CPU_WEIGHTS_INT8)
+        return cpu_fail(ctx, ORCH_ERR_UNSUPPORTED,
+                        "weights=int8 is an inference format; train with weights=fp32");
     int32_t st = engine_check_train_call("forward_backward", tokens, targets, batch,
                                          seq_len, grad_scale, out_loss, &ctx->train_lim,
                                          NULL, ENGINE_ERRBUF(ctx));
@@ -529,6 +591,9 @@ static int32_t cpu_eval_loss(orch_engine_ctx *ctx, const int32_t *tokens,
 static int32_t cpu_optimizer_step(orch_engine_ctx *ctx, const orch_adamw_params *params,
                                   float *out_grad_norm) {
     ENTER(ctx);
+    if (ctx->weights == CPU_WEIGHTS_INT8)
+        return cpu_fail(ctx, ORCH_ERR_UNSUPPORTED,
+                        "weights=int8 is an inference format; train with weights=fp32");
     orch_adamw_params p;
     int32_t st = engine_check_adamw(params, &p, ENGINE_ERRBUF(ctx));
     if (st != ORCH_OK) return st;
@@ -654,15 +719,24 @@ static int32_t cpu_probe(char *msg, uint32_t msg_cap) {
     const cpu_features *f = cpu_features_get();
     char feats[256], why[200];
     const int isa = cpu_kernels_isa();
-    const int bf16 = bf16_native(isa, why, sizeof why);
+    /* bf16 needs the CPU and oneDNN (loading it costs a few ms). */
+    char bf16_path[320] = "";
+    if (bf16_native(isa, why, sizeof why)) {
+        char dnnl_err[256] = "";
+        if (cpu_bf16_load(dnnl_err, sizeof dnnl_err) == ORCH_OK)
+            snprintf(bf16_path, sizeof bf16_path, ", bf16 (%s, oneDNN)",
+                     f->amx_bf16 ? "AMX-BF16" : "AVX512_BF16");
+        else
+            snprintf(bf16_path, sizeof bf16_path, " (bf16 unavailable: %s)", dnnl_err);
+    }
     snprintf(msg, msg_cap,
              "%d cores of %s; ISA: %s; vector kernels: %s; GEMM: OpenBLAS kernel %s "
-             "(%s%s%s); precisions: fp32%s; weights: fp32, int8",
+             "(%s%s%s); precisions: fp32%s; weights: fp32, int8 (%s kernel)",
              cpu_pool_available_cpus(), f->brand,
              cpu_features_list(f, feats, sizeof feats), cpu_kernels_isa_name(isa),
              cpu_blas_kernel(), cpu_blas_choice(),
              *cpu_blas_requested() ? ", OPENBLAS_CORETYPE=" : "", cpu_blas_requested(),
-             bf16 ? (f->amx_bf16 ? ", bf16 (AMX-BF16)" : ", bf16 (AVX512_BF16)") : "");
+             bf16_path, cpu_q8_kernel_name(cpu_q8_select(isa, -1, why, sizeof why)));
     return ORCH_OK;
 }
 

@@ -7,7 +7,10 @@
  * with N <= skinny_max rows (decoding, short chunks; engine option skinny,
  * default 64) the product runs on the packed kernel (bandwidth-bound for one
  * sequence, FMA-bound for 16), otherwise on OpenBLAS sgemm split across the
- * pool.
+ * pool. With weights=int8 the products of at most skinny_max rows run on
+ * the int8 kernel (cpu_quant.c) instead of the fp32 packed one, which is
+ * then never built; longer products stay on OpenBLAS over ctx->params,
+ * which hold the same (dequantized) weights.
  *
  * KV pool layout: block b holds, for every layer l, K then V of block_size
  * positions, each position C floats (all heads):
@@ -24,6 +27,7 @@
 #include <string.h>
 
 #include "engines/cpu/cpu_internal.h"
+#include "engines/cpu/cpu_quant.h"
 
 /* Chunks of at least this many new tokens attend with sgemm, in blocks of
  * ATTN_ROW_BLOCK query rows (each block skips the keys it cannot see). */
@@ -48,6 +52,7 @@ void cpu_infer_free(orch_engine_ctx *ctx) {
     ctx->packed_layer = NULL;
     ctx->packed_wte = NULL;
     ctx->packed_valid = 0;
+    cpu_q8_free(ctx);
 }
 
 /* ------------------------------------------------------------------------- */
@@ -343,6 +348,15 @@ static int by_cost_desc(const void *a, const void *b) {
 /* Forward                                                                    */
 /* ------------------------------------------------------------------------- */
 
+/* One linear layer: on the int8 kernel when given its packed int8 matrix
+ * (weights=int8, at most skinny_max rows), else cpu_linear_forward. */
+static void linear(orch_engine_ctx *ctx, const cpu_linear_fwd *op, const uint8_t *q8w) {
+    if (q8w && (uint32_t)op->R <= ctx->skinny_max)
+        cpu_q8_linear(ctx, op, q8w);
+    else
+        cpu_linear_forward(ctx, op);
+}
+
 int32_t cpu_infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *batch,
                           float *logits, uint64_t logits_cap) {
     uint64_t n_tok = 0, n_rows = 0;
@@ -364,7 +378,12 @@ int32_t cpu_infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *batch,
     if ((st = scratch_ensure(ctx, N, R, att)) != ORCH_OK) return st;
     const int skinny_layers = N <= ctx->skinny_max;
     const int skinny_head = R > 0 && R <= ctx->skinny_max;
-    if ((skinny_layers || skinny_head) && (st = packed_ensure(ctx)) != ORCH_OK) return st;
+    const int q8 = ctx->weights == CPU_WEIGHTS_INT8;
+    if (skinny_layers || skinny_head) {
+        /* Rows of the int8 products: all N tokens, or the R logits rows (<= N). */
+        st = q8 ? cpu_q8_ensure(ctx, skinny_layers ? N : R) : packed_ensure(ctx);
+        if (st != ORCH_OK) return st;
+    }
 
     /* Per-token tables (token ids, positions, first row of each sequence),
      * and the attention tasks' order. */
@@ -406,7 +425,9 @@ int32_t cpu_infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *batch,
     cpu_pool_for(ctx->pool, row_chunks, embed_chunk, &f);
     for (uint32_t l = 0; l < ctx->L; l++) {
         const cpu_layer_view *w = &ctx->pv.layer[l];
-        float *const *pk = ctx->packed_layer ? ctx->packed_layer + l * 4 : NULL;
+        float *const *pk =
+            skinny_layers && !q8 && ctx->packed_layer ? ctx->packed_layer + l * 4 : NULL;
+        uint8_t *const *qk = skinny_layers && q8 ? ctx->q8_layer + l * 4 : NULL;
         f.layer = l;
         rows_ln_job lj = { ctx, sc->x, sc->ln, NULL, N, w->ln1_w, w->ln1_b, row_chunks };
         cpu_pool_for(ctx->pool, row_chunks, rows_ln_chunk, &lj);
@@ -416,11 +437,11 @@ int32_t cpu_infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *batch,
                               .in = sc->ln,
                               .ldin = (int)C,
                               .W = w->qkv_w,
-                              .packed = skinny_layers ? pk[0] : NULL,
+                              .packed = pk ? pk[0] : NULL,
                               .bias = w->qkv_b,
                               .out = sc->qkv,
                               .ldout = (int)(3 * C) };
-        cpu_linear_forward(ctx, &op);
+        linear(ctx, &op, qk ? qk[0] : NULL);
         cpu_pool_for(ctx->pool, (size_t)batch->n_seqs * ctx->NH, attn_chunk, &f);
         op = (cpu_linear_fwd){ .R = (int)N,
                                .N = (int)C,
@@ -428,13 +449,13 @@ int32_t cpu_infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *batch,
                                .in = sc->atty,
                                .ldin = (int)C,
                                .W = w->ap_w,
-                               .packed = skinny_layers ? pk[1] : NULL,
+                               .packed = pk ? pk[1] : NULL,
                                .bias = w->ap_b,
                                .resid = sc->x,
                                .ldresid = (int)C,
                                .out = sc->x,
                                .ldout = (int)C };
-        cpu_linear_forward(ctx, &op);
+        linear(ctx, &op, qk ? qk[1] : NULL);
         lj = (rows_ln_job){ ctx, sc->x, sc->ln, NULL, N, w->ln2_w, w->ln2_b, row_chunks };
         cpu_pool_for(ctx->pool, row_chunks, rows_ln_chunk, &lj);
         op = (cpu_linear_fwd){ .R = (int)N,
@@ -443,25 +464,25 @@ int32_t cpu_infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *batch,
                                .in = sc->ln,
                                .ldin = (int)C,
                                .W = w->fc_w,
-                               .packed = skinny_layers ? pk[2] : NULL,
+                               .packed = pk ? pk[2] : NULL,
                                .bias = w->fc_b,
                                .out = sc->fc,
                                .ldout = (int)M,
                                .gelu_inplace = 1 };
-        cpu_linear_forward(ctx, &op);
+        linear(ctx, &op, qk ? qk[2] : NULL);
         op = (cpu_linear_fwd){ .R = (int)N,
                                .N = (int)C,
                                .K = (int)M,
                                .in = sc->fc,
                                .ldin = (int)M,
                                .W = w->mp_w,
-                               .packed = skinny_layers ? pk[3] : NULL,
+                               .packed = pk ? pk[3] : NULL,
                                .bias = w->mp_b,
                                .resid = sc->x,
                                .ldresid = (int)C,
                                .out = sc->x,
                                .ldout = (int)C };
-        cpu_linear_forward(ctx, &op);
+        linear(ctx, &op, qk ? qk[3] : NULL);
     }
     if (R > 0) {
         rows_ln_job lj = { ctx,
@@ -479,10 +500,10 @@ int32_t cpu_infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *batch,
                               .in = sc->rows,
                               .ldin = (int)C,
                               .W = ctx->pv.wte,
-                              .packed = skinny_head ? ctx->packed_wte : NULL,
+                              .packed = skinny_head && !q8 ? ctx->packed_wte : NULL,
                               .out = logits,
                               .ldout = (int)ctx->V };
-        cpu_linear_forward(ctx, &op);
+        linear(ctx, &op, skinny_head && q8 ? ctx->q8_wte : NULL);
     }
     free(tok0);
     free(order);

@@ -68,18 +68,21 @@ typedef struct cpu_view {
     cpu_layer_view *layer; /* [L] */
 } cpu_view;
 
-/* Saved activations of one layer for the backward pass. */
+/* Saved activations of one layer for the backward pass. Neither the
+ * attention probabilities, the GELU output nor the LayerNorm outputs are
+ * kept: the backward pass recomputes them (per (batch, head) from q, k and
+ * the softmax statistics; GELU from fc; LayerNorm from its input), so the
+ * saved bytes grow linearly in seq_len. */
 typedef struct cpu_layer_acts {
-    float *res_in; /* [BT,C] input of the layer */
-    float *ln1, *ln1_mean, *ln1_rstd;
-    float *qkv;     /* [BT,3C] */
-    float *att;     /* [B,NH,T,T] softmax probabilities */
-    float *atty;    /* [BT,C] attention output before c_proj */
-    float *res_mid; /* [BT,C] after the attention residual */
-    float *ln2, *ln2_mean, *ln2_rstd;
-    float *fc;      /* [BT,M] before GELU */
-    float *fc_tanh; /* [BT,M] tanh term of GELU */
-    float *gelu;    /* [BT,M] */
+    float *res_in;              /* [BT,C] input of the layer */
+    float *ln1_mean, *ln1_rstd; /* [BT] */
+    float *qkv;                 /* [BT,3C] */
+    float *att_max;             /* [B,NH,T] softmax row maximum of the scaled scores */
+    float *att_isum;            /* [B,NH,T] 1 / softmax row sum */
+    float *atty;                /* [BT,C] attention output before c_proj */
+    float *res_mid;             /* [BT,C] after the attention residual */
+    float *ln2_mean, *ln2_rstd; /* [BT] */
+    float *fc;                  /* [BT,M] before GELU */
 } cpu_layer_acts;
 
 typedef struct cpu_train_acts {
@@ -89,11 +92,20 @@ typedef struct cpu_train_acts {
     cpu_layer_acts *layer; /* [L] */
     float *res_out;        /* [BT,C] output of the last layer */
     float *lnf, *lnf_mean, *lnf_rstd;
-    float *logits;   /* [BT,V], turned into dlogits in place */
     float *row_loss; /* [BT] */
-    /* backward scratch */
-    float *dres, *dtmp, *dqkv, *datty, *dfc;
-    float *att_scratch; /* [threads][T*T] */
+    /* One region reused by whichever step runs: the GELU tanh term and
+     * output of the layer being computed (forward and backward), one chunk
+     * of logits rows (turned into dlogits in place), or datty/dqkv during the
+     * attention backward, or a recomputed LayerNorm output (ln). */
+    float *work;
+    float *gelu_tanh, *gelu; /* [BT,M] each, in work */
+    float *logits;           /* [loss rows, V], in work */
+    float *datty, *dqkv;     /* [BT,C], [BT,3C], in work */
+    float *ln;               /* [BT,C], in work (same place as datty) */
+    /* backward scratch, one layer's worth (dtmp also takes the LayerNorm
+     * outputs during the forward pass) */
+    float *dres, *dtmp, *dfc;
+    float *att_scratch; /* [threads][2 * query block * T] */
 } cpu_train_acts;
 
 /* Inference scratch, grown on demand. */
@@ -132,7 +144,7 @@ struct orch_engine_ctx {
     float *packed;
     int packed_valid;
     uint64_t params_version; /* bumped by cpu_params_changed */
-    float **packed_layer; /* [L*4]: qkv, attn proj, fc, mlp proj */
+    float **packed_layer;    /* [L*4]: qkv, attn proj, fc, mlp proj */
     float *packed_wte;
     /* KV pool */
     float *kv;
@@ -141,6 +153,18 @@ struct orch_engine_ctx {
     engine_kv_mark *kv_marks; /* [blocks] validation marks */
     uint32_t kv_epoch;
     cpu_infer_scratch inf;
+    /* int8 (cpu_quant.c): weights=int8 packed copies, built lazily */
+    int q8_kernel;       /* CPU_Q8_*: int8 kernel version */
+    int q8_valid;        /* q8_packed matches params at q8_version */
+    uint64_t q8_version; /* params_version the copy was built from */
+    uint8_t *q8_packed;  /* one allocation for all matrices */
+    uint8_t **q8_layer;  /* [L*4]: qkv, attn proj, fc, mlp proj */
+    uint8_t *q8_wte;     /* tied LM head */
+    uint8_t *q8_act;     /* quantized activation rows */
+    size_t q8_act_cap;   /* bytes of q8_act */
+    /* bf16 (cpu_bf16.c): precision=bf16 products (cpu_linear.c); NULL until
+     * the first one. Freed by cpu_linear_bf16_free. */
+    struct cpu_bf16_state *bf16;
 };
 
 /* Record a failure on ctx and return status: cpu_fail(ctx, status, fmt, ...). */
@@ -206,6 +230,10 @@ void cpu_linear_backward(orch_engine_ctx *ctx, const cpu_linear_bwd *op);
 
 /* C = alpha*op(A)*op(B) + beta*C with OpenBLAS on the calling thread only
  * (row-major; cpu_blas.c loads OpenBLAS). */
+/* Free the precision=bf16 state (weights copy, plans); NULL state is a no-op. */
+typedef struct cpu_bf16_state cpu_bf16_state;
+void cpu_linear_bf16_free(orch_engine_ctx *ctx);
+
 void cpu_sgemm1(int trans_a, int trans_b, int M, int N, int K, float alpha,
                 const float *A, int lda, const float *B, int ldb, float beta, float *C,
                 int ldc);
@@ -217,6 +245,10 @@ int32_t cpu_train_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
 int32_t cpu_train_optimizer_step(orch_engine_ctx *ctx, const orch_adamw_params *p,
                                  float *out_norm);
 void cpu_train_free(orch_engine_ctx *ctx);
+/* Bytes of the activation allocation forward_backward / eval_loss use for a
+ * batch of B sequences of T tokens (saved activations and scratch; not the
+ * parameters, gradients or moments). Pure: allocates and changes nothing. */
+size_t cpu_train_act_bytes(const orch_engine_ctx *ctx, uint32_t B, uint32_t T);
 void cpu_layernorm_rows(int isa, const float *x, float *out, float *mean, float *rstd,
                         const float *w, const float *b, size_t r0, size_t r1, uint32_t C,
                         float eps);

@@ -16,8 +16,16 @@
  * bit-identical losses and gradients.
  *
  * Memory: activations live in one allocation (ctx->acts) carved for the
- * (batch, seq_len) of the call and kept for the next call; the [B*T, V]
- * logits buffer is reused for its own gradient.
+ * (batch, seq_len) of the call and kept for the next call. It grows linearly
+ * in seq_len: attention saves only the softmax row maximum and 1/sum per
+ * (batch, head, query), and the backward pass recomputes the probabilities
+ * of one block of ATT_QB queries at a time in per-thread scratch. The MLP
+ * saves its pre-activation; GELU is recomputed into one layer's worth of
+ * scratch, and so are the LayerNorm outputs (from the saved input; mean and
+ * rstd are kept). The LM head and the loss run over LOSS_ROWS rows at a
+ * time, so at most [LOSS_ROWS, V] logits exist at once (turned into dlogits
+ * in place and consumed by the head's backward right away).
+ * cpu_train_act_bytes states the size for a (batch, seq_len).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -43,41 +51,71 @@ static float *carve(carver *c, size_t n) {
     return p;
 }
 
-/* Lay the activation buffers out for (B, T); with base NULL only counts. */
-static size_t acts_carve(orch_engine_ctx *ctx, float *base, uint32_t B, uint32_t T) {
-    cpu_train_acts *a = &ctx->acts;
+/* Query rows per attention block: scores are computed for one block of
+ * queries against the keys it may see, so the per-thread scratch is
+ * 2 * ATT_QB * T floats and the masked upper triangle is mostly skipped. */
+#define ATT_QB 128
+
+/* Logits rows per loss chunk: the [rows, V] logits of one chunk are all that
+ * exists of the LM head's output at any time. */
+#define LOSS_ROWS 1024
+
+static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
+
+/* Lay the activation buffers out for (B, T) into a (NULL: only count; base
+ * may then be NULL too). Returns the floats needed. */
+static size_t acts_carve(const orch_engine_ctx *ctx, cpu_train_acts *a, float *base,
+                         uint32_t B, uint32_t T) {
     const size_t BT = (size_t)B * T, C = ctx->C, M = ctx->M;
+    const size_t qb = T < ATT_QB ? T : ATT_QB;
+    const size_t loss_rows = BT < LOSS_ROWS ? BT : LOSS_ROWS;
+    cpu_train_acts count_only;
+    cpu_layer_acts dummy;
+    memset(&dummy, 0, sizeof dummy);
+    if (!a) {
+        memset(&count_only, 0, sizeof count_only);
+        a = &count_only;
+        base = NULL;
+    }
     carver cv = { base, 0 };
     for (uint32_t l = 0; l < ctx->L; l++) {
-        cpu_layer_acts *la = &a->layer[l];
+        cpu_layer_acts *la = a == &count_only ? &dummy : &a->layer[l];
         la->res_in = carve(&cv, BT * C);
-        la->ln1 = carve(&cv, BT * C);
         la->ln1_mean = carve(&cv, BT);
         la->ln1_rstd = carve(&cv, BT);
         la->qkv = carve(&cv, BT * 3 * C);
-        la->att = carve(&cv, (size_t)B * ctx->NH * T * T);
+        la->att_max = carve(&cv, (size_t)B * ctx->NH * T);
+        la->att_isum = carve(&cv, (size_t)B * ctx->NH * T);
         la->atty = carve(&cv, BT * C);
         la->res_mid = carve(&cv, BT * C);
-        la->ln2 = carve(&cv, BT * C);
         la->ln2_mean = carve(&cv, BT);
         la->ln2_rstd = carve(&cv, BT);
         la->fc = carve(&cv, BT * M);
-        la->fc_tanh = carve(&cv, BT * M);
-        la->gelu = carve(&cv, BT * M);
     }
     a->res_out = carve(&cv, BT * C);
     a->lnf = carve(&cv, BT * C);
     a->lnf_mean = carve(&cv, BT);
     a->lnf_rstd = carve(&cv, BT);
-    a->logits = carve(&cv, BT * ctx->V);
     a->row_loss = carve(&cv, BT);
+    const size_t gelu_floats = al16(BT * M);
+    const size_t work =
+        max_sz(max_sz(2 * gelu_floats, al16(BT * C) + BT * 3 * C), loss_rows * ctx->V);
+    a->work = carve(&cv, work);
+    a->gelu_tanh = a->work;
+    a->gelu = a->work ? a->work + gelu_floats : NULL;
+    a->logits = a->work;
+    a->datty = a->work;
+    a->ln = a->work;
+    a->dqkv = a->work ? a->work + al16(BT * C) : NULL;
     a->dres = carve(&cv, BT * C);
     a->dtmp = carve(&cv, BT * C);
-    a->dqkv = carve(&cv, BT * 3 * C);
-    a->datty = carve(&cv, BT * C);
     a->dfc = carve(&cv, BT * M);
-    a->att_scratch = carve(&cv, (size_t)ctx->threads * T * T);
+    a->att_scratch = carve(&cv, (size_t)ctx->threads * 2 * qb * T);
     return cv.used;
+}
+
+size_t cpu_train_act_bytes(const orch_engine_ctx *ctx, uint32_t B, uint32_t T) {
+    return acts_carve(ctx, NULL, NULL, B, T) * sizeof(float);
 }
 
 static int32_t acts_ensure(orch_engine_ctx *ctx, uint32_t B, uint32_t T) {
@@ -89,7 +127,7 @@ static int32_t acts_ensure(orch_engine_ctx *ctx, uint32_t B, uint32_t T) {
             return cpu_fail(ctx, ORCH_ERR_OUT_OF_MEMORY,
                             "cannot allocate activation tables");
     }
-    size_t need = acts_carve(ctx, NULL, B, T);
+    size_t need = acts_carve(ctx, NULL, NULL, B, T);
     if (need > a->floats) {
         free(a->base);
         a->base = NULL;
@@ -105,7 +143,7 @@ static int32_t acts_ensure(orch_engine_ctx *ctx, uint32_t B, uint32_t T) {
         a->base = p;
         a->floats = need;
     }
-    acts_carve(ctx, a->base, B, T);
+    acts_carve(ctx, a, a->base, B, T);
     a->B = B;
     a->T = T;
     return ORCH_OK;
@@ -278,60 +316,124 @@ typedef struct attn_job {
     uint32_t B, T;
     const float *datty; /* backward when set */
     float *dqkv;
-    float *scratch;
+    float *scratch; /* [threads][2 * ATT_QB * T] */
 } attn_job;
 
-static void attn_fwd_task(const attn_job *j, uint32_t b, uint32_t h) {
+/* Softmax probabilities of query rows [i0, i0 + nq) of one (batch, head)
+ * against keys [0, i0 + nq) into P [nq, i0 + nq]: scores scale * q k^T, then
+ * per row exp(s - max) * (1 / sum) over the causal prefix, zero after it.
+ * The forward pass computes max and 1/sum and stores them (save set); the
+ * backward pass passes them back in and gets the same probabilities, bit for
+ * bit, as the same calls recompute the same values. */
+static void attn_probs(const orch_engine_ctx *ctx, const float *q, const float *k, int i0,
+                       int nq, float scale, float *mx, float *isum, int save, float *P) {
+    const int C = (int)ctx->C, HS = (int)ctx->HS, nk = i0 + nq;
+    cpu_sgemm1(0, 1, nq, nk, HS, scale, q + (size_t)i0 * 3 * C, 3 * C, k, 3 * C, 0.0f, P,
+               nk);
+    for (int r = 0; r < nq; r++) {
+        float *row = P + (size_t)r * nk;
+        const size_t n = (size_t)i0 + r + 1;
+        if (save) {
+            const float m = cpu_max(ctx->isa, row, n);
+            const float sum = cpu_exp_sum(ctx->isa, row, m, n);
+            mx[i0 + r] = m;
+            isum[i0 + r] = 1.0f / sum;
+        } else {
+            (void)cpu_exp_sum(ctx->isa, row, mx[i0 + r], n);
+        }
+        cpu_scale(ctx->isa, row, isum[i0 + r], n);
+        if (n < (size_t)nk) memset(row + n, 0, ((size_t)nk - n) * sizeof(float));
+    }
+}
+
+static void attn_fwd_task(const attn_job *j, uint32_t b, uint32_t h, float *P) {
     const orch_engine_ctx *ctx = j->ctx;
     const int T = (int)j->T, C = (int)ctx->C, HS = (int)ctx->HS;
     const float scale = 1.0f / sqrtf((float)HS);
     const float *q = j->la->qkv + (size_t)b * T * 3 * C + (size_t)h * HS;
-    const float *k = q + C, *v = q + 2 * C;
-    float *S = j->la->att + ((size_t)b * ctx->NH + h) * T * T;
-    cpu_sgemm1(0, 1, T, T, HS, scale, q, 3 * C, k, 3 * C, 0.0f, S, T);
-    for (int i = 0; i < T; i++) {
-        float *row = S + (size_t)i * T;
-        const float mx = cpu_max(ctx->isa, row, (size_t)i + 1);
-        const float sum = cpu_exp_sum(ctx->isa, row, mx, (size_t)i + 1);
-        cpu_scale(ctx->isa, row, 1.0f / sum, (size_t)i + 1);
-        for (int jj = i + 1; jj < T; jj++) row[jj] = 0.0f;
-    }
+    const float *v = q + 2 * C;
+    const size_t st = ((size_t)b * ctx->NH + h) * T;
     float *out = j->la->atty + (size_t)b * T * C + (size_t)h * HS;
-    cpu_sgemm1(0, 0, T, HS, T, 1.0f, S, T, v, 3 * C, 0.0f, out, C);
+    for (int i0 = 0; i0 < T; i0 += ATT_QB) {
+        const int nq = T - i0 < ATT_QB ? T - i0 : ATT_QB, nk = i0 + nq;
+        attn_probs(ctx, q, q + C, i0, nq, scale, j->la->att_max + st,
+                   j->la->att_isum + st, 1, P);
+        cpu_sgemm1(0, 0, nq, HS, nk, 1.0f, P, nk, v, 3 * C, 0.0f, out + (size_t)i0 * C,
+                   C);
+    }
 }
 
-static void attn_bwd_task(const attn_job *j, uint32_t b, uint32_t h, float *dS) {
+/* Backward of one (batch, head), query block by query block. The blocks run
+ * last to first: the last one sees every key, so it initialises dk and dv
+ * (beta 0) and the earlier ones add to a prefix of them, in a fixed order. */
+static void attn_bwd_task(const attn_job *j, uint32_t b, uint32_t h, float *P,
+                          float *dS) {
     const orch_engine_ctx *ctx = j->ctx;
     const int T = (int)j->T, C = (int)ctx->C, HS = (int)ctx->HS;
     const float scale = 1.0f / sqrtf((float)HS);
     const size_t off = (size_t)b * T * 3 * C + (size_t)h * HS;
     const float *q = j->la->qkv + off, *k = q + C, *v = q + 2 * C;
     float *dq = j->dqkv + off, *dk = dq + C, *dv = dq + 2 * C;
-    const float *S = j->la->att + ((size_t)b * ctx->NH + h) * T * T;
+    const size_t st = ((size_t)b * ctx->NH + h) * T;
     const float *dy = j->datty + (size_t)b * T * C + (size_t)h * HS;
-    cpu_sgemm1(0, 1, T, T, HS, 1.0f, dy, C, v, 3 * C, 0.0f, dS, T);
-    cpu_sgemm1(1, 0, T, HS, T, 1.0f, S, T, dy, C, 0.0f, dv, 3 * C);
-    for (int i = 0; i < T; i++) {
-        const float *p = S + (size_t)i * T;
-        float *d = dS + (size_t)i * T;
-        float dot = 0.0f;
-        for (int jj = 0; jj <= i; jj++) dot += p[jj] * d[jj];
-        for (int jj = 0; jj <= i; jj++) d[jj] = p[jj] * (d[jj] - dot) * scale;
-        for (int jj = i + 1; jj < T; jj++) d[jj] = 0.0f;
+    const int nblocks = (T + ATT_QB - 1) / ATT_QB;
+    for (int bi = nblocks; bi-- > 0;) {
+        const int i0 = bi * ATT_QB;
+        const int nq = T - i0 < ATT_QB ? T - i0 : ATT_QB, nk = i0 + nq;
+        const float beta = bi == nblocks - 1 ? 0.0f : 1.0f;
+        const float *dyb = dy + (size_t)i0 * C;
+        attn_probs(ctx, q, k, i0, nq, scale, j->la->att_max + st, j->la->att_isum + st, 0,
+                   P);
+        cpu_sgemm1(0, 1, nq, nk, HS, 1.0f, dyb, C, v, 3 * C, 0.0f, dS, nk);
+        cpu_sgemm1(1, 0, nk, HS, nq, 1.0f, P, nk, dyb, C, beta, dv, 3 * C);
+        for (int r = 0; r < nq; r++) {
+            const float *p = P + (size_t)r * nk;
+            float *d = dS + (size_t)r * nk;
+            const int n = i0 + r + 1;
+            float dot = 0.0f;
+            for (int jj = 0; jj < n; jj++) dot += p[jj] * d[jj];
+            for (int jj = 0; jj < n; jj++) d[jj] = p[jj] * (d[jj] - dot) * scale;
+            for (int jj = n; jj < nk; jj++) d[jj] = 0.0f;
+        }
+        cpu_sgemm1(0, 0, nq, HS, nk, 1.0f, dS, nk, k, 3 * C, 0.0f,
+                   dq + (size_t)i0 * 3 * C, 3 * C);
+        cpu_sgemm1(1, 0, nk, HS, nq, 1.0f, dS, nk, q + (size_t)i0 * 3 * C, 3 * C, beta,
+                   dk, 3 * C);
     }
-    cpu_sgemm1(0, 0, T, HS, T, 1.0f, dS, T, k, 3 * C, 0.0f, dq, 3 * C);
-    cpu_sgemm1(1, 0, T, HS, T, 1.0f, dS, T, q, 3 * C, 0.0f, dk, 3 * C);
 }
 
 /* One chunk = one (batch row, head) task; scratch belongs to the thread. */
 static void attn_chunk(void *arg, size_t t, int tid) {
     const attn_job *j = arg;
     const uint32_t NH = j->ctx->NH;
+    const size_t qb = j->T < ATT_QB ? j->T : ATT_QB;
+    float *P = j->scratch + (size_t)tid * 2 * qb * j->T;
     if (j->datty)
-        attn_bwd_task(j, (uint32_t)(t / NH), (uint32_t)(t % NH),
-                      j->scratch + (size_t)tid * j->T * j->T);
+        attn_bwd_task(j, (uint32_t)(t / NH), (uint32_t)(t % NH), P, P + qb * j->T);
     else
-        attn_fwd_task(j, (uint32_t)(t / NH), (uint32_t)(t % NH));
+        attn_fwd_task(j, (uint32_t)(t / NH), (uint32_t)(t % NH), P);
+}
+
+/* GELU of fc, recomputed for the backward pass: tanh term and output. */
+typedef struct gelu_job {
+    const float *x;
+    float *th, *out;
+    size_t rows, chunks;
+    uint32_t M;
+    int isa;
+} gelu_job;
+
+static void gelu_chunk(void *arg, size_t c, int tid) {
+    (void)tid;
+    const gelu_job *j = arg;
+    size_t r0, r1;
+    cpu_pool_range(j->rows, (int)c, (int)j->chunks, 1, &r0, &r1);
+    const size_t M = j->M;
+    /* Row by row, like the forward pass (whose column chunks start at
+     * multiples of 16), so the vector lanes and the tail see the same
+     * elements and the values equal the forward's bit for bit. */
+    for (size_t r = r0; r < r1; r++)
+        cpu_gelu(j->isa, j->x + r * M, j->th + r * M, j->out + r * M, M);
 }
 
 /* ------------------------------------------------------------------------- */
@@ -404,19 +506,20 @@ int32_t cpu_train_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
         cpu_layer_acts *la = &a->layer[l];
         const cpu_layer_view *w = &P->layer[l];
         float *res_out = l + 1 < ctx->L ? a->layer[l + 1].res_in : a->res_out;
-        layernorm(ctx, la->res_in, la->ln1, la->ln1_mean, la->ln1_rstd, w->ln1_w,
+        /* The LayerNorm outputs go to dtmp (free until the backward pass). */
+        layernorm(ctx, la->res_in, a->dtmp, la->ln1_mean, la->ln1_rstd, w->ln1_w,
                   w->ln1_b, BT);
         cpu_linear_fwd f = { .R = (int)BT,
                              .N = 3 * C,
                              .K = C,
-                             .in = la->ln1,
+                             .in = a->dtmp,
                              .ldin = C,
                              .W = w->qkv_w,
                              .bias = w->qkv_b,
                              .out = la->qkv,
                              .ldout = 3 * C };
         cpu_linear_forward(ctx, &f);
-        attn_job aj = { ctx, la, B, T, NULL, NULL, NULL };
+        attn_job aj = { ctx, la, B, T, NULL, NULL, a->att_scratch };
         cpu_pool_for(ctx->pool, (size_t)B * ctx->NH, attn_chunk, &aj);
         f = (cpu_linear_fwd){ .R = (int)BT,
                               .N = C,
@@ -430,24 +533,24 @@ int32_t cpu_train_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
                               .out = la->res_mid,
                               .ldout = C };
         cpu_linear_forward(ctx, &f);
-        layernorm(ctx, la->res_mid, la->ln2, la->ln2_mean, la->ln2_rstd, w->ln2_w,
+        layernorm(ctx, la->res_mid, a->dtmp, la->ln2_mean, la->ln2_rstd, w->ln2_w,
                   w->ln2_b, BT);
         f = (cpu_linear_fwd){ .R = (int)BT,
                               .N = M,
                               .K = C,
-                              .in = la->ln2,
+                              .in = a->dtmp,
                               .ldin = C,
                               .W = w->fc_w,
                               .bias = w->fc_b,
                               .out = la->fc,
                               .ldout = M,
-                              .gelu_tanh = la->fc_tanh,
-                              .gelu_out = la->gelu };
+                              .gelu_tanh = a->gelu_tanh,
+                              .gelu_out = a->gelu };
         cpu_linear_forward(ctx, &f);
         f = (cpu_linear_fwd){ .R = (int)BT,
                               .N = C,
                               .K = M,
-                              .in = la->gelu,
+                              .in = a->gelu,
                               .ldin = M,
                               .W = w->mp_w,
                               .bias = w->mp_b,
@@ -458,38 +561,50 @@ int32_t cpu_train_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
         cpu_linear_forward(ctx, &f);
     }
     layernorm(ctx, a->res_out, a->lnf, a->lnf_mean, a->lnf_rstd, P->lnf_w, P->lnf_b, BT);
-    cpu_linear_fwd head = { .R = (int)BT,
-                            .N = V,
-                            .K = C,
-                            .in = a->lnf,
-                            .ldin = C,
-                            .W = P->wte,
-                            .out = a->logits,
-                            .ldout = V };
-    cpu_linear_forward(ctx, &head);
-    ce_job cj = { a->logits, targets,  a->row_loss,
-                  BT,        ctx->V,   grad_scale / (float)counted,
-                  backward,  ctx->isa, cpu_pool_chunks(ctx->pool, BT, 1, ROW_CHUNKS) };
-    cpu_pool_for(ctx->pool, cj.chunks, ce_chunk, &cj);
+
+    /* LM head, loss and (with backward) the head's gradients, LOSS_ROWS rows
+     * at a time: logits of the chunk, its row losses and dlogits in place,
+     * then at once d(lnf) of its rows and its part of dwte (chunks added in
+     * row order). */
+    const cpu_view *G = &ctx->gv;
+    const float dscale = grad_scale / (float)counted;
+    for (size_t r0 = 0; r0 < BT; r0 += LOSS_ROWS) {
+        const size_t R = BT - r0 < LOSS_ROWS ? BT - r0 : LOSS_ROWS;
+        cpu_linear_fwd head = { .R = (int)R,
+                                .N = V,
+                                .K = C,
+                                .in = a->lnf + r0 * C,
+                                .ldin = C,
+                                .W = P->wte,
+                                .out = a->logits,
+                                .ldout = V };
+        cpu_linear_forward(ctx, &head);
+        ce_job cj = {
+            a->logits, targets + r0, a->row_loss + r0,
+            R,         ctx->V,       dscale,
+            backward,  ctx->isa,     cpu_pool_chunks(ctx->pool, R, 1, ROW_CHUNKS)
+        };
+        cpu_pool_for(ctx->pool, cj.chunks, ce_chunk, &cj);
+        if (!backward) continue;
+        cpu_linear_bwd hb = { .R = (int)R,
+                              .N = V,
+                              .K = C,
+                              .dout = a->logits,
+                              .lddout = V,
+                              .in = a->lnf + r0 * C,
+                              .ldin = C,
+                              .W = P->wte,
+                              .din = a->dtmp + r0 * C,
+                              .lddin = C,
+                              .dW = G->wte };
+        cpu_linear_backward(ctx, &hb);
+    }
     double total = 0.0;
     for (size_t r = 0; r < BT; r++) total += a->row_loss[r];
     *out_loss = (float)(total / (double)counted);
     if (!backward) return ORCH_OK;
 
     /* ---- backward ---- */
-    const cpu_view *G = &ctx->gv;
-    cpu_linear_bwd hb = { .R = (int)BT,
-                          .N = V,
-                          .K = C,
-                          .dout = a->logits,
-                          .lddout = V,
-                          .in = a->lnf,
-                          .ldin = C,
-                          .W = P->wte,
-                          .din = a->dtmp,
-                          .lddin = C,
-                          .dW = G->wte };
-    cpu_linear_backward(ctx, &hb);
     memset(a->dres, 0, BT * C * sizeof(float));
     layernorm_backward(ctx, a->dtmp, a->res_out, a->lnf_mean, a->lnf_rstd, P->lnf_w,
                        a->dres, G->lnf_w, G->lnf_b, BT);
@@ -497,28 +612,38 @@ int32_t cpu_train_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
         cpu_layer_acts *la = &a->layer[li];
         const cpu_layer_view *w = &P->layer[li];
         const cpu_layer_view *g = &G->layer[li];
-        /* MLP: dres is the gradient of the layer output. */
+        /* MLP: dres is the gradient of the layer output; GELU again. */
+        gelu_job gj = { la->fc,
+                        a->gelu_tanh,
+                        a->gelu,
+                        BT,
+                        cpu_pool_chunks(ctx->pool, BT, ROW_MIN, ROW_CHUNKS),
+                        ctx->M,
+                        ctx->isa };
+        cpu_pool_for(ctx->pool, gj.chunks, gelu_chunk, &gj);
         cpu_linear_bwd b = { .R = (int)BT,
                              .N = C,
                              .K = M,
                              .dout = a->dres,
                              .lddout = C,
-                             .in = la->gelu,
+                             .in = a->gelu,
                              .ldin = M,
                              .W = w->mp_w,
                              .din = a->dfc,
                              .lddin = M,
                              .gelu_x = la->fc,
-                             .gelu_tanh = la->fc_tanh,
+                             .gelu_tanh = a->gelu_tanh,
                              .dW = g->mp_w,
                              .dbias = g->mp_b };
         cpu_linear_backward(ctx, &b);
+        /* ln_2 again, into work (GELU is no longer needed). */
+        layernorm(ctx, la->res_mid, a->ln, NULL, NULL, w->ln2_w, w->ln2_b, BT);
         b = (cpu_linear_bwd){ .R = (int)BT,
                               .N = M,
                               .K = C,
                               .dout = a->dfc,
                               .lddout = M,
-                              .in = la->ln2,
+                              .in = a->ln,
                               .ldin = C,
                               .W = w->fc_w,
                               .din = a->dtmp,
@@ -544,12 +669,14 @@ int32_t cpu_train_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
         cpu_linear_backward(ctx, &b);
         attn_job aj = { ctx, la, B, T, a->datty, a->dqkv, a->att_scratch };
         cpu_pool_for(ctx->pool, (size_t)B * ctx->NH, attn_chunk, &aj);
+        /* ln_1 again, where datty was. */
+        layernorm(ctx, la->res_in, a->ln, NULL, NULL, w->ln1_w, w->ln1_b, BT);
         b = (cpu_linear_bwd){ .R = (int)BT,
                               .N = 3 * C,
                               .K = C,
                               .dout = a->dqkv,
                               .lddout = 3 * C,
-                              .in = la->ln1,
+                              .in = a->ln,
                               .ldin = C,
                               .W = w->qkv_w,
                               .din = a->dtmp,

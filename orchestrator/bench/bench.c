@@ -7,10 +7,13 @@
 #include <dlfcn.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include "orchestrator/bench/dnnl_gemm.h"
 #include "orchestrator/core/util.h"
 #include "orchestrator/serve/block_manager.h"
 
@@ -382,7 +385,14 @@ int bench_train(const engine_handle *h, const orch_model_desc *model,
     r->ms_per_step = 1e3 * median(times, o->steps);
     r->tokens_per_s = (double)n / (r->ms_per_step / 1e3);
     r->model_gflops_per_s = r->flops_per_token * r->tokens_per_s / 1e9;
-    /* The engine's context is still alive (OpenBLAS loaded, same threads). */
+    /* Peak RSS of the training run, before the GEMM probes below allocate
+     * their own [batch*seq, vocab] buffers. */
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) == 0) r->peak_rss_mb = ru.ru_maxrss / 1024.0;
+    /* The engine's context is still alive (OpenBLAS or oneDNN loaded, same
+     * threads): the best GEMM of the precision on the model's own shapes. */
+    const int bf16 = o->precision && strcmp(o->precision, "bf16") == 0;
+    snprintf(r->precision, sizeof r->precision, "%s", bf16 ? "bf16" : "fp32");
     const int C = (int)model->width,
               M = (int)(model->mlp_width ? model->mlp_width : 4 * model->width);
     const int shapes[4][2] = {
@@ -392,9 +402,20 @@ int bench_train(const engine_handle *h, const orch_model_desc *model,
         double gf =
             bench_sgemm_gflops((int)r->threads, (int)n, shapes[k][0], shapes[k][1]);
         if (gf > r->sgemm_peak_gflops_per_s) r->sgemm_peak_gflops_per_s = gf;
+        if (bf16) {
+            gf = dnnl_gemm_bf16_gflops((int)r->threads, (int)n, shapes[k][0],
+                                       shapes[k][1]);
+            if (gf > r->best_gemm_gflops_per_s) r->best_gemm_gflops_per_s = gf;
+        }
     }
-    if (r->sgemm_peak_gflops_per_s > 0)
-        r->mfu = r->model_gflops_per_s / r->sgemm_peak_gflops_per_s;
+    if (!bf16) r->best_gemm_gflops_per_s = r->sgemm_peak_gflops_per_s;
+    r->best_gemm = bf16 ? "oneDNN bf16 matmul" : "OpenBLAS sgemm";
+    if (r->best_gemm_gflops_per_s > 0)
+        r->mfu = r->model_gflops_per_s / r->best_gemm_gflops_per_s;
+    machine_peak_measure((int)r->threads, &r->peak);
+    r->physical_peak_gflops = bf16 ? r->peak.bf16.gflops : r->peak.fp32.gflops;
+    if (r->physical_peak_gflops > 0)
+        r->mfu_physical = r->model_gflops_per_s / r->physical_peak_gflops;
     rc = 0;
 done:
     free(tokens);
@@ -539,7 +560,16 @@ int bench_infer(const engine_handle *h, const orch_model_desc *model,
     r->threads = o->threads ? o->threads : (uint32_t)available_cpus();
     uint64_t params = 0, no_wpe = 0;
     bench_train_flops_per_token(model, 1, &params, &no_wpe);
-    r->weight_bytes = 4.0 * ((double)no_wpe + model->width);
+    /* Bytes read per decode step: every matrix (LM head = wte included) in
+     * the weight format, biases and LayerNorm in fp32, one wpe row. */
+    const int int8 = o->weights && strcmp(o->weights, "int8") == 0;
+    snprintf(r->weights, sizeof r->weights, "%s", int8 ? "int8" : "fp32");
+    const double C = model->width, Mw = model->mlp_width ? model->mlp_width : 4 * C;
+    const double matrices =
+        (double)model->vocab_size * C + model->layers * (4.0 * C * C + 2.0 * Mw * C);
+    const double others = (double)no_wpe - matrices + C;
+    r->weight_bytes = int8 ? BENCH_INT8_BYTES_PER_WEIGHT * matrices + 4.0 * others
+                           : 4.0 * ((double)no_wpe + model->width);
     r->read_gb_per_s = rd[0] > rd[1] ? rd[0] : rd[1];
     r->triad_gb_per_s = tr[0] > tr[1] ? tr[0] : tr[1];
     r->mem_bw_gb_per_s =

@@ -36,6 +36,7 @@
 #include <stdint.h>
 
 #include "engine_api/orch_engine.h"
+#include "orchestrator/bench/machine_peak.h"
 #include "orchestrator/core/engine_loader.h"
 
 typedef struct bench_train_opts {
@@ -44,7 +45,9 @@ typedef struct bench_train_opts {
     uint32_t warmup;  /* untimed steps first */
     uint32_t threads; /* engine threads; 0 = all cores */
     uint64_t seed;
-    const char *options; /* engine options string, may be NULL */
+    const char *options;   /* engine options string, may be NULL */
+    const char *precision; /* "fp32" or "bf16": the path the options ask for
+                              (selects the peak and the best GEMM); NULL = fp32 */
 } bench_train_opts;
 
 typedef struct bench_train_result {
@@ -56,8 +59,16 @@ typedef struct bench_train_result {
     double tokens_per_s; /* batch*seq_len / median step */
     double model_gflops_per_s;
     double sgemm_peak_gflops_per_s; /* 0 when OpenBLAS is not in the process */
-    double mfu;                     /* 0 when the peak is unknown */
+    double mfu;                     /* vs sgemm_peak (fp32) or the bf16 GEMM; 0 unknown */
     float first_loss, last_loss;
+    /* The honest denominators (see machine_peak.h). */
+    char precision[8];             /* "fp32" or "bf16" */
+    machine_peak peak;             /* cores, measured clock, per-precision peaks */
+    double physical_peak_gflops;   /* peak of the precision's best ISA; 0 unknown */
+    double mfu_physical;           /* model FLOP/s / physical_peak_gflops */
+    double best_gemm_gflops_per_s; /* best GEMM of the precision in this process */
+    const char *best_gemm;         /* "OpenBLAS sgemm" or "oneDNN bf16 matmul" */
+    double peak_rss_mb;            /* process peak RSS after the run (MiB) */
 } bench_train_result;
 
 int bench_train(const engine_handle *h, const orch_model_desc *model,
@@ -72,6 +83,8 @@ typedef struct bench_infer_opts {
     uint32_t threads;
     uint64_t seed;
     const char *options;
+    const char *weights; /* "fp32" or "int8": the weight format the options ask
+                            for (bytes per token of the decode bound); NULL = fp32 */
 } bench_infer_opts;
 
 #define BENCH_DECODE_BATCHES 3
@@ -82,9 +95,14 @@ typedef struct bench_infer_result {
     double prefill_tokens_per_s;
     double decode_tokens_per_s[BENCH_DECODE_BATCHES];
     double read_gb_per_s, triad_gb_per_s, mem_bw_gb_per_s;
-    double weight_bytes;
+    double weight_bytes; /* read per decode step in the weight format */
     double decode_bw_fraction;
+    char weights[8]; /* "fp32" or "int8" */
 } bench_infer_result;
+
+/* Bytes one weight of the matrices takes in the int8 format (Q8_0-like:
+ * 32 int8 values and one fp32 scale per block). */
+#define BENCH_INT8_BYTES_PER_WEIGHT (1.0 + 4.0 / 32.0)
 
 int bench_infer(const engine_handle *h, const orch_model_desc *model,
                 const bench_infer_opts *o, bench_infer_result *r, char *err,

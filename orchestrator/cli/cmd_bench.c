@@ -22,11 +22,12 @@
 static const char usage_text[] =
     "usage: orch bench train [--engine=E] [--config FILE] [--batch B] [--seq T]\n"
     "                        [--steps N] [--warmup N] [--threads N]\n"
-    "                        [--options S] [--seed N] [--peak-gflops G]\n"
-    "                        [--json] [--trust-config-engine]\n"
+    "                        [--options S] [--precision fp32|bf16] [--seed N]\n"
+    "                        [--peak-gflops G] [--json] [--trust-config-engine]\n"
     "       orch bench infer [--engine=E] [--config FILE] [--prompt N]\n"
     "                        [--decode-prompt N] [--decode-steps N]\n"
     "                        [--block-size N] [--threads N] [--options S]\n"
+    "                        [--precision fp32|bf16] [--quantize int8]\n"
     "                        [--seed N] [--json] [--trust-config-engine]\n"
     "\n"
     "Benchmarks an engine on the model of FILE's \"model\" section "
@@ -38,16 +39,27 @@ static const char usage_text[] =
     "--trust-config-engine is given (a library file or path is otherwise\n"
     "only taken from --engine).\n"
     "\n"
+    "--precision P adds precision=P to the engine options (the cpu engine's\n"
+    "  bf16 path: bf16 products, fp32 master weights) and selects the peaks\n"
+    "  below; --quantize int8 adds weights=int8 (int8 weights for decoding).\n"
+    "\n"
     "train: grads_zero + forward_backward + optimizer_step (AdamW, clip 1.0)\n"
     "  per step; --warmup untimed steps (2) then --steps timed ones (10).\n"
     "  Fields: tokens_per_s, ms_per_step (median step), model_gflops_per_s,\n"
-    "  sgemm_peak_gflops_per_s, mfu.\n"
+    "  mfu_physical, physical_peak_gflops, best_gemm_gflops_per_s, mfu,\n"
+    "  peak_rss_mb (the process's peak resident memory).\n"
     "  Model FLOPs per training token = 6*N + 12*layers*seq*width, where N\n"
     "  counts every parameter except the position embedding (wpe).\n"
-    "  mfu = model FLOP/s / sgemm peak; the peak is the best OpenBLAS sgemm\n"
-    "  rate over the model's training shapes ([batch*seq, out, in] of c_attn,\n"
-    "  c_fc, mlp.c_proj and the LM head), measured in this process with the\n"
-    "  same threads, each running single-threaded sgemm on a column slice.\n"
+    "  mfu_physical = model FLOP/s / the physical peak of the precision:\n"
+    "  cores used x clock x FLOPs per cycle per core, the clock measured here\n"
+    "  (dependent integer adds on every thread), FLOPs per cycle from the best\n"
+    "  ISA of the CPU: fp32 AVX-512 FMA 64, AVX2 FMA 32, SSE 8; bf16 AMX-BF16\n"
+    "  1024, AVX512_BF16 128 (int8 ops: AMX-INT8 2048, AVX512_VNNI 256).\n"
+    "  mfu = model FLOP/s / the best GEMM of the precision measured in this\n"
+    "  process over the model's training shapes ([batch*seq, out, in] of\n"
+    "  c_attn, c_fc, mlp.c_proj and the LM head) with the same threads: fp32\n"
+    "  single-threaded OpenBLAS sgemm per thread on column slices\n"
+    "  (sgemm_peak_gflops_per_s), bf16 oneDNN's matmul.\n"
     "  --peak-gflops G: compute mfu against G GFLOP/s instead (e.g. a GPU's\n"
     "  dense peak for the math mode used: H200 fp32 67000, tf32 494700,\n"
     "  bf16 989400); the JSON then has peak_gflops_per_s and\n"
@@ -84,7 +96,7 @@ static void print_json(cJSON *o) {
 /* Everything `orch bench` was asked for, after the flags and the config. */
 typedef struct bench_args {
     int train;
-    const char *engine, *config, *options;
+    const char *engine, *config, *options, *precision, *quantize;
     uint32_t batch, seq, steps, warmup, threads;
     uint32_t prompt, dprompt, dsteps, block;
     int have_threads, have_seed, json, trust_engine;
@@ -106,6 +118,7 @@ static int parse_flags(int argc, char **argv, bench_args *a, int *st) {
         { "--seed", FLAG_U64, &a->seed, "N", .help = NULL, .seen = &a->have_seed },
         { "--json", FLAG_TRUE, &a->json, NULL, .help = NULL },
         { "--trust-config-engine", FLAG_TRUE, &a->trust_engine, NULL, .help = NULL },
+        { "--precision", FLAG_STRING, &a->precision, "P", .help = NULL },
     };
     const flag_spec train_only[] = {
         { "--batch", FLAG_U32, &a->batch, "B", .help = NULL, .min = 1 },
@@ -120,6 +133,7 @@ static int parse_flags(int argc, char **argv, bench_args *a, int *st) {
         { "--decode-prompt", FLAG_U32, &a->dprompt, "N", .help = NULL },
         { "--decode-steps", FLAG_U32, &a->dsteps, "N", .help = NULL },
         { "--block-size", FLAG_U32, &a->block, "N", .help = NULL, .min = 1 },
+        { "--quantize", FLAG_STRING, &a->quantize, "int8", .help = NULL },
     };
     /* The table of this kind: the common flags, then its own, then the end. */
     flag_spec flags[16];
@@ -136,6 +150,49 @@ static int parse_flags(int argc, char **argv, bench_args *a, int *st) {
         .flags = flags,
     };
     return flags_parse(&cmd, argc, argv, st);
+}
+
+/* The value of key in an engine options string ("a=1,b=2" or ';'), into out
+ * (empty when absent). */
+static void option_value(const char *opts, const char *key, char *out, size_t cap) {
+    out[0] = '\0';
+    const size_t klen = strlen(key);
+    for (const char *p = opts; p && *p;) {
+        const char *end = p + strcspn(p, ",;");
+        if ((size_t)(end - p) > klen && strncmp(p, key, klen) == 0 && p[klen] == '=') {
+            size_t n = (size_t)(end - p) - klen - 1;
+            if (n >= cap) n = cap - 1;
+            memcpy(out, p + klen + 1, n);
+            out[n] = '\0';
+        }
+        p = *end ? end + 1 : end;
+    }
+}
+
+/* Append key=value (a flag's value, one of the '|' choices) to the engine
+ * options; 0, or -1 after a one-line error. */
+static int add_option_word(bench_args *a, const char *key, const char *value,
+                           const char *choices) {
+    if (!value) return 0;
+    int ok = 0;
+    for (const char *p = choices; *p;) {
+        size_t n = strcspn(p, "|");
+        if (strlen(value) == n && strncmp(p, value, n) == 0) ok = 1;
+        p += n + (p[n] == '|');
+    }
+    if (!ok) {
+        util_error("bench: --%s '%s' is not one of %s",
+                   strcmp(key, "weights") == 0 ? "quantize" : key, value, choices);
+        return -1;
+    }
+    size_t used = strlen(a->options_buf);
+    int w = snprintf(a->options_buf + used, sizeof a->options_buf - used, "%s%s=%s",
+                     used ? "," : "", key, value);
+    if (w < 0 || (size_t)w >= sizeof a->options_buf - used) {
+        util_error("bench: engine options too long");
+        return -1;
+    }
+    return 0;
 }
 
 /* The config's defaults for what the flags left open; 0 or an exit status. */
@@ -157,6 +214,11 @@ static int resolve_config(bench_args *a) {
              a->engine ? a->engine : cfg->engine.name);
     snprintf(a->options_buf, sizeof a->options_buf, "%s",
              a->options ? a->options : cfg->engine.options);
+    if (add_option_word(a, "precision", a->precision, "fp32|bf16") != 0 ||
+        add_option_word(a, "weights", a->quantize, "int8") != 0) {
+        config_free(cfg);
+        return ORCH_EXIT_USAGE;
+    }
     if (!a->have_threads) a->threads = cfg->engine.threads;
     if (!a->have_seed) a->seed = cfg->train.seed;
     if (!a->batch) a->batch = cfg->train.micro_batch;
@@ -198,6 +260,19 @@ static void print_train(const bench_args *a, const engine_handle *h,
         cJSON_AddNumberToObject(j, "flops_per_token", r->flops_per_token);
         cJSON_AddNumberToObject(j, "model_gflops_per_s", r->model_gflops_per_s);
         add_num_or_null(j, "sgemm_peak_gflops_per_s", r->sgemm_peak_gflops_per_s, peak);
+        cJSON_AddStringToObject(j, "precision", r->precision);
+        cJSON_AddStringToObject(j, "best_gemm", r->best_gemm);
+        add_num_or_null(j, "best_gemm_gflops_per_s", r->best_gemm_gflops_per_s,
+                        r->best_gemm_gflops_per_s > 0);
+        cJSON_AddNumberToObject(j, "cores", r->peak.cores);
+        add_num_or_null(j, "clock_ghz", r->peak.ghz, r->peak.ghz > 0);
+        cJSON_AddStringToObject(j, "peak_isa",
+                                strcmp(r->precision, "bf16") == 0 ? r->peak.bf16.isa
+                                                                  : r->peak.fp32.isa);
+        add_num_or_null(j, "physical_peak_gflops", r->physical_peak_gflops,
+                        r->physical_peak_gflops > 0);
+        add_num_or_null(j, "mfu_physical", r->mfu_physical, r->physical_peak_gflops > 0);
+        cJSON_AddNumberToObject(j, "peak_rss_mb", r->peak_rss_mb);
         if (given > 0) {
             cJSON_AddNumberToObject(j, "peak_gflops_per_s", given);
             cJSON_AddNumberToObject(j, "mfu", r->mfu);
@@ -211,22 +286,39 @@ static void print_train(const bench_args *a, const engine_handle *h,
         print_json(j);
         return;
     }
+    const machine_peak_path *pp = machine_peak_path_of(&r->peak, r->precision);
     printf("engine %s, %.1fM parameters, batch %u x seq %u, %u threads, "
-           "%u timed steps\n",
-           h->api->name, r->params / 1e6, r->batch, r->seq_len, r->threads, r->steps);
+           "%u timed steps, %s\n",
+           h->api->name, r->params / 1e6, r->batch, r->seq_len, r->threads, r->steps,
+           r->precision);
     printf("  ms_per_step (median)     %10.1f   (mean %.1f)\n", r->ms_per_step,
            r->ms_per_step_mean);
     printf("  tokens_per_s             %10.1f\n", r->tokens_per_s);
     printf("  model_gflops_per_s       %10.1f   (%.3g FLOPs/token)\n",
            r->model_gflops_per_s, r->flops_per_token);
-    if (peak) printf("  sgemm_peak_gflops_per_s  %10.1f\n", r->sgemm_peak_gflops_per_s);
+    if (r->physical_peak_gflops > 0)
+        printf("  physical peak            %10.1f   (%d cores x %.2f GHz measured x %.0f "
+               "FLOPs/cycle, %s)\n",
+               r->physical_peak_gflops, r->peak.cores, r->peak.ghz,
+               pp ? pp->per_cycle : 0, pp ? pp->isa : "?");
+    else
+        printf("  physical peak            n/a (no native %s path or no clock)\n",
+               r->precision);
+    if (r->physical_peak_gflops > 0)
+        printf("  mfu_physical             %10.3f\n", r->mfu_physical);
+    if (r->best_gemm_gflops_per_s > 0)
+        printf("  best GEMM                %10.1f   (%s, model shapes)\n",
+               r->best_gemm_gflops_per_s, r->best_gemm);
+    if (peak && strcmp(r->precision, "fp32") != 0)
+        printf("  sgemm_peak_gflops_per_s  %10.1f\n", r->sgemm_peak_gflops_per_s);
+    printf("  peak RSS                 %10.0f MiB\n", r->peak_rss_mb);
     if (given > 0) {
         printf("  peak (given)             %10.1f\n", given);
         printf("  mfu                      %10.3f   (against the given peak)\n", r->mfu);
-    } else if (peak) {
-        printf("  mfu                      %10.3f\n", r->mfu);
+    } else if (r->best_gemm_gflops_per_s > 0) {
+        printf("  mfu (vs best GEMM)       %10.3f\n", r->mfu);
     } else {
-        printf("  sgemm peak               n/a (no OpenBLAS in this process)\n");
+        printf("  best GEMM                n/a (%s not in this process)\n", r->best_gemm);
     }
     printf("  loss                     %10.4f -> %.4f\n", r->first_loss, r->last_loss);
 }
@@ -253,6 +345,7 @@ static void print_infer(const bench_args *a, const engine_handle *h,
         cJSON_AddNumberToObject(j, "triad_gb_per_s", r->triad_gb_per_s);
         cJSON_AddNumberToObject(j, "mem_bw_gb_per_s", r->mem_bw_gb_per_s);
         cJSON_AddNumberToObject(j, "weight_bytes", r->weight_bytes);
+        cJSON_AddStringToObject(j, "weights", r->weights);
         cJSON_AddNumberToObject(j, "decode_bw_fraction", r->decode_bw_fraction);
         print_json(j);
         return;
@@ -267,8 +360,8 @@ static void print_infer(const bench_args *a, const engine_handle *h,
     printf("  decode 16 / decode 1     %10.2fx\n", ratio);
     printf("  mem_bw_gb_per_s          %10.1f   (read %.1f, triad %.1f)\n",
            r->mem_bw_gb_per_s, r->read_gb_per_s, r->triad_gb_per_s);
-    printf("  decode_bw_fraction       %10.3f   (%.0f MB of weights/step)\n",
-           r->decode_bw_fraction, r->weight_bytes / 1e6);
+    printf("  decode_bw_fraction       %10.3f   (%.0f MB of %s weights/step)\n",
+           r->decode_bw_fraction, r->weight_bytes / 1e6, r->weights);
 }
 
 int cmd_bench(int argc, char **argv) {
@@ -304,9 +397,10 @@ int cmd_bench(int argc, char **argv) {
     const char *opts = a.options_buf[0] ? a.options_buf : NULL;
     rc = ORCH_EXIT_OK;
     if (train) {
-        bench_train_opts o = {
-            a.batch, a.seq, a.steps, a.warmup, a.threads, a.seed, opts
-        };
+        char precision[16];
+        option_value(opts, "precision", precision, sizeof precision);
+        bench_train_opts o = { a.batch,   a.seq,  a.steps, a.warmup,
+                               a.threads, a.seed, opts,    precision };
         bench_train_result r;
         if (bench_train(&h, &a.model, &o, &r, err, sizeof err) != 0) {
             util_error("bench train: %s", err);
@@ -315,8 +409,10 @@ int cmd_bench(int argc, char **argv) {
             print_train(&a, &h, &r);
         }
     } else {
+        char weights[16];
+        option_value(opts, "weights", weights, sizeof weights);
         bench_infer_opts o = { a.prompt,  a.dprompt, a.dsteps, a.block,
-                               a.threads, a.seed,    opts };
+                               a.threads, a.seed,    opts,     weights };
         bench_infer_result r;
         if (bench_infer(&h, &a.model, &o, &r, err, sizeof err) != 0) {
             util_error("bench infer: %s", err);
