@@ -56,16 +56,7 @@ const char *__lsan_default_suppressions(void) {
 #define FIXTURE      "tests/fixtures/cpu_gpt2_tiny.safetensors"
 #define FIXTURE_BF16 "tests/fixtures/cpu_gpt2_tiny_bf16.safetensors"
 
-static engine_handle H;
-static const orch_engine_api *A;
-
-static void load_engine(void) {
-    char err[1024];
-    ck_assert_msg(engine_load("cpu", &H, err, sizeof err) == 0, "%s", err);
-    A = H.api;
-}
-
-static void unload_engine(void) { engine_unload(&H); }
+TEST_ENGINE_FIXTURE("cpu")
 
 /* 1 if bf16 can run here; else prints why (one line) and returns 0. */
 static int bf16_here(const char *test) {

@@ -38,16 +38,7 @@
 
 #define FIXTURE "tests/fixtures/cpu_gpt2_tiny.safetensors"
 
-static engine_handle H;
-static const orch_engine_api *A;
-
-static void load_engine(void) {
-    char err[1024];
-    ck_assert_msg(engine_load("cpu", &H, err, sizeof err) == 0, "%s", err);
-    A = H.api;
-}
-
-static void unload_engine(void) { engine_unload(&H); }
+TEST_ENGINE_FIXTURE("cpu")
 
 /* ------------------------------------------------------------------------- */
 /* The fixture (read with orchestrator/store/safetensors)                     */

@@ -64,6 +64,21 @@ static inline orch_model_desc test_model_desc(uint32_t vocab, uint32_t context,
 }
 
 /* Make a fresh directory /tmp/orch_<tag>_XXXXXX into buf (cap >= 64). */
+/* TEST_ENGINE_FIXTURE(name): a suite's file-scope engine: H (the loaded
+ * engine `name`), A (its API table) and load_engine/unload_engine for
+ * tcase_add_unchecked_fixture. The suite includes
+ * orchestrator/core/engine_loader.h. */
+#define TEST_ENGINE_FIXTURE(name)                                                  \
+    static engine_handle H;                                                        \
+    static const orch_engine_api *A;                                               \
+    static void load_engine(void) {                                                \
+        char load_err[1024];                                                       \
+        ck_assert_msg(engine_load(name, &H, load_err, sizeof load_err) == 0, "%s", \
+                      load_err);                                                   \
+        A = H.api;                                                                 \
+    }                                                                              \
+    static void unload_engine(void) { engine_unload(&H); }
+
 static inline void test_tmpdir(char *buf, size_t cap, const char *tag) {
     snprintf(buf, cap, "/tmp/orch_%s_XXXXXX", tag);
     ck_assert_msg(mkdtemp(buf) != NULL, "mkdtemp %s failed", buf);

@@ -12,6 +12,10 @@
  *   threads=N           worker threads (overrides the struct field; 0 = all
  *                       cores). OpenBLAS is kept single-threaded and every
  *                       product is split across these threads instead.
+ *                       OpenBLAS itself is loaded at run time (cpu_blas.c)
+ *                       with OPENBLAS_CORETYPE chosen from cpuid unless the
+ *                       user set it, so a CPU missing from OpenBLAS's model
+ *                       table still gets its AVX-512/AVX2 kernels.
  *   isa=avx512|avx2|generic   use at most this instruction set (tests)
  *   skinny=N            products with at most N rows (decoding, short prefill
  *                       chunks) use the packed AVX-512/AVX2 kernel (default

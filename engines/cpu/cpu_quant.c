@@ -13,10 +13,17 @@
  * Xeon with AMX, shared and loaded), [50304 x 768] weights: Q8 x Q8 on
  * AVX512-VNNI 1.5 ms for 1 row, 14 ms for 16 rows; fp32 activations with
  * the weights widened to fp32 in registers (vpmovsxbd + vcvtdq2ps + FMA,
- * same bytes) 1.9 ms and 62-66 ms in the same runs. AMX (tdpbusd) beats
- * AVX512-VNNI from 16 rows (x1.3-1.45 at 16-64 rows) and loses at 8, so it
- * runs from CPU_Q8_AMX_MIN_ROWS rows; its cost is the fp32 scaling of every
- * 32-deep int32 tile, which the per-block scales require.
+ * same bytes) 1.9 ms and 62-66 ms in the same runs. AMX (tdpbssd on the
+ * signed activations) costs the fp32 scaling of every 32-deep int32 tile,
+ * which the per-block scales require; with four tiles in flight, the
+ * scaling of one group overlapping the next group's tile products, the
+ * scales of the activation rows transposed once per call and the weights
+ * prefetched in software (tile loads do not start the hardware
+ * prefetchers), one thread on [3072 x 768] (L3-resident) takes 0.11 ms for
+ * 16 rows against 0.24 ms on AVX512-VNNI and 0.175 ms for the first AMX
+ * version, 0.073 vs 0.090 ms for 4 rows, equal at 2, so AMX runs from
+ * CPU_Q8_AMX_MIN_ROWS (4) rows. On [50257 x 768] (43 MB) 16 rows take
+ * 2.6-2.7 ms, as long as 1 row: the read bound.
  *
  * vpdpbusd multiplies unsigned by signed bytes: activations go in as
  * u = q + 128 and the kernel subtracts 128 * sum(w) of each (row, block),
@@ -508,10 +515,13 @@ static void q8_half(const q8_half_fn *tiles, int M, size_t N, size_t K, const ui
     }
 }
 
-/* AMX-INT8: per K block one tdpbusd of up to 16 activation rows (u8, 32 k)
- * by one panel (8 groups x 64 bytes: the packed layout is the B tile), the
- * int32 tile stored and scaled into fp32 as in v512_* (same operations,
- * same order, so the same bits). */
+/* AMX-INT8: the int8 activation rows (signed q, so no 128 * sum(w)
+ * correction) by one panel with tdpbssd, one 32-deep product per K block
+ * into its own int32 tile. Four blocks go through tiles 0-3 at once (A in
+ * tiles 4/5, B in 6/7: the packed layout is the B tile), are stored into one
+ * half of cbuf, and are scaled into fp32 while the next four run on the
+ * tile unit: the same operations in the same order as v512_* (the integer
+ * sums are exact, so the same bits). */
 #define T_AMX __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vnni")))
 
 typedef struct amx_cfg {
@@ -521,65 +531,150 @@ typedef struct amx_cfg {
     uint8_t rows[16];
 } amx_cfg;
 
+#define AMX_GROUP 4
+#ifndef AMX_PREFETCH
+#define AMX_PREFETCH 8
+#endif
+/* K blocks whose transposed activation scales live on the stack (K 4096). */
+#define AMX_SXT_STACK 128
+
+/* Blocks [b, b + nj) of one panel into tiles 0..nj-1, stored at c. */
+T_AMX static inline void amx_issue(const uint8_t *xs, size_t rowb, const uint8_t *panel,
+                                   size_t b, size_t nj, int32_t *c) {
+    const uint8_t *blk = panel + b * CPU_Q8_PANEL_BLOCK_BYTES + 64;
+    _tile_zero(0);
+    _tile_loadd(4, xs + b * CPU_Q8_BLOCK, rowb);
+    _tile_loadd(6, blk, 64);
+    _tile_dpbssd(0, 4, 6);
+    if (nj > 1) {
+        _tile_zero(1);
+        _tile_loadd(5, xs + (b + 1) * CPU_Q8_BLOCK, rowb);
+        _tile_loadd(7, blk + CPU_Q8_PANEL_BLOCK_BYTES, 64);
+        _tile_dpbssd(1, 5, 7);
+    }
+    if (nj > 2) {
+        _tile_zero(2);
+        _tile_loadd(4, xs + (b + 2) * CPU_Q8_BLOCK, rowb);
+        _tile_loadd(6, blk + 2 * CPU_Q8_PANEL_BLOCK_BYTES, 64);
+        _tile_dpbssd(2, 4, 6);
+    }
+    if (nj > 3) {
+        _tile_zero(3);
+        _tile_loadd(5, xs + (b + 3) * CPU_Q8_BLOCK, rowb);
+        _tile_loadd(7, blk + 3 * CPU_Q8_PANEL_BLOCK_BYTES, 64);
+        _tile_dpbssd(3, 5, 7);
+    }
+    _tile_stored(0, c, 64);
+    if (nj > 1) _tile_stored(1, c + 256, 64);
+    if (nj > 2) _tile_stored(2, c + 512, 64);
+    if (nj > 3) _tile_stored(3, c + 768, 64);
+}
+
+/* Panels [p0, p1) for mr <= R activation rows (R 4, 8 or 16: the scaling
+ * loop unrolled over R rows; tiles configured for mr). */
+T_AMX static inline __attribute__((always_inline)) void
+amx_panels(const int R, int mr, int m0, size_t N, size_t nb, size_t rowb,
+           const uint8_t *xs, const float *sxt, const uint8_t *wp, const float *bias,
+           float *y, size_t ldy, int accumulate, size_t p0, size_t p1,
+           int32_t (*cbuf)[AMX_GROUP * 256]) {
+    const size_t ng = (nb + AMX_GROUP - 1) / AMX_GROUP;
+    for (size_t p = p0; p < p1; p++) {
+        const uint8_t *panel = wp + p * nb * CPU_Q8_PANEL_BLOCK_BYTES;
+        const size_t n0 = p * CPU_PANEL;
+        const size_t nv = N - n0 < CPU_PANEL ? N - n0 : CPU_PANEL;
+        __m512 f[16];
+        _Pragma("GCC unroll 16") for (int i = 0; i < R; i++) f[i] = _mm512_setzero_ps();
+        amx_issue(xs, rowb, panel, 0, nb < AMX_GROUP ? nb : AMX_GROUP, cbuf[0]);
+        for (size_t g = 0; g < ng; g++) {
+            const size_t b0 = g * AMX_GROUP;
+            const size_t nj = nb - b0 < AMX_GROUP ? nb - b0 : AMX_GROUP;
+            if (g + 1 < ng) {
+                const size_t b1 = b0 + AMX_GROUP;
+                amx_issue(xs, rowb, panel, b1, nb - b1 < AMX_GROUP ? nb - b1 : AMX_GROUP,
+                          cbuf[(g + 1) & 1]);
+            }
+            const int32_t *c = cbuf[g & 1];
+            for (size_t j = 0; j < nj; j++) {
+                const size_t b = b0 + j;
+                /* Tile loads do not start the hardware prefetchers:
+                 * fetch the weights AMX_PREFETCH blocks ahead (into the
+                 * next panel, which follows in memory). */
+                const char *pf =
+                    (const char *)panel + (b + AMX_PREFETCH) * CPU_Q8_PANEL_BLOCK_BYTES;
+                if (p + 1 < p1 || b + AMX_PREFETCH < nb)
+                    for (int t = 0; t < CPU_Q8_PANEL_BLOCK_BYTES; t += 64)
+                        _mm_prefetch(pf + t, _MM_HINT_T0);
+                const __m512 sw =
+                    _mm512_load_ps((const void *)(panel + b * CPU_Q8_PANEL_BLOCK_BYTES));
+                _Pragma("GCC unroll 16") for (int i = 0; i < R; i++) {
+                    __m512 s = _mm512_mul_ps(_mm512_set1_ps(sxt[b * 16 + i]), sw);
+                    __m512i a = _mm512_load_si512((const void *)(c + j * 256 + i * 16));
+                    f[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), s, f[i]);
+                }
+            }
+        }
+        /* store_row's operations, 16 lanes at a time. */
+        const __mmask16 km = (__mmask16)((1u << nv) - 1u);
+        const __m512 bv =
+            bias ? _mm512_maskz_loadu_ps(km, bias + n0) : _mm512_setzero_ps();
+        for (int i = 0; i < mr; i++) {
+            float *yr = y + (size_t)(m0 + i) * ldy + n0;
+            __m512 r = _mm512_add_ps(f[i], bv);
+            if (accumulate) r = _mm512_add_ps(_mm512_maskz_loadu_ps(km, yr), r);
+            _mm512_mask_storeu_ps(yr, km, r);
+        }
+    }
+}
+
 T_AMX static void q8_amx(int M, size_t N, size_t K, const uint8_t *xq, const uint8_t *wp,
                          const float *bias, float *y, size_t ldy, int accumulate,
                          size_t p0, size_t p1) {
     const size_t nb = cpu_q8_blocks(K), rowb = act_row_bytes(K);
-    int32_t cbuf[16 * 16] __attribute__((aligned(64)));
+    int32_t cbuf[2][AMX_GROUP * 256] __attribute__((aligned(64)));
     memset(cbuf, 0, sizeof cbuf);
-    const __m512i c80 = _mm512_set1_epi8((char)0x80);
+    float sxt_stack[AMX_SXT_STACK * 16] __attribute__((aligned(64)));
+    float *sxt = nb <= AMX_SXT_STACK ? sxt_stack : malloc(nb * 16 * sizeof(float));
+    if (!sxt) { /* no memory for the scales: the AVX512-VNNI kernel instead */
+        q8_v512(M, N, K, xq, wp, bias, y, ldy, accumulate, p0, p1);
+        return;
+    }
     for (int m0 = 0; m0 < M; m0 += 16) {
         const int mr = M - m0 < 16 ? M - m0 : 16;
         amx_cfg cfg;
         memset(&cfg, 0, sizeof cfg);
         cfg.palette = 1;
-        cfg.rows[0] = (uint8_t)mr; /* C: mr x 16 int32 */
-        cfg.colsb[0] = 64;
-        cfg.rows[1] = (uint8_t)mr; /* A: mr x 32 u8 */
-        cfg.colsb[1] = CPU_Q8_BLOCK;
-        cfg.rows[2] = GROUPS; /* B: 8 groups x 64 bytes */
-        cfg.colsb[2] = 64;
+        for (int t = 0; t < 4; t++) { /* C: mr x 16 int32 */
+            cfg.rows[t] = (uint8_t)mr;
+            cfg.colsb[t] = 64;
+        }
+        for (int t = 4; t < 6; t++) { /* A: mr x 32 int8 */
+            cfg.rows[t] = (uint8_t)mr;
+            cfg.colsb[t] = CPU_Q8_BLOCK;
+        }
+        for (int t = 6; t < 8; t++) { /* B: 8 groups x 64 bytes */
+            cfg.rows[t] = GROUPS;
+            cfg.colsb[t] = 64;
+        }
         _tile_loadconfig(&cfg);
         const uint8_t *x = xq + (size_t)m0 * rowb;
-        const uint8_t *xu = x + nb * (4 + CPU_Q8_BLOCK);
-        const float *sx[16];
-        for (int i = 0; i < 16; i++)
-            sx[i] = (const float *)(const void *)(x + (size_t)(i < mr ? i : 0) * rowb);
-        for (size_t p = p0; p < p1; p++) {
-            const uint8_t *panel = wp + p * nb * CPU_Q8_PANEL_BLOCK_BYTES;
-            const size_t n0 = p * CPU_PANEL;
-            const size_t nv = N - n0 < CPU_PANEL ? N - n0 : CPU_PANEL;
-            __m512 f[16];
-            _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++) f[i] =
-                _mm512_setzero_ps();
-            for (size_t b = 0; b < nb; b++) {
-                const uint8_t *blk = panel + b * CPU_Q8_PANEL_BLOCK_BYTES;
-                _tile_zero(0);
-                _tile_loadd(1, xu + b * CPU_Q8_BLOCK, rowb);
-                _tile_loadd(2, blk + 64, 64);
-                _tile_dpbusd(0, 1, 2);
-                __m512i corr = _mm512_setzero_si512();
-                _Pragma("GCC unroll 8") for (int g = 0; g < GROUPS; g++) corr =
-                    _mm512_dpbusd_epi32(
-                        corr, c80, _mm512_load_si512((const void *)(blk + 64 + g * 64)));
-                _tile_stored(0, cbuf, 64);
-                const __m512 sw = _mm512_load_ps((const void *)blk);
-                _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++) {
-                    __m512 s = _mm512_mul_ps(_mm512_set1_ps(sx[i][b]), sw);
-                    __m512i a = _mm512_load_si512((const void *)(cbuf + i * 16));
-                    f[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(a, corr)),
-                                           s, f[i]);
-                }
-            }
-            for (int i = 0; i < mr; i++) {
-                float r[CPU_PANEL];
-                _mm512_storeu_ps(r, f[i]);
-                store_row(r, bias ? bias + n0 : NULL, y + (size_t)(m0 + i) * ldy + n0, nv,
-                          accumulate);
-            }
-        }
+        const uint8_t *xs = x + nb * 4;
+        /* The rows' block scales transposed: sxt[b * 16 + i]. */
+        for (size_t b = 0; b < nb; b++)
+            for (int i = 0; i < 16; i++)
+                sxt[b * 16 + (size_t)i] = ((
+                    const float *)(const void *)(x + (size_t)(i < mr ? i : 0) * rowb))[b];
+        if (mr <= 4)
+            amx_panels(4, mr, m0, N, nb, rowb, xs, sxt, wp, bias, y, ldy, accumulate, p0,
+                       p1, cbuf);
+        else if (mr <= 8)
+            amx_panels(8, mr, m0, N, nb, rowb, xs, sxt, wp, bias, y, ldy, accumulate, p0,
+                       p1, cbuf);
+        else
+            amx_panels(16, mr, m0, N, nb, rowb, xs, sxt, wp, bias, y, ldy, accumulate, p0,
+                       p1, cbuf);
         _tile_release();
     }
+    if (sxt != sxt_stack) free(sxt);
 }
 #endif /* Q8_X86 */
 
@@ -768,11 +863,14 @@ int32_t cpu_q8_ensure(orch_engine_ctx *ctx, size_t rows) {
 
 /* Chunks of panels per thread: as the fp32 packed kernel (cpu_linear.c),
  * many short chunks for a few rows (a descheduled thread's share is taken
- * over), fewer long ones for wide products. */
+ * over), fewer long ones for wide products. Wide chunks of at least 8
+ * panels, not 16: the [768 x K] products (48 panels) then get 4 chunks, not
+ * 3, which left one of 2 threads idle a third of the time (16 sequences
+ * +8% tokens/s on 2 threads). */
 #define Q8_CHUNKS_PER_THREAD      8
 #define Q8_MIN_PANELS             8
 #define Q8_WIDE_CHUNKS_PER_THREAD 2
-#define Q8_WIDE_MIN_PANELS        16
+#define Q8_WIDE_MIN_PANELS        8
 
 typedef struct q8_lin_job {
     orch_engine_ctx *ctx;

@@ -49,13 +49,15 @@
 #define CPU_Q8_PANEL_BLOCK_BYTES (16 * 4 + 16 * CPU_Q8_BLOCK)
 
 /* Kernel versions (engine option int8_kernel=). */
-#define CPU_Q8_AMX_MIN_ROWS 16
+#ifndef CPU_Q8_AMX_MIN_ROWS
+#define CPU_Q8_AMX_MIN_ROWS 4
+#endif
 enum {
     CPU_Q8_GENERIC = 0,
     CPU_Q8_AVX2 = 1,       /* vpmaddubsw + vpmaddwd on ymm */
     CPU_Q8_AVXVNNI = 2,    /* vpdpbusd on ymm (AVX-VNNI) */
     CPU_Q8_AVX512VNNI = 3, /* vpdpbusd on zmm (AVX512_VNNI) */
-    CPU_Q8_AMX = 4,        /* tdpbusd (AMX-INT8) from CPU_Q8_AMX_MIN_ROWS rows,
+    CPU_Q8_AMX = 4,        /* tdpbssd (AMX-INT8) from CPU_Q8_AMX_MIN_ROWS rows,
                               else as CPU_Q8_AVX512VNNI */
     CPU_Q8_KERNELS
 };
