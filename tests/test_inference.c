@@ -297,12 +297,45 @@ START_TEST(model_open_refuses_a_library_from_the_checkpoint) {
 }
 END_TEST
 
+/* --quantize WORD appends weights=WORD last (so it overrides an earlier
+ * weights= in the options), to the command's options or, when they are the
+ * config's, as a "+" suffix; an unknown word is refused naming the choices. */
+START_TEST(quantize_options_append_last) {
+    char buf[128], err[256];
+    ck_assert_str_eq(inference_model_quantize_options("int8", "threads=2", buf,
+                                                      sizeof buf, err, sizeof err),
+                     "threads=2,weights=int8");
+    ck_assert_str_eq(inference_model_quantize_options("fp32", "weights=int8", buf,
+                                                      sizeof buf, err, sizeof err),
+                     "weights=int8,weights=fp32");
+    ck_assert_str_eq(
+        inference_model_quantize_options("int8", "", buf, sizeof buf, err, sizeof err),
+        "weights=int8");
+    ck_assert_str_eq(
+        inference_model_quantize_options("fp32", NULL, buf, sizeof buf, err, sizeof err),
+        "+weights=fp32");
+    const char *opts = "a=1"; /* no --quantize: the options as they were */
+    ck_assert_ptr_eq(
+        inference_model_quantize_options(NULL, opts, buf, sizeof buf, err, sizeof err),
+        opts);
+    err[0] = '\0';
+    ck_assert_ptr_null(
+        inference_model_quantize_options("int4", "", buf, sizeof buf, err, sizeof err));
+    ck_assert_msg(strstr(err, "unknown format 'int4' (choices: int8, fp32)"), "%s", err);
+    char tiny[8];
+    ck_assert_ptr_null(inference_model_quantize_options("int8", "threads=2", tiny,
+                                                        sizeof tiny, err, sizeof err));
+    ck_assert_msg(strstr(err, "too long"), "%s", err);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("inference");
     TCase *tc = tcase_create("core");
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, generate_session_mock_rule);
+    tcase_add_test(tc, quantize_options_append_last);
     tcase_add_test(tc, model_open_from_a_run);
     tcase_add_test(tc, model_open_failures_hold_nothing);
     tcase_add_test(tc, model_open_refuses_a_library_from_the_checkpoint);

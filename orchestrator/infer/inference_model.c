@@ -13,15 +13,16 @@
 const char *inference_model_quantize_options(const char *word, const char *options,
                                              char *buf, size_t cap, char *err,
                                              size_t err_cap) {
-    if (!word || strcmp(word, "fp32") == 0) return options;
-    if (strcmp(word, "int8") != 0) {
+    if (!word) return options;
+    if (strcmp(word, "int8") != 0 && strcmp(word, "fp32") != 0) {
         util_set_err(err, err_cap, "--quantize: unknown format '%s' (choices: %s)", word,
                      INFERENCE_QUANTIZE_CHOICES);
         return NULL;
     }
-    int n = options
-                ? snprintf(buf, cap, "%s%sweights=int8", options, options[0] ? "," : "")
-                : snprintf(buf, cap, "+weights=int8");
+    /* Appended last: it overrides a weights= the options already carry. */
+    int n = options ? snprintf(buf, cap, "%s%sweights=%s", options, options[0] ? "," : "",
+                               word)
+                    : snprintf(buf, cap, "+weights=%s", word);
     if (n < 0 || (size_t)n >= cap) {
         util_set_err(err, err_cap, "--quantize: engine options too long");
         return NULL;

@@ -67,9 +67,10 @@ void inference_model_close(inference_model *m);
 #define INFERENCE_QUANTIZE_CHOICES "int8, fp32"
 
 /* The engine options for `--quantize WORD` given the command's own options
- * (NULL = the config's): WORD NULL or "fp32" returns options unchanged;
- * "int8" appends "weights=int8" (to options, or as "+weights=int8" to the
- * config's: see inference_model_opts.options) into buf and returns buf.
+ * (NULL = the config's): WORD NULL returns options unchanged; "int8" or
+ * "fp32" appends "weights=WORD" (to options, or as "+weights=WORD" to the
+ * config's: see inference_model_opts.options; the last key wins, so it
+ * overrides a weights= already there) into buf and returns buf.
  * Another word: NULL with "--quantize: unknown format 'W' (choices: int8,
  * fp32)" in err. Whether the engine supports the format is the engine's to
  * say (its context_create error). */
