@@ -321,6 +321,71 @@ END_TEST
 /* Finite differences                                                         */
 /* ------------------------------------------------------------------------- */
 
+/* Central finite differences of eval_loss for n_pick entries of every
+ * parameter tensor of ctx (the largest |gradient| and n_pick-1 random ones;
+ * for wpe only the first T rows, the ones the batch uses) against g, the
+ * backward's gradients at loss. With min_gmax > 0 each tensor's largest
+ * gradient must exceed it (else the check would prove nothing). Restores
+ * every tensor; returns the entries checked. */
+static int finite_difference_check(orch_engine_ctx *ctx, const orch_model_desc *m,
+                                   const int32_t *tokens, const int32_t *targets,
+                                   uint32_t B, uint32_t T, const float *g, float loss,
+                                   int n_pick, uint64_t rng, double min_gmax) {
+    test_table t;
+    test_read_table(A, ctx, ORCH_TENSOR_PARAM, &t);
+    const float h = 2e-3f;
+    int checked = 0;
+    for (uint32_t i = 0; i < t.n; i++) {
+        const orch_tensor_info ti = t.info[i];
+        float *w = malloc(ti.numel * sizeof(float));
+        ck_assert_int_eq(
+            A->tensor_read(ctx, ORCH_TENSOR_PARAM, i, w, ti.numel * sizeof(float)),
+            ORCH_OK);
+        uint64_t limit =
+            strcmp(ti.name, "wpe.weight") == 0 ? (uint64_t)T * m->width : ti.numel;
+        uint64_t pick[8] = { 0 };
+        ck_assert(n_pick >= 1 && n_pick <= 8);
+        for (uint64_t k = 0; k < limit; k++)
+            if (fabsf(g[ti.offset + k]) > fabsf(g[ti.offset + pick[0]])) pick[0] = k;
+        for (int k = 1; k < n_pick; k++) pick[k] = (test_lcg64(&rng) >> 33) % limit;
+        double gmax = fabs(g[ti.offset + pick[0]]);
+        if (min_gmax > 0)
+            ck_assert_msg(gmax > min_gmax, "%s: gradient too small to check (%g)",
+                          ti.name, gmax);
+        for (int k = 0; k < n_pick; k++) {
+            float orig = w[pick[k]], lp, lm;
+            w[pick[k]] = orig + h;
+            ck_assert_int_eq(
+                A->tensor_write(ctx, ORCH_TENSOR_PARAM, i, w, ti.numel * sizeof(float)),
+                ORCH_OK);
+            ck_assert_int_eq(A->eval_loss(ctx, tokens, targets, B, T, &lp), ORCH_OK);
+            w[pick[k]] = orig - h;
+            ck_assert_int_eq(
+                A->tensor_write(ctx, ORCH_TENSOR_PARAM, i, w, ti.numel * sizeof(float)),
+                ORCH_OK);
+            ck_assert_int_eq(A->eval_loss(ctx, tokens, targets, B, T, &lm), ORCH_OK);
+            w[pick[k]] = orig;
+            double fd = ((double)lp - (double)lm) / (2.0 * h);
+            double an = g[ti.offset + pick[k]];
+            /* Float32 losses: each evaluation carries a few ulps of rounding
+             * (its size depends on the summation order of the kernels this CPU
+             * dispatches to), and the difference divides it by 2h. */
+            double loss_ulp = (double)nextafterf(loss, INFINITY) - (double)loss;
+            double tol = 2e-3 * gmax + 1e-2 * fabs(an) + 4.0 * loss_ulp / (2.0 * h);
+            ck_assert_msg(fabs(fd - an) <= tol,
+                          "%s[%llu] at T=%u: finite difference %.6g vs backward %.6g",
+                          ti.name, (unsigned long long)pick[k], T, fd, an);
+            checked++;
+        }
+        ck_assert_int_eq(
+            A->tensor_write(ctx, ORCH_TENSOR_PARAM, i, w, ti.numel * sizeof(float)),
+            ORCH_OK);
+        free(w);
+    }
+    ck_assert_int_eq(checked, n_pick * (int)t.n);
+    return checked;
+}
+
 START_TEST(test_gradient_check) {
     /* Tiny model, 1 x 7 tokens so each entry's gradient is large. */
     orch_model_desc m = test_model_desc(23, 9, 2, 2, 8);
@@ -336,57 +401,8 @@ START_TEST(test_gradient_check) {
     test_table t;
     test_read_table(A, ctx, ORCH_TENSOR_PARAM, &t);
     float *g = test_read_grads(A, ctx, t.total);
-    const float h = 2e-3f;
-    int checked = 0;
-    uint64_t rng = 12345;
-    for (uint32_t i = 0; i < t.n; i++) {
-        const orch_tensor_info ti = t.info[i];
-        float *w = malloc(ti.numel * sizeof(float));
-        ck_assert_int_eq(
-            A->tensor_read(ctx, ORCH_TENSOR_PARAM, i, w, ti.numel * sizeof(float)),
-            ORCH_OK);
-        /* Entries: the largest gradient and three random ones (rows of wpe
-         * that the batch uses). */
-        uint64_t limit = strcmp(ti.name, "wpe.weight") == 0 ? T * m.width : ti.numel;
-        uint64_t pick[4] = { 0 };
-        for (uint64_t k = 0; k < limit; k++)
-            if (fabsf(g[ti.offset + k]) > fabsf(g[ti.offset + pick[0]])) pick[0] = k;
-        for (int k = 1; k < 4; k++) {
-            pick[k] = (test_lcg64(&rng) >> 33) % limit;
-        }
-        double gmax = fabs(g[ti.offset + pick[0]]);
-        ck_assert_msg(gmax > 1e-3, "%s: gradient too small to check (%g)", ti.name, gmax);
-        for (int k = 0; k < 4; k++) {
-            float orig = w[pick[k]], lp, lm;
-            w[pick[k]] = orig + h;
-            ck_assert_int_eq(
-                A->tensor_write(ctx, ORCH_TENSOR_PARAM, i, w, ti.numel * sizeof(float)),
-                ORCH_OK);
-            ck_assert_int_eq(A->eval_loss(ctx, tokens, targets, 1, T, &lp), ORCH_OK);
-            w[pick[k]] = orig - h;
-            ck_assert_int_eq(
-                A->tensor_write(ctx, ORCH_TENSOR_PARAM, i, w, ti.numel * sizeof(float)),
-                ORCH_OK);
-            ck_assert_int_eq(A->eval_loss(ctx, tokens, targets, 1, T, &lm), ORCH_OK);
-            w[pick[k]] = orig;
-            double fd = ((double)lp - (double)lm) / (2.0 * h);
-            double an = g[ti.offset + pick[k]];
-            /* Float32 losses: each evaluation carries a few ulps of rounding
-             * (its size depends on the summation order of the kernels this CPU
-             * dispatches to), and the difference divides it by 2h. */
-            double loss_ulp = (double)nextafterf(loss, INFINITY) - (double)loss;
-            double tol = 2e-3 * gmax + 1e-2 * fabs(an) + 4.0 * loss_ulp / (2.0 * h);
-            ck_assert_msg(fabs(fd - an) <= tol,
-                          "%s[%llu]: finite difference %.6g vs backward %.6g", ti.name,
-                          (unsigned long long)pick[k], fd, an);
-            checked++;
-        }
-        ck_assert_int_eq(
-            A->tensor_write(ctx, ORCH_TENSOR_PARAM, i, w, ti.numel * sizeof(float)),
-            ORCH_OK);
-        free(w);
-    }
-    ck_assert_int_eq(checked, 4 * (int)t.n);
+    /* Entries: the largest gradient and three random ones. */
+    finite_difference_check(ctx, &m, tokens, targets, 1, T, g, loss, 4, 12345, 1e-3);
     free(g);
     A->context_destroy(ctx);
 }
@@ -979,52 +995,7 @@ START_TEST(test_long_seq_gradients) {
         else
             A->context_destroy(c);
     }
-    test_table t;
-    test_read_table(A, ctx, ORCH_TENSOR_PARAM, &t);
-    const float h = 2e-3f;
-    uint64_t rng = 777;
-    int checked = 0;
-    for (uint32_t i = 0; i < t.n; i++) {
-        const orch_tensor_info ti = t.info[i];
-        float *w = malloc(ti.numel * sizeof(float));
-        ck_assert_int_eq(
-            A->tensor_read(ctx, ORCH_TENSOR_PARAM, i, w, ti.numel * sizeof(float)),
-            ORCH_OK);
-        uint64_t limit = strcmp(ti.name, "wpe.weight") == 0 ? LT * m.width : ti.numel;
-        uint64_t pick[3] = { 0 };
-        for (uint64_t k = 0; k < limit; k++)
-            if (fabsf(g[0][ti.offset + k]) > fabsf(g[0][ti.offset + pick[0]]))
-                pick[0] = k;
-        for (int k = 1; k < 3; k++) pick[k] = (test_lcg64(&rng) >> 33) % limit;
-        double gmax = fabs(g[0][ti.offset + pick[0]]);
-        for (int k = 0; k < 3; k++) {
-            float orig = w[pick[k]], lp, lm;
-            w[pick[k]] = orig + h;
-            ck_assert_int_eq(
-                A->tensor_write(ctx, ORCH_TENSOR_PARAM, i, w, ti.numel * sizeof(float)),
-                ORCH_OK);
-            ck_assert_int_eq(A->eval_loss(ctx, tokens, targets, LB, LT, &lp), ORCH_OK);
-            w[pick[k]] = orig - h;
-            ck_assert_int_eq(
-                A->tensor_write(ctx, ORCH_TENSOR_PARAM, i, w, ti.numel * sizeof(float)),
-                ORCH_OK);
-            ck_assert_int_eq(A->eval_loss(ctx, tokens, targets, LB, LT, &lm), ORCH_OK);
-            w[pick[k]] = orig;
-            double fd = ((double)lp - (double)lm) / (2.0 * h);
-            double an = g[0][ti.offset + pick[k]];
-            double loss_ulp = (double)nextafterf(loss, INFINITY) - (double)loss;
-            double tol = 2e-3 * gmax + 1e-2 * fabs(an) + 4.0 * loss_ulp / (2.0 * h);
-            ck_assert_msg(fabs(fd - an) <= tol,
-                          "%s[%llu] at T=%d: finite difference %.6g vs backward %.6g",
-                          ti.name, (unsigned long long)pick[k], LT, fd, an);
-            checked++;
-        }
-        ck_assert_int_eq(
-            A->tensor_write(ctx, ORCH_TENSOR_PARAM, i, w, ti.numel * sizeof(float)),
-            ORCH_OK);
-        free(w);
-    }
-    ck_assert_int_eq(checked, 3 * (int)t.n);
+    finite_difference_check(ctx, &m, tokens, targets, LB, LT, g[0], loss, 3, 777, 0);
     free(g[0]);
     free(g[1]);
     free(tokens);
