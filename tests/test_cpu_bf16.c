@@ -523,6 +523,13 @@ START_TEST(test_refused_without_native_bf16) {
     A->context_destroy(ctx);
     rc = engine_create_context(&H, &m, 1, 1, "bf16_isa=sse", &ctx, err, sizeof err);
     ck_assert_int_ne(rc, 0);
+    /* bf16_isa= with fp32 products: refused, not ignored. */
+    ctx = NULL;
+    err[0] = 0;
+    rc = engine_create_context(&H, &m, 1, 1, "bf16_isa=avx512", &ctx, err, sizeof err);
+    ck_assert_int_ne(rc, 0);
+    ck_assert_ptr_null(ctx);
+    ck_assert_msg(strstr(err, "bf16_isa= applies to precision=bf16"), "%s", err);
 }
 END_TEST
 

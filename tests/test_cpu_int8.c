@@ -371,7 +371,15 @@ START_TEST(test_bad_kernel_option) {
     err[0] = 0;
     rc = engine_create_context(&H, &m, 1, 1, "int8_kernel=fast", &ctx, err, sizeof err);
     ck_assert_int_ne(rc, 0);
-    ck_assert_msg(strstr(err, "int8_kernel"), "%s", err);
+    ck_assert_msg(
+        strstr(err, "int8_kernel"), "%s",
+        err); /* The kernel of a path the context does not take: refused, not ignored. */
+    err[0] = 0;
+    rc =
+        engine_create_context(&H, &m, 1, 1, "int8_kernel=generic", &ctx, err, sizeof err);
+    ck_assert_int_ne(rc, 0);
+    ck_assert_ptr_null(ctx);
+    ck_assert_msg(strstr(err, "int8_kernel= applies to weights=int8"), "%s", err);
 }
 END_TEST
 

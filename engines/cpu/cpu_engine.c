@@ -34,8 +34,9 @@
  *                       a weight) comes on top, in place of the fp32 packed one.
  *   int8_kernel=auto|amx|avx512vnni|avxvnni|avx2|generic   int8 kernel (auto:
  *                       the first the CPU and isa= allow; amx runs AMX-INT8
- *                       from 16 rows, AVX512-VNNI below; one the CPU or isa=
- *                       lacks is refused; all give the same bits)
+ *                       from CPU_Q8_AMX_MIN_ROWS (4) rows, AVX512-VNNI below;
+ *                       one the CPU or isa= lacks is refused, so is the option
+ *                       without weights=int8; all give the same bits)
  *   max_batch_tokens=N  most new tokens one infer_forward takes (default
  *                       16384); more is ORCH_ERR_CAPACITY
  *   precision=fp32|bf16|auto  type of the matrix products (default fp32).
@@ -54,7 +55,7 @@
  *   bf16_isa=amx|avx512 with precision=bf16 (or auto choosing it): cap
  *                       oneDNN at AMX or at AVX512_BF16 (tests of the
  *                       fallback; one the CPU lacks is refused, naming it;
- *                       ignored for fp32). oneDNN's cap is process-global
+ *                       refused with precision=fp32). oneDNN's cap is process-global
  *                       and fixed once it has run: a context asking for
  *                       another cap than the one in force is refused; use a
  *                       separate process (or ONEDNN_MAX_CPU_ISA=avx512_core_bf16).
@@ -354,11 +355,20 @@ static int32_t cpu_context_create(const orch_model_desc *model,
     } else if (ov[OPT_PRECISION] == PREC_WORD_AUTO && bf16_native(isa, why, sizeof why)) {
         precision = CPU_PREC_BF16;
     }
+    /* Options of a path this context does not take are refused, not ignored. */
+    if (given[OPT_BF16_ISA] && ov[OPT_PRECISION] == PREC_WORD_FP32)
+        return engine_fail_buf(err, err_cap, ORCH_ERR_INVALID_ARGUMENT,
+                               "bf16_isa= applies to precision=bf16 or auto, not fp32");
+    if (given[OPT_INT8_KERNEL] && ov[OPT_WEIGHTS] != 1)
+        return engine_fail_buf(err, err_cap, ORCH_ERR_INVALID_ARGUMENT,
+                               "int8_kernel= applies to weights=int8, not fp32");
     if (precision == CPU_PREC_BF16 &&
         (st = cpu_bf16_setup(given[OPT_BF16_ISA] ? (int)ov[OPT_BF16_ISA] : -1, err,
                              err_cap)) != ORCH_OK) {
-        if (ov[OPT_PRECISION] != PREC_WORD_AUTO) return st;
-        precision = CPU_PREC_FP32; /* auto: no usable oneDNN here */
+        /* auto falls back to fp32 only where oneDNN is unusable, never when
+         * the bf16_isa= asked for is refused. */
+        if (ov[OPT_PRECISION] != PREC_WORD_AUTO || given[OPT_BF16_ISA]) return st;
+        precision = CPU_PREC_FP32;
     }
     const int weights = ov[OPT_WEIGHTS] == 1 ? CPU_WEIGHTS_INT8 : CPU_WEIGHTS_FP32;
     /* int8_kernel words: auto, then CPU_Q8_* from the best down. */
