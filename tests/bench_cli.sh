@@ -90,6 +90,8 @@ PYEOF
 "$ORCH_BIN" bench infer --config $cfg --quantize int4 >/dev/null 2>"$work/err"; rc=$?
 grep -q "quantize" "$work/err" && [ $rc -eq 2 ] || fail "bad --quantize: rc $rc"
 
+"$ORCH_BIN" bench train --engine=cpu --config $cfg --options precision=auto >/dev/null 2>"$work/err"; rc=$?
+grep -q "precision=auto" "$work/err" && [ $rc -eq 2 ] || fail "precision=auto must be refused: rc $rc"
 "$ORCH_BIN" bench train --config $cfg --peak-gflops 0 >/dev/null 2>"$work/err"; rc=$?
 grep -q "peak-gflops" "$work/err" && [ $rc -eq 2 ] || fail "bad --peak-gflops: rc $rc"
 "$ORCH_BIN" bench sideways >/dev/null 2>"$work/err"; rc=$?

@@ -399,6 +399,12 @@ int cmd_bench(int argc, char **argv) {
     if (train) {
         char precision[16];
         option_value(opts, "precision", precision, sizeof precision);
+        if (strcmp(precision, "auto") == 0) { /* the peaks need the path */
+            util_error("bench train: precision=auto: name the precision to measure "
+                       "(--precision fp32 or bf16)");
+            engine_unload(&h);
+            return ORCH_EXIT_USAGE;
+        }
         bench_train_opts o = { a.batch,   a.seq,  a.steps, a.warmup,
                                a.threads, a.seed, opts,    precision };
         bench_train_result r;
