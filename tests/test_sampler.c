@@ -2,7 +2,9 @@
  * test_sampler.c - the sampler: greedy and ties, the allowed-token mask,
  * temperature sampling against the exact softmax (frequency test), top-k and
  * top-p supports, seeded determinism and independent streams, log-probs
- * against a direct computation, parameter checks, non-finite logits.
+ * against a direct computation, parameter checks, non-finite logits; min-p,
+ * logit_bias, bans and the presence / frequency / repetition penalties against
+ * hand-computed values and distributions.
  */
 #include <check.h>
 #include <math.h>
@@ -247,6 +249,124 @@ START_TEST(non_finite_logits_and_checks) {
 }
 END_TEST
 
+/* min-p after temperature: L = {1,3,2,3,-1,0.5}, T = 1, min_p 0.3: the
+ * weights relative to the best (e^(l-3)) are e^-2 = .135, 1, e^-1 = .368, 1,
+ * e^-4, e^-2.5: tokens 1, 2, 3 stay, renormalised. */
+START_TEST(min_p_hand_computed) {
+    sampler_ws *ws = sampler_ws_create(6);
+    sampler_params p = sampler_params_default();
+    p.min_p = 0.3f;
+    double d[6];
+    ck_assert_int_eq(sampler_distribution(&p, L, 6, NULL, ws, d), 0);
+    double z = 2.0 + exp(-1.0);
+    const double want[6] = { 0, 1 / z, exp(-1.0) / z, 1 / z, 0, 0 };
+    for (int v = 0; v < 6; v++) ck_assert_double_eq_tol(d[v], want[v], 1e-12);
+    /* T = 0.5 sharpens first: e^(2(l-3)): token 2 weighs e^-2 = .135 < .3 */
+    p.temperature = 0.5f;
+    ck_assert_int_eq(sampler_distribution(&p, L, 6, NULL, ws, d), 0);
+    ck_assert_double_eq_tol(d[1], 0.5, 1e-12);
+    ck_assert_double_eq_tol(d[3], 0.5, 1e-12);
+    ck_assert_double_eq(d[2], 0.0);
+    /* draws stay inside the support and follow it */
+    sampler_rng r;
+    sampler_rng_seed(&r, 99);
+    int seen[6] = { 0 };
+    for (int i = 0; i < 4000; i++) seen[sampler_sample(&p, L, 6, NULL, &r, ws)]++;
+    ck_assert_int_eq(seen[0] + seen[2] + seen[4] + seen[5], 0);
+    ck_assert(abs(seen[1] - 2000) < 5 * 32 && abs(seen[3] - 2000) < 5 * 32);
+    /* min_p 1 keeps only the ties of the best */
+    p.min_p = 1.0f;
+    ck_assert_int_eq(sampler_distribution(&p, L, 6, NULL, ws, d), 0);
+    ck_assert_double_eq_tol(d[1] + d[3], 1.0, 1e-12);
+    sampler_ws_free(ws);
+}
+END_TEST
+
+/* Each processing step against values worked out by hand. */
+START_TEST(logit_processing_hand_computed) {
+    sampler_ws *ws = sampler_ws_create(6);
+    sampler_params p = sampler_params_default();
+    sampler_history h = { 0 };
+    /* nothing to do: the logits themselves */
+    ck_assert_ptr_eq(sampler_process_logits(&p, &h, L, 6, ws), L);
+    /* presence 0.5 + frequency 0.25 x count over the output {1,1,4}: token 1
+     * 3 - 0.5 - 0.5 = 2, token 4 -1 - 0.5 - 0.25 = -1.75; the prompt is not
+     * counted by these two */
+    const int32_t prompt[2] = { 0, 5 }, out[3] = { 1, 4, 1 };
+    h.prompt = prompt;
+    h.n_prompt = 2;
+    h.output = out;
+    h.n_output = 3;
+    p.presence_penalty = 0.5f;
+    p.frequency_penalty = 0.25f;
+    const float *x = sampler_process_logits(&p, &h, L, 6, ws);
+    ck_assert_ptr_ne(x, L);
+    const float w1[6] = { 1.0f, 2.0f, 2.0f, 3.0f, -1.75f, 0.5f };
+    for (int v = 0; v < 6; v++) ck_assert_float_eq_tol(x[v], w1[v], 1e-6f);
+    /* repetition 2 over prompt + output {0,5,1,4}: positive / 2, negative x 2 */
+    p.presence_penalty = p.frequency_penalty = 0.0f;
+    p.repetition_penalty = 2.0f;
+    x = sampler_process_logits(&p, &h, L, 6, ws);
+    const float w2[6] = { 0.5f, 1.5f, 2.0f, 3.0f, -2.0f, 0.25f };
+    for (int v = 0; v < 6; v++) ck_assert_float_eq_tol(x[v], w2[v], 1e-6f);
+    /* all together, then bias and a ban: rep first (3/2 = 1.5), then -0.5 -0.5 */
+    p.presence_penalty = 0.5f;
+    p.frequency_penalty = 0.25f;
+    const int32_t bias_ids[2] = { 2, 9 }; /* 9 is out of range: skipped */
+    const float bias[2] = { -100.0f, 5.0f };
+    const int32_t banned[1] = { 3 };
+    h.bias_ids = bias_ids;
+    h.bias = bias;
+    h.n_bias = 2;
+    h.banned = banned;
+    h.n_banned = 1;
+    x = sampler_process_logits(&p, &h, L, 6, ws);
+    const float w3[6] = { 0.5f, 0.5f, -98.0f, -INFINITY, -2.75f, 0.25f };
+    for (int v = 0; v < 6; v++) {
+        if (isinf(w3[v]))
+            ck_assert(isinf(x[v]) && x[v] < 0);
+        else
+            ck_assert_float_eq_tol(x[v], w3[v], 1e-5f);
+    }
+    /* greedy follows the processed logits (tie 0/1: lowest id) */
+    p.temperature = 0.0f;
+    ck_assert_int_eq(sampler_sample(&p, x, 6, NULL, NULL, ws), 0);
+    /* counts are cleared between calls: the same call twice is the same */
+    const float *y = sampler_process_logits(&p, &h, L, 6, ws);
+    for (int v = 0; v < 6; v++) ck_assert(y[v] == w3[v] || fabsf(y[v] - w3[v]) < 1e-5f);
+    /* something to do without scratch: NULL */
+    ck_assert_ptr_null(sampler_process_logits(&p, &h, L, 6, NULL));
+    sampler_ws_free(ws);
+}
+END_TEST
+
+/* Processed logits drawn with temperature: frequencies within 5 sigma of
+ * softmax over the hand-computed processed values. */
+START_TEST(penalised_draws_match_softmax) {
+    sampler_ws *ws = sampler_ws_create(6);
+    sampler_params p = sampler_params_default();
+    p.frequency_penalty = 1.0f;
+    const int32_t out[2] = { 1, 3 };
+    sampler_history h = { .output = out, .n_output = 2 };
+    const float want_l[6] = { 1.0f, 2.0f, 2.0f, 2.0f, -1.0f, 0.5f };
+    sampler_rng r;
+    sampler_rng_seed(&r, 7);
+    int count[6] = { 0 };
+    const int N = 30000;
+    for (int i = 0; i < N; i++) {
+        const float *x = sampler_process_logits(&p, &h, L, 6, ws);
+        count[sampler_sample(&p, x, 6, NULL, &r, ws)]++;
+    }
+    for (int v = 0; v < 6; v++) {
+        double pv = softmax_p(want_l, 6, 1.0, v);
+        double sd = sqrt(N * pv * (1 - pv)) + 1;
+        ck_assert_msg(fabs(count[v] - N * pv) < 5 * sd, "v=%d count %d expected %.1f", v,
+                      count[v], N * pv);
+    }
+    sampler_ws_free(ws);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("sampler");
     TCase *tc = tcase_create("core");
@@ -258,6 +378,9 @@ static Suite *suite(void) {
     tcase_add_test(tc, seeded_determinism_and_streams);
     tcase_add_test(tc, logprobs_match_direct_computation);
     tcase_add_test(tc, non_finite_logits_and_checks);
+    tcase_add_test(tc, min_p_hand_computed);
+    tcase_add_test(tc, logit_processing_hand_computed);
+    tcase_add_test(tc, penalised_draws_match_softmax);
     suite_add_tcase(s, tc);
     return s;
 }

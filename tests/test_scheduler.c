@@ -8,7 +8,8 @@
  * freeing blocks, an injected engine fault failing only its batch, the
  * waiting-queue limit (counted in sequences: a submission of more than it
  * holds never fits), seeded sampling that is the same alone and in a busy
- * batch, prompt log-probabilities, and submission/creation errors.
+ * batch, prompt log-probabilities, submission/creation errors, and the
+ * token controls (stop_token_ids, min_tokens, logit_bias, penalties).
  */
 #include <check.h>
 #include <math.h>
@@ -519,6 +520,96 @@ START_TEST(token_mask_hook) {
 }
 END_TEST
 
+/* The mock's greedy continuation of prompt with OpenAI presence / frequency
+ * penalties over the generated tokens (lowest id on ties). */
+static void predict_penalised(const int32_t *p, uint32_t n, uint32_t k, float presence,
+                              float frequency, int32_t *out) {
+    uint64_t s = 0;
+    uint32_t count[256] = { 0 };
+    for (uint32_t i = 0; i < n; i++) s += (uint64_t)p[i];
+    for (uint32_t i = 0; i < k; i++) {
+        int next = 97 + (int)(s % 26), best = -1;
+        float bv = 0;
+        for (int v = 0; v < 256; v++) {
+            float x = -fabsf((float)(v - next));
+            if (count[v]) x -= presence + frequency * (float)count[v];
+            if (best < 0 || x > bv) {
+                best = v;
+                bv = x;
+            }
+        }
+        out[i] = best;
+        count[best]++;
+        s += (uint64_t)best;
+    }
+}
+
+/* stop_token_ids end a sequence like the end-of-text token; min_tokens
+ * holds them and stop strings back; logit_bias and penalties steer greedy
+ * decoding exactly as predicted. */
+START_TEST(token_controls) {
+    start(256, 64, 8, 64, 100, NULL);
+    int32_t prompt[3] = { 'a', 'b', 'c' };
+    char g[41];
+    predict(prompt, 3, 40, g);
+    uint32_t k = 3; /* the first token (from 3 on) not generated before */
+    while (k < 40 && memchr(g, g[k], k)) k++;
+    ck_assert_uint_lt(k, 30);
+    int32_t stop_id = (unsigned char)g[k];
+    char stop1[2] = { g[0], 0 };
+    const char *stops[1] = { stop1 };
+    int32_t bias_ids[1] = { 'z' };
+    float bias[1] = { 100.0f };
+    sched_seq a, b, c, d, e;
+    init_seq(&a, prompt, 3, 40); /* stops at the stop token */
+    a.stop_token_ids = &stop_id;
+    a.n_stop_token_ids = 1;
+    init_seq(&b, prompt, 3, 40); /* not before min_tokens */
+    b.stop_token_ids = &stop_id;
+    b.n_stop_token_ids = 1;
+    b.min_tokens = k + 2;
+    init_seq(&c, prompt, 3, 3); /* the stop string is not looked for */
+    c.stop = stops;
+    c.n_stop = 1;
+    c.min_tokens = 3;
+    init_seq(&d, prompt, 3, 5); /* logit_bias */
+    d.bias_ids = bias_ids;
+    d.bias = bias;
+    d.n_bias = 1;
+    init_seq(&e, prompt, 3, 30); /* penalties */
+    e.sampling.presence_penalty = 1.5f;
+    e.sampling.frequency_penalty = 0.25f;
+    sched_seq *ptrs[5] = { &a, &b, &c, &d, &e };
+    char err[128];
+    ck_assert_int_eq(scheduler_submit(sch, ptrs, 5, err, sizeof err), SCHED_OK);
+    wait_finished(5);
+    ck_assert_int_eq(a.finish, SCHED_FINISH_STOP);
+    ck_assert_uint_eq(a.n_out, k + 1);
+    ck_assert_int_eq(a.out_tokens[k], stop_id);
+    ck_assert_uint_eq(a.text_len, k); /* the stop token adds no text */
+    ck_assert_int_eq(strncmp(a.text, g, k), 0);
+    ck_assert_uint_ge(b.n_out, k + 2);
+    for (uint32_t i = 0; i < k + 1; i++) ck_assert_int_ne(b.out_tokens[i], stop_id);
+    ck_assert_int_eq(strncmp(b.text, g, k), 0);
+    ck_assert_int_eq(b.out_tokens[k], stop_id - 1); /* banned: the lower neighbour */
+    ck_assert_int_eq(c.finish, SCHED_FINISH_LENGTH);
+    ck_assert_uint_eq(c.text_len, 3);
+    ck_assert_int_eq(strncmp(c.text, g, 3), 0);
+    ck_assert_str_eq(d.text, "zzzzz");
+    int32_t want[30];
+    predict_penalised(prompt, 3, 30, 1.5f, 0.25f, want);
+    ck_assert_uint_eq(e.n_out, 30);
+    for (uint32_t i = 0; i < 30; i++) ck_assert_int_eq(e.out_tokens[i], want[i]);
+    char plain[31];
+    predict(prompt, 3, 30, plain);
+    ck_assert_int_ne(memcmp(e.text, plain, 30), 0); /* the penalties did change it */
+    sched_seq *all[5] = { &a, &b, &c, &d, &e };
+    for (int i = 0; i < 5; i++) sched_seq_free_outputs(all[i]);
+    wait_pool_empty();
+    stop();
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("scheduler");
     TCase *tc = tcase_create("mock");
@@ -533,6 +624,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, prompt_and_token_logprobs);
     tcase_add_test(tc, submit_and_create_errors);
     tcase_add_test(tc, token_mask_hook);
+    tcase_add_test(tc, token_controls);
     suite_add_tcase(s, tc);
     return s;
 }

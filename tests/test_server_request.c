@@ -160,11 +160,43 @@ START_TEST(fields_and_stops) {
     ck_assert_str_eq(r.stops[0], "x");
     ck_assert_str_eq(r.stops[1], "yz");
     gen_request_free(&r);
-    /* top_k -1 is off; include_usage needs stream; logprobs 0 still asks */
+    /* the token controls */
     parse_ok(0,
-             "{\"prompt\":\"a\",\"top_k\":-1,\"stream_options\":{\"include_usage\":true},"
-             "\"logprobs\":0,\"stop\":\"q\"}",
+             "{\"prompt\":\"a\",\"min_p\":0.05,\"presence_penalty\":-0.5,"
+             "\"frequency_penalty\":1.5,\"repetition_penalty\":1.2,"
+             "\"logit_bias\":{\"7\":-100,\"255\":3.5},\"stop_token_ids\":[9,0],"
+             "\"min_tokens\":4,\"max_tokens\":4}",
              &r);
+    ck_assert_float_eq(r.sampling.min_p, 0.05f);
+    ck_assert_float_eq(r.sampling.presence_penalty, -0.5f);
+    ck_assert_float_eq(r.sampling.frequency_penalty, 1.5f);
+    ck_assert_float_eq(r.sampling.repetition_penalty, 1.2f);
+    ck_assert_uint_eq(r.n_bias, 2);
+    ck_assert_int_eq(r.bias_ids[0], 7);
+    ck_assert_float_eq(r.bias[0], -100.0f);
+    ck_assert_int_eq(r.bias_ids[1], 255);
+    ck_assert_float_eq(r.bias[1], 3.5f);
+    ck_assert_uint_eq(r.n_stop_token_ids, 2);
+    ck_assert_int_eq(r.stop_token_ids[0], 9);
+    ck_assert_int_eq(r.stop_token_ids[1], 0);
+    ck_assert_uint_eq(r.min_tokens, 4);
+    sched_seq q;
+    memset(&q, 0, sizeof q);
+    gen_request_seq(&r, 0, 1, &q);
+    ck_assert_uint_eq(q.n_bias, 2);
+    ck_assert_ptr_eq(q.bias_ids, r.bias_ids);
+    ck_assert_uint_eq(q.n_stop_token_ids, 2);
+    ck_assert_uint_eq(q.min_tokens, 4);
+    ck_assert_float_eq(q.sampling.repetition_penalty, 1.2f);
+    gen_request_free(&r);
+    /* defaults: repetition_penalty 1 (off) */
+    parse_ok(0, "{\"prompt\":\"a\"}", &r);
+    ck_assert_float_eq(r.sampling.repetition_penalty, 1.0f);
+    ck_assert_float_eq(r.sampling.min_p, 0.0f);
+    ck_assert_uint_eq(r.n_bias + r.n_stop_token_ids + r.min_tokens, 0);
+    gen_request_free(&r);
+    /* top_k -1 is off; logprobs 0 still asks */
+    parse_ok(0, "{\"prompt\":\"a\",\"top_k\":-1,\"logprobs\":0,\"stop\":\"q\"}", &r);
     ck_assert_uint_eq(r.sampling.top_k, 0);
     ck_assert_int_eq(r.include_usage, 0);
     ck_assert_int_eq(r.logprobs, 1);
@@ -232,7 +264,7 @@ static const bad_case BAD[] = {
     { 0, "nope", 400, NULL, "invalid_json",
       "the request body is not valid JSON (error near byte 0)" },
     { 0, "[1]", 400, NULL, "invalid_json", "the request body must be a JSON object" },
-    { 0, "{\"prompt\":\"a\",\"model\":\"x\"}", 400, "model", "model_not_found",
+    { 0, "{\"prompt\":\"a\",\"model\":\"x\"}", 404, "model", "model_not_found",
       "the model 'x' does not exist; this server serves 'm'" },
     { 0, "{\"prompt\":\"a\",\"model\":1}", 400, "model", "invalid_type",
       "'model' must be a string" },
@@ -270,10 +302,36 @@ static const bad_case BAD[] = {
       "stop strings must not be empty" },
     { 0, "{\"prompt\":\"a\",\"stop\":[1]}", 400, "stop", "invalid_type",
       "'stop' must be a string or an array of strings" },
-    { 0, "{\"prompt\":\"a\",\"presence_penalty\":1}", 400, "presence_penalty",
-      "unsupported_parameter", "'presence_penalty' is not supported (only 0)" },
-    { 0, "{\"prompt\":\"a\",\"logit_bias\":{\"1\":2}}", 400, "logit_bias",
-      "unsupported_parameter", "'logit_bias' is not supported" },
+    { 0, "{\"prompt\":\"a\",\"presence_penalty\":2.5}", 400, "presence_penalty",
+      "invalid_value", "'presence_penalty' must be in [-2, 2], got 2.5" },
+    { 0, "{\"prompt\":\"a\",\"frequency_penalty\":\"x\"}", 400, "frequency_penalty",
+      "invalid_type", "'frequency_penalty' must be a number" },
+    { 0, "{\"prompt\":\"a\",\"repetition_penalty\":0}", 400, "repetition_penalty",
+      "invalid_value", "'repetition_penalty' must be in (0, 10], got 0" },
+    { 0, "{\"prompt\":\"a\",\"min_p\":1.5}", 400, "min_p", "invalid_value",
+      "'min_p' must be in [0, 1], got 1.5" },
+    { 0, "{\"prompt\":\"a\",\"logit_bias\":[1]}", 400, "logit_bias", "invalid_type",
+      "'logit_bias' must be an object of token id: bias" },
+    { 0, "{\"prompt\":\"a\",\"logit_bias\":{\"256\":2}}", 400, "logit_bias",
+      "invalid_value", "'logit_bias' key '256' is not a token id (0..255)" },
+    { 0, "{\"prompt\":\"a\",\"logit_bias\":{\"-1\":2}}", 400, "logit_bias",
+      "invalid_value", "'logit_bias' key '-1' is not a token id (0..255)" },
+    { 0, "{\"prompt\":\"a\",\"logit_bias\":{\"7\":101}}", 400, "logit_bias",
+      "invalid_value", "'logit_bias' value for token 7 must be a number in [-100, 100]" },
+    { 0, "{\"prompt\":\"a\",\"stop_token_ids\":5}", 400, "stop_token_ids", "invalid_type",
+      "'stop_token_ids' must be an array of token ids" },
+    { 0, "{\"prompt\":\"a\",\"stop_token_ids\":[1.5]}", 400, "stop_token_ids",
+      "invalid_value", "'stop_token_ids' entries must be token ids (0..255)" },
+    { 0, "{\"prompt\":\"a\",\"min_tokens\":-1}", 400, "min_tokens", "invalid_value",
+      "'min_tokens' must be between 0 and 1000000000, got -1" },
+    { 0, "{\"prompt\":\"a\",\"max_tokens\":3,\"min_tokens\":4}", 400, "min_tokens",
+      "invalid_value",
+      "'min_tokens' (4) is more than the 3 tokens the completion may have" },
+    { 0, "{\"prompt\":\"a\",\"stream_options\":{\"include_usage\":true}}", 400,
+      "stream_options", "invalid_value",
+      "'stream_options' is only allowed when 'stream' is true" },
+    { 0, "{\"prompt\":\"a\",\"guided_grammar\":\"x\"}", 400, NULL, "unknown_parameter",
+      "Unrecognized request argument supplied: guided_grammar" },
     { 0, "{\"prompt\":\"a\",\"suffix\":\"x\"}", 400, "suffix", "unsupported_parameter",
       "'suffix' is not supported" },
     { 0, "{\"prompt\":\"abcd\",\"max_tokens\":61}", 400, "max_tokens",

@@ -25,7 +25,8 @@ static const char *const route_label[R_COUNT] = {
     "other",           "/health",
     "/v1/models",      "/v1/models/{model}",
     "/v1/completions", "/v1/chat/completions",
-    "/metrics"
+    "/metrics",        "/tokenize",
+    "/detokenize"
 };
 
 /* ------------------------------------------------------------------------- */
@@ -54,8 +55,7 @@ enum MHD_Result http_queue_body(http_req *hr, unsigned status, char *body, size_
     }
     if (ctype) MHD_add_response_header(r, "Content-Type", ctype);
     if (status == 405) {
-        const char *allow =
-            (hr->route == R_COMPLETIONS || hr->route == R_CHAT) ? "POST" : "GET, HEAD";
+        const char *allow = route_is_post(hr->route) ? "POST" : "GET, HEAD";
         MHD_add_response_header(r, "Allow", allow);
     }
     if (status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
@@ -233,6 +233,8 @@ static int match_route(const char *url) {
     if (strcmp(url, "/v1/completions") == 0) return R_COMPLETIONS;
     if (strcmp(url, "/v1/chat/completions") == 0) return R_CHAT;
     if (strcmp(url, "/metrics") == 0) return R_METRICS;
+    if (strcmp(url, "/tokenize") == 0) return R_TOKENIZE;
+    if (strcmp(url, "/detokenize") == 0) return R_DETOKENIZE;
     return R_OTHER;
 }
 
@@ -367,7 +369,7 @@ static enum MHD_Result begin_request(http_server *s, struct MHD_Connection *conn
     *req_cls = hr;
     if (pthread_mutex_init(&hr->lock, NULL) != 0) return MHD_NO;
     hr->lock_init = 1;
-    int post_route = hr->route == R_COMPLETIONS || hr->route == R_CHAT;
+    int post_route = route_is_post(hr->route);
     set_phase(hr, post_route ? LISTENER_BODY : LISTENER_BUSY);
     hr->cors = http_policy_cors(
         &s->policy, MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Origin"));
@@ -398,7 +400,7 @@ static enum MHD_Result begin_request(http_server *s, struct MHD_Connection *conn
                  post_route ? "POST" : "GET");
         return http_queue_err(hr, 405, NULL, "method_not_allowed", msg);
     }
-    if (strncmp(url, "/v1/", 4) == 0 &&
+    if ((strncmp(url, "/v1/", 4) == 0 || post_route) &&
         !http_policy_auth_ok(&s->policy, MHD_lookup_connection_value(
                                              conn, MHD_HEADER_KIND, "Authorization")))
         return http_queue_err(hr, 401, NULL, "invalid_api_key",
@@ -452,7 +454,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         enum MHD_Result r = begin_request(s, conn, url, method, version, req_cls);
         hr = *req_cls;
         /* an answer queued before the body: no 408 over it */
-        if (hr && hr->responded && (hr->route == R_COMPLETIONS || hr->route == R_CHAT))
+        if (hr && hr->responded && route_is_post(hr->route))
             set_phase(hr, LISTENER_BODY_ANSWERED);
         return r;
     }
@@ -466,7 +468,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         return take_upload(hr, upload_data, n);
     }
     if (hr->preflight) return answer_preflight(hr);
-    if (hr->route != R_COMPLETIONS && hr->route != R_CHAT) return answer_get(hr, url);
+    if (!route_is_post(hr->route)) return answer_get(hr, url);
     set_phase(hr, LISTENER_BUSY);
     if (hr->too_big) {
         char msg[128];

@@ -13,6 +13,7 @@
 #include "orchestrator/core/rng.h"
 #include "orchestrator/core/util.h"
 #include "orchestrator/serve/http_internal.h"
+#include "orchestrator/serve/tokenize_api.h"
 
 /* rng_splitmix64 of a value (request ids, default seeds). */
 static uint64_t splitmix_of(uint64_t z) { return rng_splitmix64(&z); }
@@ -140,8 +141,38 @@ static int submit(http_req *hr, api_error *e) {
     return api_error_set(e, 400, NULL, "invalid_value", "%s", err);
 }
 
+/* /tokenize and /detokenize: the whole answer, rendered here. */
+static void tokenize_job(http_req *hr) {
+    http_server *s = hr->srv;
+    tokenize_api_limits lim = { .tok = s->tok,
+                                .model_name = s->model_name,
+                                .context = s->context };
+    api_error e;
+    strbuf b = { 0 };
+    int rc = hr->route == R_TOKENIZE
+                 ? tokenize_api_tokenize(&lim, hr->body, hr->body_len, &b, &e)
+                 : tokenize_api_detokenize(&lim, hr->body, hr->body_len, &b, &e);
+    http_body_release(hr);
+    pthread_mutex_lock(&hr->lock);
+    if (rc == 0) {
+        hr->final = b;
+        hr->gstate = G_RENDERED;
+    } else {
+        free(b.p);
+        hr->err = e;
+        hr->gstate = G_ERROR;
+    }
+    pthread_mutex_unlock(&hr->lock);
+    http_req_resume(hr);
+    http_req_unref(hr); /* the job's reference */
+}
+
 static void parse_job(work_item *item) {
     http_req *hr = HR_OF(item);
+    if (hr->route == R_TOKENIZE || hr->route == R_DETOKENIZE) {
+        tokenize_job(hr);
+        return;
+    }
     api_error e;
     int rc = setup_generation(hr, &e);
     http_body_release(hr); /* parsed: the body is not needed any more */

@@ -44,8 +44,16 @@ enum route {
     R_COMPLETIONS,
     R_CHAT,
     R_METRICS,
+    R_TOKENIZE,
+    R_DETOKENIZE,
     R_COUNT
 };
+
+/* Routes answered to POST with a JSON body (the rest: GET / HEAD). */
+static inline int route_is_post(int route) {
+    return route == R_COMPLETIONS || route == R_CHAT || route == R_TOKENIZE ||
+           route == R_DETOKENIZE;
+}
 
 enum { ST_LOADING = 0, ST_READY = 1, ST_DRAINING = 2 };
 

@@ -5,6 +5,7 @@
 #include "orchestrator/serve/request.h"
 
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdlib.h>
@@ -413,29 +414,18 @@ static int check_model(const request_limits *lim, const cJSON *root, api_error *
     const cJSON *model = field(root, "model");
     if (model && !cJSON_IsString(model))
         return api_error_set(e, 400, "model", "invalid_type", "'model' must be a string");
-    if (model && strcmp(model->valuestring, lim->model_name) != 0)
-        return api_error_set(
-            e, 400, "model", "model_not_found",
-            "the model '%.128s' does not exist; this server serves '%.128s'",
-            model->valuestring, lim->model_name);
+    if (model && strcmp(model->valuestring, lim->model_name) != 0) {
+        api_error_set(e, 404, "model", "model_not_found",
+                      "the model '%.128s' does not exist; this server serves '%.128s'",
+                      model->valuestring, lim->model_name);
+        e->type = "invalid_request_error"; /* as OpenAI's API answers it */
+        return -1;
+    }
     return 0;
 }
 
 /* Unsupported features: only their neutral values are accepted. */
 static int check_unsupported(const gen_request *r, const cJSON *root, api_error *e) {
-    double pen = 0;
-    if (get_num(root, "presence_penalty", -2, 2, 0, &pen, e)) return -1;
-    if (pen != 0)
-        return api_error_set(e, 400, "presence_penalty", "unsupported_parameter",
-                             "'presence_penalty' is not supported (only 0)");
-    if (get_num(root, "frequency_penalty", -2, 2, 0, &pen, e)) return -1;
-    if (pen != 0)
-        return api_error_set(e, 400, "frequency_penalty", "unsupported_parameter",
-                             "'frequency_penalty' is not supported (only 0)");
-    const cJSON *lb = field(root, "logit_bias");
-    if (lb && (!cJSON_IsObject(lb) || lb->child))
-        return api_error_set(e, 400, "logit_bias", "unsupported_parameter",
-                             "'logit_bias' is not supported");
     if (!r->chat && field(root, "suffix"))
         return api_error_set(e, 400, "suffix", "unsupported_parameter",
                              "'suffix' is not supported");
@@ -489,9 +479,18 @@ static int parse_sampling(gen_request *r, const cJSON *root, max_tokens_arg *mt,
             mt->param = "max_completion_tokens";
         }
     }
+    double min_p = 0, presence = 0, frequency = 0, repetition = 1;
+    if (get_num(root, "min_p", 0, 1, 0, &min_p, e)) return -1;
+    if (get_num(root, "presence_penalty", -2, 2, 0, &presence, e)) return -1;
+    if (get_num(root, "frequency_penalty", -2, 2, 0, &frequency, e)) return -1;
+    if (get_num(root, "repetition_penalty", 0, 10, 1, &repetition, e)) return -1;
     r->sampling.temperature = (float)temperature;
     r->sampling.top_p = (float)top_p;
     r->sampling.top_k = top_k > 0 ? (uint32_t)top_k : 0;
+    r->sampling.min_p = (float)min_p;
+    r->sampling.presence_penalty = (float)presence;
+    r->sampling.frequency_penalty = (float)frequency;
+    r->sampling.repetition_penalty = (float)repetition;
     r->n = (uint32_t)n;
     r->seed = (uint64_t)seed;
     return 0;
@@ -506,8 +505,11 @@ static int parse_output(gen_request *r, const cJSON *root, api_error *e) {
         if (!cJSON_IsObject(so))
             return api_error_set(e, 400, "stream_options", "invalid_type",
                                  "'stream_options' must be an object");
+        if (!r->stream)
+            return api_error_set(
+                e, 400, "stream_options", "invalid_value",
+                "'stream_options' is only allowed when 'stream' is true");
         if (get_bool(so, "include_usage", &r->include_usage, e)) return -1;
-        if (!r->stream) r->include_usage = 0;
     }
     int64_t lp = 0;
     int has_lp = 0;
@@ -527,6 +529,73 @@ static int parse_output(gen_request *r, const cJSON *root, api_error *e) {
         r->logprobs = has_lp;
     }
     r->top_logprobs = (uint32_t)lp;
+    return 0;
+}
+
+/* logit_bias {"token id": bias in [-100, 100]}, stop_token_ids [id...],
+ * min_tokens. */
+static int parse_token_controls(const request_limits *lim, gen_request *r,
+                                const cJSON *root, api_error *e) {
+    const cJSON *lb = field(root, "logit_bias");
+    if (lb && !cJSON_IsObject(lb))
+        return api_error_set(e, 400, "logit_bias", "invalid_type",
+                             "'logit_bias' must be an object of token id: bias");
+    uint32_t nb = 0;
+    const cJSON *it;
+    if (lb) cJSON_ArrayForEach(it, lb) nb++;
+    if (nb > REQUEST_MAX_LOGIT_BIAS)
+        return api_error_set(e, 400, "logit_bias", "invalid_value",
+                             "'logit_bias' has %u entries; at most %u", nb,
+                             REQUEST_MAX_LOGIT_BIAS);
+    if (nb) {
+        r->bias_ids = util_calloc(nb, sizeof *r->bias_ids);
+        r->bias = util_calloc(nb, sizeof *r->bias);
+        if (!r->bias_ids || !r->bias)
+            return api_error_set(e, 500, NULL, NULL, "out of memory");
+        cJSON_ArrayForEach(it, lb) {
+            const char *k = it->string;
+            char *end = NULL;
+            errno = 0;
+            unsigned long long id = strtoull(k, &end, 10);
+            if (!*k || *k < '0' || *k > '9' || *end || errno || id >= lim->vocab)
+                return api_error_set(e, 400, "logit_bias", "invalid_value",
+                                     "'logit_bias' key '%.64s' is not a token id "
+                                     "(0..%u)",
+                                     k, lim->vocab - 1);
+            if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble) ||
+                it->valuedouble < -100 || it->valuedouble > 100)
+                return api_error_set(e, 400, "logit_bias", "invalid_value",
+                                     "'logit_bias' value for token %llu must be a "
+                                     "number in [-100, 100]",
+                                     id);
+            r->bias_ids[r->n_bias] = (int32_t)id;
+            r->bias[r->n_bias++] = (float)it->valuedouble;
+        }
+    }
+    const cJSON *st = field(root, "stop_token_ids");
+    if (st) {
+        if (!cJSON_IsArray(st))
+            return api_error_set(e, 400, "stop_token_ids", "invalid_type",
+                                 "'stop_token_ids' must be an array of token ids");
+        uint32_t n = (uint32_t)cJSON_GetArraySize(st);
+        if (n > SCHED_MAX_STOP_TOKEN_IDS)
+            return api_error_set(e, 400, "stop_token_ids", "invalid_value",
+                                 "at most %u stop token ids", SCHED_MAX_STOP_TOKEN_IDS);
+        r->stop_token_ids = util_calloc(n ? n : 1, sizeof *r->stop_token_ids);
+        if (!r->stop_token_ids) return api_error_set(e, 500, NULL, NULL, "out of memory");
+        cJSON_ArrayForEach(it, st) {
+            double v = cJSON_IsNumber(it) ? it->valuedouble : -1;
+            if (!isfinite(v) || v != floor(v) || v < 0 || v >= lim->vocab)
+                return api_error_set(e, 400, "stop_token_ids", "invalid_value",
+                                     "'stop_token_ids' entries must be token ids "
+                                     "(0..%u)",
+                                     lim->vocab - 1);
+            r->stop_token_ids[r->n_stop_token_ids++] = (int32_t)v;
+        }
+    }
+    int64_t mt = 0;
+    if (get_int(root, "min_tokens", 0, 1e9, &mt, NULL, e)) return -1;
+    r->min_tokens = (uint32_t)mt;
     return 0;
 }
 
@@ -560,7 +629,35 @@ static int check_context(const request_limits *lim, gen_request *r,
                 "requested %" PRIu64 " tokens (%u in the %s, %" PRId64 " for the "
                 "completion). Please reduce the %s or the completion length.",
                 ctx, (uint64_t)pl + (uint64_t)m, pl, what, m, what);
+        if (r->min_tokens > m)
+            return api_error_set(e, 400, "min_tokens", "invalid_value",
+                                 "'min_tokens' (%u) is more than the %" PRId64
+                                 " tokens the completion may have",
+                                 r->min_tokens, m);
         r->prompts[i].max_tokens = (uint32_t)m;
+    }
+    return 0;
+}
+
+/* Every top-level field a request may name, NUL-separated (error params
+ * point into it). */
+static const char request_fields[] =
+    "model\0prompt\0messages\0max_tokens\0max_completion_tokens\0temperature\0"
+    "top_p\0top_k\0min_p\0n\0best_of\0seed\0stream\0stream_options\0ignore_eos\0"
+    "logprobs\0top_logprobs\0echo\0stop\0stop_token_ids\0min_tokens\0"
+    "presence_penalty\0frequency_penalty\0repetition_penalty\0logit_bias\0"
+    "suffix\0tools\0functions\0response_format\0user\0";
+
+/* A field orch does not know is refused, not ignored (as OpenAI's API). */
+static int check_known(const cJSON *root, api_error *e) {
+    const cJSON *it;
+    cJSON_ArrayForEach(it, root) {
+        const char *f = request_fields;
+        while (*f && strcmp(f, it->string) != 0) f += strlen(f) + 1;
+        if (!*f)
+            return api_error_set(e, 400, NULL, "unknown_parameter",
+                                 "Unrecognized request argument supplied: %.64s",
+                                 it->string);
     }
     return 0;
 }
@@ -572,9 +669,10 @@ static int parse_fields(const request_limits *lim, gen_request *r, const cJSON *
         return api_error_set(e, 400, NULL, "invalid_json",
                              "the request body must be a JSON object");
     max_tokens_arg mt;
-    if (check_model(lim, root, e) || check_unsupported(r, root, e) ||
-        parse_sampling(r, root, &mt, e) || parse_output(r, root, e) ||
-        parse_stop(r, root, e))
+    if (check_known(root, e) || check_model(lim, root, e) ||
+        check_unsupported(r, root, e) || parse_sampling(r, root, &mt, e) ||
+        parse_output(r, root, e) || parse_stop(r, root, e) ||
+        parse_token_controls(lim, r, root, e))
         return -1;
     if (r->chat ? parse_messages(lim, r, root, e) : parse_prompt(lim, r, root, e))
         return -1;
@@ -586,14 +684,6 @@ static int parse_fields(const request_limits *lim, gen_request *r, const cJSON *
                              seqs, lim->max_seqs);
     return check_context(lim, r, &mt, e);
 }
-
-/* Every top-level field a request may name, NUL-separated (error params
- * point into it). */
-static const char request_fields[] =
-    "model\0prompt\0messages\0max_tokens\0max_completion_tokens\0temperature\0"
-    "top_p\0top_k\0n\0best_of\0seed\0stream\0stream_options\0ignore_eos\0"
-    "logprobs\0top_logprobs\0echo\0stop\0presence_penalty\0frequency_penalty\0"
-    "logit_bias\0suffix\0tools\0functions\0response_format\0user\0";
 
 uint32_t request_max_token_bytes(const tokenizer *tok) {
     uint32_t v = tokenizer_vocab_size(tok), best = 0;
@@ -640,6 +730,9 @@ void gen_request_free(gen_request *r) {
     free(r->prompts);
     for (uint32_t i = 0; i < r->n_stops; i++) free(r->stops[i]);
     free(r->stops);
+    free(r->bias_ids);
+    free(r->bias);
+    free(r->stop_token_ids);
     memset(r, 0, sizeof *r);
 }
 
@@ -659,4 +752,10 @@ void gen_request_seq(const gen_request *r, uint32_t i, uint64_t base_seed, sched
     q->want_prompt_logprobs = r->echo && r->logprobs;
     q->stream = r->stream;
     q->ignore_eot = r->ignore_eos;
+    q->bias_ids = r->bias_ids;
+    q->bias = r->bias;
+    q->n_bias = r->n_bias;
+    q->stop_token_ids = r->stop_token_ids;
+    q->n_stop_token_ids = r->n_stop_token_ids;
+    q->min_tokens = r->min_tokens;
 }

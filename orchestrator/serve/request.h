@@ -5,14 +5,18 @@
  *
  * Parsing checks, in this order: valid JSON with nothing after it, no stray
  * control bytes, no NUL in any string and no key twice in one object
- * (json_strict.h); a JSON object; 'model' (must be the served
- * model when given); unsupported features (only their neutral values:
- * presence/frequency_penalty 0, empty logit_bias, no suffix, tools, functions,
- * response_format other than text); temperature [0, 2]; top_p (0, 1]; top_k
- * >= -1 (<= 0 = off); n [1, 128]; best_of (= n); seed; max_tokens (chat:
- * max_completion_tokens wins); stream, ignore_eos, stream_options; logprobs
- * (chat: logprobs + top_logprobs; completions: logprobs = N) up to
- * SCHED_MAX_TOP_LOGPROBS; echo (completions); stop; the prompt (completions:
+ * (json_strict.h); a JSON object; no field orch does not know (400
+ * unknown_parameter, as OpenAI's API); 'model' (must be the served model
+ * when given, else 404 model_not_found); unsupported features (no suffix,
+ * tools, functions, response_format other than text); temperature [0, 2];
+ * top_p (0, 1]; top_k >= -1 (<= 0 = off); n [1, 128]; best_of (= n); seed;
+ * max_tokens (chat: max_completion_tokens wins); min_p [0, 1];
+ * presence/frequency_penalty [-2, 2]; repetition_penalty (0, 10]; stream,
+ * ignore_eos, stream_options (only with stream); logprobs (chat: logprobs +
+ * top_logprobs; completions: logprobs = N) up to SCHED_MAX_TOP_LOGPROBS;
+ * echo (completions); stop; logit_bias (token id -> [-100, 100], at most
+ * REQUEST_MAX_LOGIT_BIAS); stop_token_ids (at most SCHED_MAX_STOP_TOKEN_IDS
+ * ids); min_tokens (<= the resolved max_tokens); the prompt (completions:
  * a string, token ids, or a list of either) or messages (chat, rendered by
  * chat_template.h and tokenized); n x prompts <= max_seqs; each prompt shorter
  * than the context, and prompt + max_tokens within it.
@@ -46,9 +50,10 @@
 #include "orchestrator/serve/sampler.h"
 #include "orchestrator/serve/scheduler.h"
 
-#define REQUEST_MAX_STOPS          16u  /* stop strings a client may give */
-#define REQUEST_MAX_STOP_LEN       256u /* bytes per stop string */
-#define REQUEST_DEFAULT_MAX_TOKENS 16u  /* /v1/completions without max_tokens */
+#define REQUEST_MAX_STOPS          16u   /* stop strings a client may give */
+#define REQUEST_MAX_STOP_LEN       256u  /* bytes per stop string */
+#define REQUEST_DEFAULT_MAX_TOKENS 16u   /* /v1/completions without max_tokens */
+#define REQUEST_MAX_LOGIT_BIAS     1024u /* logit_bias entries */
 
 /* What parsing is checked against. */
 typedef struct request_limits {
@@ -89,6 +94,12 @@ typedef struct gen_request {
     int logprobs;          /* log-probabilities of generated tokens */
     uint32_t top_logprobs; /* and this many alternatives */
     int ignore_eos;        /* keep going after the end-of-text token */
+    int32_t *bias_ids;     /* logit_bias [n_bias] */
+    float *bias;
+    uint32_t n_bias;
+    int32_t *stop_token_ids; /* [n_stop_token_ids] */
+    uint32_t n_stop_token_ids;
+    uint32_t min_tokens;
 } gen_request;
 
 int gen_request_parse(const request_limits *lim, int chat, const char *body, size_t len,

@@ -46,6 +46,19 @@ int sampler_params_check(const sampler_params *p, char *err, size_t err_cap) {
         util_set_err(err, err_cap, "top_p must be in (0, 1]");
         return -1;
     }
+    if (!isfinite(p->min_p) || p->min_p < 0.0f || p->min_p > 1.0f) {
+        util_set_err(err, err_cap, "min_p must be in [0, 1]");
+        return -1;
+    }
+    if (!isfinite(p->presence_penalty) || !isfinite(p->frequency_penalty)) {
+        util_set_err(err, err_cap,
+                     "presence_penalty and frequency_penalty must be finite");
+        return -1;
+    }
+    if (!isfinite(p->repetition_penalty) || p->repetition_penalty < 0.0f) {
+        util_set_err(err, err_cap, "repetition_penalty must be a finite number > 0");
+        return -1;
+    }
     return 0;
 }
 
@@ -60,6 +73,8 @@ typedef struct cand {
 struct sampler_ws {
     uint32_t vocab;
     cand *c;
+    float *logits;   /* sampler_process_logits' copy */
+    uint32_t *count; /* per-token counts, all zero between calls */
 };
 
 sampler_ws *sampler_ws_create(uint32_t vocab) {
@@ -67,8 +82,10 @@ sampler_ws *sampler_ws_create(uint32_t vocab) {
     sampler_ws *ws = util_calloc(1, sizeof *ws);
     if (!ws) return NULL;
     ws->c = util_calloc(vocab, sizeof *ws->c);
-    if (!ws->c) {
-        free(ws);
+    ws->logits = util_calloc(vocab, sizeof *ws->logits);
+    ws->count = util_calloc(vocab, sizeof *ws->count);
+    if (!ws->c || !ws->logits || !ws->count) {
+        sampler_ws_free(ws);
         return NULL;
     }
     ws->vocab = vocab;
@@ -78,7 +95,59 @@ sampler_ws *sampler_ws_create(uint32_t vocab) {
 void sampler_ws_free(sampler_ws *ws) {
     if (!ws) return;
     free(ws->c);
+    free(ws->logits);
+    free(ws->count);
     free(ws);
+}
+
+/* ------------------------------------------------------------------------- */
+/* Logit processing                                                           */
+/* ------------------------------------------------------------------------- */
+static int in_vocab(int32_t t, uint32_t vocab) { return t >= 0 && (uint32_t)t < vocab; }
+
+const float *sampler_process_logits(const sampler_params *p, const sampler_history *h,
+                                    const float *logits, uint32_t vocab, sampler_ws *ws) {
+    if (!p || !h || !logits) return logits;
+    float rep = p->repetition_penalty;
+    int use_rep = rep > 0.0f && rep != 1.0f && (h->n_prompt || h->n_output);
+    int use_pf =
+        (p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f) && h->n_output;
+    if (!use_rep && !use_pf && !h->n_bias && !h->n_banned) return logits;
+    if (!ws || vocab > ws->vocab) return NULL;
+    float *out = ws->logits;
+    memcpy(out, logits, (size_t)vocab * sizeof *out);
+    for (uint32_t i = 0; i < h->n_bias; i++)
+        if (in_vocab(h->bias_ids[i], vocab)) out[h->bias_ids[i]] += h->bias[i];
+    if (use_rep || use_pf) {
+        /* count[t]: bit 31 = seen in the prompt, the rest = times generated */
+        uint32_t *cnt = ws->count;
+        const uint32_t SEEN = 1u << 31;
+        if (use_rep)
+            for (uint32_t i = 0; i < h->n_prompt; i++)
+                if (in_vocab(h->prompt[i], vocab)) cnt[h->prompt[i]] |= SEEN;
+        for (uint32_t i = 0; i < h->n_output; i++)
+            if (in_vocab(h->output[i], vocab) && (cnt[h->output[i]] & ~SEEN) < SEEN - 1)
+                cnt[h->output[i]]++;
+        /* visit each token once (the first time it is met), then clear */
+        for (int pass = 0; pass < 2; pass++) {
+            const int32_t *ids = pass ? h->output : h->prompt;
+            uint32_t n = pass ? h->n_output : (use_rep ? h->n_prompt : 0);
+            for (uint32_t i = 0; i < n; i++) {
+                int32_t t = ids[i];
+                if (!in_vocab(t, vocab) || cnt[t] == 0) continue;
+                uint32_t gen = cnt[t] & ~SEEN;
+                float x = out[t];
+                if (use_rep) x = x > 0.0f ? x / rep : x * rep;
+                if (use_pf && gen)
+                    x -= p->presence_penalty + p->frequency_penalty * (float)gen;
+                out[t] = x;
+                cnt[t] = 0;
+            }
+        }
+    }
+    for (uint32_t i = 0; i < h->n_banned; i++)
+        if (in_vocab(h->banned[i], vocab)) out[h->banned[i]] = -INFINITY;
+    return out;
 }
 
 /* Descending by weight, ascending id on ties: a total order, so qsort's
@@ -143,19 +212,11 @@ int32_t sampler_argmax(const float *logits, uint32_t vocab, const uint32_t *mask
     return best;
 }
 
-int32_t sampler_sample(const sampler_params *p, const float *logits, uint32_t vocab,
-                       const uint32_t *mask, sampler_rng *rng, sampler_ws *ws) {
-    if (!p || !logits || vocab == 0) return -1;
-    if (p->temperature <= 0.0f || p->top_k == 1) {
-        int32_t t = sampler_argmax(logits, vocab, mask);
-        /* top_k == 1 is greedy too, but a sampled request still consumes its
-         * RNG value so its stream stays aligned with other settings. */
-        if (p->temperature > 0.0f && rng) (void)sampler_rng_next(rng);
-        return t;
-    }
-    if (!ws || !rng || vocab > ws->vocab) return -1;
-
-    /* Candidates: allowed, finite. Max for a stable softmax. */
+/* The candidates of a non-greedy draw in ws->c[0..*n): allowed, finite,
+ * weighted exp((logit - max) / T), then min-p, top-k and top-p applied, in a
+ * deterministic order. Returns the total weight, or -1 when none is left. */
+static double candidates(const sampler_params *p, const float *logits, uint32_t vocab,
+                         const uint32_t *mask, sampler_ws *ws, size_t *n_out) {
     cand *c = ws->c;
     size_t n = 0;
     double maxl = -INFINITY;
@@ -172,6 +233,18 @@ int32_t sampler_sample(const sampler_params *p, const float *logits, uint32_t vo
     for (size_t i = 0; i < n; i++) {
         c[i].p = exp((c[i].p - maxl) * inv_t);
         total += c[i].p;
+    }
+
+    /* min-p: the most likely token weighs exactly 1 */
+    if (p->min_p > 0.0f) {
+        size_t m = 0;
+        total = 0.0;
+        for (size_t i = 0; i < n; i++)
+            if (c[i].p >= (double)p->min_p) {
+                c[m++] = c[i];
+                total += c[i].p;
+            }
+        n = m;
     }
 
     /* top-k */
@@ -208,17 +281,57 @@ int32_t sampler_sample(const sampler_params *p, const float *logits, uint32_t vo
         total = 0.0;
         for (size_t i = 0; i < n; i++) total += c[i].p;
     }
-    if (!sorted && p->top_k > 0) {
+    if (!sorted && (p->top_k > 0 || p->min_p > 0.0f)) {
         /* make the draw independent of quickselect's arrangement */
         qsort(c, n, sizeof *c, cand_cmp);
     }
+    *n_out = n;
+    return total;
+}
 
+static int is_greedy(const sampler_params *p) {
+    return p->temperature <= 0.0f || p->top_k == 1;
+}
+
+int32_t sampler_sample(const sampler_params *p, const float *logits, uint32_t vocab,
+                       const uint32_t *mask, sampler_rng *rng, sampler_ws *ws) {
+    if (!p || !logits || vocab == 0) return -1;
+    if (is_greedy(p)) {
+        int32_t t = sampler_argmax(logits, vocab, mask);
+        /* top_k == 1 is greedy too, but a sampled request still consumes its
+         * RNG value so its stream stays aligned with other settings. */
+        if (p->temperature > 0.0f && rng) (void)sampler_rng_next(rng);
+        return t;
+    }
+    if (!ws || !rng || vocab > ws->vocab) return -1;
+    size_t n = 0;
+    double total = candidates(p, logits, vocab, mask, ws, &n);
+    if (total < 0) return -1;
+    const cand *c = ws->c;
     double u = sampler_rng_uniform(rng) * total, acc = 0.0;
     for (size_t i = 0; i < n; i++) {
         acc += c[i].p;
         if (u < acc) return c[i].id;
     }
     return c[n - 1].id; /* rounding: the last candidate */
+}
+
+int sampler_distribution(const sampler_params *p, const float *logits, uint32_t vocab,
+                         const uint32_t *mask, sampler_ws *ws, double *out) {
+    if (!p || !logits || !out || vocab == 0) return -1;
+    for (uint32_t v = 0; v < vocab; v++) out[v] = 0.0;
+    if (is_greedy(p)) {
+        int32_t t = sampler_argmax(logits, vocab, mask);
+        if (t < 0) return -1;
+        out[t] = 1.0;
+        return 0;
+    }
+    if (!ws || vocab > ws->vocab) return -1;
+    size_t n = 0;
+    double total = candidates(p, logits, vocab, mask, ws, &n);
+    if (total <= 0) return -1;
+    for (size_t i = 0; i < n; i++) out[ws->c[i].id] = ws->c[i].p / total;
+    return 0;
 }
 
 /* ------------------------------------------------------------------------- */

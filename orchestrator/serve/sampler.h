@@ -5,11 +5,13 @@
  * Used by `orch serve` (one RNG per request/choice, so the same seed gives the
  * same tokens alone or in a busy batch) and by `orch generate`.
  *
- * Order of operations (as vLLM): mask -> temperature -> top-k -> top-p ->
- * draw. temperature == 0 is greedy: argmax over allowed tokens, ties broken
- * by the lowest token id; the RNG is not advanced. A sampled draw consumes
- * exactly one RNG value, so a request's token sequence depends only on its
- * seed and its logits.
+ * Order of operations (as vLLM): logit processing (sampler_process_logits:
+ * logit_bias, repetition / presence / frequency penalties, banned tokens) ->
+ * mask -> temperature -> min-p -> top-k -> top-p -> draw. temperature == 0
+ * is greedy: argmax over the processed, allowed logits, ties broken by the
+ * lowest token id; the RNG is not advanced. A sampled draw consumes exactly
+ * one RNG value, so a request's token sequence depends only on its seed and
+ * its logits.
  *
  * Memory: a sampler_ws is scratch space sized for one vocabulary, created by
  * sampler_ws_create and released by sampler_ws_free (NULL is a no-op).
@@ -41,19 +43,44 @@ uint64_t sampler_rng_next(sampler_rng *rng);
 double sampler_rng_uniform(sampler_rng *rng);
 
 /* Sampling parameters. Defaults: sampler_params_default() = greedy off,
- * temperature 1, top_k 0 (off), top_p 1 (off). */
+ * temperature 1, top_k 0 (off), top_p 1 (off), min_p 0 (off), no penalties.
+ * A zeroed struct is greedy with everything else off. */
 typedef struct sampler_params {
     float temperature; /* >= 0; 0 = greedy */
     uint32_t top_k;    /* 0 = no top-k limit */
     float top_p;       /* (0, 1]; 1 = no nucleus limit */
+    /* [0, 1]: after temperature, drop tokens whose probability is below
+     * min_p x that of the most likely token; 0 = off */
+    float min_p;
+    /* OpenAI's: logit -= presence (token generated at least once) +
+     * frequency x (times generated); over the generated tokens only */
+    float presence_penalty, frequency_penalty;
+    /* HF / vLLM's, over prompt and generated tokens: a positive logit is
+     * divided by it, a negative one multiplied; 1 (or 0, unset) = off */
+    float repetition_penalty;
 } sampler_params;
 
 sampler_params sampler_params_default(void);
 
-/* Validate ranges: temperature finite and >= 0, top_p in (0, 1]. Returns 0,
- * or -1 with a message naming the field in err. (API-level limits such as
- * OpenAI's temperature <= 2 are the caller's business.) */
+/* Validate ranges: temperature finite and >= 0, top_p in (0, 1], min_p in
+ * [0, 1], penalties finite, repetition_penalty >= 0. Returns 0, or -1 with a
+ * message naming the field in err. (API-level limits such as OpenAI's
+ * temperature <= 2 are the caller's business.) */
 int sampler_params_check(const sampler_params *p, char *err, size_t err_cap);
+
+/* What logit processing reads besides the logits (all borrowed; any array
+ * may be NULL with its count 0). */
+typedef struct sampler_history {
+    const int32_t *prompt; /* prompt ids (repetition_penalty) */
+    uint32_t n_prompt;
+    const int32_t *output; /* generated ids so far (all penalties) */
+    uint32_t n_output;
+    const int32_t *bias_ids; /* logit_bias: logit[bias_ids[i]] += bias[i] */
+    const float *bias;
+    uint32_t n_bias;
+    const int32_t *banned; /* tokens made impossible for this step (e.g. the */
+    uint32_t n_banned;     /* end-of-text token before min_tokens) */
+} sampler_history;
 
 /* Allowed-token mask: a bitset of ceil(vocab/32) uint32 words, bit (v % 32) of
  * word v/32 set = token v allowed. NULL means every token is allowed. */
@@ -67,6 +94,19 @@ typedef struct sampler_ws sampler_ws; /* opaque scratch */
 /* Scratch for vocabularies up to `vocab` tokens; NULL when out of memory. */
 sampler_ws *sampler_ws_create(uint32_t vocab);
 void sampler_ws_free(sampler_ws *ws);
+
+/* Apply logit_bias, the penalties of p and the banned tokens of h to
+ * logits[0..vocab-1]. Returns `logits` itself when none applies, else ws's
+ * processed copy (valid until the next call with ws). Ids out of range are
+ * skipped. NULL when ws is NULL or smaller than vocab and something applies. */
+const float *sampler_process_logits(const sampler_params *p, const sampler_history *h,
+                                    const float *logits, uint32_t vocab, sampler_ws *ws);
+
+/* The distribution sampler_sample draws from: out[v] = probability of token
+ * v after mask, temperature, min-p, top-k and top-p (0 outside; for greedy
+ * 1 at the argmax). Returns 0, or -1 as sampler_sample would fail. */
+int sampler_distribution(const sampler_params *p, const float *logits, uint32_t vocab,
+                         const uint32_t *mask, sampler_ws *ws, double *out);
 
 /* Pick the next token from logits[0..vocab-1] (vocab <= the ws size).
  * mask may be NULL. rng is advanced once for a non-greedy draw (not used and

@@ -352,6 +352,18 @@ int scheduler_submit(scheduler *s, sched_seq *const *seqs, uint32_t n, char *err
             util_set_err(err, err_cap, "top logprobs over %u", SCHED_MAX_TOP_LOGPROBS);
             return SCHED_BAD;
         }
+        if (q->n_stop_token_ids > SCHED_MAX_STOP_TOKEN_IDS ||
+            (q->n_stop_token_ids && !q->stop_token_ids) || (q->n_bias && !q->bias_ids) ||
+            (q->n_bias && !q->bias)) {
+            util_set_err(err, err_cap, "sequence %u: bad stop token ids or logit bias",
+                         i);
+            return SCHED_BAD;
+        }
+        char perr[128];
+        if (sampler_params_check(&q->sampling, perr, sizeof perr) != 0) {
+            util_set_err(err, err_cap, "sequence %u: %s", i, perr);
+            return SCHED_BAD;
+        }
         for (uint32_t j = 0; j < q->n_prompt; j++) {
             if (q->prompt[j] < 0 || (uint32_t)q->prompt[j] >= s->cfg.vocab_size) {
                 util_set_err(
@@ -535,6 +547,8 @@ static int append_token(scheduler *s, sched_seq *q, int32_t tok, const float *ro
     };
     int32_t eot = tokenizer_eot(s->cfg.tok);
     t.is_eot = !q->ignore_eot && eot >= 0 && tok == eot;
+    for (uint32_t i = 0; i < q->n_stop_token_ids && !t.is_eot; i++)
+        t.is_eot = tok == q->stop_token_ids[i];
     if (!t.is_eot && tokenizer_token_bytes(s->cfg.tok, tok, &t.bytes, &t.n_bytes) != 0)
         t.n_bytes = 0;
     if (all_push(q, tok) != 0) return -1;
@@ -543,6 +557,30 @@ static int append_token(scheduler *s, sched_seq *q, int32_t tok, const float *ro
     int reason = seq_output_append(q, &t);
     if (reason >= 0 && first) metrics_histogram_observe(s->m_ttft, now - q->t_submit);
     return reason;
+}
+
+/* The logits q samples from: logit_bias, penalties, and before min_tokens
+ * the end-of-text and stop tokens banned (sampler_process_logits). */
+static const float *process_logits(scheduler *s, sched_seq *q, const float *row) {
+    int32_t banned[SCHED_MAX_STOP_TOKEN_IDS + 1];
+    uint32_t n_banned = 0;
+    if (q->n_out < q->min_tokens) {
+        int32_t eot = tokenizer_eot(s->cfg.tok);
+        if (!q->ignore_eot && eot >= 0) banned[n_banned++] = eot;
+        for (uint32_t i = 0; i < q->n_stop_token_ids && i < SCHED_MAX_STOP_TOKEN_IDS; i++)
+            banned[n_banned++] = q->stop_token_ids[i];
+    }
+    uint32_t np = q->priv.n_all < q->n_prompt ? q->priv.n_all : q->n_prompt;
+    sampler_history h = { .prompt = q->priv.all,
+                          .n_prompt = np,
+                          .output = q->priv.all + np,
+                          .n_output = q->priv.n_all - np,
+                          .bias_ids = q->bias_ids,
+                          .bias = q->bias,
+                          .n_bias = q->n_bias,
+                          .banned = banned,
+                          .n_banned = n_banned };
+    return sampler_process_logits(&q->sampling, &h, row, s->cfg.vocab_size, s->ws);
 }
 
 typedef struct plan {
@@ -726,12 +764,15 @@ static void run_batch(scheduler *s, const plan *p) {
             continue;
         }
         const uint32_t *mask = q->token_mask ? q->token_mask(q) : NULL;
-        int32_t tok = sampler_sample(&q->sampling, last, V, mask, &q->rng, s->ws);
+        const float *logits = process_logits(s, q, last);
+        int32_t tok =
+            logits ? sampler_sample(&q->sampling, logits, V, mask, &q->rng, s->ws) : -1;
         if (tok < 0) {
             q->priv.state = ST_DONE;
             seq_finish(s, q, SCHED_FINISH_ERROR, 500,
-                       mask ? "sampling failed: the token mask allows no token"
-                            : "sampling failed: no finite logit");
+                       !logits ? "sampling failed: no scratch space for logit processing"
+                       : mask  ? "sampling failed: the token mask allows no token"
+                               : "sampling failed: no finite logit");
             any_done = 1;
             continue;
         }

@@ -107,7 +107,8 @@ static int check_stop(sched_seq *q, const seq_token *t, uint32_t i, size_t old_l
     size_t stop_at;
     if (t->is_eot) {
         reason = SCHED_FINISH_STOP;
-    } else if (q->n_stop && find_stop(q, old_len, &stop_at)) {
+    } else if (q->n_stop && q->n_out >= q->min_tokens &&
+               find_stop(q, old_len, &stop_at)) {
         q->text_len = stop_at;
         q->text[stop_at] = '\0';
         /* tokens before i ended where the text may now be cut; token i's end

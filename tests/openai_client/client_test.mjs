@@ -65,7 +65,7 @@ try {
   await client.completions.create({ model: "nope", prompt: "x" });
   assert(false, "unknown model accepted");
 } catch (e) {
-  assert(e.status === 400 && e.code === "model_not_found", "error mapping " + e);
+  assert(e.status === 404 && e.code === "model_not_found", "error mapping " + e);
 }
 const bad = new OpenAI({ baseURL, apiKey: "wrong", maxRetries: 0 });
 try {

@@ -194,7 +194,10 @@ bad = [
     ({"prompt": "x", "stop": 5}, "stop"), ({"prompt": "x", "stop": [""]}, "stop"),
     ({"prompt": "x", "stop": ["a"] * 17}, "stop"), ({"prompt": "x", "seed": "s"}, "seed"),
     ({"prompt": "x", "seed": 1e30}, "seed"), ({"prompt": "x", "model": 7}, "model"),
-    ({"prompt": "x", "presence_penalty": 0.5}, "presence_penalty"), ({"prompt": "x", "best_of": 3}, "best_of"),
+    ({"prompt": "x", "presence_penalty": 2.5}, "presence_penalty"), ({"prompt": "x", "best_of": 3}, "best_of"),
+    ({"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options"),
+    ({"prompt": "x", "logit_bias": {"x": 1}}, "logit_bias"), ({"prompt": "x", "min_p": -1}, "min_p"),
+    ({"prompt": "x", "stop_token_ids": [-3]}, "stop_token_ids"), ({"prompt": "x", "bogus_field": 1}, None),
     ({"prompt": "x", "stream_options": 3}, "stream_options"), ({"prompt": ["x"] * 300}, "prompt"),
     ({"prompt": ["x"] * 100, "n": 3}, "n"),
 ]
@@ -202,7 +205,7 @@ for body, param in bad:
     st, js, _ = post(port, C, body)
     err_of(st, js, 400, param=param)
 st, js, _ = post(port, C, {"prompt": "x", "model": "gpt-4"})
-err_of(st, js, 400, "model_not_found", "model")
+err_of(st, js, 404, "model_not_found", "model")
 check("gpt-4" in js["error"]["message"] and "mock-gpt2" in js["error"]["message"], "model message")
 # context overflow states both numbers
 st, js, _ = post(port, C, {"prompt": "y" * 1000, "max_tokens": 100})
@@ -300,6 +303,80 @@ for t in ths:
 check(len(results) == 64, "all 64 answered")
 for i, (st, got, want, done) in sorted(results.items()):
     check(st == 200 and got == want and done, "concurrent %d: %d %r vs %r" % (i, st, got, want))
+
+# ---- token controls: logit_bias, stop_token_ids, min_tokens, penalties -----------
+def greedy_penalised(prompt, n, presence, frequency):
+    """greedy with OpenAI presence/frequency penalties over generated tokens."""
+    s = sum(prompt.encode("utf-8"))
+    count = [0] * 256
+    out = []
+    for _ in range(n):
+        nxt = 97 + s % 26
+        best, bv = -1, None
+        for v in range(256):
+            x = -abs(v - nxt) - ((presence + frequency * count[v]) if count[v] else 0)
+            if bv is None or x > bv:
+                best, bv = v, x
+        out.append(best)
+        count[best] += 1
+        s += best
+    return "".join(chr(c) for c in out)
+
+
+st, js, _ = post(port, C, {"prompt": "abc", "max_tokens": 5, "temperature": 0, "logit_bias": {"122": 100}})
+check(st == 200 and js["choices"][0]["text"] == "zzzzz", "logit_bias %s" % js)
+g = greedy("abc", 40)
+k = next(i for i in range(3, 40) if g[i] not in g[:i])
+st, js, _ = post(port, C, {"prompt": "abc", "max_tokens": 40, "temperature": 0, "stop_token_ids": [ord(g[k])]})
+ch = js["choices"][0]
+check(st == 200 and ch["text"] == g[:k] and ch["finish_reason"] == "stop", "stop_token_ids %s" % js)
+check(js["usage"]["completion_tokens"] == k + 1, "the stop token is counted %s" % js["usage"])
+st, js, _ = post(port, C, {"prompt": "abc", "max_tokens": 3, "min_tokens": 3, "temperature": 0, "stop": [g[0]]})
+ch = js["choices"][0]
+check(st == 200 and ch["text"] == g[:3] and ch["finish_reason"] == "length", "min_tokens holds stops back %s" % js)
+st, js, _ = post(port, CH, {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 20, "temperature": 0,
+                            "presence_penalty": 1.5, "frequency_penalty": 0.25})
+want = greedy_penalised(chat_prompt([{"role": "user", "content": "hi"}]), 20, 1.5, 0.25)
+check(st == 200 and js["choices"][0]["message"]["content"] == want, "penalties %s vs %r" % (js, want))
+st, hd, ev = stream(port, C, {"prompt": "abc", "max_tokens": 40, "temperature": 0, "stream": True,
+                              "stop_token_ids": [ord(g[k])]})
+text = "".join(e["choices"][0]["text"] for e in ev if e != "[DONE]" and e["choices"])
+fins = [e["choices"][0]["finish_reason"] for e in ev if e != "[DONE]" and e["choices"]]
+check(st == 200 and text == g[:k] and fins[-1] == "stop", "streamed stop_token_ids %r %r" % (text, fins))
+# min_p 1 with temperature keeps only the best token: greedy, whatever the seed
+st, js, _ = post(port, C, {"prompt": "abc", "max_tokens": 8, "temperature": 1.5, "min_p": 1.0, "seed": 5})
+check(st == 200 and js["choices"][0]["text"] == greedy("abc", 8), "min_p 1 %s" % js)
+# repetition_penalty on the mock's logits (all <= 0): seen tokens are pushed down
+st, js, _ = post(port, C, {"prompt": "abc", "max_tokens": 8, "temperature": 0, "repetition_penalty": 1.0})
+check(st == 200 and js["choices"][0]["text"] == greedy("abc", 8), "repetition_penalty 1 is off")
+
+# ---- /tokenize and /detokenize (llama.cpp and vLLM forms) --------------------------
+st, js, _ = post(port, "/tokenize", {"content": "h\u00e9"})
+check(st == 200 and js == {"tokens": [104, 195, 169], "count": 3, "max_model_len": 1024}, "tokenize %s" % js)
+st, js, _ = post(port, "/tokenize", {"model": "mock-gpt2", "prompt": "h\u00e9", "with_pieces": True,
+                                     "add_special_tokens": True})
+check(st == 200 and js["tokens"] == [{"id": 104, "piece": "h"}, {"id": 195, "piece": [195]},
+                                     {"id": 169, "piece": [169]}], "tokenize pieces %s" % js)
+st, js, _ = post(port, "/detokenize", {"tokens": [104, 105]})
+check(st == 200 and js == {"content": "hi", "prompt": "hi"}, "detokenize %s" % js)
+st, js, _ = post(port, "/detokenize", {"model": "mock-gpt2", "tokens": []})
+check(st == 200 and js["content"] == "", "detokenize nothing %s" % js)
+for path, body, status, param in [
+        ("/tokenize", {"content": "a", "model": "gpt-4"}, 404, "model"),
+        ("/tokenize", {"content": "a", "prompt": "b"}, 400, "prompt"),
+        ("/tokenize", {}, 400, "content"), ("/tokenize", {"content": 5}, 400, "content"),
+        ("/tokenize", {"content": "a", "with_pieces": 1}, 400, "with_pieces"),
+        ("/tokenize", {"content": "a", "extra": 1}, 400, None),
+        ("/detokenize", {"tokens": [1, 256]}, 400, "tokens"), ("/detokenize", {"tokens": "ab"}, 400, "tokens"),
+        ("/detokenize", {}, 400, "tokens")]:
+    st, js, _ = post(port, path, body)
+    err_of(st, js, status, param=param)
+st, _, _ = request(port, "GET", "/tokenize")
+check(st == 405, "GET /tokenize is 405: %d" % st)
+st, js, _ = post(key_port, "/tokenize", {"content": "a"})
+check(st == 401, "/tokenize needs the API key: %d" % st)
+st, js, _ = post(key_port, "/tokenize", {"content": "a"}, headers={"Authorization": "Bearer sekret"})
+check(st == 200 and js["tokens"] == [97], "/tokenize with the key %s" % js)
 
 # ---- metrics ---------------------------------------------------------------------
 # (gauges are refreshed at the end of each scheduler iteration)
