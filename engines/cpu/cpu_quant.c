@@ -532,8 +532,14 @@ typedef struct amx_cfg {
 } amx_cfg;
 
 #define AMX_GROUP 4
+/* Weight blocks fetched ahead of the tile loads, into L2: 16 blocks (9 KiB)
+ * ahead with PREFETCHT1 decoded 16 sequences 5-16% faster than 8 ahead into
+ * L1 on the AMX Xeon of the README (3 paired rounds, 2026-12-01). */
 #ifndef AMX_PREFETCH
-#define AMX_PREFETCH 8
+#define AMX_PREFETCH 16
+#endif
+#ifndef AMX_PF_HINT
+#define AMX_PF_HINT _MM_HINT_T1
 #endif
 /* K blocks whose transposed activation scales live on the stack (K 4096). */
 #define AMX_SXT_STACK 128
@@ -603,7 +609,7 @@ amx_panels(const int R, int mr, int m0, size_t N, size_t nb, size_t rowb,
                     (const char *)panel + (b + AMX_PREFETCH) * CPU_Q8_PANEL_BLOCK_BYTES;
                 if (p + 1 < p1 || b + AMX_PREFETCH < nb)
                     for (int t = 0; t < CPU_Q8_PANEL_BLOCK_BYTES; t += 64)
-                        _mm_prefetch(pf + t, _MM_HINT_T0);
+                        _mm_prefetch(pf + t, AMX_PF_HINT);
                 const __m512 sw =
                     _mm512_load_ps((const void *)(panel + b * CPU_Q8_PANEL_BLOCK_BYTES));
                 _Pragma("GCC unroll 16") for (int i = 0; i < R; i++) {
