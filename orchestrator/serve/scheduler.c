@@ -668,23 +668,33 @@ static int wait_for_running(const scheduler *s, const sched_seq *q, uint32_t m) 
 /* The next waiting sequence to admit, NULL when every one waits for a
  * running sequence. Without the cache: the head (arrival order, preempted
  * first). With it: preempted sequences first, then the longest cached prefix
- * while fewer than SCHED_LPM_MAX_WAITING wait (matches computed once per
- * round), else arrival order; sequences that wait_for_running are skipped. */
+ * while fewer than SCHED_LPM_MAX_WAITING wait, else arrival order; a
+ * candidate that should wait_for_running is skipped for the rest of the round
+ * (admissions within a round only add running sequences to wait for).
+ * Matches are computed once per round (a heuristic for the order; admission
+ * looks up again). */
 static sched_seq *pick_waiting(scheduler *s, uint64_t round) {
     if (!s->pc) return s->wait_head;
     int lpm = atomic_load(&s->n_waiting) < SCHED_LPM_MAX_WAITING;
-    sched_seq *best = NULL;
-    for (sched_seq *q = s->wait_head; q; q = q->priv.next) {
-        if (q->priv.pick_iter != round) {
-            uint32_t idle;
-            q->priv.pick_iter = round;
-            q->priv.lpm_blocks = cache_match(s, q, &idle);
+    for (;;) {
+        sched_seq *best = NULL;
+        for (sched_seq *q = s->wait_head; q; q = q->priv.next) {
+            if (q->priv.pick_iter != round) {
+                uint32_t idle;
+                q->priv.pick_iter = round;
+                q->priv.lpm_blocks = cache_match(s, q, &idle);
+                q->priv.deferred = 0;
+            }
+            if (q->priv.deferred) continue;
+            if (q->priv.preempted || !lpm) {
+                best = q;
+                break;
+            }
+            if (!best || q->priv.lpm_blocks > best->priv.lpm_blocks) best = q;
         }
-        if (wait_for_running(s, q, q->priv.lpm_blocks)) continue;
-        if (q->priv.preempted || !lpm) return q;
-        if (!best || q->priv.lpm_blocks > best->priv.lpm_blocks) best = q;
+        if (!best || !wait_for_running(s, best, best->priv.lpm_blocks)) return best;
+        best->priv.deferred = 1;
     }
-    return best;
 }
 
 /* Statistics and cached_tokens of an admission that starts from m cached
