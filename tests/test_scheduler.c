@@ -648,8 +648,8 @@ START_TEST(prefix_cache_n_choices_share_one_computation) {
         ck_assert_str_eq(seqs[i].text, want);
         if (seqs[i].cached_tokens == 0)
             zero++;
-        else /* all but the last token, in whole blocks: 6 x 16 */
-            ck_assert_uint_eq(seqs[i].cached_tokens, 96);
+        else /* forked from the first choice: its whole prompt */
+            ck_assert_uint_eq(seqs[i].cached_tokens, 100);
         sched_seq_free_outputs(&seqs[i]);
     }
     ck_assert_uint_eq(zero, 1); /* the prompt was computed once */
@@ -658,9 +658,48 @@ START_TEST(prefix_cache_n_choices_share_one_computation) {
     scheduler_get_stats(sch, &st);
     ck_assert_uint_eq(st.prefix_hits, 3);
     ck_assert_uint_eq(st.prefix_misses, 1);
-    ck_assert_uint_eq(st.prefix_hit_tokens, 3 * 96);
+    ck_assert_uint_eq(st.prefix_hit_tokens, 3 * 100);
     free(p);
     stop();
+}
+END_TEST
+
+/* Choices of a short prompt (inside one block) share its partial block: each
+ * first write copies it (the mock rejects a block written by one sequence
+ * and read by another in the same forward), in a roomy pool and in one so
+ * small that the choices preempt each other. */
+START_TEST(prefix_cache_n_choices_copy_on_write) {
+    static const uint32_t pools[2] = { 64, 8 }; /* 8: the full blocks are deduplicated, 6 partial ones do not fit */
+    for (int k = 0; k < 2; k++) {
+        start(128, pools[k], 6, 64, 100, NULL);
+        int32_t p[5] = { 'a', 'b', 'c', 'd', 'e' };
+        enum { N = 6 };
+        sched_seq seqs[N];
+        for (int i = 0; i < N; i++) {
+            init_seq(&seqs[i], p, 5, 60);
+            seqs[i].stream = i % 2;
+        }
+        n_finished = 0;
+        submit_all(seqs, N);
+        wait_finished(N);
+        char want[64];
+        predict(p, 5, 60, want);
+        for (int i = 0; i < N; i++) {
+            ck_assert_int_eq(seqs[i].finish, SCHED_FINISH_LENGTH);
+            ck_assert_str_eq(seqs[i].text, want);
+            sched_seq_free_outputs(&seqs[i]);
+        }
+        wait_pool_empty();
+        scheduler_stats st;
+        scheduler_get_stats(sch, &st);
+        if (k == 0) {
+            ck_assert_uint_eq(st.prefix_hits, N - 1); /* every sibling forked */
+            ck_assert_uint_eq(st.prefix_hit_tokens, (N - 1) * 5);
+        } else {
+            ck_assert_msg(st.preemptions > 0, "hits %llu preempt %llu", (unsigned long long)st.prefix_hits, (unsigned long long)st.preemptions);
+        }
+        stop();
+    }
 }
 END_TEST
 
@@ -788,6 +827,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, prefix_cache_outputs_equal_without_cache);
     tcase_add_test(tc, prefix_cache_eviction_and_preemption_exact);
     tcase_add_test(tc, prefix_cache_n_choices_share_one_computation);
+    tcase_add_test(tc, prefix_cache_n_choices_copy_on_write);
     tcase_add_test(tc, prefix_cache_multi_turn_reuses_generated_blocks);
     tcase_add_test(tc, prefix_cache_cancel_then_reuse);
     tcase_add_test(tc, prefix_cache_longest_prefix_first);

@@ -22,6 +22,9 @@ struct scheduler {
     block_manager *bm;
     prefix_cache *pc;  /* NULL with no_prefix_cache */
     int32_t *match;    /* [blocks of one context]: lookup results */
+    int can_fork;      /* pc and the engine copies blocks (n > 1 choices fork) */
+    int32_t *copy_src, *copy_dst; /* copy-on-write pairs of this iteration */
+    uint32_t n_copies;
     uint64_t n_picks;  /* admission rounds (pick_iter stamps) */
     pthread_t thread;
     int thread_started;
@@ -312,13 +315,18 @@ int scheduler_create(const scheduler_config *cfg, scheduler **out, char *err,
     s->bm = block_manager_create(c.num_blocks, c.block_size);
     if (s->bm && !c.no_prefix_cache) s->pc = prefix_cache_create(s->bm);
     s->match = util_calloc(per_ctx, sizeof *s->match);
+    s->copy_src = util_calloc(c.max_seqs, sizeof *s->copy_src);
+    s->copy_dst = util_calloc(c.max_seqs, sizeof *s->copy_dst);
+    s->can_fork = s->pc && c.engine->api->kv_copy_blocks &&
+                  (c.engine->api->capabilities & ORCH_CAP_KV_COPY);
     s->running = util_calloc(c.max_seqs, sizeof *s->running);
     s->inputs = util_calloc(c.max_seqs, sizeof *s->inputs);
     s->batch = util_calloc(c.max_seqs, sizeof *s->batch);
     s->batch_rows = util_calloc(c.max_seqs, sizeof *s->batch_rows);
     s->logits = malloc(s->logits_cap * sizeof(float));
     s->ws = sampler_ws_create(c.vocab_size);
-    if (!s->bm || (!c.no_prefix_cache && !s->pc) || !s->match || !s->running ||
+    if (!s->bm || (!c.no_prefix_cache && !s->pc) || !s->match || !s->copy_src ||
+        !s->copy_dst || !s->running ||
         !s->inputs || !s->batch || !s->batch_rows || !s->logits || !s->ws) {
         util_set_err(err, err_cap, "scheduler: out of memory (logits for %u rows of %u)",
                      s->rows_cap, c.vocab_size);
@@ -515,6 +523,8 @@ void scheduler_destroy(scheduler *s) {
     prefix_cache_free(s->pc);
     block_manager_free(s->bm);
     free(s->match);
+    free(s->copy_src);
+    free(s->copy_dst);
     free(s->running);
     free(s->inputs);
     free(s->batch);
@@ -649,16 +659,28 @@ static uint32_t cache_match(scheduler *s, const sched_seq *q, uint32_t *n_idle) 
     return prefix_cache_lookup(s->pc, 0, q->priv.all, max, s->match, n_idle);
 }
 
+/* q is another choice of r's prompt that has not started (fork_siblings may
+ * give it r's blocks and first logits). */
+static int is_sibling(const sched_seq *r, const sched_seq *q) {
+    return q != r && q->prompt == r->prompt && q->n_prompt == r->n_prompt &&
+           q->priv.n_all == q->n_prompt && !q->priv.preempted && q->priv.blocks.n == 0 &&
+           !q->want_prompt_logprobs && q->max_tokens > 0 && q->priv.state == ST_WAITING;
+}
+
 /* 1 when a running sequence with the same tokens is about to compute block m
- * of q (the first block q would compute itself): q had better wait and then
- * reuse it. */
+ * of q (the first block q would compute itself), or q is a sibling of a
+ * running sequence still computing its prompt: q had better wait and then
+ * reuse that work. */
 static int wait_for_running(const scheduler *s, const sched_seq *q, uint32_t m) {
     uint64_t end = (uint64_t)(m + 1) * s->cfg.block_size;
-    if (end + 1 > q->priv.n_all) return 0; /* q could not reuse that block */
     for (uint32_t i = 0; i < s->n_running; i++) {
         const sched_seq *r = s->running[i];
-        if (r->priv.state != ST_RUNNING || r->priv.n_computed >= end || r->priv.n_all < end)
-            continue;
+        if (r->priv.state != ST_RUNNING) continue;
+        if (s->can_fork && r->priv.n_all == r->n_prompt && !r->want_prompt_logprobs &&
+            r->priv.n_computed < r->n_prompt && is_sibling(r, q))
+            return 1;
+        if (end + 1 > q->priv.n_all) continue; /* q could not reuse that block */
+        if (r->priv.n_computed >= end || r->priv.n_all < end) continue;
         if (memcmp(r->priv.all, q->priv.all, (size_t)end * sizeof(int32_t)) == 0)
             return 1;
     }
@@ -697,11 +719,11 @@ static sched_seq *pick_waiting(scheduler *s, uint64_t round) {
     }
 }
 
-/* Statistics and cached_tokens of an admission that starts from m cached
- * blocks. */
-static void note_admission(scheduler *s, sched_seq *q, uint32_t m) {
+/* Statistics and cached_tokens of an admission that starts from `tokens`
+ * positions already computed (cached blocks, or a sibling's prompt). */
+static void note_reuse(scheduler *s, sched_seq *q, uint64_t tokens) {
     if (!s->pc) return;
-    uint64_t tokens = (uint64_t)m * s->cfg.block_size;
+    int m = tokens > 0;
     if (m) {
         atomic_fetch_add(&s->st_hits, 1);
         atomic_fetch_add(&s->st_hit_tokens, tokens);
@@ -735,8 +757,25 @@ static void cache_blocks(scheduler *s, sched_seq *q) {
     }
 }
 
+/* The block for q's next decode position: reserved, and private (a block
+ * shared with a sibling is copied first: the pair is queued for run_batch).
+ * -1 when no block is available. */
+static int decode_blocks(scheduler *s, sched_seq *q) {
+    if (block_table_reserve(s->bm, &q->priv.blocks, q->priv.n_computed + 1) != 0) return -1;
+    uint32_t j = q->priv.n_computed / s->cfg.block_size;
+    int32_t src, dst;
+    int r = block_table_prepare_write(s->bm, &q->priv.blocks, j, &src, &dst);
+    if (r < 0) return -1;
+    if (r == 1) {
+        s->copy_src[s->n_copies] = src;
+        s->copy_dst[s->n_copies++] = dst;
+    }
+    return 0;
+}
+
 static int build_batch(scheduler *s, plan *p) {
     memset(p, 0, sizeof *p);
+    s->n_copies = 0;
     uint32_t budget = s->cfg.max_batch_tokens;
     uint32_t plp_left = SCHED_PROMPT_LOGPROB_ROWS;
 
@@ -746,7 +785,7 @@ static int build_batch(scheduler *s, plan *p) {
         sched_seq *q = s->running[i];
         if (q->priv.state != ST_RUNNING) continue;
         if (q->priv.n_all - q->priv.n_computed != 1) continue;
-        while (block_table_reserve(s->bm, &q->priv.blocks, q->priv.n_computed + 1) != 0) {
+        while (decode_blocks(s, q) != 0) {
             sched_seq *victim = NULL;
             for (uint32_t j = s->n_running; j-- > i;)
                 if (s->running[j]->priv.state == ST_RUNNING) {
@@ -803,7 +842,7 @@ static int build_batch(scheduler *s, plan *p) {
             break;
         }
         q->priv.n_hashed = m;
-        note_admission(s, q, m);
+        note_reuse(s, q, (uint64_t)m * s->cfg.block_size);
         wait_remove(s, q);
         atomic_fetch_sub(&s->n_waiting, 1);
         q->priv.state = ST_RUNNING;
@@ -837,6 +876,71 @@ static void fail_batch(scheduler *s, const plan *p, const char *msg) {
     compact_running(s);
 }
 
+/* Sample q's next token from its logits row `last`, append it and check the
+ * stop conditions. Returns 1 when q finished (seq_finish: the caller must
+ * compact_running). *generated counts appended tokens. */
+static int next_token(scheduler *s, sched_seq *q, const float *last, double now,
+                      uint64_t *generated) {
+    uint32_t V = s->cfg.vocab_size;
+    if (q->n_out >= q->max_tokens) { /* max_tokens 0: prompt only */
+        q->priv.state = ST_DONE;
+        seq_finish(s, q, SCHED_FINISH_LENGTH, 200, NULL);
+        return 1;
+    }
+    const uint32_t *mask = q->token_mask ? q->token_mask(q) : NULL;
+    int32_t tok = sampler_sample(&q->sampling, last, V, mask, &q->rng, s->ws);
+    if (tok < 0) {
+        q->priv.state = ST_DONE;
+        seq_finish(s, q, SCHED_FINISH_ERROR, 500,
+                   mask ? "sampling failed: the token mask allows no token"
+                        : "sampling failed: no finite logit");
+        return 1;
+    }
+    int reason = append_token(s, q, tok, last, now);
+    (*generated)++;
+    if (reason < 0) {
+        q->priv.state = ST_DONE;
+        seq_finish(s, q, SCHED_FINISH_ERROR, 500, "out of memory");
+        return 1;
+    }
+    if (reason != SCHED_FINISH_NONE) {
+        q->priv.state = ST_DONE;
+        seq_finish(s, q, reason, 200, NULL);
+        return 1;
+    }
+    if (q->stream) q->notify(q, 0);
+    return 0;
+}
+
+/* r has just computed its whole prompt (its first token is due): every
+ * waiting sibling (another choice of the same prompt, not started) shares
+ * r's blocks, partial last block included, and samples its own first token
+ * from the same logits; the shared partial block is copied on its first
+ * write (decode_blocks). Siblings that find no running slot stay waiting
+ * (they will reuse the cached full blocks). */
+static void fork_siblings(scheduler *s, sched_seq *r, const float *last, double now,
+                          uint64_t *generated, int *any_done) {
+    if (r->want_prompt_logprobs) return;
+    uint32_t nb = block_manager_blocks_for(s->bm, r->n_prompt);
+    if (nb > r->priv.blocks.n) return;
+    sched_seq *q = s->wait_head;
+    while (q && s->n_running < s->cfg.max_seqs) {
+        sched_seq *next = q->priv.next;
+        if (is_sibling(r, q)) {
+            if (block_table_fork(s->bm, &r->priv.blocks, nb, &q->priv.blocks) != 0) break;
+            wait_remove(s, q);
+            atomic_fetch_sub(&s->n_waiting, 1);
+            q->priv.state = ST_RUNNING;
+            s->running[s->n_running++] = q;
+            q->priv.n_computed = r->n_prompt;
+            q->priv.n_hashed = r->priv.n_hashed < nb ? r->priv.n_hashed : nb;
+            note_reuse(s, q, r->n_prompt);
+            if (next_token(s, q, last, now, generated)) *any_done = 1;
+        }
+        q = next;
+    }
+}
+
 static void run_batch(scheduler *s, const plan *p) {
     const orch_engine_api *api = s->cfg.engine->api;
     orch_infer_batch b;
@@ -846,7 +950,11 @@ static void run_batch(scheduler *s, const plan *p) {
     b.seq_stride = sizeof(orch_seq_input);
     b.seqs = s->inputs;
     double t0 = util_now();
-    int32_t st = api->infer_forward(s->cfg.ctx, &b, s->logits, s->logits_cap);
+    int32_t st = ORCH_OK;
+    if (s->n_copies) /* copy-on-write of shared blocks written in this batch */
+        st = api->kv_copy_blocks(s->cfg.ctx, s->copy_src, s->copy_dst, s->n_copies);
+    s->n_copies = 0;
+    if (st == ORCH_OK) st = api->infer_forward(s->cfg.ctx, &b, s->logits, s->logits_cap);
     double now = util_now();
     metrics_histogram_observe(s->m_iter_seconds, now - t0);
     metrics_histogram_observe(s->m_batch_seqs, p->n);
@@ -884,35 +992,9 @@ static void run_batch(scheduler *s, const plan *p) {
         if (s->pc) cache_blocks(s, q);
         if (q->priv.n_computed != q->priv.n_all || !last) continue;
         /* the next token is due */
-        if (q->n_out >= q->max_tokens) { /* max_tokens 0: prompt only */
-            q->priv.state = ST_DONE;
-            seq_finish(s, q, SCHED_FINISH_LENGTH, 200, NULL);
-            any_done = 1;
-            continue;
-        }
-        const uint32_t *mask = q->token_mask ? q->token_mask(q) : NULL;
-        int32_t tok = sampler_sample(&q->sampling, last, V, mask, &q->rng, s->ws);
-        if (tok < 0) {
-            q->priv.state = ST_DONE;
-            seq_finish(s, q, SCHED_FINISH_ERROR, 500,
-                       mask ? "sampling failed: the token mask allows no token"
-                            : "sampling failed: no finite logit");
-            any_done = 1;
-            continue;
-        }
-        int reason = append_token(s, q, tok, last, now);
-        generated++;
-        if (reason < 0) {
-            q->priv.state = ST_DONE;
-            seq_finish(s, q, SCHED_FINISH_ERROR, 500, "out of memory");
-            any_done = 1;
-        } else if (reason != SCHED_FINISH_NONE) {
-            q->priv.state = ST_DONE;
-            seq_finish(s, q, reason, 200, NULL);
-            any_done = 1;
-        } else if (q->stream) {
-            q->notify(q, 0);
-        }
+        if (s->can_fork && q->priv.n_all == q->n_prompt)
+            fork_siblings(s, q, last, now, &generated, &any_done);
+        if (next_token(s, q, last, now, &generated)) any_done = 1;
     }
     if (generated) metrics_counter_add(s->m_gen_tokens, (double)generated);
     if (any_done) compact_running(s);

@@ -33,7 +33,11 @@
  *      LPM; ties in arrival order), otherwise arrival order. A sequence whose
  *      next uncached block a running sequence is about to compute (same
  *      tokens so far: n > 1 choices, a shared system prompt) waits for it
- *      instead of computing it twice;
+ *      instead of computing it twice; n > 1 choices of one prompt wait for the
+ *      first, then share all its prompt blocks (the partial last one too)
+ *      and sample their first tokens from its logits (fork_siblings; needs
+ *      the engine's kv_copy_blocks). A shared block is copied (kv_copy_blocks,
+ *      before the forward) when a sequence first writes into it;
  *   4. one engine infer_forward over the batch; logits of sequences whose
  *      prefill completed or that decoded are sampled (sampler.h, per-sequence
  *      RNG), log-probabilities recorded on request, text appended, stop
