@@ -94,7 +94,7 @@ START_TEST(duplicates_are_adopted) {
     ck_assert_int_eq(got, t.ids[0]);
     ck_assert_int_eq(prefix_cache_adopt(pc, &u, 0, got), 0);
     ck_assert_int_eq(u.ids[0], t.ids[0]);
-    ck_assert_uint_eq(block_manager_refcount(bm, own0), 0); /* freed */
+    ck_assert_uint_eq(block_manager_refcount(bm, own0), 0);     /* freed */
     ck_assert_uint_eq(block_manager_refcount(bm, t.ids[0]), 3); /* t, u, cache */
     ck_assert_int_eq(prefix_cache_adopt(pc, &u, 0, got), -1);   /* same block */
     ck_assert_int_eq(prefix_cache_adopt(pc, &u, 5, got), -1);   /* out of range */

@@ -669,7 +669,9 @@ END_TEST
  * and read by another in the same forward), in a roomy pool and in one so
  * small that the choices preempt each other. */
 START_TEST(prefix_cache_n_choices_copy_on_write) {
-    static const uint32_t pools[2] = { 64, 8 }; /* 8: the full blocks are deduplicated, 6 partial ones do not fit */
+    static const uint32_t pools[2] = {
+        64, 8
+    }; /* 8: the full blocks are deduplicated, 6 partial ones do not fit */
     for (int k = 0; k < 2; k++) {
         start(128, pools[k], 6, 64, 100, NULL);
         int32_t p[5] = { 'a', 'b', 'c', 'd', 'e' };
@@ -696,7 +698,9 @@ START_TEST(prefix_cache_n_choices_copy_on_write) {
             ck_assert_uint_eq(st.prefix_hits, N - 1); /* every sibling forked */
             ck_assert_uint_eq(st.prefix_hit_tokens, (N - 1) * 5);
         } else {
-            ck_assert_msg(st.preemptions > 0, "hits %llu preempt %llu", (unsigned long long)st.prefix_hits, (unsigned long long)st.preemptions);
+            ck_assert_msg(st.preemptions > 0, "hits %llu preempt %llu",
+                          (unsigned long long)st.prefix_hits,
+                          (unsigned long long)st.preemptions);
         }
         stop();
     }
@@ -728,7 +732,8 @@ START_TEST(prefix_cache_multi_turn_reuses_generated_blocks) {
         /* next turn: this conversation + the reply + 10 new tokens */
         for (uint32_t k = 0; k < 20; k++) turn[n + k] = q.out_tokens[k];
         n += 20;
-        for (uint32_t k = 0; k < 10; k++) turn[n + k] = 33 + (int32_t)((k + (uint32_t)t) % 50);
+        for (uint32_t k = 0; k < 10; k++)
+            turn[n + k] = 33 + (int32_t)((k + (uint32_t)t) % 50);
         n += 10;
         sched_seq_free_outputs(&q);
     }

@@ -83,10 +83,10 @@ typedef struct conn {
     size_t body_len, body_cap, body_scan;
     double last_event;
     /* --turns: the conversation this connection runs */
-    long conv, turn;       /* conv -1: none */
-    char *hist;            /* JSON messages so far (without brackets) */
+    long conv, turn; /* conv -1: none */
+    char *hist;      /* JSON messages so far (without brackets) */
     size_t hist_len, hist_cap;
-    char *reply;           /* this turn's reply, JSON-escaped as received */
+    char *reply; /* this turn's reply, JSON-escaped as received */
     size_t reply_len, reply_cap;
 } conn;
 
@@ -167,7 +167,8 @@ static const char *shared_prefix(const opts *o) {
     static char buf[MAX_TEXT];
     static int done;
     if (!done) {
-        long n = o->shared_prefix_len < MAX_TEXT - 1 ? o->shared_prefix_len : MAX_TEXT - 1;
+        long n =
+            o->shared_prefix_len < MAX_TEXT - 1 ? o->shared_prefix_len : MAX_TEXT - 1;
         fill_text(buf, n, o->seed * 7919ull + 17);
         done = 1;
     }
@@ -195,17 +196,20 @@ static void build_request(const opts *o, long i, conn *c) {
         if (c->turn == 0) {
             c->hist_len = 0;
             if (*pre) {
-                appends(&c->hist, &c->hist_len, &c->hist_cap, "{\"role\":\"system\",\"content\":\"");
+                appends(&c->hist, &c->hist_len, &c->hist_cap,
+                        "{\"role\":\"system\",\"content\":\"");
                 append(&c->hist, &c->hist_len, &c->hist_cap, pre, strlen(pre));
                 appends(&c->hist, &c->hist_len, &c->hist_cap, "\"},");
             }
         } else { /* the previous turn's reply */
-            appends(&c->hist, &c->hist_len, &c->hist_cap, "{\"role\":\"assistant\",\"content\":\"");
+            appends(&c->hist, &c->hist_len, &c->hist_cap,
+                    "{\"role\":\"assistant\",\"content\":\"");
             append(&c->hist, &c->hist_len, &c->hist_cap, c->reply ? c->reply : "",
                    c->reply_len);
             appends(&c->hist, &c->hist_len, &c->hist_cap, "\"},");
         }
-        appends(&c->hist, &c->hist_len, &c->hist_cap, "{\"role\":\"user\",\"content\":\"");
+        appends(&c->hist, &c->hist_len, &c->hist_cap,
+                "{\"role\":\"user\",\"content\":\"");
         append(&c->hist, &c->hist_len, &c->hist_cap, prompt, (size_t)n);
         appends(&c->hist, &c->hist_len, &c->hist_cap, "\"},");
         append(&msgs, &ml, &mc, c->hist, c->hist_len - 1); /* without the last ',' */
@@ -806,9 +810,10 @@ int main(int argc, char **argv) {
                "\"mean_itl_ms\":%.3f,\"median_itl_ms\":%.3f,\"p99_itl_ms\":%.3f,"
                "\"mean_e2el_ms\":%.3f,\"median_e2el_ms\":%.3f,\"p99_e2el_ms\":%.3f}\n",
                o.requests, okn, fail, o.concurrency, o.rate, o.stream ? "true" : "false",
-               o.prompt_len, o.max_tokens, dur, in_tok, cached_tok, out_tok, rps, otps, ttps,
-               s_ttft.mean, s_ttft.p50, s_ttft.p99, s_tpot.mean, s_tpot.p50, s_tpot.p99,
-               s_itl.mean, s_itl.p50, s_itl.p99, s_e2e.mean, s_e2e.p50, s_e2e.p99);
+               o.prompt_len, o.max_tokens, dur, in_tok, cached_tok, out_tok, rps, otps,
+               ttps, s_ttft.mean, s_ttft.p50, s_ttft.p99, s_tpot.mean, s_tpot.p50,
+               s_tpot.p99, s_itl.mean, s_itl.p50, s_itl.p99, s_e2e.mean, s_e2e.p50,
+               s_e2e.p99);
     } else {
         printf("============ Serving Benchmark Result ============\n");
         printf("%-40s %ld\n", "Successful requests:", okn);

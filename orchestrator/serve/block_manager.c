@@ -12,8 +12,8 @@
 struct block_manager {
     uint32_t total, block_size;
     uint32_t n_free;
-    int32_t *free_stack; /* n_free ids; top = free_stack[n_free-1] */
-    uint32_t *refcount;  /* per block; 0 = free */
+    int32_t *free_stack;       /* n_free ids; top = free_stack[n_free-1] */
+    uint32_t *refcount;        /* per block; 0 = free */
     block_reclaimer reclaimer; /* reclaim NULL: none */
 };
 

@@ -20,12 +20,12 @@ enum { ST_NEW = 0, ST_WAITING = 1, ST_RUNNING = 2, ST_DONE = 3 };
 struct scheduler {
     scheduler_config cfg;
     block_manager *bm;
-    prefix_cache *pc;  /* NULL with no_prefix_cache */
-    int32_t *match;    /* [blocks of one context]: lookup results */
-    int can_fork;      /* pc and the engine copies blocks (n > 1 choices fork) */
+    prefix_cache *pc; /* NULL with no_prefix_cache */
+    int32_t *match;   /* [blocks of one context]: lookup results */
+    int can_fork;     /* pc and the engine copies blocks (n > 1 choices fork) */
     int32_t *copy_src, *copy_dst; /* copy-on-write pairs of this iteration */
     uint32_t n_copies;
-    uint64_t n_picks;  /* admission rounds (pick_iter stamps) */
+    uint64_t n_picks; /* admission rounds (pick_iter stamps) */
     pthread_t thread;
     int thread_started;
 
@@ -326,8 +326,8 @@ int scheduler_create(const scheduler_config *cfg, scheduler **out, char *err,
     s->logits = malloc(s->logits_cap * sizeof(float));
     s->ws = sampler_ws_create(c.vocab_size);
     if (!s->bm || (!c.no_prefix_cache && !s->pc) || !s->match || !s->copy_src ||
-        !s->copy_dst || !s->running ||
-        !s->inputs || !s->batch || !s->batch_rows || !s->logits || !s->ws) {
+        !s->copy_dst || !s->running || !s->inputs || !s->batch || !s->batch_rows ||
+        !s->logits || !s->ws) {
         util_set_err(err, err_cap, "scheduler: out of memory (logits for %u rows of %u)",
                      s->rows_cap, c.vocab_size);
         scheduler_destroy(s);
@@ -749,8 +749,8 @@ static void cache_blocks(scheduler *s, sched_seq *q) {
     while (q->priv.n_hashed < full && q->priv.n_hashed < t->n) {
         uint32_t j = q->priv.n_hashed;
         int32_t parent = j ? t->ids[j - 1] : -1;
-        int32_t got =
-            prefix_cache_insert(s->pc, 0, parent, q->priv.all + (size_t)j * bs, t->ids[j]);
+        int32_t got = prefix_cache_insert(s->pc, 0, parent, q->priv.all + (size_t)j * bs,
+                                          t->ids[j]);
         if (got < 0) break;
         if (got != t->ids[j] && prefix_cache_adopt(s->pc, t, j, got) != 0) break;
         q->priv.n_hashed++;
@@ -761,7 +761,8 @@ static void cache_blocks(scheduler *s, sched_seq *q) {
  * shared with a sibling is copied first: the pair is queued for run_batch).
  * -1 when no block is available. */
 static int decode_blocks(scheduler *s, sched_seq *q) {
-    if (block_table_reserve(s->bm, &q->priv.blocks, q->priv.n_computed + 1) != 0) return -1;
+    if (block_table_reserve(s->bm, &q->priv.blocks, q->priv.n_computed + 1) != 0)
+        return -1;
     uint32_t j = q->priv.n_computed / s->cfg.block_size;
     int32_t src, dst;
     int r = block_table_prepare_write(s->bm, &q->priv.blocks, j, &src, &dst);

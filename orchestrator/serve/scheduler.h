@@ -213,10 +213,10 @@ uint32_t scheduler_active(const scheduler *s);
 typedef struct scheduler_stats {
     uint32_t running, waiting;
     uint32_t kv_blocks_used, kv_blocks_total; /* used: held by sequences */
-    uint32_t kv_blocks_cached;    /* indexed by the prefix cache */
-    uint32_t kv_blocks_evictable; /* of those, held by no sequence */
+    uint32_t kv_blocks_cached;                /* indexed by the prefix cache */
+    uint32_t kv_blocks_evictable;             /* of those, held by no sequence */
     uint64_t preemptions, iterations, engine_errors;
-    uint64_t prefix_hit_tokens;  /* tokens admitted from cached blocks */
+    uint64_t prefix_hit_tokens;          /* tokens admitted from cached blocks */
     uint64_t prefix_hits, prefix_misses; /* admissions with / without */
 } scheduler_stats;
 void scheduler_get_stats(const scheduler *s, scheduler_stats *st);
