@@ -709,7 +709,7 @@ END_TEST
 
 START_TEST(prefix_cache_multi_turn_reuses_generated_blocks) {
     start(256, 64, 4, 64, 100, NULL);
-    int32_t turn[128];
+    int32_t turn[160]; /* 40 + 3 turns of 30 */
     uint32_t n = 40;
     int32_t *p0 = make_prompt(n, 5);
     memcpy(turn, p0, n * sizeof *turn);
