@@ -3,7 +3,8 @@
 # completions (string/token/list prompts, n, echo, logprobs, stop strings,
 # seeds), streaming (chunk sequence, usage, [DONE]), chat, every error case
 # (400s, 401, 404, 405, 413), 64 concurrent requests with exact texts, and
-# the /metrics exposition checked by promtool. (tests/serve/api_checks.py)
+# the /metrics exposition checked by promtool, prefix caching (cached_tokens,
+# streaming usage too, --no-prefix-cache, metrics). (tests/serve/api_checks.py)
 source "$(dirname "$0")/serve/common.sh"
 
 start_server main
@@ -12,8 +13,11 @@ start_server key --api-key sekret
 P_KEY=$PORT; PID_KEY=$PID
 start_server small --max-body 2048 --model-name small-model
 P_SMALL=$PORT; PID_SMALL=$PID
+start_server nocache --no-prefix-cache
+P_NOCACHE=$PORT; PID_NOCACHE=$PID
+grep -q 'prefix cache off' "$T/nocache.log" || fail "--no-prefix-cache not in the ready line"
 
-"$PY" "$SERVE_DIR/api_checks.py" "$P_MAIN" "$P_KEY" "$P_SMALL" || fail "api checks"
+"$PY" "$SERVE_DIR/api_checks.py" "$P_MAIN" "$P_KEY" "$P_SMALL" "$P_NOCACHE" || fail "api checks"
 
 # The exposition passes promtool.
 if command -v promtool >/dev/null; then
@@ -35,7 +39,7 @@ grep -q 'max-seqs' "$T/e1" || fail "--max-seqs message"
 "$ORCH_BIN" serve --engine=mock --port "$P_MAIN" 2>"$T/e4"; [ $? -eq 2 ] && grep -q 'cannot listen' "$T/e4" || fail "port in use"
 "$ORCH_BIN" serve --engine=mock --kv-blocks 10 --port 0 2>"$T/e5"; [ $? -eq 2 ] && grep -q 'too small' "$T/e5" || fail "tiny pool"
 
-for p in $PID_MAIN $PID_KEY $PID_SMALL; do
+for p in $PID_MAIN $PID_KEY $PID_SMALL $PID_NOCACHE; do
   stop_server "$p" || fail "server exit status $? after SIGTERM"
 done
 echo "serve_api: ok"

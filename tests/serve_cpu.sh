@@ -3,7 +3,8 @@
 # `orch train --engine cpu` gives, greedily, exactly the text `orch generate`
 # prints for the same checkpoint and prompt, for a request alone and for
 # requests batched together; a seeded sampled request equals
-# `orch generate --seed` too. Skips (77) when
+# `orch generate --seed` too; with and without the prefix cache the greedy
+# outputs are the same (repeats report cached tokens). Skips (77) when
 # build/libengine_cpu.so is missing.
 source "$(dirname "$0")/serve/common.sh"
 [ -f "${ORCH_BUILD:-$(dirname "$ORCH_BIN")}/libengine_cpu.so" ] || { echo "skip: libengine_cpu.so is not built"; exit 77; }
@@ -61,5 +62,39 @@ sampled = open("gen_sampled.txt", encoding="utf-8", errors="surrogateescape").re
 check(sampled == a or sampled == a + "\n", "seed 5: server %r, generate %r" % (a, sampled))
 print("cpu serve ok; e.g. %r -> %r" % (prompts[0], gen(prompts[0])))
 PYEOF
-stop_server "$PID" || fail "exit status after SIGTERM"
+# Prefix caching: greedy outputs with the cache equal those without it (shared
+# prefixes, repeated prompts, n > 1, concurrent), and repeats report cached tokens.
+PID_CACHE=$PID P_CACHE=$PORT
+start_server nocache --checkpoint run --engine cpu --threads 1 --model-name tiny --no-prefix-cache
+"$PY" - "$P_CACHE" "$PORT" <<'PYEOF' || fail "prefix cache changes the CPU engine's greedy output"
+import sys, threading
+from client import post, check
+pc, pn = int(sys.argv[1]), int(sys.argv[2])
+head = "And God said, Let there be light: and "  # 38 bytes: two full blocks
+prompts = [head + t for t in ("there", "God", "the day", "Verse 9", "")] + [head[:20] + "x", "Let there be light"]
+def ask(port, p, n=1):
+    st, js, _ = post(port, "/v1/completions", {"model": "tiny", "prompt": p, "max_tokens": 12, "temperature": 0, "n": n})
+    check(st == 200, "status %d %s" % (st, js))
+    return [c["text"] for c in js["choices"]], js["usage"]["prompt_tokens_details"]["cached_tokens"]
+want = {p: ask(pn, p)[0][0] for p in prompts}
+for rnd in range(2):
+    for p in prompts:
+        got, cached = ask(pc, p)
+        check(got[0] == want[p], "round %d %r: cache %r, no cache %r" % (rnd, p, got[0], want[p]))
+        if rnd == 1:
+            check(cached == (len(p) - 1) // 16 * 16, "repeat %r cached_tokens %d" % (p, cached))
+got, _ = ask(pc, head + "n=3", 3)
+check(got == [ask(pn, head + "n=3")[0][0]] * 3, "n=3 with cache %r" % got)
+res = {}
+def one(i, p):
+    res[i] = ask(pc, p + " again")[0][0]
+ths = [threading.Thread(target=one, args=(i, p)) for i, p in enumerate(prompts)]
+for t in ths: t.start()
+for t in ths: t.join()
+for i, p in enumerate(prompts):
+    check(res[i] == ask(pn, p + " again")[0][0], "concurrent %r" % p)
+print("prefix cache: same greedy outputs on the cpu engine")
+PYEOF
+stop_server "$PID" || fail "exit status after SIGTERM (no cache)"
+stop_server "$PID_CACHE" || fail "exit status after SIGTERM"
 echo "serve_cpu: ok"

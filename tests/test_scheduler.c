@@ -10,6 +10,11 @@
  * holds never fits), seeded sampling that is the same alone and in a busy
  * batch, prompt log-probabilities, submission/creation errors, and the
  * token controls (stop_token_ids, min_tokens, logit_bias, penalties).
+ * Prefix caching: outputs with the cache equal the prediction and the
+ * outputs without it (shared prefixes, repeated prompts, n > 1 choices that
+ * wait for one computation, multi-turn prompts reusing generated blocks,
+ * eviction in a small pool, preemption, cancellation), cached_tokens exact,
+ * longest-prefix-first admission, and every sequence reference returned.
  */
 #include <check.h>
 #include <math.h>
@@ -33,6 +38,7 @@ static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
 static int n_finished;
 static int stream_violation;
+static int no_cache; /* start() without the prefix cache */
 
 static void notify(sched_seq *q, int fin) {
     pthread_mutex_lock(&seq_lock);
@@ -77,7 +83,8 @@ static void start(uint32_t context, uint32_t blocks, uint32_t max_seqs,
                            .num_blocks = blocks,
                            .max_seqs = max_seqs,
                            .max_batch_tokens = max_batch,
-                           .max_waiting = max_waiting };
+                           .max_waiting = max_waiting,
+                           .no_prefix_cache = no_cache };
     ck_assert_msg(scheduler_create(&c, &sch, err, sizeof err) == 0, "%s", err);
     n_finished = 0;
     stream_violation = 0;
@@ -109,7 +116,11 @@ static void wait_pool_empty(void) {
     scheduler_stats st;
     for (int i = 0; i < 1000; i++) {
         scheduler_get_stats(sch, &st);
-        if (st.kv_blocks_used == 0 && st.running == 0) return;
+        /* no sequence holds a block; cached blocks hold only the cache's
+         * reference (refcount 1: every one is evictable) */
+        if (st.kv_blocks_used == 0 && st.running == 0 &&
+            st.kv_blocks_cached == st.kv_blocks_evictable)
+            return;
         struct timespec ts = { 0, 1000000 };
         nanosleep(&ts, NULL);
     }
@@ -610,6 +621,291 @@ START_TEST(token_controls) {
 }
 END_TEST
 
+/* Prompts sharing prefixes: i % 4 == 0 repeats prompt 0; the others are a
+ * common 40-token head plus their own tail. */
+static int32_t *shared_prompt(uint32_t i, uint32_t *len) {
+    *len = 40 + (i % 4 == 0 ? 0 : 5 + i % 7);
+    int32_t *p = make_prompt(*len, 7);
+    if (i % 4 != 0)
+        for (uint32_t k = 40; k < *len; k++) p[k] = 32 + (int32_t)((k * 3 + i) % 90);
+    return p;
+}
+
+/* Run N shared-prefix sequences in waves of `wave`, return their texts. */
+static void run_shared(uint32_t blocks, uint32_t wave, const char *options, char **texts,
+                       scheduler_stats *st_out) {
+    enum { N = 16 };
+    start(128, blocks, 4, 48, 100, options);
+    for (uint32_t w = 0; w < N; w += wave) {
+        sched_seq seqs[N];
+        int32_t *prompts[N];
+        uint32_t n = w + wave > N ? N - w : wave;
+        for (uint32_t i = 0; i < n; i++) {
+            uint32_t len;
+            prompts[i] = shared_prompt(w + i, &len);
+            init_seq(&seqs[i], prompts[i], len, 20);
+        }
+        n_finished = 0;
+        submit_all(seqs, n);
+        wait_finished((int)n);
+        for (uint32_t i = 0; i < n; i++) {
+            char want[64];
+            predict(prompts[i], seqs[i].n_prompt, 20, want);
+            ck_assert_int_eq(seqs[i].finish, SCHED_FINISH_LENGTH);
+            ck_assert_str_eq(seqs[i].text, want);
+            texts[w + i] = strdup(seqs[i].text);
+            if (no_cache) ck_assert_uint_eq(seqs[i].cached_tokens, 0);
+            ck_assert_uint_le(seqs[i].cached_tokens, seqs[i].n_prompt - 1);
+            sched_seq_free_outputs(&seqs[i]);
+            free(prompts[i]);
+        }
+    }
+    wait_pool_empty();
+    scheduler_get_stats(sch, st_out);
+    stop();
+}
+
+START_TEST(prefix_cache_outputs_equal_without_cache) {
+    enum { N = 16 };
+    char *with[N], *without[N], *small[N];
+    scheduler_stats a, b, c;
+    run_shared(64, 4, NULL, with, &a);
+    no_cache = 1;
+    run_shared(64, 4, NULL, without, &b);
+    no_cache = 0;
+    /* 10 blocks: every wave needs most of the pool, so cached blocks are
+     * evicted (and sequences preempted) along the way */
+    run_shared(10, 4, NULL, small, &c);
+    for (uint32_t i = 0; i < N; i++) {
+        ck_assert_str_eq(with[i], without[i]);
+        ck_assert_str_eq(small[i], without[i]);
+        free(with[i]);
+        free(without[i]);
+        free(small[i]);
+    }
+    ck_assert_uint_gt(a.prefix_hits, 0);
+    ck_assert_uint_gt(a.prefix_hit_tokens, 0);
+    ck_assert_uint_gt(a.kv_blocks_cached, 0);
+    ck_assert_uint_eq(b.prefix_hits + b.prefix_misses, 0);
+    ck_assert_uint_eq(b.kv_blocks_cached, 0);
+    ck_assert_msg(c.kv_blocks_cached <= 10, "%u", c.kv_blocks_cached);
+}
+END_TEST
+
+START_TEST(prefix_cache_eviction_and_preemption_exact) {
+    /* many different prompts through a 12-block pool: old cached blocks are
+     * evicted; 6 long sequences at once preempt each other */
+    start(128, 12, 6, 64, 100, NULL);
+    enum { N = 6 };
+    for (int round = 0; round < 3; round++) {
+        sched_seq seqs[N];
+        int32_t *prompts[N];
+        for (uint32_t i = 0; i < N; i++) {
+            prompts[i] = make_prompt(20, 200 + (uint32_t)round * (i % 2) + i);
+            init_seq(&seqs[i], prompts[i], 20, 60);
+        }
+        n_finished = 0;
+        submit_all(seqs, N);
+        wait_finished(N);
+        for (uint32_t i = 0; i < N; i++) {
+            char want[128];
+            predict(prompts[i], 20, 60, want);
+            ck_assert_str_eq(seqs[i].text, want);
+            sched_seq_free_outputs(&seqs[i]);
+            free(prompts[i]);
+        }
+        wait_pool_empty();
+    }
+    scheduler_stats st;
+    scheduler_get_stats(sch, &st);
+    ck_assert_uint_gt(st.preemptions, 0);
+    ck_assert_uint_gt(st.prefix_hits, 0); /* re-admissions after preemption */
+    ck_assert_uint_le(st.kv_blocks_cached, 12);
+    stop();
+}
+END_TEST
+
+START_TEST(prefix_cache_n_choices_share_one_computation) {
+    start(256, 64, 8, 256, 100, NULL);
+    int32_t *p = make_prompt(100, 9);
+    sched_seq seqs[4];
+    for (int i = 0; i < 4; i++) init_seq(&seqs[i], p, 100, 8);
+    submit_all(seqs, 4);
+    wait_finished(4);
+    char want[16];
+    predict(p, 100, 8, want);
+    uint32_t zero = 0;
+    for (int i = 0; i < 4; i++) {
+        ck_assert_str_eq(seqs[i].text, want);
+        if (seqs[i].cached_tokens == 0)
+            zero++;
+        else /* forked from the first choice: its whole prompt */
+            ck_assert_uint_eq(seqs[i].cached_tokens, 100);
+        sched_seq_free_outputs(&seqs[i]);
+    }
+    ck_assert_uint_eq(zero, 1); /* the prompt was computed once */
+    wait_pool_empty();
+    scheduler_stats st;
+    scheduler_get_stats(sch, &st);
+    ck_assert_uint_eq(st.prefix_hits, 3);
+    ck_assert_uint_eq(st.prefix_misses, 1);
+    ck_assert_uint_eq(st.prefix_hit_tokens, 3 * 100);
+    free(p);
+    stop();
+}
+END_TEST
+
+/* Choices of a short prompt (inside one block) share its partial block: each
+ * first write copies it (the mock rejects a block written by one sequence
+ * and read by another in the same forward), in a roomy pool and in one so
+ * small that the choices preempt each other. */
+START_TEST(prefix_cache_n_choices_copy_on_write) {
+    static const uint32_t pools[2] = {
+        64, 8
+    }; /* 8: the full blocks are deduplicated, 6 partial ones do not fit */
+    for (int k = 0; k < 2; k++) {
+        start(128, pools[k], 6, 64, 100, NULL);
+        int32_t p[5] = { 'a', 'b', 'c', 'd', 'e' };
+        enum { N = 6 };
+        sched_seq seqs[N];
+        for (int i = 0; i < N; i++) {
+            init_seq(&seqs[i], p, 5, 60);
+            seqs[i].stream = i % 2;
+        }
+        n_finished = 0;
+        submit_all(seqs, N);
+        wait_finished(N);
+        char want[64];
+        predict(p, 5, 60, want);
+        for (int i = 0; i < N; i++) {
+            ck_assert_int_eq(seqs[i].finish, SCHED_FINISH_LENGTH);
+            ck_assert_str_eq(seqs[i].text, want);
+            sched_seq_free_outputs(&seqs[i]);
+        }
+        wait_pool_empty();
+        scheduler_stats st;
+        scheduler_get_stats(sch, &st);
+        if (k == 0) {
+            ck_assert_uint_eq(st.prefix_hits, N - 1); /* every sibling forked */
+            ck_assert_uint_eq(st.prefix_hit_tokens, (N - 1) * 5);
+        } else {
+            ck_assert_msg(st.preemptions > 0, "hits %llu preempt %llu",
+                          (unsigned long long)st.prefix_hits,
+                          (unsigned long long)st.preemptions);
+        }
+        stop();
+    }
+}
+END_TEST
+
+START_TEST(prefix_cache_multi_turn_reuses_generated_blocks) {
+    start(256, 64, 4, 64, 100, NULL);
+    int32_t turn[160]; /* 40 + 3 turns of 30 */
+    uint32_t n = 40;
+    int32_t *p0 = make_prompt(n, 5);
+    memcpy(turn, p0, n * sizeof *turn);
+    free(p0);
+    for (int t = 0; t < 3; t++) {
+        sched_seq q;
+        init_seq(&q, turn, n, 20);
+        n_finished = 0;
+        submit_all(&q, 1);
+        wait_finished(1);
+        char want[32];
+        predict(turn, n, 20, want);
+        ck_assert_str_eq(q.text, want);
+        /* what the previous turn computed: its prompt and all but its last
+         * generated token, in whole blocks (and never the last prompt token) */
+        uint32_t prev_computed = t == 0 ? 0 : n - 10 - 1;
+        uint32_t want_cached = prev_computed / 16 * 16;
+        if (want_cached > (n - 1) / 16 * 16) want_cached = (n - 1) / 16 * 16;
+        ck_assert_uint_eq(q.cached_tokens, want_cached);
+        /* next turn: this conversation + the reply + 10 new tokens */
+        for (uint32_t k = 0; k < 20; k++) turn[n + k] = q.out_tokens[k];
+        n += 20;
+        for (uint32_t k = 0; k < 10; k++)
+            turn[n + k] = 33 + (int32_t)((k + (uint32_t)t) % 50);
+        n += 10;
+        sched_seq_free_outputs(&q);
+    }
+    wait_pool_empty();
+    stop();
+}
+END_TEST
+
+START_TEST(prefix_cache_cancel_then_reuse) {
+    start(1024, 128, 4, 64, 100, "sleep_ms=2");
+    int32_t *p = make_prompt(100, 11);
+    sched_seq q;
+    init_seq(&q, p, 100, 500);
+    q.stream = 1;
+    submit_all(&q, 1);
+    for (int i = 0; i < 2000; i++) {
+        pthread_mutex_lock(&seq_lock);
+        uint32_t k = q.n_out;
+        pthread_mutex_unlock(&seq_lock);
+        if (k >= 3) break;
+        struct timespec ts = { 0, 1000000 };
+        nanosleep(&ts, NULL);
+    }
+    atomic_store(&q.cancel, 1);
+    scheduler_wake(sch);
+    wait_finished(1);
+    ck_assert_int_eq(q.finish, SCHED_FINISH_CANCELLED);
+    sched_seq_free_outputs(&q);
+    wait_pool_empty();
+    /* the cancelled sequence's blocks are still cached and correct */
+    sched_seq r;
+    init_seq(&r, p, 100, 12);
+    n_finished = 0;
+    submit_all(&r, 1);
+    wait_finished(1);
+    char want[16];
+    predict(p, 100, 12, want);
+    ck_assert_str_eq(r.text, want);
+    ck_assert_uint_eq(r.cached_tokens, 96);
+    sched_seq_free_outputs(&r);
+    wait_pool_empty();
+    free(p);
+    stop();
+}
+END_TEST
+
+START_TEST(prefix_cache_longest_prefix_first) {
+    /* one sequence at a time: after A, the waiting B (unrelated, arrived
+     * first) and C (A's prompt + more) are admitted C first */
+    start(256, 64, 1, 256, 100, NULL);
+    int32_t *pa = make_prompt(64, 21), *pb = make_prompt(30, 22);
+    int32_t pc[80];
+    memcpy(pc, pa, 64 * sizeof *pc);
+    for (int k = 64; k < 80; k++) pc[k] = 40 + k % 20;
+    sched_seq a, b, c;
+    init_seq(&a, pa, 64, 4);
+    submit_all(&a, 1);
+    wait_finished(1);
+    init_seq(&b, pb, 30, 4);
+    init_seq(&c, pc, 80, 4);
+    sched_seq *ptrs[2] = { &b, &c };
+    char err[128];
+    n_finished = 0;
+    ck_assert_int_eq(scheduler_submit(sch, ptrs, 2, err, sizeof err), SCHED_OK);
+    wait_finished(2);
+    ck_assert_uint_eq(c.cached_tokens, 64);
+    ck_assert_uint_eq(b.cached_tokens, 0);
+    ck_assert_msg(c.t_first_token < b.t_first_token, "C was not admitted first");
+    char want[8];
+    predict(pc, 80, 4, want);
+    ck_assert_str_eq(c.text, want);
+    sched_seq_free_outputs(&a);
+    sched_seq_free_outputs(&b);
+    sched_seq_free_outputs(&c);
+    wait_pool_empty();
+    free(pa);
+    free(pb);
+    stop();
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("scheduler");
     TCase *tc = tcase_create("mock");
@@ -625,6 +921,13 @@ static Suite *suite(void) {
     tcase_add_test(tc, submit_and_create_errors);
     tcase_add_test(tc, token_mask_hook);
     tcase_add_test(tc, token_controls);
+    tcase_add_test(tc, prefix_cache_outputs_equal_without_cache);
+    tcase_add_test(tc, prefix_cache_eviction_and_preemption_exact);
+    tcase_add_test(tc, prefix_cache_n_choices_share_one_computation);
+    tcase_add_test(tc, prefix_cache_n_choices_copy_on_write);
+    tcase_add_test(tc, prefix_cache_multi_turn_reuses_generated_blocks);
+    tcase_add_test(tc, prefix_cache_cancel_then_reuse);
+    tcase_add_test(tc, prefix_cache_longest_prefix_first);
     suite_add_tcase(s, tc);
     return s;
 }

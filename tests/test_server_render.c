@@ -91,7 +91,8 @@ START_TEST(final_completion_plain) {
     expect_final(&resp, HEAD_CMPL
                  ",\"choices\":[{\"index\":0,\"text\":\"ok\",\"logprobs\":null,"
                  "\"finish_reason\":\"length\"}],\"usage\":{\"prompt_tokens\":2,"
-                 "\"completion_tokens\":2,\"total_tokens\":4}}");
+                 "\"completion_tokens\":2,\"total_tokens\":4,\"prompt_tokens_details\":{"
+                 "\"cached_tokens\":0}}}");
     sched_seq_free_outputs(&q);
     gen_request_free(&r);
 }
@@ -110,14 +111,14 @@ START_TEST(final_completion_echo_logprobs) {
     q.prompt_top_ids = copy((int32_t[]){ -1, 104 }, 2 * sizeof(int32_t));
     q.prompt_top_lp = copy((double[]){ -INFINITY, -0.75 }, 2 * sizeof(double));
     gen_response resp = response(&r, &q);
-    expect_final(
-        &resp, HEAD_CMPL
-        ",\"choices\":[{\"index\":0,\"text\":\"Hiok\",\"logprobs\":{"
-        "\"tokens\":[\"H\",\"i\",\"o\",\"k\"],"
-        "\"token_logprobs\":[null,-1.25,-0.5,-9999],"
-        "\"top_logprobs\":[null,{\"h\":-0.75},{\"o\":-0.5},{}],"
-        "\"text_offset\":[0,1,2,3]},\"finish_reason\":\"stop\"}],"
-        "\"usage\":{\"prompt_tokens\":2,\"completion_tokens\":2,\"total_tokens\":4}}");
+    expect_final(&resp, HEAD_CMPL
+                 ",\"choices\":[{\"index\":0,\"text\":\"Hiok\",\"logprobs\":{"
+                 "\"tokens\":[\"H\",\"i\",\"o\",\"k\"],"
+                 "\"token_logprobs\":[null,-1.25,-0.5,-9999],"
+                 "\"top_logprobs\":[null,{\"h\":-0.75},{\"o\":-0.5},{}],"
+                 "\"text_offset\":[0,1,2,3]},\"finish_reason\":\"stop\"}],"
+                 "\"usage\":{\"prompt_tokens\":2,\"completion_tokens\":2,\"total_"
+                 "tokens\":4,\"prompt_tokens_details\":{\"cached_tokens\":0}}}");
     sched_seq_free_outputs(&q);
     gen_request_free(&r);
 }
@@ -139,6 +140,8 @@ START_TEST(final_chat_logprobs_and_choices) {
     q[1].out_logprob = copy((double[]){ -1 }, sizeof(double));
     q[1].out_top_ids = copy((int32_t[]){ -1 }, sizeof(int32_t));
     q[1].out_top_lp = copy((double[]){ -INFINITY }, sizeof(double));
+    q[0].cached_tokens = 16; /* usage counts the prompt's first choice */
+    q[1].cached_tokens = 17;
     gen_response resp = response(&r, q);
     expect_final(
         &resp,
@@ -152,7 +155,8 @@ START_TEST(final_chat_logprobs_and_choices) {
         "{\"index\":1,\"message\":{\"role\":\"assistant\",\"content\":\"\\\"\"},"
         "\"logprobs\":{\"content\":[{\"token\":\"\\\"\",\"logprob\":-1,\"bytes\":[34],"
         "\"top_logprobs\":[]}]},\"finish_reason\":\"length\"}],"
-        "\"usage\":{\"prompt_tokens\":18,\"completion_tokens\":2,\"total_tokens\":20}}");
+        "\"usage\":{\"prompt_tokens\":18,\"completion_tokens\":2,\"total_tokens\":20,"
+        "\"prompt_tokens_details\":{\"cached_tokens\":16}}}");
     for (int i = 0; i < 2; i++) sched_seq_free_outputs(&q[i]);
     gen_request_free(&r);
 }
@@ -259,7 +263,8 @@ START_TEST(stream_completion_echo_usage_and_stop) {
     ck_assert_uint_eq(q.text_len, 1);
     snprintf(want, sizeof want, ev, "", "\"stop\"");
     strcat(want, "data: " HEAD_CMPL ",\"choices\":[],\"usage\":{\"prompt_tokens\":2,"
-                 "\"completion_tokens\":2,\"total_tokens\":4}}\n\ndata: [DONE]\n\n");
+                 "\"completion_tokens\":2,\"total_tokens\":4,\"prompt_tokens_details\":{"
+                 "\"cached_tokens\":0}}}\n\ndata: [DONE]\n\n");
     expect_events(&resp, &st, want, 0);
     render_stream_free(&st);
     sched_seq_free_outputs(&q);

@@ -12,6 +12,16 @@
  * Requests ask for exactly --max-tokens tokens ("ignore_eos": true) with
  * temperature 0 unless --temperature is given.
  *
+ * Prefix-caching workloads: --shared-prefix-len N starts every prompt with
+ * the same N characters (a system message for chat), followed by the
+ * request's own --prompt-len characters (a short question). --turns T (chat
+ * endpoint) makes each request one turn of a conversation: a connection runs
+ * a conversation's T turns one after the other, each resending the whole
+ * conversation so far (system message, earlier questions and the assistant's
+ * replies as the server sent them) plus a new question; --requests counts
+ * turns (a multiple of T). The summary adds the prompt tokens the server
+ * reported as cached (usage.prompt_tokens_details.cached_tokens).
+ *
  *   loadgen --port 8080 --requests 100000 --concurrency 64 --max-tokens 16
  *   loadgen --port 8080 --requests 2000 --rate 500 --prompt-len 64 --json
  *
@@ -42,6 +52,7 @@ typedef struct opts {
     const char *host, *endpoint, *model, *api_key;
     int port;
     long requests, concurrency, prompt_len, max_tokens, threads;
+    long shared_prefix_len, turns;
     double rate, temperature, timeout;
     int stream, json, chat;
     unsigned long seed;
@@ -49,7 +60,7 @@ typedef struct opts {
 
 typedef struct result {
     double start, first, end;
-    long out_tokens, in_tokens;
+    long out_tokens, in_tokens, cached_tokens;
     int ok;
     double *itl; /* gaps between text events */
     int n_itl, cap_itl;
@@ -71,13 +82,20 @@ typedef struct conn {
     char *body; /* de-chunked body */
     size_t body_len, body_cap, body_scan;
     double last_event;
+    /* --turns: the conversation this connection runs */
+    long conv, turn; /* conv -1: none */
+    char *hist;      /* JSON messages so far (without brackets) */
+    size_t hist_len, hist_cap;
+    char *reply; /* this turn's reply, JSON-escaped as received */
+    size_t reply_len, reply_cap;
 } conn;
 
 typedef struct worker {
     int id;
     const opts *o;
     long first_req, n_req; /* this worker's requests */
-    long next;             /* next request to send */
+    long next;             /* next request (--turns: conversation) to start */
+    long n_conv;           /* --turns: this worker's conversations */
     long done;
     int n_conns;
     conn *conns;
@@ -123,20 +141,48 @@ static uint64_t rng_next(uint64_t *s) {
     return z ^ (z >> 31);
 }
 
-/* Build request i: a distinct prompt of prompt_len characters (words of
- * lowercase letters). */
-static void build_request(const opts *o, long i, conn *c) {
-    char prompt[65536];
-    long n =
-        o->prompt_len < (long)sizeof prompt - 1 ? o->prompt_len : (long)sizeof prompt - 1;
-    uint64_t s = o->seed * 1000003ull + (uint64_t)i;
+/* n characters of words of lowercase letters from seed s into out. */
+static void fill_text(char *out, long n, uint64_t s) {
     for (long k = 0; k < n; k++) {
         uint64_t r = rng_next(&s);
-        prompt[k] = (k % 6 == 5) ? ' ' : (char)('a' + r % 26);
+        out[k] = (k % 6 == 5) ? ' ' : (char)('a' + r % 26);
     }
-    prompt[n] = '\0';
-    char body[70000];
-    int bl;
+    out[n] = '\0';
+}
+
+static void append(char **p, size_t *len, size_t *cap, const char *src, size_t n) {
+    grow(p, cap, *len + n + 1);
+    memcpy(*p + *len, src, n);
+    *len += n;
+    (*p)[*len] = '\0';
+}
+
+/* append a string literal or other NUL-terminated text */
+#define appends(p, len, cap, str) append((p), (len), (cap), (str), strlen(str))
+
+#define MAX_TEXT 65536
+
+/* The shared prefix (same for every request of a run). */
+static const char *shared_prefix(const opts *o) {
+    static char buf[MAX_TEXT];
+    static int done;
+    if (!done) {
+        long n =
+            o->shared_prefix_len < MAX_TEXT - 1 ? o->shared_prefix_len : MAX_TEXT - 1;
+        fill_text(buf, n, o->seed * 7919ull + 17);
+        done = 1;
+    }
+    return buf;
+}
+
+/* Build request i: a distinct prompt of prompt_len characters (words of
+ * lowercase letters) after the shared prefix; with --turns the next turn of
+ * the connection's conversation. */
+static void build_request(const opts *o, long i, conn *c) {
+    static _Thread_local char prompt[MAX_TEXT];
+    long n = o->prompt_len < MAX_TEXT - 1 ? o->prompt_len : MAX_TEXT - 1;
+    fill_text(prompt, n, o->seed * 1000003ull + (uint64_t)i);
+    const char *pre = shared_prefix(o);
     char temp[64] = "";
     if (o->temperature >= 0)
         snprintf(temp, sizeof temp, ",\"temperature\":%g", o->temperature);
@@ -144,31 +190,81 @@ static void build_request(const opts *o, long i, conn *c) {
         snprintf(temp, sizeof temp, ",\"temperature\":0");
     const char *so =
         o->stream ? ",\"stream\":true,\"stream_options\":{\"include_usage\":true}" : "";
+    char *msgs = NULL;
+    size_t ml = 0, mc = 0;
+    if (o->turns > 0) {
+        if (c->turn == 0) {
+            c->hist_len = 0;
+            if (*pre) {
+                appends(&c->hist, &c->hist_len, &c->hist_cap,
+                        "{\"role\":\"system\",\"content\":\"");
+                append(&c->hist, &c->hist_len, &c->hist_cap, pre, strlen(pre));
+                appends(&c->hist, &c->hist_len, &c->hist_cap, "\"},");
+            }
+        } else { /* the previous turn's reply */
+            appends(&c->hist, &c->hist_len, &c->hist_cap,
+                    "{\"role\":\"assistant\",\"content\":\"");
+            append(&c->hist, &c->hist_len, &c->hist_cap, c->reply ? c->reply : "",
+                   c->reply_len);
+            appends(&c->hist, &c->hist_len, &c->hist_cap, "\"},");
+        }
+        appends(&c->hist, &c->hist_len, &c->hist_cap,
+                "{\"role\":\"user\",\"content\":\"");
+        append(&c->hist, &c->hist_len, &c->hist_cap, prompt, (size_t)n);
+        appends(&c->hist, &c->hist_len, &c->hist_cap, "\"},");
+        append(&msgs, &ml, &mc, c->hist, c->hist_len - 1); /* without the last ',' */
+    } else if (o->chat) {
+        if (*pre) {
+            appends(&msgs, &ml, &mc, "{\"role\":\"system\",\"content\":\"");
+            append(&msgs, &ml, &mc, pre, strlen(pre));
+            appends(&msgs, &ml, &mc, "\"},");
+        }
+        appends(&msgs, &ml, &mc, "{\"role\":\"user\",\"content\":\"");
+        append(&msgs, &ml, &mc, prompt, (size_t)n);
+        appends(&msgs, &ml, &mc, "\"}");
+    }
+    c->reply_len = 0;
+    size_t need = strlen(pre) + (size_t)n + ml + 1024;
+    char *body = malloc(need);
+    if (!body) die("out of memory");
+    int bl;
     if (o->chat)
-        bl = snprintf(
-            body, sizeof body,
-            "{\"model\":\"%s\",\"messages\":[{\"role\":\"user\",\"content\":\"%s\"}],"
-            "\"max_tokens\":%ld,\"ignore_eos\":true,\"seed\":%ld%s%s}",
-            o->model, prompt, o->max_tokens, i, temp, so);
+        bl = snprintf(body, need,
+                      "{\"model\":\"%s\",\"messages\":[%s],"
+                      "\"max_tokens\":%ld,\"ignore_eos\":true,\"seed\":%ld%s%s}",
+                      o->model, msgs, o->max_tokens, i, temp, so);
     else
-        bl = snprintf(body, sizeof body,
-                      "{\"model\":\"%s\",\"prompt\":\"%s\",\"max_tokens\":%ld,"
+        bl = snprintf(body, need,
+                      "{\"model\":\"%s\",\"prompt\":\"%s%s\",\"max_tokens\":%ld,"
                       "\"ignore_eos\":true,\"seed\":%ld%s%s}",
-                      o->model, prompt, o->max_tokens, i, temp, so);
+                      o->model, pre, prompt, o->max_tokens, i, temp, so);
+    free(msgs);
     char auth[512] = "";
     if (o->api_key)
         snprintf(auth, sizeof auth, "Authorization: Bearer %s\r\n", o->api_key);
-    size_t need = (size_t)bl + 1024;
     size_t cap = 0;
     free(c->out);
     c->out = NULL;
-    grow(&c->out, &cap, need);
+    grow(&c->out, &cap, (size_t)bl + 1024);
     c->out_len = (size_t)snprintf(
-        c->out, need,
+        c->out, (size_t)bl + 1024,
         "POST %s HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\n"
         "%sContent-Length: %d\r\n\r\n%s",
         o->endpoint, o->host, o->port, auth, bl, body);
     c->out_off = 0;
+    free(body);
+}
+
+/* Append the JSON string value after `key` in e[0..n) (escapes kept as they
+ * are) to the connection's reply. */
+static void take_reply(conn *c, const char *e, size_t n, const char *key) {
+    size_t kl = strlen(key);
+    const char *p = memmem(e, n, key, kl);
+    if (!p) return;
+    p += kl;
+    const char *q = p, *end = e + n;
+    while (q < end && *q != '"') q += (*q == '\\' && q + 1 < end) ? 2 : 1;
+    append(&c->reply, &c->reply_len, &c->reply_cap, p, (size_t)(q - p));
 }
 
 /* ------------------------------------------------------------------------- */
@@ -252,6 +348,9 @@ static void scan_events(conn *c, result *r, double t) {
                 if (ct >= 0) r->out_tokens = ct;
                 long pt = json_long(start, n, "\"prompt_tokens\":");
                 if (pt >= 0) r->in_tokens = pt;
+                long cached = json_long(start, n, "\"cached_tokens\":");
+                if (cached >= 0) r->cached_tokens = cached;
+                take_reply(c, start, n, "\"content\":\"");
             }
         }
         c->body_scan += n + 2;
@@ -327,6 +426,9 @@ static int conn_parse(const opts *o, conn *c, result *r, double t) {
         if (ct < 0) return -1;
         r->out_tokens = ct;
         r->in_tokens = pt;
+        const char *b = c->body ? c->body : "";
+        r->cached_tokens = json_long(b, c->body_len, "\"cached_tokens\":");
+        if (o->chat) take_reply(c, b, c->body_len, "\"content\":\"");
         r->first = t;
     }
     return r->ok < 0 ? -1 : 1;
@@ -335,8 +437,29 @@ static int conn_parse(const opts *o, conn *c, result *r, double t) {
 /* ------------------------------------------------------------------------- */
 /* Worker loop                                                                */
 /* ------------------------------------------------------------------------- */
+/* Whether idle connection c has a request to send: the next of the
+ * worker's requests, or with --turns the next turn of its conversation or a
+ * new conversation. */
+static int has_next(const worker *w, const conn *c) {
+    long T = w->o->turns;
+    if (T <= 0) return w->next < w->n_req;
+    return (c->conv >= 0 && c->turn + 1 < T) || w->next < w->n_conv;
+}
+
+static long next_index(worker *w, conn *c) {
+    long T = w->o->turns;
+    if (T <= 0) return w->first_req + w->next++;
+    if (c->conv >= 0 && c->turn + 1 < T) {
+        c->turn++;
+    } else {
+        c->conv = w->next++;
+        c->turn = 0;
+    }
+    return w->first_req + c->conv * T + c->turn;
+}
+
 static void start_request(worker *w, conn *c, int ep, double t) {
-    long i = w->first_req + w->next++;
+    long i = next_index(w, c);
     c->req = i;
     c->busy = 1;
     result *r = &w->res[i];
@@ -379,14 +502,15 @@ static void *worker_main(void *arg) {
     for (int k = 0; k < w->n_conns; k++) {
         w->conns[k].fd = -1;
         w->conns[k].req = -1;
+        w->conns[k].conv = -1;
     }
     struct epoll_event evs[256];
     while (w->done < w->n_req) {
         double t = now_s();
         /* dispatch */
-        for (int k = 0; k < w->n_conns && w->next < w->n_req; k++) {
+        for (int k = 0; k < w->n_conns; k++) {
             conn *c = &w->conns[k];
-            if (c->busy) continue;
+            if (c->busy || !has_next(w, c)) continue;
             if (w->arrivals && w->arrivals[w->next] > t) break;
             start_request(w, c, ep, t);
         }
@@ -456,6 +580,8 @@ static void *worker_main(void *arg) {
         free(w->conns[k].in);
         free(w->conns[k].out);
         free(w->conns[k].body);
+        free(w->conns[k].hist);
+        free(w->conns[k].reply);
     }
     close(ep);
     return NULL;
@@ -504,6 +630,10 @@ static void usage(FILE *f) {
             "  --threads N          client threads (default 1)\n"
             "  --timeout S          per-request timeout (default 600)\n"
             "  --seed S             prompt seed (default 1)\n"
+            "  --shared-prefix-len N  every prompt starts with the same N characters\n"
+            "                       (a system message for chat; default 0)\n"
+            "  --turns T            chat conversations of T turns, each resending\n"
+            "                       the conversation so far (--requests = turns)\n"
             "  --json               print one JSON line instead of the table\n");
 }
 
@@ -555,6 +685,10 @@ int main(int argc, char **argv) {
             o.threads = atol(v);
         else if (ARG("--timeout"))
             o.timeout = atof(v);
+        else if (ARG("--shared-prefix-len"))
+            o.shared_prefix_len = atol(v);
+        else if (ARG("--turns"))
+            o.turns = atol(v);
         else if (ARG("--seed"))
             o.seed = strtoul(v, NULL, 10);
         else if (strcmp(a, "--no-stream") == 0)
@@ -571,8 +705,14 @@ int main(int argc, char **argv) {
         o.port > 65535 || o.max_tokens < 1 || o.prompt_len < 1 || o.rate < 0)
         die("bad numbers (requests, concurrency, threads, port, max-tokens, prompt-len "
             "must be >= 1)");
+    if (o.shared_prefix_len < 0 || o.shared_prefix_len > 60000 || o.prompt_len > 60000 ||
+        o.turns < 0)
+        die("bad numbers (shared-prefix-len and prompt-len at most 60000, turns >= 0)");
     if (o.threads > o.concurrency) o.threads = o.concurrency;
     o.chat = strstr(o.endpoint, "chat") != NULL;
+    if (o.turns > 0 && (!o.chat || o.rate > 0 || o.requests % o.turns != 0))
+        die("--turns needs the chat endpoint, a closed loop (no --rate) and --requests "
+            "a multiple of the turns");
 
     result *res = calloc((size_t)o.requests, sizeof *res);
     worker *ws = calloc((size_t)o.threads, sizeof *ws);
@@ -595,14 +735,17 @@ int main(int argc, char **argv) {
             arrivals[i] = t;
         }
     }
-    long per = o.requests / o.threads, extra = o.requests % o.threads, first = 0;
+    long units = o.turns > 0 ? o.requests / o.turns : o.requests; /* conversations */
+    long unit_len = o.turns > 0 ? o.turns : 1;
+    long per = units / o.threads, extra = units % o.threads, first = 0;
     long cper = o.concurrency / o.threads, cextra = o.concurrency % o.threads;
     for (long k = 0; k < o.threads; k++) {
         worker *w = &ws[k];
         w->id = (int)k;
         w->o = &o;
         w->first_req = first;
-        w->n_req = per + (k < extra);
+        w->n_conv = per + (k < extra);
+        w->n_req = w->n_conv * unit_len;
         first += w->n_req;
         w->n_conns = (int)(cper + (k < cextra));
         w->conns = calloc((size_t)w->n_conns, sizeof *w->conns);
@@ -622,13 +765,14 @@ int main(int argc, char **argv) {
     for (long k = 0; k < o.threads; k++) pthread_join(th[k], NULL);
     double t1 = now_s(), dur = t1 - t0;
 
-    long okn = 0, fail = 0, in_tok = 0, out_tok = 0;
+    long okn = 0, fail = 0, in_tok = 0, out_tok = 0, cached_tok = 0;
     size_t n_itl = 0;
     for (long i = 0; i < o.requests; i++) {
         if (res[i].ok > 0) {
             okn++;
             in_tok += res[i].in_tokens > 0 ? res[i].in_tokens : 0;
             out_tok += res[i].out_tokens;
+            cached_tok += res[i].cached_tokens > 0 ? res[i].cached_tokens : 0;
             n_itl += (size_t)res[i].n_itl;
         } else {
             fail++;
@@ -658,16 +802,18 @@ int main(int argc, char **argv) {
         printf("{\"requests\":%ld,\"successful\":%ld,\"failed\":%ld,\"concurrency\":%ld,"
                "\"rate\":%g,"
                "\"stream\":%s,\"prompt_len\":%ld,\"max_tokens\":%ld,\"duration_s\":%.3f,"
-               "\"input_tokens\":%ld,\"output_tokens\":%ld,\"request_throughput\":%.2f,"
+               "\"input_tokens\":%ld,\"cached_tokens\":%ld,\"output_tokens\":%ld,"
+               "\"request_throughput\":%.2f,"
                "\"output_token_throughput\":%.2f,\"total_token_throughput\":%.2f,"
                "\"mean_ttft_ms\":%.3f,\"median_ttft_ms\":%.3f,\"p99_ttft_ms\":%.3f,"
                "\"mean_tpot_ms\":%.3f,\"median_tpot_ms\":%.3f,\"p99_tpot_ms\":%.3f,"
                "\"mean_itl_ms\":%.3f,\"median_itl_ms\":%.3f,\"p99_itl_ms\":%.3f,"
                "\"mean_e2el_ms\":%.3f,\"median_e2el_ms\":%.3f,\"p99_e2el_ms\":%.3f}\n",
                o.requests, okn, fail, o.concurrency, o.rate, o.stream ? "true" : "false",
-               o.prompt_len, o.max_tokens, dur, in_tok, out_tok, rps, otps, ttps,
-               s_ttft.mean, s_ttft.p50, s_ttft.p99, s_tpot.mean, s_tpot.p50, s_tpot.p99,
-               s_itl.mean, s_itl.p50, s_itl.p99, s_e2e.mean, s_e2e.p50, s_e2e.p99);
+               o.prompt_len, o.max_tokens, dur, in_tok, cached_tok, out_tok, rps, otps,
+               ttps, s_ttft.mean, s_ttft.p50, s_ttft.p99, s_tpot.mean, s_tpot.p50,
+               s_tpot.p99, s_itl.mean, s_itl.p50, s_itl.p99, s_e2e.mean, s_e2e.p50,
+               s_e2e.p99);
     } else {
         printf("============ Serving Benchmark Result ============\n");
         printf("%-40s %ld\n", "Successful requests:", okn);
@@ -677,6 +823,7 @@ int main(int argc, char **argv) {
         if (o.rate > 0) printf("%-40s %.2f\n", "Request rate (Poisson, req/s):", o.rate);
         printf("%-40s %.2f\n", "Benchmark duration (s):", dur);
         printf("%-40s %ld\n", "Total input tokens:", in_tok);
+        printf("%-40s %ld\n", "Cached input tokens (server):", cached_tok);
         printf("%-40s %ld\n", "Total generated tokens:", out_tok);
         printf("%-40s %.2f\n", "Request throughput (req/s):", rps);
         printf("%-40s %.2f\n", "Output token throughput (tok/s):", otps);

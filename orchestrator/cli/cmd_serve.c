@@ -77,6 +77,9 @@ static int parse_args(int argc, char **argv, serve_options *o, int *st) {
         { "--max-waiting", FLAG_U64, &o->max_waiting, "N",
           .help = "waiting sequences before 429 (default 1024)", .min = 1,
           .max = 1 << 24 },
+        { "--no-prefix-cache", FLAG_TRUE, &o->no_prefix_cache, NULL,
+          .help = "compute every prompt in full instead of reusing\n"
+                  "the KV blocks of a cached common prefix" },
         { "--kv-blocks", FLAG_U64, &o->kv_blocks, "N",
           .help = "KV pool size in 16-token blocks (default: from\n"
                   "--kv-memory, at most what --max-seqs full\n"

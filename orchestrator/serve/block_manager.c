@@ -12,8 +12,9 @@
 struct block_manager {
     uint32_t total, block_size;
     uint32_t n_free;
-    int32_t *free_stack; /* n_free ids; top = free_stack[n_free-1] */
-    uint32_t *refcount;  /* per block; 0 = free */
+    int32_t *free_stack;       /* n_free ids; top = free_stack[n_free-1] */
+    uint32_t *refcount;        /* per block; 0 = free */
+    block_reclaimer reclaimer; /* reclaim NULL: none */
 };
 
 block_manager *block_manager_create(uint32_t num_blocks, uint32_t block_size) {
@@ -53,8 +54,34 @@ uint32_t block_manager_blocks_for(const block_manager *bm, uint64_t n_tokens) {
     return n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
 }
 
+void block_manager_set_reclaimer(block_manager *bm, const block_reclaimer *r) {
+    if (r && r->reclaim && r->reclaimable)
+        bm->reclaimer = *r;
+    else
+        memset(&bm->reclaimer, 0, sizeof bm->reclaimer);
+}
+
+static uint32_t reclaimable(const block_manager *bm) {
+    return bm->reclaimer.reclaim ? bm->reclaimer.reclaimable(bm->reclaimer.arg) : 0;
+}
+
+uint32_t block_manager_available(const block_manager *bm) {
+    uint64_t n = (uint64_t)bm->n_free + reclaimable(bm);
+    return n > bm->total ? bm->total : (uint32_t)n;
+}
+
+/* Make at least n blocks free, evicting through the reclaimer; 0 when done,
+ * -1 (nothing evicted) when not enough are available. */
+static int ensure_free(block_manager *bm, uint32_t n) {
+    if (n <= bm->n_free) return 0;
+    if (!bm->reclaimer.reclaim || n > block_manager_available(bm)) return -1;
+    (void)bm->reclaimer.reclaim(bm->reclaimer.arg, n - bm->n_free);
+    return n <= bm->n_free ? 0 : -1;
+}
+
 int block_manager_alloc(block_manager *bm, uint32_t n, int32_t *out) {
-    if (n > bm->n_free || (n && !out)) return -1;
+    if (n && !out) return -1;
+    if (ensure_free(bm, n) != 0) return -1;
     for (uint32_t i = 0; i < n; i++) {
         int32_t id = bm->free_stack[--bm->n_free];
         bm->refcount[id] = 1;
@@ -108,9 +135,17 @@ int block_table_reserve(block_manager *bm, block_table *t, uint64_t n_tokens) {
     uint32_t need = block_manager_blocks_for(bm, n_tokens);
     if (need <= t->n) return 0;
     uint32_t extra = need - t->n;
-    if (extra > bm->n_free || table_grow(t, need) != 0) return -1;
+    if (extra > block_manager_available(bm) || table_grow(t, need) != 0) return -1;
     if (block_manager_alloc(bm, extra, t->ids + t->n) != 0) return -1;
     t->n = need;
+    return 0;
+}
+
+int block_table_append(block_manager *bm, block_table *t, int32_t id) {
+    if (!allocated(bm, id) || t->n == UINT32_MAX || table_grow(t, t->n + 1) != 0)
+        return -1;
+    if (block_manager_ref(bm, id) != 0) return -1;
+    t->ids[t->n++] = id;
     return 0;
 }
 

@@ -13,6 +13,11 @@
  * Free blocks are handed out last-freed-first (a stack), which keeps recently
  * used memory warm.
  *
+ * A reclaimer (the prefix cache, prefix_cache.h) may keep unreferenced blocks
+ * allocated for later reuse: when an allocation finds too few free blocks it
+ * asks the reclaimer to release some (eviction), and block_manager_available
+ * counts them as obtainable.
+ *
  * Memory: the manager owns its arrays; a block_table owns its id array
  * (block_table_free). Threads: not thread-safe; the scheduler thread owns the
  * manager and every table. Errors: functions return 0 on success and -1 when
@@ -41,10 +46,25 @@ uint32_t block_manager_total(const block_manager *bm);
 uint32_t block_manager_free_count(const block_manager *bm);
 uint32_t block_manager_used(const block_manager *bm); /* total - free */
 
+/* The reclaimer: reclaimable(arg) is how many allocated blocks it could give
+ * back now; reclaim(arg, n) releases up to n of them (block_manager_release)
+ * and returns how many it released. Called from inside allocations on the
+ * manager's thread. fn NULL removes the reclaimer. */
+typedef struct block_reclaimer {
+    uint32_t (*reclaimable)(void *arg);
+    uint32_t (*reclaim)(void *arg, uint32_t n);
+    void *arg;
+} block_reclaimer;
+void block_manager_set_reclaimer(block_manager *bm, const block_reclaimer *r);
+/* Free blocks plus what the reclaimer could give back. */
+uint32_t block_manager_available(const block_manager *bm);
+
 /* Blocks needed to hold n_tokens positions (ceil(n_tokens / block_size)). */
 uint32_t block_manager_blocks_for(const block_manager *bm, uint64_t n_tokens);
 
-/* Take n free blocks (refcount 1 each) into out[0..n): all or nothing. */
+/* Take n free blocks (refcount 1 each) into out[0..n): all or nothing (the
+ * reclaimer is asked first when fewer than n are free but enough are
+ * available; blocks it evicts stay evicted). */
 int block_manager_alloc(block_manager *bm, uint32_t n, int32_t *out);
 /* Add a reference to an allocated block (sharing). -1 if id is not
  * allocated. */
@@ -69,6 +89,9 @@ int block_table_reserve(block_manager *bm, block_table *t, uint64_t n_tokens);
 /* Blocks t still needs to cover n_tokens positions (0 if it covers them). */
 uint32_t block_table_missing(const block_manager *bm, const block_table *t,
                              uint64_t n_tokens);
+/* Append the allocated block id to t with one more reference (sharing a
+ * cached block). -1 when id is not allocated or out of memory (t unchanged). */
+int block_table_append(block_manager *bm, block_table *t, int32_t id);
 /* Release every block of t (n = 0); keeps the id array for reuse. */
 void block_table_release(block_manager *bm, block_table *t);
 /* Release blocks and free the id array (t is zeroed). */

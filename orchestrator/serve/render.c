@@ -31,14 +31,18 @@ static void write_logprob(strbuf *b, double v) {
 
 static uint32_t n_seqs(const gen_response *r) { return gen_request_n_seqs(r->req); }
 
+/* cached_tokens: per prompt, those of its first choice (prefix cache). */
 static void write_usage(strbuf *b, const gen_response *r) {
-    uint64_t p = 0, c = 0;
+    uint64_t p = 0, c = 0, cached = 0;
     for (uint32_t i = 0; i < r->req->n_prompts; i++) p += r->req->prompts[i].n_ids;
     for (uint32_t i = 0; i < n_seqs(r); i++) c += r->seqs[i].n_out;
+    for (uint32_t i = 0; i < n_seqs(r); i += r->req->n)
+        cached += r->seqs[i].cached_tokens;
     strbuf_printf(b,
                   "{\"prompt_tokens\":%" PRIu64 ",\"completion_tokens\":%" PRIu64
-                  ",\"total_tokens\":%" PRIu64 "}",
-                  p, c, p + c);
+                  ",\"total_tokens\":%" PRIu64
+                  ",\"prompt_tokens_details\":{\"cached_tokens\":%" PRIu64 "}}",
+                  p, c, p + c, cached);
 }
 
 /* The bytes of token id (none for an unknown id). */

@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "orchestrator/core/util.h"
+#include "orchestrator/serve/prefix_cache.h"
 #include "orchestrator/serve/seq_output.h"
 
 enum { ST_NEW = 0, ST_WAITING = 1, ST_RUNNING = 2, ST_DONE = 3 };
@@ -19,6 +20,12 @@ enum { ST_NEW = 0, ST_WAITING = 1, ST_RUNNING = 2, ST_DONE = 3 };
 struct scheduler {
     scheduler_config cfg;
     block_manager *bm;
+    prefix_cache *pc; /* NULL with no_prefix_cache */
+    int32_t *match;   /* [blocks of one context]: lookup results */
+    int can_fork;     /* pc and the engine copies blocks (n > 1 choices fork) */
+    int32_t *copy_src, *copy_dst; /* copy-on-write pairs of this iteration */
+    uint32_t n_copies;
+    uint64_t n_picks; /* admission rounds (pick_iter stamps) */
     pthread_t thread;
     int thread_started;
 
@@ -53,12 +60,17 @@ struct scheduler {
     /* stats */
     atomic_uint st_running, st_waiting, st_kv_used;
     atomic_ullong st_preempt, st_iter, st_errors;
+    atomic_uint st_cached, st_evictable;
+    atomic_ullong st_hit_tokens, st_hits, st_misses;
+    uint64_t evictions_reported;
 
     /* metrics (NULL without a registry: updates are no-ops) */
     metrics_series *m_running, *m_waiting, *m_kv_used, *m_kv_total;
     metrics_series *m_prompt_tokens, *m_gen_tokens, *m_preempt, *m_errors;
     metrics_series *m_ttft, *m_tpot, *m_e2e, *m_batch_seqs, *m_batch_tokens;
     metrics_series *m_iter_seconds;
+    metrics_series *m_pc_hits, *m_pc_misses, *m_pc_hit_tokens, *m_pc_evictions;
+    metrics_series *m_pc_blocks, *m_pc_evictable;
 };
 
 /* ------------------------------------------------------------------------- */
@@ -96,10 +108,20 @@ static void wait_remove(scheduler *s, sched_seq *q) {
     q->priv.prev = q->priv.next = NULL;
 }
 
+/* Release q's KV blocks (t->n = 0); cached ones stay in the pool. */
+static void release_blocks(scheduler *s, sched_seq *q) {
+    if (s->pc)
+        prefix_cache_release_table(s->pc, &q->priv.blocks);
+    else
+        block_table_release(s->bm, &q->priv.blocks);
+    q->priv.n_hashed = 0;
+}
+
 /* Finish q (already out of the running array / waiting list). */
 static void seq_finish(scheduler *s, sched_seq *q, int reason, int status,
                        const char *msg) {
-    block_table_free(s->bm, &q->priv.blocks);
+    release_blocks(s, q);
+    block_table_free(s->bm, &q->priv.blocks); /* the id array */
     free(q->priv.all);
     q->priv.all = NULL;
     q->priv.n_all = q->priv.cap_all = 0;
@@ -223,6 +245,29 @@ static void register_metrics(scheduler *s) {
         SERIES(metrics_histogram(r, "orch_iteration_seconds",
                                  "Wall time of one scheduler iteration's engine forward.",
                                  0, NULL, iter_b, sizeof iter_b / sizeof *iter_b));
+    if (s->pc) {
+        s->m_pc_hits = SERIES(metrics_counter(
+            r, "orch_prefix_cache_hits_total",
+            "Sequence admissions that reused at least one cached KV block.", 0, NULL));
+        s->m_pc_misses = SERIES(metrics_counter(
+            r, "orch_prefix_cache_misses_total",
+            "Sequence admissions that found no cached KV block.", 0, NULL));
+        s->m_pc_hit_tokens = SERIES(metrics_counter(
+            r, "orch_prefix_cache_hit_tokens_total",
+            "Tokens whose KV was reused from the prefix cache instead of computed.", 0,
+            NULL));
+        s->m_pc_evictions = SERIES(metrics_counter(
+            r, "orch_prefix_cache_evictions_total",
+            "Cached KV blocks evicted to make room (least recently used leaves).", 0,
+            NULL));
+        s->m_pc_blocks = SERIES(metrics_gauge(
+            r, "orch_prefix_cache_blocks",
+            "KV blocks indexed by the prefix cache (in use or evictable).", 0, NULL));
+        s->m_pc_evictable = SERIES(metrics_gauge(
+            r, "orch_prefix_cache_evictable_blocks",
+            "Cached KV blocks no sequence uses (kept until the pool needs them).", 0,
+            NULL));
+    }
 #undef SERIES
     metrics_gauge_set(s->m_kv_total, block_manager_total(s->bm));
     metrics_gauge_set(s->m_kv_used, 0);
@@ -268,13 +313,20 @@ int scheduler_create(const scheduler_config *cfg, scheduler **out, char *err,
     s->rows_cap = c.max_seqs + SCHED_PROMPT_LOGPROB_ROWS;
     s->logits_cap = (uint64_t)s->rows_cap * c.vocab_size;
     s->bm = block_manager_create(c.num_blocks, c.block_size);
+    if (s->bm && !c.no_prefix_cache) s->pc = prefix_cache_create(s->bm);
+    s->match = util_calloc(per_ctx, sizeof *s->match);
+    s->copy_src = util_calloc(c.max_seqs, sizeof *s->copy_src);
+    s->copy_dst = util_calloc(c.max_seqs, sizeof *s->copy_dst);
+    s->can_fork = s->pc && c.engine->api->kv_copy_blocks &&
+                  (c.engine->api->capabilities & ORCH_CAP_KV_COPY);
     s->running = util_calloc(c.max_seqs, sizeof *s->running);
     s->inputs = util_calloc(c.max_seqs, sizeof *s->inputs);
     s->batch = util_calloc(c.max_seqs, sizeof *s->batch);
     s->batch_rows = util_calloc(c.max_seqs, sizeof *s->batch_rows);
     s->logits = malloc(s->logits_cap * sizeof(float));
     s->ws = sampler_ws_create(c.vocab_size);
-    if (!s->bm || !s->running || !s->inputs || !s->batch || !s->batch_rows ||
+    if (!s->bm || (!c.no_prefix_cache && !s->pc) || !s->match || !s->copy_src ||
+        !s->copy_dst || !s->running || !s->inputs || !s->batch || !s->batch_rows ||
         !s->logits || !s->ws) {
         util_set_err(err, err_cap, "scheduler: out of memory (logits for %u rows of %u)",
                      s->rows_cap, c.vocab_size);
@@ -461,6 +513,11 @@ void scheduler_get_stats(const scheduler *s, scheduler_stats *st) {
     st->preemptions = atomic_load(&m->st_preempt);
     st->iterations = atomic_load(&m->st_iter);
     st->engine_errors = atomic_load(&m->st_errors);
+    st->kv_blocks_cached = atomic_load(&m->st_cached);
+    st->kv_blocks_evictable = atomic_load(&m->st_evictable);
+    st->prefix_hit_tokens = atomic_load(&m->st_hit_tokens);
+    st->prefix_hits = atomic_load(&m->st_hits);
+    st->prefix_misses = atomic_load(&m->st_misses);
 }
 
 void scheduler_destroy(scheduler *s) {
@@ -475,7 +532,11 @@ void scheduler_destroy(scheduler *s) {
         pthread_mutex_destroy(&s->mu);
         pthread_cond_destroy(&s->cv);
     }
+    prefix_cache_free(s->pc);
     block_manager_free(s->bm);
+    free(s->match);
+    free(s->copy_src);
+    free(s->copy_dst);
     free(s->running);
     free(s->inputs);
     free(s->batch);
@@ -491,7 +552,7 @@ void scheduler_destroy(scheduler *s) {
 
 /* Preempt q (running): free its blocks, queue it at the front of waiting. */
 static void preempt(scheduler *s, sched_seq *q) {
-    block_table_release(s->bm, &q->priv.blocks);
+    release_blocks(s, q);
     q->priv.n_computed = 0;
     q->priv.state = ST_WAITING;
     q->priv.preempted = 1;
@@ -625,8 +686,135 @@ static uint32_t prefill_chunk(const sched_seq *q, uint32_t budget, uint32_t *plp
     return chunk;
 }
 
+/* The cached full blocks q can start from now (ids in s->match): at most
+ * all but its last token; none for a sequence that still needs prompt
+ * log-probabilities or without the cache. *n_idle: how many are evictable. */
+static uint32_t cache_match(scheduler *s, const sched_seq *q, uint32_t *n_idle) {
+    *n_idle = 0;
+    if (!s->pc || q->priv.blocks.n != 0 || q->priv.n_all == 0) return 0;
+    if (q->want_prompt_logprobs && !q->priv.prompt_lp_done) return 0;
+    uint32_t max = (q->priv.n_all - 1) / s->cfg.block_size;
+    return prefix_cache_lookup(s->pc, 0, q->priv.all, max, s->match, n_idle);
+}
+
+/* q is another choice of r's prompt that has not started (fork_siblings may
+ * give it r's blocks and first logits). */
+static int is_sibling(const sched_seq *r, const sched_seq *q) {
+    return q != r && q->prompt == r->prompt && q->n_prompt == r->n_prompt &&
+           q->priv.n_all == q->n_prompt && !q->priv.preempted && q->priv.blocks.n == 0 &&
+           !q->want_prompt_logprobs && q->max_tokens > 0 && q->priv.state == ST_WAITING;
+}
+
+/* 1 when a running sequence with the same tokens is about to compute block m
+ * of q (the first block q would compute itself), or q is a sibling of a
+ * running sequence still computing its prompt: q had better wait and then
+ * reuse that work. */
+static int wait_for_running(const scheduler *s, const sched_seq *q, uint32_t m) {
+    uint64_t end = (uint64_t)(m + 1) * s->cfg.block_size;
+    for (uint32_t i = 0; i < s->n_running; i++) {
+        const sched_seq *r = s->running[i];
+        if (r->priv.state != ST_RUNNING) continue;
+        if (s->can_fork && r->priv.n_all == r->n_prompt && !r->want_prompt_logprobs &&
+            r->priv.n_computed < r->n_prompt && is_sibling(r, q))
+            return 1;
+        if (end + 1 > q->priv.n_all) continue; /* q could not reuse that block */
+        if (r->priv.n_computed >= end || r->priv.n_all < end) continue;
+        if (memcmp(r->priv.all, q->priv.all, (size_t)end * sizeof(int32_t)) == 0)
+            return 1;
+    }
+    return 0;
+}
+
+/* The next waiting sequence to admit, NULL when every one waits for a
+ * running sequence. Without the cache: the head (arrival order, preempted
+ * first). With it: preempted sequences first, then the longest cached prefix
+ * while fewer than SCHED_LPM_MAX_WAITING wait, else arrival order; a
+ * candidate that should wait_for_running is skipped for the rest of the round
+ * (admissions within a round only add running sequences to wait for).
+ * Matches are computed once per round (a heuristic for the order; admission
+ * looks up again). */
+static sched_seq *pick_waiting(scheduler *s, uint64_t round) {
+    if (!s->pc) return s->wait_head;
+    int lpm = atomic_load(&s->n_waiting) < SCHED_LPM_MAX_WAITING;
+    for (;;) {
+        sched_seq *best = NULL;
+        for (sched_seq *q = s->wait_head; q; q = q->priv.next) {
+            if (q->priv.pick_iter != round) {
+                uint32_t idle;
+                q->priv.pick_iter = round;
+                q->priv.lpm_blocks = cache_match(s, q, &idle);
+                q->priv.deferred = 0;
+            }
+            if (q->priv.deferred) continue;
+            if (q->priv.preempted || !lpm) {
+                best = q;
+                break;
+            }
+            if (!best || q->priv.lpm_blocks > best->priv.lpm_blocks) best = q;
+        }
+        if (!best || !wait_for_running(s, best, best->priv.lpm_blocks)) return best;
+        best->priv.deferred = 1;
+    }
+}
+
+/* Statistics and cached_tokens of an admission that starts from `tokens`
+ * positions already computed (cached blocks, or a sibling's prompt). */
+static void note_reuse(scheduler *s, sched_seq *q, uint64_t tokens) {
+    if (!s->pc) return;
+    int m = tokens > 0;
+    if (m) {
+        atomic_fetch_add(&s->st_hits, 1);
+        atomic_fetch_add(&s->st_hit_tokens, tokens);
+        metrics_counter_add(s->m_pc_hits, 1);
+        metrics_counter_add(s->m_pc_hit_tokens, (double)tokens);
+    } else {
+        atomic_fetch_add(&s->st_misses, 1);
+        metrics_counter_add(s->m_pc_misses, 1);
+    }
+    if (!q->priv.preempted) {
+        pthread_mutex_lock(q->lock);
+        q->cached_tokens = tokens < q->n_prompt ? (uint32_t)tokens : q->n_prompt;
+        pthread_mutex_unlock(q->lock);
+    }
+}
+
+/* Index q's newly completed full blocks (after a forward); a block whose
+ * content is cached already (computed twice) is replaced by the cached one. */
+static void cache_blocks(scheduler *s, sched_seq *q) {
+    uint32_t bs = s->cfg.block_size;
+    uint32_t full = q->priv.n_computed / bs;
+    block_table *t = &q->priv.blocks;
+    while (q->priv.n_hashed < full && q->priv.n_hashed < t->n) {
+        uint32_t j = q->priv.n_hashed;
+        int32_t parent = j ? t->ids[j - 1] : -1;
+        int32_t got = prefix_cache_insert(s->pc, 0, parent, q->priv.all + (size_t)j * bs,
+                                          t->ids[j]);
+        if (got < 0) break;
+        if (got != t->ids[j] && prefix_cache_adopt(s->pc, t, j, got) != 0) break;
+        q->priv.n_hashed++;
+    }
+}
+
+/* The block for q's next decode position: reserved, and private (a block
+ * shared with a sibling is copied first: the pair is queued for run_batch).
+ * -1 when no block is available. */
+static int decode_blocks(scheduler *s, sched_seq *q) {
+    if (block_table_reserve(s->bm, &q->priv.blocks, q->priv.n_computed + 1) != 0)
+        return -1;
+    uint32_t j = q->priv.n_computed / s->cfg.block_size;
+    int32_t src, dst;
+    int r = block_table_prepare_write(s->bm, &q->priv.blocks, j, &src, &dst);
+    if (r < 0) return -1;
+    if (r == 1) {
+        s->copy_src[s->n_copies] = src;
+        s->copy_dst[s->n_copies++] = dst;
+    }
+    return 0;
+}
+
 static int build_batch(scheduler *s, plan *p) {
     memset(p, 0, sizeof *p);
+    s->n_copies = 0;
     uint32_t budget = s->cfg.max_batch_tokens;
     uint32_t plp_left = SCHED_PROMPT_LOGPROB_ROWS;
 
@@ -636,7 +824,7 @@ static int build_batch(scheduler *s, plan *p) {
         sched_seq *q = s->running[i];
         if (q->priv.state != ST_RUNNING) continue;
         if (q->priv.n_all - q->priv.n_computed != 1) continue;
-        while (block_table_reserve(s->bm, &q->priv.blocks, q->priv.n_computed + 1) != 0) {
+        while (decode_blocks(s, q) != 0) {
             sched_seq *victim = NULL;
             for (uint32_t j = s->n_running; j-- > i;)
                 if (s->running[j]->priv.state == ST_RUNNING) {
@@ -665,19 +853,35 @@ static int build_batch(scheduler *s, plan *p) {
         budget -= chunk;
     }
 
-    /* 3. admit waiting sequences in arrival order while blocks allow */
+    /* 3. admit waiting sequences while blocks allow (pick_waiting's order) */
     uint32_t total = block_manager_total(s->bm);
     uint32_t watermark = total / 100 > 0 ? total / 100 : 1;
+    uint64_t round = ++s->n_picks;
     while (s->wait_head && budget > 0 && s->n_running < s->cfg.max_seqs &&
            !preempted_any) {
-        sched_seq *q = s->wait_head;
-        uint32_t need = block_table_missing(s->bm, &q->priv.blocks, q->priv.n_all);
+        sched_seq *q = pick_waiting(s, round);
+        if (!q) break;
+        uint32_t idle;
+        uint32_t m = cache_match(s, q, &idle);
+        uint32_t need = block_manager_blocks_for(s->bm, q->priv.n_all) - m;
         uint32_t spare = s->n_running > 0 ? watermark : 0;
-        if (block_manager_free_count(s->bm) < need + spare) break;
+        uint32_t avail = block_manager_available(s->bm);
+        if (avail < idle || avail - idle < need + spare) break;
+        q->priv.n_computed = m * s->cfg.block_size;
         uint32_t mode;
         uint32_t chunk = prefill_chunk(q, budget, &plp_left, &mode);
-        if (chunk == 0) break;
-        if (block_table_reserve(s->bm, &q->priv.blocks, q->priv.n_all) != 0) break;
+        if (chunk == 0 ||
+            (m && prefix_cache_acquire(s->pc, &q->priv.blocks, s->match, m) != 0)) {
+            q->priv.n_computed = 0;
+            break;
+        }
+        if (block_table_reserve(s->bm, &q->priv.blocks, q->priv.n_all) != 0) {
+            release_blocks(s, q);
+            q->priv.n_computed = 0;
+            break;
+        }
+        q->priv.n_hashed = m;
+        note_reuse(s, q, (uint64_t)m * s->cfg.block_size);
         wait_remove(s, q);
         atomic_fetch_sub(&s->n_waiting, 1);
         q->priv.state = ST_RUNNING;
@@ -711,6 +915,74 @@ static void fail_batch(scheduler *s, const plan *p, const char *msg) {
     compact_running(s);
 }
 
+/* Sample q's next token from its logits row `last`, append it and check the
+ * stop conditions. Returns 1 when q finished (seq_finish: the caller must
+ * compact_running). *generated counts appended tokens. */
+static int next_token(scheduler *s, sched_seq *q, const float *last, double now,
+                      uint64_t *generated) {
+    uint32_t V = s->cfg.vocab_size;
+    if (q->n_out >= q->max_tokens) { /* max_tokens 0: prompt only */
+        q->priv.state = ST_DONE;
+        seq_finish(s, q, SCHED_FINISH_LENGTH, 200, NULL);
+        return 1;
+    }
+    const uint32_t *mask = q->token_mask ? q->token_mask(q) : NULL;
+    const float *logits = process_logits(s, q, last);
+    int32_t tok =
+        logits ? sampler_sample(&q->sampling, logits, V, mask, &q->rng, s->ws) : -1;
+    if (tok < 0) {
+        q->priv.state = ST_DONE;
+        seq_finish(s, q, SCHED_FINISH_ERROR, 500,
+                   !logits ? "sampling failed: no scratch space for logit processing"
+                   : mask  ? "sampling failed: the token mask allows no token"
+                           : "sampling failed: no finite logit");
+        return 1;
+    }
+    int reason = append_token(s, q, tok, last, now);
+    (*generated)++;
+    if (reason < 0) {
+        q->priv.state = ST_DONE;
+        seq_finish(s, q, SCHED_FINISH_ERROR, 500, "out of memory");
+        return 1;
+    }
+    if (reason != SCHED_FINISH_NONE) {
+        q->priv.state = ST_DONE;
+        seq_finish(s, q, reason, 200, NULL);
+        return 1;
+    }
+    if (q->stream) q->notify(q, 0);
+    return 0;
+}
+
+/* r has just computed its whole prompt (its first token is due): every
+ * waiting sibling (another choice of the same prompt, not started) shares
+ * r's blocks, partial last block included, and samples its own first token
+ * from the same logits; the shared partial block is copied on its first
+ * write (decode_blocks). Siblings that find no running slot stay waiting
+ * (they will reuse the cached full blocks). */
+static void fork_siblings(scheduler *s, sched_seq *r, const float *last, double now,
+                          uint64_t *generated, int *any_done) {
+    if (r->want_prompt_logprobs) return;
+    uint32_t nb = block_manager_blocks_for(s->bm, r->n_prompt);
+    if (nb > r->priv.blocks.n) return;
+    sched_seq *q = s->wait_head;
+    while (q && s->n_running < s->cfg.max_seqs) {
+        sched_seq *next = q->priv.next;
+        if (is_sibling(r, q)) {
+            if (block_table_fork(s->bm, &r->priv.blocks, nb, &q->priv.blocks) != 0) break;
+            wait_remove(s, q);
+            atomic_fetch_sub(&s->n_waiting, 1);
+            q->priv.state = ST_RUNNING;
+            s->running[s->n_running++] = q;
+            q->priv.n_computed = r->n_prompt;
+            q->priv.n_hashed = r->priv.n_hashed < nb ? r->priv.n_hashed : nb;
+            note_reuse(s, q, r->n_prompt);
+            if (next_token(s, q, last, now, generated)) *any_done = 1;
+        }
+        q = next;
+    }
+}
+
 static void run_batch(scheduler *s, const plan *p) {
     const orch_engine_api *api = s->cfg.engine->api;
     orch_infer_batch b;
@@ -720,7 +992,11 @@ static void run_batch(scheduler *s, const plan *p) {
     b.seq_stride = sizeof(orch_seq_input);
     b.seqs = s->inputs;
     double t0 = util_now();
-    int32_t st = api->infer_forward(s->cfg.ctx, &b, s->logits, s->logits_cap);
+    int32_t st = ORCH_OK;
+    if (s->n_copies) /* copy-on-write of shared blocks written in this batch */
+        st = api->kv_copy_blocks(s->cfg.ctx, s->copy_src, s->copy_dst, s->n_copies);
+    s->n_copies = 0;
+    if (st == ORCH_OK) st = api->infer_forward(s->cfg.ctx, &b, s->logits, s->logits_cap);
     double now = util_now();
     metrics_histogram_observe(s->m_iter_seconds, now - t0);
     metrics_histogram_observe(s->m_batch_seqs, p->n);
@@ -755,49 +1031,31 @@ static void run_batch(scheduler *s, const plan *p) {
         }
         row += (size_t)rows * V;
         q->priv.n_computed += in->n_tokens;
+        if (s->pc) cache_blocks(s, q);
         if (q->priv.n_computed != q->priv.n_all || !last) continue;
         /* the next token is due */
-        if (q->n_out >= q->max_tokens) { /* max_tokens 0: prompt only */
-            q->priv.state = ST_DONE;
-            seq_finish(s, q, SCHED_FINISH_LENGTH, 200, NULL);
-            any_done = 1;
-            continue;
-        }
-        const uint32_t *mask = q->token_mask ? q->token_mask(q) : NULL;
-        const float *logits = process_logits(s, q, last);
-        int32_t tok =
-            logits ? sampler_sample(&q->sampling, logits, V, mask, &q->rng, s->ws) : -1;
-        if (tok < 0) {
-            q->priv.state = ST_DONE;
-            seq_finish(s, q, SCHED_FINISH_ERROR, 500,
-                       !logits ? "sampling failed: no scratch space for logit processing"
-                       : mask  ? "sampling failed: the token mask allows no token"
-                               : "sampling failed: no finite logit");
-            any_done = 1;
-            continue;
-        }
-        int reason = append_token(s, q, tok, last, now);
-        generated++;
-        if (reason < 0) {
-            q->priv.state = ST_DONE;
-            seq_finish(s, q, SCHED_FINISH_ERROR, 500, "out of memory");
-            any_done = 1;
-        } else if (reason != SCHED_FINISH_NONE) {
-            q->priv.state = ST_DONE;
-            seq_finish(s, q, reason, 200, NULL);
-            any_done = 1;
-        } else if (q->stream) {
-            q->notify(q, 0);
-        }
+        if (s->can_fork && q->priv.n_all == q->n_prompt)
+            fork_siblings(s, q, last, now, &generated, &any_done);
+        if (next_token(s, q, last, now, &generated)) any_done = 1;
     }
     if (generated) metrics_counter_add(s->m_gen_tokens, (double)generated);
     if (any_done) compact_running(s);
 }
 
 static void update_gauges(scheduler *s) {
-    uint32_t used = block_manager_used(s->bm);
+    uint32_t cached = prefix_cache_blocks(s->pc), idle = prefix_cache_evictable(s->pc);
+    uint32_t used = block_manager_used(s->bm) - idle; /* held by sequences */
     atomic_store(&s->st_running, s->n_running);
     atomic_store(&s->st_kv_used, used);
+    atomic_store(&s->st_cached, cached);
+    atomic_store(&s->st_evictable, idle);
+    if (s->pc) {
+        uint64_t ev = prefix_cache_evictions(s->pc);
+        metrics_counter_add(s->m_pc_evictions, (double)(ev - s->evictions_reported));
+        s->evictions_reported = ev;
+        metrics_gauge_set(s->m_pc_blocks, cached);
+        metrics_gauge_set(s->m_pc_evictable, idle);
+    }
     metrics_gauge_set(s->m_running, s->n_running);
     metrics_gauge_set(s->m_waiting, atomic_load(&s->n_waiting));
     metrics_gauge_set(s->m_kv_used, used);

@@ -19,10 +19,25 @@
  *      recomputed later; its sampler state is kept, so its output does not
  *      change);
  *   3. the remaining token budget (max_batch_tokens) goes to prefill chunks:
- *      first partially prefilled running sequences, then waiting sequences in
- *      arrival order while fewer than max_seqs run, each admitted only when
- *      the blocks for its whole prompt (prompt + generated tokens after a
- *      preemption) are free (keeping ~1% of the pool spare while others run);
+ *      first partially prefilled running sequences, then waiting sequences
+ *      while fewer than max_seqs run, each admitted only when the blocks for
+ *      its whole prompt (prompt + generated tokens after a preemption) are
+ *      available (keeping ~1% of the pool spare while others run). With the
+ *      prefix cache (prefix_cache.h, on unless cfg.no_prefix_cache) a sequence
+ *      starts with the longest run of cached full blocks of its tokens (at
+ *      most all but its last token, which is always computed for its logits;
+ *      none when it wants prompt log-probabilities) and computes only the
+ *      rest; every full block computed is indexed after the forward. Order:
+ *      preempted sequences first, then, while fewer than
+ *      SCHED_LPM_MAX_WAITING wait, the longest cached prefix first (SGLang's
+ *      LPM; ties in arrival order), otherwise arrival order. A sequence whose
+ *      next uncached block a running sequence is about to compute (same
+ *      tokens so far: n > 1 choices, a shared system prompt) waits for it
+ *      instead of computing it twice; n > 1 choices of one prompt wait for the
+ *      first, then share all its prompt blocks (the partial last one too)
+ *      and sample their first tokens from its logits (fork_siblings; needs
+ *      the engine's kv_copy_blocks). A shared block is copied (kv_copy_blocks,
+ *      before the forward) when a sequence first writes into it;
  *   4. one engine infer_forward over the batch; logits of sequences whose
  *      prefill completed or that decoded are sampled (sampler.h, per-sequence
  *      RNG), log-probabilities recorded on request, text appended, stop
@@ -67,6 +82,8 @@
 /* Prompt positions per iteration for which all logits are computed (only
  * sequences that asked for prompt log-probabilities). */
 #define SCHED_PROMPT_LOGPROB_ROWS 64u
+/* Longest-cached-prefix-first admission while fewer sequences wait. */
+#define SCHED_LPM_MAX_WAITING 128u
 
 typedef enum sched_finish {
     SCHED_FINISH_NONE = 0,      /* still running */
@@ -91,6 +108,10 @@ typedef struct sched_priv {
     block_table blocks;
     int prompt_lp_done; /* prompt log-probabilities computed */
     int preempted;
+    uint32_t n_hashed;      /* leading blocks registered in the prefix cache */
+    uint64_t pick_iter;     /* iteration of lpm_blocks / deferral */
+    uint32_t lpm_blocks;    /* cached blocks found at pick_iter */
+    int deferred;           /* at pick_iter: waits for a running sequence */
     sched_seq *prev, *next; /* waiting list / inbox links */
 } sched_priv;
 
@@ -148,6 +169,8 @@ struct sched_seq {
     char error[256];
     double t_submit, t_first_token, t_done; /* util_now() seconds */
     uint32_t preemptions;
+    uint32_t cached_tokens; /* prompt tokens whose KV came from the prefix
+                               cache when first admitted */
 
     /* ---- any thread ---- */
     atomic_int cancel; /* set to 1 (then scheduler_wake) to cancel */
@@ -168,6 +191,7 @@ typedef struct scheduler_config {
     uint32_t max_seqs;         /* running sequences */
     uint32_t max_batch_tokens; /* tokens per iteration (>= max_seqs) */
     uint32_t max_waiting;      /* waiting sequences (not requests) before QUEUE_FULL */
+    int no_prefix_cache;       /* 1: no prefix caching (every prompt computed) */
     metrics_registry *metrics; /* may be NULL */
     void (*poll)(void *arg);   /* called once per busy iteration; may be NULL */
     void *poll_arg;
@@ -205,8 +229,12 @@ uint32_t scheduler_active(const scheduler *s);
 
 typedef struct scheduler_stats {
     uint32_t running, waiting;
-    uint32_t kv_blocks_used, kv_blocks_total;
+    uint32_t kv_blocks_used, kv_blocks_total; /* used: held by sequences */
+    uint32_t kv_blocks_cached;                /* indexed by the prefix cache */
+    uint32_t kv_blocks_evictable;             /* of those, held by no sequence */
     uint64_t preemptions, iterations, engine_errors;
+    uint64_t prefix_hit_tokens;          /* tokens admitted from cached blocks */
+    uint64_t prefix_hits, prefix_misses; /* admissions with / without */
 } scheduler_stats;
 void scheduler_get_stats(const scheduler *s, scheduler_stats *st);
 

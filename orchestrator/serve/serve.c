@@ -227,6 +227,7 @@ static int serve_start(const serve_options *o, const serve_hooks *h, const char 
         .max_seqs = (uint32_t)o->max_seqs,
         .max_batch_tokens = (uint32_t)o->max_batch_tokens,
         .max_waiting = (uint32_t)o->max_waiting,
+        .no_prefix_cache = o->no_prefix_cache,
         .metrics = st->reg,
         .poll = http_server_poll_disconnects,
         .poll_arg = st->srv,
@@ -236,10 +237,10 @@ static int serve_start(const serve_options *o, const serve_hooks *h, const char 
                           m->desc.context);
     say(h, 0,
         "ready: model %s (engine %s, vocab %u, context %u), %llu KV blocks of %u tokens, "
-        "max %llu sequences, %llu tokens per iteration",
+        "max %llu sequences, %llu tokens per iteration, prefix cache %s",
         name, m->eh->api->name, m->desc.vocab_size, m->desc.context,
         (unsigned long long)blocks, ORCH_KV_BLOCK_TOKENS, (unsigned long long)o->max_seqs,
-        (unsigned long long)o->max_batch_tokens);
+        (unsigned long long)o->max_batch_tokens, o->no_prefix_cache ? "off" : "on");
     return 0;
 }
 

@@ -56,6 +56,7 @@ typedef struct serve_options {
     uint64_t max_seqs;          /* running sequences */
     uint64_t max_batch_tokens;  /* tokens per scheduler iteration */
     uint64_t max_waiting;       /* waiting sequences before 429 */
+    int no_prefix_cache;        /* 1: no prefix caching (scheduler.h) */
     uint64_t kv_blocks;         /* KV pool blocks; 0 = from kv_memory_mib */
     uint64_t kv_memory_mib;     /* KV pool budget when kv_blocks is 0 */
     uint64_t max_body;          /* request body limit, bytes */

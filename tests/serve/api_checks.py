@@ -1,7 +1,8 @@
-"""api_checks.py PORT KEY_PORT SMALL_PORT - every endpoint and error case of
-orch serve on the mock engine, with outputs predicted exactly by client.greedy.
-PORT: a default server; KEY_PORT: one started with --api-key sekret;
-SMALL_PORT: one with --max-body 2048."""
+"""api_checks.py PORT KEY_PORT SMALL_PORT NOCACHE_PORT - every endpoint and
+error case of orch serve on the mock engine, with outputs predicted exactly by
+client.greedy. PORT: a default server; KEY_PORT: one started with --api-key
+sekret; SMALL_PORT: one with --max-body 2048; NOCACHE_PORT: one with
+--no-prefix-cache."""
 import json
 import socket
 import sys
@@ -10,7 +11,7 @@ import threading
 from client import (chat_prompt, check, greedy, metrics, post, request,
                     stream, wait_for)
 
-port, key_port, small_port = (int(a) for a in sys.argv[1:4])
+port, key_port, small_port, nocache_port = (int(a) for a in sys.argv[1:5])
 C = "/v1/completions"
 CH = "/v1/chat/completions"
 
@@ -51,7 +52,8 @@ check(isinstance(js["created"], int), "created")
 ch = js["choices"]
 check(len(ch) == 1 and ch[0]["index"] == 0 and ch[0]["text"] == greedy("Hello", 7), "text %s" % ch)
 check(ch[0]["finish_reason"] == "length" and ch[0]["logprobs"] is None, "finish/logprobs")
-check(js["usage"] == {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12}, "usage %s" % js["usage"])
+check(js["usage"] == {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12,
+                      "prompt_tokens_details": {"cached_tokens": 0}}, "usage %s" % js["usage"])
 # default max_tokens is 16; model may be omitted
 st, js, _ = post(port, C, {"prompt": "x", "temperature": 0})
 check(st == 200 and js["choices"][0]["text"] == greedy("x", 16), "default max_tokens")
@@ -127,7 +129,8 @@ st, _, ev = stream(port, C, {"prompt": "stream", "max_tokens": 3, "temperature":
                              "stream_options": {"include_usage": True}, "n": 2})
 check(ev[-1] == "[DONE]", "done")
 usage = ev[-2]
-check(usage["choices"] == [] and usage["usage"] == {"prompt_tokens": 6, "completion_tokens": 6, "total_tokens": 12},
+check(usage["choices"] == [] and usage["usage"] == {"prompt_tokens": 6, "completion_tokens": 6, "total_tokens": 12,
+                                                   "prompt_tokens_details": {"cached_tokens": 0}},
       "usage chunk %s" % usage)
 for k in range(2):
     t = "".join(e["choices"][0]["text"] for e in ev[:-2] if e["choices"][0]["index"] == k)
@@ -377,6 +380,55 @@ st, js, _ = post(key_port, "/tokenize", {"content": "a"})
 check(st == 401, "/tokenize needs the API key: %d" % st)
 st, js, _ = post(key_port, "/tokenize", {"content": "a"}, headers={"Authorization": "Bearer sekret"})
 check(st == 200 and js["tokens"] == [97], "/tokenize with the key %s" % js)
+# ---- prefix caching ----------------------------------------------------------------
+# A repeated prompt reuses its cached full 16-token blocks (all but the last
+# token, which is always computed); the outputs do not change.
+LONG = "In the beginning God created the heaven and the earth. " * 3  # 165 bytes
+
+
+def cached_of(js):
+    return js["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
+for p in (port, nocache_port):
+    outs = []
+    for k in range(2):
+        st, js, _ = post(p, C, {"prompt": LONG, "max_tokens": 5, "temperature": 0})
+        check(st == 200 and js["choices"][0]["text"] == greedy(LONG, 5), "cached prompt text %s" % js)
+        outs.append(cached_of(js))
+    want = [0, (len(LONG) - 1) // 16 * 16] if p == port else [0, 0]
+    check(outs == want, "cached_tokens %s, want %s (port %d)" % (outs, want, p))
+    st, _, ev = stream(p, C, {"prompt": LONG, "max_tokens": 3, "temperature": 0, "stream": True,
+                              "stream_options": {"include_usage": True}})
+    check(ev[-1] == "[DONE]" and cached_of(ev[-2]) == want[1], "streaming cached_tokens %s" % ev[-2])
+    check("".join(e["choices"][0]["text"] for e in ev[:-2]) == greedy(LONG, 3), "streamed text with cache")
+# n > 1: the choices share one computation of the prompt
+st, js, _ = post(port, C, {"prompt": LONG + "n", "max_tokens": 4, "temperature": 0, "n": 3})
+check(all(c["text"] == greedy(LONG + "n", 4) for c in js["choices"]), "n=3 texts with cache")
+# repeated chat turns reuse the conversation: turn 1 computed its prompt and
+# all but its last generated token
+msgs1 = [{"role": "system", "content": LONG}, {"role": "user", "content": "Who?"}]
+st, js, _ = post(port, CH, {"messages": msgs1, "max_tokens": 20, "temperature": 0})
+reply = js["choices"][0]["message"]["content"]
+check(reply == greedy(chat_prompt(msgs1), 20), "chat turn 1")
+msgs2 = msgs1 + [{"role": "assistant", "content": reply}, {"role": "user", "content": "And then?"}]
+st, js, _ = post(port, CH, {"messages": msgs2, "max_tokens": 4, "temperature": 0})
+check(js["choices"][0]["message"]["content"] == greedy(chat_prompt(msgs2), 4), "chat turn 2")
+t1, t2 = (chat_prompt(msgs1) + reply).encode(), chat_prompt(msgs2).encode()
+common = 0
+while common < min(len(t1), len(t2)) and t1[common] == t2[common]:
+    common += 1
+want = min(common, len(t2) - 1, len(t1) - 1) // 16 * 16
+check(cached_of(js) == want and want > len(LONG), "chat turn 2 cached_tokens %d, want %d" % (cached_of(js), want))
+st, js, _ = post(nocache_port, CH, {"messages": msgs2, "max_tokens": 4, "temperature": 0})
+check(cached_of(js) == 0 and js["choices"][0]["message"]["content"] == greedy(chat_prompt(msgs2), 4), "chat no cache")
+wait_for(lambda: metrics(port)["orch_kv_blocks_used"] == 0, 5, "the pool to drain")
+mv = metrics(port)
+check(mv["orch_prefix_cache_hits_total"] >= 4 and mv["orch_prefix_cache_hit_tokens_total"] >= 4 * 160, "hit counters")
+check(mv["orch_prefix_cache_misses_total"] >= 1, "miss counter")
+check(mv["orch_prefix_cache_blocks"] > 0 and mv["orch_prefix_cache_evictable_blocks"] == mv["orch_prefix_cache_blocks"],
+      "cached block gauges %s %s" % (mv["orch_prefix_cache_blocks"], mv["orch_prefix_cache_evictable_blocks"]))
+check("orch_prefix_cache_hits_total" not in metrics(nocache_port), "no prefix metrics with --no-prefix-cache")
 
 # ---- metrics ---------------------------------------------------------------------
 # (gauges are refreshed at the end of each scheduler iteration)
