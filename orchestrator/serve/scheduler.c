@@ -545,6 +545,29 @@ static int append_token(scheduler *s, sched_seq *q, int32_t tok, const float *ro
     return reason;
 }
 
+/* Jump-forward (sched_seq.forced_tokens): append the tokens the grammar
+ * forces after a sampled one; their KV is computed next iteration (the
+ * sequence then has more than one uncomputed position, like a prefill).
+ * Returns a sched_finish reason (NONE to continue), or -1 out of memory. */
+#define SCHED_MAX_FORCED 64u
+static int append_forced(scheduler *s, sched_seq *q, double now, uint64_t *generated) {
+    int32_t ids[SCHED_MAX_FORCED];
+    uint32_t cap = SCHED_MAX_FORCED, left = q->max_tokens - q->n_out;
+    uint32_t room = s->cfg.context - q->priv.n_all;
+    if (cap > left) cap = left;
+    if (cap > room) cap = room;
+    int complete = 0;
+    uint32_t k = q->forced_tokens(q, ids, cap, &complete);
+    if (k && block_table_reserve(s->bm, &q->priv.blocks, q->priv.n_all + k) != 0)
+        return SCHED_FINISH_NONE; /* no KV room now: sampled one by one */
+    for (uint32_t i = 0; i < k; i++) {
+        int reason = append_token(s, q, ids[i], NULL, now);
+        (*generated)++;
+        if (reason != SCHED_FINISH_NONE) return reason;
+    }
+    return complete ? SCHED_FINISH_STOP : SCHED_FINISH_NONE;
+}
+
 typedef struct plan {
     uint32_t n;    /* batch entries */
     uint32_t rows; /* logits rows */
@@ -737,6 +760,8 @@ static void run_batch(scheduler *s, const plan *p) {
         }
         int reason = append_token(s, q, tok, last, now);
         generated++;
+        if (reason == SCHED_FINISH_NONE && q->forced_tokens)
+            reason = append_forced(s, q, now, &generated);
         if (reason < 0) {
             q->priv.state = ST_DONE;
             seq_finish(s, q, SCHED_FINISH_ERROR, 500, "out of memory");
