@@ -610,7 +610,7 @@ static int gen(ctx *c, const cJSON *s, const char *path) {
         const cJSON *t = resolve_ref(c, ref->valuestring, p);
         if (!t) return -1;
         if (c->ref_depth >= JSON_SCHEMA_REF_DEPTH) {
-            strbuf_puts(c->out, "[]"); /* matches nothing: the depth bound */
+            strbuf_puts(c->out, "[^\\s\\S]"); /* matches nothing: the depth bound */
             return 0;
         }
         c->ref_depth++;

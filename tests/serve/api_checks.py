@@ -221,7 +221,7 @@ for body, param in [({"messages": []}, "messages"), ({"messages": "hi"}, "messag
                     ({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": -3},
                      "max_completion_tokens"),
                     ({"messages": [{"role": "user", "content": "x"}], "tools": [{}]}, "tools"),
-                    ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}},
+                    ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}},
                      "response_format")]:
     st, js, _ = post(port, CH, body)
     err_of(st, js, 400, param=param)
