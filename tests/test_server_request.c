@@ -296,7 +296,7 @@ static const bad_case BAD[] = {
       "messages[0] must be an object with a string 'role'" },
     { 1, "{\"messages\":[{\"role\":\"bot\",\"content\":\"x\"}]}", 400, "messages",
       "invalid_value",
-      "messages[0].role 'bot' is not one of system, developer, user, assistant" },
+      "messages[0].role 'bot' is not one of system, developer, user, assistant, tool" },
     { 1, "{\"messages\":[{\"role\":\"user\"}]}", 400, "messages",
       "missing_required_parameter", "messages[0].content is required" },
     { 1, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image\"}]}]}", 400,

@@ -503,16 +503,17 @@ static int schema_regex(const cJSON *schema, const char *param, const char *path
 }
 
 /* A list of strings -> an alternation of them. */
-static int choice_regex(const cJSON *c, const char *param, strbuf *re, api_error *e) {
+static int choice_regex(const cJSON *c, const char *top, const char *param, strbuf *re,
+                        api_error *e) {
     if (!cJSON_IsArray(c) || cJSON_GetArraySize(c) == 0)
-        return api_error_set(e, 400, param, "invalid_value",
+        return api_error_set(e, 400, top, "invalid_value",
                              "%s: must be a non-empty array of strings", param);
     int i = 0;
     const cJSON *it;
     strbuf_puts(re, "(?:");
     cJSON_ArrayForEach(it, c) {
         if (!cJSON_IsString(it))
-            return api_error_set(e, 400, param, "invalid_value",
+            return api_error_set(e, 400, top, "invalid_value",
                                  "%s[%d]: must be a string", param, i);
         if (i++) strbuf_puts(re, "|");
         json_schema_regex_literal(re, it->valuestring, strlen(it->valuestring));
@@ -521,13 +522,14 @@ static int choice_regex(const cJSON *c, const char *param, strbuf *re, api_error
     return 0;
 }
 
-static int regex_field(const cJSON *x, const char *param, strbuf *re, api_error *e) {
+static int regex_field(const cJSON *x, const char *top, const char *param, strbuf *re,
+                       api_error *e) {
     if (!cJSON_IsString(x))
-        return api_error_set(e, 400, param, "invalid_value", "%s: must be a string",
+        return api_error_set(e, 400, top, "invalid_value", "%s: must be a string",
                              param);
     char err[256];
     if (regex_syntax_check(x->valuestring, strlen(x->valuestring), err, sizeof err) != 0)
-        return api_error_set(e, 400, param, "invalid_value", "%s: %s", param, err);
+        return api_error_set(e, 400, top, "invalid_value", "%s: %s", param, err);
     strbuf_puts(re, x->valuestring);
     return 0;
 }
@@ -616,9 +618,9 @@ static int structured_outputs_regex(const cJSON *so, strbuf *re, api_error *e) {
     if ((x = field(so, "json")))
         return schema_regex(x, P, "structured_outputs.json", re, e);
     if ((x = field(so, "regex")))
-        return regex_field(x, "structured_outputs.regex", re, e);
+        return regex_field(x, P, "structured_outputs.regex", re, e);
     if ((x = field(so, "choice")))
-        return choice_regex(x, "structured_outputs.choice", re, e);
+        return choice_regex(x, P, "structured_outputs.choice", re, e);
     json_schema_any_object(re);
     return 0;
 }
@@ -651,12 +653,12 @@ static int parse_structured(const request_limits *lim, gen_request *r, const cJS
     if (!rc && (x = field(root, "guided_regex"))) {
         sources++;
         param = "guided_regex";
-        rc = regex_field(x, "guided_regex", &re, e);
+        rc = regex_field(x, "guided_regex", "guided_regex", &re, e);
     }
     if (!rc && (x = field(root, "guided_choice"))) {
         sources++;
         param = "guided_choice";
-        rc = choice_regex(x, "guided_choice", &re, e);
+        rc = choice_regex(x, "guided_choice", "guided_choice", &re, e);
     }
     if (!rc && r->chat) {
         size_t before = re.len;
