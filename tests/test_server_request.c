@@ -312,9 +312,8 @@ static const bad_case BAD[] = {
       "\"type\":\"json\"}}",
       400, "response_format", "invalid_value",
       "response_format.type must be text, json_object or json_schema, got 'json'" },
-    { 1,
-      "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"functions\":[{}]}",
-      400, "functions", "unsupported_parameter",
+    { 1, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"functions\":[{}]}", 400,
+      "functions", "unsupported_parameter",
       "'functions' / 'function_call' are not supported; use 'tools' / 'tool_choice'" },
     { 1,
       "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_completion_tokens\":"

@@ -27,8 +27,8 @@
 static regex_dfa *compile_ok(const char *re) {
     regex_dfa *d = NULL;
     char err[256];
-    ck_assert_msg(regex_dfa_compile(re, strlen(re), &d, err, sizeof err) == 0, "%s: %s", re,
-                  err);
+    ck_assert_msg(regex_dfa_compile(re, strlen(re), &d, err, sizeof err) == 0, "%s: %s",
+                  re, err);
     return d;
 }
 
@@ -37,27 +37,45 @@ START_TEST(regex_matches) {
         const char *re, *s;
         int match;
     } cases[] = {
-        { "abc", "abc", 1 },          { "abc", "abcd", 0 },
-        { "a|bc", "bc", 1 },          { "a*", "", 1 },
-        { "a+", "", 0 },              { "(ab)+", "ababab", 1 },
-        { "(ab)+", "aba", 0 },        { "a{2,3}", "aa", 1 },
-        { "a{2,3}", "aaaa", 0 },      { "a{2,}", "aaaaa", 1 },
-        { "[a-c]x", "bx", 1 },        { "[^a-c]x", "bx", 0 },
-        { "[^a-c]x", "\xc3\xa9x", 1 }, { ".", "\n", 0 },
-        { ".", "\xe2\x82\xac", 1 },   { ".", "\xe2\x82", 0 },
-        { "\\d{3}-\\w+", "123-a_b", 1 }, { "\\d", "x", 0 },
-        { "\\s\\S", " x", 1 },        { "^ab$", "ab", 1 },
-        { "\\u00e9", "\xc3\xa9", 1 }, { "[\\u4e00-\\u9fff]+", "\xe4\xb8\xad\xe6\x96\x87", 1 },
-        { "\\.\\*", ".*", 1 },        { "(?:x|y)?z", "z", 1 },
-        { "(?<n>a)b", "ab", 1 },      { "a+?b", "aab", 1 },
-        { "[]]", "]", 1 },            { "[a-]", "-", 1 },
-        { "(?J:a\"b)", "a\\\"b", 1 }, { "(?J:a\"b)", "a\"b", 0 },
-        { "(?J:[\\s\\S])", "\\n", 1 }, { "(?J:[\\s\\S])", "\\u0001", 1 },
-        { "(?J:.)", "\n", 0 },        { "[\\s\\S]{0,2}", "\xf0\x9f\x98\x80\xf0\x9f\x98\x80", 1 },
+        { "abc", "abc", 1 },
+        { "abc", "abcd", 0 },
+        { "a|bc", "bc", 1 },
+        { "a*", "", 1 },
+        { "a+", "", 0 },
+        { "(ab)+", "ababab", 1 },
+        { "(ab)+", "aba", 0 },
+        { "a{2,3}", "aa", 1 },
+        { "a{2,3}", "aaaa", 0 },
+        { "a{2,}", "aaaaa", 1 },
+        { "[a-c]x", "bx", 1 },
+        { "[^a-c]x", "bx", 0 },
+        { "[^a-c]x", "\xc3\xa9x", 1 },
+        { ".", "\n", 0 },
+        { ".", "\xe2\x82\xac", 1 },
+        { ".", "\xe2\x82", 0 },
+        { "\\d{3}-\\w+", "123-a_b", 1 },
+        { "\\d", "x", 0 },
+        { "\\s\\S", " x", 1 },
+        { "^ab$", "ab", 1 },
+        { "\\u00e9", "\xc3\xa9", 1 },
+        { "[\\u4e00-\\u9fff]+", "\xe4\xb8\xad\xe6\x96\x87", 1 },
+        { "\\.\\*", ".*", 1 },
+        { "(?:x|y)?z", "z", 1 },
+        { "(?<n>a)b", "ab", 1 },
+        { "a+?b", "aab", 1 },
+        { "[]]", "]", 1 },
+        { "[a-]", "-", 1 },
+        { "(?J:a\"b)", "a\\\"b", 1 },
+        { "(?J:a\"b)", "a\"b", 0 },
+        { "(?J:[\\s\\S])", "\\n", 1 },
+        { "(?J:[\\s\\S])", "\\u0001", 1 },
+        { "(?J:.)", "\n", 0 },
+        { "[\\s\\S]{0,2}", "\xf0\x9f\x98\x80\xf0\x9f\x98\x80", 1 },
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         regex_dfa *d = compile_ok(cases[i].re);
-        ck_assert_msg(regex_dfa_match(d, cases[i].s, strlen(cases[i].s)) == cases[i].match,
+        ck_assert_msg(regex_dfa_match(d, cases[i].s, strlen(cases[i].s)) ==
+                          cases[i].match,
                       "/%s/ on '%s'", cases[i].re, cases[i].s);
         regex_dfa_free(d);
     }
@@ -97,11 +115,11 @@ START_TEST(regex_refusals) {
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         regex_dfa *d = NULL;
         char err[256] = "";
-        ck_assert_msg(regex_dfa_compile(cases[i].re, strlen(cases[i].re), &d, err,
-                                        sizeof err) != 0,
-                      "/%s/ compiled", cases[i].re);
-        ck_assert_msg(strstr(err, cases[i].msg), "/%s/: '%s' lacks '%s'", cases[i].re, err,
-                      cases[i].msg);
+        ck_assert_msg(
+            regex_dfa_compile(cases[i].re, strlen(cases[i].re), &d, err, sizeof err) != 0,
+            "/%s/ compiled", cases[i].re);
+        ck_assert_msg(strstr(err, cases[i].msg), "/%s/: '%s' lacks '%s'", cases[i].re,
+                      err, cases[i].msg);
     }
 }
 END_TEST
@@ -121,13 +139,14 @@ static regex_dfa *schema_dfa(const char *schema_json) {
 }
 
 START_TEST(integer_ranges) {
-    static const long long ranges[][2] = { { 0, 120 },  { -5, 5 },    { 7, 7 },
+    static const long long ranges[][2] = { { 0, 120 },   { -5, 5 },    { 7, 7 },
                                            { -130, -9 }, { 95, 1004 }, { -1, 0 },
                                            { 0, 0 },     { 19, 20 } };
     for (size_t i = 0; i < sizeof ranges / sizeof *ranges; i++) {
         char js[128];
-        snprintf(js, sizeof js, "{\"type\":\"integer\",\"minimum\":%lld,\"maximum\":%lld}",
-                 ranges[i][0], ranges[i][1]);
+        snprintf(js, sizeof js,
+                 "{\"type\":\"integer\",\"minimum\":%lld,\"maximum\":%lld}", ranges[i][0],
+                 ranges[i][1]);
         regex_dfa *d = schema_dfa(js);
         for (long long v = ranges[i][0] - 150; v <= ranges[i][1] + 150; v++) {
             char t[32];
@@ -159,9 +178,11 @@ START_TEST(schema_refusals) {
     static const struct {
         const char *schema, *msg;
     } cases[] = {
-        { "{\"type\":\"object\",\"properties\":{\"d\":{\"type\":\"string\",\"format\":\"date\"}}}",
+        { "{\"type\":\"object\",\"properties\":{\"d\":{\"type\":\"string\",\"format\":"
+          "\"date\"}}}",
           "S.properties.d: the keyword 'format' is not supported" },
-        { "{\"oneOf\":[{\"type\":\"string\"}]}", "S: the keyword 'oneOf' is not supported" },
+        { "{\"oneOf\":[{\"type\":\"string\"}]}",
+          "S: the keyword 'oneOf' is not supported" },
         { "{\"type\":\"array\",\"items\":{\"type\":\"number\",\"minimum\":1}}",
           "S.items: minimum/maximum are only supported on type integer" },
         { "{\"type\":\"strin\"}", "S.type: unknown type 'strin'" },
@@ -171,13 +192,16 @@ START_TEST(schema_refusals) {
         { "{\"type\":\"string\",\"pattern\":\"(a\"}", "S.pattern: at byte 2: missing )" },
         { "{\"type\":\"string\",\"pattern\":\"a\",\"maxLength\":3}",
           "S.pattern: 'pattern' together with minLength/maxLength is not supported" },
-        { "{\"type\":\"array\",\"minItems\":3,\"maxItems\":2}", "S: minItems is over maxItems" },
-        { "{\"type\":\"array\",\"uniqueItems\":true}", "the keyword 'uniqueItems' is only" },
+        { "{\"type\":\"array\",\"minItems\":3,\"maxItems\":2}",
+          "S: minItems is over maxItems" },
+        { "{\"type\":\"array\",\"uniqueItems\":true}",
+          "the keyword 'uniqueItems' is only" },
         { "{\"type\":\"object\",\"required\":[\"x\"]}",
           "S.required[0]: required property 'x' without a 'properties' entry" },
         { "{\"minLength\":2}", "S: 'minLength' needs a 'type'" },
         { "{\"type\":\"integer\",\"minimum\":5,\"maximum\":4}", "no integer is within" },
-        { "{\"type\":\"object\",\"properties\":{\"a\":{\"anyOf\":[{\"type\":\"null\"},{\"not\":{}}]}}}",
+        { "{\"type\":\"object\",\"properties\":{\"a\":{\"anyOf\":[{\"type\":\"null\"},{"
+          "\"not\":{}}]}}}",
           "S.properties.a.anyOf[1]: the keyword 'not' is not supported" },
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
@@ -185,10 +209,10 @@ START_TEST(schema_refusals) {
         ck_assert_ptr_nonnull(s);
         strbuf re = { 0 };
         char err[512] = "";
-        ck_assert_msg(json_schema_to_regex(s, "S", &re, err, sizeof err) != 0, "%s accepted",
-                      cases[i].schema);
-        ck_assert_msg(strstr(err, cases[i].msg), "%s: '%s' lacks '%s'", cases[i].schema, err,
-                      cases[i].msg);
+        ck_assert_msg(json_schema_to_regex(s, "S", &re, err, sizeof err) != 0,
+                      "%s accepted", cases[i].schema);
+        ck_assert_msg(strstr(err, cases[i].msg), "%s: '%s' lacks '%s'", cases[i].schema,
+                      err, cases[i].msg);
         strbuf_free(&re);
         cJSON_Delete(s);
     }
@@ -199,21 +223,26 @@ START_TEST(tool_refusals) {
     static const struct {
         const char *body, *msg;
     } cases[] = {
-        { "{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":"
+        { "{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\","
+          "\"parameters\":"
           "{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"string\",\"format\":"
           "\"uri\"}}}}}]}",
-          "tools[0].function.parameters.properties.x: the keyword 'format' is not supported" },
+          "tools[0].function.parameters.properties.x: the keyword 'format' is not "
+          "supported" },
         { "{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}},{\"type\":"
           "\"function\",\"function\":{\"name\":\"bad name\"}}]}",
           "tools[1].function.name: must be 1 to 64" },
         { "{\"tools\":[{\"type\":\"retrieval\"}]}", "tools[0].type: only \"function\"" },
-        { "{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],\"tool_choice\":"
+        { "{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],\"tool_"
+          "choice\":"
           "{\"type\":\"function\",\"function\":{\"name\":\"g\"}}}",
           "names the function 'g', which is not in 'tools'" },
-        { "{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],\"tool_choice\":"
+        { "{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],\"tool_"
+          "choice\":"
           "\"sometimes\"}",
           "'tool_choice' must be none, auto, required" },
-        { "{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":"
+        { "{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\","
+          "\"parameters\":"
           "[]}}]}",
           "tools[0].function.parameters: must be a JSON Schema object" },
     };
@@ -246,8 +275,8 @@ static size_t utf8_chars(const char *s) {
 static int pattern_search(const char *pat, const char *s) {
     int ec;
     PCRE2_SIZE eo;
-    pcre2_code *re = pcre2_compile((PCRE2_SPTR)pat, PCRE2_ZERO_TERMINATED, PCRE2_UTF, &ec,
-                                   &eo, NULL);
+    pcre2_code *re =
+        pcre2_compile((PCRE2_SPTR)pat, PCRE2_ZERO_TERMINATED, PCRE2_UTF, &ec, &eo, NULL);
     ck_assert_ptr_nonnull(re);
     pcre2_match_data *md = pcre2_match_data_create_from_pattern(re, NULL);
     int rc = pcre2_match(re, (PCRE2_SPTR)s, strlen(s), 0, 0, md, NULL);
@@ -317,8 +346,10 @@ static int validate(const cJSON *sc, const cJSON *v, const cJSON *root) {
     }
     if (cJSON_IsString(v)) {
         size_t n = utf8_chars(v->valuestring);
-        if ((x = cJSON_GetObjectItem(sc, "minLength")) && n < (size_t)x->valueint) return 0;
-        if ((x = cJSON_GetObjectItem(sc, "maxLength")) && n > (size_t)x->valueint) return 0;
+        if ((x = cJSON_GetObjectItem(sc, "minLength")) && n < (size_t)x->valueint)
+            return 0;
+        if ((x = cJSON_GetObjectItem(sc, "maxLength")) && n > (size_t)x->valueint)
+            return 0;
         if ((x = cJSON_GetObjectItem(sc, "pattern")) &&
             !pattern_search(x->valuestring, v->valuestring))
             return 0;
@@ -353,7 +384,8 @@ static void teardown(void) {
 static grammar *grammar_of(const char *re) {
     grammar *g = NULL;
     char err[256];
-    ck_assert_msg(grammar_cache_get(gc, re, strlen(re), &g, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(grammar_cache_get(gc, re, strlen(re), &g, err, sizeof err) == 0, "%s",
+                  err);
     return g;
 }
 
@@ -369,7 +401,8 @@ static char *generate(grammar *g, orch_rng *rng, uint32_t patience, uint64_t *fo
     for (uint32_t step = 0; step < 6000 && !grammar_matcher_complete(&m); step++) {
         int complete = 0;
         int32_t ids[64];
-        uint32_t k = (rng_next(rng) & 1) ? grammar_matcher_forced(&m, ids, 64, &complete) : 0;
+        uint32_t k =
+            (rng_next(rng) & 1) ? grammar_matcher_forced(&m, ids, 64, &complete) : 0;
         if (k) {
             for (uint32_t i = 0; i < k; i++) out[n++] = (char)ids[i];
             ck_assert_int_eq(grammar_matcher_feed(&m, ids, k), 0);
@@ -408,9 +441,11 @@ static const char *const SCHEMAS[] = {
     "\"tags\":{\"type\":\"array\",\"items\":{\"enum\":[\"red\",\"green\",\"blue\"]},"
     "\"minItems\":1,\"maxItems\":4},\"ok\":{\"type\":\"boolean\"},\"none\":{\"type\":"
     "\"null\"}},\"required\":[\"name\",\"age\"],\"additionalProperties\":false}",
-    "{\"type\":\"array\",\"items\":{\"anyOf\":[{\"type\":\"number\"},{\"type\":\"string\","
+    "{\"type\":\"array\",\"items\":{\"anyOf\":[{\"type\":\"number\"},{\"type\":"
+    "\"string\","
     "\"maxLength\":3},{\"const\":{\"k\":[1,2]}}]},\"maxItems\":5}",
-    "{\"$defs\":{\"node\":{\"type\":\"object\",\"properties\":{\"v\":{\"type\":\"integer\"},"
+    "{\"$defs\":{\"node\":{\"type\":\"object\",\"properties\":{\"v\":{\"type\":"
+    "\"integer\"},"
     "\"kids\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/node\"},\"maxItems\":2}},"
     "\"required\":[\"v\"]}},\"$ref\":\"#/$defs/node\"}",
     "{\"type\":[\"string\",\"null\",\"integer\"],\"maxLength\":4,\"minimum\":-3,"
@@ -430,7 +465,8 @@ START_TEST(random_generations_validate) {
         ck_assert_ptr_nonnull(sc);
         strbuf re = { 0 };
         char err[512];
-        ck_assert_msg(json_schema_to_regex(sc, "s", &re, err, sizeof err) == 0, "%s", err);
+        ck_assert_msg(json_schema_to_regex(sc, "s", &re, err, sizeof err) == 0, "%s",
+                      err);
         grammar *g = NULL;
         ck_assert_msg(grammar_cache_get(gc, re.p, re.len, &g, err, sizeof err) == 0,
                       "schema %zu: %s", i, err);
@@ -439,8 +475,8 @@ START_TEST(random_generations_validate) {
             char *out = generate(g, &rng, 40, &forced);
             cJSON *v = cJSON_Parse(out);
             ck_assert_msg(v != NULL, "schema %zu: output does not parse: %s", i, out);
-            ck_assert_msg(validate(sc, v, sc), "schema %zu: output does not validate: %s", i,
-                          out);
+            ck_assert_msg(validate(sc, v, sc), "schema %zu: output does not validate: %s",
+                          i, out);
             cJSON_Delete(v);
             free(out);
         }
@@ -466,7 +502,8 @@ START_TEST(regex_generations_match) {
             ck_assert_msg(regex_dfa_match(grammar_dfa(g), out, strlen(out)), "%s", out);
             char anchored[128];
             snprintf(anchored, sizeof anchored, "^(?:%s)$", res[i]);
-            ck_assert_msg(pattern_search(anchored, out), "/%s/ (PCRE2) on %s", res[i], out);
+            ck_assert_msg(pattern_search(anchored, out), "/%s/ (PCRE2) on %s", res[i],
+                          out);
             free(out);
         }
         grammar_release(g);
@@ -486,7 +523,8 @@ START_TEST(masks_match_brute_force) {
         for (uint32_t v = 0; v < 256; v++) {
             char b = (char)v;
             int want = regex_dfa_walk(d, (int32_t)st, &b, 1) >= 0;
-            ck_assert_msg(sampler_mask_allows(mask, v) == want, "state %u token %u", st, v);
+            ck_assert_msg(sampler_mask_allows(mask, v) == want, "state %u token %u", st,
+                          v);
         }
         grammar_matcher_reset(&m);
     }

@@ -189,7 +189,8 @@ static void write_chat_logprobs(strbuf *b, const gen_response *r, const sched_se
 
 /* The end of a call's arguments in a text of len bytes: a finished call
  * (stop) ends with the '}' that closes the call object. */
-static size_t args_end(const sched_seq *q, const tool_call_view *tv, size_t len, int fin) {
+static size_t args_end(const sched_seq *q, const tool_call_view *tv, size_t len,
+                       int fin) {
     if (fin == SCHED_FINISH_STOP && len > tv->args_off && q->text[len - 1] == '}')
         return len - 1;
     return len < tv->args_off ? tv->args_off : len;
@@ -476,8 +477,9 @@ static void emit_tool_tokens(strbuf *b, const gen_response *r, const sched_seq *
     st->sent_tokens = q->n_out;
     if (fin) {
         sse_begin(b, r);
-        strbuf_printf(b, "{\"index\":%u,\"delta\":{},\"logprobs\":null,\"finish_reason\":%s}",
-                      i, fin == SCHED_FINISH_STOP ? "\"tool_calls\"" : finish_str(fin));
+        strbuf_printf(
+            b, "{\"index\":%u,\"delta\":{},\"logprobs\":null,\"finish_reason\":%s}", i,
+            fin == SCHED_FINISH_STOP ? "\"tool_calls\"" : finish_str(fin));
         sse_end(b, r);
         st->sent_finish = 1;
     }

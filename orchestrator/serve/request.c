@@ -513,8 +513,8 @@ static int choice_regex(const cJSON *c, const char *top, const char *param, strb
     strbuf_puts(re, "(?:");
     cJSON_ArrayForEach(it, c) {
         if (!cJSON_IsString(it))
-            return api_error_set(e, 400, top, "invalid_value",
-                                 "%s[%d]: must be a string", param, i);
+            return api_error_set(e, 400, top, "invalid_value", "%s[%d]: must be a string",
+                                 param, i);
         if (i++) strbuf_puts(re, "|");
         json_schema_regex_literal(re, it->valuestring, strlen(it->valuestring));
     }
@@ -525,8 +525,7 @@ static int choice_regex(const cJSON *c, const char *top, const char *param, strb
 static int regex_field(const cJSON *x, const char *top, const char *param, strbuf *re,
                        api_error *e) {
     if (!cJSON_IsString(x))
-        return api_error_set(e, 400, top, "invalid_value", "%s: must be a string",
-                             param);
+        return api_error_set(e, 400, top, "invalid_value", "%s: must be a string", param);
     char err[256];
     if (regex_syntax_check(x->valuestring, strlen(x->valuestring), err, sizeof err) != 0)
         return api_error_set(e, 400, top, "invalid_value", "%s: %s", param, err);

@@ -59,6 +59,7 @@ struct scheduler {
     metrics_series *m_prompt_tokens, *m_gen_tokens, *m_preempt, *m_errors;
     metrics_series *m_ttft, *m_tpot, *m_e2e, *m_batch_seqs, *m_batch_tokens;
     metrics_series *m_iter_seconds;
+    metrics_series *m_forced; /* jump-forward tokens (structured output) */
 };
 
 /* ------------------------------------------------------------------------- */
@@ -223,6 +224,10 @@ static void register_metrics(scheduler *s) {
         SERIES(metrics_histogram(r, "orch_iteration_seconds",
                                  "Wall time of one scheduler iteration's engine forward.",
                                  0, NULL, iter_b, sizeof iter_b / sizeof *iter_b));
+    s->m_forced = SERIES(metrics_counter(
+        r, "orch_jump_forward_tokens_total",
+        "Tokens appended without a sampling step because the output grammar forced them.",
+        0, NULL));
 #undef SERIES
     metrics_gauge_set(s->m_kv_total, block_manager_total(s->bm));
     metrics_gauge_set(s->m_kv_used, 0);
@@ -560,6 +565,7 @@ static int append_forced(scheduler *s, sched_seq *q, double now, uint64_t *gener
     uint32_t k = q->forced_tokens(q, ids, cap, &complete);
     if (k && block_table_reserve(s->bm, &q->priv.blocks, q->priv.n_all + k) != 0)
         return SCHED_FINISH_NONE; /* no KV room now: sampled one by one */
+    metrics_counter_add(s->m_forced, k);
     for (uint32_t i = 0; i < k; i++) {
         int reason = append_token(s, q, ids[i], NULL, now);
         (*generated)++;
