@@ -6,7 +6,8 @@
  * (tool_calls.h), token masks equal to a brute-force walk of every token,
  * the grammar cache, and random constrained generations (byte tokenizer,
  * masks + jump-forward) whose every output parses and validates against its
- * schema under an independent validator written here (PCRE2 for patterns).
+ * schema under an independent validator written here (PCRE2 for patterns),
+ * with the byte tokenizer and with the GPT-2 vocabulary.
  */
 #include <check.h>
 #include <cjson/cJSON.h>
@@ -389,49 +390,74 @@ static grammar *grammar_of(const char *re) {
     return g;
 }
 
-/* One random output of g (uniform over allowed bytes; after `patience`
- * steps closing bytes first); jump-forward used at random. Returns the
- * malloc'd text; *forced counts jump-forward tokens. */
-static char *generate(grammar *g, orch_rng *rng, uint32_t patience, uint64_t *forced) {
+/* One random output of g (tokens of t, uniform over the allowed ones; after
+ * `patience` steps closing tokens first); jump-forward used at random.
+ * Returns the malloc'd text; *forced counts jump-forward tokens. */
+static char *generate_with(grammar *g, const tokenizer *t, uint32_t vocab, orch_rng *rng,
+                           uint32_t patience, uint64_t *forced) {
+    static const char pref[] = "\"}]0,a";
+    int32_t pref_id[sizeof pref - 1];
+    for (size_t k = 0; k < sizeof pref - 1; k++) { /* the one-byte token of each */
+        pref_id[k] = -1;
+        for (uint32_t v = 0; v < vocab && pref_id[k] < 0; v++) {
+            const char *b;
+            size_t n;
+            if (tokenizer_token_bytes(t, (int32_t)v, &b, &n) == 0 && n == 1 &&
+                b[0] == pref[k])
+                pref_id[k] = (int32_t)v;
+        }
+    }
     grammar_matcher m;
-    grammar_matcher_init(&m, g);
-    size_t cap = 8192, n = 0;
+    ck_assert_int_eq(grammar_matcher_init(&m, g), 0);
+    size_t cap = 1 << 16, n = 0;
     char *out = malloc(cap);
-    ck_assert_ptr_nonnull(out);
+    int32_t *allowed = malloc(vocab * sizeof *allowed);
+    ck_assert(out && allowed);
     for (uint32_t step = 0; step < 6000 && !grammar_matcher_complete(&m); step++) {
         int complete = 0;
         int32_t ids[64];
         uint32_t k =
             (rng_next(rng) & 1) ? grammar_matcher_forced(&m, ids, 64, &complete) : 0;
-        if (k) {
-            for (uint32_t i = 0; i < k; i++) out[n++] = (char)ids[i];
-            ck_assert_int_eq(grammar_matcher_feed(&m, ids, k), 0);
+        uint32_t na = 0;
+        int32_t pick = -1;
+        if (!k) {
+            const uint32_t *mask = grammar_matcher_mask(&m);
+            for (uint32_t v = 0; v < vocab; v++)
+                if (sampler_mask_allows(mask, v) && (int32_t)v != tokenizer_eot(t))
+                    allowed[na++] = (int32_t)v;
+            ck_assert_msg(na > 0, "no token allowed at '%.*s'", (int)n, out);
+            pick = allowed[rng_next(rng) % na];
+            if (step > patience)
+                for (size_t q = 0; q < sizeof pref - 1; q++)
+                    if (pref_id[q] >= 0 &&
+                        sampler_mask_allows(mask, (uint32_t)pref_id[q])) {
+                        pick = pref_id[q];
+                        break;
+                    }
+            ids[0] = pick;
+            k = 1;
+        } else {
             *forced += k;
-            continue;
         }
-        const uint32_t *mask = grammar_matcher_mask(&m);
-        int allowed[256], na = 0;
-        for (int v = 0; v < 256; v++)
-            if (sampler_mask_allows(mask, (uint32_t)v)) allowed[na++] = v;
-        ck_assert_msg(na > 0, "no token allowed at '%.*s'", (int)n, out);
-        int pick = allowed[rng_next(rng) % (uint64_t)na];
-        if (step > patience) {
-            static const char pref[] = "\"}]0,a";
-            for (const char *p = pref; *p; p++)
-                if (sampler_mask_allows(mask, (uint8_t)*p)) {
-                    pick = (uint8_t)*p;
-                    break;
-                }
+        ck_assert_int_eq(grammar_matcher_feed(&m, ids, k), 0);
+        for (uint32_t i = 0; i < k; i++) {
+            const char *b;
+            size_t len;
+            ck_assert_int_eq(tokenizer_token_bytes(t, ids[i], &b, &len), 0);
+            ck_assert(n + len + 1 < cap);
+            memcpy(out + n, b, len);
+            n += len;
         }
-        int32_t id = pick;
-        ck_assert_int_eq(grammar_matcher_feed(&m, &id, 1), 0);
-        out[n++] = (char)pick;
-        ck_assert(n + 64 < cap);
     }
     ck_assert_msg(grammar_matcher_complete(&m), "not complete: '%.*s'", (int)n, out);
     out[n] = '\0';
     grammar_matcher_reset(&m);
+    free(allowed);
     return out;
+}
+
+static char *generate(grammar *g, orch_rng *rng, uint32_t patience, uint64_t *forced) {
+    return generate_with(g, tok, 256, rng, patience, forced);
 }
 
 static const char *const SCHEMAS[] = {
@@ -517,7 +543,7 @@ START_TEST(masks_match_brute_force) {
     const regex_dfa *d = grammar_dfa(g);
     for (uint32_t st = 0; st < regex_dfa_states(d); st++) {
         grammar_matcher m;
-        grammar_matcher_init(&m, g);
+        ck_assert_int_eq(grammar_matcher_init(&m, g), 0);
         m.state = (int32_t)st;
         const uint32_t *mask = grammar_matcher_mask(&m);
         for (uint32_t v = 0; v < 256; v++) {
@@ -540,7 +566,7 @@ START_TEST(masks_match_brute_force) {
     /* jump-forward over a long fixed key */
     g = grammar_of("\\{\"a_rather_long_fixed_key_name\":[0-9]\\}");
     grammar_matcher m;
-    grammar_matcher_init(&m, g);
+    ck_assert_int_eq(grammar_matcher_init(&m, g), 0);
     int32_t ids[64];
     int complete = 1;
     uint32_t k = grammar_matcher_forced(&m, ids, 64, &complete);
@@ -562,6 +588,67 @@ START_TEST(masks_match_brute_force) {
 }
 END_TEST
 
+/* The GPT-2 vocabulary (multi-byte tokens, an end-of-text token): masks
+ * equal a walk of every token's bytes, the end-of-text token only in
+ * accepting states, jump-forward runs re-tokenized by BPE, and random
+ * generations validate. */
+START_TEST(gpt2_vocabulary) {
+    tokenizer *g2 = NULL;
+    char err[512];
+    ck_assert_msg(tokenizer_open("gpt2", NULL, &g2, err, sizeof err) == 0,
+                  "gpt2 vocabulary (run tools/setup.sh): %s", err);
+    uint32_t V = tokenizer_vocab_size(g2);
+    int32_t eot = tokenizer_eot(g2);
+    grammar_cache *c2 = grammar_cache_create(g2, V, 4);
+    ck_assert_ptr_nonnull(c2);
+    orch_rng rng;
+    rng_seed(&rng, 11);
+    const char *schemas[] = { SCHEMAS[0], SCHEMAS[2] };
+    for (size_t i = 0; i < 2; i++) {
+        cJSON *sc = cJSON_Parse(schemas[i]);
+        strbuf re = { 0 };
+        ck_assert(json_schema_to_regex(sc, "s", &re, err, sizeof err) == 0);
+        grammar *g = NULL;
+        ck_assert_msg(grammar_cache_get(c2, re.p, re.len, &g, err, sizeof err) == 0, "%s",
+                      err);
+        const regex_dfa *d = grammar_dfa(g);
+        for (uint32_t st = 0; st < regex_dfa_states(d); st += 7) { /* masks */
+            grammar_matcher m;
+            ck_assert_int_eq(grammar_matcher_init(&m, g), 0);
+            m.state = (int32_t)st;
+            const uint32_t *mask = grammar_matcher_mask(&m);
+            for (uint32_t v = 0; v < V; v++) {
+                const char *b;
+                size_t n;
+                int want;
+                if ((int32_t)v == eot)
+                    want = regex_dfa_accepting(d, (int32_t)st);
+                else
+                    want = tokenizer_token_bytes(g2, (int32_t)v, &b, &n) == 0 && n > 0 &&
+                           regex_dfa_walk(d, (int32_t)st, b, n) >= 0;
+                ck_assert_msg(sampler_mask_allows(mask, v) == want, "state %u token %u",
+                              st, v);
+            }
+            grammar_matcher_reset(&m);
+        }
+        uint64_t forced = 0;
+        for (int k = 0; k < 15; k++) {
+            char *out = generate_with(g, g2, V, &rng, 30, &forced);
+            cJSON *v = cJSON_Parse(out);
+            ck_assert_msg(v && validate(sc, v, sc), "gpt2 schema %zu: %s", i, out);
+            cJSON_Delete(v);
+            free(out);
+        }
+        ck_assert(forced > 0);
+        grammar_release(g);
+        strbuf_free(&re);
+        cJSON_Delete(sc);
+    }
+    grammar_cache_free(c2);
+    tokenizer_free(g2);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("structured");
     TCase *tc = tcase_create("structured");
@@ -575,6 +662,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, random_generations_validate);
     tcase_add_test(tc, regex_generations_match);
     tcase_add_test(tc, masks_match_brute_force);
+    tcase_add_test(tc, gpt2_vocabulary);
     suite_add_tcase(s, tc);
     return s;
 }

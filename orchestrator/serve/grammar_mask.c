@@ -282,6 +282,8 @@ static int compute_mask(const grammar *g, int32_t s, uint32_t *mask) {
 
 int grammar_matcher_init(grammar_matcher *m, grammar *g) {
     memset(m, 0, sizeof *m);
+    m->scratch = malloc(g->cache->words * sizeof *m->scratch);
+    if (!m->scratch) return -1;
     atomic_fetch_add(&g->refs, 1);
     m->g = g;
     m->state = regex_dfa_start(g->dfa);
@@ -339,8 +341,6 @@ const uint32_t *grammar_matcher_mask(grammar_matcher *m) {
         pthread_mutex_unlock(&g->mu);
         if (have) return have;
     }
-    if (!m->scratch) m->scratch = malloc(bytes);
-    if (!m->scratch) return NULL; /* out of memory: sampling is unconstrained */
     if (m->ended || compute_mask(g, m->state, m->scratch) != 0)
         memset(m->scratch, 0, bytes);
     return m->scratch;

@@ -80,7 +80,8 @@ typedef struct grammar_matcher {
     uint64_t mask_calls;
 } grammar_matcher;
 
-/* Start at the grammar's start state; takes a reference to g. */
+/* Start at the grammar's start state; takes a reference to g and allocates
+ * the mask buffer. Returns 0, or -1 out of memory (m is then zeroed). */
 int grammar_matcher_init(grammar_matcher *m, grammar *g);
 /* Drop the reference and the scratch buffer (a zeroed matcher is fine). */
 void grammar_matcher_reset(grammar_matcher *m);
@@ -88,8 +89,10 @@ void grammar_matcher_reset(grammar_matcher *m);
 /* Feed generated token ids (the end-of-text id ends the match). Returns 0,
  * or -1 when a token leaves the grammar (state becomes -1). */
 int grammar_matcher_feed(grammar_matcher *m, const int32_t *ids, uint32_t n);
-/* The allowed-token bitset (sampler.h layout) for the current state; all
- * zero after a refused token. Valid until the next call on this matcher. */
+/* The allowed-token bitset (sampler.h layout) for the current state, never
+ * NULL; all zero after a refused token or the end-of-text token (and when
+ * the mask cannot be computed for lack of memory: sampling then fails with
+ * an error rather than leaving the grammar). Valid until the next call. */
 const uint32_t *grammar_matcher_mask(grammar_matcher *m);
 /* The forced run from the current state as up to cap token ids (not fed);
  * *complete = the grammar is complete after them. */

@@ -553,7 +553,7 @@ static int read_count(parser *p, uint32_t *v) {
 }
 
 static int parse_repeat(parser *p) {
-    int a = parse_atom(p);
+    int a = parse_atom(p), stacked = 0;
     while (a >= 0 && p->i < p->n) {
         char c = p->s[p->i];
         uint32_t mn, mx;
@@ -578,6 +578,7 @@ static int parse_repeat(parser *p) {
         } else {
             break;
         }
+        if (++stacked > 2) return perr(p, "more than two quantifiers in a row");
         if (p->i < p->n && p->s[p->i] == '?') p->i++; /* lazy: same language */
         if (p->i < p->n && p->s[p->i] == '+')
             return perr(p, "possessive quantifiers are not supported");

@@ -7,14 +7,15 @@
  * `pattern`, which only needs to match somewhere, is therefore satisfied by
  * every generated string). Syntax (ECMAScript-like subset): literals (UTF-8),
  * `.` (any character but \n and \r), classes `[a-z_]` / `[^...]` with ranges
- * and the escapes below, groups `(...)`, `(?:...)`, named groups
+ * and the escapes below (a `]` first in a class is literal; `[^\s\S]`
+ * matches nothing), groups `(...)`, `(?:...)`, named groups
  * `(?<n>...)` / `(?P<n>...)`, alternation `|`, quantifiers `* + ? {n}
  * {n,} {n,m}` (a lazy `?` after one is accepted: same language), `^` at the
  * very start and `$` at the very end (no-ops under full match), escapes
  * `\d \D \w \W \s \S` (ASCII), `\n \r \t \f \v \0 \xHH \uHHHH` and any escaped
  * punctuation. Refused with a message: lookaround, backreferences, `\b`/`\B`,
- * anchors elsewhere, empty or reversed ranges, repeat counts over
- * REGEX_MAX_REPEAT, unbalanced parentheses, invalid UTF-8.
+ * anchors elsewhere, reversed ranges, repeat counts over REGEX_MAX_REPEAT,
+ * more than two quantifiers in a row, groups nested over 200 deep, unbalanced parentheses, invalid UTF-8.
  *
  * Extension (used by json_schema.h): `(?J:...)` matches the JSON string
  * encoding of what its body matches: every character is written as JSON

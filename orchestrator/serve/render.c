@@ -197,11 +197,12 @@ static size_t args_end(const sched_seq *q, const tool_call_view *tv, size_t len,
 }
 
 /* "tool_calls":[{...}] of choice i: with the id, type and name (head) and
- * the arguments text[args_off, end) (args_from: where this piece starts). */
+ * the arguments: whole = the message's (up to args_end), else the stream
+ * piece text[args_off, end) with the delta's "index". */
 static void write_tool_call(strbuf *b, const gen_response *r, const sched_seq *q,
                             uint32_t i, const tool_call_view *tv, int head, int whole,
                             size_t end) {
-    strbuf_puts(b, "\"tool_calls\":[{\"index\":0,");
+    strbuf_puts(b, whole ? "\"tool_calls\":[{" : "\"tool_calls\":[{\"index\":0,");
     if (head) {
         char id[24];
         tool_call_id(r->id, i, id);

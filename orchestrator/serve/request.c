@@ -828,7 +828,8 @@ static int parse_fields(const request_limits *lim, gen_request *r, const cJSON *
         r->matchers = util_calloc(seqs, sizeof *r->matchers);
         if (!r->matchers) return api_error_set(e, 500, NULL, NULL, "out of memory");
         for (uint64_t i = 0; i < seqs; i++)
-            grammar_matcher_init(&r->matchers[i], r->grammar);
+            if (grammar_matcher_init(&r->matchers[i], r->grammar) != 0)
+                return api_error_set(e, 500, NULL, NULL, "out of memory");
     }
     return check_context(lim, r, &mt, e);
 }
