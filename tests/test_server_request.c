@@ -10,7 +10,8 @@
  * message, the strict JSON rules (data after the value, control bytes, NULs in
  * strings, duplicate keys at any depth) and prompts refused before they are
  * read in full (byte length, token arrays, tokenizing stopped at the
- * context).
+ * context), and structured output: one cached grammar, a matcher and the
+ * scheduler hooks per sequence, tools on chat, refusal without a cache.
  */
 #include <check.h>
 #include <stdlib.h>
@@ -18,6 +19,7 @@
 
 #include "orchestrator/core/strbuf.h"
 #include "orchestrator/serve/request.h"
+#include "orchestrator/serve/tool_calls.h"
 #include "tests/test_util.h"
 
 static tokenizer *tok;
@@ -218,6 +220,62 @@ START_TEST(sequences_of_a_request) {
     ck_assert(memcmp(&q[0].rng, &q[1].rng, sizeof q[0].rng) != 0); /* choices differ */
     ck_assert_mem_eq(&q[0].rng, &q[2].rng, sizeof q[0].rng); /* choice 0 of each prompt */
     gen_request_free(&r);
+}
+END_TEST
+
+/* Structured output: the grammar is shared (cached) and every sequence gets
+ * its own matcher and the scheduler hooks; without a grammar cache the
+ * request is refused. */
+START_TEST(structured_output_sequences) {
+    grammar_cache *gc = grammar_cache_create(tok, 256, 8);
+    ck_assert_ptr_nonnull(gc);
+    lim.grammars = gc;
+    const char *body =
+        "{\"prompt\":[\"a\",\"b\"],\"n\":2,\"max_tokens\":9,\"response_format\":{"
+        "\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"schema\":{"
+        "\"type\":\"object\",\"properties\":{\"k\":{\"type\":\"boolean\"}},"
+        "\"required\":[\"k\"]}}}}";
+    gen_request r, r2;
+    parse_ok(0, body, &r);
+    parse_ok(0, body, &r2);
+    ck_assert_ptr_nonnull(r.grammar);
+    ck_assert_ptr_eq(r.grammar, r2.grammar); /* compiled once */
+    ck_assert_int_eq(r.tool_mode, 0);
+    sched_seq q[4];
+    memset(q, 0, sizeof q);
+    for (uint32_t i = 0; i < 4; i++) {
+        gen_request_seq(&r, i, 1, &q[i]);
+        ck_assert_ptr_eq(q[i].constraint, &r.matchers[i]);
+        ck_assert_ptr_nonnull(q[i].token_mask);
+        ck_assert_ptr_nonnull(q[i].forced_tokens);
+    }
+    /* the first token may only be '{' */
+    const uint32_t *mask = q[0].token_mask(&q[0]);
+    for (uint32_t v = 0; v < 256; v++)
+        ck_assert_int_eq(sampler_mask_allows(mask, v), v == '{');
+    gen_request_free(&r);
+    gen_request_free(&r2);
+    /* tools on chat */
+    parse_ok(1,
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":"
+             "\"function\",\"function\":{\"name\":\"f\"}}],\"tool_choice\":\"required\"}",
+             &r);
+    ck_assert_int_eq(r.tool_mode, TOOL_MODE_CALL);
+    ck_assert_ptr_nonnull(r.grammar);
+    const char *call = "{\"name\":\"f\",\"arguments\":{}}";
+    ck_assert(regex_dfa_match(grammar_dfa(r.grammar), call, strlen(call)));
+    ck_assert(!regex_dfa_match(grammar_dfa(r.grammar), call, strlen(call) - 1));
+    gen_request_free(&r);
+    grammar_cache_free(gc);
+    /* no cache: refused */
+    lim.grammars = NULL;
+    api_error e;
+    const char *b2 = "{\"prompt\":\"a\",\"guided_choice\":[\"x\"]}";
+    ck_assert_int_ne(gen_request_parse(&lim, 0, b2, strlen(b2), &r, &e), 0);
+    gen_request_free(&r);
+    ck_assert_uint_eq(e.status, 400);
+    ck_assert_str_eq(e.param, "guided_choice");
+    ck_assert_str_eq(e.msg, "structured output is not available on this server");
 }
 END_TEST
 
@@ -501,6 +559,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, prompt_forms);
     tcase_add_test(tc, fields_and_stops);
     tcase_add_test(tc, sequences_of_a_request);
+    tcase_add_test(tc, structured_output_sequences);
     tcase_add_test(tc, rejected_bodies);
     tcase_add_test(tc, strict_json);
     tcase_add_test(tc, long_prompts_refused_early);
