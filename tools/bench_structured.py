@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
-"""bench_structured.py [ORCH_BIN] - structured-output overhead on the mock engine.
+"""bench_structured.py [ORCH_BIN [SERVE_ARGS...]] - structured-output overhead on
+the mock engine.
 
-Starts `orch serve --engine=mock`, then runs sequential /v1/completions
+Starts `orch serve --engine=mock` (its built-in byte-vocabulary model; with
+SERVE_ARGS instead `orch serve --engine=mock SERVE_ARGS`, e.g. `--checkpoint
+RUN` for a checkpoint with the GPT-2 vocabulary), then runs sequential /v1/completions
 requests: unconstrained (sampled, temperature 1) and constrained by a JSON
 Schema with long fixed keys (response_format json_schema). Prints, from the
 server's own metrics (so HTTP time is left out):
@@ -22,6 +25,7 @@ import time
 import urllib.request
 
 ORCH = sys.argv[1] if len(sys.argv) > 1 else "build/orch"
+EXTRA = sys.argv[2:]
 N = 60
 
 SCHEMA = {"type": "object", "properties": {
@@ -69,7 +73,7 @@ def phase(port, body_of):
 
 def main():
     log = tempfile.NamedTemporaryFile(delete=False, suffix=".log")
-    srv = subprocess.Popen([ORCH, "serve", "--engine=mock", "--port", "0"], stderr=log)
+    srv = subprocess.Popen([ORCH, "serve", "--engine=mock", "--port", "0"] + EXTRA, stderr=log)
     try:
         port = None
         for _ in range(400):
@@ -92,7 +96,8 @@ def main():
                                                                    text=True).stdout).group(1).strip()
         except Exception:  # noqa: BLE001 - informational only
             pass
-        print("cpu: %s" % cpu)
+        vocab = re.search(r"vocab ([0-9]+)", open(log.name).read())
+        print("cpu: %s; vocabulary: %s tokens" % (cpu, vocab.group(1) if vocab else "?"))
         print("requests: %d per mode, %d output tokens per request (mean)" % (N, per_req))
         print("unconstrained: %.2f us per output token" % (unc[0] * 1e6))
         print("structured:    %.2f us per output token (mask + jump-forward)" % (con[0] * 1e6))
