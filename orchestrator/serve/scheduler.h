@@ -25,7 +25,10 @@
  *      preemption) are free (keeping ~1% of the pool spare while others run);
  *   4. one engine infer_forward over the batch; logits of sequences whose
  *      prefill completed or that decoded are sampled (sampler.h, per-sequence
- *      RNG), log-probabilities recorded on request, text appended, stop
+ *      RNG; under the sequence's token_mask when it has one, then the
+ *      tokens its forced_tokens hook returns are appended too: jump-forward,
+ *      their KV computed next iteration like a prefill chunk),
+ *      log-probabilities recorded on request, text appended, stop
  *      conditions checked (end-of-text token, stop strings found anywhere in
  *      the generated text, including across token boundaries, max_tokens,
  *      context). An engine error fails exactly the sequences of that batch
