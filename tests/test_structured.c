@@ -89,6 +89,12 @@ START_TEST(regex_matches) {
     s = regex_dfa_walk(d, s, "2}", 2);
     ck_assert(regex_dfa_complete(d, s));
     regex_dfa_free(d);
+    /* a branch that cannot end is pruned: after 'a' only 'c' leads on */
+    d = compile_ok("a(?:b[^\\s\\S]|c)");
+    s = regex_dfa_walk(d, regex_dfa_start(d), "a", 1);
+    ck_assert_int_eq(regex_dfa_step(d, s, 'b'), -1);
+    ck_assert_int_eq(regex_dfa_forced_byte(d, s), 'c');
+    regex_dfa_free(d);
 }
 END_TEST
 
@@ -112,6 +118,8 @@ START_TEST(regex_refusals) {
         { "\\p{L}", "the escape \\p is not supported" },
         { "\xff", "invalid UTF-8" },
         { "(?:(?:(?:a{1000}){1000}){1000})", "too large" },
+        { "(a|b)*a(a|b){20}", "more than 40000 automaton states" },
+        { "(?:[ab]{0,100}[ac]{0,100}){0,100}", "too complex" },
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         regex_dfa *d = NULL;

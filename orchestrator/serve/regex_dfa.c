@@ -748,6 +748,7 @@ typedef struct builder {
     int32_t *trans;
     size_t trans_cap;
     uint32_t n_classes;
+    uint64_t work; /* NFA states scanned and visited (REGEX_MAX_WORK) */
     int oom;
 } builder;
 
@@ -761,8 +762,10 @@ static uint32_t closure(builder *b, const int32_t *seeds, uint32_t n, int32_t *o
     b->gen++;
     uint32_t sp = 0, k = 0;
     for (uint32_t i = 0; i < n; i++) b->stack[sp++] = seeds[i];
+    b->work += n;
     while (sp) {
         int32_t s = b->stack[--sp];
+        b->work++;
         if (s < 0 || b->mark[s] == b->gen) continue;
         b->mark[s] = b->gen;
         const nstate *st = &b->a->st[s];
@@ -902,6 +905,11 @@ static int subset(builder *b, const nfa *a, int32_t start, regex_dfa *d, char *e
             uint32_t k = 0;
             int rep = reps[cl];
             const int32_t *cur = b->pool + b->off[id];
+            b->work += b->len[id];
+            if (b->work > REGEX_MAX_WORK) {
+                rc = -3;
+                break;
+            }
             for (uint32_t i = 0; i < b->len[id]; i++) {
                 const nstate *st = &a->st[cur[i]];
                 if (st->kind == K_RANGE && st->lo <= rep && rep <= st->hi)
@@ -924,6 +932,13 @@ static int subset(builder *b, const nfa *a, int32_t start, regex_dfa *d, char *e
                      REGEX_MAX_DFA);
         return -1;
     }
+    if (rc == -3) {
+        util_set_err(err, err_cap,
+                     "the grammar is too complex to compile (over %.0e automaton "
+                     "construction steps)",
+                     (double)REGEX_MAX_WORK);
+        return -1;
+    }
     if (rc) {
         util_set_err(err, err_cap, "out of memory");
         return -1;
@@ -931,7 +946,8 @@ static int subset(builder *b, const nfa *a, int32_t start, regex_dfa *d, char *e
     return 0;
 }
 
-/* Keep states that reach an accepting state; renumber (start stays 0). */
+/* Keep states that reach an accepting state (a breadth-first search over
+ * the reversed transitions); renumber (start stays 0). */
 static int prune(builder *b, regex_dfa *d) {
     uint32_t n = b->n_sets, C = d->n_classes;
     uint8_t *live = util_calloc(n ? n : 1, 1);
@@ -941,21 +957,45 @@ static int prune(builder *b, regex_dfa *d) {
         free(map);
         return -1;
     }
-    for (uint32_t i = 0; i < n; i++) live[i] = b->acc[i];
-    for (int changed = 1; changed;) { /* fixpoint (DFAs here are small) */
-        changed = 0;
-        for (uint32_t i = n; i-- > 0;) {
-            if (live[i]) continue;
-            for (uint32_t c = 0; c < C; c++) {
-                int32_t t = b->trans[(size_t)i * C + c];
-                if (t >= 0 && live[t]) {
-                    live[i] = 1;
-                    changed = 1;
-                    break;
-                }
-            }
-        }
+    /* reverse edges (CSR), then a search back from the accepting states */
+    size_t ne = (size_t)n * C;
+    uint32_t *start = util_calloc((size_t)n + 1, sizeof *start);
+    int32_t *from = malloc((ne ? ne : 1) * sizeof *from);
+    int32_t *queue = malloc((n ? n : 1) * sizeof *queue);
+    if (!start || !from || !queue) {
+        free(start);
+        free(from);
+        free(queue);
+        free(live);
+        free(map);
+        return -1;
     }
+    for (size_t e = 0; e < ne; e++)
+        if (b->trans[e] >= 0) start[b->trans[e] + 1]++;
+    for (uint32_t i = 0; i < n; i++) start[i + 1] += start[i];
+    for (size_t e = 0; e < ne; e++) {
+        int32_t t = b->trans[e];
+        if (t >= 0) from[start[t]++] = (int32_t)(e / C);
+    }
+    for (uint32_t i = n; i-- > 0;) start[i + 1] = start[i]; /* undo the fill's shift */
+    start[0] = 0;
+    uint32_t qh = 0, qt = 0;
+    for (uint32_t i = 0; i < n; i++)
+        if (b->acc[i]) {
+            live[i] = 1;
+            queue[qt++] = (int32_t)i;
+        }
+    while (qh < qt) {
+        int32_t t = queue[qh++];
+        for (uint32_t j = start[t]; j < start[t + 1]; j++)
+            if (!live[from[j]]) {
+                live[from[j]] = 1;
+                queue[qt++] = from[j];
+            }
+    }
+    free(start);
+    free(from);
+    free(queue);
     uint32_t k = 0;
     for (uint32_t i = 0; i < n; i++)
         map[i] = (n && live[0] && live[i]) ? (int32_t)k++ : -1;

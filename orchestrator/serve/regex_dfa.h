@@ -26,8 +26,10 @@
  * Construction: parse -> Thompson NFA over bytes (classes expanded into UTF-8
  * byte-range sequences) -> subset construction over byte equivalence
  * classes -> states that cannot reach an accepting state are removed (their
- * transitions become dead, -1). Limits: REGEX_MAX_NFA NFA states and
- * REGEX_MAX_DFA DFA states ("too large" errors otherwise).
+ * transitions become dead, -1). Limits: REGEX_MAX_NFA NFA states,
+ * REGEX_MAX_DFA DFA states and REGEX_MAX_WORK steps of the subset
+ * construction (a fraction of a second; "too large" / "too complex" errors
+ * otherwise), so no request can hold a worker thread for long.
  *
  * Memory: regex_dfa_compile returns a malloc'd DFA freed by regex_dfa_free.
  * Threads: a compiled DFA is immutable; any thread may read it.
@@ -43,6 +45,7 @@
 #define REGEX_MAX_REPEAT 1000u
 #define REGEX_MAX_NFA    400000u
 #define REGEX_MAX_DFA    40000u
+#define REGEX_MAX_WORK   50000000ull /* NFA states touched while building */
 
 typedef struct regex_dfa regex_dfa;
 
