@@ -228,6 +228,25 @@ START_TEST(schema_refusals) {
 }
 END_TEST
 
+/* A schema whose grammar would be huge is refused quickly. */
+START_TEST(schema_too_large) {
+    strbuf js = { 0 };
+    strbuf_puts(&js, "{\"type\":\"object\",\"properties\":{");
+    for (int i = 0; i < 300; i++)
+        strbuf_printf(&js, "%s\"p%d\":{\"type\":\"object\"}", i ? "," : "", i);
+    strbuf_puts(&js, "}}");
+    cJSON *s = cJSON_Parse(js.p);
+    ck_assert_ptr_nonnull(s);
+    strbuf re = { 0 };
+    char err[512] = "";
+    ck_assert_int_ne(json_schema_to_regex(s, "S", &re, err, sizeof err), 0);
+    ck_assert_msg(strstr(err, "too large to compile"), "%s", err);
+    strbuf_free(&re);
+    strbuf_free(&js);
+    cJSON_Delete(s);
+}
+END_TEST
+
 START_TEST(tool_refusals) {
     static const struct {
         const char *body, *msg;
@@ -666,6 +685,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, regex_refusals);
     tcase_add_test(tc, integer_ranges);
     tcase_add_test(tc, schema_refusals);
+    tcase_add_test(tc, schema_too_large);
     tcase_add_test(tc, tool_refusals);
     tcase_add_test(tc, random_generations_validate);
     tcase_add_test(tc, regex_generations_match);

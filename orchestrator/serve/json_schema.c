@@ -15,7 +15,8 @@
 #include "orchestrator/serve/regex_dfa.h"
 
 #define PATH_MAX_LEN 384
-#define INT_LIMIT    1e15 /* integer bounds beyond this are refused */
+#define INT_LIMIT    1e15       /* integer bounds beyond this are refused */
+#define MAX_REGEX    (8u << 20) /* bytes of regex one schema may become */
 
 typedef struct ctx {
     const cJSON *root;
@@ -410,7 +411,7 @@ typedef struct prop {
 
 /* Properties i.. when none was written yet (first) or after one. */
 static void props_seq(strbuf *o, const prop *ps, int n, int i, int first) {
-    if (i == n) return;
+    if (i == n || o->len > MAX_REGEX) return;
     if (!first) {
         for (int k = i; k < n; k++) {
             if (!ps[k].required) strbuf_puts(o, "(?:");
@@ -577,6 +578,10 @@ static int gen_typed(ctx *c, const cJSON *s, int bit, const char *path) {
 
 static int gen(ctx *c, const cJSON *s, const char *path) {
     if (c->failed) return -1;
+    if (c->out->len > MAX_REGEX)
+        return fail(c, path,
+                    "the schema is too large to compile (over %u bytes of grammar)",
+                    MAX_REGEX);
     if (cJSON_IsTrue(s)) {
         any_value(c->out, JSON_SCHEMA_ANY_DEPTH);
         return 0;
@@ -699,6 +704,12 @@ int json_schema_to_regex(const cJSON *schema, const char *path, strbuf *out, cha
                          size_t err_cap) {
     ctx c = { .root = schema, .out = out, .err = err, .err_cap = err_cap };
     if (gen(&c, schema, path)) return -1;
+    if (out->len > MAX_REGEX) {
+        util_set_err(err, err_cap,
+                     "%s: the schema is too large to compile (over %u bytes of grammar)",
+                     path, MAX_REGEX);
+        return -1;
+    }
     if (out->oom) {
         util_set_err(err, err_cap, "%s: out of memory", path);
         return -1;

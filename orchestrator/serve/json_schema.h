@@ -29,6 +29,9 @@
  *  - a string's pattern must match the whole decoded string (which satisfies
  *    JSON Schema's "matches somewhere").
  *
+ * A schema whose grammar would pass 8 MiB of regex text (many optional
+ * properties, deeply nested arrays) is refused as too large.
+ *
  * Memory: the regex is appended to the caller's strbuf. Threads: reentrant.
  * Errors: 0, or -1 with "PATH: message" in err (PATH starts with the path
  * given by the caller, e.g. response_format.json_schema.schema).
