@@ -409,6 +409,11 @@ static void teardown(void) {
     tokenizer_free(tok);
 }
 
+static char *err_buf(void) {
+    static char e[256];
+    return e;
+}
+
 static grammar *grammar_of(const char *re) {
     grammar *g = NULL;
     char err[256];
@@ -608,6 +613,19 @@ START_TEST(masks_match_brute_force) {
     ck_assert_int_eq(complete, 1);
     grammar_matcher_reset(&m);
     grammar_release(g);
+    /* a grammar (and its matcher) may outlive its cache */
+    grammar_cache *local = grammar_cache_create(tok, 256, 2);
+    ck_assert_ptr_nonnull(local);
+    ck_assert_int_eq(grammar_cache_get(local, "ab|ac", 5, &g, err_buf(), 256), 0);
+    ck_assert_int_eq(grammar_matcher_init(&m, g), 0);
+    grammar_release(g);
+    grammar_cache_free(local);
+    int32_t a = 'a';
+    ck_assert_int_eq(grammar_matcher_feed(&m, &a, 1), 0);
+    const uint32_t *mk = grammar_matcher_mask(&m);
+    for (uint32_t v = 0; v < 256; v++)
+        ck_assert_int_eq(sampler_mask_allows(mk, v), v == 'b' || v == 'c');
+    grammar_matcher_reset(&m);
     /* an empty language is refused */
     char err[256];
     ck_assert_int_ne(grammar_cache_get(gc, "[^\\s\\S]", 7, &g, err, sizeof err), 0);

@@ -97,11 +97,21 @@ struct grammar_cache {
     uint32_t vocab, words, max_entries;
     int32_t eot;
     trie t;
+    atomic_int refs;          /* the owner's + one per live grammar */
+    atomic_size_t mask_bytes; /* cached masks of every grammar */
     pthread_mutex_t mu;
     grammar *head;
     uint32_t entries;
     uint64_t clock, hits, misses;
 };
+
+static void cache_unref(grammar_cache *c) {
+    if (atomic_fetch_sub(&c->refs, 1) != 1) return;
+    free(c->t.n);
+    free(c->t.same_next);
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+}
 
 grammar_cache *grammar_cache_create(const tokenizer *tok, uint32_t vocab,
                                     uint32_t max_entries) {
@@ -113,6 +123,8 @@ grammar_cache *grammar_cache_create(const tokenizer *tok, uint32_t vocab,
     c->max_entries = max_entries ? max_entries : 1;
     c->eot = tokenizer_eot(tok);
     if (c->eot >= (int32_t)vocab) c->eot = -1;
+    atomic_init(&c->refs, 1);
+    atomic_init(&c->mask_bytes, 0);
     pthread_mutex_init(&c->mu, NULL);
     if (trie_build(&c->t, tok, vocab, c->eot) != 0) {
         grammar_cache_free(c);
@@ -124,25 +136,29 @@ grammar_cache *grammar_cache_create(const tokenizer *tok, uint32_t vocab,
 static void grammar_destroy(grammar *g) {
     if (g->masks && g->dfa)
         for (uint32_t i = 0; i < regex_dfa_states(g->dfa); i++) free(g->masks[i]);
+    atomic_fetch_sub(&g->cache->mask_bytes, g->mask_bytes);
     free(g->masks);
     regex_dfa_free(g->dfa);
     free(g->key);
     pthread_mutex_destroy(&g->mu);
+    grammar_cache *c = g->cache;
     free(g);
+    cache_unref(c);
 }
 
 void grammar_cache_free(grammar_cache *c) {
     if (!c) return;
+    pthread_mutex_lock(&c->mu);
     grammar *g = c->head;
+    c->head = NULL;
+    c->entries = 0;
+    pthread_mutex_unlock(&c->mu);
     while (g) {
         grammar *n = g->next;
         grammar_release(g);
         g = n;
     }
-    free(c->t.n);
-    free(c->t.same_next);
-    pthread_mutex_destroy(&c->mu);
-    free(c);
+    cache_unref(c); /* freed with the last grammar still referenced elsewhere */
 }
 
 void grammar_release(grammar *g) {
@@ -180,6 +196,7 @@ int grammar_cache_get(grammar_cache *c, const char *re, size_t len, grammar **ou
     }
     pthread_mutex_init(&g->mu, NULL);
     atomic_init(&g->refs, 1);
+    atomic_fetch_add(&c->refs, 1);
     g->cache = c;
     g->hash = h;
     if (regex_dfa_compile(re, len, &g->dfa, err, err_cap) != 0) {
@@ -328,12 +345,14 @@ const uint32_t *grammar_matcher_mask(grammar_matcher *m) {
     if (m->state >= 0 && !m->ended) {
         pthread_mutex_lock(&g->mu);
         uint32_t *have = g->masks[m->state];
-        if (!have && g->mask_bytes + bytes <= GRAMMAR_MASK_CACHE_BYTES) {
-            have = malloc(bytes);
+        if (!have) { /* reserve room in the cache-wide budget first */
+            size_t before = atomic_fetch_add(&g->cache->mask_bytes, bytes);
+            if (before + bytes <= GRAMMAR_MASK_CACHE_BYTES) have = malloc(bytes);
             if (have && compute_mask(g, m->state, have) == 0) {
                 g->masks[m->state] = have;
                 g->mask_bytes += bytes;
             } else {
+                atomic_fetch_sub(&g->cache->mask_bytes, bytes);
                 free(have);
                 have = NULL;
             }

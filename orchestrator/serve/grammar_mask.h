@@ -8,8 +8,9 @@
  *    state, the tokens whose whole byte string the DFA walks without dying.
  *    Computed by one depth-first walk of a byte trie of the vocabulary (built
  *    once per cache) pruned at dead states, lazily on the first visit of a
- *    state, and kept per state (up to GRAMMAR_MASK_CACHE_BYTES per grammar;
- *    beyond it masks are recomputed into the matcher's own buffer). The
+ *    state, and kept per state (up to GRAMMAR_MASK_CACHE_BYTES over all the
+ *    grammars of a cache; beyond it masks are recomputed into the matcher's
+ *    own buffer at every step). The
  *    end-of-text token is allowed only in accepting states.
  *  - Jump-forward (SGLang's compressed FSM): when the DFA allows exactly one
  *    byte from a non-accepting state, the run of such bytes (up to
@@ -28,8 +29,9 @@
  *
  * Memory: a grammar is reference-counted (grammar_cache_get returns a
  * reference, grammar_release drops it; the cache holds its own). A matcher
- * holds a reference until grammar_matcher_reset. The cache must outlive
- * every grammar taken from it.
+ * holds a reference until grammar_matcher_reset. Each grammar holds a
+ * reference to its cache (the vocabulary trie), so grammar_cache_free may
+ * come before the last grammar is released: the cache is freed with it.
  * Threads: grammar_cache_get / grammar_release are thread-safe; a grammar's
  * mask cache is guarded by its own lock; one matcher is used by one thread
  * at a time (the scheduler thread).
@@ -47,7 +49,7 @@
 #include "orchestrator/serve/scheduler.h"
 
 #define GRAMMAR_MAX_FORCED       256u
-#define GRAMMAR_MASK_CACHE_BYTES (64u << 20)
+#define GRAMMAR_MASK_CACHE_BYTES ((size_t)256 << 20)
 
 typedef struct grammar grammar;
 typedef struct grammar_cache grammar_cache;
