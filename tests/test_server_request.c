@@ -255,12 +255,17 @@ START_TEST(structured_output_sequences) {
         ck_assert_int_eq(sampler_mask_allows(mask, v), v == '{');
     gen_request_free(&r);
     gen_request_free(&r2);
-    /* tools on chat */
+    /* tools on chat (listed in the prompt first) */
+    lim.context = 256;
     parse_ok(1,
              "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":"
              "\"function\",\"function\":{\"name\":\"f\"}}],\"tool_choice\":\"required\"}",
              &r);
     ck_assert_int_eq(r.tool_mode, TOOL_MODE_CALL);
+    ck_assert_str_eq(
+        r.prompts[0].text,
+        "System: Tools: [{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]\n"
+        "User: x\nAssistant:");
     ck_assert_ptr_nonnull(r.grammar);
     const char *call = "{\"name\":\"f\",\"arguments\":{}}";
     ck_assert(regex_dfa_match(grammar_dfa(r.grammar), call, strlen(call)));

@@ -12,7 +12,10 @@
  *     Tool: <content>\n          (role "tool": a function's result)
  *     Assistant:                 (always appended; the model continues here)
  *
- * Content is used verbatim (it may contain newlines). Roles other than
+ * A chat request with `tools` starts with one more system line, `System:
+ * Tools: <the tools array as compact JSON>` (request.c), so the model sees
+ * the functions it may call. Content is used verbatim (it may contain
+ * newlines). Roles other than
  * system, developer, user, assistant and tool are rejected. The server adds the
  * stop strings CHAT_TEMPLATE_STOPS ("\nUser:" and "\nSystem:") to every chat
  * request, so generation ends where the model starts writing the next turn;

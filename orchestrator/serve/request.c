@@ -367,12 +367,31 @@ static int parse_messages(const request_limits *lim, gen_request *r, const cJSON
     if (!cJSON_IsArray(msgs) || cJSON_GetArraySize(msgs) == 0)
         return api_error_set(e, 400, "messages", "invalid_type",
                              "'messages' must be a non-empty array");
-    int n = cJSON_GetArraySize(msgs);
+    /* with tools (checked by parse_structured), a first system line lists
+     * them for the model: "Tools: <the tools array, compact JSON>" */
+    const cJSON *tools = field(root, "tools");
+    int off = cJSON_IsArray(tools) ? 1 : 0;
+    int n = cJSON_GetArraySize(msgs) + off;
     chat_message *cm = util_calloc((size_t)n, sizeof *cm);
     char **contents = util_calloc((size_t)n, sizeof *contents);
     int rc = 0;
     if (!cm || !contents) rc = api_error_set(e, 500, NULL, NULL, "out of memory");
-    if (!rc) rc = read_messages(msgs, cm, contents, e);
+    if (!rc && off) {
+        char *js = cJSON_PrintUnformatted(tools);
+        strbuf b = { 0 };
+        strbuf_puts(&b, "Tools: ");
+        strbuf_puts(&b, js ? js : "");
+        cJSON_free(js);
+        if (!js || b.oom) {
+            strbuf_free(&b);
+            rc = api_error_set(e, 500, NULL, NULL, "out of memory");
+        } else {
+            contents[0] = b.p;
+            cm[0] =
+                (chat_message){ .role = "system", .content = b.p, .content_len = b.len };
+        }
+    }
+    if (!rc) rc = read_messages(msgs, cm + off, contents + off, e);
     if (!rc) {
         char *text = NULL;
         size_t tl = 0;

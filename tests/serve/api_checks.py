@@ -402,7 +402,10 @@ for seed in range(4):  # auto: a call or text, never broken JSON
     ch = js["choices"][0]
     check(st == 200 and (ch["finish_reason"] == "tool_calls") == ("tool_calls" in ch["message"]), "auto %s" % js)
 st, js, _ = post(port, CH, {"messages": msgs, "tools": TOOLS, "tool_choice": "none", "max_tokens": 5, "temperature": 0})
-check(st == 200 and js["choices"][0]["message"]["content"] == greedy(chat_prompt(msgs), 5), "tool_choice none %s" % js)
+tools_line = {"role": "system", "content": "Tools: " + json.dumps(TOOLS, separators=(",", ":"))}
+check(st == 200 and js["choices"][0]["message"]["content"] == greedy(chat_prompt([tools_line] + msgs), 5),
+      "tool_choice none (the tools listed in the prompt) %s" % js)
+check(js["usage"]["prompt_tokens"] == len(chat_prompt([tools_line] + msgs).encode()), "tools prompt tokens")
 conv = msgs + [{"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
                "function": {"name": "get_weather", "arguments": "{\"city\":\"Oslo\",\"unit\":\"c\"}"}}]},
                {"role": "tool", "tool_call_id": "call_1", "content": "-3"}]
