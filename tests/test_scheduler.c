@@ -15,6 +15,8 @@
  * wait for one computation, multi-turn prompts reusing generated blocks,
  * eviction in a small pool, preemption, cancellation), cached_tokens exact,
  * longest-prefix-first admission, and every sequence reference returned.
+ * The structured-output hooks (token mask; forced tokens whose KV must be
+ * computed for the greedy continuation to come out right).
  */
 #include <check.h>
 #include <math.h>
@@ -906,6 +908,59 @@ START_TEST(prefix_cache_longest_prefix_first) {
 }
 END_TEST
 
+/* A jump-forward hook: after each sampled token, "XYZ" is forced; the
+ * output is complete at 12 tokens. */
+static uint32_t forced_xyz(sched_seq *q, int32_t *out, uint32_t cap, int *complete) {
+    static const int32_t xyz[3] = { 'X', 'Y', 'Z' };
+    uint32_t k = cap < 3 ? cap : 3;
+    memcpy(out, xyz, k * sizeof *out);
+    *complete = q->n_out + k >= 12;
+    return k;
+}
+
+START_TEST(forced_tokens_hook) {
+    start(256, 32, 4, 64, 100, NULL);
+    int32_t p[3] = { 'j', 'f', 'w' };
+    sched_seq q;
+    init_seq(&q, p, 3, 20);
+    q.want_logprobs = 1;
+    q.forced_tokens = forced_xyz;
+    submit_all(&q, 1);
+    wait_finished(1);
+    /* expected: greedy over everything so far (forced tokens included, so
+     * their KV must have been computed), then XYZ, until 12 tokens */
+    int32_t all[64];
+    uint32_t n_all = 3, n_out = 0;
+    memcpy(all, p, sizeof p);
+    char want[16];
+    while (n_out < 12) {
+        uint64_t sum = 0;
+        for (uint32_t i = 0; i < n_all; i++) sum += (uint64_t)all[i];
+        all[n_all++] = 97 + (int32_t)(sum % 26);
+        want[n_out++] = (char)all[n_all - 1];
+        for (int k = 0; k < 3; k++) want[n_out++] = (char)(all[n_all++] = "XYZ"[k]);
+    }
+    want[12] = '\0';
+    ck_assert_int_eq(q.finish, SCHED_FINISH_STOP);
+    ck_assert_uint_eq(q.n_out, 12);
+    ck_assert_str_eq(q.text, want);
+    for (uint32_t i = 0; i < 12; i++)
+        if (i % 4) ck_assert_double_eq(q.out_logprob[i], 0.0); /* forced: certain */
+    sched_seq_free_outputs(&q);
+    /* max_tokens cuts a forced run short */
+    init_seq(&q, p, 3, 6);
+    q.forced_tokens = forced_xyz;
+    submit_all(&q, 1);
+    wait_finished(2);
+    ck_assert_int_eq(q.finish, SCHED_FINISH_LENGTH);
+    ck_assert_uint_eq(q.n_out, 6);
+    ck_assert_int_eq(memcmp(q.text, want, 6), 0);
+    sched_seq_free_outputs(&q);
+    wait_pool_empty();
+    stop();
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("scheduler");
     TCase *tc = tcase_create("mock");
@@ -928,6 +983,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, prefix_cache_multi_turn_reuses_generated_blocks);
     tcase_add_test(tc, prefix_cache_cancel_then_reuse);
     tcase_add_test(tc, prefix_cache_longest_prefix_first);
+    tcase_add_test(tc, forced_tokens_hook);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -10,7 +10,8 @@
  * message, the strict JSON rules (data after the value, control bytes, NULs in
  * strings, duplicate keys at any depth) and prompts refused before they are
  * read in full (byte length, token arrays, tokenizing stopped at the
- * context).
+ * context), and structured output: one cached grammar, a matcher and the
+ * scheduler hooks per sequence, tools on chat, refusal without a cache.
  */
 #include <check.h>
 #include <stdlib.h>
@@ -18,6 +19,7 @@
 
 #include "orchestrator/core/strbuf.h"
 #include "orchestrator/serve/request.h"
+#include "orchestrator/serve/tool_calls.h"
 #include "tests/test_util.h"
 
 static tokenizer *tok;
@@ -253,6 +255,67 @@ START_TEST(sequences_of_a_request) {
 }
 END_TEST
 
+/* Structured output: the grammar is shared (cached) and every sequence gets
+ * its own matcher and the scheduler hooks; without a grammar cache the
+ * request is refused. */
+START_TEST(structured_output_sequences) {
+    grammar_cache *gc = grammar_cache_create(tok, 256, 8);
+    ck_assert_ptr_nonnull(gc);
+    lim.grammars = gc;
+    const char *body =
+        "{\"prompt\":[\"a\",\"b\"],\"n\":2,\"max_tokens\":9,\"response_format\":{"
+        "\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"schema\":{"
+        "\"type\":\"object\",\"properties\":{\"k\":{\"type\":\"boolean\"}},"
+        "\"required\":[\"k\"]}}}}";
+    gen_request r, r2;
+    parse_ok(0, body, &r);
+    parse_ok(0, body, &r2);
+    ck_assert_ptr_nonnull(r.grammar);
+    ck_assert_ptr_eq(r.grammar, r2.grammar); /* compiled once */
+    ck_assert_int_eq(r.tool_mode, 0);
+    sched_seq q[4];
+    memset(q, 0, sizeof q);
+    for (uint32_t i = 0; i < 4; i++) {
+        gen_request_seq(&r, i, 1, &q[i]);
+        ck_assert_ptr_eq(q[i].constraint, &r.matchers[i]);
+        ck_assert_ptr_nonnull(q[i].token_mask);
+        ck_assert_ptr_nonnull(q[i].forced_tokens);
+    }
+    /* the first token may only be '{' */
+    const uint32_t *mask = q[0].token_mask(&q[0]);
+    for (uint32_t v = 0; v < 256; v++)
+        ck_assert_int_eq(sampler_mask_allows(mask, v), v == '{');
+    gen_request_free(&r);
+    gen_request_free(&r2);
+    /* tools on chat (listed in the prompt first) */
+    lim.context = 256;
+    parse_ok(1,
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":"
+             "\"function\",\"function\":{\"name\":\"f\"}}],\"tool_choice\":\"required\"}",
+             &r);
+    ck_assert_int_eq(r.tool_mode, TOOL_MODE_CALL);
+    ck_assert_str_eq(
+        r.prompts[0].text,
+        "System: Tools: [{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]\n"
+        "User: x\nAssistant:");
+    ck_assert_ptr_nonnull(r.grammar);
+    const char *call = "{\"name\":\"f\",\"arguments\":{}}";
+    ck_assert(regex_dfa_match(grammar_dfa(r.grammar), call, strlen(call)));
+    ck_assert(!regex_dfa_match(grammar_dfa(r.grammar), call, strlen(call) - 1));
+    gen_request_free(&r);
+    grammar_cache_free(gc);
+    /* no cache: refused */
+    lim.grammars = NULL;
+    api_error e;
+    const char *b2 = "{\"prompt\":\"a\",\"guided_choice\":[\"x\"]}";
+    ck_assert_int_ne(gen_request_parse(&lim, 0, b2, strlen(b2), &r, &e), 0);
+    gen_request_free(&r);
+    ck_assert_uint_eq(e.status, 400);
+    ck_assert_str_eq(e.param, "guided_choice");
+    ck_assert_str_eq(e.msg, "structured output is not available on this server");
+}
+END_TEST
+
 typedef struct bad_case {
     int chat;
     const char *body;
@@ -354,7 +417,7 @@ static const bad_case BAD[] = {
       "messages[0] must be an object with a string 'role'" },
     { 1, "{\"messages\":[{\"role\":\"bot\",\"content\":\"x\"}]}", 400, "messages",
       "invalid_value",
-      "messages[0].role 'bot' is not one of system, developer, user, assistant" },
+      "messages[0].role 'bot' is not one of system, developer, user, assistant, tool" },
     { 1, "{\"messages\":[{\"role\":\"user\"}]}", 400, "messages",
       "missing_required_parameter", "messages[0].content is required" },
     { 1, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image\"}]}]}", 400,
@@ -364,12 +427,15 @@ static const bad_case BAD[] = {
     { 1, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_logprobs\":2}", 400,
       "top_logprobs", "invalid_value", "'top_logprobs' requires 'logprobs': true" },
     { 1, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[]}", 400,
-      "tools", "unsupported_parameter", "tools and functions are not supported" },
+      "tools", "invalid_type", "'tools' must be a non-empty array" },
     { 1,
       "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{"
       "\"type\":\"json\"}}",
-      400, "response_format", "unsupported_parameter",
-      "only response_format {\"type\":\"text\"} is supported" },
+      400, "response_format", "invalid_value",
+      "response_format.type must be text, json_object or json_schema, got 'json'" },
+    { 1, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"functions\":[{}]}", 400,
+      "functions", "unsupported_parameter",
+      "'functions' / 'function_call' are not supported; use 'tools' / 'tool_choice'" },
     { 1,
       "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_completion_tokens\":"
       "60}",
@@ -556,6 +622,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, prompt_forms);
     tcase_add_test(tc, fields_and_stops);
     tcase_add_test(tc, sequences_of_a_request);
+    tcase_add_test(tc, structured_output_sequences);
     tcase_add_test(tc, rejected_bodies);
     tcase_add_test(tc, strict_json);
     tcase_add_test(tc, long_prompts_refused_early);

@@ -15,6 +15,7 @@ static const char *role_label(const char *role) {
     if (strcmp(role, "system") == 0 || strcmp(role, "developer") == 0) return "System: ";
     if (strcmp(role, "user") == 0) return "User: ";
     if (strcmp(role, "assistant") == 0) return "Assistant: ";
+    if (strcmp(role, "tool") == 0) return "Tool: ";
     return NULL;
 }
 
@@ -33,7 +34,7 @@ int chat_template_render(const chat_message *msgs, size_t n, char **out, size_t 
         if (!label) {
             util_set_err(err, err_cap,
                          "messages[%zu].role: '%s' is not one of system, "
-                         "developer, user, assistant",
+                         "developer, user, assistant, tool",
                          i, msgs[i].role ? msgs[i].role : "(none)");
             return -1;
         }

@@ -6,11 +6,17 @@
  *
  *     System: <content>\n        (role "system" or "developer")
  *     User: <content>\n          (role "user")
- *     Assistant: <content>\n     (role "assistant")
+ *     Assistant: <content>\n     (role "assistant"; its tool_calls, if any,
+ *                                 follow the content as call JSON lines,
+ *                                 tool_calls.h)
+ *     Tool: <content>\n          (role "tool": a function's result)
  *     Assistant:                 (always appended; the model continues here)
  *
- * Content is used verbatim (it may contain newlines). Roles other than
- * system, developer, user and assistant are rejected. The server adds the
+ * A chat request with `tools` starts with one more system line, `System:
+ * Tools: <the tools array as compact JSON>` (request.c), so the model sees
+ * the functions it may call. Content is used verbatim (it may contain
+ * newlines). Roles other than
+ * system, developer, user, assistant and tool are rejected. The server adds the
  * stop strings CHAT_TEMPLATE_STOPS ("\nUser:" and "\nSystem:") to every chat
  * request, so generation ends where the model starts writing the next turn;
  * a reply therefore never contains them.

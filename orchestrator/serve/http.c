@@ -613,6 +613,7 @@ uint16_t http_server_port(const http_server *s) { return s ? s->port : 0; }
 void http_server_set_ready(http_server *s, scheduler *sched, const tokenizer *tok,
                            uint32_t vocab_size, uint32_t context) {
     uint32_t mtb = request_max_token_bytes(tok);
+    grammar_cache *gc = grammar_cache_create(tok, vocab_size, 64); /* NULL: refused */
     /* under sched_mu for /v1/models (which reads context in any state);
      * generation requests read these after seeing ST_READY */
     pthread_mutex_lock(&s->sched_mu);
@@ -620,6 +621,10 @@ void http_server_set_ready(http_server *s, scheduler *sched, const tokenizer *to
     s->vocab = vocab_size;
     s->context = context;
     s->max_token_bytes = mtb;
+    if (!s->grammars)
+        s->grammars = gc;
+    else
+        grammar_cache_free(gc);
     s->sched = sched;
     pthread_mutex_unlock(&s->sched_mu);
     atomic_store(&s->state, ST_READY);
@@ -656,5 +661,6 @@ void http_server_stop(http_server *s) {
     http_policy_free(&s->policy);
     pthread_mutex_destroy(&s->sched_mu);
     free(s->model_name);
+    grammar_cache_free(s->grammars);
     free(s);
 }

@@ -75,7 +75,8 @@ static int setup_generation(http_req *hr, api_error *e) {
                            .vocab = s->vocab,
                            .context = s->context,
                            .max_seqs = s->cfg.max_seqs_per_request,
-                           .max_token_bytes = s->max_token_bytes };
+                           .max_token_bytes = s->max_token_bytes,
+                           .grammars = s->grammars };
     if (gen_request_parse(&lim, hr->route == R_CHAT, hr->body, hr->body_len, &hr->req,
                           e) != 0)
         return -1;

@@ -14,6 +14,7 @@
 #include "orchestrator/core/utf8.h"
 #include "orchestrator/core/util.h"
 #include "orchestrator/serve/api_error.h"
+#include "orchestrator/serve/tool_calls.h"
 
 /* ------------------------------------------------------------------------- */
 /* Pieces                                                                     */
@@ -190,6 +191,43 @@ static void write_chat_logprobs(strbuf *b, const gen_response *r, const sched_se
     strbuf_puts(b, "]}");
 }
 
+/* The end of a call's arguments in a text of len bytes: a finished call
+ * (stop) ends with the '}' that closes the call object. */
+static size_t args_end(const sched_seq *q, const tool_call_view *tv, size_t len,
+                       int fin) {
+    if (fin == SCHED_FINISH_STOP && len > tv->args_off && q->text[len - 1] == '}')
+        return len - 1;
+    return len < tv->args_off ? tv->args_off : len;
+}
+
+/* "tool_calls":[{...}] of choice i: with the id, type and name (head) and
+ * the arguments: whole = the message's (up to args_end), else the stream
+ * piece text[args_off, end) with the delta's "index". */
+static void write_tool_call(strbuf *b, const gen_response *r, const sched_seq *q,
+                            uint32_t i, const tool_call_view *tv, int head, int whole,
+                            size_t end) {
+    strbuf_puts(b, whole ? "\"tool_calls\":[{" : "\"tool_calls\":[{\"index\":0,");
+    if (head) {
+        char id[24];
+        tool_call_id(r->id, i, id);
+        strbuf_printf(b, "\"id\":\"%s\",\"type\":\"function\",", id);
+    }
+    strbuf_puts(b, "\"function\":{");
+    if (head) {
+        strbuf_puts(b, "\"name\":");
+        json_write_string(b, tv->name, tv->name_len);
+        strbuf_puts(b, ",");
+    }
+    strbuf_puts(b, "\"arguments\":");
+    if (whole) {
+        size_t e = args_end(q, tv, end, q->finish);
+        json_write_string(b, q->text + tv->args_off, e - tv->args_off);
+    } else {
+        json_write_string(b, q->text + tv->args_off, end - tv->args_off);
+    }
+    strbuf_puts(b, "}}]");
+}
+
 static void write_head(strbuf *b, const gen_response *r, const char *object) {
     strbuf_puts(b, "{\"id\":\"");
     strbuf_puts(b, r->id);
@@ -210,6 +248,22 @@ void render_final(strbuf *b, const gen_response *r) {
         uint32_t p = i / rq->n;
         if (i) strbuf_puts(b, ",");
         strbuf_printf(b, "{\"index\":%u,", i);
+        tool_call_view tv = { 0 };
+        if (rq->chat && rq->tool_mode != TOOL_MODE_NONE)
+            tool_call_read(q->text ? q->text : "", q->text_len, &tv);
+        if (tv.header) {
+            strbuf_puts(b, "\"message\":{\"role\":\"assistant\",\"content\":null,");
+            write_tool_call(b, r, q, i, &tv, 1, 1, q->text_len);
+            strbuf_puts(b, "},\"logprobs\":");
+            if (rq->logprobs)
+                write_chat_logprobs(b, r, q, 0, q->n_out);
+            else
+                strbuf_puts(b, "null");
+            strbuf_printf(b, ",\"finish_reason\":%s}",
+                          q->finish == SCHED_FINISH_STOP ? "\"tool_calls\""
+                                                         : finish_str(q->finish));
+            continue;
+        }
         if (rq->chat) {
             strbuf_puts(b, "\"message\":{\"role\":\"assistant\",\"content\":");
             json_write_string(b, q->text ? q->text : "", q->text_len);
@@ -378,6 +432,64 @@ static void emit_tokens(strbuf *b, const gen_response *r, const sched_seq *q, ui
     }
 }
 
+/* A tool-call piece of choice i: header (id, name) or arguments [from, to). */
+static void emit_tool_delta(strbuf *b, const gen_response *r, const sched_seq *q,
+                            uint32_t i, const tool_call_view *tv, int head, size_t from,
+                            size_t to) {
+    tool_call_view piece = *tv;
+    piece.args_off = from;
+    sse_begin(b, r);
+    strbuf_printf(b, "{\"index\":%u,\"delta\":{", i);
+    write_tool_call(b, r, q, i, &piece, head, 0, to);
+    strbuf_puts(b, "},\"logprobs\":null,\"finish_reason\":null}");
+    sse_end(b, r);
+}
+
+/* Streaming a choice that may be a tool call: decided on its first byte
+ * ('{' = a call); a call streams its header once the name is complete,
+ * then its arguments, holding back the last byte (it may be the '}' that
+ * closes the call). */
+static void emit_tool_tokens(strbuf *b, const gen_response *r, const sched_seq *q,
+                             uint32_t i, render_choice *st, size_t echo_len) {
+    int fin = q->finish;
+    size_t ready = fin ? q->text_len : q->text_ready;
+    tool_call_view tv;
+    if (st->tool_state == 0) {
+        if (ready == 0 && !fin) return;
+        tool_call_read(q->text ? q->text : "", ready, &tv);
+        if (!tv.is_call || (!tv.header && fin)) {
+            st->tool_state = 1;
+        } else if (tv.header) {
+            emit_tool_delta(b, r, q, i, &tv, 1, tv.args_off, tv.args_off);
+            st->sent_text = tv.args_off;
+            st->tool_state = 2;
+        } else {
+            return; /* the header is not complete yet */
+        }
+    }
+    if (st->tool_state == 1) {
+        emit_tokens(b, r, q, i, st, echo_len);
+        return;
+    }
+    tool_call_view full;
+    tool_call_read(q->text, ready, &full);
+    size_t end = fin ? args_end(q, &full, ready, fin) : (ready ? ready - 1 : 0);
+    if (!fin) end = utf8_complete_prefix_len(q->text, end);
+    if (end > st->sent_text) {
+        emit_tool_delta(b, r, q, i, &full, 0, st->sent_text, end);
+        st->sent_text = end;
+    }
+    st->sent_tokens = q->n_out;
+    if (fin) {
+        sse_begin(b, r);
+        strbuf_printf(
+            b, "{\"index\":%u,\"delta\":{},\"logprobs\":null,\"finish_reason\":%s}", i,
+            fin == SCHED_FINISH_STOP ? "\"tool_calls\"" : finish_str(fin));
+        sse_end(b, r);
+        st->sent_finish = 1;
+    }
+}
+
 int render_stream_events(strbuf *b, const gen_response *r, render_stream *st) {
     const gen_request *rq = r->req;
     int failed = 0, all_finished = 1;
@@ -410,7 +522,10 @@ int render_stream_events(strbuf *b, const gen_response *r, render_stream *st) {
             }
             c->sent_first = 1;
         }
-        emit_tokens(b, r, q, i, c, echo_len);
+        if (rq->chat && rq->tool_mode != TOOL_MODE_NONE)
+            emit_tool_tokens(b, r, q, i, c, echo_len);
+        else
+            emit_tokens(b, r, q, i, c, echo_len);
         if (!fin) all_finished = 0;
     }
     if (all_finished && !st->done) {

@@ -12,7 +12,10 @@
  * text is merged into the next event), the last one with its finish_reason;
  * a failed sequence sends one error event (api_error.h) instead; with
  * include_usage a final event with empty choices carries the usage; then
- * `data: [DONE]`. Log-probabilities that are -inf are written as -9999 (as
+ * `data: [DONE]`. A chat choice that is a tool call (tool_calls.h) is answered
+ * as message.tool_calls with content null and finish_reason "tool_calls"
+ * (streams: a delta with the call's id, type and name, then argument
+ * pieces, then the finish). Log-probabilities that are -inf are written as -9999 (as
  * OpenAI does).
  *
  * Memory: everything is appended to the caller's strbuf (check b->oom once);
@@ -51,6 +54,7 @@ typedef struct render_choice {
     uint32_t sent_tokens; /* generated tokens whose logprobs were sent */
     int sent_first;       /* role chunk (chat) / echo chunk (completions) */
     int sent_finish;
+    int tool_state; /* tool calls: 0 undecided, 1 text, 2 a call (header sent) */
 } render_choice;
 
 typedef struct render_stream {

@@ -14,7 +14,9 @@
 #include "orchestrator/core/strbuf.h"
 #include "orchestrator/core/util.h"
 #include "orchestrator/serve/chat_template.h"
+#include "orchestrator/serve/json_schema.h"
 #include "orchestrator/serve/json_strict.h"
+#include "orchestrator/serve/tool_calls.h"
 
 /* ------------------------------------------------------------------------- */
 /* Field readers                                                              */
@@ -312,10 +314,42 @@ static int read_messages(const cJSON *msgs, chat_message *cm, char **contents,
             return api_error_set(
                 e, 400, "messages", "invalid_value",
                 "messages[%d].role '%.64s' is not one of system, developer, user, "
-                "assistant",
+                "assistant, tool",
                 i, role->valuestring);
         size_t len = 0;
+        int is_tool = strcmp(role->valuestring, "tool") == 0;
+        const cJSON *calls = field(m, "tool_calls");
+        if (is_tool && !cJSON_IsString(field(m, "tool_call_id")))
+            return api_error_set(e, 400, "messages", "missing_required_parameter",
+                                 "messages[%d].tool_call_id (a string) is required for "
+                                 "role tool",
+                                 i);
+        if (calls && strcmp(role->valuestring, "assistant") != 0)
+            return api_error_set(e, 400, "messages", "invalid_value",
+                                 "messages[%d].tool_calls is only allowed on assistant "
+                                 "messages",
+                                 i);
         if (chat_content(m, i, role->valuestring, &contents[i], &len, e)) return -1;
+        if (calls) { /* the calls as the model writes them, after the content */
+            strbuf b = { 0 };
+            strbuf_put(&b, contents[i], len);
+            if (len) strbuf_puts(&b, "\n");
+            strbuf t = { 0 };
+            int rc = tool_calls_message_text(calls, i, &t, e);
+            strbuf_put(&b, t.p ? t.p : "", t.len);
+            strbuf_free(&t);
+            if (rc) {
+                strbuf_free(&b);
+                return -1;
+            }
+            if (b.oom || !b.p) {
+                strbuf_free(&b);
+                return api_error_set(e, 500, NULL, NULL, "out of memory");
+            }
+            free(contents[i]);
+            contents[i] = b.p;
+            len = b.len;
+        }
         cm[i].role = role->valuestring;
         cm[i].content = contents[i];
         cm[i].content_len = len;
@@ -334,12 +368,31 @@ static int parse_messages(const request_limits *lim, gen_request *r, const cJSON
     if (!cJSON_IsArray(msgs) || cJSON_GetArraySize(msgs) == 0)
         return api_error_set(e, 400, "messages", "invalid_type",
                              "'messages' must be a non-empty array");
-    int n = cJSON_GetArraySize(msgs);
+    /* with tools (checked by parse_structured), a first system line lists
+     * them for the model: "Tools: <the tools array, compact JSON>" */
+    const cJSON *tools = field(root, "tools");
+    int off = cJSON_IsArray(tools) ? 1 : 0;
+    int n = cJSON_GetArraySize(msgs) + off;
     chat_message *cm = util_calloc((size_t)n, sizeof *cm);
     char **contents = util_calloc((size_t)n, sizeof *contents);
     int rc = 0;
     if (!cm || !contents) rc = api_error_set(e, 500, NULL, NULL, "out of memory");
-    if (!rc) rc = read_messages(msgs, cm, contents, e);
+    if (!rc && off) {
+        char *js = cJSON_PrintUnformatted(tools);
+        strbuf b = { 0 };
+        strbuf_puts(&b, "Tools: ");
+        strbuf_puts(&b, js ? js : "");
+        cJSON_free(js);
+        if (!js || b.oom) {
+            strbuf_free(&b);
+            rc = api_error_set(e, 500, NULL, NULL, "out of memory");
+        } else {
+            contents[0] = b.p;
+            cm[0] =
+                (chat_message){ .role = "system", .content = b.p, .content_len = b.len };
+        }
+    }
+    if (!rc) rc = read_messages(msgs, cm + off, contents + off, e);
     if (!rc) {
         char *text = NULL;
         size_t tl = 0;
@@ -429,18 +482,224 @@ static int check_unsupported(const gen_request *r, const cJSON *root, api_error 
     if (!r->chat && field(root, "suffix"))
         return api_error_set(e, 400, "suffix", "unsupported_parameter",
                              "'suffix' is not supported");
-    if (r->chat && (field(root, "tools") || field(root, "functions")))
-        return api_error_set(e, 400, "tools", "unsupported_parameter",
-                             "tools and functions are not supported");
-    const cJSON *rf = field(root, "response_format");
-    if (r->chat && rf) {
-        const cJSON *t = cJSON_GetObjectItemCaseSensitive(rf, "type");
-        if (!cJSON_IsObject(rf) || !cJSON_IsString(t) ||
-            strcmp(t->valuestring, "text") != 0)
-            return api_error_set(e, 400, "response_format", "unsupported_parameter",
-                                 "only response_format {\"type\":\"text\"} is supported");
-    }
     return 0;
+}
+
+/* ------------------------------------------------------------------------- */
+/* Structured output                                                          */
+/* ------------------------------------------------------------------------- */
+/* A JSON Schema (object, or for structured_outputs.json also a JSON text)
+ * -> regex. */
+static int schema_regex(const cJSON *schema, const char *param, const char *path,
+                        strbuf *re, api_error *e) {
+    cJSON *parsed = NULL;
+    if (cJSON_IsString(schema)) {
+        parsed = cJSON_Parse(schema->valuestring);
+        if (!parsed)
+            return api_error_set(e, 400, param, "invalid_value",
+                                 "%s: the schema string is not valid JSON", path);
+        schema = parsed;
+    }
+    char err[512];
+    int rc = 0;
+    if (!cJSON_IsObject(schema) && !cJSON_IsBool(schema))
+        rc = api_error_set(e, 400, param, "invalid_value",
+                           "%s: must be a JSON Schema object", path);
+    else if (json_schema_to_regex(schema, path, re, err, sizeof err) != 0)
+        rc = api_error_set(e, 400, param, "invalid_value", "%s", err);
+    cJSON_Delete(parsed);
+    return rc;
+}
+
+/* A list of strings -> an alternation of them. */
+static int choice_regex(const cJSON *c, const char *top, const char *param, strbuf *re,
+                        api_error *e) {
+    if (!cJSON_IsArray(c) || cJSON_GetArraySize(c) == 0)
+        return api_error_set(e, 400, top, "invalid_value",
+                             "%s: must be a non-empty array of strings", param);
+    int i = 0;
+    const cJSON *it;
+    strbuf_puts(re, "(?:");
+    cJSON_ArrayForEach(it, c) {
+        if (!cJSON_IsString(it))
+            return api_error_set(e, 400, top, "invalid_value", "%s[%d]: must be a string",
+                                 param, i);
+        if (i++) strbuf_puts(re, "|");
+        json_schema_regex_literal(re, it->valuestring, strlen(it->valuestring));
+    }
+    strbuf_puts(re, ")");
+    return 0;
+}
+
+static int regex_field(const cJSON *x, const char *top, const char *param, strbuf *re,
+                       api_error *e) {
+    if (!cJSON_IsString(x))
+        return api_error_set(e, 400, top, "invalid_value", "%s: must be a string", param);
+    char err[256];
+    if (regex_syntax_check(x->valuestring, strlen(x->valuestring), err, sizeof err) != 0)
+        return api_error_set(e, 400, top, "invalid_value", "%s: %s", param, err);
+    strbuf_puts(re, x->valuestring);
+    return 0;
+}
+
+/* response_format -> regex (nothing for text). */
+static int response_format_regex(const cJSON *rf, strbuf *re, api_error *e) {
+    static const char *const P = "response_format";
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(rf, "type");
+    if (!cJSON_IsObject(rf) || !cJSON_IsString(t))
+        return api_error_set(e, 400, P, "invalid_value",
+                             "response_format must be an object with a string 'type'");
+    const cJSON *k;
+    cJSON_ArrayForEach(k, rf) {
+        if (strcmp(k->string, "type") && strcmp(k->string, "json_schema"))
+            return api_error_set(e, 400, P, "invalid_value",
+                                 "response_format.%.64s: unknown field", k->string);
+    }
+    if (strcmp(t->valuestring, "text") == 0) return 0;
+    if (strcmp(t->valuestring, "json_object") == 0) {
+        json_schema_any_object(re);
+        return 0;
+    }
+    if (strcmp(t->valuestring, "json_schema") != 0)
+        return api_error_set(e, 400, P, "invalid_value",
+                             "response_format.type must be text, json_object or "
+                             "json_schema, got '%.64s'",
+                             t->valuestring);
+    const cJSON *js = cJSON_GetObjectItemCaseSensitive(rf, "json_schema");
+    if (!cJSON_IsObject(js))
+        return api_error_set(e, 400, P, "invalid_value",
+                             "response_format.json_schema must be an object");
+    cJSON_ArrayForEach(k, js) {
+        if (strcmp(k->string, "name") && strcmp(k->string, "schema") &&
+            strcmp(k->string, "strict") && strcmp(k->string, "description"))
+            return api_error_set(e, 400, P, "invalid_value",
+                                 "response_format.json_schema.%.64s: unknown field",
+                                 k->string);
+    }
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(js, "name");
+    const cJSON *strict = cJSON_GetObjectItemCaseSensitive(js, "strict");
+    const cJSON *schema = cJSON_GetObjectItemCaseSensitive(js, "schema");
+    if (!cJSON_IsString(name) || !name->valuestring[0])
+        return api_error_set(
+            e, 400, P, "invalid_value",
+            "response_format.json_schema.name must be a non-empty string");
+    if (strict && !cJSON_IsBool(strict) && !cJSON_IsNull(strict))
+        return api_error_set(e, 400, P, "invalid_value",
+                             "response_format.json_schema.strict must be a boolean");
+    if (!schema || cJSON_IsNull(schema)) { /* no schema: any JSON object */
+        json_schema_any_object(re);
+        return 0;
+    }
+    return schema_regex(schema, P, "response_format.json_schema.schema", re, e);
+}
+
+/* structured_outputs {json|regex|choice|json_object} -> regex. */
+static int structured_outputs_regex(const cJSON *so, strbuf *re, api_error *e) {
+    static const char *const P = "structured_outputs";
+    if (!cJSON_IsObject(so))
+        return api_error_set(e, 400, P, "invalid_value",
+                             "'structured_outputs' must be an object");
+    int given = 0;
+    const cJSON *k;
+    cJSON_ArrayForEach(k, so) {
+        if (cJSON_IsNull(k)) continue;
+        if (strcmp(k->string, "json") && strcmp(k->string, "regex") &&
+            strcmp(k->string, "choice") && strcmp(k->string, "json_object"))
+            return api_error_set(
+                e, 400, P, "unsupported_parameter",
+                "structured_outputs.%.64s is not supported (json, regex, "
+                "choice, json_object are)",
+                k->string);
+        if (strcmp(k->string, "json_object") == 0 && !cJSON_IsTrue(k)) {
+            if (cJSON_IsFalse(k)) continue;
+            return api_error_set(e, 400, P, "invalid_value",
+                                 "structured_outputs.json_object must be a boolean");
+        }
+        given++;
+    }
+    if (given != 1)
+        return api_error_set(
+            e, 400, P, "invalid_value",
+            "structured_outputs needs exactly one of json, regex, choice, "
+            "json_object");
+    const cJSON *x;
+    if ((x = field(so, "json")))
+        return schema_regex(x, P, "structured_outputs.json", re, e);
+    if ((x = field(so, "regex")))
+        return regex_field(x, P, "structured_outputs.regex", re, e);
+    if ((x = field(so, "choice")))
+        return choice_regex(x, P, "structured_outputs.choice", re, e);
+    json_schema_any_object(re);
+    return 0;
+}
+
+/* Every structured-output field -> r->grammar (at most one of them). */
+static int parse_structured(const request_limits *lim, gen_request *r, const cJSON *root,
+                            api_error *e) {
+    strbuf re = { 0 };
+    int rc = 0, sources = 0;
+    const char *param = NULL;
+    const cJSON *x;
+    if ((x = field(root, "response_format"))) {
+        size_t before = re.len;
+        rc = response_format_regex(x, &re, e);
+        if (re.len > before) {
+            sources++;
+            param = "response_format";
+        }
+    }
+    if (!rc && (x = field(root, "structured_outputs"))) {
+        sources++;
+        param = "structured_outputs";
+        rc = structured_outputs_regex(x, &re, e);
+    }
+    if (!rc && (x = field(root, "guided_json"))) {
+        sources++;
+        param = "guided_json";
+        rc = schema_regex(x, "guided_json", "guided_json", &re, e);
+    }
+    if (!rc && (x = field(root, "guided_regex"))) {
+        sources++;
+        param = "guided_regex";
+        rc = regex_field(x, "guided_regex", "guided_regex", &re, e);
+    }
+    if (!rc && (x = field(root, "guided_choice"))) {
+        sources++;
+        param = "guided_choice";
+        rc = choice_regex(x, "guided_choice", "guided_choice", &re, e);
+    }
+    if (!rc && r->chat) {
+        size_t before = re.len;
+        rc = tool_calls_parse(root, &r->tool_mode, &re, e);
+        if (!rc && r->tool_mode != TOOL_MODE_NONE && re.len > before) {
+            sources++;
+            param = "tools";
+        }
+    } else if (!rc && (field(root, "tools") || field(root, "tool_choice"))) {
+        rc = api_error_set(e, 400, "tools", "unsupported_parameter",
+                           "'tools' are only supported on /v1/chat/completions");
+    }
+    if (!rc && sources > 1)
+        rc = api_error_set(e, 400, param, "invalid_value",
+                           "only one of response_format (json), structured_outputs, "
+                           "guided_json/regex/choice and tools may constrain the output");
+    if (!rc && re.oom) rc = api_error_set(e, 500, NULL, NULL, "out of memory");
+    if (!rc && sources == 1) {
+        if (r->ignore_eos)
+            rc = api_error_set(e, 400, "ignore_eos", "invalid_value",
+                               "'ignore_eos' cannot be combined with structured output");
+        else if (!lim->grammars)
+            rc = api_error_set(e, 400, param, "unsupported_parameter",
+                               "structured output is not available on this server");
+        else {
+            char err[300];
+            if (grammar_cache_get(lim->grammars, re.p, re.len, &r->grammar, err,
+                                  sizeof err) != 0)
+                rc = api_error_set(e, 400, param, "invalid_value", "%s: %s", param, err);
+        }
+    }
+    strbuf_free(&re);
+    return rc;
 }
 
 /* max_tokens (chat: max_completion_tokens wins) as the client gave it. */
@@ -646,7 +905,9 @@ static const char request_fields[] =
     "top_p\0top_k\0min_p\0n\0best_of\0seed\0stream\0stream_options\0ignore_eos\0"
     "logprobs\0top_logprobs\0echo\0stop\0stop_token_ids\0min_tokens\0"
     "presence_penalty\0frequency_penalty\0repetition_penalty\0logit_bias\0"
-    "suffix\0tools\0functions\0response_format\0user\0";
+    "suffix\0tools\0tool_choice\0parallel_tool_calls\0functions\0function_call\0"
+    "response_format\0structured_outputs\0guided_json\0guided_regex\0guided_choice\0"
+    "user\0";
 
 /* A field orch does not know is refused, not ignored (as OpenAI's API). */
 static int check_known(const cJSON *root, api_error *e) {
@@ -672,7 +933,7 @@ static int parse_fields(const request_limits *lim, gen_request *r, const cJSON *
     if (check_known(root, e) || check_model(lim, root, e) ||
         check_unsupported(r, root, e) || parse_sampling(r, root, &mt, e) ||
         parse_output(r, root, e) || parse_stop(r, root, e) ||
-        parse_token_controls(lim, r, root, e))
+        parse_token_controls(lim, r, root, e) || parse_structured(lim, r, root, e))
         return -1;
     if (r->chat ? parse_messages(lim, r, root, e) : parse_prompt(lim, r, root, e))
         return -1;
@@ -682,6 +943,13 @@ static int parse_fields(const request_limits *lim, gen_request *r, const cJSON *
                              "n x prompts = %" PRIu64
                              " is over the limit of %u sequences per request",
                              seqs, lim->max_seqs);
+    if (r->grammar) {
+        r->matchers = util_calloc(seqs, sizeof *r->matchers);
+        if (!r->matchers) return api_error_set(e, 500, NULL, NULL, "out of memory");
+        for (uint64_t i = 0; i < seqs; i++)
+            if (grammar_matcher_init(&r->matchers[i], r->grammar) != 0)
+                return api_error_set(e, 500, NULL, NULL, "out of memory");
+    }
     return check_context(lim, r, &mt, e);
 }
 
@@ -733,6 +1001,11 @@ void gen_request_free(gen_request *r) {
     free(r->bias_ids);
     free(r->bias);
     free(r->stop_token_ids);
+    if (r->matchers)
+        for (uint32_t i = 0; i < r->n_prompts * r->n; i++)
+            grammar_matcher_reset(&r->matchers[i]);
+    free(r->matchers);
+    grammar_release(r->grammar);
     memset(r, 0, sizeof *r);
 }
 
@@ -758,4 +1031,5 @@ void gen_request_seq(const gen_request *r, uint32_t i, uint64_t base_seed, sched
     q->stop_token_ids = r->stop_token_ids;
     q->n_stop_token_ids = r->n_stop_token_ids;
     q->min_tokens = r->min_tokens;
+    if (r->matchers) grammar_matcher_attach(&r->matchers[i], q);
 }

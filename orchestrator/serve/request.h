@@ -8,7 +8,12 @@
  * (json_strict.h); a JSON object; no field orch does not know (400
  * unknown_parameter, as OpenAI's API); 'model' (must be the served model
  * when given, else 404 model_not_found); unsupported features (no suffix,
- * tools, functions, response_format other than text); temperature [0, 2];
+ * no functions); structured output (response_format text / json_object /
+ * json_schema, structured_outputs {json|regex|choice|json_object}, vLLM's
+ * older guided_json / guided_regex / guided_choice, and on chat tools +
+ * tool_choice (tool_calls.h); at most one of them; compiled through
+ * json_schema.h into a grammar of the request_limits' grammar cache; not
+ * with ignore_eos); temperature [0, 2];
  * top_p (0, 1]; top_k >= -1 (<= 0 = off); n [1, 128]; best_of (= n); seed;
  * max_tokens (chat: max_completion_tokens wins); min_p [0, 1];
  * presence/frequency_penalty [-2, 2]; repetition_penalty (0, 10]; stream,
@@ -47,6 +52,7 @@
 
 #include "orchestrator/data/tokenizer.h"
 #include "orchestrator/serve/api_error.h"
+#include "orchestrator/serve/grammar_mask.h"
 #include "orchestrator/serve/sampler.h"
 #include "orchestrator/serve/scheduler.h"
 
@@ -65,6 +71,9 @@ typedef struct request_limits {
     /* Bytes of the longest token (request_max_token_bytes); 0 = unknown. A
      * text prompt of at least context x this many bytes is refused unread. */
     uint32_t max_token_bytes;
+    /* Compiled structured-output grammars (grammar_mask.h); NULL = structured
+     * output is refused (400). */
+    grammar_cache *grammars;
 } request_limits;
 
 /* The byte length of tok's longest token (for request_limits). */
@@ -100,6 +109,12 @@ typedef struct gen_request {
     int32_t *stop_token_ids; /* [n_stop_token_ids] */
     uint32_t n_stop_token_ids;
     uint32_t min_tokens;
+    /* Structured output: the grammar every sequence follows (NULL = none),
+     * one matcher per sequence, and how the output is answered (tool_calls.h
+     * TOOL_MODE_*: a tool call, or text). */
+    grammar *grammar;
+    grammar_matcher *matchers; /* [gen_request_n_seqs] */
+    int tool_mode;
 } gen_request;
 
 int gen_request_parse(const request_limits *lim, int chat, const char *body, size_t len,
@@ -112,7 +127,8 @@ uint32_t gen_request_n_seqs(const gen_request *r);
 
 /* Fill the input fields of sequence i (prompt, max_tokens, sampling, the RNG
  * seeded with stream i % n of base_seed, stops, log-probability and stream
- * flags). The caller sets lock, notify, user and cancel. */
+ * flags, and with structured output the grammar hooks of matcher i). The
+ * caller sets lock, notify, user and cancel. */
 void gen_request_seq(const gen_request *r, uint32_t i, uint64_t base_seed, sched_seq *q);
 
 #endif

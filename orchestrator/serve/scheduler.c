@@ -71,6 +71,7 @@ struct scheduler {
     metrics_series *m_iter_seconds;
     metrics_series *m_pc_hits, *m_pc_misses, *m_pc_hit_tokens, *m_pc_evictions;
     metrics_series *m_pc_blocks, *m_pc_evictable;
+    metrics_series *m_forced; /* jump-forward tokens (structured output) */
 };
 
 /* ------------------------------------------------------------------------- */
@@ -268,6 +269,10 @@ static void register_metrics(scheduler *s) {
             "Cached KV blocks no sequence uses (kept until the pool needs them).", 0,
             NULL));
     }
+    s->m_forced = SERIES(metrics_counter(
+        r, "orch_jump_forward_tokens_total",
+        "Tokens appended without a sampling step because the output grammar forced them.",
+        0, NULL));
 #undef SERIES
     metrics_gauge_set(s->m_kv_total, block_manager_total(s->bm));
     metrics_gauge_set(s->m_kv_used, 0);
@@ -644,6 +649,30 @@ static const float *process_logits(scheduler *s, sched_seq *q, const float *row)
     return sampler_process_logits(&q->sampling, &h, row, s->cfg.vocab_size, s->ws);
 }
 
+/* Jump-forward (sched_seq.forced_tokens): append the tokens the grammar
+ * forces after a sampled one; their KV is computed next iteration (the
+ * sequence then has more than one uncomputed position, like a prefill).
+ * Returns a sched_finish reason (NONE to continue), or -1 out of memory. */
+#define SCHED_MAX_FORCED 64u
+static int append_forced(scheduler *s, sched_seq *q, double now, uint64_t *generated) {
+    int32_t ids[SCHED_MAX_FORCED];
+    uint32_t cap = SCHED_MAX_FORCED, left = q->max_tokens - q->n_out;
+    uint32_t room = s->cfg.context - q->priv.n_all;
+    if (cap > left) cap = left;
+    if (cap > room) cap = room;
+    int complete = 0;
+    uint32_t k = q->forced_tokens(q, ids, cap, &complete);
+    if (k && block_table_reserve(s->bm, &q->priv.blocks, q->priv.n_all + k) != 0)
+        return SCHED_FINISH_NONE; /* no KV room now: sampled one by one */
+    metrics_counter_add(s->m_forced, k);
+    for (uint32_t i = 0; i < k; i++) {
+        int reason = append_token(s, q, ids[i], NULL, now);
+        (*generated)++;
+        if (reason != SCHED_FINISH_NONE) return reason;
+    }
+    return complete ? SCHED_FINISH_STOP : SCHED_FINISH_NONE;
+}
+
 typedef struct plan {
     uint32_t n;    /* batch entries */
     uint32_t rows; /* logits rows */
@@ -812,6 +841,28 @@ static int decode_blocks(scheduler *s, sched_seq *q) {
     return 0;
 }
 
+/* Before a chunk of a running sequence is computed (jump-forward tokens after
+ * a fork): every block it writes must be q's own (the prompt's partial last
+ * block may still be shared with its siblings). -1 when no block is free. */
+static int chunk_blocks(scheduler *s, sched_seq *q, uint32_t chunk) {
+    const uint32_t bs = s->cfg.block_size;
+    for (uint32_t j = q->priv.n_computed / bs; j <= (q->priv.n_computed + chunk - 1) / bs;
+         j++) {
+        if (j < q->priv.blocks.n &&
+            block_manager_refcount(s->bm, q->priv.blocks.ids[j]) > 1 &&
+            s->n_copies >= s->cfg.max_seqs)
+            return -1; /* no room for the copy this iteration */
+        int32_t src, dst;
+        int r = block_table_prepare_write(s->bm, &q->priv.blocks, j, &src, &dst);
+        if (r < 0) return -1;
+        if (r == 1) {
+            s->copy_src[s->n_copies] = src;
+            s->copy_dst[s->n_copies++] = dst;
+        }
+    }
+    return 0;
+}
+
 static int build_batch(scheduler *s, plan *p) {
     memset(p, 0, sizeof *p);
     s->n_copies = 0;
@@ -848,7 +899,7 @@ static int build_batch(scheduler *s, plan *p) {
         if (q->priv.n_all - q->priv.n_computed <= 1) continue;
         uint32_t mode;
         uint32_t chunk = prefill_chunk(q, budget, &plp_left, &mode);
-        if (chunk == 0) continue;
+        if (chunk == 0 || chunk_blocks(s, q, chunk) != 0) continue;
         plan_add(s, p, q, chunk, mode);
         budget -= chunk;
     }
@@ -940,6 +991,8 @@ static int next_token(scheduler *s, sched_seq *q, const float *last, double now,
     }
     int reason = append_token(s, q, tok, last, now);
     (*generated)++;
+    if (reason == SCHED_FINISH_NONE && q->forced_tokens)
+        reason = append_forced(s, q, now, generated);
     if (reason < 0) {
         q->priv.state = ST_DONE;
         seq_finish(s, q, SCHED_FINISH_ERROR, 500, "out of memory");

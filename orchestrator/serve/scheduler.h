@@ -40,7 +40,10 @@
  *      before the forward) when a sequence first writes into it;
  *   4. one engine infer_forward over the batch; logits of sequences whose
  *      prefill completed or that decoded are sampled (sampler.h, per-sequence
- *      RNG), log-probabilities recorded on request, text appended, stop
+ *      RNG; under the sequence's token_mask when it has one, then the
+ *      tokens its forced_tokens hook returns are appended too: jump-forward,
+ *      their KV computed next iteration like a prefill chunk),
+ *      log-probabilities recorded on request, text appended, stop
  *      conditions checked (end-of-text token, stop strings found anywhere in
  *      the generated text, including across token boundaries, max_tokens,
  *      context; stop_token_ids; min_tokens holds all of them back). Logits
@@ -146,6 +149,17 @@ struct sched_seq {
      * tokens generated so far readable in out_tokens; returns a bitset as in
      * sampler.h (valid until the next call) or NULL for no restriction. */
     const uint32_t *(*token_mask)(sched_seq *seq);
+    /* Optional jump-forward hook (structured output): called on the
+     * scheduler thread after each sampled token that did not finish the
+     * sequence (out_tokens readable); writes up to cap token ids the grammar
+     * forces into out and returns how many, and sets *complete when the
+     * output is complete after them (the sequence then finishes with STOP).
+     * Forced tokens are appended without a sampling step (log-probability
+     * 0) and their KV is computed in the next iteration like prefill
+     * positions; when the KV pool cannot take them now they are dropped
+     * (the mask then leads sampling the same way, token by token). */
+    uint32_t (*forced_tokens)(sched_seq *seq, int32_t *out, uint32_t cap, int *complete);
+    void *constraint;      /* state of token_mask / forced_tokens (the caller's) */
     pthread_mutex_t *lock; /* guards the outputs below (caller's mutex) */
     sched_notify_fn notify;
     void *user; /* for the caller */

@@ -49,6 +49,14 @@ static size_t stop_holdback(const sched_seq *q) {
  * where the vocabulary has fewer). */
 static void logprob_of(const sched_seq *q, const float *row, uint32_t vocab, int32_t tok,
                        double *lp, int32_t *top_ids, double *top_lp) {
+    if (!row) { /* a forced token (jump-forward): certain, no alternatives */
+        *lp = 0.0;
+        for (uint32_t k = 0; k < q->top_logprobs; k++) {
+            top_ids[k] = k ? -1 : tok;
+            top_lp[k] = k ? -INFINITY : 0.0;
+        }
+        return;
+    }
     *lp = sampler_logprob(row, vocab, tok);
     if (q->top_logprobs) {
         uint32_t got = sampler_top_logprobs(row, vocab, q->top_logprobs, top_ids, top_lp);

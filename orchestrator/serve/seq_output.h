@@ -29,7 +29,8 @@ typedef struct seq_token {
     size_t n_bytes;
     int is_eot;       /* the end-of-text token: finish with STOP */
     int context_full; /* the sequence now fills the model's context */
-    const float *row; /* the logits it was sampled from (log-probabilities) */
+    const float *row; /* the logits it was sampled from (log-probabilities);
+                         NULL for a forced token: log-probability 0 */
     uint32_t vocab;
     double now; /* util_now() (time of the first token) */
 } seq_token;

@@ -227,7 +227,7 @@ for body, param in [({"messages": []}, "messages"), ({"messages": "hi"}, "messag
                     ({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": -3},
                      "max_completion_tokens"),
                     ({"messages": [{"role": "user", "content": "x"}], "tools": [{}]}, "tools"),
-                    ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}},
+                    ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}},
                      "response_format")]:
     st, js, _ = post(port, CH, body)
     err_of(st, js, 400, param=param)
@@ -429,6 +429,134 @@ check(mv["orch_prefix_cache_misses_total"] >= 1, "miss counter")
 check(mv["orch_prefix_cache_blocks"] > 0 and mv["orch_prefix_cache_evictable_blocks"] == mv["orch_prefix_cache_blocks"],
       "cached block gauges %s %s" % (mv["orch_prefix_cache_blocks"], mv["orch_prefix_cache_evictable_blocks"]))
 check("orch_prefix_cache_hits_total" not in metrics(nocache_port), "no prefix metrics with --no-prefix-cache")
+# ---- structured output ---------------------------------------------------------------
+import re as _re
+
+
+def valid(sc, v):
+    """A small validator for the schemas used here (independent of the server)."""
+    if "enum" in sc and v not in sc["enum"]:
+        return False
+    if "anyOf" in sc and not any(valid(a, v) for a in sc["anyOf"]):
+        return False
+    t = sc.get("type")
+    types = t if isinstance(t, list) else ([t] if t else [])
+    kinds = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None)}
+    if types and not any((isinstance(v, kinds[x]) if x in kinds else
+                          (isinstance(v, int) and not isinstance(v, bool)) if x == "integer" else
+                          (isinstance(v, (int, float)) and not isinstance(v, bool))) for x in types):
+        return False
+    if isinstance(v, dict):
+        props = sc.get("properties", {})
+        if any(k not in v for k in sc.get("required", [])):
+            return False
+        if sc.get("additionalProperties") is False and any(k not in props for k in v):
+            return False
+        return all(valid(props[k], x) for k, x in v.items() if k in props)
+    if isinstance(v, list):
+        return (len(v) >= sc.get("minItems", 0) and len(v) <= sc.get("maxItems", 10 ** 9) and
+                all(valid(sc.get("items", {}), x) for x in v))
+    if isinstance(v, str):
+        return (sc.get("minLength", 0) <= len(v) <= sc.get("maxLength", 10 ** 9) and
+                ("pattern" not in sc or _re.search(sc["pattern"], v)))
+    if isinstance(v, int) and not isinstance(v, bool):
+        return sc.get("minimum", -10 ** 18) <= v <= sc.get("maximum", 10 ** 18)
+    return True
+
+
+SCHEMA = {"type": "object", "properties": {
+    "name": {"type": "string", "minLength": 1, "maxLength": 10},
+    "age": {"type": "integer", "minimum": 18, "maximum": 99},
+    "role": {"enum": ["admin", "user"]},
+    "tags": {"type": "array", "items": {"type": "string", "pattern": "^[a-z]{2,5}$"}, "maxItems": 3},
+    "score": {"anyOf": [{"type": "number"}, {"type": "null"}]}},
+    "required": ["name", "age", "role"], "additionalProperties": False}
+RF = {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA, "strict": True}}
+for seed in range(12):
+    for path, body in [(CH, {"messages": [{"role": "user", "content": "who %d" % seed}]}),
+                       (C, {"prompt": "person %d:" % seed})]:
+        body.update({"max_tokens": 400, "seed": seed, "temperature": 1.0, "response_format": RF})
+        st, js, _ = post(port, path, body)
+        check(st == 200, "json_schema %s: %d %s" % (path, st, js))
+        ch = js["choices"][0]
+        out = ch["message"]["content"] if path == CH else ch["text"]
+        check(ch["finish_reason"] == "stop", "json_schema finishes when complete: %s" % js)
+        check(valid(SCHEMA, json.loads(out)), "json_schema output validates: %s" % out)
+# json_object: any object; streamed text parses too
+st, _, evs = stream(port, CH, {"messages": [{"role": "user", "content": "obj"}], "max_tokens": 300,
+                               "seed": 5, "response_format": {"type": "json_object"}, "stream": True})
+txt = "".join(e["choices"][0]["delta"].get("content", "") for e in evs if e != "[DONE]" and e["choices"])
+check(st == 200 and isinstance(json.loads(txt), dict), "json_object stream: %r" % txt)
+# regex and choice (structured_outputs, and vLLM's older guided_* fields)
+for extra, ok in [({"structured_outputs": {"regex": "[0-9]{3}-[a-z]{2}"}}, lambda t: _re.fullmatch("[0-9]{3}-[a-z]{2}", t)),
+                  ({"guided_regex": "(ab|cd)+e"}, lambda t: _re.fullmatch("(ab|cd)+e", t)),
+                  ({"structured_outputs": {"choice": ["yes", "no", "maybe"]}}, lambda t: t in ("yes", "no", "maybe")),
+                  ({"guided_choice": ["left", "right"]}, lambda t: t in ("left", "right"))]:
+    for seed in range(6):
+        body = {"prompt": "q", "max_tokens": 50, "seed": seed}
+        body.update(extra)
+        st, js, _ = post(port, C, body)
+        check(st == 200 and ok(js["choices"][0]["text"]), "%s: %s" % (extra, js))
+# tools: required / named / auto / none, streamed deltas, conversation with tool messages
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 12}, "unit": {"enum": ["c", "f"]}},
+    "required": ["city", "unit"], "additionalProperties": False}}},
+    {"type": "function", "function": {"name": "ping"}}]
+msgs = [{"role": "user", "content": "weather?"}]
+for choice in ["required", {"type": "function", "function": {"name": "get_weather"}}]:
+    for seed in range(5):
+        st, js, _ = post(port, CH, {"messages": msgs, "tools": TOOLS, "tool_choice": choice, "seed": seed,
+                                    "max_tokens": 200})
+        check(st == 200, "tools %s: %s" % (choice, js))
+        ch = js["choices"][0]
+        check(ch["finish_reason"] == "tool_calls" and ch["message"]["content"] is None, "tool answer %s" % js)
+        tc = ch["message"]["tool_calls"]
+        check(len(tc) == 1 and tc[0]["type"] == "function" and tc[0]["id"].startswith("call_"), "tool_calls %s" % tc)
+        fn = tc[0]["function"]
+        args = json.loads(fn["arguments"])
+        if choice != "required":
+            check(fn["name"] == "get_weather", "named tool %s" % fn)
+        check((fn["name"] == "ping" and args == {}) or (fn["name"] == "get_weather" and valid(TOOLS[0]["function"]["parameters"], args)),
+              "tool arguments validate: %s" % fn)
+st, _, evs = stream(port, CH, {"messages": msgs, "tools": TOOLS, "tool_choice": "required", "seed": 1,
+                               "max_tokens": 200, "stream": True})
+deltas = [e["choices"][0] for e in evs if e != "[DONE]" and e["choices"]]
+calls = [d["delta"]["tool_calls"][0] for d in deltas if "tool_calls" in d["delta"]]
+check(st == 200 and calls and calls[0]["id"].startswith("call_") and calls[0]["function"]["name"], "stream head %s" % calls)
+args = "".join(c["function"].get("arguments", "") for c in calls)
+check(isinstance(json.loads(args), dict) and deltas[-1]["finish_reason"] == "tool_calls", "stream args %r" % args)
+for seed in range(4):  # auto: a call or text, never broken JSON
+    st, js, _ = post(port, CH, {"messages": msgs, "tools": TOOLS, "seed": seed, "max_tokens": 60})
+    ch = js["choices"][0]
+    check(st == 200 and (ch["finish_reason"] == "tool_calls") == ("tool_calls" in ch["message"]), "auto %s" % js)
+st, js, _ = post(port, CH, {"messages": msgs, "tools": TOOLS, "tool_choice": "none", "max_tokens": 5, "temperature": 0})
+tools_line = {"role": "system", "content": "Tools: " + json.dumps(TOOLS, separators=(",", ":"))}
+check(st == 200 and js["choices"][0]["message"]["content"] == greedy(chat_prompt([tools_line] + msgs), 5),
+      "tool_choice none (the tools listed in the prompt) %s" % js)
+check(js["usage"]["prompt_tokens"] == len(chat_prompt([tools_line] + msgs).encode()), "tools prompt tokens")
+conv = msgs + [{"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
+               "function": {"name": "get_weather", "arguments": "{\"city\":\"Oslo\",\"unit\":\"c\"}"}}]},
+               {"role": "tool", "tool_call_id": "call_1", "content": "-3"}]
+st, js, _ = post(port, CH, {"messages": conv, "tools": TOOLS, "tool_choice": "none", "max_tokens": 4})
+check(st == 200, "conversation with tool messages %s" % js)
+# refusals name the offending part
+for path, body, param, frag in [
+        (CH, {"messages": msgs, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+            "type": "object", "properties": {"d": {"type": "string", "format": "date"}}}}}},
+         "response_format", "response_format.json_schema.schema.properties.d: the keyword 'format' is not supported"),
+        (C, {"prompt": "x", "structured_outputs": {"regex": "(a"}}, "structured_outputs", "structured_outputs.regex"),
+        (C, {"prompt": "x", "structured_outputs": {"grammar": "root ::= x"}}, "structured_outputs", "grammar"),
+        (CH, {"messages": msgs, "tools": [{"type": "function", "function": {"name": "f", "parameters": {
+            "type": "object", "properties": {"a": {"oneOf": []}}}}}], "tool_choice": "required"},
+         "tools", "tools[0].function.parameters.properties.a: the keyword 'oneOf' is not supported"),
+        (CH, {"messages": msgs, "tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+         "tool_choice", "nope"),
+        (CH, {"messages": [{"role": "tool", "content": "x"}]}, "messages", "tool_call_id"),
+        (C, {"prompt": "x", "guided_regex": "a", "response_format": {"type": "json_object"}}, "guided_regex", "only one"),
+        (C, {"prompt": "x", "ignore_eos": True, "guided_choice": ["a"]}, "ignore_eos", "ignore_eos")]:
+    st, js, _ = post(port, path, body)
+    e = err_of(st, js, 400, param=param)
+    check(frag in e["message"], "refusal message %r lacks %r" % (e["message"], frag))
 
 # ---- metrics ---------------------------------------------------------------------
 # (gauges are refreshed at the end of each scheduler iteration)

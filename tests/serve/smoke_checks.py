@@ -4,7 +4,9 @@
 (tests/serve_valgrind.sh), so that every main path of the server runs once:
 GET routes, completions in every prompt form with n, echo, logprobs and stop
 strings (the stop-string scan), streams (with usage, with a stop string, cut
-off by the client), chat (plain, streamed, logprobs), CORS preflight, and the
+off by the client), chat (plain, streamed, logprobs), structured output
+(json_schema with jump-forward, regex, tool calls plain and streamed, a refused
+schema), CORS preflight, and the
 error paths (auth, JSON, strict JSON, media type, Host, size, context,
 route, method)."""
 import json
@@ -73,6 +75,27 @@ check(js["choices"][0]["message"]["content"] == greedy(chat_prompt(msgs), 4), "c
 st, _, ev = stream(port, CH, {"messages": msgs, "max_tokens": 3, "temperature": 0, "stream": True}, timeout=120,
                   headers=AUTH)
 check(st == 200 and ev[-1] == "[DONE]", "chat stream")
+
+# structured output: a schema (jump-forward through the scheduler), a regex, a tool
+# call streamed and not, a refused schema
+sch = {"type": "object", "properties": {"a_long_fixed_key": {"type": "integer", "minimum": 0, "maximum": 9},
+                                        "b": {"type": "array", "items": {"type": "string", "maxLength": 3},
+                                              "maxItems": 2}},
+       "required": ["a_long_fixed_key"]}
+js = ok_post(C, {"prompt": "s", "max_tokens": 80, "seed": 1, "n": 2,
+                 "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": sch}}})
+check(all("a_long_fixed_key" in json.loads(c["text"]) for c in js["choices"]), "json_schema")
+js = ok_post(C, {"prompt": "s", "max_tokens": 20, "structured_outputs": {"regex": "[a-c]{2}\\d"}})
+check(len(js["choices"][0]["text"]) == 3, "regex")
+tools = [{"type": "function", "function": {"name": "f", "parameters": sch}}]
+js = ok_post(CH, {"messages": msgs, "tools": tools, "tool_choice": "required", "max_tokens": 80})
+check(js["choices"][0]["finish_reason"] == "tool_calls", "tool call")
+st, _, ev = stream(port, CH, {"messages": msgs, "tools": tools, "stream": True, "max_tokens": 80, "seed": 2,
+                              "tool_choice": {"type": "function", "function": {"name": "f"}}},
+                   timeout=120, headers=AUTH)
+check(st == 200 and ev[-1] == "[DONE]", "tool call stream")
+err(C, {"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {
+    "name": "s", "schema": {"type": "string", "format": "uri"}}}}, 400, "invalid_value")
 
 st, hd, _ = request(port, "OPTIONS", C, headers={"Origin": "http://app.example",
                                                "Access-Control-Request-Method": "POST"})
