@@ -307,7 +307,8 @@ static int open_input(export_ctx *x, gguf_export_result *r, char *err, size_t er
     }
     if (ckpt_path_join(x->st_path, sizeof x->st_path, r->ckpt_dir, CKPT_MODEL_FILE, err,
                        err_cap) != 0 ||
-        safetensors_open(x->st_path, &x->st, err, err_cap) != 0)
+        safetensors_open(x->st_path, &x->st, err, err_cap) != 0 ||
+        ckpt_check_layout(x->st_path, x->st, err, err_cap) != 0)
         return -1;
     return 0;
 }
