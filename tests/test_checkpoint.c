@@ -274,8 +274,8 @@ static void rewrite_with_metadata(const char *src, const char *dst, const char *
             safetensors_writer_add_metadata(w, kv[k], kv[k + 1], err, sizeof err), 0);
     for (size_t i = 0; i < safetensors_count(f); i++) {
         const safetensors_tensor *t = safetensors_get(f, i);
-        ck_assert_int_eq(safetensors_writer_declare(w, t->name, t->dtype, t->ndim, t->shape,
-                                                    err, sizeof err),
+        ck_assert_int_eq(safetensors_writer_declare(w, t->name, t->dtype, t->ndim,
+                                                    t->shape, err, sizeof err),
                          0);
     }
     ck_assert_int_eq(safetensors_writer_begin_data(w, err, sizeof err), 0);
@@ -304,8 +304,8 @@ START_TEST(layout_metadata_old_and_foreign) {
     snprintf(copy, sizeof copy, "%s/orig.safetensors", dir);
     ck_assert_int_eq(rename(model, copy), 0);
     static const char *const pt[] = { "format", "pt" };
-    static const char *const v2[] = { "format", "orch", "layout", "orch-gpt2",
-                                      "layout_version", "2" };
+    static const char *const v2[] = { "format",    "orch",           "layout",
+                                      "orch-gpt2", "layout_version", "2" };
     static const char *const mlx[] = { "format", "mlx" };
     rewrite_with_metadata(copy, model, NULL, 0);
     ck_assert(tables_differ(&mock, a, b));
@@ -315,7 +315,8 @@ START_TEST(layout_metadata_old_and_foreign) {
     ck_assert_int_eq(ckpt_load_weights(out, &mock, b, 0, err, sizeof err), 0);
     rewrite_with_metadata(copy, model, v2, 3);
     ck_assert_int_eq(ckpt_load_weights(out, &mock, b, 0, err, sizeof err), -1);
-    ck_assert_ptr_nonnull(strstr(err, "layout 'orch-gpt2' version '2' is not one this orch reads"));
+    ck_assert_ptr_nonnull(
+        strstr(err, "layout 'orch-gpt2' version '2' is not one this orch reads"));
     rewrite_with_metadata(copy, model, mlx, 1);
     ck_assert_int_eq(ckpt_load_weights(out, &mock, b, 0, err, sizeof err), -1);
     ck_assert_ptr_nonnull(strstr(err, "format 'mlx' is not an orch checkpoint"));

@@ -33,7 +33,7 @@ START_TEST(f16_conversions) {
     ck_assert_uint_eq(gguf_f32_to_f16(65520.0f), 0x7c00); /* rounds to inf */
     ck_assert_uint_eq(gguf_f32_to_f16(INFINITY), 0x7c00);
     ck_assert_uint_eq(gguf_f32_to_f16(-INFINITY), 0xfc00);
-    ck_assert_uint_eq(gguf_f32_to_f16(1e-8f), 0x0000);      /* below half of 2^-24 */
+    ck_assert_uint_eq(gguf_f32_to_f16(1e-8f), 0x0000); /* below half of 2^-24 */
     ck_assert_uint_eq(gguf_f32_to_f16(5.9604645e-8f), 0x0001);
     ck_assert_uint_eq(gguf_f32_to_f16(1.0f + 1.0f / 2048), 0x3c00); /* tie to even */
     ck_assert_uint_eq(gguf_f32_to_f16(1.0f + 3.0f / 2048), 0x3c02); /* tie to even */
@@ -78,20 +78,27 @@ static void write_sample(const char *p) {
     ck_assert_int_eq(gguf_writer_create(p, &w, err, sizeof err), 0);
     const char *strs[] = { "a", "", "\xc4\xa0hello" };
     int32_t ints[] = { 1, -3, 1 << 30 };
-    ck_assert_int_eq(gguf_writer_add_str(w, "general.architecture", "gpt2", err, sizeof err), 0);
+    ck_assert_int_eq(
+        gguf_writer_add_str(w, "general.architecture", "gpt2", err, sizeof err), 0);
     ck_assert_int_eq(gguf_writer_add_u32(w, "gpt2.block_count", 7, err, sizeof err), 0);
     ck_assert_int_eq(gguf_writer_add_f32(w, "gpt2.eps", 1e-5f, err, sizeof err), 0);
     ck_assert_int_eq(gguf_writer_add_bool(w, "b", 1, err, sizeof err), 0);
-    ck_assert_int_eq(gguf_writer_add_str_array(w, "toks", strs, NULL, 3, err, sizeof err), 0);
+    ck_assert_int_eq(gguf_writer_add_str_array(w, "toks", strs, NULL, 3, err, sizeof err),
+                     0);
     ck_assert_int_eq(gguf_writer_add_i32_array(w, "types", ints, 3, err, sizeof err), 0);
     ck_assert_int_eq(gguf_writer_add_u32(w, "gpt2.block_count", 8, err, sizeof err), -1);
     ck_assert_ptr_nonnull(strstr(err, "duplicate key 'gpt2.block_count'"));
     uint64_t ne_a[2] = { 3, 2 }, ne_b[1] = { 5 }, ne_c[2] = { 64, 2 };
-    ck_assert_int_eq(gguf_writer_declare(w, "a", GGUF_TYPE_F32, 2, ne_a, err, sizeof err), 0);
-    ck_assert_int_eq(gguf_writer_declare(w, "b", GGUF_TYPE_F16, 1, ne_b, err, sizeof err), 0);
-    ck_assert_int_eq(gguf_writer_declare(w, "c", GGUF_TYPE_Q8_0, 2, ne_c, err, sizeof err), 0);
-    ck_assert_int_eq(gguf_writer_declare(w, "d", GGUF_TYPE_Q8_0, 1, ne_b, err, sizeof err), -1);
-    ck_assert_int_eq(gguf_writer_declare(w, "a", GGUF_TYPE_F32, 1, ne_b, err, sizeof err), -1);
+    ck_assert_int_eq(gguf_writer_declare(w, "a", GGUF_TYPE_F32, 2, ne_a, err, sizeof err),
+                     0);
+    ck_assert_int_eq(gguf_writer_declare(w, "b", GGUF_TYPE_F16, 1, ne_b, err, sizeof err),
+                     0);
+    ck_assert_int_eq(
+        gguf_writer_declare(w, "c", GGUF_TYPE_Q8_0, 2, ne_c, err, sizeof err), 0);
+    ck_assert_int_eq(
+        gguf_writer_declare(w, "d", GGUF_TYPE_Q8_0, 1, ne_b, err, sizeof err), -1);
+    ck_assert_int_eq(gguf_writer_declare(w, "a", GGUF_TYPE_F32, 1, ne_b, err, sizeof err),
+                     -1);
     ck_assert_int_eq(gguf_writer_begin_data(w, err, sizeof err), 0);
     float a[6] = { 1, 2, 3, 4, 5, 6 }, c[128];
     uint16_t b[5];
@@ -165,10 +172,11 @@ START_TEST(round_trip) {
     fclose(fp);
     gguf_file *g = NULL;
     ck_assert_int_eq(gguf_open_memory(buf, len, "mem", &g, err, sizeof err), 0);
-    ck_assert_uint_eq((uint64_t)((const uint8_t *)gguf_find_tensor(g, "a")->data - buf) % 32,
-                      0);
-    ck_assert_uint_eq(len, (uint64_t)((const uint8_t *)gguf_find_tensor(g, "c")->data - buf) +
-                               4 * GGUF_Q8_0_BYTES + (32 - (4 * GGUF_Q8_0_BYTES) % 32) % 32);
+    ck_assert_uint_eq(
+        (uint64_t)((const uint8_t *)gguf_find_tensor(g, "a")->data - buf) % 32, 0);
+    ck_assert_uint_eq(len,
+                      (uint64_t)((const uint8_t *)gguf_find_tensor(g, "c")->data - buf) +
+                          4 * GGUF_Q8_0_BYTES + (32 - (4 * GGUF_Q8_0_BYTES) % 32) % 32);
     gguf_close(g);
     /* Every truncation is refused (and never reads past the end: ASan). */
     for (size_t n = 0; n < len; n++) {
@@ -336,7 +344,8 @@ START_TEST(writer_leaves_nothing_on_abort) {
     gguf_writer *w = NULL;
     ck_assert_int_eq(gguf_writer_create(path, &w, err, sizeof err), 0);
     uint64_t ne[1] = { 4 };
-    ck_assert_int_eq(gguf_writer_declare(w, "t", GGUF_TYPE_F32, 1, ne, err, sizeof err), 0);
+    ck_assert_int_eq(gguf_writer_declare(w, "t", GGUF_TYPE_F32, 1, ne, err, sizeof err),
+                     0);
     ck_assert_int_eq(gguf_writer_begin_data(w, err, sizeof err), 0);
     ck_assert_int_eq(gguf_writer_finish(w, err, sizeof err), -1); /* data missing */
     ck_assert_ptr_nonnull(strstr(err, "tensor 't' is missing data"));

@@ -452,13 +452,14 @@ int ckpt_check_layout(const char *fpath, const safetensors_file *f, char *err,
     }
     const char *lay = safetensors_metadata(f, "layout");
     const char *ver = safetensors_metadata(f, "layout_version");
-    if (!lay || strncmp(lay, CKPT_LAYOUT_PREFIX, strlen(CKPT_LAYOUT_PREFIX)) != 0 || !ver ||
-        strcmp(ver, CKPT_LAYOUT_VERSION) != 0) {
-        util_set_err(err, err_cap,
-                     "%s: layout '%.40s' version '%.20s' is not one this orch reads (%sARCH "
-                     "version %s)",
-                     fpath, lay ? lay : "(none)", ver ? ver : "(none)", CKPT_LAYOUT_PREFIX,
-                     CKPT_LAYOUT_VERSION);
+    if (!lay || strncmp(lay, CKPT_LAYOUT_PREFIX, strlen(CKPT_LAYOUT_PREFIX)) != 0 ||
+        !ver || strcmp(ver, CKPT_LAYOUT_VERSION) != 0) {
+        util_set_err(
+            err, err_cap,
+            "%s: layout '%.40s' version '%.20s' is not one this orch reads (%sARCH "
+            "version %s)",
+            fpath, lay ? lay : "(none)", ver ? ver : "(none)", CKPT_LAYOUT_PREFIX,
+            CKPT_LAYOUT_VERSION);
         return -1;
     }
     return 0;

@@ -38,9 +38,9 @@
  * model.arch: orch's tensor names and the [out, in] layout of linear layers,
  * which is not Hugging Face's), "layout_version": "1". Files written before
  * these keys carry "format": "pt" or no metadata and load as layout 1. */
-#define CKPT_META_FORMAT     "orch"
-#define CKPT_LAYOUT_PREFIX   "orch-"
-#define CKPT_LAYOUT_VERSION  "1"
+#define CKPT_META_FORMAT    "orch"
+#define CKPT_LAYOUT_PREFIX  "orch-"
+#define CKPT_LAYOUT_VERSION "1"
 
 struct safetensors_file;
 /* 0 when a checkpoint file's metadata is a layout this code reads (above),

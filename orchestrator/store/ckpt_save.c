@@ -42,7 +42,8 @@ static int write_tables(const char *path, const ckpt_tsrc *srcs,
     void *buf = NULL;
     uint64_t max_bytes = 0;
     if (safetensors_writer_create(path, &w, err, err_cap) != 0) return -1;
-    if (safetensors_writer_add_metadata(w, "format", CKPT_META_FORMAT, err, err_cap) != 0 ||
+    if (safetensors_writer_add_metadata(w, "format", CKPT_META_FORMAT, err, err_cap) !=
+            0 ||
         safetensors_writer_add_metadata(w, "layout", layout, err, err_cap) != 0 ||
         safetensors_writer_add_metadata(w, "layout_version", CKPT_LAYOUT_VERSION, err,
                                         err_cap) != 0)
@@ -174,7 +175,8 @@ static int write_contents(const char *dir, const ckpt_tsrc *params,
             return -1;
         ckpt_tsrc both[2] = { *adam_m, *adam_v };
         static const char *const pre[2] = { "m.", "v." };
-        if (write_tables(path, both, pre, 2, layout, sums[ns].sha, err, err_cap) != 0) return -1;
+        if (write_tables(path, both, pre, 2, layout, sums[ns].sha, err, err_cap) != 0)
+            return -1;
         sums[ns++].file = CKPT_OPTIM_FILE;
     }
 

@@ -29,17 +29,22 @@ static const struct {
     const char *name;
     uint32_t block, bytes;
 } ttypes[] = {
-    [0] = { "F32", 1, 4 },        [1] = { "F16", 1, 2 },        [2] = { "Q4_0", 32, 18 },
-    [3] = { "Q4_1", 32, 20 },     [6] = { "Q5_0", 32, 22 },     [7] = { "Q5_1", 32, 24 },
-    [8] = { "Q8_0", 32, 34 },     [9] = { "Q8_1", 32, 36 },     [10] = { "Q2_K", 256, 84 },
-    [11] = { "Q3_K", 256, 110 },  [12] = { "Q4_K", 256, 144 },  [13] = { "Q5_K", 256, 176 },
-    [14] = { "Q6_K", 256, 210 },  [15] = { "Q8_K", 256, 292 },  [16] = { "IQ2_XXS", 0, 0 },
-    [17] = { "IQ2_XS", 0, 0 },    [18] = { "IQ3_XXS", 0, 0 },   [19] = { "IQ1_S", 0, 0 },
-    [20] = { "IQ4_NL", 32, 18 },  [21] = { "IQ3_S", 0, 0 },     [22] = { "IQ2_S", 0, 0 },
-    [23] = { "IQ4_XS", 256, 136 }, [24] = { "I8", 1, 1 },       [25] = { "I16", 1, 2 },
-    [26] = { "I32", 1, 4 },       [27] = { "I64", 1, 8 },       [28] = { "F64", 1, 8 },
-    [29] = { "IQ1_M", 0, 0 },     [30] = { "BF16", 1, 2 },      [34] = { "TQ1_0", 0, 0 },
-    [35] = { "TQ2_0", 0, 0 },     [39] = { "MXFP4", 32, 17 },
+    [0] = { "F32", 1, 4 },       [1] = { "F16", 1, 2 },
+    [2] = { "Q4_0", 32, 18 },    [3] = { "Q4_1", 32, 20 },
+    [6] = { "Q5_0", 32, 22 },    [7] = { "Q5_1", 32, 24 },
+    [8] = { "Q8_0", 32, 34 },    [9] = { "Q8_1", 32, 36 },
+    [10] = { "Q2_K", 256, 84 },  [11] = { "Q3_K", 256, 110 },
+    [12] = { "Q4_K", 256, 144 }, [13] = { "Q5_K", 256, 176 },
+    [14] = { "Q6_K", 256, 210 }, [15] = { "Q8_K", 256, 292 },
+    [16] = { "IQ2_XXS", 0, 0 },  [17] = { "IQ2_XS", 0, 0 },
+    [18] = { "IQ3_XXS", 0, 0 },  [19] = { "IQ1_S", 0, 0 },
+    [20] = { "IQ4_NL", 32, 18 }, [21] = { "IQ3_S", 0, 0 },
+    [22] = { "IQ2_S", 0, 0 },    [23] = { "IQ4_XS", 256, 136 },
+    [24] = { "I8", 1, 1 },       [25] = { "I16", 1, 2 },
+    [26] = { "I32", 1, 4 },      [27] = { "I64", 1, 8 },
+    [28] = { "F64", 1, 8 },      [29] = { "IQ1_M", 0, 0 },
+    [30] = { "BF16", 1, 2 },     [34] = { "TQ1_0", 0, 0 },
+    [35] = { "TQ2_0", 0, 0 },    [39] = { "MXFP4", 32, 17 },
 };
 #define N_TTYPES (sizeof ttypes / sizeof ttypes[0])
 
@@ -60,10 +65,11 @@ uint64_t gguf_type_nbytes(uint32_t type, uint64_t n) {
 }
 
 static const char *const vtype_names[GGUF_VTYPE_COUNT] = {
-    "u8", "i8", "u16", "i16", "u32", "i32", "f32", "bool", "string", "array", "u64", "i64",
-    "f64",
+    "u8",   "i8",     "u16",   "i16", "u32", "i32", "f32",
+    "bool", "string", "array", "u64", "i64", "f64",
 };
-static const uint8_t vtype_size[GGUF_VTYPE_COUNT] = { 1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8 };
+static const uint8_t vtype_size[GGUF_VTYPE_COUNT] = { 1, 1, 2, 2, 4, 4, 4,
+                                                      1, 0, 0, 8, 8, 8 };
 
 const char *gguf_vtype_name(uint32_t vtype) {
     return vtype < GGUF_VTYPE_COUNT ? vtype_names[vtype] : "?";
@@ -93,7 +99,8 @@ uint16_t gguf_f32_to_f16(float f) {
 }
 
 float gguf_f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ffu, x;
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ffu,
+             x;
     if (e == 0x1f) {
         x = sign | 0x7f800000u | (m << 13);
     } else if (e == 0) {
@@ -206,11 +213,13 @@ static int rd_str(cursor *c, gguf_str *s, const char *what) {
 
 /* Key or tensor name: non-empty, no NUL, bounded. */
 static int name_ok(cursor *c, const gguf_str *s, const char *what, uint64_t index) {
-    if (s->len > 0 && s->len <= GGUF_MAX_KEY && !memchr(s->p, 0, (size_t)s->len)) return 0;
+    if (s->len > 0 && s->len <= GGUF_MAX_KEY && !memchr(s->p, 0, (size_t)s->len))
+        return 0;
     util_set_err(c->err, c->err_cap, "%s: %s %llu: %s", c->file, what,
                  (unsigned long long)index,
-                 s->len == 0 ? "empty name" : s->len > GGUF_MAX_KEY ? "name too long"
-                                                                   : "name holds a NUL byte");
+                 s->len == 0             ? "empty name"
+                 : s->len > GGUF_MAX_KEY ? "name too long"
+                                         : "name holds a NUL byte");
     return -1;
 }
 
@@ -337,7 +346,8 @@ static int check_unique(const char *file, const char *what, const void *base, si
 }
 
 static int cmp_off(const void *a, const void *b) {
-    const gguf_tensor *x = *(const gguf_tensor *const *)a, *y = *(const gguf_tensor *const *)b;
+    const gguf_tensor *x = *(const gguf_tensor *const *)a,
+                      *y = *(const gguf_tensor *const *)b;
     return x->offset < y->offset ? -1 : x->offset > y->offset;
 }
 
@@ -425,7 +435,8 @@ static int parse_bytes(gguf_file *f, const char *file, const uint8_t *buf, size_
         for (uint64_t i = 0; i < n_t; i++) {
             gguf_str s;
             uint32_t nd;
-            if (rd_str(&c2, &s, "a tensor name") != 0 || rd_u32(&c2, &nd, "a tensor") != 0)
+            if (rd_str(&c2, &s, "a tensor name") != 0 ||
+                rd_u32(&c2, &nd, "a tensor") != 0)
                 return -1;
             if (nd > GGUF_MAX_DIMS) nd = GGUF_MAX_DIMS + 1; /* refused in pass 2 */
             if (need(&c2, (uint64_t)nd * 8 + 12, "a tensor") != 0) return -1;
@@ -721,9 +732,9 @@ struct gguf_writer {
     size_t keys_cap;
     wtensor *t;
     size_t n_t, t_cap;
-    uint64_t total;  /* data bytes incl. padding */
-    uint64_t cur;    /* tensor being written */
-    uint64_t done;   /* bytes of t[cur] written */
+    uint64_t total; /* data bytes incl. padding */
+    uint64_t cur;   /* tensor being written */
+    uint64_t done;  /* bytes of t[cur] written */
     int began;
     fsio_atomic_file out;
 };
@@ -948,7 +959,8 @@ int gguf_writer_write(gguf_writer *w, const void *data, size_t bytes, char *err,
     }
     while (bytes > 0) {
         if (w->cur >= w->n_t) {
-            util_set_err(err, err_cap, "%s: more data than the tensors declared", w->path);
+            util_set_err(err, err_cap, "%s: more data than the tensors declared",
+                         w->path);
             return -1;
         }
         const wtensor *t = &w->t[w->cur];

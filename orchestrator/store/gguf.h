@@ -107,11 +107,11 @@ typedef struct gguf_str {
 } gguf_str;
 
 typedef struct gguf_kv {
-    const char *key;   /* NUL-terminated copy */
-    uint32_t type;     /* gguf_vtype */
-    uint32_t arr_type; /* element type when type == GGUF_ARRAY */
-    uint64_t n;        /* elements (1 for a scalar) */
-    const void *data;  /* scalar or first element (unaligned: memcpy);
+    const char *key;      /* NUL-terminated copy */
+    uint32_t type;        /* gguf_vtype */
+    uint32_t arr_type;    /* element type when type == GGUF_ARRAY */
+    uint64_t n;           /* elements (1 for a scalar) */
+    const void *data;     /* scalar or first element (unaligned: memcpy);
                           for strings use strs */
     const gguf_str *strs; /* type STRING (1) or ARRAY of STRING (n); else NULL */
 } gguf_kv;

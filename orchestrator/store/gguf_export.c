@@ -54,7 +54,9 @@ static int add_tokenizer(export_ctx *x, gguf_writer *w, char *err, size_t err_ca
     if (bpe_vocab_merges(v, &pairs, &n_merges, err, err_cap) != 0)
         return fail(x, GPT2_IMPORT_ERR_RUNTIME);
     char *pool = malloc(pool_cap);
-    const char **strs = util_calloc(n > n_merges ? n : n_merges ? n_merges : 1,
+    const char **strs = util_calloc(n > n_merges ? n
+                                    : n_merges   ? n_merges
+                                                 : 1,
                                     sizeof *strs);
     size_t *lens = util_calloc(n > n_merges ? n : n_merges ? n_merges : 1, sizeof *lens);
     int32_t *types = util_calloc(n, sizeof *types);
@@ -136,7 +138,7 @@ static int add_hparams(export_ctx *x, gguf_writer *w, char *err, size_t err_cap)
         const char *key;
         uint32_t v;
     } u[] = {
-        { "context_length", m->context },      { "embedding_length", m->width },
+        { "context_length", m->context },        { "embedding_length", m->width },
         { "feed_forward_length", m->mlp_width }, { "block_count", m->layers },
         { "attention.head_count", m->heads },
     };
@@ -166,10 +168,11 @@ static const safetensors_tensor *source(export_ctx *x, size_t i,
         return NULL;
     }
     if (t->ndim != nd || t->shape[0] != d0 || (nd == 2 && t->shape[1] != d1)) {
-        util_set_err(err, err_cap,
-                     "%s: tensor '%s' does not have the shape of the config ([%llu%s%.0llu])",
-                     x->st_path, oname, (unsigned long long)d0, nd == 2 ? "," : "",
-                     (unsigned long long)d1);
+        util_set_err(
+            err, err_cap,
+            "%s: tensor '%s' does not have the shape of the config ([%llu%s%.0llu])",
+            x->st_path, oname, (unsigned long long)d0, nd == 2 ? "," : "",
+            (unsigned long long)d1);
         return NULL;
     }
     if (t->dtype != SAFETENSORS_F32 && t->dtype != SAFETENSORS_F16 &&
@@ -326,12 +329,14 @@ int gguf_export(const gguf_export_opts *o, gguf_export_result *r, int *err_kind,
         util_set_err(err, err_cap, "need a checkpoint and an output file");
         goto out;
     }
-    if (parse_type(&x, o->type, err, err_cap) != 0 || open_input(&x, r, err, err_cap) != 0)
+    if (parse_type(&x, o->type, err, err_cap) != 0 ||
+        open_input(&x, r, err, err_cap) != 0)
         goto out;
     r->layers = x.cfg->model.layers;
     x.kind = GPT2_IMPORT_ERR_RUNTIME;
     if (gguf_writer_create(o->out, &w, err, err_cap) != 0) goto out;
-    if (add_hparams(&x, w, err, err_cap) != 0 || add_tokenizer(&x, w, err, err_cap) != 0 ||
+    if (add_hparams(&x, w, err, err_cap) != 0 ||
+        add_tokenizer(&x, w, err, err_cap) != 0 ||
         write_tensors(&x, w, r, err, err_cap) != 0)
         goto out;
     gguf_writer *done = w;

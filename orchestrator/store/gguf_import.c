@@ -84,7 +84,8 @@ static int read_hparams(import_ctx *x, char *err, size_t err_cap) {
     snprintf(key, sizeof key, "%s.attention.head_count_kv", x->arch->gguf_name);
     if (gguf_get_uint(x->f, key, 65536, &kvh, err, err_cap) < 0) return -1;
     if (kvh != m->heads || m->width % m->heads != 0) {
-        util_set_err(err, err_cap, "%s: %llu kv heads / %u heads / width %u: not a %s "
+        util_set_err(err, err_cap,
+                     "%s: %llu kv heads / %u heads / width %u: not a %s "
                      "model orch can run",
                      x->o->input, (unsigned long long)kvh, m->heads, m->width,
                      x->arch->gguf_name);
@@ -109,8 +110,8 @@ static const gguf_kv *str_array(import_ctx *x, const char *key, uint64_t min, ch
     if (!kv || kv->type != GGUF_ARRAY || kv->arr_type != GGUF_STRING || kv->n < min) {
         util_set_err(err, err_cap, "%s: %s: %s", x->o->input, key,
                      !kv ? "missing (orch needs the GPT-2 tokenizer)"
-                         : kv->n < min && kv->type == GGUF_ARRAY ? "too few entries"
-                                                                 : "not an array of strings");
+                     : kv->n < min && kv->type == GGUF_ARRAY ? "too few entries"
+                                                             : "not an array of strings");
         return NULL;
     }
     return kv;
@@ -129,7 +130,8 @@ static int check_tokenizer(import_ctx *x, char *err, size_t err_cap) {
         util_set_err(err, err_cap,
                      "%s: tokenizer.ggml.model is %s%.*s%s, not GPT-2's BPE (orch "
                      "imports the gpt2 tokenizer only)",
-                     x->o->input, got ? "'" : "", got ? (int)(model.len > 40 ? 40 : model.len) : 7,
+                     x->o->input, got ? "'" : "",
+                     got ? (int)(model.len > 40 ? 40 : model.len) : 7,
                      got ? model.p : "missing", got ? "'" : "");
         return -1;
     }
@@ -141,7 +143,8 @@ static int check_tokenizer(import_ctx *x, char *err, size_t err_cap) {
     if (bpe_vocab_load_gpt2(vdir, &x->voc, err, err_cap) != 0) return -1;
     x->have_voc = 1;
     const bpe_vocab *v = &x->voc;
-    const gguf_kv *tok = str_array(x, "tokenizer.ggml.tokens", v->vocab_size, err, err_cap);
+    const gguf_kv *tok =
+        str_array(x, "tokenizer.ggml.tokens", v->vocab_size, err, err_cap);
     if (!tok) return -1;
     if (tok->n > (uint64_t)1 << 24) {
         util_set_err(err, err_cap, "%s: tokenizer.ggml.tokens: %llu tokens is too many",
@@ -152,9 +155,10 @@ static int check_tokenizer(import_ctx *x, char *err, size_t err_cap) {
     char buf[2048];
     for (uint32_t i = 0; i < v->vocab_size; i++) {
         size_t n = v->off[i + 1] - v->off[i];
-        size_t l = n <= sizeof buf / 2
-                       ? bpe_gpt2_spell((const unsigned char *)v->pool + v->off[i], n, buf)
-                       : 0;
+        size_t l =
+            n <= sizeof buf / 2
+                ? bpe_gpt2_spell((const unsigned char *)v->pool + v->off[i], n, buf)
+                : 0;
         if (!same(&tok->strs[i], buf, l)) {
             util_set_err(err, err_cap,
                          "%s: tokenizer.ggml.tokens[%u] differs from GPT-2's (orch "
@@ -272,9 +276,11 @@ static int convert_all(import_ctx *x, gguf_import_result *r, char *err, size_t e
                          x->o->input, gn, tn ? tn : "?");
             return -1;
         }
-        uint64_t d0 = gguf_dim_size(&x->m, mp->dim[0]), d1 = gguf_dim_size(&x->m, mp->dim[1]);
+        uint64_t d0 = gguf_dim_size(&x->m, mp->dim[0]),
+                 d1 = gguf_dim_size(&x->m, mp->dim[1]);
         uint32_t nd = mp->dim[1] ? 2 : 1;
-        int ok = t->ndim == nd && (nd == 1 ? t->ne[0] == d0 : t->ne[0] == d1 && t->ne[1] == d0);
+        int ok = t->ndim == nd &&
+                 (nd == 1 ? t->ne[0] == d0 : t->ne[0] == d1 && t->ne[1] == d0);
         if (!ok) {
             util_set_err(err, err_cap,
                          "%s: tensor '%s' has ne [%llu,%llu], expected [%llu,%llu] for "
@@ -321,9 +327,11 @@ int gguf_import(const gguf_import_opts *o, gguf_import_result *r, int *err_kind,
         read_hparams(&x, err, err_cap) != 0 || check_tokenizer(&x, err, err_cap) != 0 ||
         scan_tensors(&x, err, err_cap) != 0 || convert_all(&x, r, err, err_cap) != 0)
         goto out;
-    gpt2_import_model gm = { x.m.vocab_size, x.m.context, x.m.width, x.m.mlp_width,
-                             x.m.layers, x.m.heads, x.m.layernorm_eps, "gpt2" };
-    int kind = gpt2_import_texts(&gm, o->input, o->base_config, &state, &cfg, err, err_cap);
+    gpt2_import_model gm = { x.m.vocab_size,    x.m.context, x.m.width,
+                             x.m.mlp_width,     x.m.layers,  x.m.heads,
+                             x.m.layernorm_eps, "gpt2" };
+    int kind =
+        gpt2_import_texts(&gm, o->input, o->base_config, &state, &cfg, err, err_cap);
     if (kind != 0) {
         x.kind = kind;
         goto out;

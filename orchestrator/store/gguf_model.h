@@ -47,9 +47,9 @@ typedef struct gguf_tensor_map {
 } gguf_tensor_map;
 
 typedef struct gguf_arch {
-    const char *orch_name;  /* model.arch */
-    const char *gguf_name;  /* general.architecture */
-    const char *eps_key;    /* after "ARCH.": the norm epsilon key */
+    const char *orch_name;                     /* model.arch */
+    const char *gguf_name;                     /* general.architecture */
+    const char *eps_key;                       /* after "ARCH.": the norm epsilon key */
     const gguf_tensor_map *pre, *layer, *post; /* engine table order */
     size_t n_pre, n_layer, n_post;
 } gguf_arch;

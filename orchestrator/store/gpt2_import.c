@@ -331,7 +331,8 @@ static cJSON *config_doc(const gpt2_import_model *m, const orch_config *base) {
     }
     cJSON *tr = cJSON_AddObjectToObject(doc, "train");
     cJSON_AddNumberToObject(tr, "micro_batch", 4);
-    cJSON_AddNumberToObject(tr, "seq_len", (double)(m->context < 1024 ? m->context : 1024));
+    cJSON_AddNumberToObject(tr, "seq_len",
+                            (double)(m->context < 1024 ? m->context : 1024));
     cJSON_AddNumberToObject(tr, "max_steps", 1000);
     cJSON_AddNumberToObject(tr, "lr", 6e-5);
     cJSON *da = cJSON_AddObjectToObject(doc, "data");
@@ -381,8 +382,8 @@ oom:
 /* state.json text and the config text (both malloc'd). */
 static int build_texts(import_ctx *ic, const gpt2_import_opts *o, char **state_text,
                        char **cfg_text, char *err, size_t err_cap) {
-    gpt2_import_model m = { ic->V, ic->T, ic->C, ic->M, ic->layers, ic->heads, ic->eps,
-                            ic->tok };
+    gpt2_import_model m = { ic->V,      ic->T,     ic->C,   ic->M,
+                            ic->layers, ic->heads, ic->eps, ic->tok };
     int kind = gpt2_import_texts(&m, o->input, o->base_config, state_text, cfg_text, err,
                                  err_cap);
     if (kind == 0) return 0;

@@ -32,9 +32,11 @@ static void check_kvs(const gguf_file *f) {
         const gguf_kv *kv = gguf_kv_get(f, i);
         FUZZ_CHECK(kv && kv->key && kv->key[0], "kv %zu has no key", i);
         FUZZ_CHECK(gguf_find_kv(f, kv->key) == kv, "find('%s') is another kv", kv->key);
-        if (kv->type == GGUF_STRING || (kv->type == GGUF_ARRAY && kv->arr_type == GGUF_STRING)) {
+        if (kv->type == GGUF_STRING ||
+            (kv->type == GGUF_ARRAY && kv->arr_type == GGUF_STRING)) {
             for (uint64_t k = 0; k < kv->n; k++)
-                for (uint64_t c = 0; c < kv->strs[k].len; c++) sum ^= (uint8_t)kv->strs[k].p[c];
+                for (uint64_t c = 0; c < kv->strs[k].len; c++)
+                    sum ^= (uint8_t)kv->strs[k].p[c];
         } else if (kv->type == GGUF_ARRAY && kv->arr_type != GGUF_F32 &&
                    kv->arr_type != GGUF_F64 && kv->arr_type != GGUF_BOOL) {
             for (uint64_t k = 0; k < kv->n; k++) sum ^= (uint8_t)gguf_arr_int(kv, k);
@@ -64,8 +66,8 @@ static void check_tensors(const gguf_file *f, const uint8_t *lo, const uint8_t *
         FUZZ_CHECK(t->ndim >= 1 && t->ndim <= GGUF_MAX_DIMS, "ndim %u", t->ndim);
         uint64_t n = 1;
         for (uint32_t d = 0; d < GGUF_MAX_DIMS; d++) n *= t->ne[d];
-        FUZZ_CHECK(n == t->numel, "numel %llu, product %llu", (unsigned long long)t->numel,
-                   (unsigned long long)n);
+        FUZZ_CHECK(n == t->numel, "numel %llu, product %llu",
+                   (unsigned long long)t->numel, (unsigned long long)n);
         FUZZ_CHECK(gguf_type_nbytes(t->type, t->numel) == t->nbytes, "nbytes of '%s'",
                    t->name);
         const uint8_t *p = t->data;
@@ -74,7 +76,8 @@ static void check_tensors(const gguf_file *f, const uint8_t *lo, const uint8_t *
         FUZZ_CHECK(t->offset % gguf_alignment(f) == 0, "unaligned '%s'", t->name);
         for (size_t k = 0; k < i; k++) {
             const gguf_tensor *u = gguf_tensor_get(f, k);
-            FUZZ_CHECK(u->offset + u->nbytes <= t->offset || t->offset + t->nbytes <= u->offset,
+            FUZZ_CHECK(u->offset + u->nbytes <= t->offset ||
+                           t->offset + t->nbytes <= u->offset,
                        "'%s' and '%s' overlap", u->name, t->name);
         }
         float *tmp = malloc((size_t)t->numel * sizeof *tmp + 1);
@@ -110,11 +113,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     int rc2 = gguf_open(path, &g, err2, sizeof err2);
     FUZZ_CHECK(rc2 == rc, "memory %d, file %d ('%s' / '%s')", rc, rc2, err, err2);
     if (rc2 == 0) {
-        FUZZ_CHECK(gguf_tensor_count(g) == n_t && gguf_kv_count(g) == n_kv, "counts differ");
+        FUZZ_CHECK(gguf_tensor_count(g) == n_t && gguf_kv_count(g) == n_kv,
+                   "counts differ");
         gguf_close(g);
     } else if (strlen(err) < sizeof err - 1 && strlen(err2) < sizeof err2 - 1) {
         size_t pl = strlen(path);
-        FUZZ_CHECK(strncmp(err2, path, pl) == 0 && strcmp(err2 + pl, err + strlen(NAME)) == 0,
+        FUZZ_CHECK(strncmp(err2, path, pl) == 0 &&
+                       strcmp(err2 + pl, err + strlen(NAME)) == 0,
                    "different errors: '%s' / '%s'", err, err2);
     }
     return 0;
