@@ -10,6 +10,7 @@ set -u
 ORCH_BIN=${ORCH_BIN:-build/orch}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 EDIT="$ROOT/tests/gguf/gguf_edit.py"
+export EDIT PYTHONDONTWRITEBYTECODE=1
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
@@ -50,7 +51,7 @@ for i in $(seq 1 200); do echo "In the beginning God created the heaven and the 
 for tok in byte gpt2; do
   "$ORCH_BIN" prepare --tokenizer $tok --input corpus.txt --out data_$tok --val-fraction 0.1 >prep.log 2>&1 ||
     { cat prep.log; fail "prepare $tok"; }
-  V=256; [ $tok = gpt2 ] && V=50257
+  V=256; [ $tok = gpt2 ] && V=50304 # 47 padding rows past GPT-2's 50257 tokens
   cat >cfg_$tok.json <<JSON
 {"model": {"arch": "gpt2", "vocab_size": $V, "context": 32, "layers": 2, "heads": 2, "width": 32},
  "train": {"micro_batch": 4, "seq_len": 16, "max_steps": 60, "lr": 1e-2, "eval_every": 0, "eval_batches": 1},
@@ -69,7 +70,7 @@ for t in f32 f16 q8_0; do
   "$ORCH_BIN" export gguf run_gpt2 --out m_$t.gguf --type $t >exp.log 2>&1 || { cat exp.log; fail "export $t"; }
   grep -q "2 layers, 28 tensors" exp.log || fail "export summary: $(cat exp.log)"
   "$ORCH_BIN" import gguf m_$t.gguf --out imp_$t >imp.log 2>&1 || { cat imp.log; fail "import $t"; }
-  grep -q "imported GGUF gpt2: 2 layers, 2 heads, width 32, mlp 128, vocab 50257, context 32" imp.log ||
+  grep -q "imported GGUF gpt2: 2 layers, 2 heads, width 32, mlp 128, vocab 50304, context 32" imp.log ||
     fail "import summary: $(cat imp.log)"
   (cd imp_$t && sha256sum --quiet -c checksums.sha256) || fail "imp_$t checksums"
 done
@@ -96,6 +97,19 @@ for p in "In the beginning" "God created" "the earth"; do
   [ "$a" = "$b" ] || fail "'$p': original '$a', imported '$b'"
 done
 expect_err 1 "already exists" "$ORCH_BIN" import gguf m_f32.gguf --out imp_f32
+
+python3 - m_f32.gguf <<'PY' || fail "padding tokens"
+import os, sys
+sys.path.insert(0, os.path.dirname(os.environ["EDIT"]))
+from gguf_edit import load
+kvs, _ = load(sys.argv[1])
+kv = {k: v for k, _, v in kvs}
+toks, types = kv["tokenizer.ggml.tokens"][1], kv["tokenizer.ggml.token_type"][1]
+assert len(toks) == 50304 and toks[50256] == b"<|endoftext|>" and toks[50257] == b"[PAD50257]", toks[50256:50258]
+assert types[0] == 1 and types[50256] == 3 and types[50303] == 5
+assert toks[220] == "\u0120".encode() and kv["tokenizer.ggml.merges"][1][0] == "\u0120 t".encode()
+assert kv["general.architecture"] == b"gpt2" and kv["gpt2.block_count"] == 2 and kv["general.alignment"] == 32
+PY
 
 # 4. Malformed and foreign files: exit 2, one line naming the problem.
 : >empty.gguf

@@ -136,4 +136,5 @@ def main():
     save(dst, kvs, tensors)
 
 
-main()
+if __name__ == "__main__":
+    main()
