@@ -51,7 +51,9 @@ int cmd_export(int argc, char **argv) {
             flags_print_usage(&cmd, stdout);
             return ORCH_EXIT_OK;
         }
-        if (argc < 2)
+        if (argc >= 2 && argv[1][0] == '-')
+            util_error("export: unknown argument '%s' (see orch export --help)", argv[1]);
+        else if (argc < 2)
             util_error("export: expected a format: orch export gguf CKPT --out FILE "
                        "(see orch export --help)");
         else

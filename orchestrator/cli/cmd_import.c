@@ -50,7 +50,9 @@ int cmd_import(int argc, char **argv) {
             flags_print_usage(&cmd, stdout);
             return ORCH_EXIT_OK;
         }
-        if (argc < 2)
+        if (argc >= 2 && argv[1][0] == '-')
+            util_error("import: unknown argument '%s' (see orch import --help)", argv[1]);
+        else if (argc < 2)
             util_error("import: expected a format: orch import gguf FILE --out DIR "
                        "(see orch import --help)");
         else

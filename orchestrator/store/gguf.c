@@ -431,15 +431,18 @@ static int parse_bytes(gguf_file *f, const char *file, const uint8_t *buf, size_
     const uint8_t *kv_start = c.p;
     size_t n_strs = 0, name_bytes = 0;
     if (parse_kvs(&c, n_kv, NULL, NULL, &n_strs, NULL, NULL, &name_bytes) != 0) return -1;
-    for (cursor c2 = c; c2.p; c2.p = NULL) { /* tensor name bytes */
+    { /* Tensor name bytes, up to the first info that cannot be read: pass 2
+       * reads the same bytes and refuses that info (or an earlier one) with
+       * the real reason, so it never copies a name not counted here. */
+        char scratch[256];
+        cursor c2 = { c.p, c.end, file, scratch, sizeof scratch };
         for (uint64_t i = 0; i < n_t; i++) {
             gguf_str s;
             uint32_t nd;
             if (rd_str(&c2, &s, "a tensor name") != 0 ||
-                rd_u32(&c2, &nd, "a tensor") != 0)
-                return -1;
-            if (nd > GGUF_MAX_DIMS) nd = GGUF_MAX_DIMS + 1; /* refused in pass 2 */
-            if (need(&c2, (uint64_t)nd * 8 + 12, "a tensor") != 0) return -1;
+                rd_u32(&c2, &nd, "a tensor") != 0 || nd < 1 || nd > GGUF_MAX_DIMS ||
+                need(&c2, (uint64_t)nd * 8 + 12, "a tensor") != 0)
+                break;
             c2.p += (size_t)nd * 8 + 12;
             name_bytes += (size_t)(s.len > GGUF_MAX_KEY ? 0 : s.len) + 1;
         }
@@ -886,9 +889,13 @@ int gguf_writer_declare(gguf_writer *w, const char *name, uint32_t type, uint32_
     uint32_t blk, by;
     gguf_type_size(type, &blk, &by);
     if (blk == 0 || ne[0] % blk != 0) {
-        util_set_err(err, err_cap,
-                     "%s: tensor '%s': type %u needs rows that are a multiple of %u",
-                     w->path, name, type, blk);
+        if (blk == 0)
+            util_set_err(err, err_cap, "%s: tensor '%s': type %u cannot be written",
+                         w->path, name, type);
+        else
+            util_set_err(err, err_cap,
+                         "%s: tensor '%s': type %s needs rows that are a multiple of %u",
+                         w->path, name, gguf_type_name(type), blk);
         return -1;
     }
     if (w->n_t == w->t_cap) {
@@ -983,6 +990,10 @@ int gguf_writer_write(gguf_writer *w, const void *data, size_t bytes, char *err,
 int gguf_writer_finish(gguf_writer *w, char *err, size_t err_cap) {
     int rc = -1;
     if (!w->began && gguf_writer_begin_data(w, err, err_cap) != 0) goto out;
+    if (!w->out.fp) {
+        util_set_err(err, err_cap, "%s: the file was never opened", w->path);
+        goto out;
+    }
     if (w->cur != w->n_t) {
         util_set_err(err, err_cap, "%s: tensor '%s' is missing data", w->path,
                      w->t[w->cur].name);
