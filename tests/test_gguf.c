@@ -306,6 +306,12 @@ START_TEST(malformed_files) {
     put32(&w, GGUF_TYPE_F32);
     put64(&w, 0);
     refused(w.b, w.n, "5 dimensions (1..4 allowed)");
+    /* A readable name, then nothing valid (the fuzzer's first find: the name
+     * was copied before its dimensions were refused, past the name pool). */
+    header(&w, 3, 1, 0);
+    putstr(&w, "a-long-enough-tensor-name-for-the-header");
+    put32(&w, 0);
+    refused(w.b, w.n, "0 dimensions (1..4 allowed)");
     header(&w, 3, 1, 0);
     tinfo(&w, "t", 4, GGUF_TYPE_F32, 8);
     pad(&w);

@@ -432,19 +432,20 @@ static int parse_bytes(gguf_file *f, const char *file, const uint8_t *buf, size_
     size_t n_strs = 0, name_bytes = 0;
     if (parse_kvs(&c, n_kv, NULL, NULL, &n_strs, NULL, NULL, &name_bytes) != 0) return -1;
     { /* Tensor name bytes, up to the first info that cannot be read: pass 2
-       * reads the same bytes and refuses that info (or an earlier one) with
-       * the real reason, so it never copies a name not counted here. */
+       * reads the same bytes in the same order and refuses that info (or an
+       * earlier one) with the real reason, so it never copies a name that is
+       * not counted here (a name is counted as soon as it is read). */
         char scratch[256];
         cursor c2 = { c.p, c.end, file, scratch, sizeof scratch };
         for (uint64_t i = 0; i < n_t; i++) {
             gguf_str s;
             uint32_t nd;
-            if (rd_str(&c2, &s, "a tensor name") != 0 ||
-                rd_u32(&c2, &nd, "a tensor") != 0 || nd < 1 || nd > GGUF_MAX_DIMS ||
+            if (rd_str(&c2, &s, "a tensor name") != 0) break;
+            name_bytes += (size_t)(s.len > GGUF_MAX_KEY ? 0 : s.len) + 1;
+            if (rd_u32(&c2, &nd, "a tensor") != 0 || nd < 1 || nd > GGUF_MAX_DIMS ||
                 need(&c2, (uint64_t)nd * 8 + 12, "a tensor") != 0)
                 break;
             c2.p += (size_t)nd * 8 + 12;
-            name_bytes += (size_t)(s.len > GGUF_MAX_KEY ? 0 : s.len) + 1;
         }
     }
     f->n_kv = (size_t)n_kv;
