@@ -181,7 +181,9 @@ START_TEST(round_trip_and_layout) {
     ck_assert_ptr_nonnull(t);
     ck_assert_uint_eq(t->shape[0], 24);
     ck_assert_uint_eq(t->shape[1], 8);
-    ck_assert_str_eq(safetensors_metadata(f, "format"), "pt");
+    ck_assert_str_eq(safetensors_metadata(f, "format"), "orch");
+    ck_assert_str_eq(safetensors_metadata(f, "layout"), "orch-gpt2");
+    ck_assert_str_eq(safetensors_metadata(f, "layout_version"), "1");
     safetensors_close(f);
     /* Helpers. */
     uint64_t step = 0;
@@ -256,6 +258,70 @@ START_TEST(weights_only_and_mismatches) {
     mock.api->context_destroy(b);
     mock.api->context_destroy(w);
     mock.api->context_destroy(l);
+}
+END_TEST
+
+/* Copy SRC's tensors into DST with the given metadata (NULL: none). */
+static void rewrite_with_metadata(const char *src, const char *dst, const char *const *kv,
+                                  size_t n_kv) {
+    char err[1024];
+    safetensors_file *f = NULL;
+    safetensors_writer *w = NULL;
+    ck_assert_int_eq(safetensors_open(src, &f, err, sizeof err), 0);
+    ck_assert_int_eq(safetensors_writer_create(dst, &w, err, sizeof err), 0);
+    for (size_t k = 0; k + 1 < 2 * n_kv; k += 2)
+        ck_assert_int_eq(
+            safetensors_writer_add_metadata(w, kv[k], kv[k + 1], err, sizeof err), 0);
+    for (size_t i = 0; i < safetensors_count(f); i++) {
+        const safetensors_tensor *t = safetensors_get(f, i);
+        ck_assert_int_eq(safetensors_writer_declare(w, t->name, t->dtype, t->ndim,
+                                                    t->shape, err, sizeof err),
+                         0);
+    }
+    ck_assert_int_eq(safetensors_writer_begin_data(w, err, sizeof err), 0);
+    for (size_t i = 0; i < safetensors_count(f); i++) {
+        const safetensors_tensor *t = safetensors_get(f, i);
+        ck_assert_int_eq(safetensors_writer_write(w, t->data, t->nbytes, err, sizeof err),
+                         0);
+    }
+    ck_assert_int_eq(safetensors_writer_finish(w, NULL, err, sizeof err), 0);
+    safetensors_close(f);
+}
+
+/* Checkpoints written before the layout keys ("format": "pt", or no
+ * metadata) still load; an orch layout of another version, or another
+ * format, is refused with a line naming it. */
+START_TEST(layout_metadata_old_and_foreign) {
+    orch_engine_ctx *a = mk(&mock, 8, 2, 1, NULL), *b = mk(&mock, 8, 2, 7, NULL);
+    char run[512], err[1024], out[4096], model[4200], copy[4300];
+    snprintf(run, sizeof run, "%s/run", dir);
+    ckpt_save_opts o = { 3, 0, NAN };
+    ck_assert_int_eq(ckpt_save(run, 1, &mock, a,
+                               "{\"config\": {\"model\": {\"arch\": \"gpt2\"}}}", &o, out,
+                               sizeof out, err, sizeof err),
+                     0);
+    snprintf(model, sizeof model, "%s/model.safetensors", out);
+    snprintf(copy, sizeof copy, "%s/orig.safetensors", dir);
+    ck_assert_int_eq(rename(model, copy), 0);
+    static const char *const pt[] = { "format", "pt" };
+    static const char *const v2[] = { "format",    "orch",           "layout",
+                                      "orch-gpt2", "layout_version", "2" };
+    static const char *const mlx[] = { "format", "mlx" };
+    rewrite_with_metadata(copy, model, NULL, 0);
+    ck_assert(tables_differ(&mock, a, b));
+    ck_assert_int_eq(ckpt_load_weights(out, &mock, b, 0, err, sizeof err), 0);
+    assert_same(&mock, a, &mock, b, 1);
+    rewrite_with_metadata(copy, model, pt, 1);
+    ck_assert_int_eq(ckpt_load_weights(out, &mock, b, 0, err, sizeof err), 0);
+    rewrite_with_metadata(copy, model, v2, 3);
+    ck_assert_int_eq(ckpt_load_weights(out, &mock, b, 0, err, sizeof err), -1);
+    ck_assert_ptr_nonnull(
+        strstr(err, "layout 'orch-gpt2' version '2' is not one this orch reads"));
+    rewrite_with_metadata(copy, model, mlx, 1);
+    ck_assert_int_eq(ckpt_load_weights(out, &mock, b, 0, err, sizeof err), -1);
+    ck_assert_ptr_nonnull(strstr(err, "format 'mlx' is not an orch checkpoint"));
+    mock.api->context_destroy(a);
+    mock.api->context_destroy(b);
 }
 END_TEST
 
@@ -876,6 +942,7 @@ static Suite *suite(void) {
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, round_trip_and_layout);
     tcase_add_test(tc, weights_only_and_mismatches);
+    tcase_add_test(tc, layout_metadata_old_and_foreign);
     tcase_add_test(tc, retention_keeps_last_k_and_best);
     tcase_add_test(tc, stale_temp_dirs_ignored_and_cleaned);
     tcase_add_test(tc, failed_save_changes_nothing);

@@ -69,3 +69,20 @@ if ! grep -qs "\"version\": \"$OPENAI_NPM_VERSION\"" "$NODE_DIR/node_modules/ope
     echo "setup: warning: could not install npm openai@$OPENAI_NPM_VERSION (the OpenAI client test will be skipped)" >&2
   fi
 fi
+
+# llama.cpp's prebuilt library through the npm package node-llama-cpp (pinned,
+# with its linux-x64 CPU binary package, no install scripts, no GPU variants)
+# for the GGUF test (tests/gguf_llama_cpp.sh); into data/node-llama/, its own
+# prefix so the two npm installs do not prune each other. Non-fatal: the test
+# skips without it.
+LLAMA_NPM_VERSION=3.22.1
+LLAMA_DIR=data/node-llama
+if ! grep -qs "\"version\": \"$LLAMA_NPM_VERSION\"" "$LLAMA_DIR/node_modules/node-llama-cpp/package.json" ||
+   ! grep -qs "\"version\": \"$LLAMA_NPM_VERSION\"" "$LLAMA_DIR/node_modules/@node-llama-cpp/linux-x64/package.json"; then
+  echo "setup: installing npm node-llama-cpp@$LLAMA_NPM_VERSION (linux-x64) into $LLAMA_DIR"
+  mkdir -p "$LLAMA_DIR"
+  if ! npm install --silent --no-save --no-audit --no-fund --omit=peer --omit=optional --ignore-scripts \
+        --prefix "$LLAMA_DIR" "node-llama-cpp@$LLAMA_NPM_VERSION" "@node-llama-cpp/linux-x64@$LLAMA_NPM_VERSION" >/dev/null 2>&1; then
+    echo "setup: warning: could not install npm node-llama-cpp@$LLAMA_NPM_VERSION (the llama.cpp GGUF test will be skipped)" >&2
+  fi
+fi

@@ -23,6 +23,8 @@ int cmd_detokenize(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_config(int argc, char **argv);
 int cmd_import_gpt2(int argc, char **argv);
+int cmd_export(int argc, char **argv);
+int cmd_import(int argc, char **argv);
 
 struct tokenizer;
 /* Shared front half of `tokenize` and `detokenize`: parse --tokenizer and

@@ -27,6 +27,8 @@ static const command commands[] = {
     { "info", cmd_info, "show an engine's name, ABI, capabilities and probe" },
     { "config", cmd_config, "validate a config file (config check FILE)" },
     { "import-gpt2", cmd_import_gpt2, "import Hugging Face GPT-2 weights" },
+    { "export", cmd_export, "write a checkpoint as GGUF (export gguf CKPT --out F)" },
+    { "import", cmd_import, "a GGUF file as a checkpoint (import gguf F --out DIR)" },
 };
 
 static void usage(FILE *f) {

@@ -63,6 +63,68 @@ static long gpt2_spelling_to_bytes(const int16_t map[512], const char *s, size_t
     return (long)o;
 }
 
+size_t bpe_gpt2_spell(const unsigned char *bytes, size_t n, char *out) {
+    size_t o = 0;
+    for (size_t i = 0; i < n; i++) {
+        int b = bytes[i];
+        uint32_t cp = (uint32_t)b;
+        if (!gpt2_byte_printable(b)) { /* 256 + rank among the unprintable bytes */
+            cp = 256;
+            for (int k = 0; k < b; k++) cp += !gpt2_byte_printable(k);
+        }
+        if (cp < 0x80) {
+            out[o++] = (char)cp;
+        } else { /* < 0x800: two bytes */
+            out[o++] = (char)(0xc0 | (cp >> 6));
+            out[o++] = (char)(0x80 | (cp & 0x3f));
+        }
+    }
+    return o;
+}
+
+typedef struct ranked_pair {
+    uint32_t rank;
+    int32_t a, b;
+} ranked_pair;
+
+static int cmp_rank(const void *x, const void *y) {
+    uint32_t a = ((const ranked_pair *)x)->rank, b = ((const ranked_pair *)y)->rank;
+    return a < b ? -1 : a > b;
+}
+
+int bpe_vocab_merges(const bpe_vocab *v, int32_t **pairs, size_t *n, char *err,
+                     size_t err_cap) {
+    size_t count = 0;
+    for (size_t i = 0; i < v->merge_cap; i++) count += v->merge_keys[i] != 0;
+    ranked_pair *r = util_calloc(count ? count : 1, sizeof *r);
+    int32_t *out = util_calloc(count ? 2 * count : 1, sizeof *out);
+    if (!r || !out) {
+        free(r);
+        free(out);
+        util_set_err(err, err_cap, "out of memory");
+        return -1;
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < v->merge_cap; i++) {
+        uint64_t key = v->merge_keys[i];
+        if (key == 0) continue;
+        key -= 1;
+        r[k].rank = v->merge_rank[i];
+        r[k].a = (int32_t)(uint32_t)(key >> 32);
+        r[k].b = (int32_t)(uint32_t)key;
+        k++;
+    }
+    qsort(r, count, sizeof *r, cmp_rank);
+    for (size_t i = 0; i < count; i++) {
+        out[2 * i] = r[i].a;
+        out[2 * i + 1] = r[i].b;
+    }
+    free(r);
+    *pairs = out;
+    *n = count;
+    return 0;
+}
+
 static char *read_vocab_file(const char *path, size_t *len, char *err, size_t err_cap) {
     char *buf = NULL, msg[PATH_MAX + 128];
     if (fsio_read_file(path, VOCAB_FILE_MAX_BYTES, &buf, len, msg, sizeof msg) != 0) {

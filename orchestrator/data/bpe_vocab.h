@@ -40,6 +40,18 @@ int bpe_vocab_load_gpt2(const char *dir, bpe_vocab *v, char *err, size_t err_cap
 
 void bpe_vocab_free(bpe_vocab *v);
 
+/* GPT-2's "byte to unicode" spelling of n raw bytes (the form of
+ * encoder.json keys and vocab.bpe lines; also GGUF's tokenizer.ggml.tokens)
+ * into out, which holds at least 2 * n bytes. Returns the length written (no
+ * NUL is added). */
+size_t bpe_gpt2_spell(const unsigned char *bytes, size_t n, char *out);
+
+/* The merges of v in rank order (vocab.bpe order): *pairs receives 2 * *n ids
+ * (left, right of merge k at [2k], [2k+1]), malloc'd; the caller frees.
+ * Returns 0, or -1 with err when out of memory. */
+int bpe_vocab_merges(const bpe_vocab *v, int32_t **pairs, size_t *n, char *err,
+                     size_t err_cap);
+
 /* 64-bit mixers used for the merge table and the encoder's piece cache. */
 static inline uint64_t bpe_hash_u64(uint64_t x) {
     x ^= x >> 33;

@@ -436,6 +436,35 @@ out:
     return rc;
 }
 
+/* The file's own account of its layout (ckpt_files.h): "orch" files must be a
+ * layout and version this code reads; files without it (or "pt", as orch
+ * wrote before) are layout 1; any other format is not an orch checkpoint. */
+int ckpt_check_layout(const char *fpath, const safetensors_file *f, char *err,
+                      size_t err_cap) {
+    const char *fmt = safetensors_metadata(f, "format");
+    if (!fmt || strcmp(fmt, "pt") == 0) return 0;
+    if (strcmp(fmt, CKPT_META_FORMAT) != 0) {
+        util_set_err(err, err_cap,
+                     "%s: __metadata__ format '%.40s' is not an orch checkpoint (orch "
+                     "writes '%s'; Hugging Face GPT-2 weights: orch import-gpt2)",
+                     fpath, fmt, CKPT_META_FORMAT);
+        return -1;
+    }
+    const char *lay = safetensors_metadata(f, "layout");
+    const char *ver = safetensors_metadata(f, "layout_version");
+    if (!lay || strncmp(lay, CKPT_LAYOUT_PREFIX, strlen(CKPT_LAYOUT_PREFIX)) != 0 ||
+        !ver || strcmp(ver, CKPT_LAYOUT_VERSION) != 0) {
+        util_set_err(
+            err, err_cap,
+            "%s: layout '%.40s' version '%.20s' is not one this orch reads (%sARCH "
+            "version %s)",
+            fpath, lay ? lay : "(none)", ver ? ver : "(none)", CKPT_LAYOUT_PREFIX,
+            CKPT_LAYOUT_VERSION);
+        return -1;
+    }
+    return 0;
+}
+
 /* Every tensor of f must have been consumed by a table (prefix-matched). */
 static int check_no_extra(const char *fpath, const safetensors_file *f, size_t expected,
                           char *err, size_t err_cap) {
@@ -464,7 +493,8 @@ int ckpt_load_weights(const char *ckpt_dir, const engine_handle *h, orch_engine_
     if (ckpt_path_join(p, sizeof p, ckpt_dir, CKPT_MODEL_FILE, err, err_cap) != 0)
         return -1;
     if (safetensors_open(p, &f, err, err_cap) != 0) return -1;
-    int rc = check_no_extra(p, f, count, err, err_cap);
+    int rc = ckpt_check_layout(p, f, err, err_cap);
+    if (rc == 0) rc = check_no_extra(p, f, count, err, err_cap);
     if (rc == 0) rc = load_table(p, f, "", h, ctx, ORCH_TENSOR_PARAM, err, err_cap);
     safetensors_close(f);
     if (rc != 0 || !with_optimizer) return rc;
@@ -479,7 +509,8 @@ int ckpt_load_weights(const char *ckpt_dir, const engine_handle *h, orch_engine_
         return -1;
     }
     if (safetensors_open(p, &f, err, err_cap) != 0) return -1;
-    rc = check_no_extra(p, f, 2 * (size_t)count, err, err_cap);
+    rc = ckpt_check_layout(p, f, err, err_cap);
+    if (rc == 0) rc = check_no_extra(p, f, 2 * (size_t)count, err, err_cap);
     if (rc == 0) rc = load_table(p, f, "m.", h, ctx, ORCH_TENSOR_ADAM_M, err, err_cap);
     if (rc == 0) rc = load_table(p, f, "v.", h, ctx, ORCH_TENSOR_ADAM_V, err, err_cap);
     safetensors_close(f);

@@ -18,6 +18,12 @@
  * `latest` naming a complete checkpoint through any crash) is declared in
  * ckpt_save.h, which this header includes: callers include checkpoint.h.
  *
+ * Both safetensors files carry "__metadata__" {"format": "orch", "layout":
+ * "orch-ARCH", "layout_version": "1"} (ckpt_files.h): orch's tensor names and
+ * [out, in] linear layers, so no tool takes them for Hugging Face's. Loading
+ * accepts that, or the "format": "pt" / no metadata of older checkpoints, and
+ * refuses any other format or layout version by name.
+ *
  * Loading matches tensors BY NAME and shape (through the engine's
  * tensor_write), so a checkpoint written through one engine loads through
  * another. A missing tensor, an extra tensor, or a shape/dtype mismatch is an

@@ -33,6 +33,21 @@
 #define CKPT_TRASH_PREFIX      ".trash-ckpt-"
 #define CKPT_LATEST_TMP_PREFIX ".latest.tmp-"
 
+/* What a checkpoint's safetensors files say about themselves in
+ * "__metadata__": "format": "orch", "layout": "orch-ARCH" (ARCH the config's
+ * model.arch: orch's tensor names and the [out, in] layout of linear layers,
+ * which is not Hugging Face's), "layout_version": "1". Files written before
+ * these keys carry "format": "pt" or no metadata and load as layout 1. */
+#define CKPT_META_FORMAT    "orch"
+#define CKPT_LAYOUT_PREFIX  "orch-"
+#define CKPT_LAYOUT_VERSION "1"
+
+struct safetensors_file;
+/* 0 when a checkpoint file's metadata is a layout this code reads (above),
+ * else -1 with "FPATH: ..." in err. */
+int ckpt_check_layout(const char *fpath, const struct safetensors_file *f, char *err,
+                      size_t err_cap);
+
 /* Largest state.json read back (it holds the config and the trainer state). */
 #define CKPT_STATE_MAX_BYTES ((size_t)1 << 30)
 #define CKPT_META_MAX_BYTES  ((size_t)1 << 20)

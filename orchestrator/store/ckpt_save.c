@@ -36,13 +36,18 @@ ckpt_save_opts ckpt_save_opts_default(void) {
 /* Write the tables of `n_src` sources into one safetensors file, each with its
  * name prefix. */
 static int write_tables(const char *path, const ckpt_tsrc *srcs,
-                        const char *const *prefixes, size_t n_src, uint8_t sha[32],
-                        char *err, size_t err_cap) {
+                        const char *const *prefixes, size_t n_src, const char *layout,
+                        uint8_t sha[32], char *err, size_t err_cap) {
     safetensors_writer *w = NULL;
     void *buf = NULL;
     uint64_t max_bytes = 0;
     if (safetensors_writer_create(path, &w, err, err_cap) != 0) return -1;
-    if (safetensors_writer_add_metadata(w, "format", "pt", err, err_cap) != 0) goto fail;
+    if (safetensors_writer_add_metadata(w, "format", CKPT_META_FORMAT, err, err_cap) !=
+            0 ||
+        safetensors_writer_add_metadata(w, "layout", layout, err, err_cap) != 0 ||
+        safetensors_writer_add_metadata(w, "layout_version", CKPT_LAYOUT_VERSION, err,
+                                        err_cap) != 0)
+        goto fail;
     for (size_t s = 0; s < n_src; s++) {
         size_t n;
         if (ckpt_tsrc_count(&srcs[s], &n, err, err_cap) != 0) goto fail;
@@ -147,12 +152,21 @@ static int write_contents(const char *dir, const ckpt_tsrc *params,
                      "valid JSON");
         return -1;
     }
+    /* The layout names the architecture of the state's config (gpt2 when the
+     * state holds none, as in tests). */
+    const cJSON *cfg = cJSON_GetObjectItemCaseSensitive(probe, "config");
+    const cJSON *mdl = cJSON_GetObjectItemCaseSensitive(cfg, "model");
+    const cJSON *arch = cJSON_GetObjectItemCaseSensitive(mdl, "arch");
+    char layout[64];
+    snprintf(layout, sizeof layout, "%s%s", CKPT_LAYOUT_PREFIX,
+             cJSON_IsString(arch) && strlen(arch->valuestring) < 32 ? arch->valuestring
+                                                                    : "gpt2");
     cJSON_Delete(probe);
 
     if (ckpt_path_join(path, sizeof path, dir, CKPT_MODEL_FILE, err, err_cap) != 0)
         return -1;
     static const char *const no_prefix[1] = { "" };
-    if (write_tables(path, params, no_prefix, 1, sums[ns].sha, err, err_cap) != 0)
+    if (write_tables(path, params, no_prefix, 1, layout, sums[ns].sha, err, err_cap) != 0)
         return -1;
     sums[ns++].file = CKPT_MODEL_FILE;
 
@@ -161,7 +175,8 @@ static int write_contents(const char *dir, const ckpt_tsrc *params,
             return -1;
         ckpt_tsrc both[2] = { *adam_m, *adam_v };
         static const char *const pre[2] = { "m.", "v." };
-        if (write_tables(path, both, pre, 2, sums[ns].sha, err, err_cap) != 0) return -1;
+        if (write_tables(path, both, pre, 2, layout, sums[ns].sha, err, err_cap) != 0)
+            return -1;
         sums[ns++].file = CKPT_OPTIM_FILE;
     }
 

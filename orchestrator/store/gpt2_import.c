@@ -305,7 +305,7 @@ static int convert_all(import_ctx *ic, char *err, size_t err_cap) {
 
 /* The config: the model from the weights, the rest from base or defaults.
  * Returns a new cJSON document, or NULL when out of memory. */
-static cJSON *config_doc(const import_ctx *ic, const orch_config *base) {
+static cJSON *config_doc(const gpt2_import_model *m, const orch_config *base) {
     cJSON *doc = base ? (cJSON *)config_to_cjson(base) : cJSON_CreateObject();
     if (!doc) return NULL;
     cJSON_DeleteItemFromObjectCaseSensitive(doc, "model");
@@ -315,27 +315,28 @@ static cJSON *config_doc(const import_ctx *ic, const orch_config *base) {
         return NULL;
     }
     cJSON_AddStringToObject(model, "arch", "gpt2");
-    cJSON_AddNumberToObject(model, "vocab_size", (double)ic->V);
-    cJSON_AddNumberToObject(model, "context", (double)ic->T);
-    cJSON_AddNumberToObject(model, "layers", ic->layers);
-    cJSON_AddNumberToObject(model, "heads", ic->heads);
-    cJSON_AddNumberToObject(model, "width", (double)ic->C);
-    cJSON_AddNumberToObject(model, "mlp_width", (double)ic->M);
-    cJSON_AddNumberToObject(model, "layernorm_eps", ic->eps);
+    cJSON_AddNumberToObject(model, "vocab_size", (double)m->vocab);
+    cJSON_AddNumberToObject(model, "context", (double)m->context);
+    cJSON_AddNumberToObject(model, "layers", m->layers);
+    cJSON_AddNumberToObject(model, "heads", m->heads);
+    cJSON_AddNumberToObject(model, "width", (double)m->width);
+    cJSON_AddNumberToObject(model, "mlp_width", (double)m->mlp_width);
+    cJSON_AddNumberToObject(model, "layernorm_eps", m->eps);
     if (base) {
         cJSON *da = cJSON_GetObjectItemCaseSensitive(doc, "data");
         if (da)
             cJSON_ReplaceItemInObjectCaseSensitive(da, "tokenizer",
-                                                   cJSON_CreateString(ic->tok));
+                                                   cJSON_CreateString(m->tokenizer));
         return doc;
     }
     cJSON *tr = cJSON_AddObjectToObject(doc, "train");
     cJSON_AddNumberToObject(tr, "micro_batch", 4);
-    cJSON_AddNumberToObject(tr, "seq_len", (double)(ic->T < 1024 ? ic->T : 1024));
+    cJSON_AddNumberToObject(tr, "seq_len",
+                            (double)(m->context < 1024 ? m->context : 1024));
     cJSON_AddNumberToObject(tr, "max_steps", 1000);
     cJSON_AddNumberToObject(tr, "lr", 6e-5);
     cJSON *da = cJSON_AddObjectToObject(doc, "data");
-    cJSON_AddStringToObject(da, "tokenizer", ic->tok);
+    cJSON_AddStringToObject(da, "tokenizer", m->tokenizer);
     cJSON_AddStringToObject(da, "train", "data/finetune/train_*.bin");
     cJSON_AddStringToObject(da, "val", "data/finetune/val_*.bin");
     cJSON *en = cJSON_AddObjectToObject(doc, "engine");
@@ -343,33 +344,51 @@ static cJSON *config_doc(const import_ctx *ic, const orch_config *base) {
     return doc;
 }
 
-/* state.json text and the config text (both malloc'd). */
-static int build_texts(import_ctx *ic, const gpt2_import_opts *o, char **state_text,
-                       char **cfg_text, char *err, size_t err_cap) {
+int gpt2_import_texts(const gpt2_import_model *m, const char *input,
+                      const char *base_config, char **state_text, char **cfg_text,
+                      char *err, size_t err_cap) {
     orch_config *base = NULL, *cfg = NULL;
-    if (o->base_config && config_load_file(o->base_config, &base, err, err_cap) != 0)
-        return -1;
-    cJSON *doc = config_doc(ic, base), *state = NULL;
+    *state_text = *cfg_text = NULL;
+    if (base_config && config_load_file(base_config, &base, err, err_cap) != 0)
+        return GPT2_IMPORT_ERR_INPUT;
+    cJSON *doc = config_doc(m, base), *state = NULL;
     config_free(base);
-    if (!doc) return oom(ic, err, err_cap);
+    if (!doc) goto oom;
     int rc = config_from_cjson(doc, "imported config", &cfg, err, err_cap);
     cJSON_Delete(doc);
-    if (rc != 0) return -1;
+    if (rc != 0) return GPT2_IMPORT_ERR_INPUT;
     state = cJSON_CreateObject();
     cJSON *cj = state ? config_to_cjson(cfg) : NULL;
     if (cj) {
         cJSON_AddNumberToObject(state, "format", 1);
         cJSON_AddNumberToObject(state, "step", 0);
-        cJSON_AddStringToObject(state, "tokenizer", ic->tok);
-        cJSON_AddStringToObject(state, "imported_from", o->input);
+        cJSON_AddStringToObject(state, "tokenizer", m->tokenizer);
+        cJSON_AddStringToObject(state, "imported_from", input);
         cJSON_AddItemToObject(state, "config", cj);
         *state_text = cJSON_Print(state);
         *cfg_text = config_to_json(cfg);
     }
     cJSON_Delete(state);
     config_free(cfg);
-    if (!cj || !*state_text || !*cfg_text) return oom(ic, err, err_cap);
-    return 0;
+    if (cj && *state_text && *cfg_text) return 0;
+    free(*state_text);
+    free(*cfg_text);
+    *state_text = *cfg_text = NULL;
+oom:
+    util_set_err(err, err_cap, "out of memory");
+    return GPT2_IMPORT_ERR_RUNTIME;
+}
+
+/* state.json text and the config text (both malloc'd). */
+static int build_texts(import_ctx *ic, const gpt2_import_opts *o, char **state_text,
+                       char **cfg_text, char *err, size_t err_cap) {
+    gpt2_import_model m = { ic->V,      ic->T,     ic->C,   ic->M,
+                            ic->layers, ic->heads, ic->eps, ic->tok };
+    int kind = gpt2_import_texts(&m, o->input, o->base_config, state_text, cfg_text, err,
+                                 err_cap);
+    if (kind == 0) return 0;
+    ic->kind = kind;
+    return -1;
 }
 
 static int write_outputs(import_ctx *ic, const gpt2_import_opts *o,

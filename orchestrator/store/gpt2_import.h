@@ -68,4 +68,20 @@ typedef struct gpt2_import_result {
 int gpt2_import(const gpt2_import_opts *o, gpt2_import_result *r, int *err_kind,
                 char *err, size_t err_cap);
 
+/* The shape of an imported GPT-2 (also used by gguf_import.c). */
+typedef struct gpt2_import_model {
+    uint64_t vocab, context, width, mlp_width;
+    uint32_t layers, heads;
+    double eps;
+    const char *tokenizer; /* "gpt2" | "byte" */
+} gpt2_import_model;
+
+/* The state.json and config texts of an imported model (both malloc'd, the
+ * caller frees): the config as described above (base_config may be NULL),
+ * "imported_from": input. Returns 0, or a gpt2_import_err_kind with err
+ * (a bad base config is ERR_INPUT; *state_text and *cfg_text are NULL). */
+int gpt2_import_texts(const gpt2_import_model *m, const char *input,
+                      const char *base_config, char **state_text, char **cfg_text,
+                      char *err, size_t err_cap);
+
 #endif

@@ -1,0 +1,85 @@
+/*
+ * cmd_export.c - `orch export gguf CKPT --out F.gguf`: the command line around
+ * gguf_export (store/gguf_export.h), which writes an orch checkpoint as a
+ * GGUF file that llama.cpp loads.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "orchestrator/cli/commands.h"
+#include "orchestrator/cli/flags.h"
+#include "orchestrator/core/util.h"
+#include "orchestrator/store/gguf_export.h"
+#include "orchestrator/store/gpt2_import.h"
+
+static const char usage_text[] =
+    "usage: orch export gguf CKPT --out FILE.gguf [--type f32|f16|q8_0]\n"
+    "\n"
+    "Write the checkpoint CKPT (a run directory: its newest complete\n"
+    "checkpoint; or a checkpoint directory) as a GGUF v3 file for llama.cpp\n"
+    "(architecture gpt2, GPT-2 tokenizer metadata, llama.cpp's tensor names).\n"
+    "Only checkpoints trained with the gpt2 tokenizer export: the byte\n"
+    "tokenizer has no GGUF equivalent.\n"
+    "\noptions:\n";
+
+int cmd_export(int argc, char **argv) {
+    gguf_export_opts o = { 0 };
+    size_t n_pos = 0;
+    const flag_spec flags[] = {
+        { "--out", FLAG_STRING, &o.out, "FILE",
+          .help = "the .gguf file to write (required; replaced\natomically)" },
+        { "--type", FLAG_STRING, &o.type, "T",
+          .help = "f32 (default), f16 or q8_0 (blocks of 32 int8\nwith an f16 scale); "
+                  "vectors stay f32" },
+        { "--vocab-dir", FLAG_STRING, &o.vocab_dir, "D",
+          .help = "GPT-2 encoder.json and vocab.bpe (default: the\ntokenizer search, "
+                  "see orch tokenize --help)" },
+        { NULL },
+    };
+    const flags_cmd cmd = {
+        .name = "export gguf",
+        .usage = usage_text,
+        .flags = flags,
+        .footer = "exit status: 0 ok, 1 runtime failure, 2 bad usage or checkpoint\n",
+        .pos = &o.ckpt,
+        .max_pos = 1,
+        .n_pos = &n_pos,
+        .pos_name = "checkpoint",
+    };
+    if (argc < 2 || strcmp(argv[1], "gguf") != 0) {
+        if (flags_wants_help(argc, argv)) {
+            flags_print_usage(&cmd, stdout);
+            return ORCH_EXIT_OK;
+        }
+        if (argc >= 2 && argv[1][0] == '-')
+            util_error("export: unknown argument '%s' (see orch export --help)", argv[1]);
+        else if (argc < 2)
+            util_error("export: expected a format: orch export gguf CKPT --out FILE "
+                       "(see orch export --help)");
+        else
+            util_error("export: unknown format '%s' (supported: gguf; see orch export "
+                       "--help)",
+                       argv[1]);
+        return ORCH_EXIT_USAGE;
+    }
+    int rc;
+    if (flags_parse(&cmd, argc - 1, argv + 1, &rc)) return rc;
+    if (!o.ckpt || !o.out) {
+        util_error("export gguf: need CKPT and --out FILE.gguf (see orch export --help)");
+        return ORCH_EXIT_USAGE;
+    }
+    char err[2048];
+    static gguf_export_result r;
+    int kind = GPT2_IMPORT_ERR_INPUT;
+    if (gguf_export(&o, &r, &kind, err, sizeof err) != 0) {
+        util_error("export gguf: %s", err);
+        return kind == GPT2_IMPORT_ERR_INPUT ? ORCH_EXIT_USAGE : ORCH_EXIT_FAILURE;
+    }
+    if (r.warn[0]) fprintf(stderr, "orch: warning: %s\n", r.warn);
+    printf("exported %s: %u layers, %llu tensors, %llu parameters, type %s -> %s "
+           "(%llu bytes)\n",
+           r.ckpt_dir, r.layers, (unsigned long long)r.tensors,
+           (unsigned long long)r.params, o.type ? o.type : "f32", o.out,
+           (unsigned long long)r.bytes);
+    return ORCH_EXIT_OK;
+}

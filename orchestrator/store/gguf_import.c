@@ -1,0 +1,359 @@
+/*
+ * gguf_import.c - GGUF -> orch checkpoint (see gguf_import.h): architecture
+ * and hyperparameters, the tokenizer check against orch's GPT-2 vocabulary,
+ * every tensor checked, dequantized and renamed, then the checkpoint written.
+ */
+#include "orchestrator/store/gguf_import.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "orchestrator/core/config.h"
+#include "orchestrator/core/util.h"
+#include "orchestrator/data/bpe_vocab.h"
+#include "orchestrator/data/tokenizer.h"
+#include "orchestrator/store/checkpoint.h"
+#include "orchestrator/store/gguf.h"
+#include "orchestrator/store/gguf_model.h"
+#include "orchestrator/store/gpt2_import.h"
+#include "orchestrator/store/safetensors.h"
+
+typedef struct import_ctx {
+    const gguf_import_opts *o;
+    gguf_file *f;
+    const gguf_arch *arch;
+    config_model m;
+    bpe_vocab voc;
+    int have_voc;
+    ckpt_tensor *out;
+    char (*names)[64];
+    size_t n_out;
+    int kind;
+} import_ctx;
+
+static int bad(import_ctx *x, int kind) {
+    x->kind = kind;
+    return -1;
+}
+
+/* A required unsigned hyperparameter ARCH.SUFFIX in [lo, hi]. */
+static int hparam(import_ctx *x, const char *suffix, uint64_t lo, uint64_t hi,
+                  uint32_t *v, char *err, size_t err_cap) {
+    char key[128];
+    uint64_t u = 0;
+    snprintf(key, sizeof key, "%s.%s", x->arch->gguf_name, suffix);
+    int got = gguf_get_uint(x->f, key, hi, &u, err, err_cap);
+    if (got < 0) return -1;
+    if (got == 0 || u < lo) {
+        util_set_err(err, err_cap, "%s: %s%s", x->o->input, key,
+                     got == 0 ? ": missing" : ": is 0");
+        return -1;
+    }
+    *v = (uint32_t)u;
+    return 0;
+}
+
+static int read_hparams(import_ctx *x, char *err, size_t err_cap) {
+    gguf_str a;
+    int got = gguf_get_str(x->f, "general.architecture", &a, err, err_cap);
+    if (got <= 0) {
+        if (got == 0)
+            util_set_err(err, err_cap, "%s: no general.architecture key", x->o->input);
+        return -1;
+    }
+    char name[64];
+    snprintf(name, sizeof name, "%.*s", (int)(a.len < 60 ? a.len : 60), a.p);
+    x->arch = a.len < 60 ? gguf_arch_by_gguf(name) : NULL;
+    if (!x->arch) {
+        util_set_err(err, err_cap,
+                     "%s: architecture '%s' is not supported (orch imports: %s)",
+                     x->o->input, name, gguf_arch_list());
+        return -1;
+    }
+    config_model *m = &x->m;
+    snprintf(m->arch, sizeof m->arch, "%s", x->arch->orch_name);
+    if (hparam(x, "block_count", 1, 1023, &m->layers, err, err_cap) != 0 ||
+        hparam(x, "context_length", 1, 1048576, &m->context, err, err_cap) != 0 ||
+        hparam(x, "embedding_length", 1, 65536, &m->width, err, err_cap) != 0 ||
+        hparam(x, "feed_forward_length", 1, 262144, &m->mlp_width, err, err_cap) != 0 ||
+        hparam(x, "attention.head_count", 1, 65536, &m->heads, err, err_cap) != 0)
+        return -1;
+    char key[128];
+    uint64_t kvh = m->heads;
+    snprintf(key, sizeof key, "%s.attention.head_count_kv", x->arch->gguf_name);
+    if (gguf_get_uint(x->f, key, 65536, &kvh, err, err_cap) < 0) return -1;
+    if (kvh != m->heads || m->width % m->heads != 0) {
+        util_set_err(err, err_cap,
+                     "%s: %llu kv heads / %u heads / width %u: not a %s "
+                     "model orch can run",
+                     x->o->input, (unsigned long long)kvh, m->heads, m->width,
+                     x->arch->gguf_name);
+        return -1;
+    }
+    m->kv_heads = m->heads;
+    m->layernorm_eps = 1e-5;
+    snprintf(key, sizeof key, "%s.%s", x->arch->gguf_name, x->arch->eps_key);
+    if (gguf_get_float(x->f, key, &m->layernorm_eps, err, err_cap) < 0) return -1;
+    if (!(m->layernorm_eps > 0 && m->layernorm_eps < 1)) {
+        util_set_err(err, err_cap, "%s: %s: %g is not in (0, 1)", x->o->input, key,
+                     m->layernorm_eps);
+        return -1;
+    }
+    return 0;
+}
+
+/* String array KEY with at least min entries. */
+static const gguf_kv *str_array(import_ctx *x, const char *key, uint64_t min, char *err,
+                                size_t err_cap) {
+    const gguf_kv *kv = gguf_find_kv(x->f, key);
+    if (!kv || kv->type != GGUF_ARRAY || kv->arr_type != GGUF_STRING || kv->n < min) {
+        util_set_err(err, err_cap, "%s: %s: %s", x->o->input, key,
+                     !kv ? "missing (orch needs the GPT-2 tokenizer)"
+                     : kv->n < min && kv->type == GGUF_ARRAY ? "too few entries"
+                                                             : "not an array of strings");
+        return NULL;
+    }
+    return kv;
+}
+
+static int same(const gguf_str *s, const char *p, size_t n) {
+    return s->len == n && memcmp(s->p, p, n) == 0;
+}
+
+/* The file's tokenizer must be orch's GPT-2 vocabulary (plus padding). */
+static int check_tokenizer(import_ctx *x, char *err, size_t err_cap) {
+    gguf_str model;
+    int got = gguf_get_str(x->f, "tokenizer.ggml.model", &model, err, err_cap);
+    if (got < 0) return -1;
+    if (got == 0 || !same(&model, "gpt2", 4)) {
+        util_set_err(err, err_cap,
+                     "%s: tokenizer.ggml.model is %s%.*s%s, not GPT-2's BPE (orch "
+                     "imports the gpt2 tokenizer only)",
+                     x->o->input, got ? "'" : "",
+                     got ? (int)(model.len > 40 ? 40 : model.len) : 7,
+                     got ? model.p : "missing", got ? "'" : "");
+        return -1;
+    }
+    char vdir[4096];
+    if (x->o->vocab_dir)
+        snprintf(vdir, sizeof vdir, "%s", x->o->vocab_dir);
+    else if (tokenizer_find_gpt2_dir(vdir, sizeof vdir, err, err_cap) != 0)
+        return -1;
+    if (bpe_vocab_load_gpt2(vdir, &x->voc, err, err_cap) != 0) return -1;
+    x->have_voc = 1;
+    const bpe_vocab *v = &x->voc;
+    const gguf_kv *tok =
+        str_array(x, "tokenizer.ggml.tokens", v->vocab_size, err, err_cap);
+    if (!tok) return -1;
+    if (tok->n > (uint64_t)1 << 24) {
+        util_set_err(err, err_cap, "%s: tokenizer.ggml.tokens: %llu tokens is too many",
+                     x->o->input, (unsigned long long)tok->n);
+        return -1;
+    }
+    x->m.vocab_size = (uint32_t)tok->n;
+    char buf[2048];
+    for (uint32_t i = 0; i < v->vocab_size; i++) {
+        size_t n = v->off[i + 1] - v->off[i];
+        size_t l =
+            n <= sizeof buf / 2
+                ? bpe_gpt2_spell((const unsigned char *)v->pool + v->off[i], n, buf)
+                : 0;
+        if (!same(&tok->strs[i], buf, l)) {
+            util_set_err(err, err_cap,
+                         "%s: tokenizer.ggml.tokens[%u] differs from GPT-2's (orch "
+                         "imports the GPT-2 vocabulary only)",
+                         x->o->input, i);
+            return -1;
+        }
+    }
+    const gguf_kv *mk = str_array(x, "tokenizer.ggml.merges", 0, err, err_cap);
+    if (!mk) return -1;
+    int32_t *pairs = NULL;
+    size_t n_merges = 0;
+    if (bpe_vocab_merges(v, &pairs, &n_merges, err, err_cap) != 0)
+        return bad(x, GPT2_IMPORT_ERR_RUNTIME);
+    int rc = 0;
+    if (mk->n != n_merges) {
+        util_set_err(err, err_cap,
+                     "%s: tokenizer.ggml.merges has %llu merges, GPT-2 has %zu",
+                     x->o->input, (unsigned long long)mk->n, n_merges);
+        rc = -1;
+    }
+    for (size_t k = 0; rc == 0 && k < n_merges; k++) {
+        int32_t a = pairs[2 * k], b = pairs[2 * k + 1];
+        size_t la = v->off[a + 1] - v->off[a], lb = v->off[b + 1] - v->off[b], l = 0;
+        if (2 * (la + lb) + 1 <= sizeof buf) {
+            l = bpe_gpt2_spell((const unsigned char *)v->pool + v->off[a], la, buf);
+            buf[l++] = ' ';
+            l += bpe_gpt2_spell((const unsigned char *)v->pool + v->off[b], lb, buf + l);
+        }
+        if (!same(&mk->strs[k], buf, l)) {
+            util_set_err(err, err_cap,
+                         "%s: tokenizer.ggml.merges[%zu] differs from GPT-2's",
+                         x->o->input, k);
+            rc = -1;
+        }
+    }
+    free(pairs);
+    return rc;
+}
+
+static int known_type(uint32_t t) {
+    return t == GGUF_TYPE_F32 || t == GGUF_TYPE_F16 || t == GGUF_TYPE_BF16 ||
+           t == GGUF_TYPE_Q8_0;
+}
+
+static void count_type(gguf_import_result *r, uint32_t t) {
+    if (t == GGUF_TYPE_F32) r->n_f32++;
+    if (t == GGUF_TYPE_F16) r->n_f16++;
+    if (t == GGUF_TYPE_BF16) r->n_bf16++;
+    if (t == GGUF_TYPE_Q8_0) r->n_q8_0++;
+}
+
+/* output.weight is accepted only as the tied head: the bytes of token_embd. */
+static int check_output(import_ctx *x, const gguf_tensor *t, char *err, size_t err_cap) {
+    const gguf_tensor *e = gguf_find_tensor(x->f, "token_embd.weight");
+    if (e && e->type == t->type && e->nbytes == t->nbytes && e->ndim == t->ndim &&
+        memcmp(e->ne, t->ne, sizeof e->ne) == 0 &&
+        memcmp(e->data, t->data, (size_t)t->nbytes) == 0)
+        return 0;
+    util_set_err(err, err_cap,
+                 "%s: output.weight differs from token_embd.weight (an untied head; "
+                 "orch ties the head to the token embedding)",
+                 x->o->input);
+    return -1;
+}
+
+/* Every tensor of the file is in the table (or the tied head). */
+static int scan_tensors(import_ctx *x, char *err, size_t err_cap) {
+    size_t n = gguf_arch_tensor_count(x->arch, x->m.layers);
+    for (size_t i = 0; i < gguf_tensor_count(x->f); i++) {
+        const gguf_tensor *t = gguf_tensor_get(x->f, i);
+        if (strcmp(t->name, "output.weight") == 0) {
+            if (check_output(x, t, err, err_cap) != 0) return -1;
+            continue;
+        }
+        int found = 0;
+        for (size_t k = 0; !found && k < n; k++) {
+            char on[64], gn[64];
+            gguf_arch_tensor(x->arch, x->m.layers, k, on, gn, sizeof on);
+            found = strcmp(gn, t->name) == 0;
+        }
+        if (!found) {
+            util_set_err(err, err_cap,
+                         "%s: unexpected tensor '%s' (not part of a %s model of %u "
+                         "layers)",
+                         x->o->input, t->name, x->arch->gguf_name, x->m.layers);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int convert_all(import_ctx *x, gguf_import_result *r, char *err, size_t err_cap) {
+    size_t n = gguf_arch_tensor_count(x->arch, x->m.layers);
+    x->out = util_calloc(n, sizeof *x->out);
+    x->names = util_calloc(n, sizeof *x->names);
+    if (!x->out || !x->names) {
+        util_set_err(err, err_cap, "out of memory");
+        return bad(x, GPT2_IMPORT_ERR_RUNTIME);
+    }
+    for (size_t i = 0; i < n; i++) {
+        char gn[64];
+        const gguf_tensor_map *mp =
+            gguf_arch_tensor(x->arch, x->m.layers, i, x->names[i], gn, sizeof gn);
+        const gguf_tensor *t = gguf_find_tensor(x->f, gn);
+        if (!t) {
+            util_set_err(err, err_cap, "%s: missing tensor '%s'", x->o->input, gn);
+            return -1;
+        }
+        if (!known_type(t->type)) {
+            const char *tn = gguf_type_name(t->type);
+            util_set_err(err, err_cap,
+                         "%s: tensor '%s' has type %s, which orch does not import "
+                         "(F32, F16, BF16 and Q8_0 are)",
+                         x->o->input, gn, tn ? tn : "?");
+            return -1;
+        }
+        uint64_t d0 = gguf_dim_size(&x->m, mp->dim[0]),
+                 d1 = gguf_dim_size(&x->m, mp->dim[1]);
+        uint32_t nd = mp->dim[1] ? 2 : 1;
+        int ok = t->ndim == nd &&
+                 (nd == 1 ? t->ne[0] == d0 : t->ne[0] == d1 && t->ne[1] == d0);
+        if (!ok) {
+            util_set_err(err, err_cap,
+                         "%s: tensor '%s' has ne [%llu,%llu], expected [%llu,%llu] for "
+                         "the hyperparameters",
+                         x->o->input, gn, (unsigned long long)t->ne[0],
+                         (unsigned long long)t->ne[1],
+                         (unsigned long long)(nd == 1 ? d0 : d1),
+                         (unsigned long long)(nd == 1 ? 1 : d0));
+            return -1;
+        }
+        float *d = malloc((size_t)t->numel * sizeof *d);
+        if (!d) {
+            util_set_err(err, err_cap, "out of memory");
+            return bad(x, GPT2_IMPORT_ERR_RUNTIME);
+        }
+        (void)gguf_to_f32(t->type, t->data, d, t->numel); /* type checked above */
+        ckpt_tensor *o = &x->out[x->n_out++];
+        o->name = x->names[i];
+        o->dtype = SAFETENSORS_F32;
+        o->ndim = nd;
+        o->shape[0] = d0;
+        o->shape[1] = d1;
+        o->data = d;
+        count_type(r, t->type);
+        r->params += t->numel;
+    }
+    return 0;
+}
+
+int gguf_import(const gguf_import_opts *o, gguf_import_result *r, int *err_kind,
+                char *err, size_t err_cap) {
+    import_ctx x;
+    memset(&x, 0, sizeof x);
+    memset(r, 0, sizeof *r);
+    x.o = o;
+    x.kind = GPT2_IMPORT_ERR_INPUT;
+    char *state = NULL, *cfg = NULL;
+    int rc = -1;
+    if (!o->input || !o->out_dir) {
+        util_set_err(err, err_cap, "need an input file and an output directory");
+        goto out;
+    }
+    if (gguf_open(o->input, &x.f, err, err_cap) != 0 ||
+        read_hparams(&x, err, err_cap) != 0 || check_tokenizer(&x, err, err_cap) != 0 ||
+        scan_tensors(&x, err, err_cap) != 0 || convert_all(&x, r, err, err_cap) != 0)
+        goto out;
+    gpt2_import_model gm = { x.m.vocab_size,    x.m.context, x.m.width,
+                             x.m.mlp_width,     x.m.layers,  x.m.heads,
+                             x.m.layernorm_eps, "gpt2" };
+    int kind =
+        gpt2_import_texts(&gm, o->input, o->base_config, &state, &cfg, err, err_cap);
+    if (kind != 0) {
+        x.kind = kind;
+        goto out;
+    }
+    x.kind = GPT2_IMPORT_ERR_RUNTIME;
+    if (ckpt_write_dir(o->out_dir, x.out, x.n_out, state, 0, err, err_cap) != 0) goto out;
+    snprintf(r->arch, sizeof r->arch, "%s", x.arch->gguf_name);
+    r->layers = x.m.layers;
+    r->heads = x.m.heads;
+    r->width = x.m.width;
+    r->mlp_width = x.m.mlp_width;
+    r->vocab = x.m.vocab_size;
+    r->context = x.m.context;
+    rc = 0;
+out:
+    if (rc != 0) *err_kind = x.kind;
+    for (size_t i = 0; i < x.n_out; i++) free((void *)x.out[i].data);
+    free(x.out);
+    free(x.names);
+    free(state);
+    free(cfg);
+    if (x.have_voc) bpe_vocab_free(&x.voc);
+    gguf_close(x.f);
+    return rc;
+}

@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# gguf_cli.sh - `orch export gguf` and `orch import gguf` from the command
+# line: --help, usage errors, a byte-tokenizer checkpoint refused, the f32
+# round trip export -> import bit for bit (and generate printing the same
+# tokens as the original), f16/q8_0 files importing, and malformed or foreign
+# GGUF files (made by tests/gguf/gguf_edit.py) refused with one line naming
+# the problem and exit status 2. Needs the GPT-2 vocabulary and python3
+# (skip otherwise); uses the cpu engine when built, else mock.
+set -u
+ORCH_BIN=${ORCH_BIN:-build/orch}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+EDIT="$ROOT/tests/gguf/gguf_edit.py"
+export EDIT PYTHONDONTWRITEBYTECODE=1
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+cd "$work" || exit 1
+command -v python3 >/dev/null || { echo "skip: python3 not found"; exit 77; }
+echo x | "$ORCH_BIN" tokenize --tokenizer gpt2 >/dev/null 2>&1 || { echo "skip: GPT-2 vocabulary missing (run tools/setup.sh)"; exit 77; }
+ENGINE=mock
+[ -f "$(dirname "$ORCH_BIN")/libengine_cpu.so" ] && ENGINE=cpu
+
+# expect_err STATUS TEXT CMD...: fails unless CMD exits STATUS with one stderr
+# line containing TEXT.
+expect_err() {
+  local want=$1 text=$2; shift 2
+  "$@" >out.txt 2>err.txt
+  local rc=$?
+  [ "$rc" -eq "$want" ] || { cat err.txt; fail "$* exited $rc, not $want"; }
+  [ "$(wc -l <err.txt)" -eq 1 ] || { cat err.txt; fail "$*: not one line on stderr"; }
+  grep -qF -- "$text" err.txt || fail "$*: '$(cat err.txt)' lacks '$text'"
+}
+
+# 1. Help and usage errors.
+for c in "export --help" "export gguf --help" "import --help" "import gguf -h"; do
+  # shellcheck disable=SC2086
+  "$ORCH_BIN" $c >help.txt 2>&1 || fail "orch $c exit status"
+  grep -q "^usage: orch ${c%% *} gguf" help.txt || fail "orch $c: $(head -2 help.txt)"
+  grep -q -- "--out" help.txt || fail "orch $c lists no --out"
+done
+"$ORCH_BIN" --help | grep -q "^  export " || fail "orch --help lists no export"
+expect_err 2 "export: expected a format" "$ORCH_BIN" export
+expect_err 2 "unknown format 'onnx'" "$ORCH_BIN" export onnx run --out x
+expect_err 2 "import: expected a format" "$ORCH_BIN" import
+expect_err 2 "need CKPT and --out" "$ORCH_BIN" export gguf
+expect_err 2 "need FILE.gguf and --out DIR" "$ORCH_BIN" import gguf x.gguf
+expect_err 2 "unknown argument '--bogus'" "$ORCH_BIN" export gguf run --out x --bogus
+
+# 2. Checkpoints: one with the byte tokenizer, one with gpt2.
+for i in $(seq 1 200); do echo "In the beginning God created the heaven and the earth $((i % 9))."; done >corpus.txt
+for tok in byte gpt2; do
+  "$ORCH_BIN" prepare --tokenizer $tok --input corpus.txt --out data_$tok --val-fraction 0.1 >prep.log 2>&1 ||
+    { cat prep.log; fail "prepare $tok"; }
+  V=256; [ $tok = gpt2 ] && V=50304 # 47 padding rows past GPT-2's 50257 tokens
+  cat >cfg_$tok.json <<JSON
+{"model": {"arch": "gpt2", "vocab_size": $V, "context": 32, "layers": 2, "heads": 2, "width": 32},
+ "train": {"micro_batch": 4, "seq_len": 16, "max_steps": 60, "lr": 1e-2, "eval_every": 0, "eval_batches": 1},
+ "data": {"tokenizer": "$tok", "train": "data_$tok/train_*.bin", "val": "data_$tok/val_*.bin"},
+ "engine": {"name": "$ENGINE", "threads": 1}}
+JSON
+  "$ORCH_BIN" train --config cfg_$tok.json --out run_$tok >train.log 2>&1 || { tail -5 train.log; fail "train $tok"; }
+done
+expect_err 2 "the 'byte' tokenizer has no GGUF equivalent" "$ORCH_BIN" export gguf run_byte --out b.gguf
+[ -e b.gguf ] && fail "a refused export left b.gguf"
+expect_err 2 "--type: 'q4_k' is not f32, f16 or q8_0" "$ORCH_BIN" export gguf run_gpt2 --out x.gguf --type q4_k
+expect_err 2 "nowhere: no such checkpoint" "$ORCH_BIN" export gguf nowhere --out x.gguf
+
+# 3. Round trip: f32 is bit-exact, and generate prints the same text.
+for t in f32 f16 q8_0; do
+  "$ORCH_BIN" export gguf run_gpt2 --out m_$t.gguf --type $t >exp.log 2>&1 || { cat exp.log; fail "export $t"; }
+  grep -q "2 layers, 28 tensors" exp.log || fail "export summary: $(cat exp.log)"
+  "$ORCH_BIN" import gguf m_$t.gguf --out imp_$t >imp.log 2>&1 || { cat imp.log; fail "import $t"; }
+  grep -q "imported GGUF gpt2: 2 layers, 2 heads, width 32, mlp 128, vocab 50304, context 32" imp.log ||
+    fail "import summary: $(cat imp.log)"
+  (cd imp_$t && sha256sum --quiet -c checksums.sha256) || fail "imp_$t checksums"
+done
+grep -q "9 Q8_0" imp.log || fail "q8_0 tensors: $(cat imp.log)"
+python3 - run_gpt2/latest imp_f32 <<'PY' || fail "f32 round trip is not bit-exact"
+import json, struct, sys, os
+run = os.path.dirname(sys.argv[1])
+ck = os.path.join(run, open(sys.argv[1]).read().strip())
+def load(p):
+    b = open(p, "rb").read(); n = struct.unpack("<Q", b[:8])[0]
+    return json.loads(b[8:8 + n]), b[8 + n:]
+h1, d1 = load(ck + "/model.safetensors"); h2, d2 = load(sys.argv[2] + "/model.safetensors")
+assert h2["__metadata__"] == {"format": "orch", "layout": "orch-gpt2", "layout_version": "1"}, h2["__metadata__"]
+k1 = sorted(k for k in h1 if k != "__metadata__"); k2 = sorted(k for k in h2 if k != "__metadata__")
+assert k1 == k2, (k1, k2)
+for k in k1:
+    a, b = h1[k]["data_offsets"], h2[k]["data_offsets"]
+    assert h1[k]["shape"] == h2[k]["shape"] and d1[a[0]:a[1]] == d2[b[0]:b[1]], k
+PY
+for p in "In the beginning" "God created" "the earth"; do
+  a=$("$ORCH_BIN" generate --checkpoint run_gpt2 --prompt "$p" --max-tokens 12 --temperature 0 2>&1) || fail "generate original"
+  b=$("$ORCH_BIN" generate --checkpoint imp_f32 --engine $ENGINE --prompt "$p" --max-tokens 12 --temperature 0 2>&1) ||
+    fail "generate imported: $b"
+  [ "$a" = "$b" ] || fail "'$p': original '$a', imported '$b'"
+done
+expect_err 1 "already exists" "$ORCH_BIN" import gguf m_f32.gguf --out imp_f32
+
+python3 - m_f32.gguf <<'PY' || fail "padding tokens"
+import os, sys
+sys.path.insert(0, os.path.dirname(os.environ["EDIT"]))
+from gguf_edit import load
+kvs, _ = load(sys.argv[1])
+kv = {k: v for k, _, v in kvs}
+toks, types = kv["tokenizer.ggml.tokens"][1], kv["tokenizer.ggml.token_type"][1]
+assert len(toks) == 50304 and toks[50256] == b"<|endoftext|>" and toks[50257] == b"[PAD50257]", toks[50256:50258]
+assert types[0] == 1 and types[50256] == 3 and types[50303] == 5
+assert toks[220] == "\u0120".encode() and kv["tokenizer.ggml.merges"][1][0] == "\u0120 t".encode()
+assert kv["general.architecture"] == b"gpt2" and kv["gpt2.block_count"] == 2 and kv["general.alignment"] == 32
+PY
+
+# 4. Malformed and foreign files: exit 2, one line naming the problem.
+: >empty.gguf
+expect_err 2 "not a GGUF file" "$ORCH_BIN" import gguf empty.gguf --out o1
+head -c 5000 m_f32.gguf >cut.gguf
+expect_err 2 "cut.gguf: truncated" "$ORCH_BIN" import gguf cut.gguf --out o1
+e() { python3 "$EDIT" m_f32.gguf bad.gguf "$@" || fail "gguf_edit $*"; }
+e set-str general.architecture llama
+expect_err 2 "architecture 'llama' is not supported (orch imports: gpt2)" "$ORCH_BIN" import gguf bad.gguf --out o1
+e del gpt2.block_count
+expect_err 2 "gpt2.block_count: missing" "$ORCH_BIN" import gguf bad.gguf --out o1
+e set-str tokenizer.ggml.model llama
+expect_err 2 "tokenizer.ggml.model is 'llama', not GPT-2's BPE" "$ORCH_BIN" import gguf bad.gguf --out o1
+e token 5 xyz
+expect_err 2 "tokenizer.ggml.tokens[5] differs from GPT-2's" "$ORCH_BIN" import gguf bad.gguf --out o1
+e del tokenizer.ggml.merges
+expect_err 2 "tokenizer.ggml.merges: missing" "$ORCH_BIN" import gguf bad.gguf --out o1
+e type blk.0.attn_qkv.weight 2
+expect_err 2 "tensor 'blk.0.attn_qkv.weight' has type Q4_0, which orch does not import" "$ORCH_BIN" import gguf bad.gguf --out o1
+e add-tensor foo.weight output_norm.weight
+expect_err 2 "unexpected tensor 'foo.weight'" "$ORCH_BIN" import gguf bad.gguf --out o1
+e add-tensor output.weight token_embd.weight bump
+expect_err 2 "output.weight differs from token_embd.weight (an untied head" "$ORCH_BIN" import gguf bad.gguf --out o1
+e add-tensor output.weight token_embd.weight
+"$ORCH_BIN" import gguf bad.gguf --out tied >/dev/null 2>err.txt || { cat err.txt; fail "a tied output.weight is refused"; }
+[ -e o1 ] && fail "a refused import left o1"
+echo "gguf_cli: ok"

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# gguf_llama_cpp.sh - `orch export gguf` against the real counterpart:
+# llama.cpp's prebuilt CPU library through npm node-llama-cpp (pinned in
+# tools/setup.sh). A tiny GPT-2 with the gpt2 tokenizer is trained with the
+# cpu engine, exported as f32 and q8_0, and loaded in llama.cpp
+# (tests/gguf/llama_cpp_check.mjs); for several prompts its greedy text must
+# equal orch's and every next-token logprob orch serve reports (chosen token
+# and top 5, each step) must be within a tolerance of llama.cpp's:
+#   f32:  1e-2 against orch (fp32) on the original checkpoint, and the text
+#         equal to `orch generate`. (ggml's CPU GELU reads an f16 table; the
+#         largest difference seen is ~2.5e-3.)
+#   q8_0: 0.15 against orch's int8 path (--quantize int8) on the q8_0 file
+#         imported back (`orch import gguf`): the same int8 weights and both
+#         round the activations to int8 per 32 values, but ggml keeps f16
+#         block scales and orch fp32 ones (largest difference seen ~0.07).
+# Skips (77) without node, the npm package, the cpu engine or the GPT-2
+# vocabulary.
+source "$(dirname "$0")/serve/common.sh"
+ROOT=$(cd "$SERVE_DIR/../.." && pwd)
+MODULES="$ROOT/data/node-llama/node_modules"
+command -v node >/dev/null || { echo "skip: node is not installed"; exit 77; }
+[ -f "$MODULES/node-llama-cpp/package.json" ] && [ -d "$MODULES/@node-llama-cpp/linux-x64" ] ||
+  { echo "skip: npm node-llama-cpp not installed (run tools/setup.sh)"; exit 77; }
+[ -f "${ORCH_BUILD:-$(dirname "$ORCH_BIN")}/libengine_cpu.so" ] || { echo "skip: libengine_cpu.so is not built"; exit 77; }
+cd "$T" || exit 1
+echo "x" | "$ORCH_BIN" tokenize --tokenizer gpt2 >/dev/null 2>&1 || { echo "skip: GPT-2 vocabulary missing (run tools/setup.sh)"; exit 77; }
+
+for i in $(seq 1 300); do
+  echo "And God said, Let there be light: and there was light. The number is $((i % 17)) and the word is $(((i * 7) % 13))."
+done >corpus.txt
+"$ORCH_BIN" prepare --tokenizer gpt2 --input corpus.txt --out data --val-fraction 0.1 >prep.log 2>&1 ||
+  { cat prep.log; fail "prepare"; }
+cat >cfg.json <<'JSON'
+{
+  "model": {"arch": "gpt2", "vocab_size": 50257, "context": 64, "layers": 2,
+            "heads": 2, "width": 32},
+  "train": {"micro_batch": 4, "seq_len": 32, "max_steps": 300, "lr": 1e-2,
+            "eval_every": 0, "eval_batches": 2},
+  "data": {"tokenizer": "gpt2", "train": "data/train_*.bin", "val": "data/val_*.bin"},
+  "engine": {"name": "cpu", "threads": 1}
+}
+JSON
+"$ORCH_BIN" train --config cfg.json --out run >train.log 2>&1 || { tail -n 5 train.log; fail "train"; }
+for t in f32 q8_0; do
+  "$ORCH_BIN" export gguf run --out "m_$t.gguf" --type "$t" >export.log 2>&1 || { cat export.log; fail "export $t"; }
+done
+"$ORCH_BIN" import gguf m_q8_0.gguf --out imp_q8 >import.log 2>&1 || { cat import.log; fail "import q8_0"; }
+
+PROMPTS=("And God said" "The number is" "Let there be" "light: and" "the word")
+mkdir expect
+for i in "${!PROMPTS[@]}"; do
+  "$ORCH_BIN" generate --checkpoint run --engine cpu --threads 1 --prompt "${PROMPTS[$i]}" \
+    --max-tokens 16 --temperature 0 --no-echo >"expect/$i.txt" 2>>gen.log || { cat gen.log; fail "generate"; }
+done
+
+start_server f32 --checkpoint run --engine cpu --threads 1
+EXPECT_DIR="$T/expect" node "$ROOT/tests/gguf/llama_cpp_check.mjs" "$MODULES" m_f32.gguf \
+  "http://127.0.0.1:$PORT" 16 1e-2 "${PROMPTS[@]}" || fail "f32: llama.cpp differs from orch"
+stop_server "$PID" || fail "serve exit status"
+
+start_server q8 --checkpoint imp_q8 --engine cpu --threads 1 --quantize int8
+node "$ROOT/tests/gguf/llama_cpp_check.mjs" "$MODULES" m_q8_0.gguf \
+  "http://127.0.0.1:$PORT" 16 0.15 "${PROMPTS[@]}" || fail "q8_0: llama.cpp differs from orch int8"
+stop_server "$PID" || fail "serve exit status"
+echo "gguf_llama_cpp: ok"
