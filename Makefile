@@ -51,7 +51,7 @@ CHECK_LIBS = $(shell pkg-config --libs check 2>/dev/null || echo -lcheck -lsubun
 ORCH_SRCS := $(wildcard orchestrator/*/*.c)
 ORCH_OBJS := $(patsubst %.c,$(BUILD)/obj/%.o,$(ORCH_SRCS))
 ORCH_LIB_OBJS := $(filter-out $(BUILD)/obj/orchestrator/cli/main.o,$(ORCH_OBJS))
-ORCH_LIBS = $(PKG_LIBS) -ldl -lpthread -lm
+ORCH_LIBS = $(PKG_LIBS) -lcurl -ldl -lpthread -lm
 
 ENGINE_CFLAGS := $(CFLAGS_COMMON) -fPIC -fvisibility=hidden
 
