@@ -161,8 +161,9 @@ int radix_text_insert(radix_text *t, const char *s, size_t n) {
             return 0;
         }
         size_t c = common(k->label, k->len, s + i, n - i);
-        k->stamp = now;
+        /* the tail keeps the old stamp: it is not on this path */
         if (c < k->len && split(t, k, c) != 0) return -1;
+        k->stamp = now;
         i += c;
         cur = k;
     }

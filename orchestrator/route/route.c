@@ -37,11 +37,17 @@ enum {
     R_OTHER,
     R_COUNT
 };
-static const char *const route_label[R_COUNT] = {
-    "/health",         "/v1/models",          "/v1/models/{id}", "/metrics",
-    "/workers",        "/workers/{url}",      "/v1/completions", "/v1/chat/completions",
-    "/tokenize",       "/detokenize",         "other"
-};
+static const char *const route_label[R_COUNT] = { "/health",
+                                                  "/v1/models",
+                                                  "/v1/models/{id}",
+                                                  "/metrics",
+                                                  "/workers",
+                                                  "/workers/{url}",
+                                                  "/v1/completions",
+                                                  "/v1/chat/completions",
+                                                  "/tokenize",
+                                                  "/detokenize",
+                                                  "other" };
 static int is_forwarded(int r) { return r >= R_COMPLETIONS && r <= R_DETOKENIZE; }
 
 #define MAX_TRIED 16
@@ -85,11 +91,11 @@ typedef struct rreq {
     struct curl_slist *hdrs;
     char url[ROUTE_URL_MAX + 32];
     /* the answer (under mu) */
-    int fstate;     /* F_* */
-    int head;       /* the current worker's head is in */
-    int retry_503;  /* that head was a 503: retried if another worker is left */
-    int streaming;  /* 200 text/event-stream: passed on as it comes */
-    int failed;     /* the transfer ended without the whole answer */
+    int fstate;    /* F_* */
+    int head;      /* the current worker's head is in */
+    int retry_503; /* that head was a 503: retried if another worker is left */
+    int streaming; /* 200 text/event-stream: passed on as it comes */
+    int failed;    /* the transfer ended without the whole answer */
     int client_gone;
     int xfer_active;
     int error_sent;
@@ -356,9 +362,7 @@ static int forward(rreq *r) {
     return 0;
 }
 
-static rreq *of_xfer(route_xfer *x) {
-    return (rreq *)((char *)x - offsetof(rreq, x));
-}
+static rreq *of_xfer(route_xfer *x) { return (rreq *)((char *)x - offsetof(rreq, x)); }
 
 static void on_head(route_xfer *x, long status, const char *headers) {
     rreq *r = of_xfer(x);
@@ -417,7 +421,9 @@ static void on_done(route_xfer *x, int ok, const char *error) {
     /* a worker that answered 503 (draining, loading) is skipped like a
      * failed one, but is not taken out: its health checks decide */
     int retry = !gone && !r->responded && (!ok || r->retry_503);
-    if (!ok) snprintf(r->errmsg, sizeof r->errmsg, "worker %s: %s", route_worker_url(r->cur), error);
+    if (!ok)
+        snprintf(r->errmsg, sizeof r->errmsg, "worker %s: %s", route_worker_url(r->cur),
+                 error);
     pthread_mutex_unlock(&r->mu);
     route_workers_done(s->cfg.workers, r->cur, !ok && !gone);
     r->cur = NULL;
@@ -605,7 +611,8 @@ static void percent_decode(const char *in, char *out, size_t cap) {
     size_t k = 0;
     for (size_t i = 0; in[i] && k + 1 < cap; i++) {
         unsigned v;
-        if (in[i] == '%' && in[i + 1] && in[i + 2] && sscanf(in + i + 1, "%2x", &v) == 1) {
+        if (in[i] == '%' && in[i + 1] && in[i + 2] &&
+            sscanf(in + i + 1, "%2x", &v) == 1) {
             out[k++] = (char)v;
             i += 2;
         } else {
@@ -621,11 +628,13 @@ static enum MHD_Result answer_get(rreq *r, const char *url) {
     switch (r->route) {
     case R_HEALTH: {
         uint32_t up = route_workers_up(s->cfg.workers);
-        strbuf_printf(&b, "{\"status\":\"%s\",\"workers_up\":%u}", up ? "ok" : "no_workers",
-                      up);
+        strbuf_printf(&b, "{\"status\":\"%s\",\"workers_up\":%u}",
+                      up ? "ok" : "no_workers", up);
         return queue_json(r, up ? 200 : 503, &b);
     }
-    case R_MODELS: route_workers_models_json(s->cfg.workers, &b); return queue_json(r, 200, &b);
+    case R_MODELS:
+        route_workers_models_json(s->cfg.workers, &b);
+        return queue_json(r, 200, &b);
     case R_MODEL:
         if (route_workers_model_json(s->cfg.workers, url + 11, &b) != 0) {
             strbuf_free(&b);
@@ -634,7 +643,9 @@ static enum MHD_Result answer_get(rreq *r, const char *url) {
             return queue_err(r, 404, "model_not_found", msg);
         }
         return queue_json(r, 200, &b);
-    case R_WORKERS: route_workers_list_json(s->cfg.workers, &b); return queue_json(r, 200, &b);
+    case R_WORKERS:
+        route_workers_list_json(s->cfg.workers, &b);
+        return queue_json(r, 200, &b);
     default: { /* R_METRICS */
         char *text;
         size_t len;
@@ -743,13 +754,14 @@ static enum MHD_Result begin_request(route_server *s, struct MHD_Connection *con
     int is_delete = strcmp(method, "DELETE") == 0;
     int post_route = is_forwarded(r->route) || (r->route == R_WORKERS && is_post);
     set_phase(r, post_route ? LISTENER_BODY : LISTENER_BUSY);
-    r->cors = http_policy_cors(&s->policy,
-                               MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Origin"));
+    r->cors = http_policy_cors(
+        &s->policy, MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Origin"));
     const char *host = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Host");
     if (!http_policy_host_ok(&s->policy, host, strcmp(version, "HTTP/1.0") == 0)) {
         char msg[192];
         if (!host)
-            return queue_err(r, 400, "invalid_host", "HTTP/1.1 requests need a Host header");
+            return queue_err(r, 400, "invalid_host",
+                             "HTTP/1.1 requests need a Host header");
         snprintf(msg, sizeof msg,
                  "Host '%.64s' is not allowed (this router accepts its loopback names "
                  "and --allowed-host)",
@@ -761,13 +773,13 @@ static enum MHD_Result begin_request(route_server *s, struct MHD_Connection *con
         r->preflight = 1;
         return MHD_YES;
     }
-    int method_ok = r->route == R_WORKERS  ? is_get || is_post
-                    : r->route == R_WORKER ? is_delete
+    int method_ok = r->route == R_WORKERS    ? is_get || is_post
+                    : r->route == R_WORKER   ? is_delete
                     : is_forwarded(r->route) ? is_post
                                              : is_get;
     if (!method_ok) {
-        const char *allow = r->route == R_WORKERS  ? "GET, POST"
-                            : r->route == R_WORKER ? "DELETE"
+        const char *allow = r->route == R_WORKERS    ? "GET, POST"
+                            : r->route == R_WORKER   ? "DELETE"
                             : is_forwarded(r->route) ? "POST"
                                                      : "GET";
         char msg[128];
@@ -778,8 +790,8 @@ static enum MHD_Result begin_request(route_server *s, struct MHD_Connection *con
     int needs_key = strncmp(url, "/v1/", 4) == 0 || r->route == R_WORKERS ||
                     r->route == R_WORKER || post_route;
     if (needs_key &&
-        !http_policy_auth_ok(&s->policy, MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
-                                                                      "Authorization")))
+        !http_policy_auth_ok(&s->policy, MHD_lookup_connection_value(
+                                             conn, MHD_HEADER_KIND, "Authorization")))
         return queue_err(r, 401, "invalid_api_key",
                          "missing or invalid API key (send 'Authorization: Bearer KEY')");
     if (!post_route) return MHD_YES;
@@ -915,8 +927,9 @@ int route_server_start(const route_server_config *cfg, route_server **out, char 
         return -1;
     }
     static const char *const hl[2] = { "endpoint", "status" };
-    s->m_http = metrics_counter(cfg->metrics, "orch_route_http_requests_total",
-                                "Router HTTP requests by endpoint and status code.", 2, hl);
+    s->m_http =
+        metrics_counter(cfg->metrics, "orch_route_http_requests_total",
+                        "Router HTTP requests by endpoint and status code.", 2, hl);
     s->m_retries = metrics_series_get(
         metrics_counter(cfg->metrics, "orch_route_retries_total",
                         "Requests sent to another worker after a failure.", 0, NULL),
@@ -945,8 +958,8 @@ int route_server_start(const route_server_config *cfg, route_server **out, char 
         return -1;
     }
     lc.max_conns = cfg->max_connections;
-    lc.max_per_ip = cfg->max_connections_per_ip ? cfg->max_connections_per_ip
-                                                : cfg->max_connections;
+    lc.max_per_ip =
+        cfg->max_connections_per_ip ? cfg->max_connections_per_ip : cfg->max_connections;
     lc.header_timeout = cfg->header_timeout_s ? cfg->header_timeout_s : 10;
     lc.body_timeout = cfg->body_timeout_s ? cfg->body_timeout_s : 60;
     lc.idle_timeout = cfg->idle_timeout_s ? cfg->idle_timeout_s : 15;

@@ -58,8 +58,8 @@ typedef struct route_server_config {
     size_t n_allowed_hosts;
     const char *const *cors_origins;
     size_t n_cors_origins;
-    size_t max_body;             /* bytes (> 0) */
-    uint32_t max_connections;    /* (> 0) */
+    size_t max_body;          /* bytes (> 0) */
+    uint32_t max_connections; /* (> 0) */
     uint32_t max_connections_per_ip;
     uint32_t header_timeout_s, body_timeout_s, idle_timeout_s;
     uint32_t max_retries;     /* other workers tried after a failure */

@@ -6,7 +6,7 @@
 #include <string.h>
 
 static const char *const names[] = { "cache_aware", "round_robin", "least_load",
-                                      "power_of_two" };
+                                     "power_of_two" };
 
 int route_policy_parse(const char *name, route_policy_kind *out) {
     for (int i = 0; i < 4; i++)

@@ -74,7 +74,6 @@ route_proxy *route_proxy_create(double connect_timeout_s, char *err, size_t err_
     return p;
 }
 
-
 /* Remove x from the active list (proxy thread). */
 static void unlink_active(route_proxy *p, route_xfer *x) {
     pthread_mutex_lock(&p->mu);
@@ -121,7 +120,8 @@ static void start_one(route_proxy *p, route_xfer *x) {
     curl_easy_setopt(h, CURLOPT_WRITEDATA, x);
     curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, p->connect_ms);
     curl_easy_setopt(h, CURLOPT_TCP_NODELAY, 1L);
-    if (x->timeout_s > 0) curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)(x->timeout_s * 1000));
+    if (x->timeout_s > 0)
+        curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)(x->timeout_s * 1000));
     curl_easy_setopt(h, CURLOPT_PRIVATE, x);
     pthread_mutex_lock(&p->mu);
     x->next = p->active;

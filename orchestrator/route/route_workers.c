@@ -119,9 +119,9 @@ route_workers *route_workers_create(const route_workers_config *c, char *err,
     pthread_mutex_init(&s->mu, NULL);
     s->rng = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull | 1u;
     static const char *const wl[1] = { "worker" };
-    s->f_requests = metrics_counter(c->metrics, "orch_route_requests_total",
-                                    "Requests forwarded, by worker (retries count again).",
-                                    1, wl);
+    s->f_requests =
+        metrics_counter(c->metrics, "orch_route_requests_total",
+                        "Requests forwarded, by worker (retries count again).", 1, wl);
     s->f_up = metrics_gauge(c->metrics, "orch_route_worker_up",
                             "1 while the worker passes its health checks.", 1, wl);
     s->f_load = metrics_gauge(c->metrics, "orch_route_worker_load",
@@ -130,8 +130,8 @@ route_workers *route_workers_create(const route_workers_config *c, char *err,
                                             0.6, 0.7, 0.8, 0.9, 0.99 };
     s->m_ratio = metrics_series_get(
         metrics_histogram(c->metrics, "orch_route_cache_match_ratio",
-                          "Best radix-tree match over request length, per pick.", 0,
-                          NULL, ratio_buckets, sizeof ratio_buckets / sizeof(double)),
+                          "Best radix-tree match over request length, per pick.", 0, NULL,
+                          ratio_buckets, sizeof ratio_buckets / sizeof(double)),
         NULL);
     static const char *const rl[1] = { "result" };
     metrics_family *fc = metrics_counter(c->metrics, "orch_route_health_checks_total",
@@ -514,8 +514,8 @@ void route_workers_list_json(route_workers *s, strbuf *b) {
         strbuf_printf(b,
                       ",\"up\":%s,\"load\":%u,\"requests\":%llu,\"tree_bytes\":%zu,"
                       "\"models\":[",
-                      w->up ? "true" : "false", w->load,
-                      (unsigned long long)w->requests, radix_text_size(w->tree));
+                      w->up ? "true" : "false", w->load, (unsigned long long)w->requests,
+                      radix_text_size(w->tree));
         for (size_t m = 0; m < w->n_models; m++) {
             if (m) strbuf_puts(b, ",");
             json_write_cstring(b, w->model_ids[m]);
