@@ -91,7 +91,9 @@ START_TEST(test_cache_aware_balance) {
 END_TEST
 
 START_TEST(test_other_policies) {
-    route_candidate c[4] = { { 1, 5, 0, 0 }, { 0, 0, 0, 0 }, { 1, 2, 0, 0 }, { 1, 9, 0, 0 } };
+    route_candidate c[4] = {
+        { 1, 5, 0, 0 }, { 0, 0, 0, 0 }, { 1, 2, 0, 0 }, { 1, 9, 0, 0 }
+    };
     route_policy_params p = { ROUTE_ROUND_ROBIN, 0.5, 32, 1.0001 };
     uint64_t rr = 0, rng = 7;
     int seq[6];
@@ -102,7 +104,8 @@ START_TEST(test_other_policies) {
     ck_assert_int_eq(route_policy_pick(&p, c, 4, 10, &rr, &rng).index, 2);
     p.kind = ROUTE_POWER_OF_TWO;
     int seen[4] = { 0 };
-    for (int i = 0; i < 400; i++) seen[route_policy_pick(&p, c, 4, 10, &rr, &rng).index]++;
+    for (int i = 0; i < 400; i++)
+        seen[route_policy_pick(&p, c, 4, 10, &rr, &rng).index]++;
     ck_assert_int_eq(seen[1], 0); /* ineligible */
     ck_assert_int_eq(seen[3], 0); /* the most loaded always loses its pair */
     ck_assert(seen[0] > 0 && seen[2] > seen[0]);
@@ -125,9 +128,10 @@ typedef struct fake {
     char url[64];
 } fake;
 
-static enum MHD_Result fake_answer(void *cls, struct MHD_Connection *conn, const char *url,
-                                   const char *method, const char *version,
-                                   const char *upload, size_t *upload_size, void **rc) {
+static enum MHD_Result fake_answer(void *cls, struct MHD_Connection *conn,
+                                   const char *url, const char *method,
+                                   const char *version, const char *upload,
+                                   size_t *upload_size, void **rc) {
     (void)method, (void)version, (void)upload, (void)upload_size, (void)rc;
     fake *f = cls;
     char body[256];
@@ -174,9 +178,10 @@ static route_workers *set_of(metrics_registry *reg, route_policy_kind k) {
 }
 
 /* A request through the set: pick, done. Returns the worker's index in f. */
-static int route_one(route_workers *s, fake *f, int n, const char *model, const char *text) {
+static int route_one(route_workers *s, fake *f, int n, const char *model,
+                     const char *text) {
     route_pick p;
-    route_worker *w = route_workers_pick(s, model, text, strlen(text), NULL, 0, &p);
+    route_worker *w = route_workers_pick(s, model, text, strlen(text), NULL, 0, &p, NULL);
     if (!w) return -1;
     int idx = -1;
     for (int i = 0; i < n; i++)
@@ -225,7 +230,7 @@ START_TEST(test_workers_prefixes_stick_and_spread) {
     strbuf_free(&b);
     /* a worker taken out: its prompt moves, the others stay */
     route_pick p;
-    route_worker *w = route_workers_pick(s, NULL, sys[0], 200, NULL, 0, &p);
+    route_worker *w = route_workers_pick(s, NULL, sys[0], 200, NULL, 0, &p, NULL);
     ck_assert_str_eq(route_worker_url(w), f[home[0]].url);
     route_workers_done(s, w, 1); /* failed: out until a check passes */
     ck_assert_int_eq(route_workers_up(s), 3);
@@ -234,9 +239,9 @@ START_TEST(test_workers_prefixes_stick_and_spread) {
     ck_assert_int_eq(route_one(s, f, 4, NULL, sys[1]), home[1]);
     /* a retry skips the workers tried */
     route_worker *tried[1] = { NULL };
-    w = route_workers_pick(s, NULL, sys[1], 200, NULL, 0, &p);
+    w = route_workers_pick(s, NULL, sys[1], 200, NULL, 0, &p, NULL);
     tried[0] = w;
-    route_worker *w2 = route_workers_pick(s, NULL, sys[1], 200, tried, 1, &p);
+    route_worker *w2 = route_workers_pick(s, NULL, sys[1], 200, tried, 1, &p, NULL);
     ck_assert_ptr_nonnull(w2);
     ck_assert_ptr_ne(w, w2);
     route_workers_done(s, w, 0);
@@ -279,9 +284,14 @@ START_TEST(test_workers_models_health_and_set_changes) {
         ck_assert_int_eq(route_one(s, f, 3, "lora-a", "q"), 2);
         ck_assert_int_ne(route_one(s, f, 3, "base", "q"), 2);
     }
-    /* a model no worker lists: any worker (it answers the 404 itself) */
+    /* a model no worker lists: none, and said so */
+    route_pick up;
+    int unknown = 0;
+    ck_assert_ptr_null(route_workers_pick(s, "unknown", "q", 1, NULL, 0, &up, &unknown));
+    ck_assert_int_eq(unknown, 1);
+    /* no model named: any worker */
     int any[3] = { 0 };
-    for (int i = 0; i < 6; i++) any[route_one(s, f, 3, "unknown", "q")]++;
+    for (int i = 0; i < 6; i++) any[route_one(s, f, 3, NULL, "q")]++;
     ck_assert(any[0] && any[1] && any[2]);
     /* health: an unhealthy worker is taken out by the health thread and put
      * back once it passes again */
@@ -297,7 +307,7 @@ START_TEST(test_workers_models_health_and_set_changes) {
     ck_assert_int_eq(route_workers_up(s), 3);
     /* removed while a request holds it: the request's reference stays good */
     route_pick p;
-    route_worker *w = route_workers_pick(s, "lora-a", "q", 1, NULL, 0, &p);
+    route_worker *w = route_workers_pick(s, "lora-a", "q", 1, NULL, 0, &p, NULL);
     ck_assert_ptr_nonnull(w);
     ck_assert_int_eq(route_workers_remove(s, f[2].url), 0);
     ck_assert_int_eq(route_workers_remove(s, f[2].url), -1);
@@ -313,7 +323,8 @@ START_TEST(test_workers_models_health_and_set_changes) {
     snprintf(line, sizeof line, "orch_route_worker_up{worker=\"%s\"} 0", f[2].url);
     ck_assert_ptr_nonnull(strstr(text, line));
     ck_assert_ptr_nonnull(strstr(text, "orch_route_cache_match_ratio_count"));
-    ck_assert_ptr_nonnull(strstr(text, "orch_route_health_checks_total{result=\"fail\"}"));
+    ck_assert_ptr_nonnull(
+        strstr(text, "orch_route_health_checks_total{result=\"fail\"}"));
     free(text);
     route_workers_destroy(s);
     for (int i = 0; i < 3; i++) MHD_stop_daemon(f[i].d);
@@ -323,7 +334,8 @@ END_TEST
 
 START_TEST(test_url_normalize) {
     char out[ROUTE_URL_MAX], err[256];
-    ck_assert_int_eq(route_url_normalize("http://127.0.0.1:8001//", out, err, sizeof err), 0);
+    ck_assert_int_eq(route_url_normalize("http://127.0.0.1:8001//", out, err, sizeof err),
+                     0);
     ck_assert_str_eq(out, "http://127.0.0.1:8001");
     ck_assert_int_eq(route_url_normalize("http://h:1/v1", out, err, sizeof err), -1);
     ck_assert_int_eq(route_url_normalize("https://h:1", out, err, sizeof err), -1);

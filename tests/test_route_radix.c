@@ -11,7 +11,9 @@
 #include "orchestrator/route/radix_text.h"
 #include "tests/test_util.h"
 
-static size_t m(radix_text *t, const char *s) { return radix_text_match(t, s, strlen(s)); }
+static size_t m(radix_text *t, const char *s) {
+    return radix_text_match(t, s, strlen(s));
+}
 static void ins(radix_text *t, const char *s) {
     ck_assert_int_eq(radix_text_insert(t, s, strlen(s)), 0);
 }
@@ -22,7 +24,7 @@ START_TEST(test_match_and_split) {
     ins(t, "hello world");
     ck_assert_uint_eq(radix_text_size(t), 11);
     ck_assert_uint_eq(radix_text_nodes(t), 1);
-    ck_assert_uint_eq(m(t, "hello there"), 6);  /* ends inside the edge */
+    ck_assert_uint_eq(m(t, "hello there"), 6);    /* ends inside the edge */
     ck_assert_uint_eq(m(t, "hello world!!"), 11); /* past the stored text */
     ck_assert_uint_eq(m(t, "hel"), 3);
     ck_assert_uint_eq(m(t, "xyz"), 0);
@@ -107,7 +109,8 @@ START_TEST(test_random_against_brute_force) {
     for (int i = 0; i < N; i++) {
         size_t len = 1 + test_xorshift64(&z) % 40;
         set[i] = malloc(len + 1);
-        for (size_t k = 0; k < len; k++) set[i][k] = (char)('a' + test_xorshift64(&z) % 3);
+        for (size_t k = 0; k < len; k++)
+            set[i][k] = (char)('a' + test_xorshift64(&z) % 3);
         set[i][len] = '\0';
         ins(t, set[i]);
     }

@@ -163,7 +163,8 @@ int cmd_route(int argc, char **argv) {
     }
     metrics_registry *reg = metrics_registry_create();
     char bearer[1024];
-    if (worker_key && *worker_key) snprintf(bearer, sizeof bearer, "Bearer %s", worker_key);
+    if (worker_key && *worker_key)
+        snprintf(bearer, sizeof bearer, "Bearer %s", worker_key);
     route_workers_config wc = { .policy = pp,
                                 .max_tree_size = (size_t)max_tree,
                                 .health_interval_s = interval,
@@ -213,7 +214,8 @@ int cmd_route(int argc, char **argv) {
                                                           : ORCH_EXIT_FAILURE;
         goto out;
     }
-    fprintf(stderr, "orch route: listening on http://%s:%u (policy %s, %zu workers, %u up)\n",
+    fprintf(stderr,
+            "orch route: listening on http://%s:%u (policy %s, %zu workers, %u up)\n",
             host ? host : "127.0.0.1", route_server_port(srv), route_policy_name(pp.kind),
             n_workers, route_workers_up(ws));
     fprintf(stderr, "orch route: ready\n");

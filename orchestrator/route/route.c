@@ -322,14 +322,16 @@ static void on_head(route_xfer *x, long status, const char *headers);
 static int on_data(route_xfer *x, const char *p, size_t n);
 static void on_done(route_xfer *x, int ok, const char *error);
 
-/* Pick a worker not tried yet and submit (mu not held). 0, or -1: none. */
+/* Pick a worker not tried yet and submit (mu not held). 0, or -1: none
+ * (-2: no worker serves the request's model). */
 static int forward(rreq *r) {
     route_server *s = r->srv;
     if (r->n_tried >= MAX_TRIED || r->n_tried > s->cfg.max_retries) return -1;
     route_pick pick;
+    int unknown = 0;
     route_worker *w = route_workers_pick(s->cfg.workers, r->model, r->text, r->text_len,
-                                         r->tried, r->n_tried, &pick);
-    if (!w) return -1;
+                                         r->tried, r->n_tried, &pick, &unknown);
+    if (!w) return unknown ? -2 : -1;
     if (r->n_tried) metrics_counter_add(s->m_retries, 1);
     r->tried[r->n_tried++] = w;
     r->cur = w;
@@ -593,7 +595,20 @@ static enum MHD_Result forward_begin(rreq *r) {
     if (auth[0]) r->hdrs = curl_slist_append(r->hdrs, auth);
     if (!r->hdrs) return MHD_NO;
     r->fstate = F_WAIT; /* read by this thread only until forward() submits */
-    if (forward(r) != 0) {
+    int rc = forward(r);
+    if (rc == -2) {
+        r->fstate = F_NONE;
+        char msg[256];
+        snprintf(msg, sizeof msg,
+                 "the model '%.128s' is not served by any worker (see GET /v1/models)",
+                 r->model);
+        api_error e;
+        api_error_set(&e, 404, "model", "model_not_found", "%s", msg);
+        strbuf eb = { 0 };
+        api_error_json(&eb, &e);
+        return queue_json(r, 404, &eb);
+    }
+    if (rc != 0) {
         r->fstate = F_NONE;
         return queue_err(r, 503, "worker_unavailable",
                          route_workers_up(s->cfg.workers)

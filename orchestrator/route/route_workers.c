@@ -390,7 +390,8 @@ static int serves(const route_worker *w, const char *model) {
 
 route_worker *route_workers_pick(route_workers *s, const char *model, const char *text,
                                  size_t len, route_worker *const *tried, size_t n_tried,
-                                 route_pick *pick) {
+                                 route_pick *pick, int *unknown_model) {
+    if (unknown_model) *unknown_model = 0;
     pick->index = -1;
     pick->reason = ROUTE_WHY_POLICY;
     pick->match_ratio = 0;
@@ -401,14 +402,15 @@ route_worker *route_workers_pick(route_workers *s, const char *model, const char
         pthread_mutex_unlock(&s->mu);
         return NULL;
     }
-    int any_model = 0;
-    if (model)
-        for (size_t i = 0; i < s->n; i++)
-            if (s->w[i]->up && s->w[i]->models_known && serves(s->w[i], model))
-                any_model = 1;
+    int any_up = 0, any_serves = 0;
+    for (size_t i = 0; i < s->n; i++) {
+        any_up |= s->w[i]->up;
+        if (model && s->w[i]->up && serves(s->w[i], model)) any_serves = 1;
+    }
+    if (model && any_up && !any_serves && unknown_model) *unknown_model = 1;
     for (size_t i = 0; i < s->n; i++) {
         route_worker *w = s->w[i];
-        int ok = w->up && (!model || !any_model || serves(w, model));
+        int ok = w->up && (!model || serves(w, model));
         for (size_t k = 0; k < n_tried && ok; k++)
             if (tried[k] == w) ok = 0;
         c[i].eligible = ok;

@@ -11,8 +11,9 @@
  * down and is checked at once.
  *
  * Choosing (route_workers_pick): eligible workers are those up and not tried
- * for this request already; when the request names a model that some up
- * worker lists, only those. The policy (route_policy.h) picks among them;
+ * for this request already, and, when the request names a model, those that
+ * list it (a worker whose /v1/models could not be read counts as serving
+ * every model). The policy (route_policy.h) picks among them;
  * the request's text is then inserted into the chosen worker's radix tree,
  * which is trimmed to 90% of max_tree_size when it grows past it, and the
  * worker's load (requests in flight) counts the request until
@@ -71,10 +72,12 @@ int route_workers_remove(route_workers *s, const char *url);
 
 /* Choose a worker for a request of model (NULL: any) with text[0..len),
  * not one of tried[0..n_tried); *pick gets the decision. The worker is
- * referenced; NULL when none is eligible. */
+ * referenced; NULL when none is eligible, with *unknown_model (may be NULL)
+ * set to 1 when that is because every up worker lists its models and none
+ * lists model. */
 route_worker *route_workers_pick(route_workers *s, const char *model, const char *text,
                                  size_t len, route_worker *const *tried, size_t n_tried,
-                                 route_pick *pick);
+                                 route_pick *pick, int *unknown_model);
 /* The request on w ended; failed: w failed it (transport error), so it is
  * taken out until a check passes. Drops the reference. */
 void route_workers_done(route_workers *s, route_worker *w, int failed);
