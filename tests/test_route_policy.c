@@ -51,6 +51,13 @@ START_TEST(test_cache_aware_decisions) {
     c[1].load = 1;
     p = pick(cache_params(), c, 3, 100);
     ck_assert_int_eq(p.index, 1);
+    /* the ratio is the chosen worker's: below the threshold, the smallest tree's */
+    c[2].match = 30;
+    c[0].match = c[1].match = 40;
+    c[0].tree_size = 900;
+    p = pick(cache_params(), c, 3, 100);
+    ck_assert_int_eq(p.index, 2);
+    ck_assert(p.match_ratio > 0.29 && p.match_ratio < 0.31);
     /* an empty request: ratio 0, the smallest tree */
     p = pick(cache_params(), c, 3, 0);
     ck_assert_int_eq(p.reason, ROUTE_WHY_SMALLEST);

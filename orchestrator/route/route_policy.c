@@ -53,12 +53,12 @@ static int pick_cache_aware(const route_policy_params *p, const route_candidate 
             smallest = (int)i;
     }
     if (best_match < 0) return -1;
-    out->match_ratio = req_len ? (double)c[best_match].match / (double)req_len : 0.0;
+    double best = req_len ? (double)c[best_match].match / (double)req_len : 0.0;
     if (hi - lo > p->balance_abs && (double)hi > p->balance_rel * (double)lo) {
         out->reason = ROUTE_WHY_BALANCE;
         return least_loaded(c, n);
     }
-    if (out->match_ratio > p->cache_threshold) {
+    if (best > p->cache_threshold) {
         out->reason = ROUTE_WHY_CACHE;
         return best_match;
     }
@@ -102,5 +102,7 @@ route_pick route_policy_pick(const route_policy_params *p, const route_candidate
     }
     default: out.index = pick_cache_aware(p, c, n, req_len, &out); break;
     }
+    if (out.index >= 0 && req_len)
+        out.match_ratio = (double)c[out.index].match / (double)req_len;
     return out;
 }

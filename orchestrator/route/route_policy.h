@@ -57,7 +57,8 @@ typedef struct route_candidate {
 typedef struct route_pick {
     int index;          /* the chosen candidate, or -1 */
     int reason;         /* ROUTE_WHY_* */
-    double match_ratio; /* best match / request length (0 for an empty one) */
+    double match_ratio; /* the chosen worker's match / request length (0 for
+                           an empty request or none chosen) */
 } route_pick;
 
 /* Pick among c[0..n) for a request of req_len bytes. *rr is the round-robin

@@ -129,9 +129,10 @@ route_workers *route_workers_create(const route_workers_config *c, char *err,
     static const double ratio_buckets[] = { 0.0, 0.1, 0.2, 0.3, 0.4, 0.5,
                                             0.6, 0.7, 0.8, 0.9, 0.99 };
     s->m_ratio = metrics_series_get(
-        metrics_histogram(c->metrics, "orch_route_cache_match_ratio",
-                          "Best radix-tree match over request length, per pick.", 0, NULL,
-                          ratio_buckets, sizeof ratio_buckets / sizeof(double)),
+        metrics_histogram(
+            c->metrics, "orch_route_cache_match_ratio",
+            "The chosen worker's radix-tree match over the request length, per pick.", 0,
+            NULL, ratio_buckets, sizeof ratio_buckets / sizeof(double)),
         NULL);
     static const char *const rl[1] = { "result" };
     metrics_family *fc = metrics_counter(c->metrics, "orch_route_health_checks_total",

@@ -21,8 +21,9 @@
  *
  * Metrics (registry given): orch_route_requests_total{worker},
  * orch_route_worker_up{worker}, orch_route_worker_load{worker},
- * orch_route_cache_match_ratio (histogram of the best match / request
- * length, per pick), orch_route_health_checks_total{result}.
+ * orch_route_cache_match_ratio (histogram of the chosen worker's tree match /
+ * request length, per pick: the router's estimate of the prefix the worker
+ * has cached), orch_route_health_checks_total{result}.
  *
  * Memory: the set owns its workers; a picked worker is referenced until
  * route_workers_done, so a worker removed meanwhile stays valid for its
