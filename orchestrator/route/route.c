@@ -20,6 +20,7 @@
 #include "orchestrator/core/strbuf.h"
 #include "orchestrator/core/util.h"
 #include "orchestrator/serve/api_error.h"
+#include "orchestrator/serve/conn_watch.h"
 #include "orchestrator/serve/http_policy.h"
 #include "orchestrator/serve/listener.h"
 
@@ -58,6 +59,7 @@ struct route_server {
     struct MHD_Daemon *d;
     listener *lst;
     route_proxy *proxy;
+    conn_watch *watch; /* clients gone while their request is forwarded */
     uint16_t port;
     metrics_family *m_http;
     metrics_series *m_retries, *m_stream_errors;
@@ -65,6 +67,7 @@ struct route_server {
 
 typedef struct rconn {
     int fd;
+    conn_watch_conn *cc;
 } rconn;
 
 /* Forwarding states. */
@@ -237,6 +240,7 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
         rconn *rc = ci ? util_calloc(1, sizeof *rc) : NULL;
         if (rc) {
             rc->fd = ci->connect_fd;
+            rc->cc = conn_watch_add(s->watch, rc->fd);
             listener_conn_started(s->lst, rc->fd);
         }
         *socket_context = rc;
@@ -244,6 +248,7 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
         rconn *rc = *socket_context;
         if (rc) {
             listener_conn_closed(s->lst, rc->fd);
+            conn_watch_remove(s->watch, rc->cc);
             free(rc);
         }
         *socket_context = NULL;
@@ -263,6 +268,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
     if (!r) return;
     *req_cls = NULL;
     set_phase(r, LISTENER_IDLE);
+    conn_watch_clear_request(s->watch, r->rc ? r->rc->cc : NULL, r);
     pthread_mutex_lock(&r->mu);
     r->client_gone = 1;
     int cancel = r->xfer_active;
@@ -471,6 +477,25 @@ static void on_done(route_xfer *x, int ok, const char *error) {
     req_unref(r); /* this transfer's */
 }
 
+/* conn_watch callback (watch lock held): the client of a forwarded request
+ * closed its connection; its transfer is cancelled (the worker then sees the
+ * disconnect and frees the sequence). */
+static void on_client_gone(void *req, void *arg) {
+    rreq *r = req;
+    route_server *s = arg;
+    pthread_mutex_lock(&r->mu);
+    r->client_gone = 1;
+    int cancel = r->xfer_active;
+    pthread_mutex_unlock(&r->mu);
+    if (cancel) route_proxy_cancel(s->proxy, &r->x);
+}
+
+/* route_proxy tick: disconnects. */
+static void poll_disconnects(void *arg) {
+    route_server *s = arg;
+    conn_watch_poll(s->watch, on_client_gone, s);
+}
+
 /* The stream's reader (HTTP thread). */
 static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
@@ -555,6 +580,11 @@ static enum MHD_Result forward_step(rreq *r) {
         return MHD_YES;
     }
     /* done: the whole answer, or a failure with nothing sent yet */
+    if (r->client_gone) { /* nobody to answer: close */
+        pthread_mutex_unlock(&r->mu);
+        count(r->srv, r->route, 499);
+        return MHD_NO;
+    }
     int have = r->head && !r->failed;
     long status = r->status;
     strbuf out = r->out;
@@ -615,6 +645,7 @@ static enum MHD_Result forward_begin(rreq *r) {
                              ? "no worker can take this request now"
                              : "no worker is up");
     }
+    conn_watch_set_request(s->watch, r->rc ? r->rc->cc : NULL, r);
     /* suspends unless the answer is already in */
     return forward_step(r);
 }
@@ -954,7 +985,11 @@ int route_server_start(const route_server_config *cfg, route_server **out, char 
                         "Streams cut by a worker failure (ended with an error event).", 0,
                         NULL),
         NULL);
-    s->proxy = route_proxy_create(cfg->connect_timeout_s, err, err_cap);
+    s->watch = conn_watch_create();
+    s->proxy = s->watch ? route_proxy_create(cfg->connect_timeout_s, poll_disconnects, s,
+                                             err, err_cap)
+                        : NULL;
+    if (!s->watch) util_set_err(err, err_cap, "route: out of memory");
     unsigned inactivity = cfg->idle_timeout_s;
     if (cfg->header_timeout_s > inactivity) inactivity = cfg->header_timeout_s;
     if (cfg->body_timeout_s > inactivity) inactivity = cfg->body_timeout_s;
@@ -997,6 +1032,7 @@ void route_server_stop(route_server *s) {
     route_proxy_destroy(s->proxy); /* every transfer ends: connections resume */
     if (s->d) MHD_stop_daemon(s->d);
     listener_stop(s->lst);
+    conn_watch_free(s->watch);
     http_policy_free(&s->policy);
     free(s);
 }

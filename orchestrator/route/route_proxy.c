@@ -20,6 +20,8 @@ struct route_proxy {
     route_xfer *active;  /* added to the multi handle */
     int stopping, n_cancel, started; /* started: the thread runs */
     long connect_ms;
+    void (*tick)(void *arg);
+    void *tick_arg;
 };
 
 static const char *const pass[] = { "content-type:", "retry-after:", "www-authenticate:",
@@ -61,7 +63,8 @@ static size_t on_write(char *p, size_t sz, size_t n, void *arg) {
     return x->on_data(x, p, sz * n) == 0 ? sz * n : 0;
 }
 
-route_proxy *route_proxy_create(double connect_timeout_s, char *err, size_t err_cap) {
+route_proxy *route_proxy_create(double connect_timeout_s, void (*tick)(void *arg),
+                                void *tick_arg, char *err, size_t err_cap) {
     route_proxy *p = util_calloc(1, sizeof *p);
     if (!p || !(p->multi = curl_multi_init())) {
         free(p);
@@ -69,6 +72,8 @@ route_proxy *route_proxy_create(double connect_timeout_s, char *err, size_t err_
         return NULL;
     }
     p->connect_ms = (long)(connect_timeout_s * 1000);
+    p->tick = tick;
+    p->tick_arg = tick_arg;
     if (p->connect_ms <= 0) p->connect_ms = 2000;
     pthread_mutex_init(&p->mu, NULL);
     return p;
@@ -183,6 +188,7 @@ static void *proxy_main(void *arg) {
                 curl_easy_getinfo(m->easy_handle, CURLINFO_PRIVATE, (char **)&x);
                 if (x) finish(p, x, m->data.result);
             }
+        if (p->tick) p->tick(p->tick_arg);
         curl_multi_poll(p->multi, NULL, 0, 200, NULL);
     }
     return NULL;

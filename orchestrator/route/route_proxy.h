@@ -53,7 +53,11 @@ struct route_xfer {
     atomic_int cancel;
 };
 
-route_proxy *route_proxy_create(double connect_timeout_s, char *err, size_t err_cap);
+/* tick (may be NULL) runs on the proxy thread after every round of
+ * transfers, at least every 200 ms, for the caller's periodic work (it may
+ * call route_proxy_cancel, not submit). */
+route_proxy *route_proxy_create(double connect_timeout_s, void (*tick)(void *arg),
+                                void *tick_arg, char *err, size_t err_cap);
 int route_proxy_submit(route_proxy *p, route_xfer *x);
 void route_proxy_cancel(route_proxy *p, route_xfer *x);
 /* End every transfer (on_done with ok = 0), stop the thread, free. */

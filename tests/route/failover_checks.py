@@ -71,4 +71,15 @@ for i in range(6):
     check(st == 200, "request after the kill: %d %s" % (st, js))
 st, _, data = client.request(R, "GET", "/health")
 check(st == 200 and json.loads(data)["workers_up"] == 1, "health after the kill: %s" % data)
+# a client that goes away: the router cancels its transfer, the worker frees it
+gone = 'orch_client_disconnects_total'
+before = client.metrics(A).get(gone, 0)
+for path, extra in (("/v1/completions", {}), ("/v1/completions", {"stream": True})):
+    body = json.dumps(dict({"prompt": "abandoned", "max_tokens": 400, "ignore_eos": True}, **extra)).encode()
+    s = client.raw_post(R, path, body)
+    time.sleep(0.3)
+    s.close()
+    before += 1
+    client.wait_for(lambda: client.metrics(A).get(gone, 0) >= before, 10, "the worker to see the disconnect")
+check(client.metrics(A).get('orch_requests_running', 0) == 0, "abandoned request still running")
 print("failover checks: ok (%d streams complete, %d cut, %d retries)" % (complete, cut, m["orch_route_retries_total"]))
