@@ -214,7 +214,7 @@ START_TEST(test_workers_prefixes_stick_and_spread) {
     route_workers_check_all(s);
     ck_assert_int_eq(route_workers_up(s), 4);
     /* 4 system prompts of 200 bytes, 10 questions each, interleaved */
-    char sys[4][256], req[512];
+    char sys[4][256], req[1400];
     for (int k = 0; k < 4; k++) {
         memset(sys[k], 'a' + k, 200);
         sys[k][200] = '\0';
