@@ -9,12 +9,14 @@
 # reported as unavailable.
 #
 # usage: tools/bench_route.sh [--build DIR] [--workers 4] [--prompts 16]
-#        [--questions 16] [--concurrency 32] [--max-tokens 16]
+#        [--questions 32] [--concurrency 32] [--max-tokens 16]
 #        [--cost-token US] [--cost-decode US] [--kv-blocks N] [--system-len N]
+#        [--worker-orch PATH]   (the workers' orch binary, e.g. another build's;
+#                                the engines still come from DIR)
 set -u
 cd "$(dirname "$0")/.."
-BUILD=build WORKERS=4 PROMPTS=16 QUESTIONS=16 CONC=32 MAXTOK=16
-COST_TOKEN=200 COST_DECODE=2000 KV_BLOCKS=640 SYSLEN=600
+BUILD=build WORKERS=4 PROMPTS=16 QUESTIONS=32 CONC=32 MAXTOK=16
+COST_TOKEN=200 COST_DECODE=2000 KV_BLOCKS=320 SYSLEN=600 WORKER_ORCH=
 while [ $# -gt 0 ]; do
   case $1 in
     --build) BUILD=$2; shift 2 ;;
@@ -27,12 +29,14 @@ while [ $# -gt 0 ]; do
     --cost-decode) COST_DECODE=$2; shift 2 ;;
     --kv-blocks) KV_BLOCKS=$2; shift 2 ;;
     --system-len) SYSLEN=$2; shift 2 ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    --worker-orch) WORKER_ORCH=$2; shift 2 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) echo "bench_route: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
 ORCH=$BUILD/orch
 [ -x "$ORCH" ] || { echo "bench_route: $ORCH not built (make)" >&2; exit 2; }
+WORKER_ORCH=${WORKER_ORCH:-$ORCH}
 export ORCH_ENGINE_PATH=${ORCH_ENGINE_PATH:-$PWD/$BUILD}
 T=$(mktemp -d)
 PIDS=()
@@ -56,7 +60,7 @@ wait_port() {
 run_policy() { # policy -> JSON line on stdout
   local policy=$1 args=() pids=() i port
   for i in $(seq 1 "$WORKERS"); do
-    "$ORCH" serve --engine=mock --port 0 --kv-blocks "$KV_BLOCKS" \
+    "$WORKER_ORCH" serve --engine=mock --port 0 --kv-blocks "$KV_BLOCKS" \
       --engine-options "cost_us_per_token=$COST_TOKEN,cost_us_per_decode=$COST_DECODE" \
       2>"$T/$policy-w$i.log" &
     pids+=($!); PIDS+=($!)
@@ -75,6 +79,7 @@ run_policy() { # policy -> JSON line on stdout
 }
 
 echo "bench_route: $WORKERS mock replicas (cost_us_per_token=$COST_TOKEN, cost_us_per_decode=$COST_DECODE, kv-blocks $KV_BLOCKS), $PROMPTS system prompts x $QUESTIONS questions, concurrency $CONC, $MAXTOK tokens out"
+"$WORKER_ORCH" --version | sed 's/^/workers: /'
 echo "machine: $(lscpu | sed -n 's/^Model name: *//p' | head -n1), $(nproc) CPUs"
 CA=$(run_policy cache_aware) || exit 1
 RR=$(run_policy round_robin) || exit 1
