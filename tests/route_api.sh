@@ -3,10 +3,10 @@
 # loopback: answers equal to direct ones, streams passed on byte for byte
 # (a fake worker that splits events awkwardly), a stream cut by its worker
 # ending in a clean error event, worker errors and headers untouched, the
-# router's own checks (401/403/404/405/413/415), API key passthrough and the
-# router's own key, /v1/models as the union, LoRA-style routing by model,
-# workers added and removed at run time (the new one gets traffic), /metrics
-# (promtool when installed), usage errors. (tests/route/route_checks.py)
+# router's own checks (401/403/404/405/413/415, the connection limit), API
+# key passthrough and the router's own key, /v1/models as the union,
+# LoRA-style routing by model, workers added and removed at run time (the new
+# one gets traffic), /metrics (promtool when installed), usage errors. (tests/route/route_checks.py)
 source "$(dirname "$0")/route/common.sh"
 
 start_server w1; P_W1=$PORT
@@ -23,9 +23,23 @@ R_MAIN=$PORT; PID_MAIN=$PID
 start_router pass $(W "$P_WK"); R_PASS=$PORT
 start_router own $(W "$P_WK") --api-key rk --worker-api-key wk; R_OWN=$PORT
 start_router fake $(W "$P_FAKE"); R_FAKE=$PORT
+start_router lim $(W "$P_W1") --max-connections 2; R_LIM=$PORT
 
 "$PY" "$ROUTE_DIR/route_checks.py" "$R_MAIN" "$R_PASS" "$R_OWN" "$R_FAKE" \
   "$P_W1" "$P_W2" "$P_W3" "$P_WK" "$P_NEW" "$P_FAKE" || fail "route checks"
+
+# the listener's connection limit: two idle connections held, a third is refused
+"$PY" - "$R_LIM" <<'PY' || fail "connection limit"
+import socket, sys, time
+port = int(sys.argv[1])
+held = [socket.create_connection(("127.0.0.1", port)) for _ in range(2)]
+time.sleep(0.3)
+s = socket.create_connection(("127.0.0.1", port))
+s.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
+s.settimeout(5)
+data = s.recv(4096)
+assert data.startswith(b"HTTP/1.1 503") and b"too_many_connections" in data, data
+PY
 
 if command -v promtool >/dev/null; then
   "$PY" -c "import sys,client; sys.stdout.write(client.request($R_MAIN,'GET','/metrics')[2].decode())" >"$T/metrics.txt"
