@@ -268,7 +268,8 @@ static int32_t parse_cost(const char *s, size_t len, const char *where, const ch
 }
 
 static int key_is(const engine_opt_item *it, const char *key) {
-    return it->has_eq && it->key_len == strlen(key) && memcmp(it->key, key, it->key_len) == 0;
+    return it->has_eq && it->key_len == strlen(key) &&
+           memcmp(it->key, key, it->key_len) == 0;
 }
 
 /* Call the parser of each item of s (split at ',' / ';', trimmed). kind 0:
