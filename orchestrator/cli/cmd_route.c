@@ -1,7 +1,7 @@
 /*
  * cmd_route.c - `orch route`: a cache-aware router in front of several
  * `orch serve` workers (orchestrator/route/). Flags -> the worker set, the
- * policy and the HTTP front; runs until SIGTERM/SIGINT, exits 0. This file
+ * policy and the HTTP front; runs until SIGTERM/SIGINT, drains, exits 0. This file
  * owns the flags, the signals and the output lines.
  */
 #include <curl/curl.h>
@@ -37,7 +37,8 @@ static const char usage_text[] =
     "loaded). Workers are health-checked (/health); a failing one is taken\n"
     "out and retried with back-off; a request whose worker fails before its\n"
     "answer started goes to another worker. GET/POST /workers and\n"
-    "DELETE /workers/URL change the set at run time; GET /metrics.\n"
+    "DELETE /workers/URL change the set at run time; GET /metrics. SIGTERM\n"
+    "drains: no new requests, those running get --drain-timeout; exit 0.\n"
     "\noptions:\n";
 
 int cmd_route(int argc, char **argv) {
@@ -51,7 +52,7 @@ int cmd_route(int argc, char **argv) {
     uint64_t max_tree = (uint64_t)1 << 24, header_to = 10, body_to = 60, idle_to = 15;
     uint32_t balance_abs = 32, max_retries = 3;
     double threshold = 0.5, balance_rel = 1.0001, interval = 1.0, backoff_max = 30.0;
-    double request_to = 0, connect_to = 2.0;
+    double request_to = 0, connect_to = 2.0, drain_to = 30.0;
     const flag_spec flags[] = {
         { "--worker", FLAG_LIST, workers, "URL",
           .help = "an `orch serve` worker, http://HOST:PORT\n(repeatable; at least one)",
@@ -91,6 +92,9 @@ int cmd_route(int argc, char **argv) {
         { "--connect-timeout-s", FLAG_DOUBLE, &connect_to, "S",
           .help = "limit on connecting to a worker (default 2)", .dmin = 0.01,
           .dmax = 600 },
+        { "--drain-timeout", FLAG_DOUBLE, &drain_to, "S",
+          .help = "seconds the requests in progress get after\nSIGTERM (default 30)",
+          .dmin = 0, .dmax = 86400 },
         { "--api-key", FLAG_STRING, &api_key, "KEY",
           .help = "require 'Authorization: Bearer KEY' on /v1/ and\n/workers "
                   "(default: $ORCH_API_KEY; none when unset)" },
@@ -223,7 +227,12 @@ int cmd_route(int argc, char **argv) {
         int sig = sigwaitinfo(&sigs, NULL);
         if (sig == SIGTERM || sig == SIGINT) break;
     }
-    fprintf(stderr, "orch route: stopping\n");
+    fprintf(stderr, "orch route: draining\n");
+    uint32_t left = route_server_drain(srv, drain_to);
+    if (left)
+        fprintf(stderr, "orch route: %u requests still running after %.0f s: ended\n",
+                left, drain_to);
+    fprintf(stderr, "orch route: stopped\n");
     rc = ORCH_EXIT_OK;
 out:
     route_server_stop(srv);

@@ -11,10 +11,12 @@
 #include <inttypes.h>
 #include <microhttpd.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
 
 #include "orchestrator/core/json_writer.h"
 #include "orchestrator/core/strbuf.h"
@@ -61,6 +63,8 @@ struct route_server {
     route_proxy *proxy;
     conn_watch *watch; /* clients gone while their request is forwarded */
     uint16_t port;
+    atomic_uint inflight; /* requests begun and not yet freed */
+    atomic_int draining;
     metrics_family *m_http;
     metrics_series *m_retries, *m_stream_errors;
 };
@@ -119,6 +123,7 @@ static void count(route_server *s, int route, unsigned status) {
 }
 
 static void req_free(rreq *r) {
+    atomic_fetch_sub(&r->srv->inflight, 1);
     free(r->body);
     free(r->model);
     free(r->text);
@@ -541,17 +546,18 @@ static enum MHD_Result forward_step(rreq *r) {
     r->suspended = 0;
     r->resume_requested = 0;
     if (r->streaming && r->head && !r->responded) {
+        /* from here on the client has the answer: no retry (on_done) */
+        r->responded = 1;
         r->refs++; /* the response's */
+        char *hdrs = r->pass_hdrs ? strdup(r->pass_hdrs) : NULL;
         pthread_mutex_unlock(&r->mu);
         struct MHD_Response *resp = MHD_create_response_from_callback(
             MHD_SIZE_UNKNOWN, 16 * 1024, stream_reader, r, stream_free);
         if (!resp) {
+            free(hdrs);
             req_unref(r);
             return MHD_NO;
         }
-        pthread_mutex_lock(&r->mu);
-        char *hdrs = r->pass_hdrs ? strdup(r->pass_hdrs) : NULL;
-        pthread_mutex_unlock(&r->mu);
         for (char *h = hdrs; h && *h;) {
             char *nl = strchr(h, '\n');
             if (nl) *nl = '\0';
@@ -566,9 +572,6 @@ static enum MHD_Result forward_step(rreq *r) {
         }
         free(hdrs);
         add_cors(r, resp);
-        pthread_mutex_lock(&r->mu);
-        r->responded = 1;
-        pthread_mutex_unlock(&r->mu);
         enum MHD_Result ret = MHD_queue_response(r->conn, 200, resp);
         MHD_destroy_response(resp);
         count(r->srv, r->route, 200);
@@ -610,6 +613,8 @@ static enum MHD_Result forward_step(rreq *r) {
 /* Start forwarding a complete request (HTTP thread). */
 static enum MHD_Result forward_begin(rreq *r) {
     route_server *s = r->srv;
+    if (atomic_load(&s->draining))
+        return queue_err(r, 503, "server_draining", "the router is shutting down");
     routing_info(r);
     r->hdrs = curl_slist_append(r->hdrs, "Content-Type: application/json");
     r->hdrs = curl_slist_append(r->hdrs, "Expect:");
@@ -674,9 +679,10 @@ static enum MHD_Result answer_get(rreq *r, const char *url) {
     switch (r->route) {
     case R_HEALTH: {
         uint32_t up = route_workers_up(s->cfg.workers);
-        strbuf_printf(&b, "{\"status\":\"%s\",\"workers_up\":%u}",
-                      up ? "ok" : "no_workers", up);
-        return queue_json(r, up ? 200 : 503, &b);
+        int draining = atomic_load(&s->draining);
+        const char *st = draining ? "draining" : up ? "ok" : "no_workers";
+        strbuf_printf(&b, "{\"status\":\"%s\",\"workers_up\":%u}", st, up);
+        return queue_json(r, up && !draining ? 200 : 503, &b);
     }
     case R_MODELS:
         route_workers_models_json(s->cfg.workers, &b);
@@ -789,6 +795,7 @@ static enum MHD_Result begin_request(route_server *s, struct MHD_Connection *con
     r->srv = s;
     r->conn = conn;
     r->refs = 1;
+    atomic_fetch_add(&s->inflight, 1);
     pthread_mutex_init(&r->mu, NULL);
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
@@ -1026,10 +1033,30 @@ int route_server_start(const route_server_config *cfg, route_server **out, char 
 
 uint16_t route_server_port(const route_server *s) { return s ? s->port : 0; }
 
+/* Wait up to timeout_s for the requests in progress; those left. */
+static uint32_t wait_inflight(route_server *s, double timeout_s) {
+    double end = util_now() + timeout_s;
+    uint32_t n;
+    while ((n = atomic_load(&s->inflight)) > 0 && util_now() < end) {
+        struct timespec ts = { 0, 10 * 1000 * 1000 };
+        nanosleep(&ts, NULL);
+    }
+    return n;
+}
+
+uint32_t route_server_drain(route_server *s, double timeout_s) {
+    if (!s) return 0;
+    atomic_store(&s->draining, 1);
+    listener_stop_accepting(s->lst);
+    return wait_inflight(s, timeout_s);
+}
+
 void route_server_stop(route_server *s) {
     if (!s) return;
     if (s->lst) listener_stop_accepting(s->lst);
-    route_proxy_destroy(s->proxy); /* every transfer ends: connections resume */
+    atomic_store(&s->draining, 1);
+    route_proxy_destroy(s->proxy);   /* every transfer ends: connections resume */
+    if (s->d) wait_inflight(s, 2.0); /* cut streams send their error events */
     if (s->d) MHD_stop_daemon(s->d);
     listener_stop(s->lst);
     conn_watch_free(s->watch);

@@ -34,6 +34,8 @@
  * Workers get "Authorization: Bearer worker_api_key" when that is set, else
  * the client's Authorization header as it came (passthrough).
  *
+ * Shutdown (SIGTERM in cmd_route.c): route_server_drain, then
+ * route_server_stop.
  * Memory: the server owns its requests and its proxy (route_proxy.h); the
  * workers and registry given must outlive it. Threads: start/stop from one thread; callbacks on the
  * HTTP and proxy threads. Errors: route_server_start returns -1 with a
@@ -74,8 +76,12 @@ typedef struct route_server route_server;
 int route_server_start(const route_server_config *cfg, route_server **out, char *err,
                        size_t err_cap);
 uint16_t route_server_port(const route_server *s);
+/* Drain: stop accepting connections, answer new requests on open ones 503
+ * (code server_draining; /health 503 "draining"), and wait up to timeout_s
+ * for the requests in progress. Returns how many are left. */
+uint32_t route_server_drain(route_server *s, double timeout_s);
 /* Stop accepting, end the forwarded requests (streams get their error
- * event), stop. NULL is a no-op. */
+ * event, within 2 s), stop. NULL is a no-op. */
 void route_server_stop(route_server *s);
 
 #endif
