@@ -84,6 +84,7 @@ typedef struct rreq {
     pthread_mutex_t mu;
     int refs;
     int route, preflight, responded, close_after, too_big;
+    int forwarding; /* handed to a worker (HTTP thread only) */
     const char *cors;
     char *body;
     size_t len, cap;
@@ -629,9 +630,11 @@ static enum MHD_Result forward_begin(rreq *r) {
         auth[0] = '\0';
     if (auth[0]) r->hdrs = curl_slist_append(r->hdrs, auth);
     if (!r->hdrs) return MHD_NO;
+    r->forwarding = 1;
     r->fstate = F_WAIT; /* read by this thread only until forward() submits */
     int rc = forward(r);
     if (rc == -2) {
+        r->forwarding = 0;
         r->fstate = F_NONE;
         char msg[256];
         snprintf(msg, sizeof msg,
@@ -644,6 +647,7 @@ static enum MHD_Result forward_begin(rreq *r) {
         return queue_json(r, 404, &eb);
     }
     if (rc != 0) {
+        r->forwarding = 0;
         r->fstate = F_NONE;
         return queue_err(r, 503, "worker_unavailable",
                          route_workers_up(s->cfg.workers)
@@ -931,7 +935,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         *upload_data_size = 0;
         return take_upload(r, upload_data, n);
     }
-    if (r->fstate != F_NONE) return forward_step(r);
+    if (r->forwarding) return forward_step(r);
     if (r->preflight) return answer_preflight(r);
     set_phase(r, LISTENER_BUSY);
     if (r->too_big) {
