@@ -339,6 +339,48 @@ START_TEST(test_workers_models_health_and_set_changes) {
 }
 END_TEST
 
+/* A worker's tree is trimmed (least recently used first) past max_tree_size. */
+START_TEST(test_workers_tree_limit) {
+    fake f;
+    metrics_registry *reg = metrics_registry_create();
+    route_workers_config c = { .policy = { ROUTE_CACHE_AWARE, 0.5, 32, 1.0001 },
+                               .max_tree_size = 2000,
+                               .health_interval_s = 1,
+                               .metrics = reg };
+    char err[256];
+    route_workers *s = route_workers_create(&c, err, sizeof err);
+    fake_start(&f, "m");
+    ck_assert_int_eq(route_workers_add(s, f.url, err, sizeof err), 0);
+    route_workers_check_all(s);
+    char text[256];
+    for (int i = 0; i < 20; i++) { /* 20 x 202 bytes, no shared prefixes */
+        memset(text, 'a' + i, 200);
+        snprintf(text + 200, 56, "%d", i);
+        ck_assert_int_eq(route_one(s, &f, 1, NULL, text), 0);
+    }
+    strbuf b = { 0 };
+    route_workers_list_json(s, &b);
+    const char *tb = strstr(b.p, "\"tree_bytes\":");
+    ck_assert_ptr_nonnull(tb);
+    long bytes = strtol(tb + 13, NULL, 10);
+    ck_assert_msg(bytes > 0 && bytes <= 2000, "tree of %ld bytes", bytes);
+    strbuf_free(&b);
+    /* the newest text is still there, the oldest is gone */
+    route_pick p;
+    route_worker *w = route_workers_pick(s, NULL, text, strlen(text), NULL, 0, &p, NULL);
+    ck_assert(p.match_ratio == 1.0);
+    route_workers_done(s, w, 0);
+    memset(text, 'a', 200);
+    snprintf(text + 200, 56, "%d", 0);
+    w = route_workers_pick(s, NULL, text, strlen(text), NULL, 0, &p, NULL);
+    ck_assert(p.match_ratio == 0.0);
+    route_workers_done(s, w, 0);
+    route_workers_destroy(s);
+    MHD_stop_daemon(f.d);
+    metrics_registry_free(reg);
+}
+END_TEST
+
 START_TEST(test_url_normalize) {
     char out[ROUTE_URL_MAX], err[256];
     ck_assert_int_eq(route_url_normalize("http://127.0.0.1:8001//", out, err, sizeof err),
@@ -360,6 +402,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_other_policies);
     tcase_add_test(tc, test_workers_prefixes_stick_and_spread);
     tcase_add_test(tc, test_workers_models_health_and_set_changes);
+    tcase_add_test(tc, test_workers_tree_limit);
     tcase_add_test(tc, test_url_normalize);
     suite_add_tcase(s, tc);
     return s;
