@@ -54,6 +54,10 @@ static const char *const route_label[R_COUNT] = { "/health",
 static int is_forwarded(int r) { return r >= R_COMPLETIONS && r <= R_DETOKENIZE; }
 
 #define MAX_TRIED 16
+/* A stream's bytes the client has not taken yet: past BP_HIGH the worker's
+ * transfer is paused, below BP_LOW it continues. */
+#define BP_HIGH ((size_t)1 << 20)
+#define BP_LOW  ((size_t)256 << 10)
 
 struct route_server {
     route_server_config cfg;
@@ -66,7 +70,7 @@ struct route_server {
     atomic_uint inflight; /* requests begun and not yet freed */
     atomic_int draining;
     metrics_family *m_http;
-    metrics_series *m_retries, *m_stream_errors;
+    metrics_series *m_retries, *m_stream_errors, *m_pauses;
 };
 
 typedef struct rconn {
@@ -107,10 +111,12 @@ typedef struct rreq {
     int client_gone;
     int xfer_active;
     int error_sent;
+    int bp_paused; /* the transfer is paused for the client (back-pressure) */
     long status;
     char *pass_hdrs; /* "Name: value\n" lines */
     strbuf out;
     size_t ready, off; /* bytes that may be sent; bytes sent */
+    size_t scan;       /* out is searched for blank lines up to here */
     char errmsg[256];
     int suspended, resume_requested;
 } rreq;
@@ -361,7 +367,7 @@ static int forward(rreq *r) {
     r->head = r->retry_503 = r->streaming = 0;
     r->status = 0;
     r->out.len = 0;
-    r->ready = r->off = 0;
+    r->ready = r->off = r->scan = 0;
     r->refs++; /* the transfer's */
     pthread_mutex_unlock(&r->mu);
     if (route_proxy_submit(s->proxy, &r->x) != 0) {
@@ -406,16 +412,24 @@ static int on_data(route_xfer *x, const char *p, size_t n) {
         pthread_mutex_unlock(&r->mu);
         return -1;
     }
-    strbuf_put(&r->out, p, n);
     int wake = 0;
+    if (r->streaming && r->ready - r->off > BP_HIGH) { /* the client is slow */
+        r->bp_paused = 1;
+        pthread_mutex_unlock(&r->mu);
+        metrics_counter_add(r->srv->m_pauses, 1);
+        return 1; /* the piece comes again after route_proxy_resume */
+    }
+    strbuf_put(&r->out, p, n);
     if (r->out.oom) {
         pthread_mutex_unlock(&r->mu);
         return -1;
     }
     if (r->streaming) { /* complete events only: up to the last blank line */
-        size_t from = r->ready > 1 ? r->ready - 1 : 0, end = r->ready;
+        size_t from = r->scan > r->ready ? r->scan : r->ready, end = r->ready;
+        if (from) from--; /* a blank line may straddle two pieces */
         for (size_t i = from; i + 1 < r->out.len; i++)
             if (r->out.p[i] == '\n' && r->out.p[i + 1] == '\n') end = i + 2;
+        r->scan = r->out.len;
         if (end > r->ready) {
             r->ready = end;
             wake = resume_locked(r);
@@ -522,12 +536,23 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
         r->error_sent = 1;
     }
     ssize_t ret;
+    int resume = 0;
     if (r->off < r->ready) {
         size_t n = r->ready - r->off;
         if (n > max) n = max;
         memcpy(buf, r->out.p + r->off, n);
         r->off += n;
         ret = (ssize_t)n;
+        if (r->off == r->ready && r->off >= ((size_t)64 << 10)) { /* drop what was sent */
+            memmove(r->out.p, r->out.p + r->off, r->out.len - r->off);
+            r->out.len -= r->off;
+            r->scan -= r->off;
+            r->ready = r->off = 0;
+        }
+        if (r->bp_paused && r->ready - r->off < BP_LOW) {
+            r->bp_paused = 0;
+            resume = 1;
+        }
     } else if (r->fstate == F_DONE) {
         ret = r->failed && !r->error_sent ? MHD_CONTENT_READER_END_WITH_ERROR
                                           : MHD_CONTENT_READER_END_OF_STREAM;
@@ -536,6 +561,7 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
         ret = 0;
     }
     pthread_mutex_unlock(&r->mu);
+    if (resume) route_proxy_resume(r->srv->proxy, &r->x);
     return ret;
 }
 
@@ -995,6 +1021,10 @@ int route_server_start(const route_server_config *cfg, route_server **out, char 
         metrics_counter(cfg->metrics, "orch_route_stream_errors_total",
                         "Streams cut by a worker failure (ended with an error event).", 0,
                         NULL),
+        NULL);
+    s->m_pauses = metrics_series_get(
+        metrics_counter(cfg->metrics, "orch_route_backpressure_pauses_total",
+                        "Times a worker's stream was paused for a slow client.", 0, NULL),
         NULL);
     s->watch = conn_watch_create();
     s->proxy = s->watch ? route_proxy_create(cfg->connect_timeout_s, poll_disconnects, s,

@@ -12,7 +12,10 @@
  *        by route_proxy.h; the worker's status, Content-Type and body are
  *        passed on untouched. A streamed answer (200 text/event-stream) is
  *        passed on event by event (each up to its blank line), the bytes
- *        as the worker sent them.
+ *        as the worker sent them; past 1 MiB the client has not taken yet,
+ *        the worker's transfer is paused until it is down to 256 KiB
+ *        (orch_route_backpressure_pauses_total). A non-streamed answer is
+ *        collected whole first.
  *   GET  /v1/models, /v1/models/NAME   the union of the up workers' models
  *   GET  /health   200 {"status":"ok","workers_up":N}; 503 when none is up
  *   GET  /metrics  Prometheus text (route_workers.h's families, and

@@ -18,7 +18,7 @@ struct route_proxy {
     pthread_mutex_t mu;
     route_xfer *pending; /* submitted, not yet added (LIFO, order kept below) */
     route_xfer *active;  /* added to the multi handle */
-    int stopping, n_cancel, started; /* started: the thread runs */
+    int stopping, n_cancel, n_unpause, started; /* started: the thread runs */
     long connect_ms;
     void (*tick)(void *arg);
     void *tick_arg;
@@ -60,7 +60,12 @@ static size_t on_write(char *p, size_t sz, size_t n, void *arg) {
     if (!x->head_done) { /* a body without a head (HTTP/0.9): refuse */
         return 0;
     }
-    return x->on_data(x, p, sz * n) == 0 ? sz * n : 0;
+    int rc = x->on_data(x, p, sz * n);
+    if (rc == 1) {
+        x->paused = 1;
+        return CURL_WRITEFUNC_PAUSE;
+    }
+    return rc == 0 ? sz * n : 0;
 }
 
 route_proxy *route_proxy_create(double connect_timeout_s, void (*tick)(void *arg),
@@ -107,6 +112,8 @@ static void start_one(route_proxy *p, route_xfer *x) {
     CURL *h = curl_easy_init();
     x->easy = h;
     x->head_done = 0;
+    x->paused = 0;
+    atomic_store(&x->unpause, 0);
     x->hdrs = (strbuf){ 0 };
     if (!h) {
         x->on_done(x, 0, "out of memory (libcurl)");
@@ -141,8 +148,8 @@ static void *proxy_main(void *arg) {
         pthread_mutex_lock(&p->mu);
         route_xfer *batch = p->pending;
         p->pending = NULL;
-        int stopping = p->stopping, cancels = p->n_cancel;
-        p->n_cancel = 0;
+        int stopping = p->stopping, cancels = p->n_cancel, unpauses = p->n_unpause;
+        p->n_cancel = p->n_unpause = 0;
         pthread_mutex_unlock(&p->mu);
         /* submission order: the pending list is LIFO */
         route_xfer *rev = NULL;
@@ -178,6 +185,22 @@ static void *proxy_main(void *arg) {
             }
         }
         if (stopping) break;
+        if (unpauses) { /* paused transfers whose reader caught up */
+            for (;;) {
+                route_xfer *u = NULL;
+                pthread_mutex_lock(&p->mu);
+                for (route_xfer *x = p->active; x; x = x->next)
+                    if (x->paused && atomic_exchange(&x->unpause, 0)) {
+                        u = x;
+                        break;
+                    }
+                pthread_mutex_unlock(&p->mu);
+                if (!u) break;
+                u->paused = 0;
+                /* may deliver the held piece at once (on_data may pause again) */
+                curl_easy_pause(u->easy, CURLPAUSE_CONT);
+            }
+        }
         int running = 0;
         curl_multi_perform(p->multi, &running);
         CURLMsg *m;
@@ -213,6 +236,14 @@ int route_proxy_submit(route_proxy *p, route_xfer *x) {
     pthread_mutex_unlock(&p->mu);
     curl_multi_wakeup(p->multi);
     return 0;
+}
+
+void route_proxy_resume(route_proxy *p, route_xfer *x) {
+    atomic_store(&x->unpause, 1);
+    pthread_mutex_lock(&p->mu);
+    p->n_unpause++;
+    pthread_mutex_unlock(&p->mu);
+    curl_multi_wakeup(p->multi);
 }
 
 void route_proxy_cancel(route_proxy *p, route_xfer *x) {

@@ -11,7 +11,9 @@
  *             Retry-After, WWW-Authenticate, Allow, Cache-Control) as
  *             "Name: value\n" lines;
  *   on_data   each piece of the body as it arrives (0 to go on, -1 to abort
- *             the transfer, which then ends as failed);
+ *             the transfer, which then ends as failed, 1 to pause it: the
+ *             piece is not taken and comes again after route_proxy_resume;
+ *             back-pressure towards the worker);
  *   on_done   exactly once at the end: ok = 1 when the whole answer arrived,
  *             else 0 with a message (connect failure, reset, time-out,
  *             cancelled). After on_done the proxy never touches the transfer
@@ -51,11 +53,16 @@ struct route_xfer {
     strbuf hdrs;
     int head_done;
     atomic_int cancel;
+    atomic_int unpause;
+    int paused; /* the proxy thread's */
 };
 
 /* tick (may be NULL) runs on the proxy thread after every round of
  * transfers, at least every 200 ms, for the caller's periodic work (it may
  * call route_proxy_cancel, not submit). */
+/* Continue a transfer that on_data paused (thread-safe; a no-op for one
+ * that is not paused). */
+void route_proxy_resume(route_proxy *p, route_xfer *x);
 route_proxy *route_proxy_create(double connect_timeout_s, void (*tick)(void *arg),
                                 void *tick_arg, char *err, size_t err_cap);
 int route_proxy_submit(route_proxy *p, route_xfer *x);

@@ -8,6 +8,8 @@ sends exact, awkwardly split bytes (standard library only).
                            put several events in one piece; prompt "cut": the
                            first two events and half of the third, then the
                            connection is dropped without the last chunk;
+                           prompt "big": BIG (8 MiB of events), as fast as
+                           the router takes it;
                            stream false: BODY with Retry-After: 7 and status
                            418 (an answer the router must pass on untouched)
 
@@ -26,6 +28,7 @@ EVENTS = [
     b"data: [DONE]\n\n",
 ]
 STREAM = b"".join(EVENTS)
+BIG = b"".join(b'data: {"n":%d,"pad":"%s"}\n\n' % (i, b"x" * 1000) for i in range(8000)) + b"data: [DONE]\n\n"
 BODY = b'{"error":{"message":"I am a teapot","type":"invalid_request_error","param":null,"code":"teapot"}}'
 
 
@@ -76,6 +79,12 @@ class Handler(socketserver.BaseRequestHandler):
         s = self.request
         s.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n")
         data = STREAM
+        if obj.get("prompt") == "big":
+            for i in range(0, len(BIG), 65536):
+                p = BIG[i:i + 65536]
+                s.sendall(b"%x\r\n%s\r\n" % (len(p), p))
+            s.sendall(b"0\r\n\r\n")
+            return
         if obj.get("prompt") == "cut":
             data = EVENTS[0] + EVENTS[1] + EVENTS[2][:40]
         for p in pieces(data):

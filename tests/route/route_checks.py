@@ -90,6 +90,32 @@ check(hd.get("cache-control") == "no-cache", "Cache-Control passed on")
 st, hd, via = raw(R_FAKE, "POST", "/v1/completions", {"prompt": "x"})
 check(st == 418 and via == fake_worker.BODY and hd.get("retry-after") == "7",
       "worker status/body/headers untouched: %d %s %s" % (st, hd, via))
+# a client that does not read: the worker's transfer is paused, nothing lost
+import time
+body = json.dumps({"prompt": "big", "stream": True}).encode()
+s = client.raw_post(R_FAKE, "/v1/completions", body)
+time.sleep(1.5)
+got = b""
+while True:
+    chunk = s.recv(1 << 16)
+    if not chunk:
+        break
+    got += chunk
+    if got.endswith(b"0\r\n\r\n"):
+        break
+s.close()
+head, _, rest = got.partition(b"\r\n\r\n")
+check(head.startswith(b"HTTP/1.1 200"), "big stream status: %r" % head[:40])
+payload, pos = b"", 0
+while True:  # de-chunk
+    nl = rest.index(b"\r\n", pos)
+    size = int(rest[pos:nl], 16)
+    if size == 0:
+        break
+    payload += rest[nl + 2:nl + 2 + size]
+    pos = nl + 2 + size + 2
+check(payload == fake_worker.BIG, "big stream not byte-identical (%d of %d bytes)" % (len(payload), len(fake_worker.BIG)))
+check(client.metrics(R_FAKE).get("orch_route_backpressure_pauses_total", 0) >= 1, "no back-pressure pause")
 # cut mid-stream: the complete events, then one clean error event and [DONE]
 st, hd, via = raw(R_FAKE, "POST", "/v1/completions", {"prompt": "cut", "stream": True})
 head = fake_worker.EVENTS[0] + fake_worker.EVENTS[1]
