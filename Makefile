@@ -51,7 +51,7 @@ CHECK_LIBS = $(shell pkg-config --libs check 2>/dev/null || echo -lcheck -lsubun
 ORCH_SRCS := $(wildcard orchestrator/*/*.c)
 ORCH_OBJS := $(patsubst %.c,$(BUILD)/obj/%.o,$(ORCH_SRCS))
 ORCH_LIB_OBJS := $(filter-out $(BUILD)/obj/orchestrator/cli/main.o,$(ORCH_OBJS))
-ORCH_LIBS = $(PKG_LIBS) -ldl -lpthread -lm
+ORCH_LIBS = $(PKG_LIBS) -lcurl -ldl -lpthread -lm
 
 ENGINE_CFLAGS := $(CFLAGS_COMMON) -fPIC -fvisibility=hidden
 
@@ -163,7 +163,8 @@ asan:
 TSAN_SUITES := test_scheduler test_data_loader test_metrics test_cpu_engine test_server_serve \
   test_server_conn_watch test_server_listener test_server_policy test_mock_engine serve_api \
   serve_load serve_cpu serve_hardening serve_slowloris train_signals \
-  train_cli dist_train test_cpu_int8 quantize_cli cpu_isa_cli
+  train_cli dist_train test_cpu_int8 quantize_cli cpu_isa_cli test_route_policy route_api \
+  route_failover
 tsan:
 	@tools/setup.sh
 	@$(MAKE) --no-print-directory BUILD=build/tsan SAN=thread test-bins

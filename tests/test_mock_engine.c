@@ -654,6 +654,42 @@ START_TEST(test_sleep) {
 }
 END_TEST
 
+/* cost_us_per_token / cost_us_per_decode: prompt entries (2+ tokens) pay
+ * per token, one-token entries pay the decode cost. */
+START_TEST(test_cost_model) {
+    const int32_t prompt[8] = { 1, 2, 3, 4, 5, 6, 7, 8 }, table[3] = { 0, 1, 2 };
+    const int32_t one[1] = { 9 };
+    float row[100];
+    orch_engine_ctx *a = ctx_with(100, "cost_us_per_token=50000");
+    ck_assert_int_eq(API->kv_configure(a, 4, 4), ORCH_OK);
+    double t0 = util_now();
+    ck_assert_int_eq(forward1(a, prompt, 8, 0, table, 2, 0, row, 100), ORCH_OK);
+    double dt = util_now() - t0;
+    ck_assert_msg(dt >= 0.399, "8 prompt tokens at 50 ms took %.3f s", dt);
+    API->context_destroy(a);
+    orch_engine_ctx *b = ctx_with(100, "cost_us_per_decode=300000");
+    ck_assert_int_eq(API->kv_configure(b, 4, 4), ORCH_OK);
+    t0 = util_now();
+    ck_assert_int_eq(forward1(b, prompt, 8, 0, table, 2, 0, row, 100), ORCH_OK);
+    dt = util_now() - t0;
+    ck_assert_msg(dt < 0.25, "a prompt paid the decode cost per token (%.3f s)", dt);
+    t0 = util_now();
+    ck_assert_int_eq(forward1(b, one, 1, 8, table, 3, 0, row, 100), ORCH_OK);
+    dt = util_now() - t0;
+    ck_assert_msg(dt >= 0.299, "a decode step at 300 ms took %.3f s", dt);
+    API->context_destroy(b);
+    /* the environment, read at create */
+    setenv("ORCH_MOCK_COST_US_PER_TOKEN", "50000", 1);
+    orch_engine_ctx *c = ctx_with(100, NULL);
+    unsetenv("ORCH_MOCK_COST_US_PER_TOKEN");
+    ck_assert_int_eq(API->kv_configure(c, 4, 4), ORCH_OK);
+    t0 = util_now();
+    ck_assert_int_eq(forward1(c, prompt, 4, 0, table, 1, 0, row, 100), ORCH_OK);
+    ck_assert(util_now() - t0 >= 0.199);
+    API->context_destroy(c);
+}
+END_TEST
+
 START_TEST(test_bad_options) {
     const struct {
         const char *opt, *env_fault, *env_sleep, *msg;
@@ -666,6 +702,8 @@ START_TEST(test_bad_options) {
         { "fault=infer_forward:x", NULL, NULL, "N must be an integer >= 1" },
         { "sleep_ms=-5", NULL, NULL, "sleep_ms '-5'" },
         { "sleep_ms=", NULL, NULL, "sleep_ms ''" },
+        { "cost_us_per_token=x", NULL, NULL, "cost_us_per_token 'x'" },
+        { "cost_us_per_decode=2000000", NULL, NULL, "cost_us_per_decode '2000000'" },
         { NULL, "nope:1", NULL, "ORCH_MOCK_FAULT: fault names unknown call 'nope'" },
         { NULL, NULL, "soon", "ORCH_MOCK_SLEEP_MS" },
     };
@@ -771,6 +809,7 @@ int main(void) {
     tcase_add_test(tc, test_fault_option);
     tcase_add_test(tc, test_fault_env);
     tcase_add_test(tc, test_sleep);
+    tcase_add_test(tc, test_cost_model);
     tcase_add_test(tc, test_bad_options);
     tcase_add_test(tc, test_seeded_init);
     suite_add_tcase(s, tc);

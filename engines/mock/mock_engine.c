@@ -64,7 +64,16 @@
  *   fault=CALL:N+    every call from the Nth on fails the same way
  *   sleep_ms=N       sleep N ms at the start of every infer_forward and
  *                    forward_backward
+ *   cost_us_per_token=N   cost model for serving benchmarks: every
+ *                    infer_forward sleeps N us per prompt token it computes
+ *                    (a sequence entry of 2 or more tokens is prompt; a
+ *                    cached prefix is not forwarded, so it costs nothing)
+ *   cost_us_per_decode=M  ... and M us per decoded token (an entry of one
+ *                    token); the sleep is the sum over the batch (at most
+ *                    600 s)
  *   ORCH_MOCK_FAULT=CALL:N[+][,CALL:N[+]...]   ORCH_MOCK_SLEEP_MS=N
+ *   ORCH_MOCK_COST_US_PER_TOKEN=N   ORCH_MOCK_COST_US_PER_DECODE=M
+ *   (the options string's values win over the variables)
  *   CALL is one of the context calls: tensor_count tensor_info tensor_read
  *   tensor_write grads_zero grads_read grads_write forward_backward
  *   optimizer_step eval_loss kv_block_bytes kv_configure infer_forward
@@ -77,6 +86,7 @@
  * thread-safe (no mutable globals).
  */
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -130,6 +140,7 @@ typedef struct mock_config {
     mock_fault faults[MOCK_MAX_FAULTS];
     uint32_t n_faults;
     uint32_t sleep_ms;
+    uint32_t cost_us_token, cost_us_decode; /* the cost model (0: off) */
 } mock_config;
 
 typedef engine_tensor mock_tensor;
@@ -243,6 +254,24 @@ static int32_t parse_sleep(const char *s, size_t len, const char *where, mock_co
     return ORCH_OK;
 }
 
+#define MOCK_MAX_COST_US 1000000u
+
+static int32_t parse_cost(const char *s, size_t len, const char *where, const char *key,
+                          uint32_t *dst, char *err, uint32_t cap) {
+    uint64_t us;
+    if (engine_parse_u64(s, len, &us) != 0 || us > MOCK_MAX_COST_US)
+        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+                               "%s: %s '%.*s' is not an integer 0..%u", where, key,
+                               (int)len, s, MOCK_MAX_COST_US);
+    *dst = (uint32_t)us;
+    return ORCH_OK;
+}
+
+static int key_is(const engine_opt_item *it, const char *key) {
+    return it->has_eq && it->key_len == strlen(key) &&
+           memcmp(it->key, key, it->key_len) == 0;
+}
+
 /* Call the parser of each item of s (split at ',' / ';', trimmed). kind 0:
  * "key=value" options; kind 1: a list of faults. */
 static int32_t parse_list(const char *s, int kind, const char *where, mock_config *cfg,
@@ -256,10 +285,17 @@ static int32_t parse_list(const char *s, int kind, const char *where, mock_confi
             st = parse_fault(it.value, it.value_len, where, cfg, err, cap);
         } else if (it.has_eq && it.key_len == 8 && memcmp(it.key, "sleep_ms", 8) == 0) {
             st = parse_sleep(it.value, it.value_len, where, cfg, err, cap);
+        } else if (key_is(&it, "cost_us_per_token")) {
+            st = parse_cost(it.value, it.value_len, where, "cost_us_per_token",
+                            &cfg->cost_us_token, err, cap);
+        } else if (key_is(&it, "cost_us_per_decode")) {
+            st = parse_cost(it.value, it.value_len, where, "cost_us_per_decode",
+                            &cfg->cost_us_decode, err, cap);
         } else {
             st = engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
                                  "%s: unknown option '%.*s' (the mock engine knows "
-                                 "fault=CALL:N[+] and sleep_ms=N)",
+                                 "fault=CALL:N[+], sleep_ms=N, cost_us_per_token=N "
+                                 "and cost_us_per_decode=N)",
                                  where, (int)it.item_len, it.item);
         }
         if (st != ORCH_OK) return st;
@@ -281,8 +317,39 @@ static int32_t config_read(const char *options, mock_config *cfg, char *err,
         int32_t st = parse_sleep(es, strlen(es), "ORCH_MOCK_SLEEP_MS", cfg, err, cap);
         if (st != ORCH_OK) return st;
     }
+    static const struct {
+        const char *var, *key;
+        size_t off;
+    } costs[2] = {
+        { "ORCH_MOCK_COST_US_PER_TOKEN", "cost_us_per_token",
+          offsetof(mock_config, cost_us_token) },
+        { "ORCH_MOCK_COST_US_PER_DECODE", "cost_us_per_decode",
+          offsetof(mock_config, cost_us_decode) },
+    };
+    for (int i = 0; i < 2; i++) {
+        const char *ev = getenv(costs[i].var);
+        if (!ev || !*ev) continue;
+        int32_t st = parse_cost(ev, strlen(ev), costs[i].var, costs[i].key,
+                                (uint32_t *)((char *)cfg + costs[i].off), err, cap);
+        if (st != ORCH_OK) return st;
+    }
     if (options) return parse_list(options, 0, "mock options", cfg, err, cap);
     return ORCH_OK;
+}
+
+/* The cost model's sleep for a validated batch (see the top). */
+static void cost_sleep(const mock_config *cfg, const orch_infer_batch *batch) {
+    if (!cfg->cost_us_token && !cfg->cost_us_decode) return;
+    uint64_t us = 0;
+    for (uint32_t i = 0; i < batch->n_seqs; i++) {
+        const orch_seq_input *q = engine_batch_seq(batch, i);
+        us += q->n_tokens > 1 ? (uint64_t)q->n_tokens * cfg->cost_us_token
+                              : cfg->cost_us_decode;
+    }
+    if (us > 600000000ull) us = 600000000ull;
+    struct timespec ts = { (time_t)(us / 1000000u), (long)(us % 1000000u) * 1000L };
+    while (nanosleep(&ts, &ts) != 0) {
+    }
 }
 
 /* ------------------------------------------------------------------------- */
@@ -707,6 +774,7 @@ static int32_t mock_infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *
     if ((st = engine_infer_check(batch, logits, logits_cap, V, ctx->model.context, 0,
                                  NULL, &kv, &tokens, &rows, ENGINE_ERRBUF(ctx))))
         return st;
+    cost_sleep(&ctx->cfg, batch);
 
     /* Write the new tokens' "K/V". */
     for (uint32_t i = 0; i < batch->n_seqs; i++) {

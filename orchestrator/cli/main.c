@@ -20,6 +20,7 @@ static const command commands[] = {
     { "generate", cmd_generate, "generate text from a checkpoint" },
     { "eval", cmd_eval, "validation loss and perplexity of a checkpoint" },
     { "serve", cmd_serve, "OpenAI-compatible HTTP server" },
+    { "route", cmd_route, "cache-aware router in front of several orch serve" },
     { "prepare", cmd_prepare, "tokenize a corpus into train/validation shards" },
     { "tokenize", cmd_tokenize, "text on stdin -> token ids" },
     { "detokenize", cmd_detokenize, "token ids on stdin -> text" },
