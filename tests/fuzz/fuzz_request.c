@@ -2,14 +2,18 @@
  * fuzz_request.c - libFuzzer harness of the HTTP request body parser
  * (serve/request.h): the input is a POST body, parsed as /v1/completions and
  * as /v1/chat/completions, each with the byte tokenizer (vocabulary 256, as
- * the mock-gpt2 test server) and with GPT-2's BPE (50257).
+ * the mock-gpt2 test server) and with GPT-2's BPE (50257), and as a body of
+ * POST /tokenize and /detokenize (serve/tokenize_api.h: an answer is a JSON
+ * object in UTF-8, a refusal a well-formed error).
  *
- * Checked besides the sanitizers: a failed parse is a 400 or 500 with a
+ * Checked besides the sanitizers: a failed parse is a 400 or 500 (404 only
+ * for model_not_found) with a
  * message and an error body that is valid JSON in well-formed UTF-8; a parsed
  * request obeys request.h (1..max_seqs sequences, every prompt 1..context-1
  * ids below the vocabulary whose decoded text is the prompt's text, prompt +
  * max_tokens within the context, stop strings 1..256 bytes with the chat
- * template's last, sampling values in range), and every sequence made from
+ * template's last, sampling values, logit_bias, stop_token_ids and
+ * min_tokens in range), and every sequence made from
  * it borrows the right prompt.
  *
  * Needs the GPT-2 vocabulary (tools/setup.sh): $ORCH_DATA_DIR/gpt2 or
@@ -19,11 +23,13 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <math.h>
 #include <string.h>
 
 #include "orchestrator/serve/api_error.h"
 #include "orchestrator/serve/chat_template.h"
 #include "orchestrator/serve/request.h"
+#include "orchestrator/serve/tokenize_api.h"
 #include "tests/fuzz/fuzz_util.h"
 
 #define CONTEXT  1024u
@@ -47,7 +53,10 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 }
 
 static void check_error(const api_error *e) {
-    FUZZ_CHECK(e->status == 400 || e->status == 500, "status %u", e->status);
+    FUZZ_CHECK(
+        e->status == 400 || e->status == 500 ||
+            (e->status == 404 && e->code && strcmp(e->code, "model_not_found") == 0),
+        "status %u", e->status);
     FUZZ_CHECK(e->msg[0] != '\0' && e->type != NULL, "empty error");
     strbuf b = { 0 };
     api_error_json(&b, e);
@@ -104,6 +113,26 @@ static void check_request(const request_limits *lim, const gen_request *r) {
     FUZZ_CHECK(s->top_p > 0 && s->top_p <= 1, "top_p %g", (double)s->top_p);
     FUZZ_CHECK(r->top_logprobs <= SCHED_MAX_TOP_LOGPROBS, "top_logprobs %u",
                r->top_logprobs);
+    FUZZ_CHECK(s->min_p >= 0 && s->min_p <= 1, "min_p %g", (double)s->min_p);
+    FUZZ_CHECK(fabsf(s->presence_penalty) <= 2 && fabsf(s->frequency_penalty) <= 2,
+               "penalties %g %g", (double)s->presence_penalty,
+               (double)s->frequency_penalty);
+    FUZZ_CHECK(s->repetition_penalty > 0 && s->repetition_penalty <= 10,
+               "repetition_penalty %g", (double)s->repetition_penalty);
+    FUZZ_CHECK(r->n_bias <= REQUEST_MAX_LOGIT_BIAS, "%u logit_bias entries", r->n_bias);
+    for (uint32_t i = 0; i < r->n_bias; i++)
+        FUZZ_CHECK(r->bias_ids[i] >= 0 && (uint32_t)r->bias_ids[i] < lim->vocab &&
+                       fabsf(r->bias[i]) <= 100,
+                   "logit_bias %d: %g", r->bias_ids[i], (double)r->bias[i]);
+    FUZZ_CHECK(r->n_stop_token_ids <= SCHED_MAX_STOP_TOKEN_IDS, "%u stop token ids",
+               r->n_stop_token_ids);
+    for (uint32_t i = 0; i < r->n_stop_token_ids; i++)
+        FUZZ_CHECK(r->stop_token_ids[i] >= 0 &&
+                       (uint32_t)r->stop_token_ids[i] < lim->vocab,
+                   "stop token id %d", r->stop_token_ids[i]);
+    for (uint32_t i = 0; i < r->n_prompts; i++)
+        FUZZ_CHECK(r->min_tokens <= r->prompts[i].max_tokens, "min_tokens %u > max %u",
+                   r->min_tokens, r->prompts[i].max_tokens);
     FUZZ_CHECK(!r->include_usage || r->stream, "include_usage without stream");
     FUZZ_CHECK(!r->chat || !r->echo, "echo in chat");
     uint32_t ns = gen_request_n_seqs(r);
@@ -136,10 +165,33 @@ static void parse_one(const tokenizer *tok, const char *model, int chat,
     gen_request_free(&r);
 }
 
+/* POST /tokenize and /detokenize on the same body: an answer is a JSON
+ * object, a refusal a well-formed error. */
+static void tokenize_one(const tokenizer *tok, const char *model, int detok,
+                         const uint8_t *data, size_t size) {
+    tokenize_api_limits lim = { .tok = tok, .model_name = model, .context = CONTEXT };
+    strbuf b = { 0 };
+    api_error e;
+    memset(&e, 0, sizeof e);
+    int rc = detok ? tokenize_api_detokenize(&lim, (const char *)data, size, &b, &e)
+                   : tokenize_api_tokenize(&lim, (const char *)data, size, &b, &e);
+    if (rc == 0) {
+        cJSON *j = cJSON_ParseWithLength(b.p, b.len);
+        FUZZ_CHECK(cJSON_IsObject(j), "answer is not a JSON object: %.200s", b.p);
+        FUZZ_CHECK(fuzz_utf8_ok(b.p, b.len), "answer is not UTF-8");
+        cJSON_Delete(j);
+    } else {
+        check_error(&e);
+    }
+    free(b.p);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     for (int chat = 0; chat <= 1; chat++) {
         parse_one(tok_byte, "mock-gpt2", chat, data, size);
         parse_one(tok_gpt2, "gpt2", chat, data, size);
+        tokenize_one(chat ? tok_gpt2 : tok_byte, "mock-gpt2", 0, data, size);
+        tokenize_one(chat ? tok_gpt2 : tok_byte, "mock-gpt2", 1, data, size);
     }
     return 0;
 }
