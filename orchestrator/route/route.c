@@ -23,6 +23,7 @@
 #include "orchestrator/core/util.h"
 #include "orchestrator/serve/api_error.h"
 #include "orchestrator/serve/conn_watch.h"
+#include "orchestrator/serve/http_front.h"
 #include "orchestrator/serve/http_policy.h"
 #include "orchestrator/serve/listener.h"
 
@@ -62,10 +63,8 @@ static int is_forwarded(int r) { return r >= R_COMPLETIONS && r <= R_DETOKENIZE;
 struct route_server {
     route_server_config cfg;
     http_policy policy;
-    struct MHD_Daemon *d;
-    listener *lst;
+    http_front front; /* the daemon, the listener, clients gone while forwarded */
     route_proxy *proxy;
-    conn_watch *watch; /* clients gone while their request is forwarded */
     uint16_t port;
     atomic_uint inflight; /* requests begun and not yet freed */
     atomic_int draining;
@@ -73,10 +72,7 @@ struct route_server {
     metrics_series *m_retries, *m_stream_errors, *m_pauses;
 };
 
-typedef struct rconn {
-    int fd;
-    conn_watch_conn *cc;
-} rconn;
+typedef http_front_conn rconn;
 
 /* Forwarding states. */
 enum { F_NONE = 0, F_WAIT, F_DONE };
@@ -235,40 +231,8 @@ static enum MHD_Result queue_err(rreq *r, unsigned status, const char *code,
 /* ------------------------------------------------------------------------- */
 /* Connections                                                                */
 /* ------------------------------------------------------------------------- */
-static int admit(void *arg, int fd, const struct sockaddr_in *peer) {
-    route_server *s = arg;
-    return MHD_add_connection(s->d, fd, (const struct sockaddr *)peer, sizeof *peer) ==
-                   MHD_YES
-               ? 0
-               : -1;
-}
-
-static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
-                          enum MHD_ConnectionNotificationCode toe) {
-    route_server *s = cls;
-    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
-        const union MHD_ConnectionInfo *ci =
-            MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
-        rconn *rc = ci ? util_calloc(1, sizeof *rc) : NULL;
-        if (rc) {
-            rc->fd = ci->connect_fd;
-            rc->cc = conn_watch_add(s->watch, rc->fd);
-            listener_conn_started(s->lst, rc->fd);
-        }
-        *socket_context = rc;
-    } else if (toe == MHD_CONNECTION_NOTIFY_CLOSED) {
-        rconn *rc = *socket_context;
-        if (rc) {
-            listener_conn_closed(s->lst, rc->fd);
-            conn_watch_remove(s->watch, rc->cc);
-            free(rc);
-        }
-        *socket_context = NULL;
-    }
-}
-
 static void set_phase(rreq *r, int phase) {
-    if (r->rc) listener_conn_phase(r->srv->lst, r->rc->fd, phase);
+    if (r->rc) listener_conn_phase(r->srv->front.lst, r->rc->fd, phase);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
@@ -280,7 +244,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
     if (!r) return;
     *req_cls = NULL;
     set_phase(r, LISTENER_IDLE);
-    conn_watch_clear_request(s->watch, r->rc ? r->rc->cc : NULL, r);
+    conn_watch_clear_request(s->front.watch, r->rc ? r->rc->cc : NULL, r);
     pthread_mutex_lock(&r->mu);
     r->client_gone = 1;
     int cancel = r->xfer_active;
@@ -513,7 +477,7 @@ static void on_client_gone(void *req, void *arg) {
 /* route_proxy tick: disconnects. */
 static void poll_disconnects(void *arg) {
     route_server *s = arg;
-    conn_watch_poll(s->watch, on_client_gone, s);
+    conn_watch_poll(s->front.watch, on_client_gone, s);
 }
 
 /* The stream's reader (HTTP thread). */
@@ -680,7 +644,7 @@ static enum MHD_Result forward_begin(rreq *r) {
                              ? "no worker can take this request now"
                              : "no worker is up");
     }
-    conn_watch_set_request(s->watch, r->rc ? r->rc->cc : NULL, r);
+    conn_watch_set_request(s->front.watch, r->rc ? r->rc->cc : NULL, r);
     /* suspends unless the answer is already in */
     return forward_step(r);
 }
@@ -985,14 +949,9 @@ int route_server_start(const route_server_config *cfg, route_server **out, char 
         util_set_err(err, err_cap, "route: missing configuration");
         return -1;
     }
-    listener_config lc = { .admit = admit };
-    lc.addr.sin_family = AF_INET;
-    lc.addr.sin_port = htons(cfg->port);
+    listener_config lc = { .admit = http_front_admit };
     const char *host = cfg->host ? cfg->host : "127.0.0.1";
-    if (inet_pton(AF_INET, host, &lc.addr.sin_addr) != 1) {
-        util_set_err(err, err_cap, "--host '%s' is not an IPv4 address", host);
-        return -1;
-    }
+    if (http_front_addr(host, cfg->port, &lc.addr, err, err_cap) != 0) return -1;
     route_server *s = util_calloc(1, sizeof *s);
     if (!s) {
         util_set_err(err, err_cap, "route: out of memory");
@@ -1026,24 +985,22 @@ int route_server_start(const route_server_config *cfg, route_server **out, char 
         metrics_counter(cfg->metrics, "orch_route_backpressure_pauses_total",
                         "Times a worker's stream was paused for a slow client.", 0, NULL),
         NULL);
-    s->watch = conn_watch_create();
-    s->proxy = s->watch ? route_proxy_create(cfg->connect_timeout_s, poll_disconnects, s,
-                                             err, err_cap)
-                        : NULL;
-    if (!s->watch) util_set_err(err, err_cap, "route: out of memory");
-    unsigned inactivity = cfg->idle_timeout_s;
-    if (cfg->header_timeout_s > inactivity) inactivity = cfg->header_timeout_s;
-    if (cfg->body_timeout_s > inactivity) inactivity = cfg->body_timeout_s;
+    s->front.watch = conn_watch_create();
+    s->proxy = s->front.watch ? route_proxy_create(cfg->connect_timeout_s,
+                                                   poll_disconnects, s, err, err_cap)
+                              : NULL;
+    if (!s->front.watch) util_set_err(err, err_cap, "route: out of memory");
+    unsigned inactivity = http_front_inactivity(
+        cfg->idle_timeout_s, cfg->header_timeout_s, cfg->body_timeout_s);
     if (s->proxy)
-        s->d = MHD_start_daemon(
-            MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
-                MHD_USE_ITC | MHD_USE_NO_LISTEN_SOCKET,
-            0, NULL, NULL, on_request, s, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-            MHD_OPTION_NOTIFY_CONNECTION, on_connection, s, MHD_OPTION_CONNECTION_TIMEOUT,
+        s->front.d = MHD_start_daemon(
+            HTTP_FRONT_MHD_FLAGS, 0, NULL, NULL, on_request, s,
+            MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_NOTIFY_CONNECTION,
+            http_front_on_connection, &s->front, MHD_OPTION_CONNECTION_TIMEOUT,
             inactivity, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(64 * 1024),
             MHD_OPTION_CONNECTION_LIMIT, (unsigned)(cfg->max_connections + 64),
             MHD_OPTION_END);
-    if (!s->proxy || !s->d || !s->m_http) {
+    if (!s->proxy || !s->front.d || !s->m_http) {
         if (s->proxy) util_set_err(err, err_cap, "route: cannot start the HTTP server");
         route_server_stop(s);
         return -1;
@@ -1054,13 +1011,13 @@ int route_server_start(const route_server_config *cfg, route_server **out, char 
     lc.header_timeout = cfg->header_timeout_s ? cfg->header_timeout_s : 10;
     lc.body_timeout = cfg->body_timeout_s ? cfg->body_timeout_s : 60;
     lc.idle_timeout = cfg->idle_timeout_s ? cfg->idle_timeout_s : 15;
-    lc.admit_arg = s;
+    lc.admit_arg = &s->front;
     lc.metrics = cfg->metrics;
-    if (listener_start(&lc, &s->lst, err, err_cap) != 0) {
+    if (listener_start(&lc, &s->front.lst, err, err_cap) != 0) {
         route_server_stop(s);
         return -1;
     }
-    s->port = listener_port(s->lst);
+    s->port = listener_port(s->front.lst);
     *out = s;
     return 0;
 }
@@ -1081,19 +1038,19 @@ static uint32_t wait_inflight(route_server *s, double timeout_s) {
 uint32_t route_server_drain(route_server *s, double timeout_s) {
     if (!s) return 0;
     atomic_store(&s->draining, 1);
-    listener_stop_accepting(s->lst);
+    listener_stop_accepting(s->front.lst);
     return wait_inflight(s, timeout_s);
 }
 
 void route_server_stop(route_server *s) {
     if (!s) return;
-    if (s->lst) listener_stop_accepting(s->lst);
+    if (s->front.lst) listener_stop_accepting(s->front.lst);
     atomic_store(&s->draining, 1);
-    route_proxy_destroy(s->proxy);   /* every transfer ends: connections resume */
-    if (s->d) wait_inflight(s, 2.0); /* cut streams send their error events */
-    if (s->d) MHD_stop_daemon(s->d);
-    listener_stop(s->lst);
-    conn_watch_free(s->watch);
+    route_proxy_destroy(s->proxy);         /* every transfer ends: connections resume */
+    if (s->front.d) wait_inflight(s, 2.0); /* cut streams send their error events */
+    if (s->front.d) MHD_stop_daemon(s->front.d);
+    listener_stop(s->front.lst);
+    conn_watch_free(s->front.watch);
     http_policy_free(&s->policy);
     free(s);
 }

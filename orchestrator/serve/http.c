@@ -150,41 +150,8 @@ void http_req_resume(http_req *hr) {
 /* ------------------------------------------------------------------------- */
 /* Connections and disconnects                                                */
 /* ------------------------------------------------------------------------- */
-/* listener admit: hand the socket to libmicrohttpd. */
-static int admit(void *arg, int fd, const struct sockaddr_in *peer) {
-    http_server *s = arg;
-    return MHD_add_connection(s->d, fd, (const struct sockaddr *)peer, sizeof *peer) ==
-                   MHD_YES
-               ? 0
-               : -1;
-}
-
-static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
-                          enum MHD_ConnectionNotificationCode toe) {
-    http_server *s = cls;
-    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
-        const union MHD_ConnectionInfo *ci =
-            MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
-        http_conn *hc = ci ? util_calloc(1, sizeof *hc) : NULL;
-        if (hc) {
-            hc->fd = ci->connect_fd;
-            hc->cc = conn_watch_add(s->watch, hc->fd);
-            listener_conn_started(s->lst, hc->fd);
-        }
-        *socket_context = hc;
-    } else if (toe == MHD_CONNECTION_NOTIFY_CLOSED) {
-        http_conn *hc = *socket_context;
-        if (hc) {
-            listener_conn_closed(s->lst, hc->fd); /* before MHD closes the socket */
-            conn_watch_remove(s->watch, hc->cc);
-            free(hc);
-        }
-        *socket_context = NULL;
-    }
-}
-
 static void set_phase(http_req *hr, int phase) {
-    if (hr->hc) listener_conn_phase(hr->srv->lst, hr->hc->fd, phase);
+    if (hr->hc) listener_conn_phase(hr->srv->front.lst, hr->hc->fd, phase);
 }
 
 /* conn_watch callback (watch lock held): the client of req went away. */
@@ -198,7 +165,7 @@ static void on_client_gone(void *req, void *arg) {
 
 void http_server_poll_disconnects(void *arg) {
     http_server *s = arg;
-    conn_watch_poll(s->watch, on_client_gone, s);
+    conn_watch_poll(s->front.watch, on_client_gone, s);
 }
 
 /* MHD request-completed callback. */
@@ -211,7 +178,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
     if (!hr) return;
     *req_cls = NULL;
     set_phase(hr, LISTENER_IDLE); /* kept alive: the next head has a deadline */
-    conn_watch_clear_request(s->watch, hr->hc ? hr->hc->cc : NULL, hr);
+    conn_watch_clear_request(s->front.watch, hr->hc ? hr->hc->cc : NULL, hr);
     pthread_mutex_lock(&hr->lock);
     int wake = http_gen_cancel_locked(hr);
     pthread_mutex_unlock(&hr->lock);
@@ -522,7 +489,7 @@ static http_server *server_new(const http_server_config *cfg) {
     uint64_t z = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20) ^ (uint64_t)getpid();
     s->id_salt = rng_splitmix64(&z);
     pthread_mutex_init(&s->sched_mu, NULL);
-    s->watch = conn_watch_create();
+    s->front.watch = conn_watch_create();
     static const char *const req_labels[2] = { "endpoint", "status" };
     s->m_requests =
         metrics_counter(cfg->metrics, "orch_requests_total",
@@ -538,22 +505,17 @@ static http_server *server_new(const http_server_config *cfg) {
 /* libmicrohttpd without a listening socket (the listener feeds it). */
 static int start_daemon(http_server *s) {
     const http_server_config *c = &s->cfg;
-    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL |
-                     MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ITC | MHD_USE_NO_LISTEN_SOCKET;
-    /* the listener's deadlines govern reading a request; libmicrohttpd's
-     * inactivity time-out (the longest of them) is the backstop, e.g. for
-     * a client that stops reading its answer */
-    unsigned inactivity = c->idle_timeout_s;
-    if (c->header_timeout_s > inactivity) inactivity = c->header_timeout_s;
-    if (c->body_timeout_s > inactivity) inactivity = c->body_timeout_s;
-    s->d = MHD_start_daemon(
-        flags, 0, NULL, NULL, on_request, s, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-        MHD_OPTION_NOTIFY_CONNECTION, on_connection, s, MHD_OPTION_CONNECTION_TIMEOUT,
-        inactivity, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(64 * 1024),
+    unsigned inactivity =
+        http_front_inactivity(c->idle_timeout_s, c->header_timeout_s, c->body_timeout_s);
+    s->front.d = MHD_start_daemon(
+        HTTP_FRONT_MHD_FLAGS, 0, NULL, NULL, on_request, s, MHD_OPTION_NOTIFY_COMPLETED,
+        on_completed, s, MHD_OPTION_NOTIFY_CONNECTION, http_front_on_connection,
+        &s->front, MHD_OPTION_CONNECTION_TIMEOUT, inactivity,
+        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(64 * 1024),
         MHD_OPTION_CONNECTION_LIMIT, (unsigned)(c->max_connections + 64),
         MHD_OPTION_THREAD_POOL_SIZE,
         (unsigned)(c->http_threads > 1 ? c->http_threads : 0), MHD_OPTION_END);
-    return s->d ? 0 : -1;
+    return s->front.d ? 0 : -1;
 }
 
 int http_server_start(const http_server_config *cfg, http_server **out, char *err,
@@ -563,14 +525,9 @@ int http_server_start(const http_server_config *cfg, http_server **out, char *er
                      "server: missing configuration (metrics registry, model name)");
         return -1;
     }
-    listener_config lc = { .admit = admit };
-    lc.addr.sin_family = AF_INET;
-    lc.addr.sin_port = htons(cfg->port);
+    listener_config lc = { .admit = http_front_admit };
     const char *host = cfg->host ? cfg->host : "127.0.0.1";
-    if (inet_pton(AF_INET, host, &lc.addr.sin_addr) != 1) {
-        util_set_err(err, err_cap, "--host '%s' is not an IPv4 address", host);
-        return -1;
-    }
+    if (http_front_addr(host, cfg->port, &lc.addr, err, err_cap) != 0) return -1;
     http_server *s = server_new(cfg);
     if (!s) {
         util_set_err(err, err_cap, "server: out of memory");
@@ -587,7 +544,8 @@ int http_server_start(const http_server_config *cfg, http_server **out, char *er
         return -1;
     }
     s->pool = work_pool_create(s->cfg.workers);
-    if (!s->model_name || !s->watch || !s->m_requests || !s->pool || start_daemon(s)) {
+    if (!s->model_name || !s->front.watch || !s->m_requests || !s->pool ||
+        start_daemon(s)) {
         util_set_err(err, err_cap, "server: out of resources (memory, threads)");
         http_server_stop(s);
         return -1;
@@ -597,13 +555,13 @@ int http_server_start(const http_server_config *cfg, http_server **out, char *er
     lc.header_timeout = s->cfg.header_timeout_s;
     lc.body_timeout = s->cfg.body_timeout_s;
     lc.idle_timeout = s->cfg.idle_timeout_s;
-    lc.admit_arg = s;
+    lc.admit_arg = &s->front;
     lc.metrics = cfg->metrics;
-    if (listener_start(&lc, &s->lst, err, err_cap) != 0) {
+    if (listener_start(&lc, &s->front.lst, err, err_cap) != 0) {
         http_server_stop(s);
         return -1;
     }
-    s->port = listener_port(s->lst);
+    s->port = listener_port(s->front.lst);
     *out = s;
     return 0;
 }
@@ -633,7 +591,7 @@ void http_server_set_ready(http_server *s, scheduler *sched, const tokenizer *to
 void http_server_drain_begin(http_server *s) {
     if (!s) return;
     atomic_store(&s->state, ST_DRAINING);
-    listener_stop_accepting(s->lst);
+    listener_stop_accepting(s->front.lst);
 }
 
 void http_server_detach_scheduler(http_server *s) {
@@ -653,11 +611,11 @@ void http_server_stop(http_server *s) {
     /* no new connections; pending jobs finish (and resume their
      * connections) before the daemon stops; the listener goes last, the
      * daemon's close notifications still report to it */
-    listener_stop_accepting(s->lst);
+    listener_stop_accepting(s->front.lst);
     work_pool_destroy(s->pool);
-    if (s->d) MHD_stop_daemon(s->d);
-    listener_stop(s->lst);
-    conn_watch_free(s->watch);
+    if (s->front.d) MHD_stop_daemon(s->front.d);
+    listener_stop(s->front.lst);
+    conn_watch_free(s->front.watch);
     http_policy_free(&s->policy);
     pthread_mutex_destroy(&s->sched_mu);
     free(s->model_name);

@@ -108,7 +108,7 @@ static int submit(http_req *hr, api_error *e) {
     sched_seq **ptrs = malloc(hr->n_seqs * sizeof *ptrs);
     if (!ptrs) return api_error_set(e, 500, NULL, NULL, "out of memory");
     for (uint32_t i = 0; i < hr->n_seqs; i++) ptrs[i] = &hr->seqs[i];
-    conn_watch_set_request(s->watch, hr->hc ? hr->hc->cc : NULL, hr);
+    conn_watch_set_request(s->front.watch, hr->hc ? hr->hc->cc : NULL, hr);
     pthread_mutex_lock(&hr->lock);
     hr->refs += (int)hr->n_seqs;
     hr->submitted = 1;
@@ -128,7 +128,7 @@ static int submit(http_req *hr, api_error *e) {
         atomic_fetch_add(&s->inflight, 1);
         return 0;
     }
-    conn_watch_clear_request(s->watch, hr->hc ? hr->hc->cc : NULL, hr);
+    conn_watch_clear_request(s->front.watch, hr->hc ? hr->hc->cc : NULL, hr);
     pthread_mutex_lock(&hr->lock);
     hr->refs -= (int)hr->n_seqs;
     hr->submitted = 0;

@@ -32,6 +32,7 @@
 #include "orchestrator/serve/http.h"
 #include "orchestrator/serve/http_policy.h"
 #include "orchestrator/serve/listener.h"
+#include "orchestrator/serve/http_front.h"
 #include "orchestrator/serve/render.h"
 #include "orchestrator/serve/request.h"
 #include "orchestrator/serve/work_pool.h"
@@ -63,8 +64,7 @@ struct http_server {
     http_server_config cfg;
     char *model_name;
     http_policy policy;
-    struct MHD_Daemon *d;
-    listener *lst;
+    http_front front; /* the daemon, the listener and the disconnect watch */
     work_pool *pool;
     uint16_t port;
     atomic_int state;
@@ -77,7 +77,6 @@ struct http_server {
     atomic_ullong next_id;
     uint64_t id_salt;
     long created;
-    conn_watch *watch;       /* client disconnects */
     atomic_size_t body_held; /* bytes reserved by request bodies in flight */
 
     metrics_family *m_requests;
@@ -85,10 +84,7 @@ struct http_server {
 };
 
 /* The socket context of an MHD connection. */
-typedef struct http_conn {
-    int fd;
-    conn_watch_conn *cc;
-} http_conn;
+typedef http_front_conn http_conn;
 
 typedef struct http_req {
     http_server *srv;
