@@ -31,7 +31,7 @@
 
 /* libmicrohttpd's mode for both servers: one internal epoll thread (or a
  * pool), suspend/resume, no listening socket of its own. */
-#define HTTP_FRONT_MHD_FLAGS                                                  \
+#define HTTP_FRONT_MHD_FLAGS                                                      \
     (MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | \
      MHD_USE_ITC | MHD_USE_NO_LISTEN_SOCKET)
 
