@@ -8,6 +8,9 @@ cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 export ORCH_BIN="$PWD/$BUILD/orch" ORCH_BUILD="$PWD/$BUILD"
 export ORCH_ENGINE_PATH="$PWD/$BUILD"
+# The GPT-2 vocabulary of tools/setup.sh, also for binaries in build/asan and
+# build/tsan (whose ../data is not the repository's).
+export ORCH_DATA_DIR="${ORCH_DATA_DIR:-$PWD/data}"
 export CK_FORK=yes
 read -r -a patterns <<<"${TESTS:-*}"
 selected() { # name
