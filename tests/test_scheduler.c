@@ -961,6 +961,43 @@ START_TEST(forced_tokens_hook) {
 }
 END_TEST
 
+/* n > 1 choices forked from one prompt computation share its partial last
+ * block; a forced run (a chunk, not a decode) written after the fork must go
+ * into a private copy of it: the mock engine refuses a block written by one
+ * sequence and read by another, and the outputs stay exact. */
+START_TEST(forced_tokens_after_fork_copy_shared_block) {
+    start(256, 32, 4, 64, 100, NULL);
+    int32_t p[3] = { 'j', 'f', 'w' };
+    sched_seq q[2];
+    for (int i = 0; i < 2; i++) {
+        init_seq(&q[i], p, 3, 20);
+        q[i].forced_tokens = forced_xyz;
+    }
+    submit_all(q, 2);
+    wait_finished(2);
+    int32_t all[64];
+    uint32_t n_all = 3, n_out = 0;
+    memcpy(all, p, sizeof p);
+    char want[16];
+    while (n_out < 12) {
+        uint64_t sum = 0;
+        for (uint32_t i = 0; i < n_all; i++) sum += (uint64_t)all[i];
+        all[n_all++] = 97 + (int32_t)(sum % 26);
+        want[n_out++] = (char)all[n_all - 1];
+        for (int k = 0; k < 3; k++) want[n_out++] = (char)(all[n_all++] = "XYZ"[k]);
+    }
+    want[12] = '\0';
+    for (int i = 0; i < 2; i++) {
+        ck_assert_msg(q[i].finish == SCHED_FINISH_STOP, "choice %d: finish %d: %s", i,
+                      q[i].finish, q[i].error);
+        ck_assert_str_eq(q[i].text, want);
+        sched_seq_free_outputs(&q[i]);
+    }
+    wait_pool_empty();
+    stop();
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("scheduler");
     TCase *tc = tcase_create("mock");
@@ -976,6 +1013,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, submit_and_create_errors);
     tcase_add_test(tc, token_mask_hook);
     tcase_add_test(tc, token_controls);
+    tcase_add_test(tc, forced_tokens_after_fork_copy_shared_block);
     tcase_add_test(tc, prefix_cache_outputs_equal_without_cache);
     tcase_add_test(tc, prefix_cache_eviction_and_preemption_exact);
     tcase_add_test(tc, prefix_cache_n_choices_share_one_computation);
