@@ -18,7 +18,7 @@ static const char usage_text[] =
     "Turn a GGUF file (llama.cpp's format; architecture gpt2 with the GPT-2\n"
     "tokenizer; F32, F16, BF16 or Q8_0 tensors, dequantized to f32) into a new\n"
     "checkpoint directory DIR for generate/eval/serve --checkpoint DIR and\n"
-    "`orch train --init DIR`. (Hugging Face safetensors: orch import-gpt2.)\n"
+    "`orch train --init DIR`. (Hugging Face GPT-2: orch import hf.)\n"
     "\noptions:\n";
 
 int cmd_import(int argc, char **argv) {
@@ -45,6 +45,8 @@ int cmd_import(int argc, char **argv) {
         .n_pos = &n_pos,
         .pos_name = "input file",
     };
+    if (argc >= 2 && strcmp(argv[1], "hf") == 0)
+        return cmd_import_hf(argc - 1, argv + 1, "import hf");
     if (argc < 2 || strcmp(argv[1], "gguf") != 0) {
         if (flags_wants_help(argc, argv)) {
             flags_print_usage(&cmd, stdout);
@@ -53,12 +55,13 @@ int cmd_import(int argc, char **argv) {
         if (argc >= 2 && argv[1][0] == '-')
             util_error("import: unknown argument '%s' (see orch import --help)", argv[1]);
         else if (argc < 2)
-            util_error("import: expected a format: orch import gguf FILE --out DIR "
+            util_error("import: expected a format: orch import gguf|hf PATH --out DIR "
                        "(see orch import --help)");
         else
-            util_error("import: unknown format '%s' (supported: gguf; see orch import "
-                       "--help)",
-                       argv[1]);
+            util_error(
+                "import: unknown format '%s' (supported: gguf, hf; see orch import "
+                "--help)",
+                argv[1]);
         return ORCH_EXIT_USAGE;
     }
     int rc;

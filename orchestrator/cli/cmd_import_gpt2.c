@@ -1,8 +1,9 @@
 /*
- * cmd_import_gpt2.c - `orch import-gpt2`: the command line around gpt2_import
- * (store/gpt2_import.h), which converts GPT-2 weights in the Hugging Face
- * layout into an orch checkpoint directory that generate, eval and serve load
- * and that `orch train --init DIR` fine-tunes.
+ * cmd_import_gpt2.c - `orch import hf` and its older name `orch import-gpt2`:
+ * the command line around gpt2_import (store/gpt2_import.h), which converts
+ * GPT-2 weights in the Hugging Face layout (a model directory, or one
+ * safetensors file) into an orch checkpoint directory that generate, eval and
+ * serve load and that `orch train --init DIR` fine-tunes.
  */
 #include <stdio.h>
 
@@ -11,25 +12,41 @@
 #include "orchestrator/core/util.h"
 #include "orchestrator/store/gpt2_import.h"
 
+#include <string.h>
+
+static const char usage_hf[] =
+    "usage: orch import hf HF_DIR|MODEL.safetensors --out DIR [options]\n";
+static const char usage_gpt2[] =
+    "usage: orch import-gpt2 HF_DIR|MODEL.safetensors --out DIR [options]\n"
+    "(the older name of orch import hf)\n";
 static const char usage_text[] =
-    "usage: orch import-gpt2 MODEL.safetensors --out DIR [options]\n"
     "\n"
     "Import GPT-2 weights in the Hugging Face layout into a new checkpoint\n"
-    "directory DIR (model.safetensors, state.json with the config, checksums;\n"
-    "no optimizer state). Use it with generate/eval/serve --checkpoint DIR,\n"
+    "directory DIR. HF_DIR is a Hugging Face GPT2LMHeadModel directory:\n"
+    "config.json (the model's shape) and model.safetensors, or shards listed in\n"
+    "model.safetensors.index.json; F32, F16 or BF16. The new checkpoint\n"
+    "holds model.safetensors, state.json with the config and checksums (no\n"
+    "optimizer state). Use it with generate/eval/serve --checkpoint DIR,\n"
     "and fine-tune it with `orch train --init DIR` (the config's data section\n"
     "points at data/finetune/{train,val}_*.bin unless --config gives one).\n"
     "\noptions:\n";
 
 int cmd_import_gpt2(int argc, char **argv) {
+    return cmd_import_hf(argc, argv, "import-gpt2");
+}
+
+int cmd_import_hf(int argc, char **argv, const char *name) {
+    int hf = strcmp(name, "import hf") == 0;
+    char usage[2048];
+    snprintf(usage, sizeof usage, "%s%s", hf ? usage_hf : usage_gpt2, usage_text);
     gpt2_import_opts o = { 0 };
     size_t n_in = 0;
     const flag_spec flags[] = {
         { "--out", FLAG_STRING, &o.out_dir, "DIR",
           .help = "checkpoint directory to create (required, must not\nexist)" },
         { "--heads", FLAG_U32, &o.heads, "N",
-          .help = "attention heads (default: n_head of config.json next\n"
-                  "to MODEL, else width/64)",
+          .help = "attention heads (default: n_head of config.json in\n"
+                  "HF_DIR or next to MODEL, else width/64)",
           .min = 1, .max = 4096 },
         { "--hf-config", FLAG_STRING, &o.hf_config, "FILE",
           .help =
@@ -45,8 +62,8 @@ int cmd_import_gpt2(int argc, char **argv) {
         { NULL },
     };
     const flags_cmd cmd = {
-        .name = "import-gpt2",
-        .usage = usage_text,
+        .name = name,
+        .usage = usage,
         .flags = flags,
         .footer = "exit status: 0 ok, 1 runtime failure, 2 bad usage or input file\n",
         .pos = &o.input,
@@ -57,15 +74,15 @@ int cmd_import_gpt2(int argc, char **argv) {
     int rc;
     if (flags_parse(&cmd, argc, argv, &rc)) return rc;
     if (!o.input || !o.out_dir) {
-        util_error("import-gpt2: need MODEL.safetensors and --out DIR (see orch "
-                   "import-gpt2 --help)");
+        util_error("%s: need %s and --out DIR (see orch %s --help)", name,
+                   hf ? "HF_DIR" : "MODEL.safetensors", name);
         return ORCH_EXIT_USAGE;
     }
     char err[2048];
     gpt2_import_result r;
     int kind;
     if (gpt2_import(&o, &r, &kind, err, sizeof err) != 0) {
-        util_error("import-gpt2: %s", err);
+        util_error("%s: %s", name, err);
         return kind == GPT2_IMPORT_ERR_INPUT ? ORCH_EXIT_USAGE : ORCH_EXIT_FAILURE;
     }
     printf("imported GPT-2: %u layers, %u heads, width %llu, mlp %llu, vocab "

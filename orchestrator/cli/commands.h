@@ -24,6 +24,9 @@ int cmd_detokenize(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_config(int argc, char **argv);
 int cmd_import_gpt2(int argc, char **argv);
+/* `orch import hf` and its old name `orch import-gpt2`: name ("import hf" or
+ * "import-gpt2") is the command in usage and messages; argv[0] is skipped. */
+int cmd_import_hf(int argc, char **argv, const char *name);
 int cmd_export(int argc, char **argv);
 int cmd_import(int argc, char **argv);
 

@@ -516,3 +516,25 @@ int ckpt_load_weights(const char *ckpt_dir, const engine_handle *h, orch_engine_
     safetensors_close(f);
     return rc;
 }
+
+int ckpt_model_open(const char *path, ckpt_model *m, char *err, size_t err_cap) {
+    memset(m, 0, sizeof *m);
+    if (ckpt_find_latest(path, m->dir, sizeof m->dir, m->warn, sizeof m->warn, err,
+                         err_cap) != 0 ||
+        ckpt_read_config(m->dir, &m->cfg, m->tokenizer, sizeof m->tokenizer, err,
+                         err_cap) != 0 ||
+        ckpt_path_join(m->st_path, sizeof m->st_path, m->dir, CKPT_MODEL_FILE, err,
+                       err_cap) != 0 ||
+        safetensors_open(m->st_path, &m->st, err, err_cap) != 0 ||
+        ckpt_check_layout(m->st_path, m->st, err, err_cap) != 0) {
+        ckpt_model_close(m);
+        return -1;
+    }
+    return 0;
+}
+
+void ckpt_model_close(ckpt_model *m) {
+    safetensors_close(m->st);
+    config_free(m->cfg);
+    memset(m, 0, sizeof *m);
+}

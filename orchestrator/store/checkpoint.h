@@ -81,6 +81,25 @@ int ckpt_read_state(const char *ckpt_dir, char **state_json, char *err, size_t e
 int ckpt_read_config(const char *ckpt_dir, orch_config **out, char *tokenizer,
                      size_t tokenizer_cap, char *err, size_t err_cap);
 
+/* A checkpoint opened for reading its weights outside an engine (the
+ * exporters: gguf_export.c, hf_export.c). */
+struct safetensors_file;
+typedef struct ckpt_model {
+    char dir[4096];              /* the checkpoint directory ckpt_find_latest chose */
+    char warn[1024];             /* its warning, or "" */
+    char tokenizer[32];          /* the run's tokenizer ("gpt2", "byte") */
+    char st_path[4200];          /* DIR/model.safetensors */
+    orch_config *cfg;            /* the run config (owned) */
+    struct safetensors_file *st; /* model.safetensors, layout checked (owned) */
+} ckpt_model;
+
+/* ckpt_find_latest(path), ckpt_read_config and model.safetensors opened with
+ * its layout checked (ckpt_check_layout). On failure (err set) everything is
+ * released and *m is zeroed; on success release with ckpt_model_close. */
+int ckpt_model_open(const char *path, ckpt_model *m, char *err, size_t err_cap);
+/* Release what ckpt_model_open holds; a zeroed *m is a no-op. */
+void ckpt_model_close(ckpt_model *m);
+
 /* Step recorded in the checkpoint's meta.json (falls back to the ckpt-STEP
  * directory name when there is no meta.json or it has no "step"). Errors: a
  * meta.json that is not a JSON object or whose step is not an integer in

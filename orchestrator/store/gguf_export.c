@@ -15,7 +15,6 @@
 #include "orchestrator/data/bpe_vocab.h"
 #include "orchestrator/data/tokenizer.h"
 #include "orchestrator/store/checkpoint.h"
-#include "orchestrator/store/ckpt_files.h"
 #include "orchestrator/store/gguf.h"
 #include "orchestrator/store/gguf_model.h"
 #include "orchestrator/store/gpt2_import.h"
@@ -25,10 +24,11 @@ enum { TOKEN_NORMAL = 1, TOKEN_CONTROL = 3, TOKEN_UNUSED = 5 };
 
 typedef struct export_ctx {
     const gguf_export_opts *o;
-    orch_config *cfg;
+    ckpt_model ck;
+    orch_config *cfg;     /* ck.cfg */
+    safetensors_file *st; /* ck.st */
+    const char *st_path;  /* ck.st_path */
     const gguf_arch *arch;
-    safetensors_file *st;
-    char st_path[4200];
     bpe_vocab voc;
     int have_voc;
     uint32_t wtype, ftype;
@@ -271,11 +271,13 @@ static int parse_type(export_ctx *x, const char *t, char *err, size_t err_cap) {
 /* Checkpoint, config, architecture, tokenizer. */
 static int open_input(export_ctx *x, gguf_export_result *r, char *err, size_t err_cap) {
     const gguf_export_opts *o = x->o;
-    char tok[32] = "";
-    if (ckpt_find_latest(o->ckpt, r->ckpt_dir, sizeof r->ckpt_dir, r->warn,
-                         sizeof r->warn, err, err_cap) != 0 ||
-        ckpt_read_config(r->ckpt_dir, &x->cfg, tok, sizeof tok, err, err_cap) != 0)
-        return -1;
+    if (ckpt_model_open(o->ckpt, &x->ck, err, err_cap) != 0) return -1;
+    x->cfg = x->ck.cfg;
+    x->st = x->ck.st;
+    x->st_path = x->ck.st_path;
+    const char *tok = x->ck.tokenizer;
+    snprintf(r->ckpt_dir, sizeof r->ckpt_dir, "%s", x->ck.dir);
+    snprintf(r->warn, sizeof r->warn, "%s", x->ck.warn);
     const config_model *m = &x->cfg->model;
     x->arch = gguf_arch_by_orch(m->arch);
     if (!x->arch) {
@@ -308,11 +310,6 @@ static int open_input(export_ctx *x, gguf_export_result *r, char *err, size_t er
                      r->ckpt_dir, m->vocab_size, x->voc.vocab_size);
         return -1;
     }
-    if (ckpt_path_join(x->st_path, sizeof x->st_path, r->ckpt_dir, CKPT_MODEL_FILE, err,
-                       err_cap) != 0 ||
-        safetensors_open(x->st_path, &x->st, err, err_cap) != 0 ||
-        ckpt_check_layout(x->st_path, x->st, err, err_cap) != 0)
-        return -1;
     return 0;
 }
 
@@ -349,8 +346,7 @@ int gguf_export(const gguf_export_opts *o, gguf_export_result *r, int *err_kind,
 out:
     if (rc != 0) *err_kind = x.kind;
     gguf_writer_abort(w);
-    safetensors_close(x.st);
     if (x.have_voc) bpe_vocab_free(&x.voc);
-    config_free(x.cfg);
+    ckpt_model_close(&x.ck);
     return rc;
 }

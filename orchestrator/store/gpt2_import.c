@@ -13,13 +13,18 @@
 
 #include "orchestrator/core/config.h"
 #include "orchestrator/core/fsio.h"
+#include "orchestrator/core/json_read.h"
 #include "orchestrator/core/util.h"
 #include "orchestrator/store/checkpoint.h"
+#include "orchestrator/store/ckpt_files.h"
 #include "orchestrator/store/gpt2_import.h"
 #include "orchestrator/store/safetensors.h"
 
 #define HF_CONFIG_MAX_BYTES (1u << 20)
+#define HF_INDEX_MAX_BYTES  (16u << 20)
+#define HF_INDEX_FILE       "model.safetensors.index.json"
 #define MAX_TENSORS         1024
+#define MAX_SHARDS          256
 
 /* Engine-order tensor names of one layer, and whether each is a Conv1D
  * weight to transpose. */
@@ -33,10 +38,25 @@ static const struct {
     { "mlp.c_fc.bias", 0 },    { "mlp.c_proj.weight", 1 },  { "mlp.c_proj.bias", 0 },
 };
 #define N_LAYER_TENSORS (sizeof layer_tensors / sizeof layer_tensors[0])
+_Static_assert(N_LAYER_TENSORS == GPT2_HF_LAYER_TENSORS, "layer table size");
+
+const char *gpt2_hf_layer_tensor(size_t k, int *conv1d) {
+    if (k >= N_LAYER_TENSORS) return NULL;
+    if (conv1d) *conv1d = layer_tensors[k].conv1d;
+    return layer_tensors[k].suffix;
+}
+
+/* What a Hugging Face config.json says (-1: absent; n_inner -2: null). */
+typedef struct hf_config {
+    double n_embd, n_layer, n_head, n_positions, vocab_size, n_inner, eps;
+} hf_config;
 
 typedef struct import_ctx {
-    const char *file;
-    const safetensors_file *st;
+    const char *file;           /* the input (file or directory), for messages */
+    safetensors_file **st;      /* the safetensors files (one, or the shards) */
+    char (*st_names)[PATH_MAX]; /* their paths */
+    size_t n_st;
+    hf_config hc;
     ckpt_tensor *out;
     size_t n_out;
     char (*names)[64];
@@ -58,13 +78,16 @@ static const char *strip(const char *n) {
     return strncmp(n, "transformer.", 12) == 0 ? n + 12 : n;
 }
 
-/* Find by orch name, with or without the prefix. */
-static const safetensors_tensor *find(const safetensors_file *f, const char *name) {
-    const safetensors_tensor *t = safetensors_find(f, name);
-    if (t) return t;
+/* Find by orch name, with or without the prefix, in any of the files. */
+static const safetensors_tensor *find(const import_ctx *ic, const char *name) {
     char buf[256];
     snprintf(buf, sizeof buf, "transformer.%s", name);
-    return safetensors_find(f, buf);
+    for (size_t i = 0; i < ic->n_st; i++) {
+        const safetensors_tensor *t = safetensors_find(ic->st[i], name);
+        if (!t) t = safetensors_find(ic->st[i], buf);
+        if (t) return t;
+    }
+    return NULL;
 }
 
 static int is_skipped(const char *n) {
@@ -74,10 +97,20 @@ static int is_skipped(const char *n) {
            (l >= 17 && strcmp(n + l - 17, ".attn.masked_bias") == 0);
 }
 
-/* Every tensor must be known or deliberately skipped; counts the layers. */
-static int scan_names(import_ctx *ic, char *err, size_t err_cap) {
-    for (size_t i = 0; i < safetensors_count(ic->st); i++) {
-        const char *n = strip(safetensors_get(ic->st, i)->name);
+/* Every tensor of file f must be known or deliberately skipped, and in no
+ * other file; counts the layers. */
+static int scan_file(import_ctx *ic, size_t f, char *err, size_t err_cap) {
+    const safetensors_file *st = ic->st[f];
+    for (size_t i = 0; i < safetensors_count(st); i++) {
+        const char *full = safetensors_get(st, i)->name;
+        for (size_t g = 0; g < f; g++) {
+            if (safetensors_find(ic->st[g], full)) {
+                util_set_err(err, err_cap, "%s: tensor '%s' is also in %s",
+                             ic->st_names[f], full, ic->st_names[g]);
+                return -1;
+            }
+        }
+        const char *n = strip(full);
         if (is_skipped(n)) continue;
         if (strncmp(n, "h.", 2) == 0) {
             char *end;
@@ -96,17 +129,24 @@ static int scan_names(import_ctx *ic, char *err, size_t err_cap) {
         util_set_err(err, err_cap,
                      "%s: unexpected tensor '%s' (not a GPT-2 "
                      "parameter in the Hugging Face layout)",
-                     ic->file, safetensors_get(ic->st, i)->name);
+                     ic->st_names[f], full);
         return -1;
+    }
+    return 0;
+}
+
+static int scan_names(import_ctx *ic, char *err, size_t err_cap) {
+    for (size_t f = 0; f < ic->n_st; f++) {
+        if (scan_file(ic, f, err, err_cap) != 0) return -1;
     }
     return 0;
 }
 
 /* Vocab, width, context and mlp width from wte, wpe and h.0.mlp.c_fc.bias. */
 static int read_shape(import_ctx *ic, char *err, size_t err_cap) {
-    const safetensors_tensor *wte = find(ic->st, "wte.weight");
-    const safetensors_tensor *wpe = find(ic->st, "wpe.weight");
-    const safetensors_tensor *fc = find(ic->st, "h.0.mlp.c_fc.bias");
+    const safetensors_tensor *wte = find(ic, "wte.weight");
+    const safetensors_tensor *wpe = find(ic, "wpe.weight");
+    const safetensors_tensor *fc = find(ic, "h.0.mlp.c_fc.bias");
     if (!wte || !wpe || ic->layers == 0 || !fc || wte->ndim != 2 || wpe->ndim != 2 ||
         fc->ndim != 1) {
         util_set_err(err, err_cap,
@@ -132,46 +172,118 @@ static int read_shape(import_ctx *ic, char *err, size_t err_cap) {
     return 0;
 }
 
-/* n_head / layer_norm_epsilon from a Hugging Face config.json. Returns 1 if
- * the file was read, 0 if it does not exist, -1 on a bad or unreadable file. */
-static int read_hf_config(const char *path, uint32_t *heads, double *eps, char *err,
-                          size_t err_cap) {
+/* A number field of config.json: 0 and *v (-1 when absent; -2 for null
+ * where null_ok), or -1 with err. */
+static int hf_num(const cJSON *j, const char *path, const char *key, int null_ok,
+                  double *v, char *err, size_t err_cap) {
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(j, key);
+    *v = -1;
+    if (!x) return 0;
+    if (null_ok && cJSON_IsNull(x)) {
+        *v = -2;
+        return 0;
+    }
+    if (!cJSON_IsNumber(x) || !(x->valuedouble > 0) || x->valuedouble > 1e9) {
+        util_set_err(err, err_cap, "%s: %s is not a positive number", path, key);
+        return -1;
+    }
+    *v = x->valuedouble;
+    return 0;
+}
+
+/* A field that, when present, must have the one value orch implements. */
+static int hf_require(const cJSON *j, const char *path, const char *key,
+                      const char *want_str, int want_bool, char *err, size_t err_cap) {
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(j, key);
+    if (!x || cJSON_IsNull(x)) return 0;
+    if (want_str) {
+        const char *alt = strcmp(want_str, "gelu_new") == 0 ? "gelu_pytorch_tanh" : NULL;
+        if (cJSON_IsString(x) && (strcmp(x->valuestring, want_str) == 0 ||
+                                  (alt && strcmp(x->valuestring, alt) == 0)))
+            return 0;
+        util_set_err(err, err_cap,
+                     "%s: %s %s%s%s is not supported (orch's GPT-2 has \"%s\")", path,
+                     key, cJSON_IsString(x) ? "\"" : "",
+                     cJSON_IsString(x) ? x->valuestring : json_read_type_name(x),
+                     cJSON_IsString(x) ? "\"" : "", want_str);
+        return -1;
+    }
+    if (cJSON_IsBool(x) && cJSON_IsTrue(x) == want_bool) return 0;
+    util_set_err(
+        err, err_cap, "%s: %s %s is not supported (orch's GPT-2 has %s)", path, key,
+        cJSON_IsBool(x) ? (cJSON_IsTrue(x) ? "true" : "false") : json_read_type_name(x),
+        want_bool ? "true" : "false");
+    return -1;
+}
+
+/* Read a Hugging Face config.json into ic->hc. Returns 1 if the file was
+ * read, 0 if it does not exist, -1 on a bad or unreadable file or a feature
+ * orch does not implement. */
+static int read_hf_config(import_ctx *ic, const char *path, char *err, size_t err_cap) {
     char *text = NULL;
     if (fsio_read_file(path, HF_CONFIG_MAX_BYTES, &text, NULL, err, err_cap) != 0)
         return errno == ENOENT ? 0 : -1;
     cJSON *j = cJSON_Parse(text);
     free(text);
-    if (!j) {
-        util_set_err(err, err_cap, "%s: not valid JSON", path);
+    if (!j || !cJSON_IsObject(j)) {
+        util_set_err(err, err_cap, "%s: %s", path,
+                     j ? "not a JSON object" : "not valid JSON");
+        cJSON_Delete(j);
         return -1;
     }
-    const cJSON *h = cJSON_GetObjectItemCaseSensitive(j, "n_head");
-    const cJSON *e = cJSON_GetObjectItemCaseSensitive(j, "layer_norm_epsilon");
-    if (cJSON_IsNumber(h) && h->valuedouble >= 1 && h->valuedouble < 65536)
-        *heads = (uint32_t)h->valuedouble;
-    if (cJSON_IsNumber(e) && e->valuedouble > 0) *eps = e->valuedouble;
+    hf_config *h = &ic->hc;
+    int rc =
+        hf_num(j, path, "n_embd", 0, &h->n_embd, err, err_cap) ||
+                hf_num(j, path, "n_layer", 0, &h->n_layer, err, err_cap) ||
+                hf_num(j, path, "n_head", 0, &h->n_head, err, err_cap) ||
+                hf_num(j, path, "n_positions", 0, &h->n_positions, err, err_cap) ||
+                hf_num(j, path, "vocab_size", 0, &h->vocab_size, err, err_cap) ||
+                hf_num(j, path, "n_inner", 1, &h->n_inner, err, err_cap) ||
+                hf_num(j, path, "layer_norm_epsilon", 0, &h->eps, err, err_cap) ||
+                hf_require(j, path, "model_type", "gpt2", 0, err, err_cap) ||
+                hf_require(j, path, "activation_function", "gelu_new", 0, err, err_cap) ||
+                hf_require(j, path, "tie_word_embeddings", NULL, 1, err, err_cap) ||
+                hf_require(j, path, "scale_attn_weights", NULL, 1, err, err_cap) ||
+                hf_require(j, path, "scale_attn_by_inverse_layer_idx", NULL, 0, err,
+                           err_cap) ||
+                hf_require(j, path, "add_cross_attention", NULL, 0, err, err_cap)
+            ? -1
+            : 1;
     cJSON_Delete(j);
-    return 1;
+    if (rc == 1 && h->n_head > 0) ic->heads = (uint32_t)h->n_head;
+    if (rc == 1 && h->eps > 0) ic->eps = h->eps;
+    return rc;
+}
+
+/* The config.json shape against the weights' (read_shape). */
+static int check_hf_shape(import_ctx *ic, const char *path, char *err, size_t err_cap) {
+    const hf_config *h = &ic->hc;
+    const struct {
+        const char *key;
+        double v;
+        uint64_t w;
+    } f[] = {
+        { "n_embd", h->n_embd, ic->C },
+        { "n_layer", h->n_layer, ic->layers },
+        { "n_positions", h->n_positions, ic->T },
+        { "vocab_size", h->vocab_size, ic->V },
+        { "n_inner", h->n_inner == -2 ? 4.0 * (double)ic->C : h->n_inner, ic->M },
+    };
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+        if (f[i].v < 0 || f[i].v == (double)f[i].w) continue;
+        util_set_err(err, err_cap, "%s: %s %.17g%s does not match the weights (%llu)",
+                     path, f[i].key, f[i].v,
+                     h->n_inner == -2 && i == 4 ? " (null: 4*n_embd)" : "",
+                     (unsigned long long)f[i].w);
+        return -1;
+    }
+    return 0;
 }
 
 /* Heads and epsilon: opts, then the HF config.json, then width/64. */
-static int resolve_heads(import_ctx *ic, const gpt2_import_opts *o, char *err,
-                         size_t err_cap) {
-    char path[PATH_MAX];
-    if (o->hf_config) {
-        snprintf(path, sizeof path, "%s", o->hf_config);
-    } else {
-        const char *slash = strrchr(o->input, '/');
-        snprintf(path, sizeof path, "%.*s/config.json",
-                 slash ? (int)(slash - o->input) : 1, slash ? o->input : ".");
-    }
-    char e2[1024];
-    int got = read_hf_config(path, &ic->heads, &ic->eps, e2, sizeof e2);
-    if (got < 0 || (got == 0 && o->hf_config)) {
-        if (got == 0) util_set_err(e2, sizeof e2, "%s: no such file", path);
-        util_set_err(err, err_cap, "%s%s", o->hf_config ? "--hf-config: " : "", e2);
-        return -1;
-    }
+static int resolve_heads(import_ctx *ic, const gpt2_import_opts *o, const char *path,
+                         int got, char *err, size_t err_cap) {
+    if (got && check_hf_shape(ic, path, err, err_cap) != 0) return -1;
     if (o->heads) ic->heads = o->heads;
     if (!ic->heads) {
         if (ic->C % 64 != 0) {
@@ -191,6 +303,106 @@ static int resolve_heads(import_ctx *ic, const gpt2_import_opts *o, char *err,
     return 0;
 }
 
+/* Open one more safetensors file. */
+static int add_file(import_ctx *ic, const char *path, char *err, size_t err_cap) {
+    if (ic->n_st == MAX_SHARDS) {
+        util_set_err(err, err_cap, "%s: more than %d shards", ic->file, MAX_SHARDS);
+        return -1;
+    }
+    snprintf(ic->st_names[ic->n_st], PATH_MAX, "%s", path);
+    if (safetensors_open(path, &ic->st[ic->n_st], err, err_cap) != 0) return -1;
+    ic->n_st++;
+    return 0;
+}
+
+/* The shards of DIR/model.safetensors.index.json: its "weight_map" {tensor:
+ * file} names files in DIR; every tensor it lists must be in the file it
+ * names, and every tensor of a shard listed there. */
+static int open_index(import_ctx *ic, const char *dir, const char *ipath, char *err,
+                      size_t err_cap) {
+    char *text = NULL;
+    if (fsio_read_file(ipath, HF_INDEX_MAX_BYTES, &text, NULL, err, err_cap) != 0)
+        return -1;
+    cJSON *j = cJSON_Parse(text);
+    free(text);
+    const cJSON *wm = cJSON_GetObjectItemCaseSensitive(j, "weight_map");
+    int rc = -1;
+    if (!cJSON_IsObject(wm) || !wm->child) {
+        util_set_err(err, err_cap, "%s: no \"weight_map\" object", ipath);
+        goto out;
+    }
+    for (const cJSON *e = wm->child; e; e = e->next) {
+        const char *fn = cJSON_IsString(e) ? e->valuestring : NULL;
+        if (!fn || !fn[0] || strchr(fn, '/') || strcmp(fn, ".") == 0 ||
+            strcmp(fn, "..") == 0) {
+            util_set_err(err, err_cap,
+                         "%s: weight_map[\"%s\"] is not a file name in the directory",
+                         ipath, e->string);
+            goto out;
+        }
+        char path[PATH_MAX];
+        if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, fn) >= sizeof path) {
+            util_set_err(err, err_cap, "%s/%s: path too long", dir, fn);
+            goto out;
+        }
+        size_t f = 0;
+        while (f < ic->n_st && strcmp(ic->st_names[f], path) != 0) f++;
+        if (f == ic->n_st && add_file(ic, path, err, err_cap) != 0) goto out;
+        if (!safetensors_find(ic->st[f], e->string)) {
+            util_set_err(err, err_cap, "%s: tensor '%s' is not in %s, as the index says",
+                         ipath, e->string, fn);
+            goto out;
+        }
+    }
+    for (size_t f = 0; f < ic->n_st; f++) {
+        for (size_t i = 0; i < safetensors_count(ic->st[f]); i++) {
+            const char *n = safetensors_get(ic->st[f], i)->name;
+            const cJSON *e = cJSON_GetObjectItemCaseSensitive(wm, n);
+            const char *slash = strrchr(ic->st_names[f], '/');
+            if (!e || strcmp(e->valuestring, slash + 1) != 0) {
+                util_set_err(err, err_cap, "%s: tensor '%s' is not in the index %s",
+                             ic->st_names[f], n, ipath);
+                goto out;
+            }
+        }
+    }
+    rc = 0;
+out:
+    cJSON_Delete(j);
+    return rc;
+}
+
+/* The input: a Hugging Face directory (model.safetensors, else the index's
+ * shards; config.json inside) or one safetensors file (config.json beside
+ * it). cfg_path receives the config.json to read. */
+static int open_input(import_ctx *ic, const gpt2_import_opts *o, char *cfg_path,
+                      size_t cap, char *err, size_t err_cap) {
+    ic->st = util_calloc(MAX_SHARDS, sizeof *ic->st);
+    ic->st_names = util_calloc(MAX_SHARDS, sizeof *ic->st_names);
+    if (!ic->st || !ic->st_names) return oom(ic, err, err_cap);
+    const char *in = o->input;
+    if (!ckpt_is_dir(in)) {
+        const char *slash = strrchr(in, '/');
+        snprintf(cfg_path, cap, "%.*s/config.json", slash ? (int)(slash - in) : 1,
+                 slash ? in : ".");
+        return add_file(ic, in, err, err_cap);
+    }
+    char one[PATH_MAX], idx[PATH_MAX];
+    if ((size_t)snprintf(one, sizeof one, "%s/model.safetensors", in) >= sizeof one ||
+        (size_t)snprintf(idx, sizeof idx, "%s/" HF_INDEX_FILE, in) >= sizeof idx) {
+        util_set_err(err, err_cap, "%s: path too long", in);
+        return -1;
+    }
+    snprintf(cfg_path, cap, "%s/config.json", in);
+    if (ckpt_exists(one)) return add_file(ic, one, err, err_cap);
+    if (ckpt_exists(idx)) return open_index(ic, in, idx, err, err_cap);
+    util_set_err(err, err_cap,
+                 "%s: holds neither model.safetensors nor " HF_INDEX_FILE
+                 " (not a Hugging Face model directory)",
+                 in);
+    return -1;
+}
+
 /* Shape text "[a,b,...]" of t. */
 static void shape_text(const safetensors_tensor *t, char *out, size_t cap) {
     size_t n = (size_t)snprintf(out, cap, "[");
@@ -204,7 +416,7 @@ static void shape_text(const safetensors_tensor *t, char *out, size_t cap) {
  * into out[n_out]. conv1d: the file holds [cols, rows]. */
 static int take(import_ctx *ic, const char *name, uint64_t rows, uint64_t cols,
                 int conv1d, char *err, size_t err_cap) {
-    const safetensors_tensor *t = find(ic->st, name);
+    const safetensors_tensor *t = find(ic, name);
     if (!t) {
         util_set_err(err, err_cap, "%s: missing tensor '%s'", ic->file, name);
         return -1;
@@ -421,18 +633,24 @@ int gpt2_import(const gpt2_import_opts *o, gpt2_import_result *r, int *err_kind,
         util_set_err(err, err_cap, "--tokenizer: '%s' is not gpt2 or byte", o->tokenizer);
         return -1;
     }
-    safetensors_file *st = NULL;
-    if (safetensors_open(o->input, &st, err, err_cap) != 0) return -1;
     import_ctx ic;
     memset(&ic, 0, sizeof ic);
     ic.file = o->input;
-    ic.st = st;
     ic.eps = 1e-5;
     ic.kind = GPT2_IMPORT_ERR_INPUT;
-    char *state_text = NULL, *cfg_text = NULL;
+    char *state_text = NULL, *cfg_text = NULL, cfg_path[PATH_MAX];
     int rc = -1;
+    if (open_input(&ic, o, cfg_path, sizeof cfg_path, err, err_cap) != 0) goto out;
+    if (o->hf_config) snprintf(cfg_path, sizeof cfg_path, "%s", o->hf_config);
+    char e2[1024];
+    int got = read_hf_config(&ic, cfg_path, e2, sizeof e2);
+    if (got < 0 || (got == 0 && o->hf_config)) {
+        if (got == 0) util_set_err(e2, sizeof e2, "%s: no such file", cfg_path);
+        util_set_err(err, err_cap, "%s%s", o->hf_config ? "--hf-config: " : "", e2);
+        goto out;
+    }
     if (scan_names(&ic, err, err_cap) != 0 || read_shape(&ic, err, err_cap) != 0 ||
-        resolve_heads(&ic, o, err, err_cap) != 0)
+        resolve_heads(&ic, o, cfg_path, got, err, err_cap) != 0)
         goto out;
     ic.tok = o->tokenizer ? o->tokenizer : ic.V >= 50257 ? "gpt2" : "byte";
     if (convert_all(&ic, err, err_cap) != 0 ||
@@ -458,6 +676,8 @@ out:
     free(ic.names);
     free(state_text);
     free(cfg_text);
-    safetensors_close(st);
+    for (size_t i = 0; i < ic.n_st; i++) safetensors_close(ic.st[i]);
+    free(ic.st);
+    free(ic.st_names);
     return rc;
 }

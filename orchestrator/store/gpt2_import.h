@@ -2,7 +2,14 @@
  * gpt2_import.h - converting GPT-2 weights in the Hugging Face layout
  * (model.safetensors of GPT2Model / GPT2LMHeadModel) into an orch checkpoint
  * directory that generate, eval and serve load and that `orch train --init
- * DIR` fine-tunes (the library behind `orch import-gpt2`).
+ * DIR` fine-tunes (the library behind `orch import hf` and its old name
+ * `orch import-gpt2`).
+ *
+ * Input: a Hugging Face model directory (config.json plus model.safetensors,
+ * else the shards that model.safetensors.index.json's "weight_map" names:
+ * plain file names in the directory; every tensor listed must be in the shard
+ * it names and every shard tensor listed, no tensor in two shards), or one
+ * safetensors file (config.json beside it is read when present).
  *
  * Mapping: names lose an optional "transformer." prefix; Conv1D weights
  * (attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj), stored [in, out], are
@@ -18,7 +25,12 @@
  * else n_head of the Hugging Face config.json (opts->hf_config, else
  * config.json next to the input when it exists), else width/64 (every
  * released GPT-2 has 64-wide heads). layer_norm_epsilon from that config.json
- * too (default 1e-5).
+ * too (default 1e-5). The config.json shape (n_embd, n_layer, n_positions,
+ * vocab_size, n_inner: null = 4*n_embd), where given, must match the weights';
+ * model_type other than "gpt2", activation_function other than "gelu_new" /
+ * "gelu_pytorch_tanh", tie_word_embeddings false, scale_attn_weights false,
+ * scale_attn_by_inverse_layer_idx or add_cross_attention true are refused by
+ * name (orch's GPT-2 does not implement them).
  *
  * Config: the model section from the weights; train/data/engine from
  * opts->base_config when given (data.tokenizer set to the tokenizer), else
@@ -67,6 +79,13 @@ typedef struct gpt2_import_result {
 
 int gpt2_import(const gpt2_import_opts *o, gpt2_import_result *r, int *err_kind,
                 char *err, size_t err_cap);
+
+/* The Hugging Face names of one GPT-2 layer's tensors, in engine order:
+ * suffix k (k < GPT2_HF_LAYER_TENSORS) after "h.N.", and in *conv1d whether
+ * it is a Conv1D weight, stored [in, out] by Hugging Face and [out, in] by
+ * orch (also used by hf_export.c). NULL for k out of range. */
+#define GPT2_HF_LAYER_TENSORS 12
+const char *gpt2_hf_layer_tensor(size_t k, int *conv1d);
 
 /* The shape of an imported GPT-2 (also used by gguf_import.c). */
 typedef struct gpt2_import_model {
