@@ -27,9 +27,9 @@ static const command commands[] = {
     { "bench", cmd_bench, "training and inference benchmarks" },
     { "info", cmd_info, "show an engine's name, ABI, capabilities and probe" },
     { "config", cmd_config, "validate a config file (config check FILE)" },
-    { "import-gpt2", cmd_import_gpt2, "import Hugging Face GPT-2 weights" },
-    { "export", cmd_export, "write a checkpoint as GGUF (export gguf CKPT --out F)" },
-    { "import", cmd_import, "a GGUF file as a checkpoint (import gguf F --out DIR)" },
+    { "import-gpt2", cmd_import_gpt2, "the old name of import hf" },
+    { "export", cmd_export, "a checkpoint as GGUF or Hugging Face (export gguf|hf)" },
+    { "import", cmd_import, "GGUF or Hugging Face as a checkpoint (import gguf|hf)" },
 };
 
 static void usage(FILE *f) {

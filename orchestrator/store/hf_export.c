@@ -24,10 +24,10 @@
 #include "orchestrator/store/gpt2_import.h"
 #include "orchestrator/store/safetensors.h"
 
-#define GPT2_EOT           50256
-#define GPT2_VOCAB_TOKENS  50257
-#define VOCAB_FILE_MAX     ((size_t)64 << 20)
-#define HF_PREFIX          "transformer."
+#define GPT2_EOT          50256
+#define GPT2_VOCAB_TOKENS 50257
+#define VOCAB_FILE_MAX    ((size_t)64 << 20)
+#define HF_PREFIX         "transformer."
 
 typedef struct hx_ctx {
     const hf_export_opts *o;
@@ -68,7 +68,8 @@ static void tensor_at(const config_model *m, size_t k, char *name, size_t cap,
     }
     k -= 2;
     if (k >= (size_t)m->layers * nl) {
-        snprintf(name, cap, "%s", k == (size_t)m->layers * nl ? "ln_f.weight" : "ln_f.bias");
+        snprintf(name, cap, "%s",
+                 k == (size_t)m->layers * nl ? "ln_f.weight" : "ln_f.bias");
         return;
     }
     const char *sfx = gpt2_hf_layer_tensor(k % nl, conv1d);
@@ -103,7 +104,8 @@ static const safetensors_tensor *source(hx_ctx *x, size_t k, char *name, int *co
         util_set_err(err, err_cap, "%s: missing tensor '%s'", x->ck.st_path, name);
         return NULL;
     }
-    if (t->ndim != nd || t->shape[0] != shape[0] || (nd == 2 && t->shape[1] != shape[1])) {
+    if (t->ndim != nd || t->shape[0] != shape[0] ||
+        (nd == 2 && t->shape[1] != shape[1])) {
         util_set_err(
             err, err_cap,
             "%s: tensor '%s' does not have the shape of the config ([%llu%s%.0llu])",
@@ -131,7 +133,8 @@ static int write_weights(hx_ctx *x, hf_export_result *r, char *err, size_t err_c
     safetensors_writer *w = NULL;
     size_t n = tensor_count(x->m);
     if (safetensors_count(x->ck.st) != n) {
-        util_set_err(err, err_cap, "%s: holds %zu tensors, a gpt2 model of %u layers has %zu",
+        util_set_err(err, err_cap,
+                     "%s: holds %zu tensors, a gpt2 model of %u layers has %zu",
                      x->ck.st_path, safetensors_count(x->ck.st), x->m->layers, n);
         return fail(x, GPT2_IMPORT_ERR_INPUT);
     }
@@ -154,7 +157,8 @@ static int write_weights(hx_ctx *x, hf_export_result *r, char *err, size_t err_c
         uint64_t shape[2] = { t->shape[0], t->ndim == 2 ? t->shape[1] : 0 };
         if (conv1d) shape[0] = t->shape[1], shape[1] = t->shape[0];
         snprintf(hf, sizeof hf, HF_PREFIX "%s", name);
-        if (safetensors_writer_declare(w, hf, x->dtype, t->ndim, shape, err, err_cap) != 0)
+        if (safetensors_writer_declare(w, hf, x->dtype, t->ndim, shape, err, err_cap) !=
+            0)
             goto runtime;
         r->params += t->numel;
     }
@@ -207,7 +211,8 @@ runtime:
 }
 
 /* Print doc into the temp directory as NAME (doc is deleted). */
-static int write_json(hx_ctx *x, const char *name, cJSON *doc, char *err, size_t err_cap) {
+static int write_json(hx_ctx *x, const char *name, cJSON *doc, char *err,
+                      size_t err_cap) {
     char path[PATH_MAX + 64];
     char *text = doc ? cJSON_Print(doc) : NULL;
     cJSON_Delete(doc);
@@ -224,8 +229,9 @@ static int write_json(hx_ctx *x, const char *name, cJSON *doc, char *err, size_t
 }
 
 static const char *torch_dtype(int dtype) {
-    return dtype == SAFETENSORS_F16 ? "float16" : dtype == SAFETENSORS_BF16 ? "bfloat16"
-                                                                              : "float32";
+    return dtype == SAFETENSORS_F16    ? "float16"
+           : dtype == SAFETENSORS_BF16 ? "bfloat16"
+                                       : "float32";
 }
 
 static int write_configs(hx_ctx *x, char *err, size_t err_cap) {
@@ -326,9 +332,10 @@ static int check_input(hx_ctx *x, hf_export_result *r, char *err, size_t err_cap
     snprintf(r->warn, sizeof r->warn, "%s", x->ck.warn);
     x->m = &x->ck.cfg->model;
     if (strcmp(x->m->arch, "gpt2") != 0) {
-        util_set_err(err, err_cap,
-                     "%s: model.arch '%s' has no Hugging Face export yet (supported: gpt2)",
-                     r->ckpt_dir, x->m->arch);
+        util_set_err(
+            err, err_cap,
+            "%s: model.arch '%s' has no Hugging Face export yet (supported: gpt2)",
+            r->ckpt_dir, x->m->arch);
         return -1;
     }
     if (x->m->kv_heads != x->m->heads) {
