@@ -78,13 +78,22 @@ CK=run_gpt2/$(cat run_gpt2/latest)
 expect_err 2 "--type: 'q8_0' is not f32, f16 or bf16" "$ORCH_BIN" export hf run_gpt2 --out x --type q8_0
 mkdir taken
 expect_err 2 "taken: already exists" "$ORCH_BIN" export hf run_gpt2 --out taken
+# A llama checkpoint (no engine trains one yet): the gpt2 one relabelled, checksums redone.
+cp -r "$CK" ck_llama
+python3 -c 'import json; p="ck_llama/state.json"; j=json.load(open(p)); j["config"]["model"]["arch"]="llama"; json.dump(j,open(p,"w"))'
+(cd ck_llama && awk '{print $2}' checksums.sha256 | xargs sha256sum >sums.new && mv sums.new checksums.sha256)
+expect_err 2 "model.arch 'llama' has no Hugging Face export yet" "$ORCH_BIN" export hf ck_llama --out x
+compgen -G "*.tmp-*" >/dev/null && fail "a refused export left $(compgen -G "*.tmp-*")"
+[ -e x ] && fail "a refused export left x"
 
 # 3. Byte tokenizer: weights and configs, no tokenizer files, one warning line.
 "$ORCH_BIN" export hf run_byte --out hf_byte >exp.log 2>err.txt || { cat err.txt; fail "export byte"; }
-[ "$(wc -l <err.txt)" -eq 1 ] && grep -q "byte tokenizer has no Hugging Face equivalent" err.txt ||
-  fail "byte export stderr: $(cat err.txt)"
-[ -f hf_byte/config.json ] && [ -f hf_byte/model.safetensors ] && [ ! -e hf_byte/vocab.json ] ||
-  fail "byte export files: $(ls hf_byte)"
+[ "$(wc -l <err.txt)" -eq 1 ] || fail "byte export: not one line on stderr: $(cat err.txt)"
+grep -q "byte tokenizer has no Hugging Face equivalent" err.txt || fail "byte export stderr: $(cat err.txt)"
+for f in config.json generation_config.json model.safetensors; do
+  [ -f hf_byte/$f ] || fail "byte export lacks $f"
+done
+[ -e hf_byte/vocab.json ] && fail "byte export wrote vocab.json"
 "$ORCH_BIN" import hf hf_byte --out imp_byte >imp.log 2>&1 || { cat imp.log; fail "import byte"; }
 grep -q "vocab 256, context 32, .* tokenizer byte" imp.log || fail "byte import: $(cat imp.log)"
 python3 "$TOOL" same run_byte/"$(cat run_byte/latest)"/model.safetensors imp_byte/model.safetensors >/dev/null ||
@@ -94,12 +103,12 @@ python3 "$TOOL" same run_byte/"$(cat run_byte/latest)"/model.safetensors imp_byt
 "$ORCH_BIN" export hf run_gpt2 --out hf_gpt2 >exp.log 2>err.txt || { cat err.txt; fail "export gpt2"; }
 [ -s err.txt ] && fail "gpt2 export printed: $(cat err.txt)"
 grep -q "2 layers, 28 tensors, .* type f32 -> hf_gpt2" exp.log || fail "export summary: $(cat exp.log)"
-[ ! -e hf_gpt2.tmp-* ] 2>/dev/null || fail "temp directory left behind"
+compgen -G "*.tmp-*" >/dev/null && fail "temp directory left behind: $(compgen -G "*.tmp-*")"
 python3 "$TOOL" layout hf_gpt2 "$CK" || fail "exported layout"
 VDIR=${ORCH_DATA_DIR:-$ROOT/data}/gpt2
 if [ -f "$VDIR/encoder.json" ]; then
-  cmp -s hf_gpt2/vocab.json "$VDIR/encoder.json" && cmp -s hf_gpt2/merges.txt "$VDIR/vocab.bpe" ||
-    fail "vocab.json / merges.txt are not GPT-2's encoder.json / vocab.bpe"
+  cmp -s hf_gpt2/vocab.json "$VDIR/encoder.json" || fail "vocab.json is not GPT-2's encoder.json"
+  cmp -s hf_gpt2/merges.txt "$VDIR/vocab.bpe" || fail "merges.txt is not GPT-2's vocab.bpe"
 fi
 "$ORCH_BIN" import hf hf_gpt2 --out imp_gpt2 >imp.log 2>&1 || { cat imp.log; fail "import hf"; }
 grep -q "2 layers, 2 heads, width 32, mlp 128, vocab 50304, context 32, .* tokenizer gpt2" imp.log ||
