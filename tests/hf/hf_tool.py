@@ -190,6 +190,8 @@ def cmd_logits(hf_dir, port, ids):
     for k, v in header.items():
         if k == "__metadata__":
             continue
+        if v["dtype"] != "F32":
+            fail(f"{k}: dtype {v['dtype']} (logits reads F32 exports)")
         P[k[len("transformer."):]] = torch.tensor(floats(header, data, k),
                                                   dtype=torch.float64).view(v["shape"])
     C, NH, eps = cfg["n_embd"], cfg["n_head"], cfg["layer_norm_epsilon"]
