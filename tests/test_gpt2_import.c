@@ -4,8 +4,9 @@
  * the safetensors writer; F32, F16 and BF16 tensors, Conv1D [in, out]
  * weights, optional "transformer." prefix, attention-mask buffers and
  * lm_head) is imported and every tensor, the config, state.json and the
- * result are checked exactly; then each refusal, with its exact message and
- * error kind, leaving no output behind.
+ * result are checked exactly; the same from a Hugging Face directory
+ * (config.json, two shards and model.safetensors.index.json); then each
+ * refusal, with its exact message and error kind, leaving no output behind.
  */
 #include <check.h>
 #include <cjson/cJSON.h>
@@ -489,6 +490,87 @@ START_TEST(refusals) {
 }
 END_TEST
 
+/* A Hugging Face directory: config.json (the shape, checked against the
+ * weights) and two shards listed in model.safetensors.index.json. */
+START_TEST(directory_config_and_shards) {
+    char sub[200], path[300], out[300], err[1024], want[1024];
+    snprintf(sub, sizeof sub, "%s/hf", dir);
+    ck_assert_int_eq(mkdir(sub, 0755), 0);
+    snprintf(out, sizeof out, "%s/ck", dir);
+    hf_model m = tiny("transformer.", 1), a = m, b = m;
+    a.n = m.n / 2;
+    b.n = m.n - a.n;
+    memmove(b.t, m.t + a.n, (size_t)b.n * sizeof b.t[0]);
+    snprintf(path, sizeof path, "%s/a.safetensors", sub);
+    write_model(path, &a);
+    snprintf(path, sizeof path, "%s/b.safetensors", sub);
+    write_model(path, &b);
+    cJSON *idx = cJSON_CreateObject(), *wm = cJSON_AddObjectToObject(idx, "weight_map");
+    for (int k = 0; k < m.n; k++)
+        cJSON_AddStringToObject(wm, m.t[k].name,
+                                k < a.n ? "a.safetensors" : "b.safetensors");
+    char *text = cJSON_Print(idx);
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", sub);
+    write_text(path, text);
+    free(text);
+    char cfg[300];
+    snprintf(cfg, sizeof cfg, "%s/config.json", sub);
+    write_text(cfg,
+               "{\"model_type\": \"gpt2\", \"n_embd\": 8, \"n_layer\": 2, \"n_head\": 2, "
+               "\"n_positions\": 16, \"vocab_size\": 256, \"n_inner\": null, "
+               "\"activation_function\": \"gelu_new\", \"tie_word_embeddings\": true}");
+    gpt2_import_opts o = opts(sub, out);
+    gpt2_import_result r;
+    int kind = 0;
+    ck_assert_msg(gpt2_import(&o, &r, &kind, err, sizeof err) == 0, "%s", err);
+    ck_assert_uint_eq(r.heads, 2);
+    ck_assert_uint_eq(r.layers, 2);
+    check_tensors(out);
+    test_rmdir(out);
+
+    /* config.json disagreeing with the weights, or asking for more. */
+    write_text(cfg, "{\"n_head\": 2, \"n_layer\": 3}");
+    snprintf(want, sizeof want, "%s: n_layer 3 does not match the weights (2)", cfg);
+    expect_fail(&o, GPT2_IMPORT_ERR_INPUT, want);
+    write_text(cfg, "{\"n_head\": 2, \"n_inner\": 64}");
+    snprintf(want, sizeof want, "%s: n_inner 64 does not match the weights (32)", cfg);
+    expect_fail(&o, GPT2_IMPORT_ERR_INPUT, want);
+    write_text(cfg, "{\"n_head\": 2, \"scale_attn_by_inverse_layer_idx\": true}");
+    snprintf(want, sizeof want,
+             "%s: scale_attn_by_inverse_layer_idx true is not supported (orch's GPT-2 "
+             "has false)",
+             cfg);
+    expect_fail(&o, GPT2_IMPORT_ERR_INPUT, want);
+    write_text(cfg, "{\"n_head\": 2}");
+
+    /* The index must agree with the shards. */
+    cJSON_ReplaceItemInObjectCaseSensitive(wm, m.t[0].name,
+                                           cJSON_CreateString("b.safetensors"));
+    text = cJSON_Print(idx);
+    write_text(path, text);
+    free(text);
+    snprintf(want, sizeof want,
+             "%s: tensor '%s' is not in b.safetensors, as the index says", path,
+             m.t[0].name);
+    expect_fail(&o, GPT2_IMPORT_ERR_INPUT, want);
+    cJSON_DeleteItemFromObjectCaseSensitive(wm, m.t[0].name);
+    text = cJSON_Print(idx);
+    write_text(path, text);
+    free(text);
+    snprintf(want, sizeof want, "%s/a.safetensors: tensor '%s' is not in the index %s",
+             sub, m.t[0].name, path);
+    expect_fail(&o, GPT2_IMPORT_ERR_INPUT, want);
+    cJSON_Delete(idx);
+    unlink(path);
+    snprintf(
+        want, sizeof want,
+        "%s: holds neither model.safetensors nor model.safetensors.index.json (not a "
+        "Hugging Face model directory)",
+        sub);
+    expect_fail(&o, GPT2_IMPORT_ERR_INPUT, want);
+}
+END_TEST
+
 static Suite *gpt2_import_suite(void) {
     Suite *s = suite_create("gpt2_import");
     TCase *tc = tcase_create("import");
@@ -497,6 +579,7 @@ static Suite *gpt2_import_suite(void) {
     tcase_add_test(tc, prefix_buffers_and_hf_config);
     tcase_add_test(tc, base_config_sections);
     tcase_add_test(tc, refusals);
+    tcase_add_test(tc, directory_config_and_shards);
     suite_add_tcase(s, tc);
     return s;
 }
