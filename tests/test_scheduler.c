@@ -918,6 +918,23 @@ static uint32_t forced_xyz(sched_seq *q, int32_t *out, uint32_t cap, int *comple
     return k;
 }
 
+/* The expected 12 tokens of a 3-token prompt under forced_xyz: greedy over
+ * everything so far (forced tokens included, so their KV must have been
+ * computed), then XYZ, until 12 tokens. want: 13 bytes. */
+static void predict_forced_xyz(const int32_t p[3], char *want) {
+    int32_t all[64];
+    uint32_t n_all = 3, n_out = 0;
+    memcpy(all, p, 3 * sizeof *p);
+    while (n_out < 12) {
+        uint64_t sum = 0;
+        for (uint32_t i = 0; i < n_all; i++) sum += (uint64_t)all[i];
+        all[n_all++] = 97 + (int32_t)(sum % 26);
+        want[n_out++] = (char)all[n_all - 1];
+        for (int k = 0; k < 3; k++) want[n_out++] = (char)(all[n_all++] = "XYZ"[k]);
+    }
+    want[12] = '\0';
+}
+
 START_TEST(forced_tokens_hook) {
     start(256, 32, 4, 64, 100, NULL);
     int32_t p[3] = { 'j', 'f', 'w' };
@@ -927,20 +944,8 @@ START_TEST(forced_tokens_hook) {
     q.forced_tokens = forced_xyz;
     submit_all(&q, 1);
     wait_finished(1);
-    /* expected: greedy over everything so far (forced tokens included, so
-     * their KV must have been computed), then XYZ, until 12 tokens */
-    int32_t all[64];
-    uint32_t n_all = 3, n_out = 0;
-    memcpy(all, p, sizeof p);
     char want[16];
-    while (n_out < 12) {
-        uint64_t sum = 0;
-        for (uint32_t i = 0; i < n_all; i++) sum += (uint64_t)all[i];
-        all[n_all++] = 97 + (int32_t)(sum % 26);
-        want[n_out++] = (char)all[n_all - 1];
-        for (int k = 0; k < 3; k++) want[n_out++] = (char)(all[n_all++] = "XYZ"[k]);
-    }
-    want[12] = '\0';
+    predict_forced_xyz(p, want);
     ck_assert_int_eq(q.finish, SCHED_FINISH_STOP);
     ck_assert_uint_eq(q.n_out, 12);
     ck_assert_str_eq(q.text, want);
@@ -975,18 +980,8 @@ START_TEST(forced_tokens_after_fork_copy_shared_block) {
     }
     submit_all(q, 2);
     wait_finished(2);
-    int32_t all[64];
-    uint32_t n_all = 3, n_out = 0;
-    memcpy(all, p, sizeof p);
     char want[16];
-    while (n_out < 12) {
-        uint64_t sum = 0;
-        for (uint32_t i = 0; i < n_all; i++) sum += (uint64_t)all[i];
-        all[n_all++] = 97 + (int32_t)(sum % 26);
-        want[n_out++] = (char)all[n_all - 1];
-        for (int k = 0; k < 3; k++) want[n_out++] = (char)(all[n_all++] = "XYZ"[k]);
-    }
-    want[12] = '\0';
+    predict_forced_xyz(p, want);
     for (int i = 0; i < 2; i++) {
         ck_assert_msg(q[i].finish == SCHED_FINISH_STOP, "choice %d: finish %d: %s", i,
                       q[i].finish, q[i].error);
