@@ -533,8 +533,9 @@ typedef struct amx_cfg {
 
 #define AMX_GROUP 4
 /* Weight blocks fetched ahead of the tile loads, into L2: 16 blocks (9 KiB)
- * ahead with PREFETCHT1 decoded 16 sequences 5-16% faster than 8 ahead into
- * L1 on the AMX Xeon of the README (3 paired rounds, 2026-12-01). */
+ * ahead with PREFETCHT1 decoded 16 sequences 2-16% faster than 8 ahead into
+ * L1 on the AMX Xeon of the README (6 paired rounds, 2026-12-01; median of
+ * the quiet-machine rounds about 2%). */
 #ifndef AMX_PREFETCH
 #define AMX_PREFETCH 16
 #endif
