@@ -92,6 +92,9 @@ expect 2 "orch: error: import-gpt2: more than one input file given ('a', 'b')" \
   "$ORCH_BIN" import-gpt2 a b --out x
 expect 2 "orch: error: config check: more than one FILE given ('a', 'b')" \
   "$ORCH_BIN" config check a b
+# a well-formed config that no engine of this build runs is refused by check
+expect 2 "orch: error: $root/configs/tiny-test.json: model.arch: 'llama' is not run by any engine of this build (mock, cpu and cuda run gpt2); a library that runs it can be named with orch train --engine=FILE.so" \
+  "$ORCH_BIN" config check "$root/configs/tiny-test.json" --set model.arch=llama
 
 # "--name=value" and "--name value" are the same flag.
 cfg="$root/configs/tiny-test.json"

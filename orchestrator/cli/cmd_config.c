@@ -20,7 +20,8 @@ static const char usage_text[] =
     "\n"
     "check: validate a run configuration without running it; prints\n"
     "  a one-line summary, or one error line naming the JSON path and\n"
-    "  the problem (exit 2).\n"
+    "  the problem (exit 2), also for a model no engine of this build\n"
+    "  runs (model.arch other than gpt2).\n"
     "show: print the merged configuration (defaults filled in; the\n"
     "  model section as given) as JSON.\n"
     "\n";
@@ -89,6 +90,16 @@ int cmd_config(int argc, char **argv) {
     } else {
         const config_model *m = &cfg->model;
         const config_train *t = &cfg->train;
+        if (strcmp(m->arch, "gpt2") != 0) {
+            /* The config is well-formed, but none of this build's engines
+             * (engines/common refuses other architectures) would run it. */
+            util_error("%s: model.arch: '%s' is not run by any engine of this build "
+                       "(mock, cpu and cuda run gpt2); a library that runs it can be "
+                       "named with orch train --engine=FILE.so",
+                       file, m->arch);
+            config_free(cfg);
+            return ORCH_EXIT_USAGE;
+        }
         /* GPT-2 parameter count: embeddings, blocks, final LayerNorm. */
         double C = m->width, M = m->mlp_width, L = m->layers;
         double params =
