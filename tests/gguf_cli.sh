@@ -15,21 +15,8 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 cd "$work" || exit 1
-command -v python3 >/dev/null || { echo "skip: python3 not found"; exit 77; }
-echo x | "$ORCH_BIN" tokenize --tokenizer gpt2 >/dev/null 2>&1 || { echo "skip: GPT-2 vocabulary missing (run tools/setup.sh)"; exit 77; }
-ENGINE=mock
-[ -f "$(dirname "$ORCH_BIN")/libengine_cpu.so" ] && ENGINE=cpu
-
-# expect_err STATUS TEXT CMD...: fails unless CMD exits STATUS with one stderr
-# line containing TEXT.
-expect_err() {
-  local want=$1 text=$2; shift 2
-  "$@" >out.txt 2>err.txt
-  local rc=$?
-  [ "$rc" -eq "$want" ] || { cat err.txt; fail "$* exited $rc, not $want"; }
-  [ "$(wc -l <err.txt)" -eq 1 ] || { cat err.txt; fail "$*: not one line on stderr"; }
-  grep -qF -- "$text" err.txt || fail "$*: '$(cat err.txt)' lacks '$text'"
-}
+# shellcheck source=tests/lib/format_cli.sh
+source "$ROOT/tests/lib/format_cli.sh"
 
 # 1. Help and usage errors.
 for c in "export --help" "export gguf --help" "import --help" "import gguf -h"; do
