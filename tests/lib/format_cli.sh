@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # tests/lib/format_cli.sh - sourced by the model-format CLI suites
 # (gguf_cli.sh, hf_cli.sh) after they cd into their work directory and
 # define fail(): skips without python3 or the GPT-2 vocabulary, picks the
