@@ -11,6 +11,8 @@
  *   - abi_major must equal ORCH_ENGINE_ABI_MAJOR exactly; a mismatch is refused.
  *   - abi_minor grows when members are APPENDED to a struct. Nothing is ever
  *     reordered or removed inside a major version.
+ *     1.0: GPT-2. 1.1: ORCH_ARCH_LLAMA and the orch_model_desc members after
+ *     rope_theta (flags, rope scaling).
  *   - Every struct that crosses the boundary starts with (or contains) a
  *     struct_size field. A reader checks struct_size covers a member before using
  *     it, and a function-pointer member must also be non-NULL before it is called
@@ -64,6 +66,35 @@
  *     ln_f.weight [C]  ln_f.bias [C]
  *   The LM head is tied to wte.weight. Any vocab padding an engine uses
  *   internally is invisible here.
+ *   LLaMA names and shapes (ORCH_ARCH_LLAMA, ABI 1.1; Hugging Face's names and
+ *   nn.Linear layout [out, in]); D = width/heads (head size), H = heads,
+ *   KV = kv_heads, M = mlp_width:
+ *     model.embed_tokens.weight [V,C]
+ *     model.layers.i.input_layernorm.weight [C]
+ *     model.layers.i.self_attn.q_proj.weight [H*D,C]
+ *     model.layers.i.self_attn.k_proj.weight [KV*D,C]
+ *     model.layers.i.self_attn.v_proj.weight [KV*D,C]
+ *     model.layers.i.self_attn.o_proj.weight [C,H*D]
+ *     model.layers.i.post_attention_layernorm.weight [C]
+ *     model.layers.i.mlp.gate_proj.weight [M,C]
+ *     model.layers.i.mlp.up_proj.weight [M,C]
+ *     model.layers.i.mlp.down_proj.weight [C,M]
+ *     model.norm.weight [C]
+ *     lm_head.weight [V,C]   only with ORCH_MODEL_FLAG_UNTIED_HEAD; else the
+ *                            head is tied to model.embed_tokens.weight
+ *   The LLaMA block: h = x + o_proj(attn(rope(q), rope(k), v)) on
+ *   RMSNorm(x)*input_layernorm; out = h + down_proj(silu(gate_proj(n)) *
+ *   up_proj(n)) with n = RMSNorm(h)*post_attention_layernorm; RMSNorm(x) =
+ *   x / sqrt(mean(x^2) + layernorm_eps); no biases. Query head j attends with
+ *   key/value head j / (H/KV) (grouped-query attention). RoPE is Hugging
+ *   Face's "rotate half" form: within a head, element d < D/2 pairs with
+ *   d + D/2, rotated by angle pos * inv_freq[d], inv_freq[d] =
+ *   rope_theta^(-2d/D), adjusted by rope_scaling (ORCH_ROPE_*) exactly as
+ *   transformers' rope init functions do ("linear": inv_freq / factor;
+ *   "llama3": wavelengths above original_context/low_freq_factor divided by
+ *   factor, below original_context/high_freq_factor kept, smooth in between).
+ *   Initialisation: N(0,0.02) matrices, o_proj and down_proj
+ *   N(0,0.02/sqrt(2*layers)), RMSNorm weights 1; 1-D tensors carry NO_DECAY.
  *   The flat gradient buffer (grads_read / grads_write) is the concatenation of
  *   all parameter tensors in table order; its length is the sum of their numel.
  *
@@ -89,7 +120,7 @@ extern "C" {
 #endif
 
 #define ORCH_ENGINE_ABI_MAJOR    1u
-#define ORCH_ENGINE_ABI_MINOR    0u
+#define ORCH_ENGINE_ABI_MINOR    1u
 #define ORCH_ENGINE_ENTRY_SYMBOL "orch_engine_get_api"
 
 #if defined(_WIN32)
@@ -119,8 +150,19 @@ typedef enum orch_status {
 /* ------------------------------------------------------------------------- */
 typedef enum orch_arch {
     ORCH_ARCH_GPT2 = 1, /* learned positions, LayerNorm, GELU(tanh), tied head */
-    ORCH_ARCH_LLAMA = 2 /* reserved: RoPE, RMSNorm, SwiGLU, GQA */
+    ORCH_ARCH_LLAMA = 2 /* ABI 1.1: RoPE, RMSNorm, SwiGLU, GQA, optional untied head */
 } orch_arch;
+
+/* RoPE frequency scaling of ORCH_ARCH_LLAMA (orch_model_desc.rope_scaling,
+ * ABI 1.1). Hugging Face's rope_scaling.rope_type of the same name. */
+typedef enum orch_rope_scaling {
+    ORCH_ROPE_NONE = 0,   /* inv_freq as given by rope_theta */
+    ORCH_ROPE_LINEAR = 1, /* inv_freq / rope_factor */
+    ORCH_ROPE_LLAMA3 = 2  /* Llama 3.1: factor, low/high_freq_factor, original_context */
+} orch_rope_scaling;
+
+/* orch_model_desc.flags (ABI 1.1). */
+#define ORCH_MODEL_FLAG_UNTIED_HEAD (1u << 0) /* llama: separate lm_head.weight */
 
 typedef enum orch_dtype {
     ORCH_DTYPE_F32 = 0,
@@ -160,12 +202,21 @@ typedef struct orch_model_desc {
     uint32_t context; /* maximum sequence length (positions) */
     uint32_t layers;
     uint32_t heads;
-    uint32_t kv_heads;   /* 0 = heads (GQA later) */
+    uint32_t kv_heads;   /* 0 = heads; llama: must divide heads; gpt2: = heads */
     uint32_t width;      /* embedding width C; heads must divide it */
     uint32_t mlp_width;  /* 0 = 4*width */
-    float layernorm_eps; /* 0 = 1e-5 */
-    float rope_theta;    /* reserved for ORCH_ARCH_LLAMA */
-    uint32_t reserved[9];
+    float layernorm_eps; /* 0 = 1e-5 (the RMSNorm epsilon for llama) */
+    float rope_theta;    /* llama: 0 = 10000; gpt2: must be 0 */
+    /* ---- ABI 1.1 (these took reserved words: an ABI 1.0 engine ignores them,
+     * so a caller sends llama only to an engine of minor >= 1). Zero =
+     * default; gpt2 requires all of them 0. ---- */
+    uint32_t flags;                 /* ORCH_MODEL_FLAG_* */
+    uint32_t rope_scaling;          /* orch_rope_scaling */
+    float rope_factor;              /* LINEAR, LLAMA3: > 0 (1 = no change) */
+    float rope_low_freq_factor;     /* LLAMA3: > 0 */
+    float rope_high_freq_factor;    /* LLAMA3: > low_freq_factor */
+    uint32_t rope_original_context; /* LLAMA3: original_max_position_embeddings */
+    uint32_t reserved[3];
 } orch_model_desc;
 
 /* Context options. Caller fills it (struct_size = sizeof). */
@@ -337,7 +388,7 @@ typedef struct orch_engine_api {
     /* ---- inference (ORCH_CAP_INFER) ---- */
 
     /* Bytes of engine memory one KV block of block_size positions takes (all
-     * layers, K and V), so the caller can size the pool from a budget. */
+     * layers, K and V of kv_heads heads), so the caller can size the pool from a budget. */
     int32_t (*kv_block_bytes)(orch_engine_ctx *ctx, uint32_t block_size,
                               uint64_t *out_bytes);
 
@@ -396,6 +447,9 @@ ORCH_ABI_STATIC_ASSERT(offsetof(orch_engine_api, kv_copy_blocks) == 40 + 8 * 18,
 ORCH_ABI_STATIC_ASSERT(sizeof(orch_engine_api) == 40 + 8 * 19, "api size 1.0");
 ORCH_ABI_STATIC_ASSERT(sizeof(orch_model_desc) == 80, "model desc size");
 ORCH_ABI_STATIC_ASSERT(offsetof(orch_model_desc, layernorm_eps) == 36, "eps offset");
+ORCH_ABI_STATIC_ASSERT(offsetof(orch_model_desc, flags) == 44, "flags offset (1.1)");
+ORCH_ABI_STATIC_ASSERT(offsetof(orch_model_desc, rope_original_context) == 64,
+                       "rope offset (1.1)");
 ORCH_ABI_STATIC_ASSERT(sizeof(orch_engine_options) == 24, "options size");
 ORCH_ABI_STATIC_ASSERT(sizeof(orch_tensor_info) == 128, "tensor info size");
 ORCH_ABI_STATIC_ASSERT(offsetof(orch_tensor_info, name) == 64, "tensor name offset");

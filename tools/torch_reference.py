@@ -37,6 +37,13 @@ in the metadata, how far autocast lies from the float64 reference
 (ref_logits_maxdiff, ref_loss_diff, ref_train_losses_maxdiff): the C test
 sizes its tolerances from these.
 
+With --arch llama --kv-heads N (1, 2 or 4) it writes the LLaMA fixture
+tests/fixtures/cpu_llama_tiny_kvN.safetensors: the same records for a tiny
+LLaMA-family model (the header's tensor names; RMSNorm, rotate-half RoPE,
+grouped-query attention with N of 4 heads, SwiGLU, no biases), kv2 with an
+untied head and linear rope scaling, kv1 with llama3 rope scaling, plus
+rope_inv_freq (the frequencies after scaling) and the model in the metadata.
+
 Run with Debian's python3-torch:  /usr/bin/python3 tools/torch_reference.py
 """
 import argparse
@@ -234,12 +241,205 @@ def main_autocast(args):
           f"max step diff {meta['ref_train_losses_maxdiff']}")
 
 
+# ---------------------------------------------------------------------------
+# LLaMA (ORCH_ARCH_LLAMA, ABI 1.1): the header's names, Hugging Face's
+# LlamaForCausalLM semantics (RMSNorm, rotate-half RoPE with the llama3 and
+# linear rope scaling of transformers' rope init functions, grouped-query
+# attention, SwiGLU MLP, no biases, optional untied head).
+# ---------------------------------------------------------------------------
+LLAMA_CFG = dict(vocab_size=97, context=16, layers=2, heads=4, width=32,
+                 mlp_width=48, layernorm_eps=1e-5, rope_theta=10000.0)
+# The fixtures: (kv_heads, untied head, rope scaling). kv1 runs llama3 scaling
+# with original_context 64 so its 4 frequencies fall in all three branches
+# (kept, smoothed, divided); kv2 has an untied head and linear scaling.
+LLAMA_VARIANTS = {
+    4: dict(untied=False, rope=None),
+    2: dict(untied=True, rope=dict(rope_type="linear", factor=2.0)),
+    1: dict(untied=False, rope=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                                    high_freq_factor=4.0,
+                                    original_max_position_embeddings=64)),
+}
+
+
+def llama_specs(cfg):
+    C, V, M = cfg["width"], cfg["vocab_size"], cfg["mlp_width"]
+    D = C // cfg["heads"]
+    KV = cfg["kv_heads"] * D
+    specs = [("model.embed_tokens.weight", (V, C))]
+    for i in range(cfg["layers"]):
+        p = f"model.layers.{i}."
+        specs += [
+            (p + "input_layernorm.weight", (C,)),
+            (p + "self_attn.q_proj.weight", (C, C)),
+            (p + "self_attn.k_proj.weight", (KV, C)),
+            (p + "self_attn.v_proj.weight", (KV, C)),
+            (p + "self_attn.o_proj.weight", (C, C)),
+            (p + "post_attention_layernorm.weight", (C,)),
+            (p + "mlp.gate_proj.weight", (M, C)),
+            (p + "mlp.up_proj.weight", (M, C)),
+            (p + "mlp.down_proj.weight", (C, M)),
+        ]
+    specs.append(("model.norm.weight", (C,)))
+    if cfg["untied"]:
+        specs.append(("lm_head.weight", (V, C)))
+    return specs
+
+
+def llama_init(cfg, gen):
+    params = {}
+    for name, shape in llama_specs(cfg):
+        if len(shape) == 2:
+            t = torch.randn(shape, generator=gen, dtype=torch.float64) * 0.2
+        else:
+            t = 1.0 + 0.1 * torch.randn(shape, generator=gen, dtype=torch.float64)
+        params[name] = t.float().double().requires_grad_(True)
+    return params
+
+
+def llama_inv_freq(cfg):
+    """transformers' _compute_default/linear/llama3 rope parameters, in float64."""
+    D = cfg["width"] // cfg["heads"]
+    inv = 1.0 / (cfg["rope_theta"] ** (torch.arange(0, D, 2, dtype=torch.float64) / D))
+    rope = cfg["rope"]
+    if rope is None:
+        return inv
+    if rope["rope_type"] == "linear":
+        return inv / rope["factor"]
+    factor, lo, hi = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
+    orig = rope["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv
+    out = torch.where(wavelen > orig / lo, inv / factor, inv)
+    smooth = (orig / wavelen - lo) / (hi - lo)
+    smoothed = (1 - smooth) * out / factor + smooth * out
+    medium = ~(wavelen < orig / hi) * ~(wavelen > orig / lo)
+    return torch.where(medium, smoothed, out)
+
+
+def rms_norm(x, w, eps):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def rotate_half(x):
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+def llama_forward(cfg, P, tokens):
+    B, T = tokens.shape
+    C, NH, NKV = cfg["width"], cfg["heads"], cfg["kv_heads"]
+    D = C // NH
+    eps = cfg["layernorm_eps"]
+    pos = torch.arange(T, dtype=torch.float64)
+    ang = torch.outer(pos, llama_inv_freq(cfg))  # [T, D/2]
+    emb = torch.cat((ang, ang), dim=-1)
+    cos, sin = emb.cos(), emb.sin()
+    x = P["model.embed_tokens.weight"][tokens]
+    mask = torch.ones(T, T, dtype=torch.bool).tril()
+    for i in range(cfg["layers"]):
+        p = f"model.layers.{i}."
+        h = rms_norm(x, P[p + "input_layernorm.weight"], eps)
+        q = (h @ P[p + "self_attn.q_proj.weight"].T).view(B, T, NH, D).transpose(1, 2)
+        k = (h @ P[p + "self_attn.k_proj.weight"].T).view(B, T, NKV, D).transpose(1, 2)
+        v = (h @ P[p + "self_attn.v_proj.weight"].T).view(B, T, NKV, D).transpose(1, 2)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        k = k.repeat_interleave(NH // NKV, dim=1)
+        v = v.repeat_interleave(NH // NKV, dim=1)
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(D)
+        att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+        y = (att @ v).transpose(1, 2).reshape(B, T, C)
+        x = x + y @ P[p + "self_attn.o_proj.weight"].T
+        h = rms_norm(x, P[p + "post_attention_layernorm.weight"], eps)
+        g = F.silu(h @ P[p + "mlp.gate_proj.weight"].T) * (h @ P[p + "mlp.up_proj.weight"].T)
+        x = x + g @ P[p + "mlp.down_proj.weight"].T
+    x = rms_norm(x, P["model.norm.weight"], eps)
+    head = P["lm_head.weight"] if cfg["untied"] else P["model.embed_tokens.weight"]
+    return x @ head.T
+
+
+def main_llama(args):
+    """One LLaMA fixture per kv_heads (see LLAMA_VARIANTS): the same records as
+    the GPT-2 fixture (param., tokens, targets, logits, loss, grad., 10 AdamW
+    steps), float64."""
+    cfg = dict(LLAMA_CFG)
+    cfg["kv_heads"] = args.kv_heads
+    cfg.update(LLAMA_VARIANTS[args.kv_heads])
+    gen = torch.Generator().manual_seed(SEED + args.kv_heads)
+    P = llama_init(cfg, gen)
+    names = [n for n, _ in llama_specs(cfg)]
+    V = cfg["vocab_size"]
+    tokens = torch.randint(0, V, (BATCH, SEQ), generator=gen)
+    targets = torch.randint(0, V, (BATCH, SEQ), generator=gen)
+    targets[1, 3] = -1
+    out = {f"param.{n}": P[n].detach().clone() for n in names}
+    out["tokens"] = tokens.to(torch.int32)
+    out["targets"] = targets.to(torch.int32)
+    logits = llama_forward(cfg, P, tokens)
+    loss = loss_of(logits, targets)
+    loss.backward()
+    out["logits"] = logits.detach().clone()
+    out["loss"] = loss.detach().reshape(1).clone()
+    for n in names:
+        out[f"grad.{n}"] = P[n].grad.detach().clone()
+    first_norm = math.sqrt(sum(float((P[n].grad ** 2).sum()) for n in names))
+    clip = float(f"{0.3 * first_norm:.3g}")
+    decay = [P[n] for n in names if P[n].dim() >= 2]
+    no_decay = [P[n] for n in names if P[n].dim() < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": ADAM["weight_decay"]},
+         {"params": no_decay, "weight_decay": 0.0}],
+        lr=ADAM["lr"], betas=(ADAM["beta1"], ADAM["beta2"]), eps=ADAM["eps"],
+        foreach=False)
+    losses, norms = [], []
+    for _ in range(STEPS):
+        opt.zero_grad(set_to_none=False)
+        loss = loss_of(llama_forward(cfg, P, tokens), targets)
+        loss.backward()
+        norm = math.sqrt(sum(float((P[n].grad ** 2).sum()) for n in names))
+        if norm > clip:
+            for n in names:
+                P[n].grad.mul_(clip / norm)
+        opt.step()
+        losses.append(float(loss))
+        norms.append(norm)
+    out["train_losses"] = torch.tensor(losses, dtype=torch.float64)
+    out["grad_norms"] = torch.tensor(norms, dtype=torch.float64)
+    out["rope_inv_freq"] = llama_inv_freq(cfg)
+    meta = {k: str(v) for k, v in cfg.items() if k not in ("rope", "untied")}
+    meta.update({"arch": "llama", "untied_head": "1" if cfg["untied"] else "0",
+                 "rope_scaling": cfg["rope"]["rope_type"] if cfg["rope"] else "none"})
+    if cfg["rope"]:
+        r = cfg["rope"]
+        meta["rope_factor"] = repr(r["factor"])
+        if r["rope_type"] == "llama3":
+            meta["rope_low_freq_factor"] = repr(r["low_freq_factor"])
+            meta["rope_high_freq_factor"] = repr(r["high_freq_factor"])
+            meta["rope_original_context"] = str(r["original_max_position_embeddings"])
+    meta.update({"batch": str(BATCH), "seq_len": str(SEQ), "steps": str(STEPS),
+                 "grad_clip": repr(clip), "seed": str(SEED + args.kv_heads),
+                 "generator": "tools/torch_reference.py --arch llama --kv-heads %d "
+                              "(torch %s, float64)" % (args.kv_heads, torch.__version__)})
+    meta.update({k: repr(v) for k, v in ADAM.items()})
+    write_safetensors(args.out, out, meta)
+    print(f"wrote {args.out}: kv_heads {args.kv_heads}, loss {float(out['loss']):.6f}, "
+          f"clip {clip}, losses {losses[0]:.4f} -> {losses[-1]:.4f}, "
+          f"clipped steps {sum(n > clip for n in norms)}/{STEPS}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=None)
     ap.add_argument("--autocast-bf16", action="store_true",
                     help="write the bf16 autocast fixture (see the module comment)")
+    ap.add_argument("--arch", choices=("gpt2", "llama"), default="gpt2")
+    ap.add_argument("--kv-heads", type=int, choices=sorted(LLAMA_VARIANTS), default=4,
+                    help="llama: which fixture (kv_heads 1, 2 or 4 of 4 heads)")
     args = ap.parse_args()
+    if args.arch == "llama":
+        torch.set_num_threads(1)
+        args.out = args.out or f"tests/fixtures/cpu_llama_tiny_kv{args.kv_heads}.safetensors"
+        main_llama(args)
+        return
     if args.autocast_bf16:
         torch.set_num_threads(1)
         args.out = args.out or "tests/fixtures/cpu_gpt2_tiny_bf16.safetensors"

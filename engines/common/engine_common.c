@@ -1,6 +1,7 @@
 /*
  * engine_common.c - engine-side code shared by the mock, cpu and cuda engines:
- * status strings, errors, the GPT-2 model rules, table and initialisation,
+ * status strings, errors, the GPT-2 and LLaMA model rules, tables and
+ * initialisation, RoPE frequencies,
  * AdamW constants, the options parser (see engine_common.h for the rules).
  * Messages here are part of the engines' behaviour: tests assert them, so
  * change them only with the tests.
@@ -57,6 +58,67 @@ int32_t engine_fail_nonfinite_norm(char *err, size_t cap) {
 /* Model description                                                          */
 /* ------------------------------------------------------------------------- */
 
+/* The llama-only members of *m (arch already checked): kv_heads, flags, rope.
+ * Fills the defaults (kv_heads = heads, rope_theta 10000, rope_factor 1). */
+static int32_t llama_normalise(orch_model_desc *m, char *err, size_t cap) {
+    if (m->kv_heads == 0) m->kv_heads = m->heads;
+    if (m->kv_heads > m->heads || m->heads % m->kv_heads != 0)
+        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+                               "model kv_heads %u must divide heads %u", m->kv_heads,
+                               m->heads);
+    if ((m->width / m->heads) % 2 != 0)
+        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+                               "model head size %u (width/heads) must be even for RoPE",
+                               m->width / m->heads);
+    if (m->flags & ~ORCH_MODEL_FLAG_UNTIED_HEAD)
+        return engine_fail_buf(err, cap, ORCH_ERR_UNSUPPORTED,
+                               "model flags 0x%x has bits this engine does not know",
+                               m->flags);
+    if (!(m->rope_theta >= 0.0f) || isinf(m->rope_theta))
+        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+                               "model rope_theta must be a finite value >= 0");
+    if (m->rope_theta == 0.0f) m->rope_theta = 10000.0f;
+    if (m->rope_theta <= 1.0f)
+        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+                               "model rope_theta %g must be > 1", (double)m->rope_theta);
+    switch (m->rope_scaling) {
+    case ORCH_ROPE_NONE:
+        if (m->rope_factor != 0.0f || m->rope_low_freq_factor != 0.0f ||
+            m->rope_high_freq_factor != 0.0f || m->rope_original_context != 0)
+            return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+                                   "model rope scaling parameters are set but "
+                                   "rope_scaling is none");
+        break;
+    case ORCH_ROPE_LINEAR:
+        if (m->rope_factor == 0.0f) m->rope_factor = 1.0f;
+        if (!(m->rope_factor > 0.0f) || isinf(m->rope_factor))
+            return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+                                   "model rope_factor must be finite and > 0");
+        if (m->rope_low_freq_factor != 0.0f || m->rope_high_freq_factor != 0.0f ||
+            m->rope_original_context != 0)
+            return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+                                   "model rope low/high_freq_factor and original_context "
+                                   "belong to llama3 scaling, not linear");
+        break;
+    case ORCH_ROPE_LLAMA3:
+        if (!(m->rope_factor > 0.0f) || isinf(m->rope_factor) ||
+            !(m->rope_low_freq_factor > 0.0f) || isinf(m->rope_low_freq_factor) ||
+            !(m->rope_high_freq_factor > m->rope_low_freq_factor) ||
+            isinf(m->rope_high_freq_factor) || m->rope_original_context == 0)
+            return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+                                   "model llama3 rope scaling needs factor > 0, "
+                                   "0 < low_freq_factor < high_freq_factor and "
+                                   "original_context > 0");
+        break;
+    default:
+        return engine_fail_buf(err, cap, ORCH_ERR_UNSUPPORTED,
+                               "model rope_scaling %u is unknown (none 0, linear 1, "
+                               "llama3 2)",
+                               m->rope_scaling);
+    }
+    return ORCH_OK;
+}
+
 int32_t engine_model_normalise(const orch_model_desc *in, const engine_model_limits *lim,
                                orch_model_desc *out, char *err, size_t cap) {
     if (!in)
@@ -72,15 +134,15 @@ int32_t engine_model_normalise(const orch_model_desc *in, const engine_model_lim
     memset(&m, 0, sizeof m);
     memcpy(&m, in, in->struct_size < sizeof m ? in->struct_size : sizeof m);
     m.struct_size = sizeof m;
-    if (m.arch == ORCH_ARCH_LLAMA)
+    if (m.arch == ORCH_ARCH_LLAMA && !lim->llama)
         return engine_fail_buf(err, cap, ORCH_ERR_UNSUPPORTED,
                                "model arch %u (llama) is not supported by the %s "
-                               "engine yet (gpt2 only)",
+                               "engine (gpt2 only)",
                                m.arch, lim->engine);
-    if (m.arch != ORCH_ARCH_GPT2)
+    if (m.arch != ORCH_ARCH_GPT2 && m.arch != ORCH_ARCH_LLAMA)
         return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
-                               "model arch %u is unknown (gpt2 is %u)", m.arch,
-                               (unsigned)ORCH_ARCH_GPT2);
+                               "model arch %u is unknown (gpt2 is %u, llama %u)", m.arch,
+                               (unsigned)ORCH_ARCH_GPT2, (unsigned)ORCH_ARCH_LLAMA);
     const struct {
         const char *name;
         uint32_t v, max;
@@ -102,11 +164,23 @@ int32_t engine_model_normalise(const orch_model_desc *in, const engine_model_lim
         return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
                                "model heads (%u) must divide width (%u)", m.heads,
                                m.width);
-    if (m.kv_heads != 0 && m.kv_heads != m.heads)
-        return engine_fail_buf(err, cap, ORCH_ERR_UNSUPPORTED,
-                               "model kv_heads %u differs from heads %u (grouped-query "
-                               "attention is not supported for gpt2)",
-                               m.kv_heads, m.heads);
+    if (m.arch == ORCH_ARCH_GPT2) {
+        if (m.kv_heads != 0 && m.kv_heads != m.heads)
+            return engine_fail_buf(err, cap, ORCH_ERR_UNSUPPORTED,
+                                   "model kv_heads %u differs from heads %u "
+                                   "(grouped-query attention is not supported for gpt2)",
+                                   m.kv_heads, m.heads);
+        if (m.rope_theta != 0.0f || m.flags != 0 || m.rope_scaling != 0 ||
+            m.rope_factor != 0.0f || m.rope_low_freq_factor != 0.0f ||
+            m.rope_high_freq_factor != 0.0f || m.rope_original_context != 0)
+            return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+                                   "model rope_theta, flags and rope scaling apply to "
+                                   "llama only (must be 0 for gpt2)");
+        m.kv_heads = m.heads;
+    } else {
+        int32_t st = llama_normalise(&m, err, cap);
+        if (st != ORCH_OK) return st;
+    }
     if (m.mlp_width == 0) {
         if (m.width > UINT32_MAX / 4u)
             return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
@@ -123,7 +197,10 @@ int32_t engine_model_normalise(const orch_model_desc *in, const engine_model_lim
         return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
                                "model layernorm_eps must be a finite value >= 0");
     if (m.layernorm_eps == 0.0f) m.layernorm_eps = 1e-5f;
-    m.kv_heads = m.heads;
+    uint64_t params;
+    if (engine_model_param_count(&m, &params) != 0)
+        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+                               "model parameter count overflows 64 bits");
     *out = m;
     return ORCH_OK;
 }
@@ -148,6 +225,36 @@ int engine_gpt2_param_count(const orch_model_desc *m, uint64_t *out) {
     if (__builtin_add_overflow(total, 2 * C, &total)) return -1;
     *out = total;
     return 0;
+}
+
+int engine_llama_param_count(const orch_model_desc *m, uint64_t *out) {
+    const uint64_t C = m->width, V = m->vocab_size, M = m->mlp_width;
+    const uint64_t D = C / m->heads, KV = (uint64_t)m->kv_heads * D;
+    uint64_t a, b, layer = 2 * C, total;
+    /* per layer: 2C (norms) + C*C (q) + 2*KV*C (k, v) + C*C (o) + 3*M*C (mlp) */
+    if (__builtin_mul_overflow(C, C, &a) || __builtin_mul_overflow(a, 2, &b) ||
+        __builtin_add_overflow(layer, b, &layer))
+        return -1;
+    if (__builtin_mul_overflow(KV, C, &a) || __builtin_mul_overflow(a, 2, &b) ||
+        __builtin_add_overflow(layer, b, &layer))
+        return -1;
+    if (__builtin_mul_overflow(M, C, &a) || __builtin_mul_overflow(a, 3, &b) ||
+        __builtin_add_overflow(layer, b, &layer))
+        return -1;
+    if (__builtin_mul_overflow(layer, (uint64_t)m->layers, &total)) return -1;
+    if (__builtin_mul_overflow(V, C, &a) || __builtin_add_overflow(total, a, &total))
+        return -1;
+    if ((m->flags & ORCH_MODEL_FLAG_UNTIED_HEAD) &&
+        __builtin_add_overflow(total, a, &total))
+        return -1;
+    if (__builtin_add_overflow(total, C, &total)) return -1;
+    *out = total;
+    return 0;
+}
+
+int engine_model_param_count(const orch_model_desc *m, uint64_t *out) {
+    return m->arch == ORCH_ARCH_LLAMA ? engine_llama_param_count(m, out)
+                                      : engine_gpt2_param_count(m, out);
 }
 
 uint64_t engine_host_memory_bytes(void) {
@@ -213,6 +320,83 @@ uint64_t engine_gpt2_table_fill(engine_tensor *out, uint32_t layers, uint64_t V,
     return off;
 }
 
+uint32_t engine_llama_tensor_count(uint32_t layers, uint32_t flags) {
+    return 2u + ENGINE_LLAMA_PER_LAYER * layers +
+           ((flags & ORCH_MODEL_FLAG_UNTIED_HEAD) ? 1u : 0u);
+}
+
+uint64_t engine_llama_table_fill(engine_tensor *out, const orch_model_desc *m) {
+    static const struct {
+        const char *suffix;
+        uint32_t ndim;
+        int d0, d1; /* 1 = C, 2 = kv_heads*D, 4 = M */
+    } spec[ENGINE_LLAMA_PER_LAYER] = {
+        { "input_layernorm.weight", 1, 1, 0 },
+        { "self_attn.q_proj.weight", 2, 1, 1 },
+        { "self_attn.k_proj.weight", 2, 2, 1 },
+        { "self_attn.v_proj.weight", 2, 2, 1 },
+        { "self_attn.o_proj.weight", 2, 1, 1 },
+        { "post_attention_layernorm.weight", 1, 1, 0 },
+        { "mlp.gate_proj.weight", 2, 4, 1 },
+        { "mlp.up_proj.weight", 2, 4, 1 },
+        { "mlp.down_proj.weight", 2, 1, 4 },
+    };
+    const uint64_t C = m->width, M = m->mlp_width;
+    const uint64_t KV = (uint64_t)m->kv_heads * (C / m->heads);
+    uint32_t n = 0;
+    uint64_t off = 0;
+    char name[ORCH_TENSOR_NAME_MAX];
+    tensor_add(out, &n, &off, "model.embed_tokens.weight", 2, m->vocab_size, C);
+    for (uint32_t i = 0; i < m->layers; i++) {
+        for (uint32_t k = 0; k < ENGINE_LLAMA_PER_LAYER; k++) {
+            uint64_t d[2];
+            for (int a = 0; a < 2; a++) {
+                int code = a == 0 ? spec[k].d0 : spec[k].d1;
+                d[a] = code == 1 ? C : code == 2 ? KV : code == 4 ? M : 0;
+            }
+            snprintf(name, sizeof name, "model.layers.%u.%s", i, spec[k].suffix);
+            tensor_add(out, &n, &off, name, spec[k].ndim, d[0], d[1]);
+        }
+    }
+    tensor_add(out, &n, &off, "model.norm.weight", 1, C, 0);
+    if (m->flags & ORCH_MODEL_FLAG_UNTIED_HEAD)
+        tensor_add(out, &n, &off, "lm_head.weight", 2, m->vocab_size, C);
+    return off;
+}
+
+uint32_t engine_model_tensor_count(const orch_model_desc *m) {
+    return m->arch == ORCH_ARCH_LLAMA ? engine_llama_tensor_count(m->layers, m->flags)
+                                      : engine_gpt2_tensor_count(m->layers);
+}
+
+uint64_t engine_model_table_fill(engine_tensor *out, const orch_model_desc *m) {
+    if (m->arch == ORCH_ARCH_LLAMA) return engine_llama_table_fill(out, m);
+    return engine_gpt2_table_fill(out, m->layers, m->vocab_size, m->context, m->width,
+                                  m->mlp_width);
+}
+
+void engine_rope_inv_freq(const orch_model_desc *m, float *out) {
+    const uint32_t D = m->width / m->heads;
+    const double theta = (double)m->rope_theta;
+    for (uint32_t i = 0; i < D / 2; i++) {
+        double f = 1.0 / pow(theta, (double)(2 * i) / (double)D);
+        if (m->rope_scaling == ORCH_ROPE_LINEAR) {
+            f /= (double)m->rope_factor;
+        } else if (m->rope_scaling == ORCH_ROPE_LLAMA3) {
+            const double factor = m->rope_factor, lo = m->rope_low_freq_factor;
+            const double hi = m->rope_high_freq_factor, orig = m->rope_original_context;
+            const double wavelen = 2.0 * ENGINE_PI / f;
+            if (wavelen > orig / lo) {
+                f /= factor;
+            } else if (!(wavelen < orig / hi)) {
+                const double smooth = (orig / wavelen - lo) / (hi - lo);
+                f = (1.0 - smooth) * f / factor + smooth * f;
+            }
+        }
+        out[i] = (float)f;
+    }
+}
+
 void engine_tensor_info_fill(const engine_tensor *t, orch_tensor_info *out) {
     orch_tensor_info info;
     memset(&info, 0, sizeof info);
@@ -240,7 +424,9 @@ static int ends_with(const char *s, const char *suffix) {
 
 double engine_gpt2_init_std(const engine_tensor *t, uint32_t layers) {
     if (ends_with(t->name, "attn.c_proj.weight") ||
-        ends_with(t->name, "mlp.c_proj.weight"))
+        ends_with(t->name, "mlp.c_proj.weight") ||
+        ends_with(t->name, "self_attn.o_proj.weight") ||
+        ends_with(t->name, "mlp.down_proj.weight"))
         return 0.02 / sqrt(2.0 * (double)layers);
     return 0.02;
 }

@@ -57,14 +57,18 @@ int32_t engine_fail_nonfinite_norm(char *err, size_t cap);
 typedef struct engine_model_limits {
     const char *engine; /* "cpu", "mock", "cuda": named in messages */
     uint32_t max_vocab, max_context, max_layers, max_width, max_mlp_width;
+    int llama; /* nonzero: the engine runs ORCH_ARCH_LLAMA */
 } engine_model_limits;
 
 /* context_create: validate *in and fill *out with the defaults applied
  * (mlp_width 0 -> 4*width, layernorm_eps 0 -> 1e-5, kv_heads = heads),
  * accepting descriptions of older callers that end after `width` (absent
  * members read as 0). In order: NULL, struct_size, arch (llama is
- * ORCH_ERR_UNSUPPORTED), sizes > 0, sizes within lim, heads dividing width,
- * kv_heads (ORCH_ERR_UNSUPPORTED unless 0 or heads), mlp_width, layernorm_eps.
+ * ORCH_ERR_UNSUPPORTED unless lim->llama), sizes > 0, sizes within lim, heads
+ * dividing width; gpt2: kv_heads (ORCH_ERR_UNSUPPORTED unless 0 or heads) and
+ * the llama-only members all 0; llama: kv_heads dividing heads (0 -> heads),
+ * even head size, known flags, rope_theta (0 -> 10000) and rope scaling
+ * (linear: factor 0 -> 1); then mlp_width, layernorm_eps, parameter count.
  * *out is written only on success. */
 int32_t engine_model_normalise(const orch_model_desc *in, const engine_model_limits *lim,
                                orch_model_desc *out, char *err, size_t cap);
@@ -72,6 +76,12 @@ int32_t engine_model_normalise(const orch_model_desc *in, const engine_model_lim
 /* Number of parameters of the GPT-2 table of the normalised description m:
  * 0 and *out, or -1 when the count overflows 64 bits. */
 int engine_gpt2_param_count(const orch_model_desc *m, uint64_t *out);
+
+/* The same for the LLaMA table (normalised m). */
+int engine_llama_param_count(const orch_model_desc *m, uint64_t *out);
+
+/* The count of m's architecture (gpt2 or llama). */
+int engine_model_param_count(const orch_model_desc *m, uint64_t *out);
 
 /* This machine's physical memory in bytes, 0 when unknown. */
 uint64_t engine_host_memory_bytes(void);
@@ -103,6 +113,30 @@ uint32_t engine_gpt2_tensor_count(uint32_t layers);
 uint64_t engine_gpt2_table_fill(engine_tensor *out, uint32_t layers, uint64_t vocab,
                                 uint64_t context, uint64_t width, uint64_t mlp_width);
 
+/* ---- LLaMA tensor table (the header's names, order and shapes) ---- */
+
+/* Tensors per layer, after model.embed_tokens.weight: input_layernorm,
+ * q_proj, k_proj, v_proj, o_proj, post_attention_layernorm, gate_proj,
+ * up_proj, down_proj. */
+#define ENGINE_LLAMA_PER_LAYER 9u
+
+/* Number of tensors: 1 + 9*layers + 1 (+ 1 lm_head with an untied head). */
+uint32_t engine_llama_tensor_count(uint32_t layers, uint32_t flags);
+
+/* Fill out[0 .. engine_llama_tensor_count) for the normalised m; returns the
+ * total element count (checked by engine_model_normalise). */
+uint64_t engine_llama_table_fill(engine_tensor *out, const orch_model_desc *m);
+
+/* The table of m's architecture: count and fill (as the two above or the
+ * GPT-2 ones). */
+uint32_t engine_model_tensor_count(const orch_model_desc *m);
+uint64_t engine_model_table_fill(engine_tensor *out, const orch_model_desc *m);
+
+/* RoPE inverse frequencies of the normalised llama m: out[0 .. D/2), D =
+ * width/heads, computed in double as the header states (rope_theta and
+ * rope_scaling), rounded to float. Every engine uses these values. */
+void engine_rope_inv_freq(const orch_model_desc *m, float *out);
+
 /* Describe t into *out, at most out->struct_size bytes (caller checked that
  * out is non-NULL with struct_size >= 4); dtype f32. */
 void engine_tensor_info_fill(const engine_tensor *t, orch_tensor_info *out);
@@ -110,10 +144,13 @@ void engine_tensor_info_fill(const engine_tensor *t, orch_tensor_info *out);
 /* ---- GPT-2 initialisation (the ABI rule) ---- */
 
 /* Standard deviation of the N(0, std) draws of 2-D tensor t: 0.02, and
- * 0.02/sqrt(2*layers) for attn.c_proj.weight and mlp.c_proj.weight. */
+ * 0.02/sqrt(2*layers) for the residual projections (gpt2 attn.c_proj.weight,
+ * mlp.c_proj.weight; llama self_attn.o_proj.weight, mlp.down_proj.weight).
+ * Serves both architectures. */
 double engine_gpt2_init_std(const engine_tensor *t, uint32_t layers);
 
-/* The constant of 1-D tensor t: 1 for LayerNorm weights, 0 for biases. */
+/* The constant of 1-D tensor t: 1 for norm weights (LayerNorm, RMSNorm), 0
+ * for biases. Serves both architectures. */
 float engine_gpt2_init_value(const engine_tensor *t);
 
 /* The two functions below are inline so that CUDA kernels call them too

@@ -175,7 +175,7 @@ static const int cpu_isa_of[3] = { CPU_ISA_AVX512, CPU_ISA_AVX2, CPU_ISA_GENERIC
 /* ------------------------------------------------------------------------- */
 
 static const engine_model_limits cpu_limits = {
-    "cpu", CPU_MAX_DIM, CPU_MAX_DIM, CPU_MAX_LAYERS, CPU_MAX_DIM, CPU_MAX_DIM
+    "cpu", CPU_MAX_DIM, CPU_MAX_DIM, CPU_MAX_LAYERS, CPU_MAX_DIM, CPU_MAX_DIM, 0
 };
 
 _Static_assert(L_COUNT == ENGINE_GPT2_PER_LAYER, "L_* follow the common table");

@@ -272,7 +272,8 @@ static const engine_opt_spec cu_opt_spec[OPT_COUNT] = {
 /* What this engine accepts (int arguments of cuBLAS, 32-bit grids, the
  * paged-attention scores in shared memory). */
 static const engine_model_limits cu_limits = { "cuda", CU_MAX_DIM, CU_MAX_DIM / 16,
-                                               4096,   65536,      4u * 65536 };
+                                               4096,   65536,      4u * 65536,
+                                               0 };
 
 /* ------------------------------------------------------------------------- */
 /* Tensor table                                                               */

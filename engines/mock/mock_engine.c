@@ -356,9 +356,9 @@ static void cost_sleep(const mock_config *cfg, const orch_infer_batch *batch) {
 /* Model description and tensor table                                         */
 /* ------------------------------------------------------------------------- */
 
-static const engine_model_limits mock_limits = { "mock",     (uint32_t)INT32_MAX,
-                                                 UINT32_MAX, MOCK_MAX_LAYERS,
-                                                 UINT32_MAX, UINT32_MAX };
+static const engine_model_limits mock_limits = {
+    "mock", (uint32_t)INT32_MAX, UINT32_MAX, MOCK_MAX_LAYERS, UINT32_MAX, UINT32_MAX, 0
+};
 
 /* Build the GPT-2 table. Sizes were checked for overflow by the caller. */
 static int32_t table_build(orch_engine_ctx *ctx) {
