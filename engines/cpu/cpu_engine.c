@@ -78,6 +78,8 @@
 #include "engines/cpu/cpu_blas.h"
 #include "engines/cpu/cpu_features.h"
 #include "engines/cpu/cpu_internal.h"
+#include "engines/cpu/cpu_llama.h"
+#include "engines/cpu/cpu_llama_infer.h"
 #include "engines/cpu/cpu_quant.h"
 
 #define CPU_VERSION     "cpu 1.0"
@@ -175,26 +177,27 @@ static const int cpu_isa_of[3] = { CPU_ISA_AVX512, CPU_ISA_AVX2, CPU_ISA_GENERIC
 /* ------------------------------------------------------------------------- */
 
 static const engine_model_limits cpu_limits = {
-    "cpu", CPU_MAX_DIM, CPU_MAX_DIM, CPU_MAX_LAYERS, CPU_MAX_DIM, CPU_MAX_DIM, 0
+    "cpu", CPU_MAX_DIM, CPU_MAX_DIM, CPU_MAX_LAYERS, CPU_MAX_DIM, CPU_MAX_DIM, 1
 };
 
 _Static_assert(L_COUNT == ENGINE_GPT2_PER_LAYER, "L_* follow the common table");
 
 static int32_t table_build(orch_engine_ctx *ctx) {
-    uint32_t count = engine_gpt2_tensor_count(ctx->L);
+    uint32_t count = engine_model_tensor_count(&ctx->desc);
     ctx->tensors = calloc(count, sizeof *ctx->tensors);
     ctx->pv.layer = calloc(ctx->L, sizeof *ctx->pv.layer);
     ctx->gv.layer = calloc(ctx->L, sizeof *ctx->gv.layer);
     if (!ctx->tensors || !ctx->pv.layer || !ctx->gv.layer) return ORCH_ERR_OUT_OF_MEMORY;
-    ctx->n_params =
-        engine_gpt2_table_fill(ctx->tensors, ctx->L, ctx->V, ctx->T, ctx->C, ctx->M);
+    ctx->n_params = engine_model_table_fill(ctx->tensors, &ctx->desc);
     ctx->n_tensors = count;
     return ORCH_OK;
 }
 
-/* Views of a flat buffer laid out like the table. */
+/* Views of a flat buffer laid out like the GPT-2 table (llama code reaches
+ * its tensors through cpu_llama_tensor instead). */
 static void view_build(const orch_engine_ctx *ctx, float *base, cpu_view *v) {
     const cpu_tensor *t = ctx->tensors;
+    if (ctx->arch != ORCH_ARCH_GPT2) return;
     v->wte = base + t[0].offset;
     v->wpe = base + t[1].offset;
     for (uint32_t i = 0; i < ctx->L; i++) {
@@ -298,6 +301,7 @@ static void cpu_context_destroy(orch_engine_ctx *ctx) {
     cpu_train_free(ctx);
     cpu_infer_free(ctx);
     cpu_linear_bf16_free(ctx);
+    cpu_llama_free(ctx);
     free(ctx->params);
     zfree(ctx->grads, ctx->n_params);
     zfree(ctx->adam_m, ctx->n_params);
@@ -319,7 +323,8 @@ int32_t cpu_ensure_train_state(orch_engine_ctx *ctx) {
                         "cannot allocate gradients and AdamW moments (%zu MiB "
                         "each)",
                         n * sizeof(float) >> 20);
-    if (ctx->gv.wte == NULL) view_build(ctx, ctx->grads, &ctx->gv);
+    if (ctx->arch == ORCH_ARCH_GPT2 && ctx->gv.wte == NULL)
+        view_build(ctx, ctx->grads, &ctx->gv);
     return ORCH_OK;
 }
 
@@ -371,6 +376,10 @@ static int32_t cpu_context_create(const orch_model_desc *model,
         precision = CPU_PREC_FP32;
     }
     const int weights = ov[OPT_WEIGHTS] == 1 ? CPU_WEIGHTS_INT8 : CPU_WEIGHTS_FP32;
+    if (weights == CPU_WEIGHTS_INT8 && m.arch == ORCH_ARCH_LLAMA)
+        return engine_fail_buf(err, err_cap, ORCH_ERR_UNSUPPORTED,
+                               "weights=int8 is not available for model arch llama "
+                               "(gpt2 only); use weights=fp32");
     /* int8_kernel words: auto, then CPU_Q8_* from the best down. */
     static const int q8_of[6] = {
         -1, CPU_Q8_AMX, CPU_Q8_AVX512VNNI, CPU_Q8_AVXVNNI, CPU_Q8_AVX2, CPU_Q8_GENERIC
@@ -387,7 +396,7 @@ static int32_t cpu_context_create(const orch_model_desc *model,
     if (threads > CPU_MAX_THREADS) threads = CPU_MAX_THREADS;
 
     uint64_t n_params;
-    if (engine_gpt2_param_count(&m, &n_params) != 0 || n_params > SIZE_MAX / 16)
+    if (engine_model_param_count(&m, &n_params) != 0 || n_params > SIZE_MAX / 16)
         return engine_fail_buf(err, err_cap, ORCH_ERR_OUT_OF_MEMORY,
                                "model too large (parameter count overflows)");
     const uint64_t mem = engine_host_memory_bytes();
@@ -410,6 +419,10 @@ static int32_t cpu_context_create(const orch_model_desc *model,
     ctx->M = m.mlp_width;
     ctx->HS = m.width / m.heads;
     ctx->eps = m.layernorm_eps;
+    ctx->arch = m.arch;
+    ctx->KVH = m.kv_heads;
+    ctx->KVD = m.kv_heads * ctx->HS;
+    ctx->desc = m;
     ctx->isa = isa;
     ctx->precision = precision;
     ctx->weights = weights;
@@ -433,6 +446,11 @@ static int32_t cpu_context_create(const orch_model_desc *model,
     }
     ctx->params = p;
     view_build(ctx, ctx->params, &ctx->pv);
+    if (ctx->arch == ORCH_ARCH_LLAMA &&
+        (st = cpu_llama_setup(ctx, &m, err, err_cap)) != ORCH_OK) {
+        cpu_context_destroy(ctx);
+        return st;
+    }
     ctx->pool = cpu_pool_create(ctx->threads);
     if (!ctx->pool) {
         cpu_context_destroy(ctx);
@@ -585,8 +603,12 @@ static int32_t cpu_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
                                          NULL, ENGINE_ERRBUF(ctx));
     if (st) return st;
     float loss = 0.0f;
-    st = cpu_train_forward_backward(ctx, tokens, targets, batch, seq_len, grad_scale, 1,
-                                    &loss);
+    if (ctx->arch == ORCH_ARCH_LLAMA)
+        st = cpu_llama_forward_backward(ctx, tokens, targets, batch, seq_len, grad_scale,
+                                        1, &loss);
+    else
+        st = cpu_train_forward_backward(ctx, tokens, targets, batch, seq_len, grad_scale,
+                                        1, &loss);
     cpu_pool_park(ctx->pool);
     if (st == ORCH_OK) *out_loss = loss;
     return st;
@@ -601,7 +623,12 @@ static int32_t cpu_eval_loss(orch_engine_ctx *ctx, const int32_t *tokens,
                                 out_loss, &ctx->train_lim, NULL, ENGINE_ERRBUF(ctx));
     if (st) return st;
     float loss = 0.0f;
-    st = cpu_train_forward_backward(ctx, tokens, targets, batch, seq_len, 0.0f, 0, &loss);
+    if (ctx->arch == ORCH_ARCH_LLAMA)
+        st = cpu_llama_forward_backward(ctx, tokens, targets, batch, seq_len, 0.0f, 0,
+                                        &loss);
+    else
+        st = cpu_train_forward_backward(ctx, tokens, targets, batch, seq_len, 0.0f, 0,
+                                        &loss);
     cpu_pool_park(ctx->pool);
     if (st == ORCH_OK) *out_loss = loss;
     return st;
@@ -627,10 +654,11 @@ static int32_t cpu_optimizer_step(orch_engine_ctx *ctx, const orch_adamw_params 
 /* KV pool                                                                    */
 /* ------------------------------------------------------------------------- */
 
-/* K/V floats plus the written flags of one block. */
+/* K/V floats (kv_heads * head size per position, layer and K or V) plus the
+ * written flags of one block. */
 static int block_bytes(const orch_engine_ctx *ctx, uint32_t block_size, uint64_t *out) {
     uint64_t floats;
-    if (__builtin_mul_overflow((uint64_t)ctx->L * 2u * ctx->C, (uint64_t)block_size,
+    if (__builtin_mul_overflow((uint64_t)ctx->L * 2u * ctx->KVD, (uint64_t)block_size,
                                &floats) ||
         floats > UINT64_MAX / 8)
         return -1;
@@ -663,7 +691,7 @@ static int32_t cpu_kv_configure(orch_engine_ctx *ctx, uint32_t block_size,
                         "kv_configure: pool of %u blocks of %u positions is "
                         "too large",
                         num_blocks, block_size);
-    size_t floats = (size_t)slots * ctx->L * 2u * ctx->C;
+    size_t floats = (size_t)slots * ctx->L * 2u * ctx->KVD;
     float *kv = NULL;
     void *p = NULL;
     if (posix_memalign(&p, 64, floats * sizeof(float)) == 0) kv = p;
@@ -697,7 +725,7 @@ static void copy_chunk(void *arg, size_t i, int tid) {
     (void)tid;
     const copy_job *j = arg;
     const orch_engine_ctx *ctx = j->ctx;
-    const size_t block_floats = (size_t)ctx->L * 2 * ctx->kv_block_size * ctx->C;
+    const size_t block_floats = (size_t)ctx->L * 2 * ctx->kv_block_size * ctx->KVD;
     memcpy(ctx->kv + (size_t)j->dst[i] * block_floats,
            ctx->kv + (size_t)j->src[i] * block_floats, block_floats * sizeof(float));
 }
@@ -718,7 +746,9 @@ static int32_t cpu_kv_copy_blocks(orch_engine_ctx *ctx, const int32_t *src,
 static int32_t cpu_infer_forward_abi(orch_engine_ctx *ctx, const orch_infer_batch *batch,
                                      float *logits, uint64_t logits_cap) {
     ENTER(ctx);
-    int32_t st = cpu_infer_forward(ctx, batch, logits, logits_cap);
+    int32_t st = ctx->arch == ORCH_ARCH_LLAMA
+                     ? cpu_llama_infer_forward(ctx, batch, logits, logits_cap)
+                     : cpu_infer_forward(ctx, batch, logits, logits_cap);
     cpu_pool_park(ctx->pool);
     return st;
 }
