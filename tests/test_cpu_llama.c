@@ -89,9 +89,10 @@ static double meta(const safetensors_file *f, const char *key) {
 
 /* The model of the fixture's metadata. */
 static orch_model_desc fixture_model(const safetensors_file *f) {
-    orch_model_desc m = test_model_desc(
-        (uint32_t)meta(f, "vocab_size"), (uint32_t)meta(f, "context"),
-        (uint32_t)meta(f, "layers"), (uint32_t)meta(f, "heads"), (uint32_t)meta(f, "width"));
+    orch_model_desc m =
+        test_model_desc((uint32_t)meta(f, "vocab_size"), (uint32_t)meta(f, "context"),
+                        (uint32_t)meta(f, "layers"), (uint32_t)meta(f, "heads"),
+                        (uint32_t)meta(f, "width"));
     ck_assert_str_eq(meta_str(f, "arch"), "llama");
     m.arch = ORCH_ARCH_LLAMA;
     m.kv_heads = (uint32_t)meta(f, "kv_heads");
@@ -168,9 +169,9 @@ static void torch_close(torch_run *r) {
 }
 
 static orch_adamw_params adam_of(const safetensors_file *f, uint64_t step) {
-    orch_adamw_params p = test_adamw(step, (float)meta(f, "lr"),
-                                     (float)meta(f, "weight_decay"),
-                                     (float)meta(f, "grad_clip"));
+    orch_adamw_params p =
+        test_adamw(step, (float)meta(f, "lr"), (float)meta(f, "weight_decay"),
+                   (float)meta(f, "grad_clip"));
     p.beta1 = (float)meta(f, "beta1");
     p.beta2 = (float)meta(f, "beta2");
     p.eps = (float)meta(f, "eps");
@@ -192,8 +193,8 @@ START_TEST(test_torch_forward) {
     ck_assert_uint_eq(nl, (size_t)r.B * r.T * r.m.vocab_size);
     float loss = -1.0f;
     ck_assert_int_eq(A->eval_loss(r.ctx, r.tokens, r.targets, r.B, r.T, &loss), ORCH_OK);
-    ck_assert_msg(fabsf(loss - ref_loss) <= 1e-4f, "[kv%d %s] eval loss %.7f vs %.7f",
-                  k, opt, loss, ref_loss);
+    ck_assert_msg(fabsf(loss - ref_loss) <= 1e-4f, "[kv%d %s] eval loss %.7f vs %.7f", k,
+                  opt, loss, ref_loss);
     /* Full forward of both sequences in one batch, blocks of 5, tables
      * interleaved and out of order. */
     ck_assert_int_eq(A->kv_configure(r.ctx, 5, 8), ORCH_OK);
@@ -366,14 +367,14 @@ START_TEST(test_table_and_init) {
     const int untied = (m.flags & ORCH_MODEL_FLAG_UNTIED_HEAD) != 0;
     ck_assert_uint_eq(t.n, 2 + 9 * m.layers + (uint32_t)untied);
     static const char *const sfx[9] = {
-        "input_layernorm.weight",   "self_attn.q_proj.weight",
-        "self_attn.k_proj.weight",  "self_attn.v_proj.weight",
-        "self_attn.o_proj.weight",  "post_attention_layernorm.weight",
-        "mlp.gate_proj.weight",     "mlp.up_proj.weight",
+        "input_layernorm.weight",  "self_attn.q_proj.weight",
+        "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+        "self_attn.o_proj.weight", "post_attention_layernorm.weight",
+        "mlp.gate_proj.weight",    "mlp.up_proj.weight",
         "mlp.down_proj.weight",
     };
-    const uint64_t shp[9][2] = { { C, 0 },  { C, C }, { KV, C }, { KV, C }, { C, C },
-                                 { C, 0 },  { M, C }, { M, C },  { C, M } };
+    const uint64_t shp[9][2] = { { C, 0 }, { C, C }, { KV, C }, { KV, C }, { C, C },
+                                 { C, 0 }, { M, C }, { M, C },  { C, M } };
     uint64_t off = 0;
     float *all = test_read_kind(A, ctx, ORCH_TENSOR_PARAM, &t);
     for (uint32_t i = 0; i < t.n; i++) {
@@ -498,9 +499,9 @@ static void run_steps(int k, uint32_t threads, float *losses, float **grads,
     torch_open(&r, k, opt);
     for (int s = 0; s < 2; s++) {
         ck_assert_int_eq(A->grads_zero(r.ctx), ORCH_OK);
-        ck_assert_int_eq(A->forward_backward(r.ctx, r.tokens, r.targets, r.B, r.T, 1.0f,
-                                             &losses[s]),
-                         ORCH_OK);
+        ck_assert_int_eq(
+            A->forward_backward(r.ctx, r.tokens, r.targets, r.B, r.T, 1.0f, &losses[s]),
+            ORCH_OK);
         orch_adamw_params p = adam_of(r.f, (uint64_t)s + 1);
         float norm;
         if (s == 0) ck_assert_int_eq(A->optimizer_step(r.ctx, &p, &norm), ORCH_OK);

@@ -125,9 +125,9 @@ struct orch_engine_ctx {
     /* model */
     uint32_t V, T, L, NH, C, M, HS;
     float eps;
-    uint32_t arch; /* ORCH_ARCH_* */
-    uint32_t KVH;  /* key/value heads (= NH for gpt2) */
-    uint32_t KVD;  /* KVH * HS: floats of K (and of V) per position and layer */
+    uint32_t arch;        /* ORCH_ARCH_* */
+    uint32_t KVH;         /* key/value heads (= NH for gpt2) */
+    uint32_t KVD;         /* KVH * HS: floats of K (and of V) per position and layer */
     orch_model_desc desc; /* the normalised description */
     /* llama (cpu_llama.c): RoPE tables, activations, inference scratch;
      * NULL for gpt2. Freed by cpu_llama_free. */

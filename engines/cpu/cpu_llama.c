@@ -136,7 +136,7 @@ typedef struct layer_acts {
 typedef struct acts {
     layer_acts *layer; /* [L] */
     float *res_out, *lnf, *rstdf, *row_loss;
-    float *xn, *h, *logits;                    /* forward scratch */
+    float *xn, *h, *logits;                     /* forward scratch */
     float *dres, *dx, *dh, *dgu, *datty, *dqkv; /* backward scratch */
     float *att_scratch;                         /* [threads][2 * qb * T] */
 } acts;
@@ -303,8 +303,7 @@ static void rows_chunk(void *arg, size_t c, int tid) {
         case OP_EMBED:
             memcpy(j->out + r * C, j->w + (size_t)j->tokens[r] * C, C * sizeof(float));
             break;
-        default:
-            break;
+        default: break;
         }
     }
 }
@@ -332,8 +331,14 @@ static void rmsnorm(orch_engine_ctx *ctx, const float *x, float *out, float *rst
 static void rmsnorm_backward(orch_engine_ctx *ctx, const float *dy, const float *x,
                              const float *rstd, const float *w, float *dx, float *dw,
                              size_t rows) {
-    rows_job j = { .op = OP_RMS_BWD, .rows = rows, .x = x,   .w = w,
-                   .dy = dy,         .rstd = (float *)rstd,  .dx = dx, .dw = dw };
+    rows_job j = { .op = OP_RMS_BWD,
+                   .rows = rows,
+                   .x = x,
+                   .w = w,
+                   .dy = dy,
+                   .rstd = (float *)rstd,
+                   .dx = dx,
+                   .dw = dw };
     run_rows(ctx, &j);
 }
 
@@ -602,8 +607,9 @@ int32_t cpu_llama_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
                              .lddin = M,
                              .dW = cpu_llama_tensor(ctx, G, li, LL_DOWN) };
         cpu_linear_backward(ctx, &b);
-        rows_job sb = { .op = OP_SWIGLU_BWD, .rows = BT, .x = la->gu, .dy = a.dh,
-                        .out = a.dgu };
+        rows_job sb = {
+            .op = OP_SWIGLU_BWD, .rows = BT, .x = la->gu, .dy = a.dh, .out = a.dgu
+        };
         run_rows(ctx, &sb);
         b = (cpu_linear_bwd){ .R = (int)BT,
                               .N = 2 * M,
@@ -637,7 +643,8 @@ int32_t cpu_llama_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
         cpu_pool_for(ctx->pool, (size_t)B * ctx->KVH, attn_chunk, &aj);
         rows_job rj = { .op = OP_ROPE, .rows = BT, .out = a.dqkv, .T = T, .inverse = 1 };
         run_rows(ctx, &rj);
-        rmsnorm(ctx, la->res_in, a.xn, NULL, cpu_llama_tensor(ctx, P, li, LL_IN_NORM), BT);
+        rmsnorm(ctx, la->res_in, a.xn, NULL, cpu_llama_tensor(ctx, P, li, LL_IN_NORM),
+                BT);
         b = (cpu_linear_bwd){ .R = (int)BT,
                               .N = QS,
                               .K = C,

@@ -103,9 +103,9 @@ static int32_t packed_ensure(orch_engine_ctx *ctx) {
         (pack_item){ cpu_llama_head(ctx, ctx->params), ctx->packed_wte, ctx->V, C, 0 };
     for (uint32_t l = 0; l < L; l++)
         for (size_t k = 0; k < 4; k++)
-            items[n++] = (pack_item){ cpu_llama_tensor(ctx, ctx->params, l, first[k]),
-                                      ctx->packed_layer[l * 4 + k], sizes[k][0],
-                                      sizes[k][1], 0 };
+            items[n++] =
+                (pack_item){ cpu_llama_tensor(ctx, ctx->params, l, first[k]),
+                             ctx->packed_layer[l * 4 + k], sizes[k][0], sizes[k][1], 0 };
     size_t chunks = 0;
     for (size_t i = 0; i < n; i++) {
         items[i].first_chunk = chunks;
@@ -147,22 +147,24 @@ static void rows_chunk(void *arg, size_t c, int tid) {
     orch_engine_ctx *ctx = f->ctx;
     const size_t C = ctx->C, M = ctx->M, KVD = ctx->KVD, QS = C + 2 * KVD;
     const size_t n = f->op == F_ROWS_RMS ? f->R : f->N;
-    const size_t chunks =
-        f->op == F_ROWS_RMS ? cpu_pool_chunks(ctx->pool, f->R, 4, ROW_CHUNKS) : f->row_chunks;
+    const size_t chunks = f->op == F_ROWS_RMS
+                              ? cpu_pool_chunks(ctx->pool, f->R, 4, ROW_CHUNKS)
+                              : f->row_chunks;
     size_t a, b;
     cpu_pool_range(n, (int)c, (int)chunks, 1, &a, &b);
     for (size_t r = a; r < b; r++) {
         switch (f->op) {
         case F_EMBED:
-            memcpy(f->x + r * C, cpu_llama_embed(ctx, ctx->params) + (size_t)f->toks[r] * C,
+            memcpy(f->x + r * C,
+                   cpu_llama_embed(ctx, ctx->params) + (size_t)f->toks[r] * C,
                    C * sizeof(float));
             break;
         case F_RMS:
             cpu_llama_rmsnorm(f->x + r * C, f->ln + r * C, f->w, C, ctx->eps, NULL);
             break;
         case F_ROWS_RMS:
-            cpu_llama_rmsnorm(f->x + (size_t)f->row_index[r] * C, f->rows + r * C, f->w, C,
-                              ctx->eps, NULL);
+            cpu_llama_rmsnorm(f->x + (size_t)f->row_index[r] * C, f->rows + r * C, f->w,
+                              C, ctx->eps, NULL);
             break;
         case F_ROPE_STORE: { /* RoPE of q and k, then K/V into the blocks */
             float *row = f->qkv + r * QS;
@@ -182,8 +184,7 @@ static void rows_chunk(void *arg, size_t c, int tid) {
             for (size_t i = 0; i < M; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
             break;
         }
-        default:
-            break;
+        default: break;
         }
     }
 }
@@ -254,7 +255,8 @@ static void attn_task(const fwd *f, uint32_t si, uint32_t h, float *scratch) {
 static void attn_chunk(void *arg, size_t c, int tid) {
     const fwd *f = arg;
     const uint32_t NH = f->ctx->NH;
-    attn_task(f, f->order[c / NH], (uint32_t)(c % NH), f->att + (size_t)tid * f->att_per_thread);
+    attn_task(f, f->order[c / NH], (uint32_t)(c % NH),
+              f->att + (size_t)tid * f->att_per_thread);
 }
 
 typedef struct task_key {
@@ -311,9 +313,9 @@ int32_t cpu_llama_infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *ba
                                 float *logits, uint64_t logits_cap) {
     uint64_t n_tok = 0, n_rows = 0;
     const engine_kv_view kv = cpu_kv_view(ctx);
-    int32_t st = engine_infer_check(batch, logits, logits_cap, ctx->V, ctx->T,
-                                    ctx->max_batch_tokens, "engine option max_batch_tokens",
-                                    &kv, &n_tok, &n_rows, ENGINE_ERRBUF(ctx));
+    int32_t st = engine_infer_check(
+        batch, logits, logits_cap, ctx->V, ctx->T, ctx->max_batch_tokens,
+        "engine option max_batch_tokens", &kv, &n_tok, &n_rows, ENGINE_ERRBUF(ctx));
     if (st != ORCH_OK) return st;
     fwd f;
     memset(&f, 0, sizeof f);
@@ -358,8 +360,8 @@ int32_t cpu_llama_infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *ba
     for (uint32_t i = 0; i < batch->n_seqs; i++) {
         const orch_seq_input *s = engine_batch_seq(batch, i);
         tok0[i] = (uint32_t)r;
-        keys[i] = (task_key){ (double)s->n_tokens * ((double)s->start_pos + s->n_tokens),
-                              i };
+        keys[i] =
+            (task_key){ (double)s->n_tokens * ((double)s->start_pos + s->n_tokens), i };
         for (uint32_t k = 0; k < s->n_tokens; k++, r++) {
             toks[r] = s->tokens[k];
             pos[r] = s->start_pos + k;
