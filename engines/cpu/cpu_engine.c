@@ -2,7 +2,14 @@
  * cpu_engine.c - the CPU engine's ABI table (libengine_cpu.so): context
  * lifecycle, engine options, parameter initialisation, tensor tables, flat
  * gradients, the KV pool, and argument validation for every call. The
- * numerics live in cpu_train.c, cpu_infer.c, cpu_linear.c and cpu_kernels.c.
+ * numerics live in cpu_train.c, cpu_infer.c (GPT-2), cpu_llama.c,
+ * cpu_llama_infer.c (ORCH_ARCH_LLAMA), cpu_linear.c and cpu_kernels.c.
+ *
+ * Architectures: gpt2 and llama (ABI 1.1; tensor table, init rule and RoPE
+ * frequencies from engines/common). Both train (fp32 or precision=bf16),
+ * evaluate and serve from the paged KV pool, whose blocks hold K and V of
+ * kv_heads * head size floats per position and layer. weights=int8 is
+ * gpt2 only (refused for llama at context_create).
  *
  * Capabilities: TRAIN | INFER | KV_COPY | EVAL | DETERMINISTIC (same inputs
  * and thread count give the same bits).
@@ -61,8 +68,9 @@
  *                       separate process (or ONEDNN_MAX_CPU_ISA=avx512_core_bf16).
  *
  * Initialisation (context_create): N(0, 0.02) for matrices and embeddings,
- * N(0, 0.02/sqrt(2*layers)) for attn.c_proj.weight and mlp.c_proj.weight,
- * zero biases, LayerNorm weights 1, drawn from one splitmix64 stream seeded
+ * N(0, 0.02/sqrt(2*layers)) for attn.c_proj.weight and mlp.c_proj.weight
+ * (llama: self_attn.o_proj.weight, mlp.down_proj.weight), zero biases,
+ * LayerNorm and RMSNorm weights 1, drawn from one splitmix64 stream seeded
  * with opts->seed, tensors in table order, Box-Muller pairs, computed in
  * parallel (splitmix64 can jump). The CUDA engine draws the same numbers; the
  * mock engine seeds each tensor separately and differs.
