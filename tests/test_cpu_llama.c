@@ -19,8 +19,12 @@
  *     tables give the fixture's full-forward logits (within 1e-4);
  *   - the tensor table (names, shapes, order, NO_DECAY flags), the init rule,
  *     kv_block_bytes by kv_heads;
- *   - bad descriptions give the engines/common errors; weights=int8 with
- *     llama is refused;
+ *   - bad descriptions give the engines/common errors;
+ *   - weights=int8: tensor_read returns the matrices rounded through the
+ *     int8 grid (norms untouched), training is refused, eval_loss equals the
+ *     fp32 engine's on those weights, and decoding on the int8 kernels is
+ *     within 5% of the largest logit of a full fp32 forward on them (the
+ *     bound of tests/test_cpu_int8.c: the activations are rounded to int8);
  *   - same inputs and thread count give the same bits (ORCH_CAP_DETERMINISTIC);
  *   - precision=bf16 (where the CPU and oneDNN allow it) stays within 2e-2 of
  *     the fixture's 10 step losses, the bound of tests/test_cpu_bf16.c.
@@ -481,8 +485,6 @@ START_TEST(test_bad_descriptions) {
     m = test_model_desc(97, 16, 2, 4, 32);
     m.kv_heads = 2;
     expect_create_error(&m, NULL, ORCH_ERR_UNSUPPORTED, "kv_heads 2 differs");
-    expect_create_error(&good, "weights=int8", ORCH_ERR_UNSUPPORTED,
-                        "weights=int8 is not available for model arch llama");
 }
 END_TEST
 
@@ -573,6 +575,89 @@ START_TEST(test_bf16_steps) {
 }
 END_TEST
 
+/* ------------------------------------------------------------------------- */
+/* weights=int8                                                               */
+/* ------------------------------------------------------------------------- */
+
+START_TEST(test_int8) {
+    torch_run r;
+    torch_open(&r, _i, "weights=int8,skinny=16");
+    test_table t;
+    test_read_table(A, r.ctx, ORCH_TENSOR_PARAM, &t);
+    float *q = test_read_kind(A, r.ctx, ORCH_TENSOR_PARAM, &t);
+    for (uint32_t i = 0; i < t.n; i++) {
+        const orch_tensor_info *ti = &t.info[i];
+        char key[128];
+        snprintf(key, sizeof key, "param.%s", ti->name);
+        size_t numel;
+        const float *src = fixture_f32(r.f, key, &numel);
+        const double d = test_max_diff(q + ti->offset, src, numel);
+        if (ti->ndim == 1) {
+            ck_assert_msg(d == 0.0, "%s changed by int8 rounding", ti->name);
+        } else {
+            /* Per 32-block: |w - q| <= scale / 2 = max|w_block| / 254. */
+            ck_assert_msg(d > 0.0 && d <= test_max_abs(src, numel) / 254.0 * 1.0001,
+                          "%s: int8 rounding moved it by %g", ti->name, d);
+        }
+    }
+    float loss = 0.0f;
+    ck_assert_int_eq(
+        A->forward_backward(r.ctx, r.tokens, r.targets, r.B, r.T, 1.0f, &loss),
+        ORCH_ERR_UNSUPPORTED);
+    /* fp32 reference on the same (rounded) weights: full forward on sgemm. */
+    orch_engine_ctx *ref = make_ctx(&r.m, 0, "skinny=0");
+    test_write_kind(A, ref, ORCH_TENSOR_PARAM, &t, q);
+    float l8 = -1.0f, l32 = -2.0f;
+    ck_assert_int_eq(A->eval_loss(r.ctx, r.tokens, r.targets, r.B, r.T, &l8), ORCH_OK);
+    ck_assert_int_eq(A->eval_loss(ref, r.tokens, r.targets, r.B, r.T, &l32), ORCH_OK);
+    ck_assert_msg(fabsf(l8 - l32) <= 1e-6f, "int8 eval %.7f vs fp32 %.7f", l8, l32);
+    const uint32_t V = r.m.vocab_size, T = r.T;
+    float *want = malloc((size_t)2 * T * V * sizeof(float));
+    float *got = malloc((size_t)2 * T * V * sizeof(float));
+    int32_t tab[2][4] = { { 3, 0, 5, 6 }, { 7, 1, 4, 2 } };
+    ck_assert_int_eq(A->kv_configure(ref, 4, 8), ORCH_OK);
+    ck_assert_int_eq(A->kv_configure(r.ctx, 4, 8), ORCH_OK);
+    orch_seq_input s[2];
+    for (uint32_t k = 0; k < 2; k++)
+        s[k] = test_seq_input(r.tokens + k * T, T, 0, tab[k], 3, ORCH_LOGITS_ALL);
+    ck_assert_int_eq(test_infer(A, ref, s, 2, want, (uint64_t)2 * T * V), ORCH_OK);
+    /* int8: a 3-token prefill of both, then one token per forward. */
+    for (uint32_t k = 0; k < 2; k++)
+        s[k] = test_seq_input(r.tokens + k * T, 3, 0, tab[k], 3, ORCH_LOGITS_ALL);
+    float *both = malloc((size_t)2 * 3 * V * sizeof(float));
+    ck_assert_int_eq(test_infer(A, r.ctx, s, 2, both, (uint64_t)6 * V), ORCH_OK);
+    for (uint32_t k = 0; k < 2; k++)
+        memcpy(got + (size_t)k * T * V, both + (size_t)k * 3 * V, 3 * V * sizeof(float));
+    free(both);
+    for (uint32_t p = 3; p < T; p++) {
+        for (uint32_t k = 0; k < 2; k++)
+            s[k] =
+                test_seq_input(r.tokens + k * T + p, 1, p, tab[k], 3, ORCH_LOGITS_LAST);
+        float two[2 * 128];
+        ck_assert(V <= 128);
+        ck_assert_int_eq(test_infer(A, r.ctx, s, 2, two, (uint64_t)2 * V), ORCH_OK);
+        for (uint32_t k = 0; k < 2; k++)
+            memcpy(got + ((size_t)k * T + p) * V, two + (size_t)k * V, V * sizeof(float));
+    }
+    const double worst = test_max_diff(got, want, (uint64_t)2 * T * V);
+    const double mag = test_max_abs(want, (uint64_t)2 * T * V);
+    printf("test_cpu_llama: kv%d int8 decode vs fp32 full forward: max |diff| %.3g, "
+           "max |logit| %.3g\n",
+           _i == 0   ? 1
+           : _i == 1 ? 2
+                     : 4,
+           worst, mag);
+    ck_assert_msg(worst <= 0.05 * mag, "int8 decode vs fp32: %g (logits up to %g)", worst,
+                  mag);
+    ck_assert_msg(worst > 0.0, "int8 decoding equals fp32 exactly: int8 kernels unused?");
+    free(want);
+    free(got);
+    free(q);
+    A->context_destroy(ref);
+    torch_close(&r);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("cpu_llama");
     TCase *tc = tcase_create("torch");
@@ -590,6 +675,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_bad_descriptions);
     tcase_add_loop_test(tc, test_determinism, 0, 3);
     tcase_add_loop_test(tc, test_bf16_steps, 0, 3);
+    tcase_add_loop_test(tc, test_int8, 0, 3);
     suite_add_tcase(s, tc);
     return s;
 }

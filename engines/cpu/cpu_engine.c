@@ -8,8 +8,8 @@
  * Architectures: gpt2 and llama (ABI 1.1; tensor table, init rule and RoPE
  * frequencies from engines/common). Both train (fp32 or precision=bf16),
  * evaluate and serve from the paged KV pool, whose blocks hold K and V of
- * kv_heads * head size floats per position and layer. weights=int8 is
- * gpt2 only (refused for llama at context_create).
+ * kv_heads * head size floats per position and layer. weights=int8 serves
+ * both (llama: every 2-D tensor, embedding and head included, is int8).
  *
  * Capabilities: TRAIN | INFER | KV_COPY | EVAL | DETERMINISTIC (same inputs
  * and thread count give the same bits).
@@ -32,7 +32,7 @@
  *   weights=fp32|int8   weights=int8 (inference only; training refused):
  *                       tensor_write rounds every weight matrix (wte = LM
  *                       head, qkv, attn/mlp proj, fc; not wpe, biases,
- *                       LayerNorm) through int8 blocks of 32 along K with one
+ *                       LayerNorm; llama: every 2-D tensor) through int8 blocks of 32 along K with one
  *                       fp32 scale each (Q8_0-like), tensor_read returns those
  *                       values and checkpoints stay fp32. Products of at most
  *                       skinny rows run on int8 kernels (cpu_quant.c); memory
@@ -384,10 +384,6 @@ static int32_t cpu_context_create(const orch_model_desc *model,
         precision = CPU_PREC_FP32;
     }
     const int weights = ov[OPT_WEIGHTS] == 1 ? CPU_WEIGHTS_INT8 : CPU_WEIGHTS_FP32;
-    if (weights == CPU_WEIGHTS_INT8 && m.arch == ORCH_ARCH_LLAMA)
-        return engine_fail_buf(err, err_cap, ORCH_ERR_UNSUPPORTED,
-                               "weights=int8 is not available for model arch llama "
-                               "(gpt2 only); use weights=fp32");
     /* int8_kernel words: auto, then CPU_Q8_* from the best down. */
     static const int q8_of[6] = {
         -1, CPU_Q8_AMX, CPU_Q8_AVX512VNNI, CPU_Q8_AVXVNNI, CPU_Q8_AVX2, CPU_Q8_GENERIC

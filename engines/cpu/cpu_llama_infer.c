@@ -3,7 +3,8 @@
  * engine: validation (engines/common), then one forward over all new tokens
  * of the batch as one [N, C] activation matrix, as cpu_infer.c does for
  * GPT-2: products on the packed skinny kernel for at most skinny_max rows
- * (decoding, short chunks) and on OpenBLAS (or oneDNN bf16) above.
+ * (decoding, short chunks; with weights=int8 the int8 kernels of
+ * cpu_quant.c instead) and on OpenBLAS (or oneDNN bf16) above.
  *
  * Per layer: RMSNorm, q|k|v in one product, RoPE of q and k at each token's
  * position (start_pos + i), K/V of the new tokens stored into the
@@ -22,6 +23,7 @@
 
 #include "engines/cpu/cpu_llama.h"
 #include "engines/cpu/cpu_llama_infer.h"
+#include "engines/cpu/cpu_quant.h"
 
 #define ATTN_GEMM_MIN  8
 #define ATTN_ROW_BLOCK 64
@@ -259,6 +261,15 @@ static void attn_chunk(void *arg, size_t c, int tid) {
               f->att + (size_t)tid * f->att_per_thread);
 }
 
+/* One linear layer: on the int8 kernel when given its packed int8 matrix
+ * (weights=int8, at most skinny_max rows), else cpu_linear_forward. */
+static void linear(orch_engine_ctx *ctx, const cpu_linear_fwd *op, const uint8_t *q8w) {
+    if (q8w && (uint32_t)op->R <= ctx->skinny_max)
+        cpu_q8_linear(ctx, op, q8w);
+    else
+        cpu_linear_forward(ctx, op);
+}
+
 typedef struct task_key {
     double cost;
     uint32_t seq;
@@ -337,7 +348,12 @@ int32_t cpu_llama_infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *ba
     if ((st = scratch_ensure(ctx, &f, att)) != ORCH_OK) return st;
     const int skinny_layers = N <= ctx->skinny_max;
     const int skinny_head = R > 0 && R <= ctx->skinny_max;
-    if ((skinny_layers || skinny_head) && (st = packed_ensure(ctx)) != ORCH_OK) return st;
+    const int q8 = ctx->weights == CPU_WEIGHTS_INT8;
+    if (skinny_layers || skinny_head) {
+        /* Rows of the int8 products: all N tokens, or the R logits rows (<= N). */
+        st = q8 ? cpu_q8_ensure(ctx, skinny_layers ? N : R) : packed_ensure(ctx);
+        if (st != ORCH_OK) return st;
+    }
 
     uint32_t *tok0 = malloc(batch->n_seqs * sizeof(uint32_t));
     uint32_t *order = malloc(batch->n_seqs * sizeof(uint32_t));
@@ -386,7 +402,8 @@ int32_t cpu_llama_infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *ba
     float *P = ctx->params;
     run_rows(&f, F_EMBED);
     for (uint32_t l = 0; l < ctx->L; l++) {
-        float *const *pk = skinny_layers ? ctx->packed_layer + l * 4 : NULL;
+        float *const *pk = skinny_layers && !q8 ? ctx->packed_layer + l * 4 : NULL;
+        uint8_t *const *qk = skinny_layers && q8 ? ctx->q8_layer + l * 4 : NULL;
         f.layer = l;
         f.w = cpu_llama_tensor(ctx, P, l, LL_IN_NORM);
         run_rows(&f, F_RMS);
@@ -399,7 +416,7 @@ int32_t cpu_llama_infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *ba
                               .packed = pk ? pk[0] : NULL,
                               .out = f.qkv,
                               .ldout = (int)QS };
-        cpu_linear_forward(ctx, &op);
+        linear(ctx, &op, qk ? qk[0] : NULL);
         run_rows(&f, F_ROPE_STORE);
         cpu_pool_for(ctx->pool, (size_t)batch->n_seqs * ctx->NH, attn_chunk, &f);
         op = (cpu_linear_fwd){ .R = (int)N,
@@ -413,7 +430,7 @@ int32_t cpu_llama_infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *ba
                                .ldresid = (int)C,
                                .out = f.x,
                                .ldout = (int)C };
-        cpu_linear_forward(ctx, &op);
+        linear(ctx, &op, qk ? qk[1] : NULL);
         f.w = cpu_llama_tensor(ctx, P, l, LL_POST_NORM);
         run_rows(&f, F_RMS);
         op = (cpu_linear_fwd){ .R = (int)N,
@@ -425,7 +442,7 @@ int32_t cpu_llama_infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *ba
                                .packed = pk ? pk[2] : NULL,
                                .out = f.gu,
                                .ldout = (int)(2 * M) };
-        cpu_linear_forward(ctx, &op);
+        linear(ctx, &op, qk ? qk[2] : NULL);
         run_rows(&f, F_SWIGLU);
         op = (cpu_linear_fwd){ .R = (int)N,
                                .N = (int)C,
@@ -438,7 +455,7 @@ int32_t cpu_llama_infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *ba
                                .ldresid = (int)C,
                                .out = f.x,
                                .ldout = (int)C };
-        cpu_linear_forward(ctx, &op);
+        linear(ctx, &op, qk ? qk[3] : NULL);
     }
     if (R > 0) {
         f.w = cpu_llama_norm(ctx, P);
@@ -449,10 +466,10 @@ int32_t cpu_llama_infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *ba
                               .in = f.rows,
                               .ldin = (int)C,
                               .W = cpu_llama_head(ctx, P),
-                              .packed = skinny_head ? ctx->packed_wte : NULL,
+                              .packed = skinny_head && !q8 ? ctx->packed_wte : NULL,
                               .out = logits,
                               .ldout = (int)ctx->V };
-        cpu_linear_forward(ctx, &op);
+        linear(ctx, &op, skinny_head && q8 ? ctx->q8_wte : NULL);
     }
     free(tok0);
     free(order);
