@@ -16,7 +16,8 @@
  *     the logits by 1e-2 or more;
  *   - KV-cached decoding: prefill chunks (both attention paths) and one-token
  *     decode steps of two sequences in one batch through shuffled block
- *     tables give the fixture's full-forward logits (within 1e-4);
+ *     tables give the fixture's full-forward logits (within 1e-4), and so
+ *     does a prefix copied with kv_copy_blocks (same bits as the original);
  *   - the tensor table (names, shapes, order, NO_DECAY flags), the init rule,
  *     kv_block_bytes by kv_heads;
  *   - bad descriptions give the engines/common errors;
@@ -368,6 +369,32 @@ START_TEST(test_kv_decode) {
 }
 END_TEST
 
+/* kv_copy_blocks on the llama pool (K/V of kv_heads heads per position): a
+ * prefix copied to other blocks decodes the next token to the same bits as
+ * the original blocks, and both equal the full forward. */
+START_TEST(test_kv_copy) {
+    torch_run r;
+    torch_open(&r, _i, NULL);
+    size_t nl;
+    const float *ref = fixture_f32(r.f, "logits", &nl);
+    const uint32_t V = r.m.vocab_size;
+    ck_assert_int_eq(A->kv_configure(r.ctx, 4, 8), ORCH_OK);
+    int32_t orig[3] = { 0, 1, 2 }, copy[3] = { 5, 6, 7 };
+    orch_seq_input s = test_seq_input(r.tokens, 8, 0, orig, 2, ORCH_LOGITS_NONE);
+    ck_assert_int_eq(test_infer(A, r.ctx, &s, 1, NULL, 0), ORCH_OK);
+    ck_assert_int_eq(A->kv_copy_blocks(r.ctx, orig, copy, 2), ORCH_OK);
+    float a[128], b[128];
+    ck_assert(V <= 128);
+    s = test_seq_input(r.tokens + 8, 1, 8, copy, 3, ORCH_LOGITS_LAST);
+    ck_assert_int_eq(test_infer(A, r.ctx, &s, 1, b, V), ORCH_OK);
+    s = test_seq_input(r.tokens + 8, 1, 8, orig, 3, ORCH_LOGITS_LAST);
+    ck_assert_int_eq(test_infer(A, r.ctx, &s, 1, a, V), ORCH_OK);
+    ck_assert(memcmp(a, b, V * sizeof(float)) == 0);
+    ck_assert_msg(test_max_diff(a, ref + (size_t)8 * V, V) <= 1e-4, "copy decode off");
+    torch_close(&r);
+}
+END_TEST
+
 /* ------------------------------------------------------------------------- */
 /* Table, init, KV sizes                                                      */
 /* ------------------------------------------------------------------------- */
@@ -680,6 +707,7 @@ static Suite *suite(void) {
     tcase_add_loop_test(tc, test_torch_gradients, 0, 3 * N_VARIANTS);
     tcase_add_loop_test(tc, test_torch_adamw_steps, 0, 3 * N_VARIANTS);
     tcase_add_loop_test(tc, test_kv_decode, 0, 6);
+    tcase_add_loop_test(tc, test_kv_copy, 0, 3);
     suite_add_tcase(s, tc);
     tc = tcase_create("table");
     tcase_add_unchecked_fixture(tc, load_engine, unload_engine);
