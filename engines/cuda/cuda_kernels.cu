@@ -808,7 +808,7 @@ cudaError_t k_kv_write(cudaStream_t s, const float *qkv, const float *bias, floa
     return cudaGetLastError();
 }
 
-#define ATTN_THREADS 128
+#define ATTN_THREADS 256 /* 8 warps */
 
 /* grid (n tokens, H heads). Scores for keys 0..pos live in dynamic shared
  * memory; each warp computes whole dot products (lanes split the head dim).
@@ -855,14 +855,27 @@ __global__ void paged_attention_kernel(const float *q, const float *kv,
     sum = block_sum(sum, red); /* its barriers also publish the scores[] writes */
     float inv = 1.0f / sum;
 
-    for (uint32_t d = threadIdx.x; d < hs; d += blockDim.x) {
+    /* y = sum_j p_j v_j, 32 channels at a time: warp w sums keys j = w mod nw
+     * (lanes read 32 consecutive floats of a V row), then warp 0 adds the nw
+     * partial sums in warp order (fixed, so reproducible). */
+    __shared__ float vpart[ATTN_THREADS / 32][33];
+    for (uint32_t d0 = 0; d0 < hs; d0 += 32) {
+        uint32_t d = d0 + lane;
         float acc = 0.0f;
-        for (uint32_t j = 0; j < nk; j++) {
-            const float *vr =
-                kv + kv_index((uint32_t)bt[j / bs], layer, 1, j % bs, kc, W, bs, L);
-            acc += scores[j] * vr[d];
+        if (d < hs)
+            for (uint32_t j = wid; j < nk; j += nw) {
+                const float *vr =
+                    kv + kv_index((uint32_t)bt[j / bs], layer, 1, j % bs, kc, W, bs, L);
+                acc += scores[j] * vr[d];
+            }
+        vpart[wid][lane] = acc;
+        __syncthreads();
+        if (wid == 0 && d < hs) {
+            float t = 0.0f;
+            for (uint32_t w = 0; w < nw; w++) t += vpart[w][lane];
+            y[tok * C + (uint64_t)h * hs + d] = t * inv;
         }
-        y[tok * C + (uint64_t)h * hs + d] = acc * inv;
+        __syncthreads(); /* vpart is reused by the next channel group */
     }
 }
 

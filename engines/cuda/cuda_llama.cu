@@ -55,11 +55,11 @@ int32_t cu_llama_train_step(orch_engine_ctx *ctx, const int32_t *tokens,
     cudaStream_t s = ctx->stream;
     const uint32_t C = ctx->C, L = ctx->L, H = ctx->H, D = ctx->hs, M = ctx->M,
                    V = ctx->V, KVH = ctx->KVH;
-    const uint32_t G = H / KVH;       /* query heads per K/V head */
-    const uint32_t KW = ctx->kvC;     /* K/V width KVH*D */
-    const uint32_t W = C + 2 * KW;    /* q | k | v row width */
+    const uint32_t G = H / KVH;    /* query heads per K/V head */
+    const uint32_t KW = ctx->kvC;  /* K/V width KVH*D */
+    const uint32_t W = C + 2 * KW; /* q | k | v row width */
     const uint32_t N = B * T;
-    const uint32_t BG = B * KVH;      /* attention groups */
+    const uint32_t BG = B * KVH; /* attention groups */
     const uint64_t NC = (uint64_t)N * C, NK = (uint64_t)N * KW;
     const uint64_t A = (uint64_t)B * H * T * T; /* attention elements per layer */
     const long long sGTT = (long long)G * T * T, sGTD = (long long)G * T * D;
@@ -83,9 +83,9 @@ int32_t cu_llama_train_step(orch_engine_ctx *ctx, const int32_t *tokens,
     memcpy(h + N, targets, (size_t)N * sizeof(int32_t));
     uint32_t n_uniq = 0;
     if (grad)
-        n_uniq = cu_token_csr(ctx->h_tok_map, tokens, N, h + 2 * (size_t)N,
-                              h + 3 * (size_t)N, h + 4 * (size_t)N + 1,
-                              h + 5 * (size_t)N + 1);
+        n_uniq =
+            cu_token_csr(ctx->h_tok_map, tokens, N, h + 2 * (size_t)N, h + 3 * (size_t)N,
+                         h + 4 * (size_t)N + 1, h + 5 * (size_t)N + 1);
     size_t up = grad ? 5 * (size_t)N + 1 : 2 * (size_t)N;
     KCHECK(ctx, cudaMemcpyAsync(a->i_base, h, up * sizeof(int32_t),
                                 cudaMemcpyHostToDevice, s));
@@ -172,7 +172,7 @@ int32_t cu_llama_train_step(orch_engine_ctx *ctx, const int32_t *tokens,
                                     cu_tp(ctx, Gr, norm_index(ctx)), N, C, part));
         for (uint32_t li = L; li-- > 0;) {
             const uint32_t l = li;
-            float *dgu = a->s_big; /* [N, 2M] */
+            float *dgu = a->s_big;    /* [N, 2M] */
             float *dact = a->s_heads; /* [N, M]: s_heads is sized for it */
             /* down_proj */
             CU_TRY(cu_gemm(ctx, 1, 0, C, M, N, 1.0f, dres, C, ACT(l), M, 1.0f,
@@ -191,10 +191,10 @@ int32_t cu_llama_train_step(orch_engine_ctx *ctx, const int32_t *tokens,
             KCHECK(ctx, k_rmsnorm_bwd_w(s, dln, X2(l), LN2R(l), GW(l, CL_POST_NORM), N, C,
                                         part));
             /* o_proj */
-            CU_TRY(cu_gemm(ctx, 1, 0, C, C, N, 1.0f, dres, C, YY(l), C, 1.0f,
-                           GW(l, CL_O), C));
-            CU_TRY(cu_gemm(ctx, 0, 0, N, C, C, 1.0f, dres, C, PW(l, CL_O), C, 0.0f, dln,
+            CU_TRY(cu_gemm(ctx, 1, 0, C, C, N, 1.0f, dres, C, YY(l), C, 1.0f, GW(l, CL_O),
                            C));
+            CU_TRY(
+                cu_gemm(ctx, 0, 0, N, C, C, 1.0f, dres, C, PW(l, CL_O), C, 0.0f, dln, C));
             /* attention core: dyh in s_big[0..NC); dq, dk, dv in s_heads */
             float *dyh = a->s_big;
             float *dqh = a->s_heads, *dkh = a->s_heads + NC, *dvh = a->s_heads + NC + NK;
@@ -204,8 +204,8 @@ int32_t cu_llama_train_step(orch_engine_ctx *ctx, const int32_t *tokens,
                                    0.0f, a->s_att, T, sGTT, BG));
             KCHECK(ctx,
                    k_softmax_causal_bwd(s, ATT(l), a->s_att, (uint64_t)B * H * T, T, T));
-            CU_TRY(cu_gemm_batched(ctx, 0, 0, GT, D, T, scale, a->s_att, T, sGTT, KH(l), D,
-                                   sTD, 0.0f, dqh, D, sGTD, BG));
+            CU_TRY(cu_gemm_batched(ctx, 0, 0, GT, D, T, scale, a->s_att, T, sGTT, KH(l),
+                                   D, sTD, 0.0f, dqh, D, sGTD, BG));
             /* dv = att^T dyh and dk = scale d(pre)^T q: the sums over the G
              * query heads of a group are the inner dimension of the GEMM */
             CU_TRY(cu_gemm_batched(ctx, 1, 0, T, D, GT, 1.0f, ATT(l), T, sGTT, dyh, D,
@@ -213,12 +213,13 @@ int32_t cu_llama_train_step(orch_engine_ctx *ctx, const int32_t *tokens,
             CU_TRY(cu_gemm_batched(ctx, 1, 0, T, D, GT, scale, a->s_att, T, sGTT, QH(l),
                                    D, sGTD, 0.0f, dkh, D, sTD, BG));
             float *dqkv = a->s_big; /* [N, W]; dyh is no longer needed */
-            KCHECK(ctx, k_llama_merge_heads(s, dqh, dkh, dvh, dqkv, freq, B, T, H, KVH, D));
+            KCHECK(ctx,
+                   k_llama_merge_heads(s, dqh, dkh, dvh, dqkv, freq, B, T, H, KVH, D));
             /* q | k | v projections */
             CU_TRY(cu_gemm(ctx, 1, 0, W, C, N, 1.0f, dqkv, W, LN1(l), C, 1.0f,
                            GW(l, CL_Q), C));
-            CU_TRY(cu_gemm(ctx, 0, 0, N, C, W, 1.0f, dqkv, W, PW(l, CL_Q), C, 0.0f, dln,
-                           C));
+            CU_TRY(
+                cu_gemm(ctx, 0, 0, N, C, W, 1.0f, dqkv, W, PW(l, CL_Q), C, 0.0f, dln, C));
             /* input_layernorm: d(res[l]) = dres + RMSNorm backward */
             KCHECK(ctx, k_rmsnorm_bwd_dx(s, dln, RES(l), LN1R(l), PW(l, CL_IN_NORM), dres,
                                          N, C, 1));
@@ -298,14 +299,14 @@ int32_t cu_llama_infer(orch_engine_ctx *ctx, const cu_infer_plan *plan,
     KCHECK(ctx, k_gather_rows(s, emb, d_tok, b->x, n, C));
     KCHECK(ctx, k_rmsnorm(s, b->x, PW(0, CL_IN_NORM), b->ln, NULL, n, C, eps));
     for (uint32_t l = 0; l < L; l++) {
-        CU_TRY(cu_gemm(ctx, 0, 1, n, W, C, 1.0f, b->ln, C, PW(l, CL_Q), C, 0.0f, b->qkv,
-                       W));
+        CU_TRY(
+            cu_gemm(ctx, 0, 1, n, W, C, 1.0f, b->ln, C, PW(l, CL_Q), C, 0.0f, b->qkv, W));
         KCHECK(ctx, k_llama_kv_write(s, b->qkv, b->q, ctx->d_kv, ctx->d_inv_freq, d_pos,
                                      d_seq, d_btoff, d_bt, n, H, KVH, D, bs, L, l));
         KCHECK(ctx, k_paged_attention(s, b->q, ctx->d_kv, d_pos, d_seq, d_btoff, d_bt,
                                       b->y, n, C, H, KVH, bs, L, l, smem));
-        CU_TRY(cu_gemm(ctx, 0, 1, n, C, C, 1.0f, b->y, C, PW(l, CL_O), C, 0.0f, b->tmp,
-                       C));
+        CU_TRY(
+            cu_gemm(ctx, 0, 1, n, C, C, 1.0f, b->y, C, PW(l, CL_O), C, 0.0f, b->tmp, C));
         KCHECK(ctx, k_residual_rmsnorm(s, b->x, b->tmp, b->x2, PW(l, CL_POST_NORM), b->ln,
                                        NULL, n, C, eps));
         /* gate | up, then silu(gate)*up in place over the gate half (ld 2M) */
@@ -315,7 +316,8 @@ int32_t cu_llama_infer(orch_engine_ctx *ctx, const cu_infer_plan *plan,
         CU_TRY(cu_gemm(ctx, 0, 1, n, C, M, 1.0f, b->fc, 2 * M, PW(l, CL_DOWN), M, 0.0f,
                        b->tmp, C));
         const float *nw = l + 1 < L ? PW(l + 1, CL_IN_NORM) : norm_w;
-        KCHECK(ctx, k_residual_rmsnorm(s, b->x2, b->tmp, b->x, nw, b->ln, NULL, n, C, eps));
+        KCHECK(ctx,
+               k_residual_rmsnorm(s, b->x2, b->tmp, b->x, nw, b->ln, NULL, n, C, eps));
     }
 #undef PW
     if (R) {

@@ -132,32 +132,34 @@ int32_t cu_acts_reserve(orch_engine_ctx *ctx, uint64_t N, uint64_t att) {
     const uint64_t Mh = llama ? 2 * M : M;
     uint64_t wide = max_u32(3 * ctx->C, (uint32_t)Mh);
     uint64_t NC = al64(N * C), Nr = al64(N);
+    /* llama: s_heads also holds d(act) [N,M] */
+    uint64_t heads = llama ? al64(N * max_u32(3 * ctx->C, ctx->M)) : 3 * NC;
     uint64_t sizes[32];
     int k = 0;
-    sizes[k++] = (L + 1) * NC;                                           /* res */
-    sizes[k++] = L * NC;                                                 /* ln1 */
-    sizes[k++] = L * Nr;                                                 /* ln1_mean */
-    sizes[k++] = L * Nr;                                                 /* ln1_rstd */
-    sizes[k++] = L * 3 * NC;                                             /* qkvh */
-    sizes[k++] = L * al64(att);                                          /* att */
-    sizes[k++] = L * NC;                                                 /* y */
-    sizes[k++] = L * NC;                                                 /* x2 */
-    sizes[k++] = L * NC;                                                 /* ln2 */
-    sizes[k++] = L * Nr;                                                 /* ln2_mean */
-    sizes[k++] = L * Nr;                                                 /* ln2_rstd */
-    sizes[k++] = L * al64(N * Mh);                                       /* fch */
-    sizes[k++] = L * al64(N * M);                                        /* fcg */
-    sizes[k++] = NC;                                                     /* lnf */
-    sizes[k++] = Nr;                                                     /* lnf_mean */
-    sizes[k++] = Nr;                                                     /* lnf_rstd */
-    sizes[k++] = al64(N * V);                                            /* logits */
-    sizes[k++] = Nr;                                                     /* losses */
-    sizes[k++] = al64(N * wide);                                         /* s_big */
-    sizes[k++] = NC;                                                     /* s_c0 */
-    sizes[k++] = NC;                                                     /* s_c1 */
-    sizes[k++] = llama ? al64(N * max_u32(3 * ctx->C, ctx->M)) : 3 * NC; /* s_heads */
-    sizes[k++] = al64(att);                                              /* s_att */
-    sizes[k++] = al64(2ull * CU_COLSUM_CHUNKS * wide);                   /* s_part */
+    sizes[k++] = (L + 1) * NC;                         /* res */
+    sizes[k++] = L * NC;                               /* ln1 */
+    sizes[k++] = L * Nr;                               /* ln1_mean */
+    sizes[k++] = L * Nr;                               /* ln1_rstd */
+    sizes[k++] = L * 3 * NC;                           /* qkvh */
+    sizes[k++] = L * al64(att);                        /* att */
+    sizes[k++] = L * NC;                               /* y */
+    sizes[k++] = L * NC;                               /* x2 */
+    sizes[k++] = L * NC;                               /* ln2 */
+    sizes[k++] = L * Nr;                               /* ln2_mean */
+    sizes[k++] = L * Nr;                               /* ln2_rstd */
+    sizes[k++] = L * al64(N * Mh);                     /* fch */
+    sizes[k++] = L * al64(N * M);                      /* fcg */
+    sizes[k++] = NC;                                   /* lnf */
+    sizes[k++] = Nr;                                   /* lnf_mean */
+    sizes[k++] = Nr;                                   /* lnf_rstd */
+    sizes[k++] = al64(N * V);                          /* logits */
+    sizes[k++] = Nr;                                   /* losses */
+    sizes[k++] = al64(N * wide);                       /* s_big */
+    sizes[k++] = NC;                                   /* s_c0 */
+    sizes[k++] = NC;                                   /* s_c1 */
+    sizes[k++] = heads;                                /* s_heads */
+    sizes[k++] = al64(att);                            /* s_att */
+    sizes[k++] = al64(2ull * CU_COLSUM_CHUNKS * wide); /* s_part */
     uint64_t total = 0;
     for (int i = 0; i < k; i++) total += sizes[i];
     void *p = NULL;
@@ -202,18 +204,19 @@ int32_t cu_infer_reserve(orch_engine_ctx *ctx, uint64_t n, uint64_t rows, uint64
     }
     cu_infer_free(ctx);
     uint64_t C = ctx->C, M = ctx->M, V = ctx->V;
+    uint64_t fc_w = ctx->arch == ORCH_ARCH_LLAMA ? 2 * M : M; /* llama: gate | up */
     uint64_t sizes[16];
     int k = 0;
-    sizes[k++] = al64(n * C);                                          /* x */
-    sizes[k++] = al64(n * C);                                          /* x2 */
-    sizes[k++] = al64(n * C);                                          /* ln */
-    sizes[k++] = al64(n * 3 * C);                                      /* qkv */
-    sizes[k++] = al64(n * C);                                          /* q */
-    sizes[k++] = al64(n * C);                                          /* y */
-    sizes[k++] = al64(n * C);                                          /* tmp */
-    sizes[k++] = al64(n * (ctx->arch == ORCH_ARCH_LLAMA ? 2 * M : M)); /* fc */
-    sizes[k++] = al64(rows * C);                                       /* sel */
-    sizes[k++] = al64(rows * V);                                       /* logits */
+    sizes[k++] = al64(n * C);     /* x */
+    sizes[k++] = al64(n * C);     /* x2 */
+    sizes[k++] = al64(n * C);     /* ln */
+    sizes[k++] = al64(n * 3 * C); /* qkv */
+    sizes[k++] = al64(n * C);     /* q */
+    sizes[k++] = al64(n * C);     /* y */
+    sizes[k++] = al64(n * C);     /* tmp */
+    sizes[k++] = al64(n * fc_w);  /* fc */
+    sizes[k++] = al64(rows * C);  /* sel */
+    sizes[k++] = al64(rows * V);  /* logits */
     uint64_t total = 0;
     for (int i = 0; i < k; i++) total += sizes[i];
     void *p = NULL;
