@@ -17,6 +17,16 @@
  *   - bad calls: options, tokens, positions, block ids, too few blocks,
  *     logits capacity, shared written blocks, copy overlap, out of device
  *     memory (an error, and the context stays usable)
+ * and LLaMA (ABI 1.1) directly against the torch fixtures
+ * tests/fixtures/cpu_llama_tiny_kv{1,2,4}.safetensors (grouped-query
+ * attention with 4, 2 and 1 query heads per K/V head; no, linear and llama3
+ * RoPE scaling; tied and untied heads): the table and initialisation rule,
+ * eval loss and logits (1e-4), every gradient (1e-3 relative) and their
+ * accumulation, 10 AdamW steps with clipping (losses 1e-4, norms 1e-4
+ * relative), KV-cached decoding through shuffled block tables and
+ * kv_copy_blocks equal to the fixture's logits (1e-4), tf32/bf16 math, the
+ * model rules, bit-identical reruns; and against the CPU engine once it runs
+ * llama (until then that case prints that it is skipped).
  *
  * The CUDA engine is `cuda` (libengine_cuda.so), or the library named by
  * ORCH_CUDA_ENGINE (tests/cuda_emu.sh points it at the engine built against
@@ -1338,6 +1348,74 @@ START_TEST(test_llama_cpu_parity) {
 }
 END_TEST
 
+START_TEST(test_llama_wide_heads) {
+    /* Head size 48 (more than one warp of channels, the last group partial)
+     * and 3 query heads per K/V head: the inference path (paged attention
+     * over 8-position blocks, prefill chunks then single tokens) against the
+     * training path (batched GEMM attention) on the same weights: the cross
+     * entropy of the decoded logits equals eval_loss. */
+    enum { WV = 53, WT = 37, WB = 8 };
+    orch_model_desc m = test_model_desc(WV, 40, 2, 3, 144);
+    m.arch = ORCH_ARCH_LLAMA;
+    m.kv_heads = 1;
+    m.mlp_width = 70;
+    m.rope_theta = 500.0f;
+    m.flags = ORCH_MODEL_FLAG_UNTIED_HEAD;
+    orch_engine_ctx *g = NULL;
+    char err[1024];
+    ck_assert_msg(engine_create_context(&gpu, &m, 1, SEED, NULL, &g, err, sizeof err) ==
+                      0,
+                  "%s", err);
+    test_table tb;
+    test_read_table(gpu.api, g, ORCH_TENSOR_PARAM, &tb);
+    float *w = malloc(tb.total * sizeof(float));
+    ck_assert_ptr_nonnull(w);
+    rng = 777;
+    for (uint32_t i = 0; i < tb.n; i++)
+        for (uint64_t k = 0; k < tb.info[i].numel; k++)
+            w[tb.info[i].offset + k] =
+                tb.info[i].ndim == 2 ? frand(-0.12f, 0.12f) : 1.0f + frand(-0.2f, 0.2f);
+    test_write_kind(gpu.api, g, ORCH_TENSOR_PARAM, &tb, w);
+    free(w);
+    int32_t tok[WT], tgt[WT];
+    for (int i = 0; i < WT; i++) tok[i] = (int32_t)(urand() * WV);
+    for (int i = 0; i < WT; i++) tgt[i] = i + 1 < WT ? tok[i + 1] : 0;
+    float eval = NAN;
+    CHECK_OK(&gpu, g, gpu.api->eval_loss(g, tok, tgt, 1, WT, &eval));
+
+    CHECK_OK(&gpu, g, gpu.api->kv_configure(g, WB, 8));
+    int32_t table[5] = { 3, 7, 0, 5, 1 };
+    float *rows = malloc((size_t)WT * WV * sizeof(float));
+    ck_assert_ptr_nonnull(rows);
+    uint32_t done = 0;
+    const uint32_t chunks[3] = { 11, 6, 9 }; /* then single tokens */
+    for (int step = 0; done < WT; step++) {
+        uint32_t cnt = step < 3 ? chunks[step] : 1;
+        orch_seq_input s = test_seq_input(tok + done, cnt, done, table,
+                                          (done + cnt + WB - 1) / WB, ORCH_LOGITS_ALL);
+        CHECK_OK(
+            &gpu, g,
+            test_infer(gpu.api, g, &s, 1, rows + (size_t)done * WV, (uint64_t)cnt * WV));
+        done += cnt;
+    }
+    double sum = 0.0;
+    for (int i = 0; i < WT; i++) {
+        const float *r = rows + (size_t)i * WV;
+        double mx = r[0], se = 0.0;
+        for (int k = 1; k < WV; k++)
+            if (r[k] > mx) mx = r[k];
+        for (int k = 0; k < WV; k++) se += exp(r[k] - mx);
+        sum += log(se) + mx - r[tgt[i]];
+    }
+    double dec = sum / WT;
+    ck_assert_msg(fabs(dec - eval) <= 1e-5 * fabs(eval) + 1e-6,
+                  "decoded cross entropy %.7f vs eval_loss %.7f", dec, (double)eval);
+    ck_assert_msg(eval > 0.5, "degenerate loss %g", (double)eval);
+    free(rows);
+    gpu.api->context_destroy(g);
+}
+END_TEST
+
 START_TEST(test_llama_bad_models) {
     /* engines/common's rules reach the caller through the CUDA engine */
     struct {
@@ -1409,6 +1487,7 @@ int main(void) {
     tcase_add_loop_test(tl, test_llama_init, 0, LLAMA_FIXTURES);
     tcase_add_loop_test(tl, test_llama_math_modes, 0, LLAMA_FIXTURES);
     tcase_add_loop_test(tl, test_llama_cpu_parity, 0, LLAMA_FIXTURES);
+    tcase_add_test(tl, test_llama_wide_heads);
     tcase_add_test(tl, test_llama_bad_models);
     suite_add_tcase(s, tl);
     int rc = test_run_suite(s);

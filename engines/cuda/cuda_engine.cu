@@ -1,11 +1,12 @@
 /*
  * cuda_engine.cu - the orch engine ABI for NVIDIA GPUs (libengine_cuda.so):
  * function table, probe, context life cycle, options, the tensor table (GPT-2
- * or LLaMA, ABI 1.1), the KV pool and the public entry points. The numeric work lives in
- * cuda_model.cu (passes) and cuda_kernels.cu (kernels).
+ * or LLaMA, ABI 1.1), the KV pool (K/V rows of kv_heads*head_size floats) and
+ * the public entry points. The numeric work lives in cuda_model.cu and
+ * cuda_llama.cu (passes) and cuda_kernels.cu (kernels).
  *
  * Semantics mirror the CPU engine: the same tensor names, shapes, order and
- * flags (NO_DECAY on biases and LayerNorm parameters), the flat gradient
+ * flags (NO_DECAY on 1-D tensors: biases and norm weights), the flat gradient
  * buffer is the concatenation of the tensors in table order, the same KV block
  * semantics and the same input checks with the same messages: the model
  * rules, the options parser, the status strings and every argument check are
@@ -18,6 +19,7 @@
  *   math=fp32|tf32|bf16   matrix-product precision (default fp32): tf32 and
  *                         bf16 use cuBLAS's CUBLAS_COMPUTE_32F_FAST_TF32 /
  *                         _FAST_16BF on fp32 storage; everything else is fp32
+ *                         (both architectures)
  *   device=N              CUDA device ordinal 0..1024 (default 0)
  * The `threads` option of the ABI has no meaning here and is ignored.
  *
