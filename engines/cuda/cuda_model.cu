@@ -1,7 +1,9 @@
 /*
  * cuda_model.cu - GPT-2 on the device: parameter initialisation, the training
  * forward/backward pass, the global-norm clip + AdamW step, and the paged-KV
- * inference forward. Matrix products go through cuBLAS (cu_gemm /
+ * inference forward. Initialisation, AdamW and the scratch buffers serve
+ * LLaMA too; its passes are in cuda_llama.cu (the two entry points here
+ * dispatch on the architecture). Matrix products go through cuBLAS (cu_gemm /
  * cu_gemm_batched); everything else through the kernels of cuda_kernels.cu.
  *
  * Every function here takes a validated request (cuda_engine.cu checks the
@@ -249,9 +251,10 @@ int32_t cu_infer_reserve(orch_engine_ctx *ctx, uint64_t n, uint64_t rows, uint64
 /* ------------------------------------------------------------------------- */
 
 /* As the CPU engine: matrices and embeddings N(0, 0.02), the residual
- * projections (attn.c_proj, mlp.c_proj) N(0, 0.02/sqrt(2*layers)), drawn from
- * one splitmix64 stream in table order (each matrix takes an even number of
- * outputs); LayerNorm weights 1, biases 0. */
+ * projections (gpt2 attn.c_proj, mlp.c_proj; llama o_proj, down_proj)
+ * N(0, 0.02/sqrt(2*layers)), drawn from one splitmix64 stream in table order
+ * (each matrix takes an even number of outputs); norm weights 1, biases 0.
+ * The engines/common rule serves both architectures. */
 int32_t cu_model_init(orch_engine_ctx *ctx, uint64_t seed) {
     cudaStream_t s = ctx->stream;
     uint64_t stream_pos = 0;
