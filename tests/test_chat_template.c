@@ -22,7 +22,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "orchestrator/core/strbuf.h"
 #include "orchestrator/serve/chat_template.h"
+#include "orchestrator/serve/jinja.h"
 #include "orchestrator/serve/request.h"
 #include "tests/test_util.h"
 
@@ -176,34 +178,46 @@ START_TEST(strip_like_python) {
 }
 END_TEST
 
-/* Every case of rendered.json: the built-in gives the Jinja2 text, or fails
- * where Jinja2 raised. */
-START_TEST(same_as_jinja2) {
+/* The cases of rendered.json (tools/chat_template_ref.py). */
+static cJSON *rendered_cases(void) {
     char *text = read_text(FIX "rendered.json");
     cJSON *root = cJSON_Parse(text);
     free(text);
     ck_assert(cJSON_IsArray(root));
+    return root;
+}
+
+static size_t case_messages(const cJSON *c, chat_message *m, size_t cap) {
+    size_t k = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, cJSON_GetObjectItem(c, "messages")) {
+        ck_assert(k < cap);
+        const char *content = cJSON_GetObjectItem(it, "content")->valuestring;
+        m[k++] = (chat_message){ .role = cJSON_GetObjectItem(it, "role")->valuestring,
+                                 .content = content,
+                                 .content_len = strlen(content) };
+    }
+    return k;
+}
+
+/* Every case with a built-in: it gives the Jinja2 text, or fails where
+ * Jinja2 raised. */
+START_TEST(same_as_jinja2) {
+    cJSON *root = rendered_cases();
     int n = 0, errors = 0;
     const cJSON *c;
     cJSON_ArrayForEach(c, root) {
-        const char *builtin = cJSON_GetObjectItem(c, "builtin")->valuestring;
+        const cJSON *b = cJSON_GetObjectItem(c, "builtin");
+        if (!cJSON_IsString(b)) continue;
         const char *name = cJSON_GetObjectItem(c, "case")->valuestring;
         const char *file = cJSON_GetObjectItem(c, "template")->valuestring;
         int gen = cJSON_IsTrue(cJSON_GetObjectItem(c, "add_generation_prompt"));
-        const cJSON *msgs = cJSON_GetObjectItem(c, "messages");
         chat_message m[16];
-        size_t k = 0;
-        const cJSON *it;
-        cJSON_ArrayForEach(it, msgs) {
-            ck_assert(k < 16);
-            const char *content = cJSON_GetObjectItem(it, "content")->valuestring;
-            m[k++] = (chat_message){ .role = cJSON_GetObjectItem(it, "role")->valuestring,
-                                     .content = content,
-                                     .content_len = strlen(content) };
-        }
+        size_t k = case_messages(c, m, 16);
         char *out = NULL, err[512] = "";
         size_t len = 0;
-        int rc = chat_template_render(T(builtin), m, k, gen, &out, &len, err, sizeof err);
+        int rc = chat_template_render(T(b->valuestring), m, k, gen, &out, &len, err,
+                                      sizeof err);
         const cJSON *want = cJSON_GetObjectItem(c, "text");
         if (cJSON_IsString(want)) {
             ck_assert_msg(rc == 0, "%s %s: %s", file, name, err);
@@ -223,8 +237,59 @@ START_TEST(same_as_jinja2) {
         n++;
     }
     cJSON_Delete(root);
-    ck_assert_int_eq(n, 36); /* tools/chat_template_ref.py's cases */
+    ck_assert_int_eq(n, 39); /* tools/chat_template_ref.py's cases with a built-in */
     ck_assert_int_eq(errors, 2);
+}
+END_TEST
+
+/* Every case: orch's Jinja interpreter renders the template itself exactly
+ * as Jinja2 does (raise_exception's message included). */
+START_TEST(interpreter_same_as_jinja2) {
+    cJSON *root = rendered_cases();
+    int n = 0;
+    const cJSON *c;
+    cJSON_ArrayForEach(c, root) {
+        const char *name = cJSON_GetObjectItem(c, "case")->valuestring;
+        const char *file = cJSON_GetObjectItem(c, "template")->valuestring;
+        char path[256];
+        snprintf(path, sizeof path, FIX "%s", file);
+        char *src = read_text(path);
+        jinja_template *t = NULL;
+        char err[512] = "";
+        ck_assert_msg(jinja_parse(src, strlen(src), &t, err, sizeof err) == 0, "%s: %s",
+                      file, err);
+        free(src);
+        cJSON *vars = cJSON_Duplicate(cJSON_GetObjectItem(c, "vars"), 1);
+        cJSON_AddItemToObject(vars, "messages",
+                              cJSON_Duplicate(cJSON_GetObjectItem(c, "messages"), 1));
+        cJSON_AddBoolToObject(
+            vars, "add_generation_prompt",
+            cJSON_IsTrue(cJSON_GetObjectItem(c, "add_generation_prompt")));
+        cJSON_AddNullToObject(vars, "tools");
+        strbuf out = { 0 };
+        strbuf_puts(&out, "kept:");
+        int rc = jinja_render(t, vars, &out, err, sizeof err);
+        const cJSON *want = cJSON_GetObjectItem(c, "text");
+        if (cJSON_IsString(want)) {
+            ck_assert_msg(rc == 0, "%s %s: %s", file, name, err);
+            ck_assert_msg(out.len == 5 + strlen(want->valuestring) &&
+                              memcmp(out.p + 5, want->valuestring, out.len - 5) == 0,
+                          "%s %s (%zu vs %zu bytes):\n got  %s\n want %s", file, name,
+                          out.len - 5, strlen(want->valuestring), out.p + 5,
+                          want->valuestring);
+        } else {
+            ck_assert_msg(rc == -1, "%s %s: Jinja2 raised, orch rendered %s", file, name,
+                          out.p);
+            ck_assert_str_eq(err, cJSON_GetObjectItem(c, "error")->valuestring);
+            ck_assert_str_eq(out.p, "kept:"); /* the output is as it was */
+        }
+        strbuf_free(&out);
+        cJSON_Delete(vars);
+        jinja_free(t);
+        n++;
+    }
+    cJSON_Delete(root);
+    ck_assert_int_eq(n, 66);
 }
 END_TEST
 
@@ -590,6 +655,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, exact_text);
     tcase_add_test(tc, strip_like_python);
     tcase_add_test(tc, same_as_jinja2);
+    tcase_add_test(tc, interpreter_same_as_jinja2);
     tcase_add_test(tc, render_errors);
     tcase_add_test(tc, detect_from_real_templates);
     tcase_add_test(tc, choose_for_serving);

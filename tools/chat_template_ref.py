@@ -24,14 +24,19 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURES = os.path.join(HERE, "..", "tests", "fixtures", "chat_templates")
 
-# template file -> (built-in it is rendered as, special tokens, which cases)
+# template file -> (the built-in that must give the same text, special tokens,
+# cases where the built-in differs on purpose (chat_template.h says how))
+QWEN3_DIFFERS = {"no_generation_prompt", "ends_with_assistant", "think"}  # Qwen3: <think>
 TEMPLATES = {
-    "qwen3.jinja": ("chatml", {"bos_token": None, "eos_token": "<|im_end|>"}, "chatml"),
+    "qwen3.jinja": ("chatml", {"bos_token": None, "eos_token": "<|im_end|>"}, QWEN3_DIFFERS),
     "llama3-npm.jinja": ("llama-3", {"bos_token": "<|begin_of_text|>",
-                                     "eos_token": "<|end_of_text|>"}, "gen"),
+                                     "eos_token": "<|end_of_text|>"},
+                         {"no_generation_prompt"}),  # its generation prompt is unconditional
     "llama3-instruct.jinja": ("llama-3", {"bos_token": "<|begin_of_text|>",
-                                          "eos_token": "<|end_of_text|>"}, "all"),
-    "llama2-chat.jinja": ("llama-2", {"bos_token": "<s>", "eos_token": "</s>"}, "all"),
+                                          "eos_token": "<|end_of_text|>"}, set()),
+    "llama2-chat.jinja": ("llama-2", {"bos_token": "<s>", "eos_token": "</s>"}, set()),
+    "zephyr.jinja": (None, {"bos_token": "<s>", "eos_token": "</s>"}, set()),
+    "features.jinja": (None, {"bos_token": "<s>", "eos_token": "</s>"}, set()),
 }
 
 
@@ -39,7 +44,8 @@ def m(role, content):
     return {"role": role, "content": content}
 
 
-# (name, messages, add_generation_prompt, which templates: "all" or "chatml")
+# (name, messages, add_generation_prompt); the llama2_* cases only for
+# templates that are not chatml-like
 CONVERSATIONS = [
     ("user", [m("user", "Hello!")], True),
     ("system_user", [m("system", "You are terse."), m("user", "Hi")], True),
@@ -52,21 +58,12 @@ CONVERSATIONS = [
     ("utf8", [m("system", "Réponds en français."), m("user", "Ça va ? \U0001F600")], True),
     ("no_generation_prompt", [m("user", "Hi"), m("assistant", "Hello.")], False),
     ("ends_with_assistant", [m("user", "Hi"), m("assistant", "Hello.")], True),
+    ("think", [m("user", "Hi"), m("assistant", "<think>\nhmm\n</think>\n\nHello."),
+               m("user", "Again")], True),
     ("llama2_system_only", [m("system", "s")], True),
     ("llama2_two_users", [m("user", "a"), m("user", "b")], True),
     ("llama2_assistant_first", [m("assistant", "a"), m("user", "b")], True),
 ]
-
-# Cases a template family renders differently from its built-in on
-# purpose (chat_template.h says so): Qwen3 adds <think> to an assistant
-# message after the last user message.
-SKIP = {
-    "chatml": {"no_generation_prompt", "ends_with_assistant", "llama2_system_only",
-               "llama2_two_users", "llama2_assistant_first"},
-    "gen": {"no_generation_prompt", "llama2_system_only", "llama2_two_users",
-            "llama2_assistant_first"},
-    "all": set(),
-}
 
 
 def raise_exception(message):
@@ -89,19 +86,19 @@ def environment():
 def render_all():
     env = environment()
     out = []
-    for fname, (builtin, tokens, which) in TEMPLATES.items():
+    for fname, (builtin, tokens, differs) in TEMPLATES.items():
         with open(os.path.join(FIXTURES, fname), encoding="utf-8") as f:
             tmpl = env.from_string(f.read())
         for name, msgs, gen in CONVERSATIONS:
-            if name in SKIP[which]:
+            if name.startswith("llama2_") and fname not in ("llama2-chat.jinja", "features.jinja"):
                 continue
-            if name.startswith("llama2_") and builtin != "llama-2":
-                continue
-            case = {"template": fname, "builtin": builtin, "case": name,
-                    "add_generation_prompt": gen, "messages": msgs}
+            case = {"template": fname,
+                    "builtin": builtin if name not in differs else None,
+                    "case": name, "add_generation_prompt": gen, "messages": msgs,
+                    "vars": tokens}
             try:
                 case["text"] = tmpl.render(messages=msgs, add_generation_prompt=gen,
-                                           **tokens)
+                                           tools=None, **tokens)
             except jinja2.exceptions.TemplateError as e:
                 case["error"] = str(e)
             out.append(case)
