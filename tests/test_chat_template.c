@@ -388,13 +388,14 @@ static void write_file(const char *dir, const char *name, const char *text) {
     fclose(f);
 }
 
-/* tokenizer_config.json with the template text of a fixture (JSON-escaped). */
-static void write_config(const char *dir, const char *fixture, int as_list) {
-    char path[256];
-    snprintf(path, sizeof path, FIX "%s", fixture);
-    char *text = read_text(path);
+/* tokenizer_config.json as HF writes it: bos_token a string, eos_token an
+ * AddedToken, chat_template the text (or HF's list of named templates). */
+static void write_config(const char *dir, const char *text, int as_list) {
     cJSON *root = cJSON_CreateObject();
     cJSON_AddStringToObject(root, "bos_token", "<s>");
+    cJSON *eos = cJSON_AddObjectToObject(root, "eos_token");
+    cJSON_AddStringToObject(eos, "__type", "AddedToken");
+    cJSON_AddStringToObject(eos, "content", "</s>");
     if (as_list) {
         cJSON *list = cJSON_AddArrayToObject(root, "chat_template");
         cJSON *tu = cJSON_CreateObject();
@@ -412,75 +413,154 @@ static void write_config(const char *dir, const char *fixture, int as_list) {
     write_file(dir, "tokenizer_config.json", js);
     cJSON_free(js);
     cJSON_Delete(root);
+}
+
+static void write_fixture_config(const char *dir, const char *fixture, int as_list) {
+    char path[256];
+    snprintf(path, sizeof path, FIX "%s", fixture);
+    char *text = read_text(path);
+    write_config(dir, text, as_list);
     free(text);
+}
+
+/* Render one conversation through a choice. */
+static void expect_choice_render(const chat_template_choice *c, const chat_message *m,
+                                 size_t n, const char *want) {
+    char *out = NULL, err[512] = "";
+    ck_assert_msg(chat_template_render(c->tmpl, m, n, 1, &out, NULL, err, sizeof err) ==
+                      0,
+                  "%s", err);
+    ck_assert_str_eq(out, want);
+    free(out);
 }
 
 START_TEST(choose_for_serving) {
     chat_template_choice c;
-    char err[1024] = "";
+    char err[1024] = "", want[2048];
     /* the flag: a name */
     ck_assert_int_eq(chat_template_choose("llama-3", NULL, 0, &c, err, sizeof err), 0);
     ck_assert_str_eq(c.tmpl->name, "llama-3");
     ck_assert_str_eq(c.source, "--chat-template");
     ck_assert_int_eq(chat_template_choose("llama3", NULL, 0, &c, err, sizeof err), -1);
     ck_assert_str_eq(err, "--chat-template: unknown template 'llama3' (choices: chatml, "
-                          "llama-2, llama-3, orch-plain-v1)");
-    ck_assert_int_eq(chat_template_choose("my.jinja", NULL, 0, &c, err, sizeof err), -1);
-    ck_assert_str_eq(err,
-                     "--chat-template: 'my.jinja' is a file; Jinja template files are "
-                     "not interpreted, name a built-in template (chatml, llama-2, "
-                     "llama-3, orch-plain-v1)");
-    ck_assert_int_eq(
-        chat_template_choose(FIX "qwen3.jinja", NULL, 0, &c, err, sizeof err), -1);
-    ck_assert_ptr_null(strstr(err, "unknown"));
+                          "llama-2, llama-3, orch-plain-v1, or a Jinja template file)");
+    ck_assert_ptr_null(c.tmpl);
+    ck_assert_int_eq(chat_template_choose("nope/my.jinja", NULL, 0, &c, err, sizeof err),
+                     -1);
+    ck_assert_str_eq(err, "--chat-template: nope/my.jinja: no such file or directory");
     /* nothing anywhere: orch-plain-v1 */
     ck_assert_int_eq(chat_template_choose(NULL, NULL, 0, &c, err, sizeof err), 0);
     ck_assert_ptr_eq(c.tmpl, chat_template_plain());
     ck_assert_str_eq(c.source, "default");
 
+    const chat_message conv[] = { M("developer", "Be brief."), M("user", "Hi"),
+                                  M("assistant", "<think>\nx\n</think>\n\nHello."),
+                                  M("user", "Again") };
     char a[256], b[256];
     test_tmpdir(a, sizeof a, "chat_a");
     test_tmpdir(b, sizeof b, "chat_b");
     const char *dirs[3] = { NULL, a, b };
     ck_assert_int_eq(chat_template_choose(NULL, dirs, 3, &c, err, sizeof err), 0);
     ck_assert_ptr_eq(c.tmpl, chat_template_plain());
-    /* b has Qwen3's template: chatml, named with its file and marker */
-    write_config(b, "qwen3.jinja", 0);
+    /* b has Qwen3's template: rendered itself (its <think> handling
+     * included), with chatml's stops */
+    write_fixture_config(b, "qwen3.jinja", 0);
     ck_assert_int_eq(chat_template_choose(NULL, dirs, 3, &c, err, sizeof err), 0);
-    ck_assert_str_eq(c.tmpl->name, "chatml");
-    char want[1024];
-    snprintf(want, sizeof want, "%s/tokenizer_config.json (<|im_start|>)", b);
+    ck_assert_str_eq(c.tmpl->name, "jinja");
+    ck_assert_int_eq(c.tmpl->kind, CHAT_TEMPLATE_JINJA);
+    ck_assert_str_eq(c.tmpl->stops[0], "<|im_end|>");
+    ck_assert_str_eq(c.tmpl->stops[1], "<|endoftext|>");
+    ck_assert_str_eq(c.tmpl->end_of_turn, "<|im_end|>");
+    ck_assert_ptr_null(c.tmpl->bos_text);
+    ck_assert_int_eq(c.tmpl->tools, 0);
+    snprintf(want, sizeof want, "%s/tokenizer_config.json, family chatml: <|im_start|>",
+             b);
     ck_assert_str_eq(c.source, want);
+    expect_choice_render(&c, conv, 4,
+                         "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi"
+                         "<|im_end|>\n<|im_start|>assistant\nHello.<|im_end|>\n"
+                         "<|im_start|>user\nAgain<|im_end|>\n<|im_start|>assistant\n");
+    chat_template_choice_free(&c);
+    ck_assert_ptr_null(c.tmpl);
+    chat_template_choice_free(&c); /* twice is fine */
     /* a config without chat_template in a: on to b; the flag wins over both */
     write_file(a, "tokenizer_config.json",
                "{\"bos_token\":\"<s>\",\"chat_template\":null}");
     ck_assert_int_eq(chat_template_choose(NULL, dirs, 3, &c, err, sizeof err), 0);
-    ck_assert_str_eq(c.tmpl->name, "chatml");
+    ck_assert_str_eq(c.source, want);
+    chat_template_choice_free(&c);
     ck_assert_int_eq(chat_template_choose("orch-plain-v1", dirs, 3, &c, err, sizeof err),
                      0);
     ck_assert_ptr_eq(c.tmpl, chat_template_plain());
-    /* a chat_template.jinja beside it (transformers' newer layout) */
+    /* a chat_template.jinja beside it (transformers' newer layout); a's
+     * tokenizer_config.json gives bos_token <s> to Llama 2's template */
     char *l2 = read_text(FIX "llama2-chat.jinja");
     write_file(a, "chat_template.jinja", l2);
+    ck_assert_int_eq(chat_template_choose(NULL, dirs, 3, &c, err, sizeof err), 0);
+    ck_assert_str_eq(c.tmpl->name, "jinja");
+    ck_assert_str_eq(c.tmpl->bos_text, "<s>");
+    ck_assert_str_eq(c.tmpl->stops[0], "</s>");
+    ck_assert_str_eq(c.tmpl->stops[1], "[INST]");
+    snprintf(want, sizeof want, "%s/chat_template.jinja, family llama-2: [INST]", a);
+    ck_assert_str_eq(c.source, want);
+    const chat_message l2conv[] = { M("system", "S"), M("user", "U") };
+    chat_message bad[] = { M("user", "a"), M("user", "b") };
+    expect_choice_render(&c, l2conv, 2, "<s>[INST] <<SYS>>\nS\n<</SYS>>\n\nU [/INST]");
+    char *out = NULL;
+    ck_assert_int_eq(chat_template_render(c.tmpl, bad, 2, 1, &out, NULL, err, sizeof err),
+                     -1);
+    ck_assert_str_eq(
+        err, "Conversation roles must alternate user/assistant/user/assistant/...");
+    chat_template_choice_free(&c);
+    /* HF's list of named templates: "default" */
+    write_config(a, l2, 1);
     free(l2);
     ck_assert_int_eq(chat_template_choose(NULL, dirs, 3, &c, err, sizeof err), 0);
-    ck_assert_str_eq(c.tmpl->name, "llama-2");
-    snprintf(want, sizeof want, "%s/chat_template.jinja ([INST])", a);
-    ck_assert_str_eq(c.source, want);
-    /* HF's list of named templates: "default" */
-    write_config(a, "llama2-chat.jinja", 1);
+    ck_assert_str_eq(c.tmpl->stops[1], "[INST]");
+    chat_template_choice_free(&c);
+    /* TinyLlama's Zephyr template: no family, so it stops at its eos_token
+     * and its BOS text is bos_token only when it writes it (it does not) */
+    write_fixture_config(a, "zephyr.jinja", 0);
     ck_assert_int_eq(chat_template_choose(NULL, dirs, 3, &c, err, sizeof err), 0);
-    ck_assert_str_eq(c.tmpl->name, "llama-2");
-    /* an unsupported family is not an error: chat is refused later */
-    write_config(a, "zephyr.jinja", 0);
+    ck_assert_str_eq(c.tmpl->name, "jinja");
+    ck_assert_uint_eq(c.tmpl->n_stops, 1);
+    ck_assert_str_eq(c.tmpl->stops[0], "</s>");
+    ck_assert_str_eq(c.tmpl->end_of_turn, "</s>");
+    ck_assert_ptr_null(c.tmpl->bos_text);
+    snprintf(want, sizeof want, "%s/tokenizer_config.json, no known family", a);
+    ck_assert_str_eq(c.source, want);
+    expect_choice_render(&c, conv, 2,
+                         "<|system|>\nBe brief.</s>\n<|user|>\nHi</s>\n<|assistant|>\n");
+    chat_template_choice_free(&c);
+    /* the same as a file given with --chat-template, the tokens from a */
+    snprintf(want, sizeof want, FIX "zephyr.jinja");
+    ck_assert_int_eq(chat_template_choose(want, dirs, 3, &c, err, sizeof err), 0);
+    ck_assert_str_eq(c.tmpl->stops[0], "</s>");
+    ck_assert_str_eq(c.source, FIX "zephyr.jinja, no known family");
+    expect_choice_render(&c, conv + 1, 1, "<|user|>\nHi</s>\n<|assistant|>\n");
+    chat_template_choice_free(&c);
+    /* a template the interpreter cannot parse: its family's built-in, else
+     * unsupported (not an error here: chat is refused later) */
+    write_config(a, "{% macro m() %}<|im_start|>{% endmacro %}", 0);
+    ck_assert_int_eq(chat_template_choose(NULL, dirs, 3, &c, err, sizeof err), 0);
+    ck_assert_str_eq(c.tmpl->name, "chatml");
+    snprintf(
+        want, sizeof want,
+        "%s/tokenizer_config.json (<|im_start|>), as the built-in: chat template: line "
+        "1: the tag 'macro' is not supported",
+        a);
+    ck_assert_str_eq(c.source, want);
+    write_config(a, "{% macro m() %}<|user|>{% endmacro %}", 0);
     ck_assert_int_eq(chat_template_choose(NULL, dirs, 3, &c, err, sizeof err), 0);
     ck_assert_ptr_null(c.tmpl);
     snprintf(want, sizeof want,
-             "the chat template of %s/tokenizer_config.json is not one of the supported "
-             "families (chatml, llama-2, llama-3); name one with --chat-template",
+             "the chat template of %s/tokenizer_config.json is not supported (chat "
+             "template: line 1: the tag 'macro' is not supported) and is not one of the "
+             "families chatml, llama-2, llama-3; name a template with --chat-template",
              a);
     ck_assert_str_eq(c.error, want);
-    /* malformed files are */
+    chat_template_choice_free(&c);
+    /* malformed files are errors */
     write_file(a, "tokenizer_config.json", "{\"chat_template\": 3}");
     ck_assert_int_eq(chat_template_choose(NULL, dirs, 3, &c, err, sizeof err), -1);
     snprintf(want, sizeof want,
@@ -494,6 +574,13 @@ START_TEST(choose_for_serving) {
     snprintf(want, sizeof want,
              "%s/tokenizer_config.json: chat_template is a list without a template named "
              "'default'",
+             a);
+    ck_assert_str_eq(err, want);
+    write_file(a, "tokenizer_config.json",
+               "{\"eos_token\": 7, \"chat_template\": \"x\"}");
+    ck_assert_int_eq(chat_template_choose(NULL, dirs, 3, &c, err, sizeof err), -1);
+    snprintf(want, sizeof want,
+             "%s/tokenizer_config.json: eos_token must be a string of at most 255 bytes",
              a);
     ck_assert_str_eq(err, want);
     write_file(a, "tokenizer_config.json", "{\"chat_template\": ");

@@ -15,6 +15,7 @@
 #include "orchestrator/core/fsio.h"
 #include "orchestrator/core/strbuf.h"
 #include "orchestrator/core/util.h"
+#include "orchestrator/serve/jinja.h"
 
 static const chat_template builtins[] = {
     { .name = CHAT_TEMPLATE_PLAIN_NAME,
@@ -218,6 +219,44 @@ static int render_llama2(const chat_message *msgs, size_t n, strbuf *b, char *er
     return 0;
 }
 
+/* The variables transformers gives a template: messages, add_generation_prompt,
+ * tools (none), bos_token, eos_token. */
+static int render_jinja(const chat_template *t, const chat_message *msgs, size_t n,
+                        int gen, strbuf *b, char *err, size_t err_cap) {
+    cJSON *vars = cJSON_CreateObject();
+    cJSON *list = vars ? cJSON_AddArrayToObject(vars, "messages") : NULL;
+    int oom = !list;
+    for (size_t i = 0; !oom && i < n; i++) {
+        char *c = malloc(msgs[i].content_len + 1);
+        cJSON *m = cJSON_CreateObject();
+        if (c && msgs[i].content_len) memcpy(c, msgs[i].content, msgs[i].content_len);
+        if (c) c[msgs[i].content_len] = '\0';
+        oom = !c || !m ||
+              !cJSON_AddStringToObject(m, "role",
+                                       is_system(&msgs[i]) ? "system" : msgs[i].role) ||
+              !cJSON_AddStringToObject(m, "content", c);
+        free(c);
+        if (m && !cJSON_AddItemToArray(list, m)) {
+            cJSON_Delete(m);
+            oom = 1;
+        }
+    }
+    if (!oom)
+        oom = !cJSON_AddBoolToObject(vars, "add_generation_prompt", gen) ||
+              !cJSON_AddNullToObject(vars, "tools") ||
+              !(t->bos_token ? cJSON_AddStringToObject(vars, "bos_token", t->bos_token)
+                             : cJSON_AddNullToObject(vars, "bos_token")) ||
+              !(t->eos_token ? cJSON_AddStringToObject(vars, "eos_token", t->eos_token)
+                             : cJSON_AddNullToObject(vars, "eos_token"));
+    int rc = -1;
+    if (oom)
+        util_set_err(err, err_cap, "messages: out of memory");
+    else
+        rc = jinja_render(t->jinja, vars, b, err, err_cap);
+    cJSON_Delete(vars);
+    return rc;
+}
+
 int chat_template_render(const chat_template *t, const chat_message *msgs, size_t n,
                          int add_generation_prompt, char **out, size_t *out_len,
                          char *err, size_t err_cap) {
@@ -257,6 +296,12 @@ int chat_template_render(const chat_template *t, const chat_message *msgs, size_
         }
         break;
     case CHAT_TEMPLATE_LLAMA3: render_llama3(msgs, n, add_generation_prompt, &b); break;
+    case CHAT_TEMPLATE_JINJA:
+        if (render_jinja(t, msgs, n, add_generation_prompt, &b, err, err_cap) != 0) {
+            strbuf_free(&b);
+            return -1;
+        }
+        break;
     default: render_plain(msgs, n, add_generation_prompt, &b); break;
     }
     if (b.oom || !b.p) {
@@ -302,25 +347,21 @@ static int is_file_like(const char *s) {
            stat(s, &st) == 0;
 }
 
-static int choose_flag(const char *flag, chat_template_choice *out, char *err,
-                       size_t err_cap) {
-    out->tmpl = chat_template_find(flag);
-    if (out->tmpl) {
-        snprintf(out->source, sizeof out->source, "--chat-template");
-        return 0;
+/* tokenizer_config.json's bos_token / eos_token: a string or an AddedToken
+ * {"content": ...}; "" when absent or null. */
+static int config_token(const cJSON *root, const char *key, const char *path, char *dst,
+                        size_t cap, char *err, size_t err_cap) {
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(root, key);
+    dst[0] = '\0';
+    if (cJSON_IsObject(t)) t = cJSON_GetObjectItemCaseSensitive(t, "content");
+    if (!t || cJSON_IsNull(t)) return 0;
+    if (!cJSON_IsString(t) || strlen(t->valuestring) >= cap) {
+        util_set_err(err, err_cap, "%.400s: %s must be a string of at most %zu bytes",
+                     path, key, cap - 1);
+        return -1;
     }
-    if (is_file_like(flag))
-        util_set_err(err, err_cap,
-                     "--chat-template: '%.300s' is a file; Jinja template files are not "
-                     "interpreted, name a built-in template (" CHAT_TEMPLATE_NAMES ")",
-                     flag);
-    else
-        util_set_err(
-            err, err_cap,
-            "--chat-template: unknown template '%.300s' (choices: " CHAT_TEMPLATE_NAMES
-            ")",
-            flag);
-    return -1;
+    snprintf(dst, cap, "%s", t->valuestring);
+    return 0;
 }
 
 /* The template text of a tokenizer_config.json "chat_template" value: a
@@ -350,73 +391,179 @@ static const char *config_template(const cJSON *ct, const char *path, char *err,
     return NULL;
 }
 
-/* Decide from one file's template text. */
-static void choose_text(const char *text, const char *path, chat_template_choice *out) {
+/* dir's tokenizer_config.json: *found 0 when there is none; its special
+ * tokens into out; *text (malloc'd) its chat template, NULL when it has
+ * none. */
+static int read_config(const char *dir, chat_template_choice *out, int *found,
+                       char **text, char *err, size_t err_cap) {
+    char path[4096];
+    struct stat st;
+    *found = 0;
+    *text = NULL;
+    snprintf(path, sizeof path, "%.4000s/tokenizer_config.json", dir);
+    if (stat(path, &st) != 0) return 0;
+    char *raw = NULL;
+    if (fsio_read_file(path, (size_t)64 << 20, &raw, NULL, err, err_cap) != 0) return -1;
+    cJSON *root = cJSON_Parse(raw);
+    free(raw);
+    int rc = 0;
+    if (!cJSON_IsObject(root)) {
+        util_set_err(err, err_cap, "%.400s: not a JSON object", path);
+        rc = -1;
+    }
+    if (!rc)
+        rc = config_token(root, "bos_token", path, out->bos, sizeof out->bos, err,
+                          err_cap);
+    if (!rc)
+        rc = config_token(root, "eos_token", path, out->eos, sizeof out->eos, err,
+                          err_cap);
+    const cJSON *ct = rc ? NULL : cJSON_GetObjectItemCaseSensitive(root, "chat_template");
+    if (ct && !cJSON_IsNull(ct)) {
+        const char *t = config_template(ct, path, err, err_cap);
+        if (!t || !(*text = strdup(t))) {
+            if (t) util_set_err(err, err_cap, "out of memory");
+            rc = -1;
+        }
+    }
+    cJSON_Delete(root);
+    *found = rc == 0;
+    return rc;
+}
+
+/* Decide from a template text: the model's own template through jinja.h
+ * (with its family's stops), else its family's built-in, else none. */
+static void use_text(const char *text, const char *path, chat_template_choice *out) {
+    const chat_template *fam = NULL;
     const char *marker = NULL;
-    if (chat_template_detect(text, path, &out->tmpl, &marker, out->error,
-                             sizeof out->error) == 0)
-        snprintf(out->source, sizeof out->source, "%.480s (%s)", path, marker);
-    else
-        snprintf(out->source, sizeof out->source, "%.500s", path);
+    char derr[768], perr[512];
+    if (chat_template_detect(text, path, &fam, &marker, derr, sizeof derr) != 0)
+        fam = NULL;
+    if (jinja_parse(text, strlen(text), &out->prog, perr, sizeof perr) == 0) {
+        chat_template *c = &out->custom;
+        const char *bos = out->bos[0] ? out->bos : NULL,
+                   *eos = out->eos[0] ? out->eos : NULL;
+        memset(c, 0, sizeof *c);
+        if (fam) {
+            memcpy(c->stops, fam->stops, sizeof c->stops);
+            c->n_stops = fam->n_stops;
+            c->end_of_turn = fam->end_of_turn;
+            c->bos_text = fam->bos_text;
+        } else if (eos) {
+            c->stops[0] = eos;
+            c->n_stops = 1;
+            c->end_of_turn = eos;
+        }
+        if (!fam && bos && strstr(text, "bos_token")) c->bos_text = bos;
+        c->name = "jinja";
+        c->kind = CHAT_TEMPLATE_JINJA;
+        c->jinja = out->prog;
+        c->bos_token = bos;
+        c->eos_token = eos;
+        out->tmpl = c;
+        if (fam)
+            snprintf(out->source, sizeof out->source, "%.900s, family %s: %s", path,
+                     fam->name, marker);
+        else
+            snprintf(out->source, sizeof out->source, "%.900s, no known family", path);
+    } else if (fam) {
+        out->tmpl = fam;
+        snprintf(out->source, sizeof out->source, "%.500s (%s), as the built-in: %.400s",
+                 path, marker, perr);
+    } else {
+        out->tmpl = NULL;
+        snprintf(out->source, sizeof out->source, "%.900s", path);
+        snprintf(
+            out->error, sizeof out->error,
+            "the chat template of %.400s is not supported (%.400s) and is not one of "
+            "the families chatml, llama-2, llama-3; name a template with "
+            "--chat-template",
+            path, perr);
+    }
+}
+
+static int choose_file(const char *file, const char *const *dirs, size_t n_dirs,
+                       chat_template_choice *out, char *err, size_t err_cap) {
+    for (size_t i = 0; dirs && i < n_dirs; i++) { /* the model's special tokens */
+        int found = 0;
+        char *unused = NULL;
+        if (!dirs[i]) continue;
+        int rc = read_config(dirs[i], out, &found, &unused, err, err_cap);
+        free(unused);
+        if (rc) return -1;
+        if (found) break;
+    }
+    char *text = NULL;
+    char ferr[512];
+    if (fsio_read_file(file, (size_t)16 << 20, &text, NULL, ferr, sizeof ferr) != 0) {
+        util_set_err(err, err_cap, "--chat-template: %s", ferr);
+        return -1;
+    }
+    use_text(text, file, out);
+    free(text);
+    return 0;
 }
 
 /* 1 when dir decided (out set), 0 when it holds no template, -1 on error. */
 static int choose_dir(const char *dir, chat_template_choice *out, char *err,
                       size_t err_cap) {
+    int found = 0;
+    char *text = NULL;
     char path[4096];
-    struct stat st;
+    if (read_config(dir, out, &found, &text, err, err_cap) != 0) return -1;
     snprintf(path, sizeof path, "%.4000s/tokenizer_config.json", dir);
-    if (stat(path, &st) == 0) {
-        char *text = NULL;
-        if (fsio_read_file(path, (size_t)64 << 20, &text, NULL, err, err_cap) != 0)
-            return -1;
-        cJSON *root = cJSON_Parse(text);
-        free(text);
-        if (!cJSON_IsObject(root)) {
-            cJSON_Delete(root);
-            util_set_err(err, err_cap, "%.400s: not a JSON object", path);
-            return -1;
+    if (!text) {
+        struct stat st;
+        snprintf(path, sizeof path, "%.4000s/chat_template.jinja", dir);
+        if (stat(path, &st) != 0) {
+            out->bos[0] = out->eos[0] = '\0';
+            return 0;
         }
-        const cJSON *ct = cJSON_GetObjectItemCaseSensitive(root, "chat_template");
-        int rc = 0;
-        if (ct && !cJSON_IsNull(ct)) {
-            const char *tmpl = config_template(ct, path, err, err_cap);
-            if (tmpl) {
-                choose_text(tmpl, path, out);
-                rc = 1;
-            } else {
-                rc = -1;
-            }
-        }
-        cJSON_Delete(root);
-        if (rc != 0) return rc;
-    }
-    snprintf(path, sizeof path, "%.4000s/chat_template.jinja", dir);
-    if (stat(path, &st) == 0) {
-        char *text = NULL;
         if (fsio_read_file(path, (size_t)16 << 20, &text, NULL, err, err_cap) != 0)
             return -1;
-        choose_text(text, path, out);
-        free(text);
-        return 1;
     }
-    return 0;
+    use_text(text, path, out);
+    free(text);
+    return 1;
+}
+
+void chat_template_choice_free(chat_template_choice *c) {
+    if (!c) return;
+    jinja_free(c->prog);
+    c->prog = NULL;
+    if (c->tmpl == &c->custom) c->tmpl = NULL;
+    memset(&c->custom, 0, sizeof c->custom);
 }
 
 int chat_template_choose(const char *flag, const char *const *dirs, size_t n_dirs,
                          chat_template_choice *out, char *err, size_t err_cap) {
     memset(out, 0, sizeof *out);
-    if (flag) return choose_flag(flag, out, err, err_cap);
-    for (size_t i = 0; dirs && i < n_dirs; i++) {
-        if (!dirs[i]) continue;
-        int rc = choose_dir(dirs[i], out, err, err_cap);
-        if (rc < 0) {
-            memset(out, 0, sizeof *out);
+    int rc = 0;
+    if (flag) {
+        out->tmpl = chat_template_find(flag);
+        if (out->tmpl) {
+            snprintf(out->source, sizeof out->source, "--chat-template");
+            return 0;
+        }
+        if (!is_file_like(flag)) {
+            util_set_err(err, err_cap,
+                         "--chat-template: unknown template '%.300s' "
+                         "(choices: " CHAT_TEMPLATE_NAMES ", or a Jinja template file)",
+                         flag);
             return -1;
         }
-        if (rc > 0) return 0;
+        rc = choose_file(flag, dirs, n_dirs, out, err, err_cap);
+    } else {
+        for (size_t i = 0; dirs && i < n_dirs && rc == 0; i++)
+            if (dirs[i]) rc = choose_dir(dirs[i], out, err, err_cap);
+        if (rc == 0) {
+            out->tmpl = chat_template_plain();
+            snprintf(out->source, sizeof out->source, "default");
+        }
     }
-    out->tmpl = chat_template_plain();
-    snprintf(out->source, sizeof out->source, "default");
+    if (rc < 0) {
+        chat_template_choice_free(out);
+        memset(out, 0, sizeof *out);
+        return -1;
+    }
     return 0;
 }

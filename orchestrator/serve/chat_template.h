@@ -1,8 +1,9 @@
 /*
  * chat_template.h - renders OpenAI chat `messages` into the prompt text a
- * model continues, through one of four built-in templates, and picks the
- * template for a model (its tokenizer_config.json "chat_template", or a
- * name given with `orch serve --chat-template`).
+ * model continues, through the model's own Jinja template (jinja.h) or one
+ * of four built-in templates, and picks the template for a model (its
+ * tokenizer_config.json "chat_template", or `orch serve --chat-template
+ * NAME|FILE`).
  *
  * Built-ins (exact text; "\n" is a newline; developer messages count as
  * system messages in every template):
@@ -49,11 +50,19 @@
  * Only orch-plain-v1 renders tools: on the other templates `tools`, role
  * "tool" and assistant tool_calls are refused (request.c, 400).
  *
- * Selection: a Jinja chat template (the text, not executed) maps to the
- * built-in whose characteristic markers it contains, checked in this order:
- * "<|im_start|>" chatml, "<|start_header_id|>" llama-3, "[INST]" llama-2.
- * A template with none of them is unsupported: chat requests are then
- * refused with one line naming --chat-template (completions still work).
+ * The model's own template ("jinja"): its Jinja text rendered by jinja.h
+ * with messages ({role, content}; developer as system), add_generation_prompt
+ * true, tools none, bos_token and eos_token of tokenizer_config.json. Its
+ * family (below) gives the stop strings, end of turn and BOS text; a
+ * template of no known family stops at its eos_token and has the BOS text
+ * bos_token when the template writes bos_token. Tools are not rendered.
+ *
+ * Families: a Jinja chat template maps to the built-in whose characteristic
+ * markers its text contains, checked in this order: "<|im_start|>" chatml,
+ * "<|start_header_id|>" llama-3, "[INST]" llama-2. A template the
+ * interpreter cannot parse is rendered by its family's built-in; with no
+ * family either it is unsupported: chat requests are then refused with one
+ * line naming --chat-template (completions still work).
  *
  * Memory: rendered text is malloc'd (NUL-terminated; caller frees); the
  * templates are static. Threads: everything is reentrant.
@@ -74,7 +83,10 @@ enum {
     CHAT_TEMPLATE_CHATML = 1,
     CHAT_TEMPLATE_LLAMA2 = 2,
     CHAT_TEMPLATE_LLAMA3 = 3,
+    CHAT_TEMPLATE_JINJA = 4, /* the model's own template through jinja.h */
 };
+
+struct jinja_template;
 
 typedef struct chat_template {
     const char *name; /* "chatml", ... */
@@ -89,6 +101,10 @@ typedef struct chat_template {
      * must not add a second BOS token in front of it. */
     const char *bos_text;
     int tools; /* 1: renders tools, tool results and tool calls */
+    /* CHAT_TEMPLATE_JINJA: the parsed template and the special tokens it
+     * is given (NULL = none) */
+    const struct jinja_template *jinja;
+    const char *bos_token, *eos_token;
 } chat_template;
 
 typedef struct chat_message {
@@ -122,24 +138,36 @@ int chat_template_detect(const char *jinja, const char *source, const chat_templ
                          const char **marker, char *err, size_t err_cap);
 
 /* What serving uses: the template (NULL when none is usable, error says
- * why) and where it came from, for the startup line. */
+ * why) and where it came from, for the startup line. A "jinja" template
+ * lives in the choice (custom, prog, tokens): keep the choice while the
+ * template is used and release it with chat_template_choice_free. */
 typedef struct chat_template_choice {
     const chat_template *tmpl;
-    char source[512]; /* "--chat-template", "DIR/tokenizer_config.json
-                         ([INST])", "default" */
-    char error[768];  /* the refusal of chat requests when tmpl is NULL */
+    char source[1024]; /* "--chat-template", "DIR/tokenizer_config.json
+                          (family chatml)", "default" */
+    char error[1024];  /* the refusal of chat requests when tmpl is NULL */
+    chat_template custom;
+    struct jinja_template *prog;
+    char bos[256], eos[256];
 } chat_template_choice;
 
-/* Choose for serving: flag (--chat-template; NULL = not given) must name a
- * built-in (a file is refused: Jinja files are not interpreted); without it
- * the first of dirs[0..n_dirs) (NULLs skipped) holding tokenizer_config.json
- * with a "chat_template" (a string, or HF's list of {name, template} from
- * which "default" is taken), or a chat_template.jinja, decides through
- * chat_template_detect; with neither, orch-plain-v1. A template of an
- * unsupported family is not an error here: out->tmpl is NULL and
- * out->error says so. Returns -1 (message in err) for a bad flag or an
- * unreadable / malformed tokenizer_config.json. */
+/* Choose for serving. flag (--chat-template; NULL = not given): a
+ * built-in's name, or a file with a Jinja template (a path: it exists,
+ * names a directory or ends in .jinja); without it the first of
+ * dirs[0..n_dirs) (NULLs skipped) holding tokenizer_config.json with a
+ * "chat_template" (a string, or HF's list of {name, template} from which
+ * "default" is taken), or a chat_template.jinja, gives the template; with
+ * neither, orch-plain-v1. bos_token / eos_token come from that directory's
+ * (for a FILE: the first directory's) tokenizer_config.json (a string, or
+ * {"content": ...}). An unsupported template is not an error here:
+ * out->tmpl is NULL and out->error says why. Returns -1 (message in err)
+ * for an unknown name, an unreadable file or a malformed
+ * tokenizer_config.json. */
 int chat_template_choose(const char *flag, const char *const *dirs, size_t n_dirs,
                          chat_template_choice *out, char *err, size_t err_cap);
+
+/* Release what a choice holds (its jinja template); safe on a zeroed or
+ * freed choice. */
+void chat_template_choice_free(chat_template_choice *c);
 
 #endif

@@ -239,6 +239,7 @@ static int serve_start(const serve_options *o, const serve_hooks *h, const char 
     };
     if (scheduler_create(&scfg, &st->sched, err, err_cap) != 0) return -1;
     const char *dirs[2] = { o->ckpt ? m->gm.ckpt_dir : NULL, o->ckpt };
+    chat_template_choice_free(&st->chat);
     if (chat_template_choose(o->chat_template, dirs, 2, &st->chat, err, err_cap) != 0)
         return -1;
     if (st->chat.tmpl)
@@ -291,6 +292,7 @@ static void serve_shutdown(serve_state *st) {
     }
     http_server_stop(st->srv);
     model_close(&st->m);
+    chat_template_choice_free(&st->chat);
     metrics_registry_free(st->reg);
 }
 
