@@ -269,7 +269,7 @@ START_TEST(run_start_failures) {
     ck_assert_int_eq(c.rc, ORCH_EXIT_USAGE);
     ck_assert_str_eq(c.err,
                      "--chat-template: unknown template 'chatml2' (choices: chatml, "
-                     "llama-2, llama-3, orch-plain-v1)");
+                     "llama-2, llama-3, orch-plain-v1, or a Jinja template file)");
     ck_assert_str_eq(c.log, "");
     pthread_mutex_destroy(&c.mu);
 
