@@ -1738,6 +1738,8 @@ static int name_is(const expr *e, const char *nm) {
     return e->nn == strlen(nm) && memcmp(e->name, nm, e->nn) == 0;
 }
 
+static int apply_test(rctx *r, const char *name, size_t nn, val v, const args *a);
+
 static val filter(rctx *r, scope *s, const expr *e) {
     val v = eval(r, s, e->a);
     args a = eval_args(r, s, e);
@@ -1815,12 +1817,54 @@ static val filter(rctx *r, scope *s, const expr *e) {
         val m = { .t = V_METHOD, .s = "items", .recv = &v };
         return call_method(r, &m, &a);
     }
+    if (name_is(e, "selectattr") || name_is(e, "rejectattr") || name_is(e, "select") ||
+        name_is(e, "reject") || name_is(e, "map")) {
+        int attr = e->name[e->nn - 1] == 'r' && !name_is(e, "map"); /* ...attr */
+        int keep_if = e->name[0] == 's';
+        if (v.t == V_UNDEF) return list_of(r, NULL, 0);
+        if (v.t != V_LIST) rfail(r, "%.*s of a %s", (int)e->nn, e->name, type_name(&v));
+        if (name_is(e, "map")) {
+            val at = arg(&a, -1, "attribute"), dflt = arg(&a, -1, "default");
+            if (at.t != V_STR) rfail(r, "map: only map(attribute='name') is supported");
+            jlist *l = list_new(&r->ar, v.l->n);
+            for (size_t i = 0; i < v.l->n; i++) {
+                val x = get_item(r, v.l->it[i], at);
+                l->it[i] = x.t == V_UNDEF && dflt.t != V_UNDEF ? dflt : x;
+            }
+            return (val){ .t = V_LIST, .l = l };
+        }
+        int first = attr ? 1 : 0; /* the test name's position */
+        val at = attr ? arg(&a, 0, NULL) : UNDEF, tn = arg(&a, first, NULL);
+        if (attr && at.t != V_STR)
+            rfail(r, "%.*s needs an attribute name", (int)e->nn, e->name);
+        if (tn.t != V_UNDEF && tn.t != V_STR)
+            rfail(r, "%.*s needs a test name", (int)e->nn, e->name);
+        args targs = { .v = a.v + first + 1, .n = a.n > first + 1 ? a.n - first - 1 : 0 };
+        jlist *l = list_new(&r->ar, v.l->n);
+        size_t n = 0;
+        for (size_t i = 0; i < v.l->n; i++) {
+            val x = attr ? get_item(r, v.l->it[i], at) : v.l->it[i];
+            int ok = tn.t == V_STR ? apply_test(r, tn.s, tn.n, x, &targs) : truthy(&x);
+            if (ok == keep_if) l->it[n++] = v.l->it[i];
+        }
+        l->n = n;
+        return (val){ .t = V_LIST, .l = l };
+    }
+    if (name_is(e, "capitalize")) { /* ASCII letters */
+        val t = str_case(r, to_str(r, &v), 0);
+        if (t.n && t.s[0] >= 'a' && t.s[0] <= 'z') ((char *)t.s)[0] = (char)(t.s[0] - 32);
+        return t;
+    }
     rfail(r, "the filter '%.*s' is not supported", (int)e->nn, e->name);
 }
 
-static int test(rctx *r, scope *s, const expr *e) {
-    val v = eval(r, s, e->a);
-    args a = eval_args(r, s, e);
+static val binop(rctx *r, int bop, int negate, val a, val b);
+
+/* The test called name (nn bytes) of v with the arguments a. */
+static int apply_test(rctx *r, const char *name, size_t nn, val v, const args *a) {
+    expr probe = { .name = name, .nn = nn };
+    const expr *e = &probe;
+    val a0 = a->n > 0 ? a->v[0] : UNDEF;
     if (name_is(e, "defined")) return v.t != V_UNDEF;
     if (name_is(e, "undefined")) return v.t == V_UNDEF;
     if (name_is(e, "none")) return v.t == V_NONE;
@@ -1838,9 +1882,19 @@ static int test(rctx *r, scope *s, const expr *e) {
         return (int)(v.i & 1) == name_is(e, "odd");
     }
     if (name_is(e, "eq") || name_is(e, "equalto") || name_is(e, "=="))
-        return equal(&v, &a.v[0]);
-    if (name_is(e, "ne") || name_is(e, "!=")) return !equal(&v, &a.v[0]);
+        return equal(&v, &a0);
+    if (name_is(e, "ne") || name_is(e, "!=")) return !equal(&v, &a0);
+    if (name_is(e, "in")) {
+        val in = binop(r, B_IN, 0, v, a0);
+        return (int)in.i;
+    }
     rfail(r, "the test '%.*s' is not supported", (int)e->nn, e->name);
+}
+
+static int test(rctx *r, scope *s, const expr *e) {
+    val v = eval(r, s, e->a);
+    args a = eval_args(r, s, e);
+    return apply_test(r, e->name, e->nn, v, &a);
 }
 
 static int64_t floordiv(int64_t a, int64_t b) {

@@ -18,12 +18,14 @@
  *   not, == != < > <= >=, in, not in, + - * // % (integers), + and ~ on
  *   strings, + on lists, unary -;
  *   filters trim, length, count, tojson (as transformers' json.dumps with
- *   ensure_ascii=False), string, lower, upper, first, last, join, default,
- *   reverse, list, items; tests defined, undefined, none, string, number,
- *   integer, boolean, mapping, sequence, iterable, true, false, odd, even,
- *   eq, ne; string methods startswith, endswith, strip, lstrip, rstrip,
- *   split, upper, lower, replace, title? no; dict methods get, items, keys,
- *   values; globals namespace(...), raise_exception(msg), range(...).
+ *   ensure_ascii=False; indent=N), string, lower, upper and capitalize (ASCII
+ *   letters), first, last, join, default, reverse, list, items, selectattr,
+ *   rejectattr, select, reject, map(attribute=...); tests defined,
+ *   undefined, none, string, number, integer, boolean, mapping, sequence,
+ *   iterable, true, false, odd, even, eq/equalto, ne, in; string methods
+ *   startswith, endswith, strip, lstrip, rstrip, split, upper, lower (ASCII),
+ *   replace; dict methods get, items, keys, values; globals namespace(...),
+ *   raise_exception(msg), range(...).
  * Anything else (macro, call, filter blocks, break/continue, float
  * literals, a filter or test not listed) is refused with a one-line error
  * naming it: at parse time for statements and syntax, at render time for
