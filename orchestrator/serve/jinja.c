@@ -186,13 +186,16 @@ static val from_json(arena *a, const cJSON *j) {
         jlist *l = list_new(a, (size_t)cJSON_GetArraySize(j));
         size_t i = 0;
         const cJSON *it;
-        cJSON_ArrayForEach(it, j) l->it[i++] = from_json(a, it);
+        cJSON_ArrayForEach(it, j) {
+            if (i < l->n) l->it[i++] = from_json(a, it);
+        }
         return (val){ .t = V_LIST, .l = l };
     }
     jdict *d = dict_new(a);
     const cJSON *it;
-    cJSON_ArrayForEach(it, j)
+    cJSON_ArrayForEach(it, j) {
         dict_set(a, d, it->string, strlen(it->string), from_json(a, it));
+    }
     return (val){ .t = V_DICT, .d = d };
 }
 
