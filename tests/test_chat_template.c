@@ -293,6 +293,47 @@ START_TEST(interpreter_same_as_jinja2) {
 }
 END_TEST
 
+/* Every prefix of the real templates (cut anywhere: inside tags, strings,
+ * UTF-8) parses or fails with a "chat template: line N: ..." message, and
+ * what parses renders or fails with a message; never more. */
+START_TEST(interpreter_on_cut_templates) {
+    static const char *const files[] = { "qwen3.jinja", "llama2-chat.jinja",
+                                         "llama3-instruct.jinja", "features.jinja" };
+    cJSON *vars = cJSON_Parse("{\"messages\":[{\"role\":\"system\",\"content\":\"s\"},"
+                              "{\"role\":\"user\",\"content\":\"u\"}],"
+                              "\"add_generation_prompt\":true,\"bos_token\":\"<s>\","
+                              "\"eos_token\":\"</s>\",\"tools\":null}");
+    ck_assert_ptr_nonnull(vars);
+    int parsed = 0, failed = 0;
+    for (size_t f = 0; f < sizeof files / sizeof files[0]; f++) {
+        char path[256];
+        snprintf(path, sizeof path, FIX "%s", files[f]);
+        char *src = read_text(path);
+        size_t n = strlen(src);
+        for (size_t cut = 0; cut <= n; cut++) {
+            jinja_template *t = NULL;
+            char err[512] = "";
+            if (jinja_parse(src, cut, &t, err, sizeof err) != 0) {
+                ck_assert_msg(strncmp(err, "chat template: line ", 20) == 0,
+                              "%s[:%zu]: %s", files[f], cut, err);
+                failed++;
+                continue;
+            }
+            parsed++;
+            strbuf out = { 0 };
+            if (jinja_render(t, vars, &out, err, sizeof err) != 0)
+                ck_assert_msg(err[0] != '\0', "%s[:%zu]: no message", files[f], cut);
+            strbuf_free(&out);
+            jinja_free(t);
+        }
+        free(src);
+    }
+    cJSON_Delete(vars);
+    ck_assert_int_gt(parsed, 100);
+    ck_assert_int_gt(failed, 1000);
+}
+END_TEST
+
 START_TEST(render_errors) {
     const chat_message bad_role[] = { M("user", "a"), M("function", "b") };
     expect_render_err(NULL, bad_role, 2,
@@ -743,6 +784,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, strip_like_python);
     tcase_add_test(tc, same_as_jinja2);
     tcase_add_test(tc, interpreter_same_as_jinja2);
+    tcase_add_test(tc, interpreter_on_cut_templates);
     tcase_add_test(tc, render_errors);
     tcase_add_test(tc, detect_from_real_templates);
     tcase_add_test(tc, choose_for_serving);
