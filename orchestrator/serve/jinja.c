@@ -17,9 +17,11 @@
 
 #include "orchestrator/core/util.h"
 
-#define MAX_DEPTH  200                /* nesting of expressions, statements and calls */
-#define MAX_OUTPUT ((size_t)64 << 20) /* rendered bytes */
-#define MAX_ITEMS  (1u << 20)         /* elements of one list made at render time */
+#define MAX_DEPTH  200                 /* nesting of expressions, statements and calls */
+#define MAX_OUTPUT ((size_t)64 << 20)  /* rendered bytes */
+#define MAX_ITEMS  (1u << 20)          /* elements of one list made at render time */
+#define MAX_MEMORY ((size_t)256 << 20) /* arena bytes of one parse or render */
+#define MAX_STEPS  10000000ull         /* expressions and statements of one render */
 
 /* ------------------------------------------------------------------------- */
 /* Arena and errors                                                           */
@@ -38,6 +40,7 @@ typedef struct fail_ctx {
 typedef struct arena {
     arena_blk *head;
     fail_ctx *fail;
+    size_t total; /* bytes of all blocks */
 } arena;
 
 static void fail(fail_ctx *f, const char *fmt, ...) __attribute__((format(printf, 2, 3)))
@@ -54,6 +57,9 @@ static void *ar_alloc(arena *a, size_t n) {
     n = (n + sizeof(max_align_t) - 1) / sizeof(max_align_t) * sizeof(max_align_t);
     if (!a->head || a->head->used + n > a->head->cap) {
         size_t cap = n > 65536 ? n : 65536;
+        if (a->total + cap > MAX_MEMORY)
+            fail(a->fail, "the template needs more than %zu MiB", MAX_MEMORY >> 20);
+        a->total += cap;
         arena_blk *b = malloc(sizeof *b + cap);
         if (!b) fail(a->fail, "out of memory");
         b->next = a->head;
@@ -1192,7 +1198,30 @@ typedef struct rctx {
     fail_ctx f;
     strbuf *out;
     int depth, line;
+    unsigned long long steps;
+    struct tsb *temps; /* temporary strbufs, freed at the end (also after a failure) */
 } rctx;
+
+typedef struct tsb {
+    strbuf b;
+    struct tsb *next;
+} tsb;
+
+/* A strbuf freed with the render, whatever happens: use it for text built
+ * where a failure may unwind. */
+static strbuf *tmp_sb(rctx *r) {
+    tsb *t = ar_alloc(&r->ar, sizeof *t);
+    t->next = r->temps;
+    r->temps = t;
+    return &t->b;
+}
+
+static void free_temps(rctx *r) {
+    for (tsb *t = r->temps; t; t = t->next) strbuf_free(&t->b);
+    r->temps = NULL;
+}
+
+static void step(rctx *r);
 
 static void rfail(rctx *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)))
 __attribute__((noreturn));
@@ -1299,9 +1328,9 @@ static val sb_val(rctx *r, strbuf *b) {
 
 static val to_str(rctx *r, const val *v) {
     if (v->t == V_STR) return *v;
-    strbuf b = { 0 };
-    sb_str(r, &b, v);
-    return sb_val(r, &b);
+    strbuf *b = tmp_sb(r);
+    sb_str(r, b, v);
+    return sb_val(r, b);
 }
 
 /* json.dumps(v, ensure_ascii=False[, indent]) */
@@ -1503,10 +1532,10 @@ static val slice(rctx *r, val o, val st, val sp, val sd) {
     if (o.t == V_STR) {
         size_t c, *off = cp_offsets(&r->ar, o.s, o.n, &c);
         slice_indices(r, &st, &sp, &sd, (int64_t)c, &a, &b, &step);
-        strbuf sb = { 0 };
+        strbuf *sb = tmp_sb(r);
         for (int64_t i = a; step > 0 ? i < b : i > b; i += step)
-            strbuf_put(&sb, o.s + off[i], off[i + 1] - off[i]);
-        return sb_val(r, &sb);
+            strbuf_put(sb, o.s + off[i], off[i + 1] - off[i]);
+        return sb_val(r, sb);
     }
     rfail(r, "cannot slice a %s", type_name(&o));
 }
@@ -1646,19 +1675,19 @@ static val call_method(rctx *r, const val *m, const args *a) {
             val from = need_str(r, arg(a, 0, NULL), "replace"),
                 to = need_str(r, arg(a, 1, NULL), "replace"), cnt = arg(a, 2, "count");
             int64_t max = cnt.t == V_INT ? cnt.i : -1;
-            strbuf b = { 0 };
-            strbuf_put(&b, "", 0);
+            strbuf *b = tmp_sb(r);
+            strbuf_put(b, "", 0);
             const char *p = o.s, *end = o.s + o.n, *q;
             if (from.n == 0) rfail(r, "replace: an empty string to replace");
             for (int64_t k = 0; (max < 0 || k < max) &&
                                 (q = memfind(p, (size_t)(end - p), from.s, from.n));
                  k++) {
-                strbuf_put(&b, p, (size_t)(q - p));
-                strbuf_put(&b, to.s, to.n);
+                strbuf_put(b, p, (size_t)(q - p));
+                strbuf_put(b, to.s, to.n);
                 p = q + from.n;
             }
-            strbuf_put(&b, p, (size_t)(end - p));
-            return sb_val(r, &b);
+            strbuf_put(b, p, (size_t)(end - p));
+            return sb_val(r, b);
         }
     } else if (o.t == V_DICT) {
         if (!strcmp(nm, "get")) {
@@ -1763,10 +1792,10 @@ static val filter(rctx *r, scope *s, const expr *e) {
     }
     if (name_is(e, "tojson")) {
         val ind = arg(&a, 0, "indent");
-        strbuf b = { 0 };
-        strbuf_put(&b, "", 0);
-        sb_json(r, &b, &v, ind.t == V_INT ? (int)ind.i : -1, 0);
-        return sb_val(r, &b);
+        strbuf *b = tmp_sb(r);
+        strbuf_put(b, "", 0);
+        sb_json(r, b, &v, ind.t == V_INT ? (int)ind.i : -1, 0);
+        return sb_val(r, b);
     }
     if (name_is(e, "string")) return to_str(r, &v);
     if (name_is(e, "lower") || name_is(e, "upper"))
@@ -1780,13 +1809,13 @@ static val filter(rctx *r, scope *s, const expr *e) {
     if (name_is(e, "join")) {
         if (v.t != V_LIST) rfail(r, "join of a %s", type_name(&v));
         val sep = arg(&a, 0, "d");
-        strbuf b = { 0 };
-        strbuf_put(&b, "", 0);
+        strbuf *b = tmp_sb(r);
+        strbuf_put(b, "", 0);
         for (size_t i = 0; i < v.l->n; i++) {
-            if (i && sep.t == V_STR) strbuf_put(&b, sep.s, sep.n);
-            sb_str(r, &b, &v.l->it[i]);
+            if (i && sep.t == V_STR) strbuf_put(b, sep.s, sep.n);
+            sb_str(r, b, &v.l->it[i]);
         }
-        return sb_val(r, &b);
+        return sb_val(r, b);
     }
     if (name_is(e, "default") || name_is(e, "d")) {
         val bl = arg(&a, 1, "boolean");
@@ -1917,11 +1946,11 @@ static val binop(rctx *r, int bop, int negate, val a, val b) {
     case B_LE: return v_bool(compare(r, &a, &b, "<=") <= 0);
     case B_GE: return v_bool(compare(r, &a, &b, ">=") >= 0);
     case B_CAT: {
-        strbuf sb = { 0 };
-        strbuf_put(&sb, "", 0);
-        sb_str(r, &sb, &a);
-        sb_str(r, &sb, &b);
-        return sb_val(r, &sb);
+        strbuf *sb = tmp_sb(r);
+        strbuf_put(sb, "", 0);
+        sb_str(r, sb, &a);
+        sb_str(r, sb, &b);
+        return sb_val(r, sb);
     }
     case B_IN: {
         int in = 0;
@@ -1971,16 +2000,17 @@ static val binop(rctx *r, int bop, int negate, val a, val b) {
     if (bop == B_MUL && a.t == V_STR && b.t == V_INT) {
         int64_t k = b.i < 0 ? 0 : b.i;
         if (a.n && (uint64_t)k > MAX_OUTPUT / a.n) rfail(r, "a string too long");
-        strbuf sb = { 0 };
-        strbuf_put(&sb, "", 0);
-        for (int64_t i = 0; i < k; i++) strbuf_put(&sb, a.s, a.n);
-        return sb_val(r, &sb);
+        strbuf *sb = tmp_sb(r);
+        strbuf_put(sb, "", 0);
+        for (int64_t i = 0; i < k; i++) strbuf_put(sb, a.s, a.n);
+        return sb_val(r, sb);
     }
     rfail(r, "'%s' between a %s and a %s", names[bop], type_name(&a), type_name(&b));
 }
 
 static val eval(rctx *r, scope *s, const expr *e) {
     if (++r->depth > MAX_DEPTH) rfail(r, "evaluation nested too deeply");
+    step(r);
     r->line = e->line;
     val v;
     switch (e->op) {
@@ -2109,9 +2139,15 @@ static void exec_for(rctx *r, scope *s, const node *n) {
     }
 }
 
+static void step(rctx *r) {
+    if (++r->steps > MAX_STEPS)
+        rfail(r, "the template takes more than %llu steps", MAX_STEPS);
+}
+
 static void exec_nodes(rctx *r, scope *s, const node *n) {
     if (++r->depth > MAX_DEPTH) rfail(r, "blocks nested too deeply");
     for (; n; n = n->next) {
+        step(r);
         r->line = n->line;
         switch (n->kind) {
         case N_TEXT: emit(r, n->text, n->n); break;
@@ -2165,6 +2201,7 @@ int jinja_render(const jinja_template *t, const cJSON *vars, strbuf *out, char *
             out->len = start;
             out->p[start] = '\0';
         }
+        free_temps(r);
         ar_free(&r->ar);
         free(r);
         return -1;
@@ -2181,6 +2218,7 @@ int jinja_render(const jinja_template *t, const cJSON *vars, strbuf *out, char *
     }
     exec_nodes(r, &root, t->root);
     int oom = out->oom;
+    free_temps(r);
     ar_free(&r->ar);
     free(r);
     if (oom) {

@@ -31,6 +31,14 @@
  * naming it: at parse time for statements and syntax, at render time for
  * names of filters, tests and methods.
  *
+ * Limits: nesting 200 deep, 64 MiB of output, 2^20 items per list made by
+ * the template, 256 MiB of memory, 10^7 steps per render (past one: an
+ * error naming it).
+ *
+ * Limits: nesting 200 deep, 64 MiB of output, 2^20 items per list made by
+ * the template, 256 MiB of memory, 10^7 steps per render (past one: an
+ * error naming it).
+ *
  * Variables come from a JSON object (cJSON): strings, numbers (integers
  * only), booleans, null (= none), arrays (lists) and objects (dicts); a
  * name not in it is undefined.
