@@ -38,6 +38,12 @@ TEMPLATES = {
     "zephyr.jinja": (None, {"bos_token": "<s>", "eos_token": "</s>"}, set()),
     "features.jinja": (None, {"bos_token": "<s>", "eos_token": "</s>"}, set()),
 }
+# More real templates (from the template strings in llama.cpp's
+# tests/test-chat-template.cpp), rendered by the interpreter only.
+for _name in ("gemma-7b-it", "deepseek-coder-33b-instruct", "vicuna-13b-1.1",
+              "fusionnet-34bx2-moe", "c4ai-command-r-plus", "openchat-3.5-0106",
+              "phi-3-vision", "orion-14b-chat"):
+    TEMPLATES[_name + ".jinja"] = (None, {"bos_token": "<s>", "eos_token": "</s>"}, set())
 
 
 def m(role, content):
@@ -60,6 +66,9 @@ CONVERSATIONS = [
     ("ends_with_assistant", [m("user", "Hi"), m("assistant", "Hello.")], True),
     ("think", [m("user", "Hi"), m("assistant", "<think>\nhmm\n</think>\n\nHello."),
                m("user", "Again")], True),
+    ("llamacpp", [m("system", "You are a helpful assistant"), m("user", "Hello"),
+                  m("assistant", "Hi there"), m("user", "Who are you"),
+                  m("assistant", "   I am an assistant   "), m("user", "Another question")], True),
     ("llama2_system_only", [m("system", "s")], True),
     ("llama2_two_users", [m("user", "a"), m("user", "b")], True),
     ("llama2_assistant_first", [m("assistant", "a"), m("user", "b")], True),

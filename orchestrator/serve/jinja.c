@@ -1452,10 +1452,10 @@ static val get_item(rctx *r, val o, val k);
 /* o.name: a key, else a method; undefined when neither (an attribute of an
  * undefined value is an error, as in Jinja2). */
 static val get_attr(rctx *r, val o, const char *name, size_t nn) {
-    static const char *const str_methods[] = { "startswith", "endswith", "strip",
-                                               "lstrip",     "rstrip",   "split",
-                                               "upper",      "lower",    "replace",
-                                               NULL };
+    static const char *const str_methods[] = { "startswith", "endswith",   "strip",
+                                               "lstrip",     "rstrip",     "split",
+                                               "upper",      "lower",      "replace",
+                                               "title",      "capitalize", NULL };
     static const char *const dict_methods[] = { "get", "items", "keys", "values", NULL };
     if (o.t == V_UNDEF) rfail(r, "'%.*s' of an undefined value", (int)nn, name);
     const char *const *methods = NULL;
@@ -1586,6 +1586,22 @@ static val str_case(rctx *r, val s, int upper) {
     return v_str(o, s.n);
 }
 
+/* str.title() (title = 1) or str.capitalize(), for ASCII letters. */
+static val str_title(rctx *r, val s, int title) {
+    char *o = ar_alloc(&r->ar, s.n + 1);
+    int prev_cased = 0;
+    for (size_t i = 0; i < s.n; i++) {
+        char c = s.s[i];
+        int lower = c >= 'a' && c <= 'z', upper = c >= 'A' && c <= 'Z';
+        int want_upper = title ? !prev_cased : i == 0;
+        if (lower && want_upper) c = (char)(c - 32);
+        if (upper && !want_upper) c = (char)(c + 32);
+        o[i] = c;
+        prev_cased = lower || upper;
+    }
+    return v_str(o, s.n);
+}
+
 static const char *memfind(const char *h, size_t hn, const char *n, size_t nn) {
     if (nn == 0) return h;
     for (size_t i = 0; i + nn <= hn; i++)
@@ -1671,6 +1687,8 @@ static val call_method(rctx *r, const val *m, const args *a) {
         }
         if (!strcmp(nm, "upper") || !strcmp(nm, "lower"))
             return str_case(r, o, nm[0] == 'u');
+        if (!strcmp(nm, "title") || !strcmp(nm, "capitalize"))
+            return str_title(r, o, nm[0] == 't');
         if (!strcmp(nm, "replace")) {
             val from = need_str(r, arg(a, 0, NULL), "replace"),
                 to = need_str(r, arg(a, 1, NULL), "replace"), cnt = arg(a, 2, "count");
@@ -1882,11 +1900,7 @@ static val filter(rctx *r, scope *s, const expr *e) {
         l->n = n;
         return (val){ .t = V_LIST, .l = l };
     }
-    if (name_is(e, "capitalize")) { /* ASCII letters */
-        val t = str_case(r, to_str(r, &v), 0);
-        if (t.n && t.s[0] >= 'a' && t.s[0] <= 'z') ((char *)t.s)[0] = (char)(t.s[0] - 32);
-        return t;
-    }
+    if (name_is(e, "capitalize")) return str_title(r, to_str(r, &v), 0); /* ASCII */
     rfail(r, "the filter '%.*s' is not supported", (int)e->nn, e->name);
 }
 

@@ -23,8 +23,8 @@
  *   rejectattr, select, reject, map(attribute=...); tests defined,
  *   undefined, none, string, number, integer, boolean, mapping, sequence,
  *   iterable, true, false, odd, even, eq/equalto, ne, in; string methods
- *   startswith, endswith, strip, lstrip, rstrip, split, upper, lower (ASCII),
- *   replace; dict methods get, items, keys, values; globals namespace(...),
+ *   startswith, endswith, strip, lstrip, rstrip, split, replace, and upper,
+ *   lower, title, capitalize (ASCII letters); dict methods get, items, keys, values; globals namespace(...),
  *   raise_exception(msg), range(...).
  * Anything else (macro, call, filter blocks, break/continue, float
  * literals, a filter or test not listed) is refused with a one-line error
