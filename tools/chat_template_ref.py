@@ -14,6 +14,7 @@ usage: /usr/bin/python3 tools/chat_template_ref.py [--check]
   --check  render and compare with the committed rendered.json instead of
            writing it (exit 1 on a difference). Needs the jinja2 module.
 """
+import datetime
 import json
 import os
 import sys
@@ -42,8 +43,13 @@ TEMPLATES = {
 # tests/test-chat-template.cpp), rendered by the interpreter only.
 for _name in ("gemma-7b-it", "deepseek-coder-33b-instruct", "vicuna-13b-1.1",
               "fusionnet-34bx2-moe", "c4ai-command-r-plus", "openchat-3.5-0106",
-              "phi-3-vision", "orion-14b-chat"):
+              "phi-3-vision", "orion-14b-chat",
+              # and llama.cpp's models/templates/ copies of the published ones
+              "deepseek-r1-distill-qwen-32b", "mistral-small-3.1-24b-instruct-2503"):
     TEMPLATES[_name + ".jinja"] = (None, {"bos_token": "<s>", "eos_token": "</s>"}, set())
+# Templates whose text holds today's date (strftime_now) unless the
+# conversation starts with a system message: only those conversations.
+DATED = {"mistral-small-3.1-24b-instruct-2503.jinja"}
 
 
 def m(role, content):
@@ -89,6 +95,7 @@ def environment():
                                         extensions=["jinja2.ext.loopcontrols"])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
     return env
 
 
@@ -100,6 +107,8 @@ def render_all():
             tmpl = env.from_string(f.read())
         for name, msgs, gen in CONVERSATIONS:
             if name.startswith("llama2_") and fname not in ("llama2-chat.jinja", "features.jinja"):
+                continue
+            if fname in DATED and msgs[0]["role"] != "system":
                 continue
             case = {"template": fname,
                     "builtin": builtin if name not in differs else None,

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "orchestrator/core/util.h"
 
@@ -92,7 +93,7 @@ static char *ar_strndup(arena *a, const char *s, size_t n) {
 /* Values                                                                     */
 /* ------------------------------------------------------------------------- */
 enum { V_UNDEF, V_NONE, V_BOOL, V_INT, V_STR, V_LIST, V_DICT, V_FUNC, V_METHOD };
-enum { F_NAMESPACE = 1, F_RAISE, F_RANGE };
+enum { F_NAMESPACE = 1, F_RAISE, F_RANGE, F_STRFTIME };
 
 typedef struct val val;
 typedef struct jlist jlist;
@@ -328,6 +329,11 @@ struct node {
     const char *attr; /* SET ns.attr */
     size_t an;
     node *body, *els, *next;
+    /* FOR: more loop variables (for a, b in pairs) and the filter (if c) */
+    const char **more;
+    size_t *more_n;
+    int n_more;
+    expr *filter;
 };
 
 struct jinja_template {
@@ -1094,10 +1100,24 @@ static node *parse_body(parser *p, const char *const *stops, int *stop) {
                 const tok *v = expect_name(p);
                 n->var = v->s;
                 n->vn = v->n;
-                if (is_op(peek(p), ","))
-                    perr(p, "'for' with several loop variables is not supported");
+                while (accept_op(p, ",")) { /* for a, b in ... */
+                    const tok *u = expect_name(p);
+                    const char **nm =
+                        ar_alloc(p->a, ((size_t)n->n_more + 1) * sizeof *nm);
+                    size_t *nl = ar_alloc(p->a, ((size_t)n->n_more + 1) * sizeof *nl);
+                    if (n->n_more) {
+                        memcpy(nm, n->more, (size_t)n->n_more * sizeof *nm);
+                        memcpy(nl, n->more_n, (size_t)n->n_more * sizeof *nl);
+                    }
+                    nm[n->n_more] = u->s;
+                    nl[n->n_more] = u->n;
+                    n->more = nm;
+                    n->more_n = nl;
+                    n->n_more++;
+                }
                 if (!accept_name(p, "in")) perr(p, "expected 'in' in 'for'");
-                n->e = parse_expr(p);
+                n->e = parse_or(p); /* Jinja2: no x if c else y here */
+                if (accept_name(p, "if")) n->filter = parse_expr(p);
                 if (is_name(peek(p), "recursive"))
                     perr(p, "recursive loops are not supported");
                 expect_end(p);
@@ -1761,6 +1781,19 @@ static val call(rctx *r, scope *s, const expr *e) {
         }
         return (val){ .t = V_DICT, .d = d };
     }
+    if (f.i == F_STRFTIME) { /* transformers: datetime.now().strftime(fmt) */
+        val fmt = need_str(r, arg(&a, 0, NULL), "strftime_now");
+        char fs[256], out[512];
+        if (fmt.n >= sizeof fs || memchr(fmt.s, '\0', fmt.n))
+            rfail(r, "strftime_now: a format of at most %zu bytes", sizeof fs - 1);
+        memcpy(fs, fmt.s, fmt.n);
+        fs[fmt.n] = '\0';
+        time_t now = time(NULL);
+        struct tm tm;
+        if (!localtime_r(&now, &tm)) rfail(r, "strftime_now: no local time");
+        size_t n = strftime(out, sizeof out, fs, &tm);
+        return v_str(ar_strndup(&r->ar, out, n), n);
+    }
     /* range */
     int64_t lo = 0, hi, step = 1;
     for (int k = 0; k < a.n; k++)
@@ -2110,6 +2143,20 @@ static void emit(rctx *r, const char *s, size_t n) {
 
 static void exec_nodes(rctx *r, scope *s, const node *n);
 
+/* The loop variable(s) of n for item (for a, b in ...: item unpacked). */
+static void bind_loop_vars(rctx *r, scope *sc, const node *n, val item) {
+    if (!n->n_more) {
+        dict_set(&r->ar, &sc->vars, n->var, n->vn, item);
+        return;
+    }
+    size_t want = (size_t)n->n_more + 1;
+    if (item.t != V_LIST || item.l->n != want)
+        rfail(r, "cannot unpack a %s into %zu loop variables", type_name(&item), want);
+    dict_set(&r->ar, &sc->vars, n->var, n->vn, item.l->it[0]);
+    for (int k = 0; k < n->n_more; k++)
+        dict_set(&r->ar, &sc->vars, n->more[k], n->more_n[k], item.l->it[k + 1]);
+}
+
 static void exec_for(rctx *r, scope *s, const node *n) {
     val it = eval(r, s, n->e);
     val items;
@@ -2130,6 +2177,18 @@ static void exec_for(rctx *r, scope *s, const node *n) {
     } else {
         rfail(r, "cannot loop over a %s", type_name(&it));
     }
+    if (n->filter) { /* for x in xs if c: the loop sees the items that pass */
+        jlist *kept = list_new(&r->ar, items.l->n);
+        size_t k = 0;
+        for (size_t i = 0; i < items.l->n; i++) {
+            scope probe = { .parent = s };
+            bind_loop_vars(r, &probe, n, items.l->it[i]);
+            val c = eval(r, &probe, n->filter);
+            if (truthy(&c)) kept->it[k++] = items.l->it[i];
+        }
+        kept->n = k;
+        items = (val){ .t = V_LIST, .l = kept };
+    }
     size_t len = items.l->n;
     if (len == 0 && n->els) {
         exec_nodes(r, s, n->els);
@@ -2148,7 +2207,7 @@ static void exec_for(rctx *r, scope *s, const node *n) {
         dict_set(&r->ar, loop, "previtem", 8, i ? items.l->it[i - 1] : UNDEF);
         dict_set(&r->ar, loop, "nextitem", 8, i + 1 < len ? items.l->it[i + 1] : UNDEF);
         dict_set(&r->ar, &inner.vars, "loop", 4, (val){ .t = V_DICT, .d = loop });
-        dict_set(&r->ar, &inner.vars, n->var, n->vn, items.l->it[i]);
+        bind_loop_vars(r, &inner, n, items.l->it[i]);
         exec_nodes(r, &inner, n->body);
     }
 }
@@ -2225,6 +2284,8 @@ int jinja_render(const jinja_template *t, const cJSON *vars, strbuf *out, char *
     dict_set(&r->ar, &root.vars, "raise_exception", 15,
              (val){ .t = V_FUNC, .i = F_RAISE });
     dict_set(&r->ar, &root.vars, "range", 5, (val){ .t = V_FUNC, .i = F_RANGE });
+    dict_set(&r->ar, &root.vars, "strftime_now", 12,
+             (val){ .t = V_FUNC, .i = F_STRFTIME });
     const cJSON *it;
     cJSON_ArrayForEach(it, vars) {
         dict_set(&r->ar, &root.vars, it->string, strlen(it->string),

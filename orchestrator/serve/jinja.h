@@ -8,9 +8,10 @@
  *   text, {{ expr }}, {% ... %}, {# ... #}, the - modifiers of all three
  *   and + of a block tag;
  *   {% if %}/{% elif %}/{% else %}/{% endif %}; {% for x in expr %} ...
- *   {% endfor %} with loop.index, index0, revindex, revindex0, first, last,
- *   length, previtem, nextitem (each iteration is a scope: a set inside it
- *   does not leak out, as in Jinja2); {% set x = expr %} and
+ *   {% endfor %} (also for a, b in pairs, for x in xs if c, and {% else %}
+ *   for an empty loop) with loop.index, index0, revindex, revindex0, first,
+ *   last, length, previtem, nextitem (each iteration is a scope: a set
+ *   inside it does not leak out, as in Jinja2); {% set x = expr %} and
  *   {% set ns.attr = expr %} on a namespace();
  *   literals (strings with Python escapes, integers, true/false/none in both
  *   cases, lists, dicts), names, a.b, a[i] (negative i), a[start:stop:step]
@@ -24,8 +25,9 @@
  *   undefined, none, string, number, integer, boolean, mapping, sequence,
  *   iterable, true, false, odd, even, eq/equalto, ne, in; string methods
  *   startswith, endswith, strip, lstrip, rstrip, split, replace, and upper,
- *   lower, title, capitalize (ASCII letters); dict methods get, items, keys, values; globals namespace(...),
- *   raise_exception(msg), range(...).
+ *   lower, title, capitalize (ASCII letters); dict methods get, items, keys,
+ *   values; globals namespace(...), raise_exception(msg), range(...),
+ *   strftime_now(fmt) (the local time, as transformers gives it).
  * Anything else (macro, call, filter blocks, break/continue, float
  * literals, a filter or test not listed) is refused with a one-line error
  * naming it: at parse time for statements and syntax, at render time for
