@@ -66,6 +66,11 @@ static int parse_args(int argc, char **argv, serve_options *o, int *st) {
         { "--model-name", FLAG_STRING, &o->model_name, "NAME",
           .help = "model id in the API (default: the checkpoint's\n"
                   "run directory name, or mock-gpt2)" },
+        { "--chat-template", FLAG_STRING, &o->chat_template, "NAME|FILE",
+          .help = "chat template: chatml, llama-2, llama-3,\n"
+                  "orch-plain-v1 or a Jinja file (default: the\n"
+                  "checkpoint's tokenizer_config.json template, else\n"
+                  "orch-plain-v1)" },
         { "--api-key", FLAG_STRING, &o->api_key, "KEY",
           .help = "require 'Authorization: Bearer KEY' on /v1/\n"
                   "(default: $ORCH_API_KEY; none when unset)" },

@@ -588,6 +588,12 @@ void http_server_set_ready(http_server *s, scheduler *sched, const tokenizer *to
     atomic_store(&s->state, ST_READY);
 }
 
+void http_server_set_chat_template(http_server *s, const chat_template *t,
+                                   const char *error) {
+    s->chat_template = t;
+    s->chat_error = error;
+}
+
 void http_server_drain_begin(http_server *s) {
     if (!s) return;
     atomic_store(&s->state, ST_DRAINING);

@@ -61,6 +61,7 @@
 
 #include "orchestrator/core/metrics.h"
 #include "orchestrator/data/tokenizer.h"
+#include "orchestrator/serve/chat_template.h"
 #include "orchestrator/serve/scheduler.h"
 
 #define HTTP_DEFAULT_MAX_BODY             (4u << 20)
@@ -105,6 +106,12 @@ uint16_t http_server_port(const http_server *s);
  * validation; eot/tokenizer come from tok. */
 void http_server_set_ready(http_server *s, scheduler *sched, const tokenizer *tok,
                            uint32_t vocab_size, uint32_t context);
+
+/* The chat template of /v1/chat/completions (request_limits: NULL =
+ * orch-plain-v1; error non-NULL = chat refused with it). Both are borrowed
+ * and must outlive the server. Call before http_server_set_ready. */
+void http_server_set_chat_template(http_server *s, const chat_template *t,
+                                   const char *error);
 
 /* Scheduler poll hook (arg = http_server *): cancel the sequences of clients
  * that closed their connection. Cheap (one non-blocking epoll_wait). */

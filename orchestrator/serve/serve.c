@@ -15,6 +15,7 @@
 #include "orchestrator/data/tokenizer.h"
 #include "orchestrator/infer/inference_model.h"
 #include "orchestrator/serve/block_manager.h"
+#include "orchestrator/serve/chat_template.h"
 #include "orchestrator/serve/http.h"
 #include "orchestrator/serve/scheduler.h"
 
@@ -181,6 +182,7 @@ typedef struct serve_state {
     http_server *srv;
     scheduler *sched;
     serve_model m;
+    chat_template_choice chat; /* borrowed by the HTTP server */
 } serve_state;
 
 /* Listen, load, size, start the scheduler, set ready. Returns 0 when ready,
@@ -207,6 +209,9 @@ static int serve_start(const serve_options *o, const serve_hooks *h, const char 
         .n_cors_origins = o->n_cors_origins,
         .metrics = st->reg,
     };
+    if (o->chat_template && /* a bad name fails before anything starts */
+        chat_template_choose(o->chat_template, NULL, 0, &st->chat, err, err_cap) != 0)
+        return -1;
     if (http_server_start(&sc, &st->srv, err, err_cap) != 0) return -1;
     say(h, 0, "listening on http://%s:%u (loading the model)",
         o->host ? o->host : "127.0.0.1", (unsigned)http_server_port(st->srv));
@@ -233,6 +238,16 @@ static int serve_start(const serve_options *o, const serve_hooks *h, const char 
         .poll_arg = st->srv,
     };
     if (scheduler_create(&scfg, &st->sched, err, err_cap) != 0) return -1;
+    const char *dirs[2] = { o->ckpt ? m->gm.ckpt_dir : NULL, o->ckpt };
+    chat_template_choice_free(&st->chat);
+    if (chat_template_choose(o->chat_template, dirs, 2, &st->chat, err, err_cap) != 0)
+        return -1;
+    if (st->chat.tmpl)
+        say(h, 0, "chat template %s (%s)", st->chat.tmpl->name, st->chat.source);
+    else
+        say(h, 1, "%s; /v1/chat/completions is refused", st->chat.error);
+    http_server_set_chat_template(st->srv, st->chat.tmpl,
+                                  st->chat.tmpl ? NULL : st->chat.error);
     http_server_set_ready(st->srv, st->sched, m->tok, m->desc.vocab_size,
                           m->desc.context);
     say(h, 0,
@@ -277,6 +292,7 @@ static void serve_shutdown(serve_state *st) {
     }
     http_server_stop(st->srv);
     model_close(&st->m);
+    chat_template_choice_free(&st->chat);
     metrics_registry_free(st->reg);
 }
 

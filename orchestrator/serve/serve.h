@@ -12,7 +12,11 @@
  * http_policy.h; the options below).
  * Start: the HTTP server listens first (API routes answer 503 "loading"),
  * then the model is opened, the KV pool sized, the scheduler created (its
- * warm-up forward runs), and the server set ready.
+ * warm-up forward runs), the chat template chosen (chat_template_choose:
+ * --chat-template, else the checkpoint directory's, then the given
+ * directory's tokenizer_config.json; a line "chat template NAME (SOURCE)",
+ * or a warning when the model's template is unsupported and chat requests
+ * will be refused), and the server set ready.
  * Drain (after a stop request): stop accepting (new API requests 503), let
  * running requests finish for up to drain_timeout seconds (a second stop
  * request ends the wait), then cancel what is left (503).
@@ -80,6 +84,10 @@ typedef struct serve_options {
     size_t n_allowed_hosts;
     const char *cors_origins[SERVE_MAX_LIST];
     size_t n_cors_origins;
+    /* --chat-template: a built-in's name or a Jinja file (chat_template.h);
+     * NULL = the checkpoint's tokenizer_config.json template, else
+     * orch-plain-v1 */
+    const char *chat_template;
 } serve_options;
 
 /* The defaults of `orch serve` (port 8080, 64 sequences, 2048 tokens per
