@@ -60,14 +60,16 @@ static tokenizer *open_fixture(const char *name) {
     char dir[PATH_MAX + 64];
     snprintf(dir, sizeof dir, "%s/tests/fixtures/hf-tokenizer/%s", root, name);
     tokenizer *t = NULL;
-    ck_assert_msg(tokenizer_open("hf", dir, &t, err, sizeof err) == 0, "%s: %s", name, err);
+    ck_assert_msg(tokenizer_open("hf", dir, &t, err, sizeof err) == 0, "%s: %s", name,
+                  err);
     return t;
 }
 
 static void expect_ids(tokenizer *t, const char *text, const int32_t *want, size_t n) {
     int32_t *ids;
     size_t got;
-    ck_assert_msg(tokenizer_encode(t, text, strlen(text), &ids, &got, err, sizeof err) == 0,
+    ck_assert_msg(tokenizer_encode(t, text, strlen(text), &ids, &got, err, sizeof err) ==
+                      0,
                   "%s", err);
     int same = got == n;
     for (size_t i = 0; same && i < n; i++) same = ids[i] == want[i];
@@ -84,12 +86,13 @@ static void expect_decode(tokenizer *t, const int32_t *ids, size_t n, const char
     char *s;
     size_t len;
     ck_assert_msg(tokenizer_decode(t, ids, n, &s, &len, err, sizeof err) == 0, "%s", err);
-    ck_assert_msg(len == strlen(want) && memcmp(s, want, len) == 0, "decoded '%s', want '%s'",
-                  s, want);
+    ck_assert_msg(len == strlen(want) && memcmp(s, want, len) == 0,
+                  "decoded '%s', want '%s'", s, want);
     free(s);
 }
 
-#define IDS(...) ((const int32_t[]){ __VA_ARGS__ }), sizeof((int32_t[]){ __VA_ARGS__ }) / 4
+#define IDS(...) \
+    ((const int32_t[]){ __VA_ARGS__ }), sizeof((int32_t[]){ __VA_ARGS__ }) / 4
 
 START_TEST(test_tiny_bytelevel) {
     tokenizer *t = open_fixture("tiny-bytelevel");
@@ -105,8 +108,8 @@ START_TEST(test_tiny_bytelevel) {
     expect_ids(t, "<|im_start|>user\nhi<|im_end|>",
                IDS(262, 117, 115, 101, 114, 10, 104, 105, 263));
     expect_ids(t, "a <sep> b", IDS(97, 264, 98));
-    expect_ids(t, "<|im_start|<|im_end|>>", IDS(60, 124, 105, 109, 95, 115, 116, 97, 114,
-                                                 116, 124, 263, 62));
+    expect_ids(t, "<|im_start|<|im_end|>>",
+               IDS(60, 124, 105, 109, 95, 115, 116, 97, 114, 116, 124, 263, 62));
     expect_ids(t, "\xc3\xa9", IDS(195, 169));
     int32_t *ids;
     size_t n;
@@ -142,20 +145,25 @@ END_TEST
 /* Random bytes (valid or not) round-trip through a ByteLevel tokenizer
    without a normalizer. */
 static void roundtrip_random(tokenizer *t, uint64_t seed, int rounds) {
-    static const char alphabet[] = "ab <|>im_start_end\n\t e\xc3\xa9\xe4\xb8\xad\xf0\x9f\x98";
+    static const char alphabet[] =
+        "ab <|>im_start_end\n\t e\xc3\xa9\xe4\xb8\xad\xf0\x9f\x98";
     for (int r = 0; r < rounds; r++) {
         char buf[300];
         size_t n = (size_t)(test_xorshift64(&seed) % sizeof buf);
         for (size_t i = 0; i < n; i++) {
             uint64_t x = test_xorshift64(&seed);
-            buf[i] = (x & 1) ? (char)(x >> 8) : alphabet[(x >> 8) % (sizeof alphabet - 1)];
+            buf[i] =
+                (x & 1) ? (char)(x >> 8) : alphabet[(x >> 8) % (sizeof alphabet - 1)];
         }
         int32_t *ids;
         size_t k, len;
         char *s;
-        ck_assert_msg(tokenizer_encode(t, buf, n, &ids, &k, err, sizeof err) == 0, "%s", err);
-        ck_assert_msg(tokenizer_decode(t, ids, k, &s, &len, err, sizeof err) == 0, "%s", err);
-        ck_assert_msg(len == n && memcmp(s, buf, n) == 0, "round %d: round trip differs", r);
+        ck_assert_msg(tokenizer_encode(t, buf, n, &ids, &k, err, sizeof err) == 0, "%s",
+                      err);
+        ck_assert_msg(tokenizer_decode(t, ids, k, &s, &len, err, sizeof err) == 0, "%s",
+                      err);
+        ck_assert_msg(len == n && memcmp(s, buf, n) == 0, "round %d: round trip differs",
+                      r);
         free(ids);
         free(s);
     }
@@ -214,7 +222,8 @@ START_TEST(test_bad_files) {
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char dir[PATH_MAX + 64];
-        snprintf(dir, sizeof dir, "%s/tests/fixtures/hf-tokenizer/%s", root, cases[i].dir);
+        snprintf(dir, sizeof dir, "%s/tests/fixtures/hf-tokenizer/%s", root,
+                 cases[i].dir);
         tokenizer *t = NULL;
         err[0] = '\0';
         ck_assert_msg(tokenizer_open("hf", dir, &t, err, sizeof err) != 0, "%s opened",
@@ -240,8 +249,8 @@ static const char *real_dir(const char *name, char *buf, size_t cap) {
     char p[2 * PATH_MAX + 256];
     for (int k = 0; k < 2; k++) {
         if (k == 0 && !(data && *data)) continue;
-        snprintf(buf, cap, "%s%s%s%s/models", k == 0 ? data : root, k == 0 ? "/" : "/data/",
-                 pkg, name);
+        snprintf(buf, cap, "%s%s%s%s/models", k == 0 ? data : root,
+                 k == 0 ? "/" : "/data/", pkg, name);
         snprintf(p, sizeof p, "%s/tokenizer.json", buf);
         if (file_exists(p)) return buf;
     }
@@ -297,11 +306,13 @@ static void check_real(const char *name) {
     char dir[PATH_MAX + 200];
     if (!real_dir(name, dir, sizeof dir)) return;
     tokenizer *t = NULL;
-    ck_assert_msg(tokenizer_open("hf", dir, &t, err, sizeof err) == 0, "%s: %s", name, err);
+    ck_assert_msg(tokenizer_open("hf", dir, &t, err, sizeof err) == 0, "%s: %s", name,
+                  err);
     cJSON *j = load_cases(name);
     const cJSON *bos = cJSON_GetObjectItem(j, "bos");
     ck_assert_int_eq(tokenizer_bos(t), cJSON_IsNumber(bos) ? bos->valueint : -1);
-    ck_assert_int_eq(tokenizer_add_bos(t), cJSON_IsTrue(cJSON_GetObjectItem(j, "add_bos")));
+    ck_assert_int_eq(tokenizer_add_bos(t),
+                     cJSON_IsTrue(cJSON_GetObjectItem(j, "add_bos")));
     const cJSON *eos = cJSON_GetObjectItem(j, "eos");
     const int32_t *eids;
     size_t ne = tokenizer_eos_ids(t, &eids);
@@ -317,7 +328,8 @@ static void check_real(const char *name) {
         const cJSON *wids = cJSON_GetObjectItem(c, "ids");
         int32_t *ids;
         size_t n;
-        ck_assert_msg(tokenizer_encode(t, text, tl, &ids, &n, err, sizeof err) == 0, "%s", err);
+        ck_assert_msg(tokenizer_encode(t, text, tl, &ids, &n, err, sizeof err) == 0, "%s",
+                      err);
         int same = n == (size_t)cJSON_GetArraySize(wids);
         for (size_t i = 0; same && i < n; i++)
             same = ids[i] == cJSON_GetArrayItem(wids, (int)i)->valueint;
@@ -334,9 +346,10 @@ static void check_real(const char *name) {
         free(col.v);
         char *s;
         size_t sl;
-        ck_assert_msg(tokenizer_decode(t, ids, n, &s, &sl, err, sizeof err) == 0, "%s", err);
-        ck_assert_msg(sl == dl && memcmp(s, want, dl) == 0, "%s case %d: decoded '%s', want '%s'",
-                      name, k, s, want);
+        ck_assert_msg(tokenizer_decode(t, ids, n, &s, &sl, err, sizeof err) == 0, "%s",
+                      err);
+        ck_assert_msg(sl == dl && memcmp(s, want, dl) == 0,
+                      "%s case %d: decoded '%s', want '%s'", name, k, s, want);
         free(s);
         free(ids);
         free(text);

@@ -59,8 +59,8 @@ typedef struct pre_op {
     pcre2_code *re;
     char *lit; /* P_SPLIT_STR */
     size_t litn;
-    int removed;   /* Split behavior Removed (else Isolated) */
-    char repl[8];  /* Metaspace replacement (UTF-8) */
+    int removed;  /* Split behavior Removed (else Isolated) */
+    char repl[8]; /* Metaspace replacement (UTF-8) */
     size_t repln;
     int scheme, split;
 } pre_op;
@@ -88,7 +88,7 @@ enum { MAX_STEPS = 16 };
 
 struct hf_tokenizer {
     uint32_t vocab_size;
-    char *dec_pool;   /* decoded bytes of id i: dec_pool[dec_off[i] .. dec_off[i+1]) */
+    char *dec_pool; /* decoded bytes of id i: dec_pool[dec_off[i] .. dec_off[i+1]) */
     uint32_t *dec_off;
     uint8_t *present; /* 1 if some token has id i */
     char *enc_pool;   /* model-domain bytes of vocab id i (empty if none) */
@@ -248,9 +248,9 @@ static pcre2_code *compile_re(const char *pat, size_t n, const char *field, char
                               size_t err_cap) {
     int ec;
     PCRE2_SIZE eo;
-    pcre2_code *re = pcre2_compile((PCRE2_SPTR)pat, n, PCRE2_UTF | PCRE2_UCP |
-                                                           PCRE2_MATCH_INVALID_UTF,
-                                   &ec, &eo, NULL);
+    pcre2_code *re =
+        pcre2_compile((PCRE2_SPTR)pat, n, PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF,
+                      &ec, &eo, NULL);
     if (!re) {
         PCRE2_UCHAR msg[256];
         pcre2_get_error_message(ec, msg, sizeof msg);
@@ -360,7 +360,8 @@ static int add_norm(hf_tokenizer *h, const cJSON *n, char *err, size_t err_cap) 
         cJSON_ArrayForEach(e, list) if (add_norm(h, e, err, err_cap) != 0) return -1;
         return 0;
     }
-    if (h->n_norm == MAX_STEPS) return unsupported(err, err_cap, "normalizer", "(too many)");
+    if (h->n_norm == MAX_STEPS)
+        return unsupported(err, err_cap, "normalizer", "(too many)");
     norm_op *op = &h->norm[h->n_norm];
     memset(op, 0, sizeof *op);
     if (strcmp(type, "Prepend") == 0) {
@@ -381,7 +382,8 @@ static int add_norm(hf_tokenizer *h, const cJSON *n, char *err, size_t err_cap) 
             return unsupported(err, err_cap, "normalizer Replace.pattern", "(empty)");
         if (!(op->a = dup_bytes(pat, op->an)) || !(op->b = dup_bytes(content, op->bn)))
             goto oom;
-        if (is_re && !(op->re = compile_re(pat, op->an, "normalizer Replace", err, err_cap)))
+        if (is_re &&
+            !(op->re = compile_re(pat, op->an, "normalizer Replace", err, err_cap)))
             return -1;
     } else if (!strcmp(type, "NFC") || !strcmp(type, "NFD") || !strcmp(type, "NFKC") ||
                !strcmp(type, "NFKD")) {
@@ -425,7 +427,8 @@ static int add_pre(hf_tokenizer *h, const cJSON *p, char *err, size_t err_cap) {
         const cJSON *list = cJSON_GetObjectItemCaseSensitive(p, "pretokenizers");
         const cJSON *e;
         if (!cJSON_IsArray(list))
-            return unsupported(err, err_cap, "pre_tokenizer.pretokenizers", "(not a list)");
+            return unsupported(err, err_cap, "pre_tokenizer.pretokenizers",
+                               "(not a list)");
         cJSON_ArrayForEach(e, list) if (add_pre(h, e, err, err_cap) != 0) return -1;
         return 0;
     }
@@ -442,12 +445,14 @@ static int add_pre(hf_tokenizer *h, const cJSON *p, char *err, size_t err_cap) {
         if (!op) return unsupported(err, err_cap, "pre_tokenizer", "(too many)");
         op->removed = strcmp(beh, "Removed") == 0;
         if (is_re) {
-            if (!(op->re = compile_re(pat, strlen(pat), "pre_tokenizer Split", err, err_cap)))
+            if (!(op->re =
+                      compile_re(pat, strlen(pat), "pre_tokenizer Split", err, err_cap)))
                 return -1;
         } else {
             op->litn = strlen(pat);
             if (op->litn == 0)
-                return unsupported(err, err_cap, "pre_tokenizer Split.pattern", "(empty)");
+                return unsupported(err, err_cap, "pre_tokenizer Split.pattern",
+                                   "(empty)");
             if (!(op->lit = dup_bytes(pat, op->litn))) {
                 util_set_err(err, err_cap, "out of memory");
                 return -1;
@@ -488,7 +493,8 @@ static int add_pre(hf_tokenizer *h, const cJSON *p, char *err, size_t err_cap) {
         else if (strcmp(sch, "never") == 0)
             op->scheme = SCHEME_NEVER;
         else
-            return unsupported(err, err_cap, "pre_tokenizer Metaspace.prepend_scheme", sch);
+            return unsupported(err, err_cap, "pre_tokenizer Metaspace.prepend_scheme",
+                               sch);
         op->split = jbool(p, "split", 1);
         return 0;
     }
@@ -520,7 +526,8 @@ static int load_model(hf_tokenizer *h, const cJSON *model, const cJSON *added,
     if (drop && !cJSON_IsNull(drop) && !(cJSON_IsNumber(drop) && drop->valuedouble == 0))
         return unsupported(err, err_cap, "model.dropout", "(non-zero)");
     const char *csp = jstr(model, "continuing_subword_prefix");
-    if (csp && *csp) return unsupported(err, err_cap, "model.continuing_subword_prefix", csp);
+    if (csp && *csp)
+        return unsupported(err, err_cap, "model.continuing_subword_prefix", csp);
     const char *ews = jstr(model, "end_of_word_suffix");
     if (ews && *ews) return unsupported(err, err_cap, "model.end_of_word_suffix", ews);
     h->byte_fallback = jbool(model, "byte_fallback", 0);
@@ -550,10 +557,11 @@ static int load_model(hf_tokenizer *h, const cJSON *model, const cJSON *added,
     }
     cJSON_ArrayForEach(e, added) {
         const cJSON *id = cJSON_GetObjectItemCaseSensitive(e, "id");
-        if (!cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble > INT32_MAX - 2 ||
-            !jstr(e, "content")) {
-            util_set_err(err, err_cap, "tokenizer.json: added_tokens: an entry without "
-                                       "an id or content");
+        if (!cJSON_IsNumber(id) || id->valuedouble < 0 ||
+            id->valuedouble > INT32_MAX - 2 || !jstr(e, "content")) {
+            util_set_err(err, err_cap,
+                         "tokenizer.json: added_tokens: an entry without "
+                         "an id or content");
             return -1;
         }
         if ((long)id->valuedouble > max_id) max_id = (long)id->valuedouble;
@@ -595,7 +603,8 @@ static int load_model(hf_tokenizer *h, const cJSON *model, const cJSON *added,
         spell[id] = e->string;
         long l = model_bytes(h, map, e->string, strlen(e->string), tmp);
         len[id] = l < 0 ? 0 : (uint32_t)l;
-        if (l >= 0) h->present[id] = 2; /* 2 = encodable vocab entry */
+        if (l >= 0)
+            h->present[id] = 2; /* 2 = encodable vocab entry */
         else
             h->present[id] = 1;
     }
@@ -822,7 +831,8 @@ static int add_dec(hf_tokenizer *h, const cJSON *d, dec_step *steps, size_t *n,
         s->strip.start = st->valueint;
         s->strip.stop = sp->valueint;
         if (*fused) { /* a whole-text step */
-            if (h->n_strip == MAX_STEPS) return unsupported(err, err_cap, "decoder", "(too many)");
+            if (h->n_strip == MAX_STEPS)
+                return unsupported(err, err_cap, "decoder", "(too many)");
             h->strip[h->n_strip++] = s->strip;
             return 0;
         }
@@ -895,8 +905,9 @@ static int decode_token(const dec_step *steps, size_t n, const int16_t map[512],
                             memcmp(out->p + s0, st->strip.c, st->strip.cn) == 0;
                  c++)
                 s0 += st->strip.cn;
-            for (int c = 0; c < st->strip.stop && e0 - s0 >= st->strip.cn &&
-                            memcmp(out->p + e0 - st->strip.cn, st->strip.c, st->strip.cn) == 0;
+            for (int c = 0;
+                 c < st->strip.stop && e0 - s0 >= st->strip.cn &&
+                 memcmp(out->p + e0 - st->strip.cn, st->strip.c, st->strip.cn) == 0;
                  c++)
                 e0 -= st->strip.cn;
             if (sbuf_put(tmp, out->p + s0, e0 - s0) != 0) return -1;
@@ -929,7 +940,8 @@ static int build_decoder(hf_tokenizer *h, const cJSON *dec, const cJSON *vocab,
         if (a) {
             if (sbuf_put(&pool, a->s, a->n) != 0) goto oom;
         } else if (spell[i]) {
-            if (decode_token(steps, n, map, spell[i], strlen(spell[i]), &one, &tmp) != 0 ||
+            if (decode_token(steps, n, map, spell[i], strlen(spell[i]), &one, &tmp) !=
+                    0 ||
                 sbuf_put(&pool, one.p, one.n) != 0)
                 goto oom;
         }
@@ -961,8 +973,8 @@ static int scan_post(const cJSON *pp, int32_t *tmpl_bos, int *tmpl_add, char *er
     if (!type) return unsupported(err, err_cap, "post_processor.type", NULL);
     if (strcmp(type, "Sequence") == 0) {
         const cJSON *e, *list = cJSON_GetObjectItemCaseSensitive(pp, "processors");
-        cJSON_ArrayForEach(e, list) if (scan_post(e, tmpl_bos, tmpl_add, err, err_cap) != 0)
-            return -1;
+        cJSON_ArrayForEach(e, list) if (scan_post(e, tmpl_bos, tmpl_add, err, err_cap) !=
+                                        0) return -1;
         return 0;
     }
     if (strcmp(type, "ByteLevel") == 0) return 0; /* offsets only */
@@ -1205,10 +1217,12 @@ static int normalize(const hf_tokenizer *h, const char *s, size_t n, sbuf *a, sb
         dst->n = 0;
         if (op->kind == N_PREPEND) {
             if (cn == 0) continue;
-            if (sbuf_put(dst, op->a, op->an) != 0 || sbuf_put(dst, cur, cn) != 0) goto oom;
+            if (sbuf_put(dst, op->a, op->an) != 0 || sbuf_put(dst, cur, cn) != 0)
+                goto oom;
         } else if (op->kind == N_REPLACE) {
             for (size_t i = 0; i < cn;) {
-                const char *f = i + op->an <= cn ? memmem(cur + i, cn - i, op->a, op->an) : NULL;
+                const char *f =
+                    i + op->an <= cn ? memmem(cur + i, cn - i, op->a, op->an) : NULL;
                 size_t upto = f ? (size_t)(f - cur) : cn;
                 if (sbuf_put(dst, cur + i, upto - i) != 0) goto oom;
                 if (!f) break;
@@ -1219,7 +1233,8 @@ static int normalize(const hf_tokenizer *h, const char *s, size_t n, sbuf *a, sb
             size_t pos = 0, ms, me;
             int r;
             while ((r = re_next(op->re, md, cur, cn, pos, &ms, &me, err, err_cap)) == 1) {
-                if (sbuf_put(dst, cur + pos, ms - pos) != 0 || sbuf_put(dst, op->b, op->bn) != 0)
+                if (sbuf_put(dst, cur + pos, ms - pos) != 0 ||
+                    sbuf_put(dst, op->b, op->bn) != 0)
                     goto oom;
                 pos = me;
             }
@@ -1247,13 +1262,13 @@ oom:
 /* Scratch of one encode call. */
 typedef struct work {
     pcre2_match_data *md;
-    sbuf na, nb;          /* normalizer buffers */
-    sbuf arena[2];        /* pre-tokenizer pieces */
+    sbuf na, nb;   /* normalizer buffers */
+    sbuf arena[2]; /* pre-tokenizer pieces */
     span_buf pieces[2];
     int32_t *id, *prev, *next; /* BPE */
     uint64_t *heap;
     size_t cap, heap_n;
-    struct slot {          /* piece cache: key bytes in keys */
+    struct slot { /* piece cache: key bytes in keys */
         size_t key, len, first, n_ids;
         int used;
     } * slot;
@@ -1301,7 +1316,8 @@ static int pretokenize(const hf_tokenizer *h, work *w, const char *s, size_t n,
             size_t at = dst->n;
             if (op->kind == P_PREFIX_SPACE) {
                 if (ps[0] != ' ' && sbuf_put(dst, " ", 1) != 0) goto oom;
-                if (sbuf_put(dst, ps, pn) != 0 || span_put(dp, at, dst->n - at) != 0) goto oom;
+                if (sbuf_put(dst, ps, pn) != 0 || span_put(dp, at, dst->n - at) != 0)
+                    goto oom;
             } else if (op->kind == P_METASPACE) {
                 int pre = op->scheme == SCHEME_ALWAYS ||
                           (op->scheme == SCHEME_FIRST && at_start && p == 0);
@@ -1449,9 +1465,11 @@ static int bpe_piece(const hf_tokenizer *h, work *w, const char *s, size_t len,
             w->id[n++] = id;
         } else if (h->byte_fallback) {
             int all = 1;
-            for (size_t k = 0; k < l; k++) all &= h->byte_tok[(unsigned char)s[i + k]] >= 0;
+            for (size_t k = 0; k < l; k++)
+                all &= h->byte_tok[(unsigned char)s[i + k]] >= 0;
             if (all)
-                for (size_t k = 0; k < l; k++) w->id[n++] = h->byte_tok[(unsigned char)s[i + k]];
+                for (size_t k = 0; k < l; k++)
+                    w->id[n++] = h->byte_tok[(unsigned char)s[i + k]];
             else
                 sym_add(h, w, &n, -1);
         } else {
@@ -1586,14 +1604,14 @@ static int encode_segment(const hf_tokenizer *h, work *w, const char *s, size_t 
     size_t pos = 0, ms, me;
     const added_tok *a;
     while (pos < tn && find_added(&h->norm_set, t, tn, pos, &ms, &me, &a)) {
-        if (ms > pos &&
-            encode_pieces(h, w, t + pos, ms - pos, at_start && pos == 0, out, err, err_cap) != 0)
+        if (ms > pos && encode_pieces(h, w, t + pos, ms - pos, at_start && pos == 0, out,
+                                      err, err_cap) != 0)
             return -1;
         if (id_put(out, a->id) != 0) goto oom;
         pos = me;
     }
-    if (tn > pos &&
-        encode_pieces(h, w, t + pos, tn - pos, at_start && pos == 0, out, err, err_cap) != 0)
+    if (tn > pos && encode_pieces(h, w, t + pos, tn - pos, at_start && pos == 0, out, err,
+                                  err_cap) != 0)
         return -1;
     return 0;
 oom:
@@ -1630,8 +1648,8 @@ int hf_tokenizer_encode(const hf_tokenizer *h, const char *text, size_t len,
     while (pos < len) {
         int found = find_added(&h->raw_set, text, len, pos, &ms, &me, &a);
         if (!found) ms = me = len;
-        if (ms > pos &&
-            encode_segment(h, &w, text + pos, ms - pos, pos == 0, &out, err, err_cap) != 0)
+        if (ms > pos && encode_segment(h, &w, text + pos, ms - pos, pos == 0, &out, err,
+                                       err_cap) != 0)
             goto done;
         if (found && id_put(&out, a->id) != 0) {
             util_set_err(err, err_cap, "out of memory");
@@ -1650,8 +1668,8 @@ done:
 
 /* ---- decoding -------------------------------------------------------------- */
 
-int hf_tokenizer_decode(const hf_tokenizer *h, const int32_t *ids, size_t n,
-                        char **text, size_t *len, char *err, size_t err_cap) {
+int hf_tokenizer_decode(const hf_tokenizer *h, const int32_t *ids, size_t n, char **text,
+                        size_t *len, char *err, size_t err_cap) {
     *text = NULL;
     *len = 0;
     size_t total = 0;
@@ -1684,8 +1702,8 @@ int hf_tokenizer_decode(const hf_tokenizer *h, const int32_t *ids, size_t n,
     size_t s0 = 0;
     for (size_t k = 0; k < h->n_strip; k++) { /* whole-text Strip steps */
         const strip_op *st = &h->strip[k];
-        for (int c = 0; c < st->start && o - s0 >= st->cn &&
-                        memcmp(out + s0, st->c, st->cn) == 0;
+        for (int c = 0;
+             c < st->start && o - s0 >= st->cn && memcmp(out + s0, st->c, st->cn) == 0;
              c++)
             s0 += st->cn;
         for (int c = 0; c < st->stop && o - s0 >= st->cn &&

@@ -71,8 +71,8 @@ int hf_tokenizer_token_bytes(const hf_tokenizer *h, int32_t id, const char **byt
                              size_t *len);
 
 /* Decode ids: *text malloc'd, NUL-terminated (not counted in *len). */
-int hf_tokenizer_decode(const hf_tokenizer *h, const int32_t *ids, size_t n,
-                        char **text, size_t *len, char *err, size_t err_cap);
+int hf_tokenizer_decode(const hf_tokenizer *h, const int32_t *ids, size_t n, char **text,
+                        size_t *len, char *err, size_t err_cap);
 
 /* BOS id or -1: tokenizer_config's bos_token, else generation_config's
    bos_token_id, else the post_processor template's leading special token. */

@@ -41,8 +41,8 @@ static const char GPT2_PATTERN[] =
 struct tokenizer {
     int kind;
     char name[8];
-    bpe_vocab v;    /* token bytes, byte ids and (gpt2) merges */
-    pcre2_code *re; /* gpt2 only */
+    bpe_vocab v;      /* token bytes, byte ids and (gpt2) merges */
+    pcre2_code *re;   /* gpt2 only */
     hf_tokenizer *hf; /* hf only (v unused) */
 };
 
@@ -192,7 +192,9 @@ int32_t tokenizer_eot(const tokenizer *t) {
 
 int32_t tokenizer_bos(const tokenizer *t) { return t->hf ? hf_tokenizer_bos(t->hf) : -1; }
 
-int tokenizer_add_bos(const tokenizer *t) { return t->hf ? hf_tokenizer_add_bos(t->hf) : 0; }
+int tokenizer_add_bos(const tokenizer *t) {
+    return t->hf ? hf_tokenizer_add_bos(t->hf) : 0;
+}
 
 size_t tokenizer_eos_ids(const tokenizer *t, const int32_t **ids) {
     if (t->hf) return hf_tokenizer_eos(t->hf, ids);
@@ -495,7 +497,8 @@ static int encode_any(const tokenizer *t, const char *text, size_t len, id_buf *
         if (sink) return hf_tokenizer_encode(t->hf, text, len, sink, user, err, err_cap);
         if (err && err_cap) err[0] = '\0';
         int rc = hf_tokenizer_encode(t->hf, text, len, collect_ids, out, err, err_cap);
-        if (rc != 0 && err && err_cap && strcmp(err, "encoding stopped by the caller") == 0)
+        if (rc != 0 && err && err_cap &&
+            strcmp(err, "encoding stopped by the caller") == 0)
             util_set_err(err, err_cap, "out of memory while encoding %zu bytes", len);
         return rc;
     }
