@@ -13,6 +13,9 @@
  *    Split regex, ignore_merges, added tokens with lstrip/rstrip, template
  *    BOS, EOS lists; Metaspace by normalizer and by pre-tokenizer with byte
  *    fallback, unk fusing and merges in the [a, b] and "a b" forms;
+ *  - Digits + ByteLevel(add_prefix_space) on a variant of the tiny file;
+ *  - GPT-2's encoder.json / vocab.bpe written as a tokenizer.json encode
+ *    exactly as the gpt2 kind (random text, the KJV corpus);
  *  - one-line errors naming the field and value for unsupported files.
  */
 #include <check.h>
@@ -239,6 +242,149 @@ START_TEST(test_bad_files) {
 }
 END_TEST
 
+static char *read_all(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)n + 1);
+    ck_assert(b != NULL);
+    ck_assert_int_eq(fread(b, 1, (size_t)n, f), (size_t)n);
+    fclose(f);
+    b[n] = '\0';
+    *len = (size_t)n;
+    return b;
+}
+
+static void write_json(const char *dir, const char *name, cJSON *j) {
+    char p[PATH_MAX + 64];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    char *text = cJSON_PrintUnformatted(j);
+    FILE *f = fopen(p, "wb");
+    ck_assert(f && text);
+    ck_assert_int_eq(fwrite(text, 1, strlen(text), f), strlen(text));
+    fclose(f);
+    free(text);
+}
+
+/* Digits, then ByteLevel with add_prefix_space (a space before every piece,
+   as the library's ByteLevel does per split) and GPT-2's regex. */
+START_TEST(test_digits_prefix_space) {
+    find_root();
+    char p[PATH_MAX + 64], dir[256];
+    size_t len;
+    snprintf(p, sizeof p, "%s/tests/fixtures/hf-tokenizer/tiny-bytelevel/tokenizer.json",
+             root);
+    char *text = read_all(p, &len);
+    ck_assert(text != NULL);
+    cJSON *j = cJSON_Parse(text);
+    free(text);
+    cJSON *pre = cJSON_Parse("{\"type\":\"Sequence\",\"pretokenizers\":["
+                             "{\"type\":\"Digits\",\"individual_digits\":true},"
+                             "{\"type\":\"ByteLevel\",\"add_prefix_space\":true,"
+                             "\"use_regex\":true}]}");
+    cJSON_ReplaceItemInObject(j, "pre_tokenizer", pre);
+    test_tmpdir(dir, sizeof dir, "hftok");
+    write_json(dir, "tokenizer.json", j);
+    cJSON_Delete(j);
+    tokenizer *t = NULL;
+    ck_assert_msg(tokenizer_open("hf", dir, &t, err, sizeof err) == 0, "%s", err);
+    /* "a 123" -> Digits: "a ", "1", "2", "3" -> " a ", " 1", " 2", " 3" ->
+       regex: " a", " ", " 1", " 2", " 3". */
+    expect_ids(t, "a 123", IDS(32, 97, 32, 32, 49, 32, 50, 32, 51));
+    expect_ids(t, "the", IDS(258));
+    tokenizer_free(t);
+    test_rmdir(dir);
+}
+END_TEST
+
+/* GPT-2's own files (data/gpt2, tools/setup.sh) written as a tokenizer.json
+   (ByteLevel pre-tokenizer with GPT-2's regex, "a b" merges) must encode
+   exactly as the gpt2 kind: random text and the KJV corpus when present. */
+START_TEST(test_gpt2_as_hf) {
+    find_root();
+    const char *data = getenv("ORCH_DATA_DIR");
+    char gdir[PATH_MAX + 16], p[PATH_MAX + 96], dir[256];
+    snprintf(gdir, sizeof gdir, "%s/%s", data && *data ? data : root,
+             data && *data ? "gpt2" : "data/gpt2");
+    size_t elen, blen;
+    snprintf(p, sizeof p, "%s/encoder.json", gdir);
+    char *enc = read_all(p, &elen);
+    snprintf(p, sizeof p, "%s/vocab.bpe", gdir);
+    char *bpe = read_all(p, &blen);
+    if (!enc || !bpe) {
+        printf("SKIP gpt2 as tokenizer.json: no GPT-2 vocabulary in %s (run "
+               "tools/setup.sh)\n",
+               gdir);
+        free(enc);
+        free(bpe);
+        return;
+    }
+    cJSON *j =
+        cJSON_Parse("{\"version\":\"1.0\",\"truncation\":null,\"padding\":null,"
+                    "\"added_tokens\":[{\"id\":50256,\"content\":\"<|endoftext|>\","
+                    "\"special\":true}],\"normalizer\":null,"
+                    "\"pre_tokenizer\":{\"type\":\"ByteLevel\",\"add_prefix_space\":"
+                    "false,\"use_regex\":true},\"post_processor\":null,"
+                    "\"decoder\":{\"type\":\"ByteLevel\"}}");
+    cJSON *model = cJSON_CreateObject(), *merges = cJSON_CreateArray();
+    cJSON_AddStringToObject(model, "type", "BPE");
+    cJSON_AddItemToObject(model, "vocab", cJSON_Parse(enc));
+    for (char *line = strtok(bpe, "\n"); line; line = strtok(NULL, "\n"))
+        if (line[0] != '#' && strchr(line, ' '))
+            cJSON_AddItemToArray(merges, cJSON_CreateString(line));
+    cJSON_AddItemToObject(model, "merges", merges);
+    cJSON_AddItemToObject(j, "model", model);
+    free(enc);
+    free(bpe);
+    test_tmpdir(dir, sizeof dir, "hfgpt2");
+    write_json(dir, "tokenizer.json", j);
+    cJSON_Delete(j);
+    tokenizer *h = NULL, *g = NULL;
+    ck_assert_msg(tokenizer_open("hf", dir, &h, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(tokenizer_open("gpt2", gdir, &g, err, sizeof err) == 0, "%s", err);
+    ck_assert_uint_eq(tokenizer_vocab_size(h), 50257);
+    uint64_t seed = 77;
+    static const char alphabet[] = "ab 's'll\n\t 12 e\xc3\xa9\xe4\xb8\xad\xf0\x9f\x98!?";
+    size_t kl = 0;
+    snprintf(p, sizeof p, "%s/kjv.txt", data && *data ? data : root);
+    char *kjv = read_all(p, &kl);
+    for (int r = 0; r < 301; r++) {
+        char buf[400];
+        const char *in = buf;
+        size_t n = (size_t)(test_xorshift64(&seed) % sizeof buf);
+        for (size_t i = 0; i < n; i++) {
+            uint64_t x = test_xorshift64(&seed);
+            buf[i] = (x & 3) == 0 ? (char)(x >> 8)
+                                  : alphabet[(x >> 8) % (sizeof alphabet - 1)];
+        }
+        if (r == 300) {
+            if (!kjv) break;
+            in = kjv;
+            n = kl;
+        }
+        int32_t *a, *b;
+        size_t na, nb;
+        ck_assert(tokenizer_encode(h, in, n, &a, &na, err, sizeof err) == 0);
+        ck_assert(tokenizer_encode(g, in, n, &b, &nb, err, sizeof err) == 0);
+        ck_assert_msg(na == nb && memcmp(a, b, na * sizeof *a) == 0,
+                      "round %d: hf and gpt2 kinds differ (%zu vs %zu ids)", r, na, nb);
+        char *s;
+        size_t sl;
+        ck_assert(tokenizer_decode(h, a, na, &s, &sl, err, sizeof err) == 0);
+        ck_assert(sl == n && memcmp(s, in, n) == 0);
+        free(s);
+        free(a);
+        free(b);
+    }
+    free(kjv);
+    tokenizer_free(h);
+    tokenizer_free(g);
+    test_rmdir(dir);
+}
+END_TEST
+
 /* ---- real vocabularies ---------------------------------------------------- */
 
 /* The package's models/ directory, or NULL (after one SKIP line). */
@@ -377,6 +523,8 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_tiny_roundtrip);
     tcase_add_test(tc, test_tiny_metaspace);
     tcase_add_test(tc, test_bad_files);
+    tcase_add_test(tc, test_digits_prefix_space);
+    tcase_add_test(tc, test_gpt2_as_hf);
     tcase_add_test(tc, test_real_llama2);
     tcase_add_test(tc, test_real_llama3);
     tcase_add_test(tc, test_real_qwen3);

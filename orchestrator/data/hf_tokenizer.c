@@ -460,6 +460,16 @@ static int add_pre(hf_tokenizer *h, const cJSON *p, char *err, size_t err_cap) {
         }
         return 0;
     }
+    if (strcmp(type, "Digits") == 0) {
+        /* Numeric characters (\p{N}) alone or in runs, isolated. */
+        int one = jbool(p, "individual_digits", 0);
+        pre_op *op = new_pre(h, P_SPLIT_RE);
+        if (!op) return unsupported(err, err_cap, "pre_tokenizer", "(too many)");
+        if (!(op->re = compile_re(one ? "\\p{N}" : "\\p{N}+", PCRE2_ZERO_TERMINATED,
+                                  "pre_tokenizer Digits", err, err_cap)))
+            return -1;
+        return 0;
+    }
     if (strcmp(type, "ByteLevel") == 0) {
         h->byte_level = 1;
         if (jbool(p, "add_prefix_space", 1) && !new_pre(h, P_PREFIX_SPACE))

@@ -15,7 +15,8 @@
  *  - pre_tokenizer: null, Sequence, Split (Regex or String pattern, behavior
  *    Isolated or Removed, invert false), ByteLevel (add_prefix_space,
  *    use_regex: GPT-2's pattern), Metaspace (replacement, prepend_scheme
- *    always/first/never or add_prefix_space, split).
+ *    always/first/never or add_prefix_space, split), Digits
+ *    (individual_digits).
  *  - decoder: ByteLevel, Metaspace, Sequence of Replace (String pattern),
  *    ByteFallback, Fuse, Strip.
  *  - post_processor: null, ByteLevel, TemplateProcessing, Sequence of those
