@@ -21,6 +21,7 @@
 #include <check.h>
 #include <cjson/cJSON.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -285,6 +286,12 @@ START_TEST(test_digits_prefix_space) {
                              "{\"type\":\"ByteLevel\",\"add_prefix_space\":true,"
                              "\"use_regex\":true}]}");
     cJSON_ReplaceItemInObject(j, "pre_tokenizer", pre);
+    /* Llama 3.1's form: a Sequence of ByteLevel and TemplateProcessing. */
+    cJSON *tp = cJSON_DetachItemFromObject(j, "post_processor");
+    cJSON *seq = cJSON_Parse("{\"type\":\"Sequence\",\"processors\":[{\"type\":"
+                             "\"ByteLevel\",\"add_prefix_space\":true}]}");
+    cJSON_AddItemToArray(cJSON_GetObjectItem(seq, "processors"), tp);
+    cJSON_AddItemToObject(j, "post_processor", seq);
     test_tmpdir(dir, sizeof dir, "hftok");
     write_json(dir, "tokenizer.json", j);
     cJSON_Delete(j);
@@ -294,6 +301,12 @@ START_TEST(test_digits_prefix_space) {
        regex: " a", " ", " 1", " 2", " 3". */
     expect_ids(t, "a 123", IDS(32, 97, 32, 32, 49, 32, 50, 32, 51));
     expect_ids(t, "the", IDS(258));
+    /* No config files here: BOS and add_bos come from the template. */
+    ck_assert_int_eq(tokenizer_bos(t), 261);
+    ck_assert_int_eq(tokenizer_add_bos(t), 1);
+    const int32_t *eos;
+    ck_assert_uint_eq(tokenizer_eos_ids(t, &eos), 0);
+    ck_assert_int_eq(tokenizer_eot(t), -1);
     tokenizer_free(t);
     test_rmdir(dir);
 }
@@ -515,6 +528,49 @@ END_TEST
 START_TEST(test_real_qwen3) { check_real("qwen3"); }
 END_TEST
 
+typedef struct enc_job {
+    tokenizer *t;
+    const char *text;
+    size_t len, n;
+    int32_t *ids;
+    int rc;
+} enc_job;
+
+static void *enc_thread(void *p) {
+    enc_job *j = p;
+    char e[256];
+    for (int r = 0; r < 20 && j->rc == 0; r++) {
+        free(j->ids);
+        j->rc = tokenizer_encode(j->t, j->text, j->len, &j->ids, &j->n, e, sizeof e);
+    }
+    return NULL;
+}
+
+/* One tokenizer, four threads encoding at once: the same ids as alone. */
+START_TEST(test_concurrent_encode) {
+    tokenizer *t = open_fixture("tiny-bytelevel");
+    const char *text =
+        "<|im_start|>user\nthe in the in a <sep> b \xc3\xa9 12345<|im_end|>";
+    int32_t *want;
+    size_t nw;
+    ck_assert(tokenizer_encode(t, text, strlen(text), &want, &nw, err, sizeof err) == 0);
+    enc_job jobs[4];
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++) {
+        jobs[i] = (enc_job){ .t = t, .text = text, .len = strlen(text) };
+        ck_assert(pthread_create(&th[i], NULL, enc_thread, &jobs[i]) == 0);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        ck_assert(jobs[i].rc == 0 && jobs[i].n == nw &&
+                  memcmp(jobs[i].ids, want, nw * sizeof *want) == 0);
+        free(jobs[i].ids);
+    }
+    free(want);
+    tokenizer_free(t);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("hf_tokenizer");
     TCase *tc = tcase_create("core");
@@ -525,6 +581,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_bad_files);
     tcase_add_test(tc, test_digits_prefix_space);
     tcase_add_test(tc, test_gpt2_as_hf);
+    tcase_add_test(tc, test_concurrent_encode);
     tcase_add_test(tc, test_real_llama2);
     tcase_add_test(tc, test_real_llama3);
     tcase_add_test(tc, test_real_qwen3);

@@ -485,6 +485,7 @@ done:
 static int collect_ids(void *user, const int32_t *ids, size_t n, size_t bytes_done) {
     (void)bytes_done;
     id_buf *out = user;
+    if (n == 0) return 0;
     if (id_buf_reserve(out, n) != 0) return -1;
     memcpy(out->v + out->n, ids, n * sizeof *ids);
     out->n += n;
