@@ -3,7 +3,7 @@
 # a checkpoint: `orch tokenize/detokenize --tokenizer-dir DIR` and
 # `--tokenizer hf:DIR` on the committed tiny ByteLevel tokenizer (exact ids,
 # exact bytes back, special tokens in text), a one-line error for an
-# unsupported file, and `orch generate` on a mock-engine checkpoint whose
+# unsupported file, `orch prepare --tokenizer hf:DIR`, and `orch generate` on a mock-engine checkpoint whose
 # state.json says "tokenizer": "hf" with tokenizer.json in the checkpoint
 # directory (the mock's greedy rule over the hf ids gives the exact text).
 set -u
@@ -30,6 +30,13 @@ grep -q "265" err.txt || fail "bad id error: $(cat err.txt)"
 : | "$ORCH_BIN" tokenize --tokenizer-dir "$FIX/bad-wordpiece" 2>err.txt && fail "WordPiece accepted"
 [ "$(wc -l <err.txt)" -eq 1 ] && grep -q "model.type 'WordPiece' is not supported" err.txt ||
   fail "WordPiece error: $(cat err.txt)"
+
+# prepare writes hf shards (the vocabulary size of the file).
+printf 'the in <|im_end|>\n%.0s' $(seq 1 50) >small.txt
+"$ORCH_BIN" prepare --tokenizer "hf:$FIX/tiny-bytelevel" --input small.txt --out hfdata >prep.log 2>&1 ||
+  { cat prep.log; fail "prepare --tokenizer hf:DIR"; }
+grep -q "tokenizer hf (vocab 265)" prep.log || fail "prepare: $(cat prep.log)"
+[ -f hfdata/train_000.bin ] || fail "prepare wrote no shard"
 
 # 2. A checkpoint with "tokenizer": "hf" opens DIR/tokenizer.json.
 for i in $(seq 1 40); do echo "the in the in $i"; done >corpus.txt
