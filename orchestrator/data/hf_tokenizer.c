@@ -91,6 +91,7 @@ struct hf_tokenizer {
     char *dec_pool; /* decoded bytes of id i: dec_pool[dec_off[i] .. dec_off[i+1]) */
     uint32_t *dec_off;
     uint8_t *present; /* 1 if some token has id i */
+    uint8_t *merges;  /* 1 if id i is the left or right of some merge */
     char *enc_pool;   /* model-domain bytes of vocab id i (empty if none) */
     uint32_t *enc_off;
     int32_t *idx; /* open addressing over enc bytes; -1 empty */
@@ -584,12 +585,14 @@ static int load_model(hf_tokenizer *h, const cJSON *model, const cJSON *added,
     uint32_t V = h->vocab_size;
     h->enc_off = util_calloc((size_t)V + 1, sizeof *h->enc_off);
     h->present = util_calloc(V, 1);
+    h->merges = util_calloc(V, 1);
     h->enc_pool = malloc(pool_need + 1);
     h->idx_cap = pow2_at_least(nv * 2);
     h->idx = malloc(h->idx_cap * sizeof *h->idx);
     uint32_t *len = util_calloc(V, sizeof *len);
     const char **spell = util_calloc(V, sizeof *spell); /* file spelling of id */
-    if (!h->enc_off || !h->present || !h->enc_pool || !h->idx || !len || !spell) {
+    if (!h->enc_off || !h->present || !h->merges || !h->enc_pool || !h->idx || !len ||
+        !spell) {
         free(len);
         free(spell);
         util_set_err(err, err_cap, "out of memory");
@@ -702,6 +705,7 @@ static int load_model(hf_tokenizer *h, const cJSON *model, const cJSON *added,
         h->m.merge_keys[i] = key;
         h->m.merge_rank[i] = rank;
         h->m.merge_result[i] = im;
+        h->merges[ia] = h->merges[ib] = 1;
         rank++;
     }
     free(ab.p);
@@ -1117,6 +1121,7 @@ void hf_tokenizer_free(hf_tokenizer *h) {
     free(h->dec_pool);
     free(h->dec_off);
     free(h->present);
+    free(h->merges);
     free(h->enc_pool);
     free(h->enc_off);
     free(h->idx);
@@ -1454,6 +1459,8 @@ static void sym_add(const hf_tokenizer *h, work *w, size_t *n, int32_t id) {
     w->id[(*n)++] = id;
 }
 
+static int bpe_run(const hf_tokenizer *h, work *w, size_t s0, size_t e0, id_buf *out);
+
 static int bpe_piece(const hf_tokenizer *h, work *w, const char *s, size_t len,
                      id_buf *out) {
     if (h->ignore_merges) {
@@ -1487,13 +1494,28 @@ static int bpe_piece(const hf_tokenizer *h, work *w, const char *s, size_t len,
         }
         i += l;
     }
-    if (n == 0) return 0;
-    for (size_t i = 0; i < n; i++) {
-        w->prev[i] = (int32_t)i - 1;
-        w->next[i] = i + 1 < n ? (int32_t)i + 1 : -1;
+    /* A symbol whose id is in no merge never merges, so the runs between
+       such symbols (byte-fallback newlines in a Llama-2 text, say) are
+       independent: each gets its own small heap, with the same result. */
+    for (size_t s0 = 0; s0 < n;) {
+        size_t e0 = s0 + 1;
+        if (h->merges[w->id[s0]])
+            while (e0 < n && h->merges[w->id[e0]]) e0++;
+        if (bpe_run(h, w, s0, e0, out) != 0) return -1;
+        s0 = e0;
+    }
+    return 0;
+}
+
+/* BPE of the symbols w->id[s0 .. e0), appended to out. */
+static int bpe_run(const hf_tokenizer *h, work *w, size_t s0, size_t e0, id_buf *out) {
+    if (e0 - s0 == 1) return id_put(out, w->id[s0]);
+    for (size_t i = s0; i < e0; i++) {
+        w->prev[i] = i > s0 ? (int32_t)i - 1 : -1;
+        w->next[i] = i + 1 < e0 ? (int32_t)i + 1 : -1;
     }
     w->heap_n = 0;
-    for (size_t i = 0; i + 1 < n; i++) push_pair(h, w, (int32_t)i);
+    for (size_t i = s0; i + 1 < e0; i++) push_pair(h, w, (int32_t)i);
     while (w->heap_n > 0) {
         uint64_t top = heap_pop(w);
         int32_t i = (int32_t)(uint32_t)top, j = w->next[i];
@@ -1509,7 +1531,7 @@ static int bpe_piece(const hf_tokenizer *h, work *w, const char *s, size_t len,
         push_pair(h, w, w->prev[i]);
         push_pair(h, w, i);
     }
-    for (int32_t i = 0; i >= 0; i = w->next[i])
+    for (int32_t i = (int32_t)s0; i >= 0; i = w->next[i])
         if (id_put(out, w->id[i]) != 0) return -1;
     return 0;
 }
