@@ -13,6 +13,8 @@
  *    into pieces (copied into arenas), and every piece goes through BPE: a
  *    linked list of symbols and a min-heap of (rank, position) candidates,
  *    lowest rank first and leftmost among equals, as the library does.
+ *    Symbols whose id is in no merge split a piece into runs that are
+ *    merged independently (the same result, much smaller heaps).
  *  - A per-call cache maps short pieces to their ids (keys copied into the
  *    cache), so the tokenizer stays immutable and encode thread-safe.
  *  - Every token's decoded bytes are computed once at load from the

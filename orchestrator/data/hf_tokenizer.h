@@ -32,6 +32,11 @@
  * Metaspace's first space). Bytes are returned as they are: where the library
  * would put U+FFFD for an invalid byte sequence, this returns the bytes.
  *
+ * Encoding memory grows with the longest stretch of text between added
+ * tokens, which is normalized and pre-tokenized whole (as the library does):
+ * measured on the 4.3 MB KJV, about 7 bytes per input byte with Llama 3's
+ * file and 17 with Llama 2's (no pre-tokenizer: the stretch is one BPE word).
+ *
  * Thread rules: immutable after hf_tokenizer_open; all other calls may run
  * in any number of threads at once.
  * Memory: the hf_tokenizer owns its tables; buffers handed out through
