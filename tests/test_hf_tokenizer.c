@@ -312,6 +312,41 @@ START_TEST(test_digits_prefix_space) {
 }
 END_TEST
 
+/* A Split regex that matches empty strings (empty matches are only split
+   points) and a Replace normalizer likewise: encoding ends, every byte kept. */
+START_TEST(test_empty_matches) {
+    find_root();
+    char p[PATH_MAX + 64], dir[256];
+    size_t len;
+    snprintf(p, sizeof p, "%s/tests/fixtures/hf-tokenizer/tiny-bytelevel/tokenizer.json",
+             root);
+    char *text = read_all(p, &len);
+    ck_assert(text != NULL);
+    cJSON *j = cJSON_Parse(text);
+    free(text);
+    cJSON_ReplaceItemInObject(
+        j, "pre_tokenizer",
+        cJSON_Parse(
+            "{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Split\","
+            "\"pattern\":{\"Regex\":\"\\\\p{N}{0,3}\"},\"behavior\":\"Isolated\"},"
+            "{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"use_regex\":false}]}"));
+    cJSON_ReplaceItemInObject(j, "normalizer",
+                              cJSON_Parse("{\"type\":\"Replace\",\"pattern\":{\"Regex\":"
+                                          "\"q*\"},\"content\":\"\"}"));
+    test_tmpdir(dir, sizeof dir, "hfempty");
+    write_json(dir, "tokenizer.json", j);
+    cJSON_Delete(j);
+    tokenizer *t = NULL;
+    ck_assert_msg(tokenizer_open("hf", dir, &t, err, sizeof err) == 0, "%s", err);
+    /* "he" would merge as one piece; empty matches make every character a
+       piece, "12345" splits as "123", "45"; q is removed. */
+    expect_ids(t, "heq 12345", IDS(104, 101, 32, 49, 50, 51, 52, 53));
+    expect_ids(t, "\xc3\xa9", IDS(195, 169));
+    tokenizer_free(t);
+    test_rmdir(dir);
+}
+END_TEST
+
 /* GPT-2's own files (data/gpt2, tools/setup.sh) written as a tokenizer.json
    (ByteLevel pre-tokenizer with GPT-2's regex, "a b" merges) must encode
    exactly as the gpt2 kind: random text and the KJV corpus when present. */
@@ -580,6 +615,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_tiny_metaspace);
     tcase_add_test(tc, test_bad_files);
     tcase_add_test(tc, test_digits_prefix_space);
+    tcase_add_test(tc, test_empty_matches);
     tcase_add_test(tc, test_gpt2_as_hf);
     tcase_add_test(tc, test_concurrent_encode);
     tcase_add_test(tc, test_real_llama2);

@@ -265,8 +265,8 @@ static pcre2_code *compile_re(const char *pat, size_t n, const char *field, char
     return re;
 }
 
-/* Next match of re in s[0..n) from pos: 1 with [*ms, *me), 0 for none, -1
-   on a matcher error. Empty matches are widened to one byte. */
+/* Next match of re in s[0..n) from pos: 1 with [*ms, *me) (maybe empty), 0
+   for none, -1 on a matcher error. */
 static int re_next(pcre2_code *re, pcre2_match_data *md, const char *s, size_t n,
                    size_t pos, size_t *ms, size_t *me, char *err, size_t err_cap) {
     uint32_t opts = 0;
@@ -286,9 +286,9 @@ static int re_next(pcre2_code *re, pcre2_match_data *md, const char *s, size_t n
         }
         PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
         *ms = ov[0];
-        *me = ov[1];
-        if (*me <= *ms) *me = *ms + 1;
+        *me = ov[1] < ov[0] ? ov[0] : ov[1]; /* \K can put the end first */
         if (*me > n) *me = n;
+        if (*ms > *me) *ms = *me;
         return 1;
     }
 }
@@ -1222,6 +1222,14 @@ done:
     return rc;
 }
 
+/* Where to search after a match [ms, me) of s[0..n): its end, or one
+   character further for an empty match (which is only a split point). */
+static size_t after_match(const char *s, size_t n, size_t ms, size_t me) {
+    if (me > ms) return me;
+    size_t l = ms < n ? utf8_char_len(s + ms, n - ms) : 1;
+    return ms + (l ? l : 1);
+}
+
 /* Normalizes s[0..n) into *res (a or b are the scratch buffers). */
 static int normalize(const hf_tokenizer *h, const char *s, size_t n, sbuf *a, sbuf *b,
                      pcre2_match_data *md, const char **res, size_t *rn, char *err,
@@ -1247,13 +1255,15 @@ static int normalize(const hf_tokenizer *h, const char *s, size_t n, sbuf *a, sb
                 i = upto + op->an;
             }
         } else if (op->kind == N_REPLACE_RE) {
-            size_t pos = 0, ms, me;
-            int r;
-            while ((r = re_next(op->re, md, cur, cn, pos, &ms, &me, err, err_cap)) == 1) {
+            size_t pos = 0, from = 0, ms, me;
+            int r = 0;
+            while (from <= cn && (r = re_next(op->re, md, cur, cn, from, &ms, &me, err,
+                                              err_cap)) == 1) {
                 if (sbuf_put(dst, cur + pos, ms - pos) != 0 ||
                     sbuf_put(dst, op->b, op->bn) != 0)
                     goto oom;
                 pos = me;
+                from = after_match(cur, cn, ms, me);
             }
             if (r < 0) return -1;
             if (sbuf_put(dst, cur + pos, cn - pos) != 0) goto oom;
@@ -1363,16 +1373,17 @@ static int pretokenize(const hf_tokenizer *h, work *w, const char *s, size_t n,
             } else {
                 if (sbuf_put(dst, ps, pn) != 0) goto oom;
                 const char *q = dst->p + at;
-                size_t pos = 0, ms, me;
-                for (;;) {
+                size_t pos = 0, from = 0, ms, me;
+                while (from <= pn) {
                     int r;
                     if (op->kind == P_SPLIT_RE) {
-                        r = re_next(op->re, w->md, q, pn, pos, &ms, &me, err, err_cap);
+                        r = re_next(op->re, w->md, q, pn, from, &ms, &me, err, err_cap);
                         if (r < 0) return -1;
                     } else {
-                        const char *f = pos + op->litn <= pn
-                                            ? memmem(q + pos, pn - pos, op->lit, op->litn)
-                                            : NULL;
+                        const char *f =
+                            from + op->litn <= pn
+                                ? memmem(q + from, pn - from, op->lit, op->litn)
+                                : NULL;
                         r = f != NULL;
                         if (f) {
                             ms = (size_t)(f - q);
@@ -1383,6 +1394,7 @@ static int pretokenize(const hf_tokenizer *h, work *w, const char *s, size_t n,
                     if (span_put(dp, at + pos, ms - pos) != 0) goto oom;
                     if (!op->removed && span_put(dp, at + ms, me - ms) != 0) goto oom;
                     pos = me;
+                    from = after_match(q, pn, ms, me);
                 }
                 if (span_put(dp, at + pos, pn - pos) != 0) goto oom;
             }
