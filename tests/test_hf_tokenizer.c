@@ -222,6 +222,7 @@ START_TEST(test_bad_files) {
         { "bad-merge", "model.merges[0]" },
         { "bad-single-word", "single_word 'true' is not supported" },
         { "bad-json", "not valid JSON" },
+        { "bad-sparse-id", "token id 200000000 is far beyond" },
         { "no-such-dir", "no such file" },
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

@@ -583,6 +583,17 @@ static int load_model(hf_tokenizer *h, const cJSON *model, const cJSON *added,
         util_set_err(err, err_cap, "tokenizer.json: model.vocab is empty");
         return -1;
     }
+    /* Ids are dense in every real file; a stray huge id would make the
+       tables enormous. */
+    size_t n_entries = nv + (size_t)cJSON_GetArraySize(added);
+    if ((size_t)max_id >= 2 * n_entries + 1024 || max_id >= (1L << 24)) {
+        util_set_err(
+            err, err_cap,
+            "tokenizer.json: token id %ld is far beyond the %zu tokens of the file "
+            "(ids must be dense)",
+            max_id, n_entries);
+        return -1;
+    }
     h->vocab_size = (uint32_t)(max_id + 1);
     uint32_t V = h->vocab_size;
     h->enc_off = util_calloc((size_t)V + 1, sizeof *h->enc_off);

@@ -39,7 +39,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     for (int i = 0; i < 3; i++) {
         snprintf(dir, sizeof dir, "tests/fixtures/hf-tokenizer/%s", NAMES[i]);
         if (tokenizer_open("hf", dir, &toks[i], err, sizeof err) != 0) {
-            fprintf(stderr, "fuzz_hf_tokenizer: %s (run from the repository root)\n", err);
+            fprintf(stderr, "fuzz_hf_tokenizer: %s (run from the repository root)\n",
+                    err);
             exit(1);
         }
     }
@@ -67,14 +68,16 @@ static void check_text(const tokenizer *t, int exact, const char *s, size_t n) {
     int32_t *ids = NULL;
     size_t k = 0;
     char err[512];
-    FUZZ_CHECK(tokenizer_encode(t, s, n, &ids, &k, err, sizeof err) == 0, "encode: %s", err);
+    FUZZ_CHECK(tokenizer_encode(t, s, n, &ids, &k, err, sizeof err) == 0, "encode: %s",
+               err);
     uint32_t vocab = tokenizer_vocab_size(t);
     size_t bytes = 0;
     for (size_t i = 0; i < k; i++) {
         const char *tb;
         size_t tl;
         FUZZ_CHECK(ids[i] >= 0 && (uint32_t)ids[i] < vocab, "id %d", ids[i]);
-        FUZZ_CHECK(tokenizer_token_bytes(t, ids[i], &tb, &tl) == 0, "token_bytes(%d)", ids[i]);
+        FUZZ_CHECK(tokenizer_token_bytes(t, ids[i], &tb, &tl) == 0, "token_bytes(%d)",
+                   ids[i]);
         if (exact) {
             FUZZ_CHECK(bytes + tl <= n && memcmp(tb, s + bytes, tl) == 0,
                        "token %zu's bytes are not the text's", i);
@@ -83,8 +86,8 @@ static void check_text(const tokenizer *t, int exact, const char *s, size_t n) {
     }
     char *text = NULL;
     size_t len = 0;
-    FUZZ_CHECK(tokenizer_decode(t, ids, k, &text, &len, err, sizeof err) == 0, "decode: %s",
-               err);
+    FUZZ_CHECK(tokenizer_decode(t, ids, k, &text, &len, err, sizeof err) == 0,
+               "decode: %s", err);
     if (exact)
         FUZZ_CHECK(bytes == n && len == n && memcmp(text, s, n) == 0,
                    "decode(encode(x)) != x (%zu vs %zu bytes)", len, n);
@@ -127,10 +130,12 @@ static void check_file(const uint8_t *data, size_t size) {
     fuzz_write_scratch("tokenizer.json", data, size, path, sizeof path);
     tokenizer *t = NULL;
     if (tokenizer_open("hf", fuzz_scratch_dir(), &t, err, sizeof err) != 0) {
-        FUZZ_CHECK(t == NULL && err[0] && !strchr(err, '\n'), "refusal message '%s'", err);
+        FUZZ_CHECK(t == NULL && err[0] && !strchr(err, '\n'), "refusal message '%s'",
+                   err);
         return;
     }
-    static const char text[] = "Hello <|im_start|> w\xc3\xb6rld\n\t 123 \xf0\x9f\x98\x80 </s>";
+    static const char text[] =
+        "Hello <|im_start|> w\xc3\xb6rld\n\t 123 \xf0\x9f\x98\x80 </s>";
     check_text(t, 0, text, sizeof text - 1);
     tokenizer_free(t);
 }
