@@ -1126,6 +1126,9 @@ int hf_tokenizer_open(const char *dir, hf_tokenizer **out, char *err, size_t err
 fail:
     cJSON_Delete(j);
     hf_tokenizer_free(h);
+    /* Messages quote the file (patterns, token text): keep them one line. */
+    for (char *c = err; c && err_cap && *c; c++)
+        if ((unsigned char)*c < 0x20) *c = ' ';
     return -1;
 }
 
