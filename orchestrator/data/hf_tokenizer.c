@@ -849,8 +849,8 @@ static int add_dec(hf_tokenizer *h, const cJSON *d, dec_step *steps, size_t *n,
         const char *c = jstr(d, "content");
         const cJSON *st = cJSON_GetObjectItemCaseSensitive(d, "start");
         const cJSON *sp = cJSON_GetObjectItemCaseSensitive(d, "stop");
-        if (!c || utf8_char_len(c, strlen(c)) != strlen(c) || !cJSON_IsNumber(st) ||
-            !cJSON_IsNumber(sp))
+        if (!c || !*c || utf8_char_len(c, strlen(c)) != strlen(c) ||
+            !cJSON_IsNumber(st) || !cJSON_IsNumber(sp))
             return unsupported(err, err_cap, "decoder Strip.content", c);
         s->kind = D_STRIP;
         s->strip.cn = strlen(c);
@@ -883,6 +883,8 @@ static int add_dec(hf_tokenizer *h, const cJSON *d, dec_step *steps, size_t *n,
         s->kind = D_METASPACE;
         s->a = jstr(d, "replacement");
         if (!s->a) s->a = "\xe2\x96\x81";
+        if (!*s->a || utf8_char_len(s->a, strlen(s->a)) != strlen(s->a))
+            return unsupported(err, err_cap, "decoder Metaspace.replacement", s->a);
         const char *sch = jstr(d, "prepend_scheme");
         int first = sch ? strcmp(sch, "never") != 0 : jbool(d, "add_prefix_space", 1);
         if (first) h->meta_first = 1;
@@ -918,7 +920,7 @@ static int decode_token(const dec_step *steps, size_t n, const int16_t map[512],
             const char *a = st->a, *b = st->kind == D_REPLACE ? st->b : " ";
             size_t an = strlen(a), bn = strlen(b);
             for (size_t i = 0; i < out->n;) {
-                if (i + an <= out->n && memcmp(out->p + i, a, an) == 0) {
+                if (an > 0 && i + an <= out->n && memcmp(out->p + i, a, an) == 0) {
                     if (sbuf_put(tmp, b, bn) != 0) return -1;
                     i += an;
                 } else {
