@@ -107,7 +107,7 @@ grep -q '"seed":[[:space:]]*7' "$tmp/a" || fail "repeated --set not applied: $(c
 # A value that looks like a flag is still the value of the flag before it.
 printf 'x' | "$ORCH_BIN" tokenize --tokenizer byte >"$tmp/a" 2>&1 && [ "$(cat "$tmp/a")" = "120" ] ||
   fail "tokenize --tokenizer byte: $(cat "$tmp/a")"
-expect 2 "orch: error: tokenize: unknown tokenizer '--help' (expected byte or gpt2)" \
+expect 2 "orch: error: tokenize: unknown tokenizer '--help' (expected byte, gpt2 or hf)" \
   "$ORCH_BIN" tokenize --tokenizer --help
 
 [ $fails -eq 0 ] || { echo "basics_cli: $fails failure(s)"; exit 1; }
