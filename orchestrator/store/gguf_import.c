@@ -329,7 +329,7 @@ int gguf_import(const gguf_import_opts *o, gguf_import_result *r, int *err_kind,
         goto out;
     gpt2_import_model gm = { x.m.vocab_size,    x.m.context, x.m.width,
                              x.m.mlp_width,     x.m.layers,  x.m.heads,
-                             x.m.layernorm_eps, "gpt2" };
+                             x.m.layernorm_eps, "gpt2",      NULL };
     int kind =
         gpt2_import_texts(&gm, o->input, o->base_config, &state, &cfg, err, err_cap);
     if (kind != 0) {
