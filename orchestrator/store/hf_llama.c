@@ -158,9 +158,9 @@ int hf_llama_read_config(const cJSON *j, const char *path, llama_model *m, char 
     for (size_t i = 0; ar && i < N_FAMILIES; i++) known |= strcmp(ar, families[i][1]) == 0;
     if (!known) {
         util_set_err(err, err_cap,
-                     "%s: architectures \"%.60s\" is not supported (orch imports "
-                     "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
-                     "GPT2LMHeadModel)",
+                     "%s: architectures \"%.60s\" is not supported with a LLaMA-family "
+                     "model_type (orch imports LlamaForCausalLM, MistralForCausalLM and "
+                     "Qwen2ForCausalLM)",
                      path, ar);
         return -1;
     }

@@ -38,6 +38,9 @@ LLaMA (torch for llama-logits only):
                            num_key_value_heads, rms_norm_eps, rope_theta) on
                            the fixture's tokens; its logits must equal the
                            fixture's within TOL (default 1e-5)
+  fixture-json FIXTURE OUT.json
+                           the fixture's tokens and logits as JSON (for
+                           tests/gguf/llama_cpp_fixture.mjs)
   llama-rows LOGITS.f32 FIXTURE [TOL]
                            a raw little-endian f32 [B*T, V'] dump (orch's
                            logits) against the fixture's logits (V' >= V)
@@ -475,6 +478,18 @@ def cmd_llama_rows(path, fix, tol="1e-4"):
     print(f"llama-rows ok: {rows} rows within {d:.2e} (tolerance {tol})")
 
 
+def cmd_fixture_json(fix, out):
+    header, data, meta, _ = fixture(fix)
+    B, T = header["tokens"]["shape"]
+    V = int(meta["vocab_size"])
+    tok = array("i")
+    tok.frombytes(tensor_bytes(header, data, "tokens"))
+    lg = floats(header, data, "logits")
+    json.dump({"tokens": [list(tok[b * T:(b + 1) * T]) for b in range(B)],
+               "logits": [[list(lg[(b * T + t) * V:(b * T + t + 1) * V]) for t in range(T)]
+                          for b in range(B)]}, open(out, "w"))
+
+
 def main():
     cmd, args = sys.argv[1], sys.argv[2:]
     if cmd == "layout":
@@ -489,6 +504,8 @@ def main():
         cmd_llama_layout(*args)
     elif cmd == "llama-logits":
         cmd_llama_logits(*args)
+    elif cmd == "fixture-json":
+        cmd_fixture_json(*args)
     elif cmd == "llama-rows":
         cmd_llama_rows(*args)
     elif cmd == "logits":
