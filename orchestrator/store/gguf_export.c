@@ -16,6 +16,7 @@
 #include "orchestrator/data/tokenizer.h"
 #include "orchestrator/store/checkpoint.h"
 #include "orchestrator/store/gguf.h"
+#include "orchestrator/store/gguf_hf_tok.h"
 #include "orchestrator/store/gguf_model.h"
 #include "orchestrator/store/gpt2_import.h"
 #include "orchestrator/store/llama_model.h"
@@ -35,6 +36,7 @@ typedef struct export_ctx {
     uint32_t wtype, ftype;
     int kind;
     int llama, untied; /* model.arch llama (lm), and its head untied */
+    int hf_tok;        /* tokenizer "hf": tokenizer.json in the checkpoint */
     llama_model lm;
 } export_ctx;
 
@@ -124,6 +126,14 @@ out:
     free(lens);
     free(types);
     return rc;
+}
+
+/* The tokenizer keys from the checkpoint's tokenizer.json (gguf_hf_tok.h). */
+static int add_hf_tokenizer(export_ctx *x, gguf_writer *w, char *err, size_t err_cap) {
+    int kind = 1;
+    if (gguf_hf_tok_add(w, x->ck.dir, x->cfg->model.vocab_size, &kind, err, err_cap) == 0)
+        return 0;
+    return fail(x, kind == 2 ? GPT2_IMPORT_ERR_INPUT : GPT2_IMPORT_ERR_RUNTIME);
 }
 
 /* The hyperparameter keys. */
@@ -345,13 +355,9 @@ static int open_input(export_ctx *x, gguf_export_result *r, char *err, size_t er
         if (llama_model_from_ckpt(x->ck.dir, &x->lm, err, err_cap) != 0) return -1;
         x->untied = !x->lm.tied;
     }
-    if (strcmp(tok, "hf") == 0) {
-        util_set_err(err, err_cap,
-                     "%s: the 'hf' tokenizer (tokenizer.json) cannot be written as GGUF "
-                     "tokenizer metadata yet: orch writes tokenizer.ggml.* for the gpt2 "
-                     "tokenizer only",
-                     r->ckpt_dir);
-        return -1;
+    if (strcmp(tok, "hf") == 0) { /* gguf_hf_tok.h reads it while writing */
+        x->hf_tok = 1;
+        return 0;
     }
     if (strcmp(tok, "gpt2") != 0) {
         util_set_err(err, err_cap,
@@ -400,7 +406,8 @@ int gguf_export(const gguf_export_opts *o, gguf_export_result *r, int *err_kind,
     x.kind = GPT2_IMPORT_ERR_RUNTIME;
     if (gguf_writer_create(o->out, &w, err, err_cap) != 0) goto out;
     if (add_hparams(&x, w, err, err_cap) != 0 ||
-        add_tokenizer(&x, w, err, err_cap) != 0 ||
+        (x.hf_tok ? add_hf_tokenizer(&x, w, err, err_cap)
+                  : add_tokenizer(&x, w, err, err_cap)) != 0 ||
         write_tensors(&x, w, r, err, err_cap) != 0)
         goto out;
     gguf_writer *done = w;
