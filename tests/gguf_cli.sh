@@ -199,6 +199,49 @@ expect_err 2 "orch.rope.scaling.type 'yarn' is not llama3" "$ORCH_BIN" import gg
 e2 type blk.1.attn_k.weight 2
 expect_err 2 "tensor 'blk.1.attn_k.weight' has type Q4_0" "$ORCH_BIN" import gguf bad.gguf --out o2
 [ -e o2 ] && fail "a refused llama import left o2"
+# An hf-tokenizer checkpoint (made by relabelling: state.json's tokenizer
+# "hf" and tokenizer.json beside it, checksums redone), with the small
+# ByteLevel tokenizer.json of hf_tool.py mkllama tokjson.
+python3 "$TOOL" mkllama "$F/cpu_llama_tiny_kv4.safetensors" lt untie vocab=256 tokjson >/dev/null
+"$ORCH_BIN" import hf lt --out ck_lt --tokenizer byte 2>&1 | grep -q "vocab 256" || fail "import lt"
+hf_relabel() { # hf_relabel CKPT: its tokenizer becomes "hf"
+  python3 -c 'import json,sys; p=sys.argv[1]+"/state.json"; j=json.load(open(p)); j["tokenizer"]="hf"; json.dump(j,open(p,"w"))' "$1"
+  (cd "$1" && awk '{print $2}' checksums.sha256 | xargs sha256sum >sums.new && mv sums.new checksums.sha256)
+}
+cp lt/tokenizer.json lt/tokenizer_config.json lt/generation_config.json ck_lt/
+hf_relabel ck_lt
+"$ORCH_BIN" export gguf ck_lt --out lt.gguf >exp.log 2>&1 || { cat exp.log; fail "export hf-tokenizer llama"; }
+python3 - lt.gguf <<'PY' || fail "hf tokenizer metadata"
+import os, sys
+sys.path.insert(0, os.path.dirname(os.environ["EDIT"]))
+from gguf_edit import load
+kvs, _ = load(sys.argv[1])
+kv = {k: v for k, _, v in kvs}
+assert kv["tokenizer.ggml.model"] == b"gpt2" and kv["tokenizer.ggml.pre"] == b"gpt-2", kv["tokenizer.ggml.model"]
+toks, types = kv["tokenizer.ggml.tokens"][1], kv["tokenizer.ggml.token_type"][1]
+assert len(toks) == 256 and toks[0] == b"A" and toks[90] == b"AB" and toks[96] == b"<|end|>", toks[:3]
+assert types[0] == 1 and types[96] == 3 and toks[100] == b"[PAD100]" and types[100] == 5, types[90:101]
+assert kv["tokenizer.ggml.merges"][1] == [b"A B", b"C D"], kv["tokenizer.ggml.merges"]
+assert kv["tokenizer.ggml.eos_token_id"] == 96 and kv["tokenizer.ggml.add_bos_token"] is False
+PY
+tok_edit() { # tok_edit PYTHON_STATEMENT_ON_j: ck_lt's tokenizer.json changed into ck_bt
+  rm -rf ck_bt && cp -r ck_lt ck_bt
+  python3 -c 'import json,sys; p="ck_bt/tokenizer.json"; j=json.load(open(p)); exec(sys.argv[1]); json.dump(j,open(p,"w"))' "$1"
+}
+tok_edit 'j["model"]["type"]="Unigram"'
+expect_err 2 "model.type 'Unigram' has no GGUF tokenizer orch writes" "$ORCH_BIN" export gguf ck_bt --out x.gguf
+tok_edit 'j["pre_tokenizer"]={"type": "Whitespace"}'
+expect_err 2 "neither ByteLevel pre-tokenization nor Metaspace with model.byte_fallback true" "$ORCH_BIN" export gguf ck_bt --out x.gguf
+tok_edit 'j["pre_tokenizer"]={"type": "Sequence", "pretokenizers": [{"type": "Split", "pattern": {"Regex": "x"}}, {"type": "ByteLevel", "use_regex": False}]}'
+expect_err 2 "pre_tokenizer: a ByteLevel pre-tokenization without a llama.cpp name orch knows" "$ORCH_BIN" export gguf ck_bt --out x.gguf
+tok_edit 'j["added_tokens"][0]["id"]=300'
+expect_err 2 "301 tokens do not fit the model's vocabulary of 256" "$ORCH_BIN" export gguf ck_bt --out x.gguf
+tok_edit 'j["model"]["merges"][1]="CD"'
+expect_err 2 "model.merges[1] is not \"a b\" or [a, b]" "$ORCH_BIN" export gguf ck_bt --out x.gguf
+rm ck_bt/tokenizer.json
+expect_err 2 "ck_bt/tokenizer.json" "$ORCH_BIN" export gguf ck_bt --out x.gguf
+[ -e x.gguf ] && fail "a refused export left x.gguf"
+
 python3 "$TOOL" mkllama "$F/cpu_llama_tiny_kv2.safetensors" l2s vocab=50257 >/dev/null
 if "$ORCH_BIN" import hf l2s --out ck_l2s --tokenizer gpt2 >imp.log 2>&1; then
   for kv in 2 1 4; do

