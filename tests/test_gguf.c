@@ -436,7 +436,8 @@ START_TEST(llama_table) {
     lm.mlp_width = 48;
     for (int tied = 0; tied < 2; tied++) {
         lm.tied = tied;
-        ck_assert_uint_eq(llama_model_tensor_count(&lm), gguf_arch_tensor_count(a, 2, !tied));
+        ck_assert_uint_eq(llama_model_tensor_count(&lm),
+                          gguf_arch_tensor_count(a, 2, !tied));
         for (size_t i = 0; i < llama_model_tensor_count(&lm); i++) {
             char ln[64];
             uint64_t shape[2];

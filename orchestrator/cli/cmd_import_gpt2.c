@@ -96,11 +96,11 @@ int cmd_import_hf(int argc, char **argv, const char *name) {
                (unsigned long long)r.context, r.tied ? "tied" : "untied",
                (unsigned long long)r.params, r.tokenizer, o.out_dir);
     else
-    printf("imported GPT-2: %u layers, %u heads, width %llu, mlp %llu, vocab "
-           "%llu, context %llu, %llu parameters, tokenizer %s -> %s\n",
-           r.layers, r.heads, (unsigned long long)r.width,
-           (unsigned long long)r.mlp_width, (unsigned long long)r.vocab,
-           (unsigned long long)r.context, (unsigned long long)r.params, r.tokenizer,
-           o.out_dir);
+        printf("imported GPT-2: %u layers, %u heads, width %llu, mlp %llu, vocab "
+               "%llu, context %llu, %llu parameters, tokenizer %s -> %s\n",
+               r.layers, r.heads, (unsigned long long)r.width,
+               (unsigned long long)r.mlp_width, (unsigned long long)r.vocab,
+               (unsigned long long)r.context, (unsigned long long)r.params, r.tokenizer,
+               o.out_dir);
     return ORCH_EXIT_OK;
 }

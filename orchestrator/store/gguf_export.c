@@ -263,9 +263,8 @@ static int write_tensors(export_ctx *x, gguf_writer *w, gguf_export_result *r, c
     }
     const uint64_t half = x->llama ? x->lm.width / x->lm.heads / 2 : 0;
     int freqs = x->llama && x->lm.rope_scaling == ORCH_ROPE_LLAMA3;
-    if (freqs &&
-        gguf_writer_declare(w, "rope_freqs.weight", GGUF_TYPE_F32, 1, &half, err,
-                            err_cap) != 0)
+    if (freqs && gguf_writer_declare(w, "rope_freqs.weight", GGUF_TYPE_F32, 1, &half, err,
+                                     err_cap) != 0)
         return fail(x, GPT2_IMPORT_ERR_RUNTIME);
     if (gguf_writer_begin_data(w, err, err_cap) != 0)
         return fail(x, GPT2_IMPORT_ERR_RUNTIME);
@@ -306,7 +305,8 @@ static int write_tensors(export_ctx *x, gguf_writer *w, gguf_export_result *r, c
     }
     if (freqs) {
         llama_rope_freq_factors(&x->lm, f);
-        if (gguf_writer_write(w, f, (size_t)half * sizeof *f, err, err_cap) != 0) goto out;
+        if (gguf_writer_write(w, f, (size_t)half * sizeof *f, err, err_cap) != 0)
+            goto out;
     }
     r->tensors = n + (size_t)freqs;
     rc = 0;

@@ -89,7 +89,8 @@ static const char *byte_level_pre(const cJSON *pre) {
     if (n != 2 || strcmp(type_of(cJSON_GetArrayItem(seq, 0)), "Split") != 0 ||
         strcmp(type_of(cJSON_GetArrayItem(seq, 1)), "ByteLevel") != 0)
         return "";
-    const cJSON *pat = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(seq, 0), "pattern");
+    const cJSON *pat =
+        cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(seq, 0), "pattern");
     const cJSON *re = cJSON_GetObjectItemCaseSensitive(pat, "Regex");
     if (!cJSON_IsString(re)) return "";
     if (strcmp(re->valuestring, LLAMA3_RE) == 0) return "llama-bpe";
@@ -147,11 +148,12 @@ static int read_tokens(tok_ctx *t, const cJSON *j, const cJSON *vocab, char *err
         const cJSON *c = cJSON_GetObjectItemCaseSensitive(a, "content");
         if (!cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble > 1e8 ||
             !cJSON_IsString(c)) {
-            util_set_err(err, err_cap, "%s: added_tokens: an entry without id and content",
-                         t->path);
+            util_set_err(err, err_cap,
+                         "%s: added_tokens: an entry without id and content", t->path);
             return bad(t, 2);
         }
-        if ((uint64_t)id->valuedouble + 1 > max_id) max_id = (uint64_t)id->valuedouble + 1;
+        if ((uint64_t)id->valuedouble + 1 > max_id)
+            max_id = (uint64_t)id->valuedouble + 1;
     }
     if (max_id > t->n) {
         util_set_err(err, err_cap,
@@ -255,8 +257,9 @@ static int write_keys(tok_ctx *t, gguf_writer *w, const cJSON *j, const cJSON *c
         t->type[i] = T_UNUSED;
     }
     const cJSON *unk = cJSON_GetObjectItemCaseSensitive(model, "unk_token");
-    int64_t unk_id =
-        cJSON_IsString(unk) ? hash_get(t, unk->valuestring, strlen(unk->valuestring)) : -1;
+    int64_t unk_id = cJSON_IsString(unk)
+                         ? hash_get(t, unk->valuestring, strlen(unk->valuestring))
+                         : -1;
     if (unk_id >= 0) t->type[unk_id] = T_UNKNOWN;
     if (spm) {
         for (uint32_t i = 0; i < t->n; i++) {
@@ -265,21 +268,22 @@ static int write_keys(tok_ctx *t, gguf_writer *w, const cJSON *j, const cJSON *c
                 s[5] == '>')
                 t->type[i] = T_BYTE;
             size_t l = strlen(s);
-            int one_char = l > 0 && l <= 4 && (l == 1 || ((unsigned char)s[0] >= 0xc0 &&
-                                                          (l == 2 || (unsigned char)s[0] >= 0xe0) &&
-                                                          (l <= 3 || (unsigned char)s[0] >= 0xf0)));
+            int one_char = l > 0 && l <= 4 &&
+                           (l == 1 || ((unsigned char)s[0] >= 0xc0 &&
+                                       (l == 2 || (unsigned char)s[0] >= 0xe0) &&
+                                       (l <= 3 || (unsigned char)s[0] >= 0xf0)));
             t->score[i] = (t->type[i] == T_BYTE || one_char) ? 0.0f : -1e9f;
         }
     }
     size_t mcap = 1;
     for (const cJSON *m = merges ? merges->child : NULL; m; m = m->next)
-        mcap += cJSON_IsString(m) ? strlen(m->valuestring) + 1
-                                  : (cJSON_GetArraySize(m) == 2 &&
-                                     cJSON_IsString(cJSON_GetArrayItem(m, 0)) &&
-                                     cJSON_IsString(cJSON_GetArrayItem(m, 1)))
-                                        ? strlen(cJSON_GetArrayItem(m, 0)->valuestring) +
-                                              strlen(cJSON_GetArrayItem(m, 1)->valuestring) + 2
-                                        : 1;
+        mcap +=
+            cJSON_IsString(m) ? strlen(m->valuestring) + 1
+            : (cJSON_GetArraySize(m) == 2 && cJSON_IsString(cJSON_GetArrayItem(m, 0)) &&
+               cJSON_IsString(cJSON_GetArrayItem(m, 1)))
+                ? strlen(cJSON_GetArrayItem(m, 0)->valuestring) +
+                      strlen(cJSON_GetArrayItem(m, 1)->valuestring) + 2
+                : 1;
     mpool = malloc(mcap);
     if (!mpool) goto oom;
     size_t pos = 0, k = 0;
@@ -344,8 +348,9 @@ static int write_keys(tok_ctx *t, gguf_writer *w, const cJSON *j, const cJSON *c
             0 ||
         (spm && gguf_writer_add_bool(w, "tokenizer.ggml.add_space_prefix", prefix, err,
                                      err_cap) != 0) ||
-        (cJSON_IsString(tmpl) && gguf_writer_add_str(w, "tokenizer.chat_template",
-                                                     tmpl->valuestring, err, err_cap) != 0))
+        (cJSON_IsString(tmpl) &&
+         gguf_writer_add_str(w, "tokenizer.chat_template", tmpl->valuestring, err,
+                             err_cap) != 0))
         goto out;
     rc = 0;
     goto out;
@@ -386,19 +391,22 @@ int gguf_hf_tok_add(gguf_writer *w, const char *dir, uint32_t vocab_size, int *k
                      t.path, type_of(model));
         goto out;
     }
-    const char *pre = byte_level_pre(cJSON_GetObjectItemCaseSensitive(j, "pre_tokenizer"));
+    const char *pre =
+        byte_level_pre(cJSON_GetObjectItemCaseSensitive(j, "pre_tokenizer"));
     int prefix = 0, spm = 0;
     if (pre && !pre[0]) {
-        util_set_err(err, err_cap,
-                     "%s: pre_tokenizer: a ByteLevel pre-tokenization without a llama.cpp "
-                     "name orch knows (plain ByteLevel, or Split with the Llama 3 or Qwen 2 "
-                     "pattern, then ByteLevel)",
-                     t.path);
+        util_set_err(
+            err, err_cap,
+            "%s: pre_tokenizer: a ByteLevel pre-tokenization without a llama.cpp "
+            "name orch knows (plain ByteLevel, or Split with the Llama 3 or Qwen 2 "
+            "pattern, then ByteLevel)",
+            t.path);
         goto out;
     }
     if (!pre) {
         spm = metaspace(j, &prefix);
-        if (!spm || !cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(model, "byte_fallback"))) {
+        if (!spm ||
+            !cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(model, "byte_fallback"))) {
             util_set_err(err, err_cap,
                          "%s: neither ByteLevel pre-tokenization nor Metaspace with "
                          "model.byte_fallback true (the BPE forms of GGUF's gpt2 and "

@@ -172,8 +172,8 @@ static int read_llama(import_ctx *x, char *err, size_t err_cap) {
                       err, err_cap) ||
             opt_float(x, "orch.rope.scaling.high_freq_factor", 0,
                       &l->rope_high_freq_factor, err, err_cap) ||
-            gguf_get_uint(x->f, "orch.rope.scaling.original_context_length", 1048576,
-                          &oc, err, err_cap) < 0)
+            gguf_get_uint(x->f, "orch.rope.scaling.original_context_length", 1048576, &oc,
+                          err, err_cap) < 0)
             return -1;
         l->rope_original_context = (uint32_t)oc;
     } else if (got) {
@@ -365,9 +365,8 @@ static int convert_all(import_ctx *x, gguf_import_result *r, char *err, size_t e
     }
     for (size_t i = 0; i < n; i++) {
         char gn[64];
-        const gguf_tensor_map *mp =
-            gguf_arch_tensor(x->arch, x->m.layers, x->untied, i, x->names[i], gn,
-                             sizeof gn);
+        const gguf_tensor_map *mp = gguf_arch_tensor(x->arch, x->m.layers, x->untied, i,
+                                                     x->names[i], gn, sizeof gn);
         const gguf_tensor *t = gguf_find_tensor(x->f, gn);
         if (!t) {
             util_set_err(err, err_cap, "%s: missing tensor '%s'", x->o->input, gn);

@@ -9,7 +9,12 @@
 
 static const gguf_tensor_map gpt2_pre[] = {
     { "wte.weight", "token_embd.weight", { GGUF_DIM_VOCAB, GGUF_DIM_WIDTH }, 0, 0, 0 },
-    { "wpe.weight", "position_embd.weight", { GGUF_DIM_CONTEXT, GGUF_DIM_WIDTH }, 1, 0, 0 },
+    { "wpe.weight",
+      "position_embd.weight",
+      { GGUF_DIM_CONTEXT, GGUF_DIM_WIDTH },
+      1,
+      0,
+      0 },
 };
 
 static const gguf_tensor_map gpt2_layer[] = {
@@ -18,24 +23,32 @@ static const gguf_tensor_map gpt2_layer[] = {
     { "h.%u.attn.c_attn.weight",
       "blk.%u.attn_qkv.weight",
       { GGUF_DIM_QKV, GGUF_DIM_WIDTH },
-      0, 0, 0 },
+      0,
+      0,
+      0 },
     { "h.%u.attn.c_attn.bias", "blk.%u.attn_qkv.bias", { GGUF_DIM_QKV }, 1, 0, 0 },
     { "h.%u.attn.c_proj.weight",
       "blk.%u.attn_output.weight",
       { GGUF_DIM_WIDTH, GGUF_DIM_WIDTH },
-      0, 0, 0 },
+      0,
+      0,
+      0 },
     { "h.%u.attn.c_proj.bias", "blk.%u.attn_output.bias", { GGUF_DIM_WIDTH }, 1, 0, 0 },
     { "h.%u.ln_2.weight", "blk.%u.ffn_norm.weight", { GGUF_DIM_WIDTH }, 1, 0, 0 },
     { "h.%u.ln_2.bias", "blk.%u.ffn_norm.bias", { GGUF_DIM_WIDTH }, 1, 0, 0 },
     { "h.%u.mlp.c_fc.weight",
       "blk.%u.ffn_up.weight",
       { GGUF_DIM_MLP, GGUF_DIM_WIDTH },
-      0, 0, 0 },
+      0,
+      0,
+      0 },
     { "h.%u.mlp.c_fc.bias", "blk.%u.ffn_up.bias", { GGUF_DIM_MLP }, 1, 0, 0 },
     { "h.%u.mlp.c_proj.weight",
       "blk.%u.ffn_down.weight",
       { GGUF_DIM_WIDTH, GGUF_DIM_MLP },
-      0, 0, 0 },
+      0,
+      0,
+      0 },
     { "h.%u.mlp.c_proj.bias", "blk.%u.ffn_down.bias", { GGUF_DIM_WIDTH }, 1, 0, 0 },
 };
 
@@ -45,11 +58,15 @@ static const gguf_tensor_map gpt2_post[] = {
 };
 
 static const gguf_tensor_map llama_pre[] = {
-    { "model.embed_tokens.weight", "token_embd.weight", { GGUF_DIM_VOCAB, GGUF_DIM_WIDTH },
-      0, 0, 0 },
+    { "model.embed_tokens.weight",
+      "token_embd.weight",
+      { GGUF_DIM_VOCAB, GGUF_DIM_WIDTH },
+      0,
+      0,
+      0 },
 };
 
-#define LW(o, g, d0, d1, f32, rope)                                                    \
+#define LW(o, g, d0, d1, f32, rope) \
     { "model.layers.%u." o, "blk.%u." g, { d0, d1 }, f32, rope, 0 }
 static const gguf_tensor_map llama_layer[] = {
     LW("input_layernorm.weight", "attn_norm.weight", GGUF_DIM_WIDTH, GGUF_DIM_NONE, 1, 0),
@@ -136,8 +153,7 @@ uint64_t gguf_dim_size(const config_model *m, gguf_dim d) {
     case GGUF_DIM_WIDTH: return m->width;
     case GGUF_DIM_QKV: return 3 * (uint64_t)m->width;
     case GGUF_DIM_MLP: return m->mlp_width;
-    case GGUF_DIM_KV:
-        return m->heads ? (uint64_t)m->kv_heads * (m->width / m->heads) : 0;
+    case GGUF_DIM_KV: return m->heads ? (uint64_t)m->kv_heads * (m->width / m->heads) : 0;
     default: return 0;
     }
 }

@@ -66,8 +66,8 @@ typedef struct import_ctx {
     uint32_t layers, heads;
     double eps;
     const char *tok;
-    int kind;       /* gpt2_import_err_kind of the failure */
-    int llama;      /* config.json is of the LLaMA family: lm holds it */
+    int kind;  /* gpt2_import_err_kind of the failure */
+    int llama; /* config.json is of the LLaMA family: lm holds it */
     llama_model lm;
 } import_ctx;
 
@@ -614,8 +614,8 @@ oom:
 /* state.json text and the config text (both malloc'd). */
 static int build_texts(import_ctx *ic, const gpt2_import_opts *o, char **state_text,
                        char **cfg_text, char *err, size_t err_cap) {
-    gpt2_import_model m = { ic->V,      ic->T,     ic->C,   ic->M,
-                            ic->layers, ic->heads, ic->eps, ic->tok, NULL };
+    gpt2_import_model m = { ic->V,     ic->T,   ic->C,   ic->M, ic->layers,
+                            ic->heads, ic->eps, ic->tok, NULL };
     int kind = gpt2_import_texts(&m, o->input, o->base_config, state_text, cfg_text, err,
                                  err_cap);
     if (kind == 0) return 0;
@@ -647,8 +647,7 @@ static int write_outputs(import_ctx *ic, const gpt2_import_opts *o,
 static int llama_skipped(const char *n) {
     static const char sfx[] = ".self_attn.rotary_emb.inv_freq";
     size_t l = strlen(n), ls = sizeof sfx - 1;
-    return l > ls && strncmp(n, "model.layers.", 13) == 0 &&
-           strcmp(n + l - ls, sfx) == 0;
+    return l > ls && strncmp(n, "model.layers.", 13) == 0 && strcmp(n + l - ls, sfx) == 0;
 }
 
 /* Every tensor must be in the table, a skipped buffer, or the tied head;
@@ -753,16 +752,16 @@ static int llama_import(import_ctx *ic, const gpt2_import_opts *o, const char *c
                      tj);
         return -1;
     }
-    if (llama_scan(ic, err, err_cap) != 0 || llama_check_tied_head(ic, err, err_cap) != 0 ||
+    if (llama_scan(ic, err, err_cap) != 0 ||
+        llama_check_tied_head(ic, err, err_cap) != 0 ||
         llama_convert(ic, err, err_cap) != 0)
         return -1;
-    gpt2_import_model gm = { ic->lm.vocab, ic->lm.context, ic->lm.width,
-                             ic->lm.mlp_width, ic->lm.layers, ic->lm.heads,
-                             ic->lm.eps, ic->tok, &ic->lm };
+    gpt2_import_model gm = { ic->lm.vocab,     ic->lm.context, ic->lm.width,
+                             ic->lm.mlp_width, ic->lm.layers,  ic->lm.heads,
+                             ic->lm.eps,       ic->tok,        &ic->lm };
     char *state_text = NULL, *cfg_text = NULL;
-    int kind =
-        gpt2_import_texts(&gm, o->input, o->base_config, &state_text, &cfg_text, err,
-                          err_cap);
+    int kind = gpt2_import_texts(&gm, o->input, o->base_config, &state_text, &cfg_text,
+                                 err, err_cap);
     if (kind != 0) {
         ic->kind = kind;
         return -1;

@@ -144,9 +144,9 @@ static int write_weights(hx_ctx *x, hf_export_result *r, char *err, size_t err_c
     safetensors_writer *w = NULL;
     size_t n = x->llama ? llama_model_tensor_count(&x->lm) : tensor_count(x->m);
     if (safetensors_count(x->ck.st) != n) {
-        util_set_err(err, err_cap, "%s: holds %zu tensors, a %s model of %u layers has %zu",
-                     x->ck.st_path, safetensors_count(x->ck.st), x->m->arch,
-                     x->m->layers, n);
+        util_set_err(
+            err, err_cap, "%s: holds %zu tensors, a %s model of %u layers has %zu",
+            x->ck.st_path, safetensors_count(x->ck.st), x->m->arch, x->m->layers, n);
         return fail(x, GPT2_IMPORT_ERR_INPUT);
     }
     uint64_t max_numel = 0;
@@ -424,7 +424,8 @@ int hf_export(const hf_export_opts *o, hf_export_result *r, int *err_kind, char 
         goto out;
     made = 1;
     int copy_kind = 0;
-    if (x.hf_tok && hf_llama_copy_tokenizer(x.ck.dir, x.tmp, &copy_kind, err, err_cap) != 0) {
+    if (x.hf_tok &&
+        hf_llama_copy_tokenizer(x.ck.dir, x.tmp, &copy_kind, err, err_cap) != 0) {
         x.kind = copy_kind == 1 ? GPT2_IMPORT_ERR_INPUT : GPT2_IMPORT_ERR_RUNTIME;
         goto out;
     }

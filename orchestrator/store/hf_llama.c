@@ -18,8 +18,11 @@
 #define TOKENIZER_FILE_MAX ((size_t)256 << 20)
 
 const char *const hf_llama_tokenizer_files[] = {
-    "tokenizer.json",         "tokenizer_config.json", "generation_config.json",
-    "special_tokens_map.json", NULL,
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "generation_config.json",
+    "special_tokens_map.json",
+    NULL,
 };
 
 static const char *const families[][2] = {
@@ -155,7 +158,8 @@ int hf_llama_read_config(const cJSON *j, const char *path, llama_model *m, char 
     memset(m, 0, sizeof *m);
     const char *ar = first_arch(j);
     int known = !ar;
-    for (size_t i = 0; ar && i < N_FAMILIES; i++) known |= strcmp(ar, families[i][1]) == 0;
+    for (size_t i = 0; ar && i < N_FAMILIES; i++)
+        known |= strcmp(ar, families[i][1]) == 0;
     if (!known) {
         util_set_err(err, err_cap,
                      "%s: architectures \"%.60s\" is not supported with a LLaMA-family "
@@ -176,7 +180,8 @@ int hf_llama_read_config(const cJSON *j, const char *path, llama_model *m, char 
     const cJSON *sw = cJSON_GetObjectItemCaseSensitive(j, "sliding_window");
     const cJSON *usw = cJSON_GetObjectItemCaseSensitive(j, "use_sliding_window");
     const char *mt = str_of(j, "model_type");
-    int qwen = (mt && strcmp(mt, "qwen2") == 0) || (ar && strcmp(ar, "Qwen2ForCausalLM") == 0);
+    int qwen =
+        (mt && strcmp(mt, "qwen2") == 0) || (ar && strcmp(ar, "Qwen2ForCausalLM") == 0);
     if (need_bool(j, path, "attention_bias", 0, "orch's llama has no biases", err,
                   err_cap) != 0 ||
         need_bool(j, path, "mlp_bias", 0, "orch's llama has no biases", err, err_cap) !=
@@ -289,7 +294,8 @@ int hf_llama_copy_tokenizer(const char *src_dir, const char *dst_dir, int *kind,
         if (!ckpt_exists(src)) {
             if (i > 0) continue;
             *kind = 1;
-            util_set_err(err, err_cap, "%s: no such file (an hf tokenizer needs it)", src);
+            util_set_err(err, err_cap, "%s: no such file (an hf tokenizer needs it)",
+                         src);
             return -1;
         }
         if (fsio_read_file(src, TOKENIZER_FILE_MAX, &text, &len, err, err_cap) != 0) {

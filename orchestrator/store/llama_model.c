@@ -95,8 +95,8 @@ static int num(const cJSON *o, const char *key, const char *what, double def, do
     return 0;
 }
 
-int llama_model_from_json(const cJSON *model, const char *what, llama_model *m,
-                          char *err, size_t err_cap) {
+int llama_model_from_json(const cJSON *model, const char *what, llama_model *m, char *err,
+                          size_t err_cap) {
     memset(m, 0, sizeof *m);
     if (!cJSON_IsObject(model)) {
         util_set_err(err, err_cap, "%s: no model section", what);
@@ -108,10 +108,10 @@ int llama_model_from_json(const cJSON *model, const char *what, llama_model *m,
         return -1;
     }
     double v[10];
-    static const char *const keys[10] = { "vocab_size", "context",  "layers",
-                                          "heads",      "kv_heads", "width",
-                                          "mlp_width",  "layernorm_eps",
-                                          "rope_theta", NULL };
+    static const char *const keys[10] = { "vocab_size", "context",       "layers",
+                                          "heads",      "kv_heads",      "width",
+                                          "mlp_width",  "layernorm_eps", "rope_theta",
+                                          NULL };
     for (int i = 0; keys[i]; i++)
         if (num(model, keys[i], what, 0, &v[i], err, err_cap) != 0) return -1;
     m->vocab = (uint32_t)v[0];
@@ -134,8 +134,9 @@ int llama_model_from_json(const cJSON *model, const char *what, llama_model *m,
     if (rs && !cJSON_IsNull(rs)) {
         const cJSON *t = cJSON_GetObjectItemCaseSensitive(rs, "type");
         if (!cJSON_IsObject(rs) || !cJSON_IsString(t)) {
-            util_set_err(err, err_cap, "%s: model.rope_scaling: expected an object with "
-                                       "a \"type\" string",
+            util_set_err(err, err_cap,
+                         "%s: model.rope_scaling: expected an object with "
+                         "a \"type\" string",
                          what);
             return -1;
         }
@@ -151,8 +152,8 @@ int llama_model_from_json(const cJSON *model, const char *what, llama_model *m,
         }
         double oc;
         if (num(rs, "factor", what, 1, &m->rope_factor, err, err_cap) != 0 ||
-            num(rs, "low_freq_factor", what, 1, &m->rope_low_freq_factor, err,
-                err_cap) != 0 ||
+            num(rs, "low_freq_factor", what, 1, &m->rope_low_freq_factor, err, err_cap) !=
+                0 ||
             num(rs, "high_freq_factor", what, 4, &m->rope_high_freq_factor, err,
                 err_cap) != 0 ||
             num(rs, "original_context", what, 8192, &oc, err, err_cap) != 0)
@@ -191,14 +192,15 @@ int llama_model_to_json(const llama_model *m, cJSON *model) {
     if (ok && m->tied) ok = cJSON_AddBoolToObject(model, "tie_embeddings", 1) != NULL;
     if (ok && m->rope_scaling != ORCH_ROPE_NONE) {
         cJSON *rs = cJSON_AddObjectToObject(model, "rope_scaling");
-        ok = rs && cJSON_AddStringToObject(rs, "type", llama_rope_name(m->rope_scaling)) &&
+        ok = rs &&
+             cJSON_AddStringToObject(rs, "type", llama_rope_name(m->rope_scaling)) &&
              cJSON_AddNumberToObject(rs, "factor", m->rope_factor);
         if (ok && m->rope_scaling == ORCH_ROPE_LLAMA3)
-            ok = cJSON_AddNumberToObject(rs, "low_freq_factor", m->rope_low_freq_factor) &&
-                 cJSON_AddNumberToObject(rs, "high_freq_factor",
-                                         m->rope_high_freq_factor) &&
-                 cJSON_AddNumberToObject(rs, "original_context",
-                                         m->rope_original_context);
+            ok =
+                cJSON_AddNumberToObject(rs, "low_freq_factor", m->rope_low_freq_factor) &&
+                cJSON_AddNumberToObject(rs, "high_freq_factor",
+                                        m->rope_high_freq_factor) &&
+                cJSON_AddNumberToObject(rs, "original_context", m->rope_original_context);
     }
     return ok ? 0 : -1;
 }

@@ -53,8 +53,8 @@ int llama_model_check(const llama_model *m, const char *what, char *err, size_t 
 
 /* Read m from a config's model section (a cJSON object as state.json holds
  * it; defaults as above). what prefixes messages. */
-int llama_model_from_json(const cJSON *model, const char *what, llama_model *m,
-                          char *err, size_t err_cap);
+int llama_model_from_json(const cJSON *model, const char *what, llama_model *m, char *err,
+                          size_t err_cap);
 /* Read m from DIR/state.json's config.model. */
 int llama_model_from_ckpt(const char *ckpt_dir, llama_model *m, char *err,
                           size_t err_cap);
