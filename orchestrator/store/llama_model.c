@@ -107,7 +107,7 @@ int llama_model_from_json(const cJSON *model, const char *what, llama_model *m, 
         util_set_err(err, err_cap, "%s: model.arch is not \"llama\"", what);
         return -1;
     }
-    double v[10];
+    double v[10] = { 0 };
     static const char *const keys[10] = { "vocab_size", "context",       "layers",
                                           "heads",      "kv_heads",      "width",
                                           "mlp_width",  "layernorm_eps", "rope_theta",
