@@ -142,7 +142,7 @@ for t in f32 f16 q8_0; do
   "$ORCH_BIN" export gguf ck_l2 --out l2_$t.gguf --type $t >exp.log 2>&1 || { cat exp.log; fail "export llama $t"; }
   grep -q "2 layers, 21 tensors" exp.log || fail "llama export summary: $(cat exp.log)"
   "$ORCH_BIN" import gguf l2_$t.gguf --out l2imp_$t >imp.log 2>&1 || { cat imp.log; fail "import llama $t"; }
-  grep -q "imported GGUF llama: 2 layers, 4 heads, width 32, mlp 48, vocab 50257, context 16" imp.log ||
+  grep -q "imported GGUF llama: 2 layers, 4 heads (2 kv, untied head), width 32, mlp 48, vocab 50257, context 16" imp.log ||
     fail "llama import summary: $(cat imp.log)"
 done
 python3 - ck_l2 l2_f32.gguf l2imp_f32 <<'PY' || fail "llama GGUF layout / round trip"
