@@ -290,6 +290,32 @@ else
   grep -q "unknown key" imp.log || { cat imp.log; fail "tied llama import"; }
   echo "skip (part): this build's config has no model.tie_embeddings / rope_scaling; tied and scaled llama not checked"
 fi
+# orch serve (cpu engine) against the HF-rules forward of the exported
+# directory, a GQA llama with the gpt2 tokenizer (kv2's rope scaling dropped).
+python3 "$TOOL" mkllama "$F/cpu_llama_tiny_kv2.safetensors" lg vocab=50257 >/dev/null
+python3 -c 'import json; p="lg/config.json"; j=json.load(open(p)); j["rope_scaling"]=None; json.dump(j,open(p,"w"))'
+"$ORCH_BIN" import hf lg --out ck_lg --tokenizer gpt2 >/dev/null 2>&1 || fail "import lg"
+"$ORCH_BIN" export hf ck_lg --out ex_lg >/dev/null 2>&1 || fail "export lg"
+[ -f ex_lg/vocab.json ] || fail "a gpt2-tokenizer llama export has no vocab.json"
+if [ $HAVE_TORCH = 1 ] && [ "$ENGINE" = cpu ]; then
+  if "$ORCH_BIN" generate --checkpoint ck_lg --engine cpu --threads 1 --prompt x --max-tokens 1 >gen_l.log 2>&1; then
+    "$ORCH_BIN" serve --checkpoint ck_lg --engine cpu --threads 1 --port 0 2>serve.log &
+    SERVER=$!
+    PORT=""
+    for _ in $(seq 1 600); do
+      PORT=$(grep -oE 'listening on http://[0-9.]+:[0-9]+' serve.log | head -n1 | sed -E 's/.*:([0-9]+)$/\1/')
+      [ -n "$PORT" ] && grep -q 'orch serve: ready' serve.log && break
+      kill -0 "$SERVER" 2>/dev/null || { cat serve.log; fail "serve exited"; }
+      sleep 0.05
+    done
+    grep -q 'orch serve: ready' serve.log || { cat serve.log; fail "serve not ready"; }
+    /usr/bin/python3 "$TOOL" logits ex_lg "$PORT" 5 17 42 88 3 || fail "torch HF llama forward differs from orch serve"
+    kill -TERM "$SERVER"; wait "$SERVER"; SERVER=""
+  else
+    grep -q "is not supported by the cpu engine" gen_l.log || { cat gen_l.log; fail "generate llama"; }
+    echo "skip (part): the cpu engine does not run llama in this build; orch serve vs HF llama forward not checked"
+  fi
+fi
 python3 "$TOOL" mkllama "$F/cpu_llama_tiny_kv2.safetensors" lt vocab=256 tokjson >/dev/null
 if "$ORCH_BIN" import hf lt --out ck_lt >imp.log 2>&1; then
   grep -q "tokenizer hf" imp.log || fail "hf tokenizer: $(cat imp.log)"

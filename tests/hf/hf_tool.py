@@ -13,7 +13,9 @@ needs torch):
                            same names, dtypes, shapes and bytes
   shard HF_DIR OUT_DIR     copy HF_DIR to OUT_DIR with model.safetensors split
                            into two shards and model.safetensors.index.json
-  logits HF_DIR PORT IDS.. HF's GPT-2 forward (Conv1D layout) in torch on the
+  logits HF_DIR PORT IDS.. HF's GPT-2 forward (Conv1D layout) in torch (or for
+                           a LlamaForCausalLM directory torch_reference's
+                           llama_forward by HF's loading rules) on the
                            prompt ids, greedy for the steps orch serve (PORT)
                            generates; its chosen and top-5 logprobs must match
                            orch's within 1e-4
@@ -24,8 +26,9 @@ LLaMA (torch for llama-logits only):
                            and __metadata__): config.json by HF's keys,
                            model.safetensors; untie: lm_head.weight = a copy
                            of the embedding and tie_word_embeddings false (the
-                           same logits); vocab=N: embedding rows past the
-                           fixture's zero (its logits unchanged); tokjson: a
+                           same logits); vocab=N: embedding (and head) rows
+                           past the fixture's small fixed values (the
+                           fixture's logits unchanged); tokjson: a
                            small ByteLevel BPE tokenizer.json, tokenizer_config
                            and generation_config beside them
   llama-layout HF_DIR CKPT_DIR
@@ -212,6 +215,15 @@ def cmd_logits(hf_dir, port, ids):
     import torch.nn.functional as F
     torch.set_grad_enabled(False)
     cfg = json.load(open(os.path.join(hf_dir, "config.json")))
+    if cfg.get("architectures") == ["LlamaForCausalLM"]:
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
+        import torch_reference
+        lcfg, LP = load_llama(hf_dir)
+        arch = "LLaMA"
+
+        def forward(tokens):
+            return torch_reference.llama_forward(lcfg, LP, torch.tensor([tokens]))[0]
+        return logits_check(hf_dir, port, ids, forward, arch)
     header, data = read_st(os.path.join(hf_dir, "model.safetensors"))
     P = {}
     for k, v in header.items():
@@ -244,6 +256,11 @@ def cmd_logits(hf_dir, port, ids):
         x = F.layer_norm(x, (C,), P["ln_f.weight"], P["ln_f.bias"], eps)
         return x @ P["wte.weight"].T
 
+    return logits_check(hf_dir, port, ids, forward, "GPT-2")
+
+
+def logits_check(hf_dir, port, ids, forward, arch):
+    import urllib.request
     b2u = bytes_to_unicode()
     vocab = json.load(open(os.path.join(hf_dir, "vocab.json")))
     text_of = {}
@@ -279,7 +296,7 @@ def cmd_logits(hf_dir, port, ids):
         seq.append(best)
     if not lp["tokens"]:
         fail("orch generated nothing")
-    print(f"torch HF GPT-2 forward matches orch serve: {len(lp['tokens'])} steps, "
+    print(f"torch HF {arch} forward matches orch serve: {len(lp['tokens'])} steps, "
           f"largest logprob difference {worst:.2e} (tolerance 1e-4)")
 
 
@@ -328,7 +345,8 @@ def cmd_mkllama(fix, out_dir, *opts):
     for name, (h, b) in P.items():
         shape = list(h["shape"])
         if name in ("model.embed_tokens.weight", "lm_head.weight") and vocab > shape[0]:
-            b = b + bytes(4 * C * (vocab - shape[0]))
+            n = C * (vocab - shape[0])  # small deterministic values: no ties in greedy picks
+            b = b + array("f", (((i * 2654435761) % 2001 - 1000) * 2e-5 for i in range(n))).tobytes()
             shape[0] = vocab
         tensors.append((name, shape, b))
         if untie and name == "model.embed_tokens.weight":
