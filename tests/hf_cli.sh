@@ -316,18 +316,24 @@ if [ $HAVE_TORCH = 1 ] && [ "$ENGINE" = cpu ]; then
     echo "skip (part): the cpu engine does not run llama in this build; orch serve vs HF llama forward not checked"
   fi
 fi
-python3 "$TOOL" mkllama "$F/cpu_llama_tiny_kv2.safetensors" lt vocab=256 tokjson >/dev/null
-if "$ORCH_BIN" import hf lt --out ck_lt >imp.log 2>&1; then
-  grep -q "tokenizer hf" imp.log || fail "hf tokenizer: $(cat imp.log)"
-  for f in tokenizer.json tokenizer_config.json generation_config.json; do
-    cmp -s lt/$f ck_lt/$f || fail "import did not copy $f"
-  done
-  "$ORCH_BIN" export hf ck_lt --out ex_lt >/dev/null 2>&1 || fail "export hf-tokenizer llama"
-  for f in tokenizer.json tokenizer_config.json generation_config.json; do
-    cmp -s lt/$f ex_lt/$f || fail "export did not copy $f"
-  done
-else
-  grep -q "unknown key\|data.tokenizer" imp.log || { cat imp.log; fail "hf tokenizer import"; }
-  echo "skip (part): this build's config does not know the hf tokenizer or rope scaling; tokenizer.json copies not checked"
-fi
+# The hf tokenizer: tokenizer.json and friends copied into the checkpoint,
+# state.json's tokenizer "hf", and copied out again by export.
+python3 "$TOOL" mkllama "$F/cpu_llama_tiny_kv4.safetensors" lt untie vocab=256 tokjson >/dev/null
+"$ORCH_BIN" import hf lt --out ck_lt >imp.log 2>&1 || { cat imp.log; fail "import hf-tokenizer llama"; }
+grep -q "tokenizer hf" imp.log || fail "hf tokenizer: $(cat imp.log)"
+python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["tokenizer"] == "hf"' ck_lt/state.json || fail "state.json tokenizer"
+(cd ck_lt && sha256sum --quiet -c checksums.sha256) || fail "ck_lt checksums"
+for f in tokenizer.json tokenizer_config.json generation_config.json; do
+  cmp -s lt/$f ck_lt/$f || fail "import did not copy $f"
+done
+"$ORCH_BIN" export hf ck_lt --out ex_lt >exp.log 2>&1 || { cat exp.log; fail "export hf-tokenizer llama"; }
+grep -q "warning" exp.log && fail "hf tokenizer export warns: $(cat exp.log)"
+for f in tokenizer.json tokenizer_config.json generation_config.json; do
+  cmp -s lt/$f ex_lt/$f || fail "export did not copy $f"
+done
+"$ORCH_BIN" import hf ex_lt --out ck_lt2 >/dev/null 2>&1 || fail "re-import hf-tokenizer export"
+python3 "$TOOL" same ck_lt/model.safetensors ck_lt2/model.safetensors >/dev/null || fail "hf-tokenizer round trip"
+rm lt/tokenizer_config.json lt/generation_config.json # only tokenizer.json is required
+"$ORCH_BIN" import hf lt --out ck_lt3 >/dev/null 2>&1 || fail "import with tokenizer.json alone"
+[ -e ck_lt3/tokenizer_config.json ] && fail "an absent tokenizer_config.json appeared"
 echo "hf_cli: ok"

@@ -530,7 +530,8 @@ static int convert_all(import_ctx *ic, char *err, size_t err_cap) {
 
 /* The config: the model from the weights, the rest from base or defaults.
  * Returns a new cJSON document, or NULL when out of memory. */
-static cJSON *config_doc(const gpt2_import_model *m, const orch_config *base) {
+static cJSON *config_doc(const gpt2_import_model *m, const orch_config *base,
+                         const char *data_tok) {
     cJSON *doc = base ? (cJSON *)config_to_cjson(base) : cJSON_CreateObject();
     if (!doc) return NULL;
     cJSON_DeleteItemFromObjectCaseSensitive(doc, "model");
@@ -559,7 +560,7 @@ static cJSON *config_doc(const gpt2_import_model *m, const orch_config *base) {
         cJSON *da = cJSON_GetObjectItemCaseSensitive(doc, "data");
         if (da)
             cJSON_ReplaceItemInObjectCaseSensitive(da, "tokenizer",
-                                                   cJSON_CreateString(m->tokenizer));
+                                                   cJSON_CreateString(data_tok));
         return doc;
     }
     cJSON *tr = cJSON_AddObjectToObject(doc, "train");
@@ -568,7 +569,7 @@ static cJSON *config_doc(const gpt2_import_model *m, const orch_config *base) {
     cJSON_AddNumberToObject(tr, "max_steps", 1000);
     cJSON_AddNumberToObject(tr, "lr", 6e-5);
     cJSON *da = cJSON_AddObjectToObject(doc, "data");
-    cJSON_AddStringToObject(da, "tokenizer", m->tokenizer);
+    cJSON_AddStringToObject(da, "tokenizer", data_tok);
     cJSON_AddStringToObject(da, "train", "data/finetune/train_*.bin");
     cJSON_AddStringToObject(da, "val", "data/finetune/val_*.bin");
     cJSON *en = cJSON_AddObjectToObject(doc, "engine");
@@ -583,11 +584,23 @@ int gpt2_import_texts(const gpt2_import_model *m, const char *input,
     *state_text = *cfg_text = NULL;
     if (base_config && config_load_file(base_config, &base, err, err_cap) != 0)
         return GPT2_IMPORT_ERR_INPUT;
-    cJSON *doc = config_doc(m, base), *state = NULL;
-    config_free(base);
-    if (!doc) goto oom;
+    cJSON *doc = config_doc(m, base, m->tokenizer), *state = NULL;
+    if (!doc) {
+        config_free(base);
+        goto oom;
+    }
     int rc = config_from_cjson(doc, "imported config", &cfg, err, err_cap);
     cJSON_Delete(doc);
+    if (rc != 0 && strcmp(m->tokenizer, "hf") == 0) {
+        /* A config schema whose data.tokenizer (the shards' tokenizer) has no
+         * "hf": the data section says byte; state.json's "hf" is what
+         * inference opens. */
+        doc = config_doc(m, base, "byte");
+        char e2[256];
+        rc = doc ? config_from_cjson(doc, "imported config", &cfg, e2, sizeof e2) : -1;
+        cJSON_Delete(doc);
+    }
+    config_free(base);
     if (rc != 0) return GPT2_IMPORT_ERR_INPUT;
     state = cJSON_CreateObject();
     cJSON *cj = state ? config_to_cjson(cfg) : NULL;

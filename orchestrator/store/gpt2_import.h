@@ -53,7 +53,10 @@
  * "hf" when tokenizer.json is in the config's directory (tokenizer.json,
  * tokenizer_config.json, generation_config.json and special_tokens_map.json
  * are copied into the checkpoint directory, where tokenizer kind "hf" finds
- * them), else the import is refused naming the missing file. opts->heads,
+ * them), else the import is refused naming the missing file. With "hf",
+ * state.json's "tokenizer" is "hf" (what generate/serve open) and the
+ * config's data.tokenizer (the tokenizer of training shards) is "hf" where
+ * the config schema knows it, else "byte". opts->heads,
  * when given, must equal num_attention_heads.
  *
  * Memory: everything is released before returning; opts strings are borrowed.
