@@ -41,6 +41,18 @@ static int bad(import_ctx *x, int kind) {
     return -1;
 }
 
+/* The shortest decimal that reads back as the same float as v (GGUF keeps
+ * F32 hyperparameters: 1e-5 comes back as 1e-05, not 9.99999974737875e-06). */
+static double f32_decimal(double v) {
+    char buf[32];
+    float f = (float)v;
+    for (int p = 6; p <= 9; p++) {
+        snprintf(buf, sizeof buf, "%.*g", p, (double)f);
+        if (strtof(buf, NULL) == f) return strtod(buf, NULL);
+    }
+    return v;
+}
+
 /* A required unsigned hyperparameter ARCH.SUFFIX in [lo, hi]. */
 static int hparam(import_ctx *x, const char *suffix, uint64_t lo, uint64_t hi,
                   uint32_t *v, char *err, size_t err_cap) {
@@ -101,6 +113,7 @@ static int read_hparams(import_ctx *x, char *err, size_t err_cap) {
     m->layernorm_eps = 1e-5;
     snprintf(key, sizeof key, "%s.%s", x->arch->gguf_name, x->arch->eps_key);
     if (gguf_get_float(x->f, key, &m->layernorm_eps, err, err_cap) < 0) return -1;
+    m->layernorm_eps = f32_decimal(m->layernorm_eps);
     if (!(m->layernorm_eps > 0 && m->layernorm_eps < 1)) {
         util_set_err(err, err_cap, "%s: %s: %g is not in (0, 1)", x->o->input, key,
                      m->layernorm_eps);
@@ -119,7 +132,7 @@ static int opt_float(import_ctx *x, const char *key, double def, double *v, char
     *v = def;
     int got = gguf_get_float(x->f, key, v, err, err_cap);
     if (got < 0) return -1;
-    if (got == 0) *v = def;
+    *v = got == 0 ? def : f32_decimal(*v);
     return 0;
 }
 
