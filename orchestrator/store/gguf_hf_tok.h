@@ -42,4 +42,22 @@
 int gguf_hf_tok_add(gguf_writer *w, const char *dir, uint32_t vocab_size, int *kind,
                     char *err, size_t err_cap);
 
+/* The reverse, for `orch import gguf` of a llama file whose tokenizer is not
+ * GPT-2's: tokenizer.json and tokenizer_config.json texts (malloc'd, the
+ * caller frees) from the file's tokenizer.ggml.* keys, for the two forms
+ * above: "gpt2" with .pre gpt-2 / llama-bpe / qwen2 (vocab = the normal
+ * tokens, added_tokens = control (special) and user-defined ones, merges in
+ * order, the pre-tokenizer and ByteLevel decoder of that name), or "llama"
+ * with .scores (Llama 2's normalizer, byte_fallback, merges made from the
+ * scores as transformers' SentencePiece converter does: every split of a
+ * token into two tokens, ordered by the token's score, highest first;
+ * tokens scored at or below -1e8 make none). tokenizer_config.json holds
+ * bos_token / eos_token / unk_token (by content), add_bos_token and
+ * chat_template. Unused rows (type 5) are left out. Another model or pre
+ * name is refused naming the key and its value.
+ * Errors: -1 with one line in err and *kind 2 (the file's keys) or 1 (out of
+ * memory). */
+int gguf_hf_tok_files(const gguf_file *f, const char *path, char **tokenizer_json,
+                      char **tokenizer_config, int *kind, char *err, size_t err_cap);
+
 #endif

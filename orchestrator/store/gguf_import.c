@@ -11,11 +11,14 @@
 #include <string.h>
 
 #include "orchestrator/core/config.h"
+#include "orchestrator/core/fsio.h"
 #include "orchestrator/core/util.h"
 #include "orchestrator/data/bpe_vocab.h"
 #include "orchestrator/data/tokenizer.h"
 #include "orchestrator/store/checkpoint.h"
+#include "orchestrator/store/ckpt_files.h"
 #include "orchestrator/store/gguf.h"
+#include "orchestrator/store/gguf_hf_tok.h"
 #include "orchestrator/store/gguf_model.h"
 #include "orchestrator/store/gpt2_import.h"
 #include "orchestrator/store/llama_model.h"
@@ -34,6 +37,7 @@ typedef struct import_ctx {
     int kind;
     int llama, untied; /* architecture llama (lm), its head untied */
     llama_model lm;
+    char *hf_json, *hf_cfg; /* llama with another tokenizer: its hf files */
 } import_ctx;
 
 static int bad(import_ctx *x, int kind) {
@@ -237,8 +241,38 @@ static const gguf_kv *str_array(import_ctx *x, const char *key, uint64_t min, ch
     return kv;
 }
 
-/* The file's tokenizer must be orch's GPT-2 vocabulary (plus padding). */
+/* Whether a llama file's tokenizer is GPT-2's (model gpt2, pre gpt-2 or
+ * none, <|endoftext|> at 50256): then checked as such, else made an hf one. */
+static int llama_gpt2_tok(const import_ctx *x) {
+    gguf_str model, pre;
+    const gguf_kv *tok = gguf_find_kv(x->f, "tokenizer.ggml.tokens");
+    int gp = gguf_get_str(x->f, "tokenizer.ggml.pre", &pre, NULL, 0);
+    return gguf_get_str(x->f, "tokenizer.ggml.model", &model, NULL, 0) == 1 &&
+           same(&model, "gpt2", 4) && (gp == 0 || (gp == 1 && same(&pre, "gpt-2", 5))) &&
+           tok && tok->type == GGUF_ARRAY && tok->arr_type == GGUF_STRING &&
+           tok->n >= 50257 && same(&tok->strs[50256], "<|endoftext|>", 13);
+}
+
+/* A llama file's own tokenizer as tokenizer.json (gguf_hf_tok.h). */
+static int hf_tokenizer(import_ctx *x, char *err, size_t err_cap) {
+    int kind = 2;
+    if (gguf_hf_tok_files(x->f, x->o->input, &x->hf_json, &x->hf_cfg, &kind, err,
+                          err_cap) != 0)
+        return bad(x, kind == 2 ? GPT2_IMPORT_ERR_INPUT : GPT2_IMPORT_ERR_RUNTIME);
+    const gguf_kv *tok = gguf_find_kv(x->f, "tokenizer.ggml.tokens");
+    if (tok->n > (uint64_t)1 << 24) {
+        util_set_err(err, err_cap, "%s: tokenizer.ggml.tokens: %llu tokens is too many",
+                     x->o->input, (unsigned long long)tok->n);
+        return -1;
+    }
+    x->m.vocab_size = (uint32_t)tok->n;
+    return 0;
+}
+
+/* The file's tokenizer must be orch's GPT-2 vocabulary (plus padding); a
+ * llama file's may also be one gguf_hf_tok.h turns into tokenizer.json. */
 static int check_tokenizer(import_ctx *x, char *err, size_t err_cap) {
+    if (x->llama && !llama_gpt2_tok(x)) return hf_tokenizer(x, err, err_cap);
     gguf_str model;
     int got = gguf_get_str(x->f, "tokenizer.ggml.model", &model, err, err_cap);
     if (got < 0) return -1;
@@ -439,6 +473,20 @@ static int convert_all(import_ctx *x, gguf_import_result *r, char *err, size_t e
     return 0;
 }
 
+/* ckpt_write_dir_extra: tokenizer.json and tokenizer_config.json. */
+static int write_hf_files(const char *tmp, void *user, char *err, size_t err_cap) {
+    const import_ctx *x = user;
+    char p[4096];
+    return ckpt_path_join(p, sizeof p, tmp, "tokenizer.json", err, err_cap) != 0 ||
+                   fsio_write_file(p, x->hf_json, strlen(x->hf_json), err, err_cap) !=
+                       0 ||
+                   ckpt_path_join(p, sizeof p, tmp, "tokenizer_config.json", err,
+                                  err_cap) != 0 ||
+                   fsio_write_file(p, x->hf_cfg, strlen(x->hf_cfg), err, err_cap) != 0
+               ? -1
+               : 0;
+}
+
 int gguf_import(const gguf_import_opts *o, gguf_import_result *r, int *err_kind,
                 char *err, size_t err_cap) {
     import_ctx x;
@@ -459,9 +507,15 @@ int gguf_import(const gguf_import_opts *o, gguf_import_result *r, int *err_kind,
         convert_all(&x, r, err, err_cap) != 0)
         goto out;
     x.lm.vocab = x.m.vocab_size;
-    gpt2_import_model gm = { x.m.vocab_size,    x.m.context, x.m.width,
-                             x.m.mlp_width,     x.m.layers,  x.m.heads,
-                             x.m.layernorm_eps, "gpt2",      x.llama ? &x.lm : NULL };
+    gpt2_import_model gm = { x.m.vocab_size,
+                             x.m.context,
+                             x.m.width,
+                             x.m.mlp_width,
+                             x.m.layers,
+                             x.m.heads,
+                             x.m.layernorm_eps,
+                             x.hf_json ? "hf" : "gpt2",
+                             x.llama ? &x.lm : NULL };
     int kind =
         gpt2_import_texts(&gm, o->input, o->base_config, &state, &cfg, err, err_cap);
     if (kind != 0) {
@@ -469,7 +523,10 @@ int gguf_import(const gguf_import_opts *o, gguf_import_result *r, int *err_kind,
         goto out;
     }
     x.kind = GPT2_IMPORT_ERR_RUNTIME;
-    if (ckpt_write_dir(o->out_dir, x.out, x.n_out, state, 0, err, err_cap) != 0) goto out;
+    if (ckpt_write_dir_extra(o->out_dir, x.out, x.n_out, state, 0,
+                             x.hf_json ? write_hf_files : NULL, &x, err, err_cap) != 0)
+        goto out;
+    snprintf(r->tokenizer, sizeof r->tokenizer, "%s", x.hf_json ? "hf" : "gpt2");
     snprintf(r->arch, sizeof r->arch, "%s", x.arch->gguf_name);
     r->layers = x.m.layers;
     r->heads = x.m.heads;
@@ -487,6 +544,8 @@ out:
     free(x.names);
     free(state);
     free(cfg);
+    free(x.hf_json);
+    free(x.hf_cfg);
     if (x.have_voc) bpe_vocab_free(&x.voc);
     gguf_close(x.f);
     return rc;
