@@ -32,8 +32,9 @@
 #         keys and that was exported again.
 #   trained: a tiny llama with the gpt2 tokenizer trained by the cpu engine,
 #         f32 GGUF against orch serve as for GPT-2 (tolerance 1e-3: no GELU
-#         table here; RoPE angles in f32) when the cpu engine runs llama,
-#         else one skip line.
+#         table here; RoPE angles in f32; measured ~4e-6) and q8_0 against
+#         orch's int8 path on the file imported back (0.15, as for GPT-2),
+#         when the cpu engine runs llama, else one skip line.
 # Skips (77) without node, the npm package, the cpu engine or the GPT-2
 # vocabulary.
 source "$(dirname "$0")/serve/common.sh"
@@ -146,6 +147,12 @@ if "$ORCH_BIN" train --config cfg_llama.json --out run_llama >train_llama.log 2>
   start_server llama --checkpoint run_llama --engine cpu --threads 1
   EXPECT_DIR="$T/expect" node "$ROOT/tests/gguf/llama_cpp_check.mjs" "$MODULES" l_f32.gguf \
     "http://127.0.0.1:$PORT" 16 1e-3 "${PROMPTS[@]}" || fail "llama f32: llama.cpp differs from orch"
+  stop_server "$PID" || fail "serve exit status"
+  "$ORCH_BIN" export gguf run_llama --out l_q8_0.gguf --type q8_0 >export.log 2>&1 || { cat export.log; fail "export llama q8_0"; }
+  "$ORCH_BIN" import gguf l_q8_0.gguf --out imp_lq8 >import.log 2>&1 || { cat import.log; fail "import llama q8_0"; }
+  start_server lq8 --checkpoint imp_lq8 --engine cpu --threads 1 --quantize int8
+  node "$ROOT/tests/gguf/llama_cpp_check.mjs" "$MODULES" l_q8_0.gguf \
+    "http://127.0.0.1:$PORT" 16 0.15 "${PROMPTS[@]}" || fail "llama q8_0: llama.cpp differs from orch int8"
   stop_server "$PID" || fail "serve exit status"
 else
   grep -q "unsupported: model arch 2 (llama) is not supported" train_llama.log || { tail -n 5 train_llama.log; fail "train llama"; }
