@@ -446,7 +446,11 @@ START_TEST(test_model_description) {
     ck_assert_uint_eq(d.width, 64);
     ck_assert_uint_eq(d.mlp_width, 200);
     ck_assert(d.layernorm_eps == 1e-6f);
-    for (int i = 0; i < 9; i++) ck_assert_uint_eq(d.reserved[i], 0);
+    ck_assert_uint_eq(d.flags, 0);
+    ck_assert_uint_eq(d.rope_scaling, 0);
+    ck_assert_uint_eq(d.rope_original_context, 0);
+    for (size_t i = 0; i < sizeof d.reserved / sizeof d.reserved[0]; i++)
+        ck_assert_uint_eq(d.reserved[i], 0);
     config_free(c);
 }
 END_TEST
