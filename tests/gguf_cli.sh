@@ -133,16 +133,17 @@ e add-tensor output.weight token_embd.weight
 # 5. LLaMA.
 F="$ROOT/tests/fixtures"
 TOOL="$ROOT/tests/hf/hf_tool.py"
-# kv2: GQA (2 kv heads of 4), untied head; its linear rope scaling dropped
-# here unless the config knows model.rope_scaling (checked below).
-python3 "$TOOL" mkllama "$F/cpu_llama_tiny_kv2.safetensors" l2 vocab=50257 >/dev/null || fail "mkllama"
+# kv1: GQA (1 kv head of 4), tied head; its llama3 rope scaling dropped
+# here (the scaled fixtures are checked below where the config knows
+# model.rope_scaling).
+python3 "$TOOL" mkllama "$F/cpu_llama_tiny_kv1.safetensors" l2 vocab=50257 >/dev/null || fail "mkllama"
 python3 -c 'import json; p="l2/config.json"; j=json.load(open(p)); j["rope_scaling"]=None; json.dump(j,open(p,"w"))'
 "$ORCH_BIN" import hf l2 --out ck_l2 --tokenizer gpt2 >imp.log 2>&1 || { cat imp.log; fail "import llama"; }
 for t in f32 f16 q8_0; do
   "$ORCH_BIN" export gguf ck_l2 --out l2_$t.gguf --type $t >exp.log 2>&1 || { cat exp.log; fail "export llama $t"; }
-  grep -q "2 layers, 21 tensors" exp.log || fail "llama export summary: $(cat exp.log)"
+  grep -q "2 layers, 20 tensors" exp.log || fail "llama export summary: $(cat exp.log)"
   "$ORCH_BIN" import gguf l2_$t.gguf --out l2imp_$t >imp.log 2>&1 || { cat imp.log; fail "import llama $t"; }
-  grep -q "imported GGUF llama: 2 layers, 4 heads (2 kv, untied head), width 32, mlp 48, vocab 50257, context 16" imp.log ||
+  grep -q "imported GGUF llama: 2 layers, 4 heads (1 kv, tied head), width 32, mlp 48, vocab 50257, context 16" imp.log ||
     fail "llama import summary: $(cat imp.log)"
 done
 python3 - ck_l2 l2_f32.gguf l2imp_f32 <<'PY' || fail "llama GGUF layout / round trip"
@@ -159,7 +160,7 @@ kvs, tensors = load(sys.argv[2])
 kv = {k: v for k, _, v in kvs}
 want = {"general.architecture": b"llama", "llama.block_count": 2, "llama.context_length": 16,
         "llama.embedding_length": 32, "llama.feed_forward_length": 48,
-        "llama.attention.head_count": 4, "llama.attention.head_count_kv": 2,
+        "llama.attention.head_count": 4, "llama.attention.head_count_kv": 1,
         "llama.rope.dimension_count": 8, "tokenizer.ggml.model": b"gpt2"}
 for k, v in want.items():
     assert kv.get(k) == v, (k, kv.get(k))
@@ -167,7 +168,7 @@ assert abs(kv["llama.rope.freq_base"] - 10000) < 1e-3 and abs(kv["llama.attentio
 assert "llama.rope.scaling.type" not in kv
 t = {x[0]: x for x in tensors}
 names = set(t)
-exp = {"token_embd.weight", "output_norm.weight", "output.weight"} | {
+exp = {"token_embd.weight", "output_norm.weight"} | {
     f"blk.{i}.{s}.weight" for i in range(2) for s in
     ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")}
 assert names == exp, names ^ exp
@@ -176,7 +177,7 @@ def rows(b, C):
 def data(name):  # gguf_edit tensors: (name, ne, type, bytes)
     return t[name][3]
 for i in range(2):
-    for g, o, heads in (("attn_q", "self_attn.q_proj", 4), ("attn_k", "self_attn.k_proj", 2)):
+    for g, o, heads in (("attn_q", "self_attn.q_proj", 4), ("attn_k", "self_attn.k_proj", 1)):
         shape, b = ck[f"model.layers.{i}.{o}.weight"]
         hf = rows(b, shape[1]); gg = rows(data(f"blk.{i}.{g}.weight"), shape[1])
         D = shape[0] // heads
@@ -201,7 +202,7 @@ expect_err 2 "tensor 'blk.1.attn_k.weight' has type Q4_0" "$ORCH_BIN" import ggu
 [ -e o2 ] && fail "a refused llama import left o2"
 # An hf-tokenizer checkpoint: imported with the small ByteLevel
 # tokenizer.json of hf_tool.py mkllama tokjson (copied into it).
-python3 "$TOOL" mkllama "$F/cpu_llama_tiny_kv4.safetensors" lt untie vocab=256 tokjson >/dev/null
+python3 "$TOOL" mkllama "$F/cpu_llama_tiny_kv4.safetensors" lt vocab=256 tokjson >/dev/null
 "$ORCH_BIN" import hf lt --out ck_lt >imp.log 2>&1 || { cat imp.log; fail "import lt"; }
 grep -q "vocab 256, .*tokenizer hf" imp.log || fail "import lt: $(cat imp.log)"
 "$ORCH_BIN" export gguf ck_lt --out lt.gguf >exp.log 2>&1 || { cat exp.log; fail "export hf-tokenizer llama"; }
@@ -296,6 +297,6 @@ assert any(x[0] == "output.weight" for x in t2)
 PY
 else
   grep -q "unknown key" imp.log || { cat imp.log; fail "scaled llama import"; }
-  echo "skip (part): this build's config has no model.rope_scaling / tie_embeddings; scaled and tied llama GGUF not checked"
+  echo "skip (part): this build's config has no model.rope_scaling / tie_embeddings; scaled and untied llama GGUF not checked"
 fi
 echo "gguf_cli: ok"

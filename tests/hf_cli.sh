@@ -77,7 +77,7 @@ expect_err 2 "taken: already exists" "$ORCH_BIN" export hf run_gpt2 --out taken
 cp -r "$CK" ck_llama
 python3 -c 'import json; p="ck_llama/state.json"; j=json.load(open(p)); j["config"]["model"]["arch"]="llama"; json.dump(j,open(p,"w"))'
 (cd ck_llama && awk '{print $2}' checksums.sha256 | xargs sha256sum >sums.new && mv sums.new checksums.sha256)
-expect_err 2 "ck_llama/model.safetensors: holds 28 tensors, a llama model of 2 layers has 21" "$ORCH_BIN" export hf ck_llama --out x
+expect_err 2 "ck_llama/model.safetensors: holds 28 tensors, a llama model of 2 layers has 2" "$ORCH_BIN" export hf ck_llama --out x
 compgen -G "*.tmp-*" >/dev/null && fail "a refused export left $(compgen -G "*.tmp-*")"
 [ -e x ] && fail "a refused export left x"
 
@@ -200,19 +200,19 @@ F="$ROOT/tests/fixtures"
 HAVE_TORCH=0
 /usr/bin/python3 -c "import torch" 2>/dev/null && HAVE_TORCH=1
 [ $HAVE_TORCH = 1 ] || echo "skip (part): /usr/bin/python3 has no torch, llama logits not checked"
-python3 "$TOOL" mkllama "$F/cpu_llama_tiny_kv4.safetensors" l4u untie vocab=256 >/dev/null || fail "mkllama"
+python3 "$TOOL" mkllama "$F/cpu_llama_tiny_kv4.safetensors" l4u vocab=256 >/dev/null || fail "mkllama"
 "$ORCH_BIN" import hf l4u --out ck_l4u --tokenizer byte >imp.log 2>&1 || { cat imp.log; fail "import llama"; }
-grep -q "imported llama: 2 layers, 4 heads, 4 kv heads, width 32, mlp 48, vocab 256, context 16, untied head, .* tokenizer byte" imp.log ||
+grep -q "imported llama: 2 layers, 4 heads, 4 kv heads, width 32, mlp 48, vocab 256, context 16, tied head, .* tokenizer byte" imp.log ||
   fail "llama import summary: $(cat imp.log)"
 python3 "$TOOL" same l4u/model.safetensors ck_l4u/model.safetensors >/dev/null || fail "llama import is not exact"
 python3 - ck_l4u <<'PY' || fail "llama checkpoint config"
 import json, sys
 m = json.load(open(sys.argv[1] + "/state.json"))["config"]["model"]
 want = {"arch": "llama", "kv_heads": 4, "heads": 4, "width": 32, "mlp_width": 48, "rope_theta": 10000}
-assert all(m[k] == v for k, v in want.items()) and not m.get("tie_embeddings", False), m
+assert all(m[k] == v for k, v in want.items()) and m.get("tie_embeddings", True), m
 PY
 "$ORCH_BIN" export hf ck_l4u --out ex_l4u >exp.log 2>/dev/null || { cat exp.log; fail "export llama"; }
-grep -q "2 layers, 21 tensors, .*(Hugging Face LlamaForCausalLM)" exp.log || fail "llama export summary: $(cat exp.log)"
+grep -q "2 layers, 20 tensors, .*(Hugging Face LlamaForCausalLM)" exp.log || fail "llama export summary: $(cat exp.log)"
 python3 "$TOOL" llama-layout ex_l4u ck_l4u >/dev/null || fail "llama export layout"
 python3 "$TOOL" same ex_l4u/model.safetensors l4u/model.safetensors >/dev/null || fail "llama export != original"
 "$ORCH_BIN" import hf ex_l4u --out ck_l4u2 --tokenizer byte >/dev/null 2>&1 || fail "import exported llama"
@@ -221,7 +221,7 @@ python3 "$TOOL" shard l4u l4s >/dev/null && "$ORCH_BIN" import hf l4s --out ck_l
   fail "sharded llama import"
 python3 "$TOOL" same ck_l4u/model.safetensors ck_l4s/model.safetensors >/dev/null || fail "sharded llama differs"
 for t in F16 BF16; do
-  python3 "$TOOL" mkllama "$F/cpu_llama_tiny_kv4.safetensors" l4_$t untie vocab=256 dtype=$t >/dev/null &&
+  python3 "$TOOL" mkllama "$F/cpu_llama_tiny_kv4.safetensors" l4_$t vocab=256 dtype=$t >/dev/null &&
     "$ORCH_BIN" import hf l4_$t --out ck_l4_$t --tokenizer byte >imp.log 2>&1 || { cat imp.log; fail "llama $t import"; }
 done
 if [ $HAVE_TORCH = 1 ]; then
@@ -267,32 +267,34 @@ open(p, "wb").write(struct.pack("<Q", len(hb)) + hb + d)
 PY
 expect_err 2 "unexpected tensor 'model.layers.0.self_attn.q_proj.bias'" "$ORCH_BIN" import hf bad_l --out x --tokenizer byte
 
-# Tied heads, rope scaling and the hf tokenizer need the config keys
-# model.tie_embeddings / model.rope_scaling / data.tokenizer "hf".
-python3 "$TOOL" mkllama "$F/cpu_llama_tiny_kv4.safetensors" l4 vocab=256 >/dev/null
-if "$ORCH_BIN" import hf l4 --out ck_l4 --tokenizer byte >imp.log 2>&1; then
-  for kv in 4 2 1; do
-    [ $kv = 4 ] || { python3 "$TOOL" mkllama "$F/cpu_llama_tiny_kv$kv.safetensors" l$kv vocab=256 >/dev/null &&
+# Untied heads and rope scaling need the config keys model.tie_embeddings /
+# model.rope_scaling.
+python3 "$TOOL" mkllama "$F/cpu_llama_tiny_kv4.safetensors" l4x untie vocab=256 >/dev/null
+if "$ORCH_BIN" import hf l4x --out ck_l4x --tokenizer byte >imp.log 2>&1; then
+  grep -q "untied head" imp.log || fail "kv4 untie: $(cat imp.log)"
+  for kv in 4x 2 1; do
+    [ $kv = 4x ] || { python3 "$TOOL" mkllama "$F/cpu_llama_tiny_kv$kv.safetensors" l$kv vocab=256 >/dev/null &&
       "$ORCH_BIN" import hf l$kv --out ck_l$kv --tokenizer byte >imp.log 2>&1 || { cat imp.log; fail "import kv$kv"; }; }
     "$ORCH_BIN" export hf ck_l$kv --out ex_l$kv >/dev/null 2>&1 || fail "export kv$kv"
     python3 "$TOOL" llama-layout ex_l$kv ck_l$kv >/dev/null || fail "kv$kv export layout"
     python3 "$TOOL" same ex_l$kv/model.safetensors l$kv/model.safetensors >/dev/null || fail "kv$kv export != original"
     if [ $HAVE_TORCH = 1 ]; then
-      /usr/bin/python3 "$TOOL" llama-logits ex_l$kv "$F/cpu_llama_tiny_kv$kv.safetensors" || fail "kv$kv export logits"
+      /usr/bin/python3 "$TOOL" llama-logits ex_l$kv "$F/cpu_llama_tiny_kv${kv%x}.safetensors" || fail "kv$kv export logits"
     fi
   done
-  grep -q "tied head" imp.log || fail "kv1 should import tied: $(cat imp.log)"
-  edit_llama tie_word_embeddings true # tied, but lm_head.weight present and equal: accepted
+  grep -q " tied head" imp.log || fail "kv1 should import tied: $(cat imp.log)"
+  rm -rf bad_l && cp -r l4x bad_l && python3 -c 'import json; p="bad_l/config.json"; j=json.load(open(p)); j["tie_word_embeddings"]=True; json.dump(j,open(p,"w"))'
   "$ORCH_BIN" import hf bad_l --out ck_tied_eq --tokenizer byte >/dev/null 2>&1 || fail "tied with an equal lm_head"
   edit_llama rope_scaling '{"rope_type": "llama3", "factor": 8, "low_freq_factor": 1, "high_freq_factor": 4}'
   expect_err 2 "rope_scaling: original_max_position_embeddings is missing" "$ORCH_BIN" import hf bad_l --out x --tokenizer byte
 else
-  grep -q "unknown key" imp.log || { cat imp.log; fail "tied llama import"; }
-  echo "skip (part): this build's config has no model.tie_embeddings / rope_scaling; tied and scaled llama not checked"
+  grep -q "model.tie_embeddings: unknown key" imp.log || { cat imp.log; fail "untied llama import"; }
+  echo "skip (part): this build's config has no model.tie_embeddings / rope_scaling; untied and scaled llama not checked"
 fi
 # orch serve (cpu engine) against the HF-rules forward of the exported
-# directory, a GQA llama with the gpt2 tokenizer (kv2's rope scaling dropped).
-python3 "$TOOL" mkllama "$F/cpu_llama_tiny_kv2.safetensors" lg vocab=50257 >/dev/null
+# directory, a GQA llama (1 kv head of 4) with the gpt2 tokenizer (kv1's rope
+# scaling dropped).
+python3 "$TOOL" mkllama "$F/cpu_llama_tiny_kv1.safetensors" lg vocab=50257 >/dev/null
 python3 -c 'import json; p="lg/config.json"; j=json.load(open(p)); j["rope_scaling"]=None; json.dump(j,open(p,"w"))'
 "$ORCH_BIN" import hf lg --out ck_lg --tokenizer gpt2 >/dev/null 2>&1 || fail "import lg"
 "$ORCH_BIN" export hf ck_lg --out ex_lg >/dev/null 2>&1 || fail "export lg"
@@ -318,7 +320,7 @@ if [ $HAVE_TORCH = 1 ] && [ "$ENGINE" = cpu ]; then
 fi
 # The hf tokenizer: tokenizer.json and friends copied into the checkpoint,
 # state.json's tokenizer "hf", and copied out again by export.
-python3 "$TOOL" mkllama "$F/cpu_llama_tiny_kv4.safetensors" lt untie vocab=256 tokjson >/dev/null
+python3 "$TOOL" mkllama "$F/cpu_llama_tiny_kv4.safetensors" lt vocab=256 tokjson >/dev/null
 "$ORCH_BIN" import hf lt --out ck_lt >imp.log 2>&1 || { cat imp.log; fail "import hf-tokenizer llama"; }
 grep -q "tokenizer hf" imp.log || fail "hf tokenizer: $(cat imp.log)"
 python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["tokenizer"] == "hf"' ck_lt/state.json || fail "state.json tokenizer"

@@ -573,7 +573,7 @@ START_TEST(directory_config_and_shards) {
 END_TEST
 
 /* A LLaMA-family directory (config.json of LlamaForCausalLM, 2 kv heads of
- * 4, untied head, F32/F16/BF16 tensors, an old rotary_emb.inv_freq buffer):
+ * 4, tied head, F32/F16/BF16 tensors, an old rotary_emb.inv_freq buffer):
  * every tensor lands in engine order with its exact value, the config is
  * llama's, and refusals name the field. */
 START_TEST(llama_directory) {
@@ -603,7 +603,6 @@ START_TEST(llama_directory) {
         add(&m, pre, "self_attn.rotary_emb.inv_freq", SAFETENSORS_F32, 1, 1, 0);
     }
     add(&m, "", "model.norm.weight", SAFETENSORS_F32, 1, C, 0);
-    add(&m, "", "lm_head.weight", SAFETENSORS_F32, 2, V, C);
     snprintf(p, sizeof p, "%s/model.safetensors", hd);
     write_model(p, &m);
     static const char cfg[] =
@@ -611,7 +610,7 @@ START_TEST(llama_directory) {
         "\"hidden_size\": 8, \"intermediate_size\": 32, \"num_hidden_layers\": 2, "
         "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"vocab_size\": 256, "
         "\"max_position_embeddings\": 16, \"rms_norm_eps\": 1e-06, \"rope_theta\": "
-        "500000.0, \"hidden_act\": \"silu\", \"tie_word_embeddings\": false, "
+        "500000.0, \"hidden_act\": \"silu\", \"tie_word_embeddings\": true, "
         "\"rope_scaling\": null, \"attention_bias\": false}";
     snprintf(p, sizeof p, "%s/config.json", hd);
     write_text(p, cfg);
@@ -623,23 +622,21 @@ START_TEST(llama_directory) {
     ck_assert_str_eq(r.arch, "llama");
     ck_assert_uint_eq(r.kv_heads, 2);
     ck_assert_uint_eq(r.heads, 4);
-    ck_assert_int_eq(r.tied, 0);
+    ck_assert_int_eq(r.tied, 1);
     ck_assert_uint_eq(r.params,
-                      2 * V * C + C + 2 * (2 * C + 2 * C * C + 2 * 4 * C + 3 * M * C));
+                      V * C + C + 2 * (2 * C + 2 * C * C + 2 * 4 * C + 3 * M * C));
     snprintf(p, sizeof p, "%s/model.safetensors", out);
     safetensors_file *f = NULL;
     ck_assert_msg(safetensors_open(p, &f, err, sizeof err) == 0, "%s", err);
-    ck_assert_uint_eq(safetensors_count(f), 21);
+    ck_assert_uint_eq(safetensors_count(f), 20);
     ck_assert_str_eq(safetensors_metadata(f, "layout"), "orch-llama");
-    for (size_t i = 0; i < 21; i++) {
+    for (size_t i = 0; i < 20; i++) {
         const safetensors_tensor *t = safetensors_get(f, i);
         char want[64];
         if (i == 0)
             snprintf(want, sizeof want, "model.embed_tokens.weight");
         else if (i == 19)
             snprintf(want, sizeof want, "model.norm.weight");
-        else if (i == 20)
-            snprintf(want, sizeof want, "lm_head.weight");
         else
             snprintf(want, sizeof want, "model.layers.%zu.%s", (i - 1) / 9,
                      sfx[(i - 1) % 9]);

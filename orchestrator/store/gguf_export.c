@@ -352,7 +352,8 @@ static int open_input(export_ctx *x, gguf_export_result *r, char *err, size_t er
     }
     x->llama = strcmp(m->arch, "llama") == 0;
     if (x->llama) {
-        if (llama_model_from_ckpt(x->ck.dir, &x->lm, err, err_cap) != 0) return -1;
+        if (llama_model_from_ckpt(x->ck.dir, x->ck.cfg, &x->lm, err, err_cap) != 0)
+            return -1;
         x->untied = !x->lm.tied;
     }
     if (strcmp(tok, "hf") == 0) { /* gguf_hf_tok.h reads it while writing */

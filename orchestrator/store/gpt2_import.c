@@ -531,7 +531,7 @@ static int convert_all(import_ctx *ic, char *err, size_t err_cap) {
 /* The config: the model from the weights, the rest from base or defaults.
  * Returns a new cJSON document, or NULL when out of memory. */
 static cJSON *config_doc(const gpt2_import_model *m, const orch_config *base,
-                         const char *data_tok) {
+                         const char *data_tok, int omit_tie) {
     cJSON *doc = base ? (cJSON *)config_to_cjson(base) : cJSON_CreateObject();
     if (!doc) return NULL;
     cJSON_DeleteItemFromObjectCaseSensitive(doc, "model");
@@ -542,7 +542,7 @@ static cJSON *config_doc(const gpt2_import_model *m, const orch_config *base,
     }
     uint64_t context = m->llama ? m->llama->context : m->context;
     if (m->llama) {
-        if (llama_model_to_json(m->llama, model) != 0) {
+        if (llama_model_to_json(m->llama, omit_tie, model) != 0) {
             cJSON_Delete(doc);
             return NULL;
         }
@@ -584,21 +584,34 @@ int gpt2_import_texts(const gpt2_import_model *m, const char *input,
     *state_text = *cfg_text = NULL;
     if (base_config && config_load_file(base_config, &base, err, err_cap) != 0)
         return GPT2_IMPORT_ERR_INPUT;
-    cJSON *doc = config_doc(m, base, m->tokenizer), *state = NULL;
-    if (!doc) {
-        config_free(base);
-        goto oom;
-    }
-    int rc = config_from_cjson(doc, "imported config", &cfg, err, err_cap);
-    cJSON_Delete(doc);
-    if (rc != 0 && strcmp(m->tokenizer, "hf") == 0) {
-        /* A config schema whose data.tokenizer (the shards' tokenizer) has no
-         * "hf": the data section says byte; state.json's "hf" is what
-         * inference opens. */
-        doc = config_doc(m, base, "byte");
-        char e2[256];
-        rc = doc ? config_from_cjson(doc, "imported config", &cfg, e2, sizeof e2) : -1;
+    cJSON *state = NULL;
+    /* Fallbacks for a config schema without some keys: model.tie_embeddings
+     * left out when the config's own default head is the model's, and an
+     * "hf" data.tokenizer written as byte (state.json keeps "hf", which is
+     * what inference opens). The first attempt's message is the one kept. */
+    int rc = -1;
+    for (int a = 0; a < 4 && rc != 0; a++) {
+        int omit_tie = a & 1, byte_tok = a >> 1;
+        if ((omit_tie && !m->llama) || (byte_tok && strcmp(m->tokenizer, "hf") != 0))
+            continue;
+        cJSON *doc = config_doc(m, base, byte_tok ? "byte" : m->tokenizer, omit_tie);
+        if (!doc) {
+            config_free(base);
+            goto oom;
+        }
+        char e2[1024];
+        rc = config_from_cjson(doc, "imported config", &cfg, a ? e2 : err,
+                               a ? sizeof e2 : err_cap);
         cJSON_Delete(doc);
+        if (rc == 0 && omit_tie) {
+            orch_model_desc d;
+            config_model_desc(cfg, &d);
+            if (!(d.flags & ORCH_MODEL_FLAG_UNTIED_HEAD) != !!m->llama->tied) {
+                config_free(cfg);
+                cfg = NULL;
+                rc = -1;
+            }
+        }
     }
     config_free(base);
     if (rc != 0) return GPT2_IMPORT_ERR_INPUT;

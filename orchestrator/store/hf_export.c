@@ -369,7 +369,8 @@ static int check_input(hx_ctx *x, hf_export_result *r, char *err, size_t err_cap
                      r->ckpt_dir, x->m->arch);
         return -1;
     }
-    if (x->llama && llama_model_from_ckpt(x->ck.dir, &x->lm, err, err_cap) != 0)
+    if (x->llama &&
+        llama_model_from_ckpt(x->ck.dir, x->ck.cfg, &x->lm, err, err_cap) != 0)
         return -1;
     x->hf_tok = strcmp(x->ck.tokenizer, "hf") == 0;
     if (x->hf_tok && !x->llama) {

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "orchestrator/core/config.h"
 #include "orchestrator/core/fsio.h"
 #include "orchestrator/core/json_read.h"
 #include "orchestrator/core/util.h"
@@ -163,8 +164,8 @@ int llama_model_from_json(const cJSON *model, const char *what, llama_model *m, 
     return llama_model_check(m, what, err, err_cap);
 }
 
-int llama_model_from_ckpt(const char *ckpt_dir, llama_model *m, char *err,
-                          size_t err_cap) {
+int llama_model_from_ckpt(const char *ckpt_dir, const struct orch_config *cfg_in,
+                          llama_model *m, char *err, size_t err_cap) {
     char p[4096], *text = NULL;
     if (ckpt_path_join(p, sizeof p, ckpt_dir, CKPT_STATE_FILE, err, err_cap) != 0 ||
         fsio_read_file(p, CKPT_STATE_MAX_BYTES, &text, NULL, err, err_cap) != 0)
@@ -172,13 +173,18 @@ int llama_model_from_ckpt(const char *ckpt_dir, llama_model *m, char *err,
     cJSON *root = cJSON_Parse(text);
     free(text);
     const cJSON *cfg = cJSON_GetObjectItemCaseSensitive(root, "config");
-    int rc = llama_model_from_json(cJSON_GetObjectItemCaseSensitive(cfg, "model"), p, m,
-                                   err, err_cap);
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(cfg, "model");
+    int rc = llama_model_from_json(model, p, m, err, err_cap);
+    if (rc == 0 && !cJSON_GetObjectItemCaseSensitive(model, "tie_embeddings")) {
+        orch_model_desc d;
+        config_model_desc(cfg_in, &d);
+        m->tied = !(d.flags & ORCH_MODEL_FLAG_UNTIED_HEAD);
+    }
     cJSON_Delete(root);
     return rc;
 }
 
-int llama_model_to_json(const llama_model *m, cJSON *model) {
+int llama_model_to_json(const llama_model *m, int omit_tie, cJSON *model) {
     int ok = cJSON_AddStringToObject(model, "arch", "llama") &&
              cJSON_AddNumberToObject(model, "vocab_size", m->vocab) &&
              cJSON_AddNumberToObject(model, "context", m->context) &&
@@ -189,7 +195,8 @@ int llama_model_to_json(const llama_model *m, cJSON *model) {
              cJSON_AddNumberToObject(model, "mlp_width", m->mlp_width) &&
              cJSON_AddNumberToObject(model, "layernorm_eps", m->eps) &&
              cJSON_AddNumberToObject(model, "rope_theta", m->rope_theta);
-    if (ok && m->tied) ok = cJSON_AddBoolToObject(model, "tie_embeddings", 1) != NULL;
+    if (ok && !omit_tie)
+        ok = cJSON_AddBoolToObject(model, "tie_embeddings", m->tied) != NULL;
     if (ok && m->rope_scaling != ORCH_ROPE_NONE) {
         cJSON *rs = cJSON_AddObjectToObject(model, "rope_scaling");
         ok = rs &&

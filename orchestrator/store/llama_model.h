@@ -12,8 +12,11 @@
  * tie_embeddings (bool, default false: lm_head.weight is a separate tensor)
  * and rope_scaling {"type": "linear"|"llama3", "factor", "low_freq_factor",
  * "high_freq_factor", "original_context"} (absent or null: none). Writing
- * leaves out tie_embeddings when false and rope_scaling when none, so the
- * text is also valid for a config schema that has defaults only.
+ * leaves out rope_scaling when none, and tie_embeddings when asked to (for
+ * a config schema without the key). Reading a checkpoint takes an absent
+ * tie_embeddings from the config's own engine description
+ * (config_model_desc's ORCH_MODEL_FLAG_UNTIED_HEAD), so the head is what the
+ * engines load.
  *
  * RoPE layouts: Hugging Face (and orch) rotate element d of a head with
  * d + D/2 ("rotate half"); llama.cpp rotates adjacent pairs (2j, 2j+1). A
@@ -55,11 +58,14 @@ int llama_model_check(const llama_model *m, const char *what, char *err, size_t 
  * it; defaults as above). what prefixes messages. */
 int llama_model_from_json(const cJSON *model, const char *what, llama_model *m, char *err,
                           size_t err_cap);
-/* Read m from DIR/state.json's config.model. */
-int llama_model_from_ckpt(const char *ckpt_dir, llama_model *m, char *err,
-                          size_t err_cap);
-/* Add m's keys to the model object (arch first). 0, or -1 out of memory. */
-int llama_model_to_json(const llama_model *m, cJSON *model);
+struct orch_config;
+/* Read m from DIR/state.json's config.model; cfg is that config as loaded
+ * (its engine description decides a tie the JSON does not state). */
+int llama_model_from_ckpt(const char *ckpt_dir, const struct orch_config *cfg,
+                          llama_model *m, char *err, size_t err_cap);
+/* Add m's keys to the model object (arch first; tie_embeddings unless
+ * omit_tie). 0, or -1 out of memory. */
+int llama_model_to_json(const llama_model *m, int omit_tie, cJSON *model);
 
 /* The parameter table in engine order: embed_tokens, 9 per layer, norm,
  * lm_head when untied. */

@@ -390,7 +390,11 @@ LLAMA_LAYER = ["input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k
 def cmd_llama_layout(hf_dir, ckpt_dir):
     cfg = json.load(open(os.path.join(hf_dir, "config.json")))
     m = json.load(open(os.path.join(ckpt_dir, "state.json")))["config"]["model"]
-    tied = bool(m.get("tie_embeddings", False))
+    oh, od = read_st(os.path.join(ckpt_dir, "model.safetensors"))
+    tied = "lm_head.weight" not in oh  # the checkpoint's own head
+    if m.get("tie_embeddings", tied) != tied:
+        fail(f"state.json tie_embeddings {m['tie_embeddings']} but lm_head.weight "
+             f"{'absent' if tied else 'present'}")
     expect = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
               "hidden_act": "silu", "hidden_size": m["width"],
               "intermediate_size": m["mlp_width"], "num_hidden_layers": m["layers"],
@@ -423,7 +427,6 @@ def cmd_llama_layout(hf_dir, ckpt_dir):
     if sorted(names) != sorted(want):
         fail(f"names differ: extra {sorted(set(names) - set(want))[:4]}, "
              f"missing {sorted(set(want) - set(names))[:4]}")
-    oh, od = read_st(os.path.join(ckpt_dir, "model.safetensors"))
     for k in names:
         if header[k]["dtype"] != "F32" or header[k]["shape"] != oh[k]["shape"] or \
                 tensor_bytes(header, data, k) != tensor_bytes(oh, od, k):
