@@ -199,7 +199,7 @@ START_TEST(run_serves_and_drains) {
     char want[1024];
     snprintf(want, sizeof want,
              "listening on http://127.0.0.1:%u (loading the model)\n"
-             "ready: model mock-gpt2 (engine mock, vocab 256, context 1024), 4096 KV "
+             "ready: model mock-gpt2 (gpt2, engine mock, vocab 256, context 1024), 4096 KV "
              "blocks of 16 "
              "tokens, max 64 sequences, 2048 tokens per iteration, prefix cache on\n",
              port);
