@@ -459,7 +459,7 @@ START_TEST(test_model_description) {
 }
 END_TEST
 
-#define LLAMA_MODEL(extra)                                                     \
+#define LLAMA_MODEL(extra)                                                    \
     "\"model\": {\"arch\": \"llama\", \"vocab_size\": 256, \"context\": 64, " \
     "\"layers\": 2, \"heads\": 4, \"kv_heads\": 2, \"width\": 64" extra "}"
 
@@ -481,9 +481,10 @@ START_TEST(test_llama_model) {
         ck_assert_uint_eq(d.reserved[i], 0);
     config_free(c);
     /* Tied head, linear scaling, given theta. */
-    c = load_ok(DOC(LLAMA_MODEL(", \"tie_embeddings\": true, \"rope_theta\": 500000, "
-                                "\"rope_scaling\": {\"type\": \"linear\", \"factor\": 2}"),
-                    TRAIN, DATA, ""));
+    c = load_ok(
+        DOC(LLAMA_MODEL(", \"tie_embeddings\": true, \"rope_theta\": 500000, "
+                        "\"rope_scaling\": {\"type\": \"linear\", \"factor\": 2}"),
+            TRAIN, DATA, ""));
     config_model_desc(c, &d);
     ck_assert_uint_eq(d.flags, 0);
     ck_assert(d.rope_theta == 500000.0f);
@@ -525,9 +526,9 @@ START_TEST(test_llama_errors) {
                  NULL);
     expect_error(DOC(LLAMA_MODEL(", \"rope_scaling\": {\"factor\": 4}"), TRAIN, DATA, ""),
                  "model.rope_scaling.type: missing required key", NULL);
-    expect_error(DOC(LLAMA_MODEL(", \"rope_scaling\": {\"type\": \"linear\"}"), TRAIN,
-                     DATA, ""),
-                 "model.rope_scaling.factor: missing required key", NULL);
+    expect_error(
+        DOC(LLAMA_MODEL(", \"rope_scaling\": {\"type\": \"linear\"}"), TRAIN, DATA, ""),
+        "model.rope_scaling.factor: missing required key", NULL);
     expect_error(DOC(LLAMA_MODEL(", \"rope_scaling\": {\"type\": \"linear\", "
                                  "\"factor\": 0}"),
                      TRAIN, DATA, ""),
@@ -541,7 +542,8 @@ START_TEST(test_llama_errors) {
                                  "\"factor\": 8, \"low_freq_factor\": 4, "
                                  "\"high_freq_factor\": 1, \"original_context\": 32}"),
                      TRAIN, DATA, ""),
-                 "model.rope_scaling.high_freq_factor: out of range: 1 must be > 4", NULL);
+                 "model.rope_scaling.high_freq_factor: out of range: 1 must be > 4",
+                 NULL);
     expect_error(DOC(LLAMA_MODEL(", \"rope_scaling\": {\"type\": \"linear\", "
                                  "\"factr\": 2}"),
                      TRAIN, DATA, ""),
@@ -562,7 +564,8 @@ START_TEST(test_llama_errors) {
     expect_error(DOC("\"model\": {\"arch\": \"llama\", \"vocab_size\": 256, "
                      "\"context\": 64, \"layers\": 2, \"heads\": 4, \"width\": 20}",
                      TRAIN, DATA, ""),
-                 "model.heads: head size 5 (model.width / model.heads) must be even", NULL);
+                 "model.heads: head size 5 (model.width / model.heads) must be even",
+                 NULL);
     expect_error(DOC("\"model\": {\"arch\": \"mamba\", \"vocab_size\": 256, "
                      "\"context\": 64, \"layers\": 2, \"heads\": 4, \"width\": 64}",
                      TRAIN, DATA, ""),
@@ -577,18 +580,20 @@ START_TEST(test_llama_errors) {
     expect_error(DOC("\"model\": {\"vocab_size\": 256, \"context\": 64, \"layers\": 2, "
                      "\"heads\": 4, \"width\": 64, \"tie_embeddings\": false}",
                      TRAIN, DATA, ""),
-                 "model.tie_embeddings: false is not supported for model.arch gpt2", NULL);
+                 "model.tie_embeddings: false is not supported for model.arch gpt2",
+                 NULL);
     expect_error(DOC("\"model\": {\"vocab_size\": 256, \"context\": 64, \"layers\": 2, "
                      "\"heads\": 4, \"width\": 64, \"rope_scaling\": {\"type\": "
                      "\"linear\", \"factor\": 2}}",
                      TRAIN, DATA, ""),
                  "model.rope_scaling: applies to model.arch llama only", NULL);
-    expect_error(DOC("\"model\": {\"vocab_size\": 256, \"context\": 64, \"layers\": 2, "
-                     "\"heads\": 4, \"kv_heads\": 2, \"width\": 64}",
-                     TRAIN, DATA, ""),
-                 "model.kv_heads: 2 differs from model.heads (4); grouped-query attention "
-                 "needs model.arch llama",
-                 NULL);
+    expect_error(
+        DOC("\"model\": {\"vocab_size\": 256, \"context\": 64, \"layers\": 2, "
+            "\"heads\": 4, \"kv_heads\": 2, \"width\": 64}",
+            TRAIN, DATA, ""),
+        "model.kv_heads: 2 differs from model.heads (4); grouped-query attention "
+        "needs model.arch llama",
+        NULL);
     /* gpt2 accepts tie_embeddings true (what it does anyway). */
     orch_config *c = load_ok(DOC("\"model\": {\"vocab_size\": 256, \"context\": 64, "
                                  "\"layers\": 2, \"heads\": 4, \"width\": 64, "
@@ -607,8 +612,9 @@ START_TEST(test_llama_errors) {
     ck_assert(d.rope_factor == 4.0f);
     const char *bad[] = { "model.rope_scaling.type=ntk" };
     ck_assert_int_eq(config_apply_overrides(c, bad, 1, err, sizeof err), -1);
-    ck_assert_msg(strstr(err, "model.rope_scaling.type: 'ntk' is not one of linear,llama3"),
-                  "%s", err);
+    ck_assert_msg(
+        strstr(err, "model.rope_scaling.type: 'ntk' is not one of linear,llama3"), "%s",
+        err);
     config_free(c);
 }
 END_TEST

@@ -642,8 +642,8 @@ START_TEST(test_llama_kv_heads) {
         const int32_t seq[7] = { 'a', 'b', 'c', 'd', 'e', 'f', 'g' };
         const int32_t table[2] = { 5, 2 }, copy_to[2] = { 6, 3 };
         float row[256];
-        ck_assert_int_eq(
-            forward1(ctx, seq, 6, 0, table, 2, ORCH_LOGITS_LAST, row, 256), ORCH_OK);
+        ck_assert_int_eq(forward1(ctx, seq, 6, 0, table, 2, ORCH_LOGITS_LAST, row, 256),
+                         ORCH_OK);
         ck_assert_int_eq(argmax(row, 256), rule_next(seq, 6, 256));
         ck_assert_int_eq(API->kv_copy_blocks(ctx, table, copy_to, 2), ORCH_OK);
         ck_assert_int_eq(

@@ -195,6 +195,14 @@ expect 2 "model.rope_scaling.type: 'ntk' is not one of linear,llama3" "$ORCH_BIN
 expect 2 "model.arch: 'mamba' is not one of gpt2,llama" "$ORCH_BIN" train --config "$llama" \
   "${data[@]}" --set model.arch=mamba --out "$tmp/l5"
 [ ! -e "$tmp/l4" ] && [ ! -e "$tmp/l5" ] || fail "a refused llama config created its run directory"
+# gpt2 weights under a config relabelled llama (checksums redone): refused by
+# the file's layout, naming both.
+cp -r "$tmp/ok/ckpt-00000040" "$tmp/relabel"
+python3 -c 'import json,sys; p=sys.argv[1]; j=json.load(open(p)); j["config"]["model"]["arch"]="llama"; json.dump(j,open(p,"w"))' \
+  "$tmp/relabel/state.json"
+(cd "$tmp/relabel" && awk '{print $2}' checksums.sha256 | xargs sha256sum >sums.new && mv sums.new checksums.sha256)
+expect 2 "relabel/model.safetensors: layout 'orch-gpt2' is not model.arch 'llama' of the checkpoint's config" \
+  "$ORCH_BIN" generate --checkpoint "$tmp/relabel" --prompt a --max-tokens 1
 
 # --- the built-in default: configs/default.json next to the binary -------------
 if command -v bible >/dev/null; then

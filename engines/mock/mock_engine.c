@@ -823,7 +823,8 @@ static int32_t mock_infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *
         for (uint32_t k = 0; k < s->n_tokens; k++) {
             uint64_t p = (uint64_t)s->start_pos + k;
             uint64_t slot = (uint64_t)s->block_table[p / bs] * bs + p % bs;
-            for (uint32_t h = 0; h < per; h++) ctx->kv_tokens[slot * per + h] = s->tokens[k];
+            for (uint32_t h = 0; h < per; h++)
+                ctx->kv_tokens[slot * per + h] = s->tokens[k];
         }
     }
     engine_kv_mark_written(batch, &kv);

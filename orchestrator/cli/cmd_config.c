@@ -37,7 +37,8 @@ static int engine_runs_model(const orch_config *cfg, const char *file, const cha
                              char *err, size_t cap) {
     char why[2048];
     /* --engine came from the command line: trusted as orch train trusts it. */
-    if (!engine && engine_check_config_name(cfg->engine.name, file, 0, why, sizeof why) != 0) {
+    if (!engine &&
+        engine_check_config_name(cfg->engine.name, file, 0, why, sizeof why) != 0) {
         util_set_err(err, cap, "%s", why);
         return -1;
     }
@@ -57,8 +58,8 @@ static int engine_runs_model(const orch_config *cfg, const char *file, const cha
     if (d.context > 64) d.context = 64;
     if (d.rope_original_context > d.context) d.rope_original_context = d.context;
     orch_engine_ctx *ctx = NULL;
-    int rc = engine_create_context(&h, &d, 1, 1, cfg->engine.options, &ctx, why,
-                                   sizeof why);
+    int rc =
+        engine_create_context(&h, &d, 1, 1, cfg->engine.options, &ctx, why, sizeof why);
     if (rc == 0) {
         h.api->context_destroy(ctx);
     } else {
@@ -168,7 +169,8 @@ int cmd_config(int argc, char **argv) {
             printf("%llu steps", (unsigned long long)t->max_steps);
         else
             printf("%g epochs", t->epochs);
-        printf(", %s schedule, engine %s\n", t->schedule, engine ? engine : cfg->engine.name);
+        printf(", %s schedule, engine %s\n", t->schedule,
+               engine ? engine : cfg->engine.name);
     }
     config_free(cfg);
     return ORCH_EXIT_OK;

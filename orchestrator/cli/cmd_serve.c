@@ -188,14 +188,15 @@ static int parse_args(int argc, char **argv, serve_options *o, int *st) {
         return 1;
     }
     if (!o->ckpt && !o->model && !(o->engine && strcmp(o->engine, "mock") == 0)) {
-        util_error("serve: MODEL is required (orch serve MODEL, -m/--model or --checkpoint "
-                   "DIR: an orch checkpoint, a Hugging Face model directory or a GGUF "
-                   "file), or --engine=mock for the mock model");
+        util_error(
+            "serve: MODEL is required (orch serve MODEL, -m/--model or --checkpoint "
+            "DIR: an orch checkpoint, a Hugging Face model directory or a GGUF "
+            "file), or --engine=mock for the mock model");
         return 1;
     }
     if (quantize) {
         /* Without a checkpoint there is no config to append to. */
-        const char *base = o->engine_options           ? o->engine_options
+        const char *base = o->engine_options       ? o->engine_options
                            : (o->ckpt || o->model) ? NULL
                                                    : "";
         char qerr[256];

@@ -381,9 +381,10 @@ static int validate_rope_scaling(const cJSON *rs, config_model *m, char *err,
     const cJSON *hi = cJSON_GetObjectItemCaseSensitive(rs, "high_freq_factor");
     const cJSON *oc = cJSON_GetObjectItemCaseSensitive(rs, "original_context");
     if (!llama3) {
-        const char *extra = lo ? "low_freq_factor" : hi ? "high_freq_factor"
-                                                 : oc ? "original_context"
-                                                      : NULL;
+        const char *extra = lo   ? "low_freq_factor"
+                            : hi ? "high_freq_factor"
+                            : oc ? "original_context"
+                                 : NULL;
         if (extra) {
             util_set_err(err, cap,
                          "model.rope_scaling.%s: belongs to type llama3, not linear",
@@ -401,10 +402,11 @@ static int validate_rope_scaling(const cJSON *rs, config_model *m, char *err,
     if (octx != floor(octx) || octx > 1048576) {
         char got[64];
         fmt_num(got, sizeof got, octx);
-        util_set_err(err, cap,
-                     "model.rope_scaling.original_context: expected an integer 1..1048576, "
-                     "got %s",
-                     got);
+        util_set_err(
+            err, cap,
+            "model.rope_scaling.original_context: expected an integer 1..1048576, "
+            "got %s",
+            got);
         return -1;
     }
     m->rope_original_context = (uint32_t)octx;
@@ -419,10 +421,11 @@ static int validate_arch_keys(const cJSON *msec, config_model *m, char *err, siz
     const cJSON *rs = cJSON_GetObjectItemCaseSensitive(msec, "rope_scaling");
     if (strcmp(m->arch, "llama") != 0) {
         if (m->kv_heads != m->heads) {
-            util_set_err(err, cap,
-                         "model.kv_heads: %u differs from model.heads (%u); grouped-query "
-                         "attention needs model.arch llama",
-                         m->kv_heads, m->heads);
+            util_set_err(
+                err, cap,
+                "model.kv_heads: %u differs from model.heads (%u); grouped-query "
+                "attention needs model.arch llama",
+                m->kv_heads, m->heads);
             return -1;
         }
         if (theta) {
@@ -433,7 +436,8 @@ static int validate_arch_keys(const cJSON *msec, config_model *m, char *err, siz
             return -1;
         }
         if (rs && !cJSON_IsNull(rs)) {
-            util_set_err(err, cap, "model.rope_scaling: applies to model.arch llama only");
+            util_set_err(err, cap,
+                         "model.rope_scaling: applies to model.arch llama only");
             return -1;
         }
         if (tie && !m->tie_embeddings) {

@@ -272,7 +272,8 @@ int engine_create_context(const engine_handle *h, const orch_model_desc *model,
         util_set_err(err, err_cap,
                      "engine '%s': ABI version %u.%u cannot run model.arch llama "
                      "(llama needs ABI %u.1 or later)",
-                     h->path, h->api->abi_major, h->api->abi_minor, ORCH_ENGINE_ABI_MAJOR);
+                     h->path, h->api->abi_major, h->api->abi_minor,
+                     ORCH_ENGINE_ABI_MAJOR);
         return -1;
     }
     char msg[1024] = "";

@@ -121,7 +121,8 @@ static int model_open(const serve_options *o, const serve_hooks *h, serve_model 
     const char *ckpt = o->ckpt;
     if (o->model) {
         int kind;
-        if (model_source_open(o->model, NULL, &m->src, &kind, err, err_cap) != 0) return -1;
+        if (model_source_open(o->model, NULL, &m->src, &kind, err, err_cap) != 0)
+            return -1;
         if (m->src.tmp_dir[0])
             say(h, 0, "imported the %s %s into %s", m->src.kind_name, o->model,
                 m->src.ckpt);
@@ -182,7 +183,9 @@ static void model_close(serve_model *m, const serve_hooks *h) {
 
 /* The architecture's name in the API. */
 static const char *arch_name(uint32_t arch) {
-    return arch == ORCH_ARCH_LLAMA ? "llama" : arch == ORCH_ARCH_GPT2 ? "gpt2" : "unknown";
+    return arch == ORCH_ARCH_LLAMA  ? "llama"
+           : arch == ORCH_ARCH_GPT2 ? "gpt2"
+                                    : "unknown";
 }
 
 /* --kv-blocks, or the --kv-memory budget over the engine's block size. */

@@ -79,7 +79,8 @@ int model_source_open(const char *model, const char *base_config, model_source *
         if (has(model, "state.json") || has(model, "latest"))
             kind = MODEL_SOURCE_ORCH;
         else if (has(model, "config.json") &&
-                 (has(model, "model.safetensors") || has(model, "model.safetensors.index.json")))
+                 (has(model, "model.safetensors") ||
+                  has(model, "model.safetensors.index.json")))
             kind = MODEL_SOURCE_HF;
         else {
             util_set_err(err, err_cap,
@@ -95,15 +96,16 @@ int model_source_open(const char *model, const char *base_config, model_source *
         else if (ends_with(model, ".safetensors"))
             kind = MODEL_SOURCE_HF;
         else {
-            util_set_err(err, err_cap,
-                         "MODEL '%s': a file that is neither GGUF (no \"GGUF\" magic) nor "
-                         "Hugging Face weights (.safetensors)",
-                         model);
+            util_set_err(
+                err, err_cap,
+                "MODEL '%s': a file that is neither GGUF (no \"GGUF\" magic) nor "
+                "Hugging Face weights (.safetensors)",
+                model);
             return -1;
         }
     } else {
-        util_set_err(err, err_cap,
-                     "MODEL '%s': not a directory or a regular file", model);
+        util_set_err(err, err_cap, "MODEL '%s': not a directory or a regular file",
+                     model);
         return -1;
     }
     src->kind = kind;
@@ -139,7 +141,8 @@ int model_source_open(const char *model, const char *base_config, model_source *
         rc = gguf_import(&o, &r, err_kind, why, sizeof why);
     }
     if (rc != 0) {
-        util_set_err(err, err_cap, "importing the %s '%s': %s", src->kind_name, model, why);
+        util_set_err(err, err_cap, "importing the %s '%s': %s", src->kind_name, model,
+                     why);
         char ignored[256];
         (void)model_source_close(src, ignored, sizeof ignored);
         return -1;

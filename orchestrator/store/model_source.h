@@ -37,9 +37,9 @@ typedef enum model_source_kind {
 } model_source_kind;
 
 typedef struct model_source {
-    int kind;             /* model_source_kind */
-    char ckpt[4200];      /* the orch checkpoint to open */
-    char tmp_dir[4200];   /* the temporary import directory, or "" */
+    int kind;              /* model_source_kind */
+    char ckpt[4200];       /* the orch checkpoint to open */
+    char tmp_dir[4200];    /* the temporary import directory, or "" */
     const char *kind_name; /* "orch checkpoint", "Hugging Face model", "GGUF file" */
 } model_source;
 
