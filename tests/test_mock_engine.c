@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "engine_api/orch_engine.h"
+#include "orchestrator/bench/bench.h"
 #include "orchestrator/core/engine_loader.h"
 #include "orchestrator/core/util.h"
 #include "tests/test_util.h"
@@ -610,6 +611,12 @@ START_TEST(test_llama_table) {
         /* D = 8: 100*32 + 2*(2*32 + 32*32*2 + 2*16*32 + 3*48*32) + 32 (+ 100*32) */
         uint64_t want = 3200 + 2 * (64 + 2048 + 1024 + 4608) + 32 + (untied ? 3200 : 0);
         ck_assert_uint_eq(t.total, want);
+        /* The orchestrator's own count (orch bench) agrees with the table. */
+        uint64_t n_all = 0, read = 0;
+        double f = bench_train_flops_per_token(&m, 16, &n_all, &read);
+        ck_assert_uint_eq(n_all, want);
+        ck_assert_uint_eq(read, want - (untied ? 3200 : 0));
+        ck_assert(f == 6.0 * (double)read + 12.0 * 2 * 16 * 32);
         /* Norm weights start at 1, matrices at N(0, 0.02). */
         float *all = test_read_kind(API, ctx, ORCH_TENSOR_PARAM, &t);
         ck_assert(all[t.info[19].offset] == 1.0f);
