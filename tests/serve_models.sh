@@ -6,7 +6,8 @@
 # directory and as a GGUF file (both exported from a gpt2 checkpoint and
 # imported on the fly into a temporary checkpoint that is gone after the
 # server stops; the same greedy text as the checkpoint itself), -m/--model,
-# and MODEL errors (one line, exit 2). The Hugging Face and GGUF part needs
+# --tokenizer for an imported Hugging Face model, and MODEL errors (one line,
+# exit 2). The Hugging Face and GGUF part needs
 # the GPT-2 vocabulary (skipped with one line otherwise).
 source "$(dirname "$0")/serve/common.sh"
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -72,6 +73,10 @@ expect_err 2 "serve: MODEL 'data_byte': a directory that is neither an orch chec
   "$ORCH_BIN" serve data_byte --engine=mock --port 0
 expect_err 2 "serve: MODEL 'corpus.txt': a file that is neither GGUF (no \"GGUF\" magic) nor Hugging Face weights (.safetensors)" \
   "$ORCH_BIN" serve corpus.txt --engine=mock --port 0
+expect_err 2 "serve: MODEL 'run_llama': a tokenizer ('gpt2') applies to a Hugging Face model only (this is an orch checkpoint, which names its own)" \
+  "$ORCH_BIN" serve run_llama --tokenizer gpt2 --engine=mock --port 0
+expect_err 2 "serve: --tokenizer applies to a Hugging Face MODEL imported on the fly" \
+  "$ORCH_BIN" serve --checkpoint run_llama --tokenizer gpt2 --engine=mock --port 0
 printf 'GGUF\003\000\000\000' >bad.gguf
 expect_err 2 "serve: importing the GGUF file 'bad.gguf': " "$ORCH_BIN" serve bad.gguf --engine=mock --port 0
 [ -z "$(ls -A tmp)" ] || fail "a failed import left $(ls tmp)"
@@ -100,7 +105,7 @@ stop_server "$PID" || fail "checkpoint server exit status"
 if [ -z "$want" ] || [[ "$want" == [0-9]* ]]; then fail "checkpoint completion: '$want'"; fi
 
 k=0
-for how in "hf_model" "-m model.gguf" "--model hf_model/"; do
+for how in "hf_model" "-m model.gguf" "--model hf_model/" "--tokenizer gpt2 hf_model"; do
   k=$((k + 1))
   # shellcheck disable=SC2086 # $how is a flag and its value
   start_server imp$k $how

@@ -54,6 +54,9 @@ static int parse_args(int argc, char **argv, serve_options *o, int *st) {
           .help = "the model to serve (instead of the MODEL\nargument)" },
         { "--checkpoint", FLAG_STRING, &o->ckpt, "DIR",
           .help = "run or checkpoint directory (an orch MODEL)" },
+        { "--tokenizer", FLAG_STRING, &o->tokenizer, "T",
+          .help = "byte|gpt2: the tokenizer of a Hugging Face MODEL\n"
+                  "that has no tokenizer.json (default: its own)" },
         { "--engine", FLAG_STRING, &o->engine, "E",
           .help = "mock|cpu|cuda|FILE.so (default: the checkpoint\nconfig's engine)" },
         { "--trust-config-engine", FLAG_TRUE, &o->trust_config_engine, NULL,
@@ -170,6 +173,12 @@ static int parse_args(int argc, char **argv, serve_options *o, int *st) {
         return 1;
     }
     o->model = pos_model ? pos_model : flag_model;
+    if (o->tokenizer && !o->model) {
+        util_error(
+            "serve: --tokenizer applies to a Hugging Face MODEL imported on the fly "
+            "(a checkpoint names its own)");
+        return 1;
+    }
     if (o->model_name && !*o->model_name) {
         util_error("serve: --served-model-name must not be empty");
         return 1;

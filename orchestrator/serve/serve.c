@@ -121,7 +121,8 @@ static int model_open(const serve_options *o, const serve_hooks *h, serve_model 
     const char *ckpt = o->ckpt;
     if (o->model) {
         int kind;
-        if (model_source_open(o->model, NULL, &m->src, &kind, err, err_cap) != 0)
+        if (model_source_open(o->model, NULL, o->tokenizer, &m->src, &kind, err,
+                              err_cap) != 0)
             return -1;
         if (m->src.tmp_dir[0])
             say(h, 0, "imported the %s %s into %s", m->src.kind_name, o->model,

@@ -52,6 +52,8 @@ typedef struct serve_options {
                                    temporary checkpoint while serving; NULL = ckpt */
     uint64_t max_model_len;     /* cap on prompt + completion tokens (<= the model's
                                    context); 0 = the context */
+    const char *tokenizer;      /* tokenizer of a Hugging Face MODEL imported on the
+                                   fly (model_source_open); NULL = its own */
     const char *engine;         /* NULL = the checkpoint config's (mock without ckpt) */
     const char *engine_options; /* NULL = the config's */
     const char *host;           /* NULL = 127.0.0.1 */

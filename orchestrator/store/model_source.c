@@ -61,8 +61,8 @@ static int make_tmp(model_source *src, char *err, size_t cap) {
     return 0;
 }
 
-int model_source_open(const char *model, const char *base_config, model_source *src,
-                      int *err_kind, char *err, size_t err_cap) {
+int model_source_open(const char *model, const char *base_config, const char *tokenizer,
+                      model_source *src, int *err_kind, char *err, size_t err_cap) {
     memset(src, 0, sizeof *src);
     *err_kind = GPT2_IMPORT_ERR_INPUT;
     struct stat st;
@@ -108,6 +108,16 @@ int model_source_open(const char *model, const char *base_config, model_source *
                      model);
         return -1;
     }
+    if (tokenizer && kind != MODEL_SOURCE_HF) {
+        util_set_err(
+            err, err_cap,
+            "MODEL '%s': a tokenizer ('%s') applies to a Hugging Face model only "
+            "(this is %s)",
+            model, tokenizer,
+            kind == MODEL_SOURCE_ORCH ? "an orch checkpoint, which names its own"
+                                      : "a GGUF file, which holds its own");
+        return -1;
+    }
     src->kind = kind;
     if (kind == MODEL_SOURCE_ORCH) {
         src->kind_name = "orch checkpoint";
@@ -129,6 +139,7 @@ int model_source_open(const char *model, const char *base_config, model_source *
         o.input = model;
         o.out_dir = src->ckpt;
         o.base_config = base_config;
+        o.tokenizer = tokenizer;
         gpt2_import_result r;
         rc = gpt2_import(&o, &r, err_kind, why, sizeof why);
     } else {

@@ -45,9 +45,12 @@ typedef struct model_source {
 
 /* Resolve model into *src (zeroed first). base_config (may be NULL) is
  * passed to the importers (train/data/engine sections of the imported
- * config). */
-int model_source_open(const char *model, const char *base_config, model_source *src,
-                      int *err_kind, char *err, size_t err_cap);
+ * config); tokenizer (NULL: the importer's choice, e.g. the directory's
+ * tokenizer.json) is gpt2_import's tokenizer option and applies to a Hugging
+ * Face model only: given with another kind of MODEL it is an error naming
+ * both (never ignored). */
+int model_source_open(const char *model, const char *base_config, const char *tokenizer,
+                      model_source *src, int *err_kind, char *err, size_t err_cap);
 
 /* Remove the temporary import, if any: 0, or -1 with one line in err when
  * something could not be removed (the source is closed either way). */
