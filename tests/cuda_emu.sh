@@ -6,7 +6,8 @@
 # objects of engines/common linked in as the libengine_cuda.so rule does, into
 # a temporary libengine_cuda_emu.so; then runs $ORCH_BUILD/tests/test_cuda_engine
 # against it (ORCH_CUDA_ENGINE: every kernel, GEMM layout and host path of the
-# CUDA engine checked against the CPU engine) and
+# CUDA engine checked against the CPU engine for GPT-2, and against the torch
+# fixtures tests/fixtures/cpu_llama_tiny_kv*.safetensors for LLaMA) and
 # $ORCH_BUILD/tests/test_conformance on it alone (ORCH_CONFORMANCE_ENGINES:
 # the ABI's rules), so both run in `make test`.
 # Skips (77) under sanitizers (the emulator switches stacks), without g++, or

@@ -17,6 +17,7 @@ PACKAGES=(
   cppcheck clang-format
   clang libclang-rt-14-dev valgrind
   nodejs
+  slurmctld slurmd slurm-client slurm-wlm-basic-plugins munge
 )
 
 SUDO=""

@@ -2,7 +2,14 @@
  * cpu_engine.c - the CPU engine's ABI table (libengine_cpu.so): context
  * lifecycle, engine options, parameter initialisation, tensor tables, flat
  * gradients, the KV pool, and argument validation for every call. The
- * numerics live in cpu_train.c, cpu_infer.c, cpu_linear.c and cpu_kernels.c.
+ * numerics live in cpu_train.c, cpu_infer.c (GPT-2), cpu_llama.c,
+ * cpu_llama_infer.c (ORCH_ARCH_LLAMA), cpu_linear.c and cpu_kernels.c.
+ *
+ * Architectures: gpt2 and llama (ABI 1.1; tensor table, init rule and RoPE
+ * frequencies from engines/common). Both train (fp32 or precision=bf16),
+ * evaluate and serve from the paged KV pool, whose blocks hold K and V of
+ * kv_heads * head size floats per position and layer. weights=int8 serves
+ * both (llama: every 2-D tensor, embedding and head included, is int8).
  *
  * Capabilities: TRAIN | INFER | KV_COPY | EVAL | DETERMINISTIC (same inputs
  * and thread count give the same bits).
@@ -25,7 +32,7 @@
  *   weights=fp32|int8   weights=int8 (inference only; training refused):
  *                       tensor_write rounds every weight matrix (wte = LM
  *                       head, qkv, attn/mlp proj, fc; not wpe, biases,
- *                       LayerNorm) through int8 blocks of 32 along K with one
+ *                       LayerNorm; llama: every 2-D tensor) through int8 blocks of 32 along K with one
  *                       fp32 scale each (Q8_0-like), tensor_read returns those
  *                       values and checkpoints stay fp32. Products of at most
  *                       skinny rows run on int8 kernels (cpu_quant.c); memory
@@ -61,8 +68,9 @@
  *                       separate process (or ONEDNN_MAX_CPU_ISA=avx512_core_bf16).
  *
  * Initialisation (context_create): N(0, 0.02) for matrices and embeddings,
- * N(0, 0.02/sqrt(2*layers)) for attn.c_proj.weight and mlp.c_proj.weight,
- * zero biases, LayerNorm weights 1, drawn from one splitmix64 stream seeded
+ * N(0, 0.02/sqrt(2*layers)) for attn.c_proj.weight and mlp.c_proj.weight
+ * (llama: self_attn.o_proj.weight, mlp.down_proj.weight), zero biases,
+ * LayerNorm and RMSNorm weights 1, drawn from one splitmix64 stream seeded
  * with opts->seed, tensors in table order, Box-Muller pairs, computed in
  * parallel (splitmix64 can jump). The CUDA engine draws the same numbers; the
  * mock engine seeds each tensor separately and differs.
@@ -78,6 +86,8 @@
 #include "engines/cpu/cpu_blas.h"
 #include "engines/cpu/cpu_features.h"
 #include "engines/cpu/cpu_internal.h"
+#include "engines/cpu/cpu_llama.h"
+#include "engines/cpu/cpu_llama_infer.h"
 #include "engines/cpu/cpu_quant.h"
 
 #define CPU_VERSION     "cpu 1.0"
@@ -175,26 +185,27 @@ static const int cpu_isa_of[3] = { CPU_ISA_AVX512, CPU_ISA_AVX2, CPU_ISA_GENERIC
 /* ------------------------------------------------------------------------- */
 
 static const engine_model_limits cpu_limits = {
-    "cpu", CPU_MAX_DIM, CPU_MAX_DIM, CPU_MAX_LAYERS, CPU_MAX_DIM, CPU_MAX_DIM, 0
+    "cpu", CPU_MAX_DIM, CPU_MAX_DIM, CPU_MAX_LAYERS, CPU_MAX_DIM, CPU_MAX_DIM, 1
 };
 
 _Static_assert(L_COUNT == ENGINE_GPT2_PER_LAYER, "L_* follow the common table");
 
 static int32_t table_build(orch_engine_ctx *ctx) {
-    uint32_t count = engine_gpt2_tensor_count(ctx->L);
+    uint32_t count = engine_model_tensor_count(&ctx->desc);
     ctx->tensors = calloc(count, sizeof *ctx->tensors);
     ctx->pv.layer = calloc(ctx->L, sizeof *ctx->pv.layer);
     ctx->gv.layer = calloc(ctx->L, sizeof *ctx->gv.layer);
     if (!ctx->tensors || !ctx->pv.layer || !ctx->gv.layer) return ORCH_ERR_OUT_OF_MEMORY;
-    ctx->n_params =
-        engine_gpt2_table_fill(ctx->tensors, ctx->L, ctx->V, ctx->T, ctx->C, ctx->M);
+    ctx->n_params = engine_model_table_fill(ctx->tensors, &ctx->desc);
     ctx->n_tensors = count;
     return ORCH_OK;
 }
 
-/* Views of a flat buffer laid out like the table. */
+/* Views of a flat buffer laid out like the GPT-2 table (llama code reaches
+ * its tensors through cpu_llama_tensor instead). */
 static void view_build(const orch_engine_ctx *ctx, float *base, cpu_view *v) {
     const cpu_tensor *t = ctx->tensors;
+    if (ctx->arch != ORCH_ARCH_GPT2) return;
     v->wte = base + t[0].offset;
     v->wpe = base + t[1].offset;
     for (uint32_t i = 0; i < ctx->L; i++) {
@@ -298,6 +309,7 @@ static void cpu_context_destroy(orch_engine_ctx *ctx) {
     cpu_train_free(ctx);
     cpu_infer_free(ctx);
     cpu_linear_bf16_free(ctx);
+    cpu_llama_free(ctx);
     free(ctx->params);
     zfree(ctx->grads, ctx->n_params);
     zfree(ctx->adam_m, ctx->n_params);
@@ -319,7 +331,8 @@ int32_t cpu_ensure_train_state(orch_engine_ctx *ctx) {
                         "cannot allocate gradients and AdamW moments (%zu MiB "
                         "each)",
                         n * sizeof(float) >> 20);
-    if (ctx->gv.wte == NULL) view_build(ctx, ctx->grads, &ctx->gv);
+    if (ctx->arch == ORCH_ARCH_GPT2 && ctx->gv.wte == NULL)
+        view_build(ctx, ctx->grads, &ctx->gv);
     return ORCH_OK;
 }
 
@@ -387,7 +400,7 @@ static int32_t cpu_context_create(const orch_model_desc *model,
     if (threads > CPU_MAX_THREADS) threads = CPU_MAX_THREADS;
 
     uint64_t n_params;
-    if (engine_gpt2_param_count(&m, &n_params) != 0 || n_params > SIZE_MAX / 16)
+    if (engine_model_param_count(&m, &n_params) != 0 || n_params > SIZE_MAX / 16)
         return engine_fail_buf(err, err_cap, ORCH_ERR_OUT_OF_MEMORY,
                                "model too large (parameter count overflows)");
     const uint64_t mem = engine_host_memory_bytes();
@@ -410,6 +423,10 @@ static int32_t cpu_context_create(const orch_model_desc *model,
     ctx->M = m.mlp_width;
     ctx->HS = m.width / m.heads;
     ctx->eps = m.layernorm_eps;
+    ctx->arch = m.arch;
+    ctx->KVH = m.kv_heads;
+    ctx->KVD = m.kv_heads * ctx->HS;
+    ctx->desc = m;
     ctx->isa = isa;
     ctx->precision = precision;
     ctx->weights = weights;
@@ -433,6 +450,11 @@ static int32_t cpu_context_create(const orch_model_desc *model,
     }
     ctx->params = p;
     view_build(ctx, ctx->params, &ctx->pv);
+    if (ctx->arch == ORCH_ARCH_LLAMA &&
+        (st = cpu_llama_setup(ctx, &m, err, err_cap)) != ORCH_OK) {
+        cpu_context_destroy(ctx);
+        return st;
+    }
     ctx->pool = cpu_pool_create(ctx->threads);
     if (!ctx->pool) {
         cpu_context_destroy(ctx);
@@ -585,8 +607,12 @@ static int32_t cpu_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
                                          NULL, ENGINE_ERRBUF(ctx));
     if (st) return st;
     float loss = 0.0f;
-    st = cpu_train_forward_backward(ctx, tokens, targets, batch, seq_len, grad_scale, 1,
-                                    &loss);
+    if (ctx->arch == ORCH_ARCH_LLAMA)
+        st = cpu_llama_forward_backward(ctx, tokens, targets, batch, seq_len, grad_scale,
+                                        1, &loss);
+    else
+        st = cpu_train_forward_backward(ctx, tokens, targets, batch, seq_len, grad_scale,
+                                        1, &loss);
     cpu_pool_park(ctx->pool);
     if (st == ORCH_OK) *out_loss = loss;
     return st;
@@ -601,7 +627,12 @@ static int32_t cpu_eval_loss(orch_engine_ctx *ctx, const int32_t *tokens,
                                 out_loss, &ctx->train_lim, NULL, ENGINE_ERRBUF(ctx));
     if (st) return st;
     float loss = 0.0f;
-    st = cpu_train_forward_backward(ctx, tokens, targets, batch, seq_len, 0.0f, 0, &loss);
+    if (ctx->arch == ORCH_ARCH_LLAMA)
+        st = cpu_llama_forward_backward(ctx, tokens, targets, batch, seq_len, 0.0f, 0,
+                                        &loss);
+    else
+        st = cpu_train_forward_backward(ctx, tokens, targets, batch, seq_len, 0.0f, 0,
+                                        &loss);
     cpu_pool_park(ctx->pool);
     if (st == ORCH_OK) *out_loss = loss;
     return st;
@@ -627,10 +658,11 @@ static int32_t cpu_optimizer_step(orch_engine_ctx *ctx, const orch_adamw_params 
 /* KV pool                                                                    */
 /* ------------------------------------------------------------------------- */
 
-/* K/V floats plus the written flags of one block. */
+/* K/V floats (kv_heads * head size per position, layer and K or V) plus the
+ * written flags of one block. */
 static int block_bytes(const orch_engine_ctx *ctx, uint32_t block_size, uint64_t *out) {
     uint64_t floats;
-    if (__builtin_mul_overflow((uint64_t)ctx->L * 2u * ctx->C, (uint64_t)block_size,
+    if (__builtin_mul_overflow((uint64_t)ctx->L * 2u * ctx->KVD, (uint64_t)block_size,
                                &floats) ||
         floats > UINT64_MAX / 8)
         return -1;
@@ -663,7 +695,7 @@ static int32_t cpu_kv_configure(orch_engine_ctx *ctx, uint32_t block_size,
                         "kv_configure: pool of %u blocks of %u positions is "
                         "too large",
                         num_blocks, block_size);
-    size_t floats = (size_t)slots * ctx->L * 2u * ctx->C;
+    size_t floats = (size_t)slots * ctx->L * 2u * ctx->KVD;
     float *kv = NULL;
     void *p = NULL;
     if (posix_memalign(&p, 64, floats * sizeof(float)) == 0) kv = p;
@@ -697,7 +729,7 @@ static void copy_chunk(void *arg, size_t i, int tid) {
     (void)tid;
     const copy_job *j = arg;
     const orch_engine_ctx *ctx = j->ctx;
-    const size_t block_floats = (size_t)ctx->L * 2 * ctx->kv_block_size * ctx->C;
+    const size_t block_floats = (size_t)ctx->L * 2 * ctx->kv_block_size * ctx->KVD;
     memcpy(ctx->kv + (size_t)j->dst[i] * block_floats,
            ctx->kv + (size_t)j->src[i] * block_floats, block_floats * sizeof(float));
 }
@@ -718,7 +750,9 @@ static int32_t cpu_kv_copy_blocks(orch_engine_ctx *ctx, const int32_t *src,
 static int32_t cpu_infer_forward_abi(orch_engine_ctx *ctx, const orch_infer_batch *batch,
                                      float *logits, uint64_t logits_cap) {
     ENTER(ctx);
-    int32_t st = cpu_infer_forward(ctx, batch, logits, logits_cap);
+    int32_t st = ctx->arch == ORCH_ARCH_LLAMA
+                     ? cpu_llama_infer_forward(ctx, batch, logits, logits_cap)
+                     : cpu_infer_forward(ctx, batch, logits, logits_cap);
     cpu_pool_park(ctx->pool);
     return st;
 }

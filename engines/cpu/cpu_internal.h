@@ -2,7 +2,8 @@
  * cpu_internal.h - the CPU engine's context and the functions its modules
  * share: cpu_engine.c (the ABI: validation, tensor tables, KV pool, options),
  * cpu_train.c (GPT-2 training forward/backward, AdamW), cpu_infer.c
- * (paged-KV inference) and cpu_linear.c (threaded matrix products).
+ * (GPT-2 paged-KV inference), cpu_llama.c (LLaMA training and inference)
+ * and cpu_linear.c (threaded matrix products).
  * Private to engines/cpu; the orchestrator never includes it.
  *
  * Memory layout: parameters, gradients and the two AdamW moments are each ONE
@@ -124,6 +125,13 @@ struct orch_engine_ctx {
     /* model */
     uint32_t V, T, L, NH, C, M, HS;
     float eps;
+    uint32_t arch;        /* ORCH_ARCH_* */
+    uint32_t KVH;         /* key/value heads (= NH for gpt2) */
+    uint32_t KVD;         /* KVH * HS: floats of K (and of V) per position and layer */
+    orch_model_desc desc; /* the normalised description */
+    /* llama (cpu_llama.c): RoPE tables, activations, inference scratch;
+     * NULL for gpt2. Freed by cpu_llama_free. */
+    struct cpu_llama_state *llama;
     /* execution */
     int isa;       /* kernels to use (<= what the CPU has) */
     int precision; /* CPU_PREC_*: type of the matrix products */
@@ -249,6 +257,12 @@ void cpu_train_free(orch_engine_ctx *ctx);
  * batch of B sequences of T tokens (saved activations and scratch; not the
  * parameters, gradients or moments). Pure: allocates and changes nothing. */
 size_t cpu_train_act_bytes(const orch_engine_ctx *ctx, uint32_t B, uint32_t T);
+/* Softmax cross-entropy of `rows` logits rows of ctx->V (on the pool):
+ * row_loss[r] = logsumexp - logit of targets[r] (0 for a target of -1); with
+ * backward each row becomes dscale * (softmax - onehot) in place (zero for
+ * ignored rows). */
+void cpu_train_ce_rows(orch_engine_ctx *ctx, float *logits, const int32_t *targets,
+                       float *row_loss, size_t rows, float dscale, int backward);
 void cpu_layernorm_rows(int isa, const float *x, float *out, float *mean, float *rstd,
                         const float *w, const float *b, size_t r0, size_t r1, uint32_t C,
                         float eps);

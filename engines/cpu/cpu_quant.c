@@ -723,9 +723,11 @@ void cpu_q8_matmul(int kernel, int M, size_t N, size_t K, const uint8_t *xq,
  * engine around them. */
 #ifndef CPU_QUANT_KERNELS_ONLY
 #include "engines/cpu/cpu_internal.h"
+#include "engines/cpu/cpu_llama.h"
 
 int cpu_q8_is_quantized(const orch_engine_ctx *ctx, uint32_t index) {
-    return index < ctx->n_tensors && index != 1 /* wpe */ &&
+    return index < ctx->n_tensors &&
+           (ctx->arch != ORCH_ARCH_GPT2 || index != 1 /* gpt2 wpe */) &&
            ctx->tensors[index].ndim == 2;
 }
 
@@ -818,7 +820,13 @@ int32_t cpu_q8_ensure(orch_engine_ctx *ctx, size_t rows) {
         ctx->q8_act_cap = act;
     }
     if (ctx->q8_valid && ctx->q8_version == ctx->params_version) return ORCH_OK;
-    const size_t sizes[4][2] = { { 3 * C, C }, { C, C }, { M, C }, { C, M } };
+    /* Per layer: q|k|v (gpt2: c_attn; KVD = C), the attention projection,
+     * the MLP input (llama: gate|up, 2M rows), the MLP projection. */
+    const int llama = ctx->arch == ORCH_ARCH_LLAMA;
+    const size_t QS = C + 2 * (size_t)ctx->KVD;
+    const size_t sizes[4][2] = {
+        { QS, C }, { C, C }, { llama ? 2 * M : M, C }, { C, M }
+    };
     if (!ctx->q8_packed) {
         size_t total = al64(cpu_q8_packed_bytes(ctx->V, C));
         for (size_t k = 0; k < 4; k++)
@@ -847,10 +855,16 @@ int32_t cpu_q8_ensure(orch_engine_ctx *ctx, size_t rows) {
     if (!items)
         return cpu_fail(ctx, ORCH_ERR_OUT_OF_MEMORY, "infer_forward: out of memory");
     size_t n = 0;
-    items[n++] = (q8_item){ ctx->pv.wte, ctx->q8_wte, ctx->V, C, 0 };
+    items[n++] = (q8_item){ llama ? cpu_llama_head(ctx, ctx->params) : ctx->pv.wte,
+                            ctx->q8_wte, ctx->V, C, 0 };
     for (size_t l = 0; l < L; l++) {
         const cpu_layer_view *w = &ctx->pv.layer[l];
         const float *src[4] = { w->qkv_w, w->ap_w, w->fc_w, w->mp_w };
+        if (llama) {
+            static const int first[4] = { LL_Q, LL_O, LL_GATE, LL_DOWN };
+            for (int k = 0; k < 4; k++)
+                src[k] = cpu_llama_tensor(ctx, ctx->params, (uint32_t)l, first[k]);
+        }
         for (size_t k = 0; k < 4; k++)
             items[n++] = (q8_item){ src[k], ctx->q8_layer[l * 4 + k], sizes[k][0],
                                     sizes[k][1], 0 };

@@ -29,7 +29,8 @@
  *     sum_k |w| sx/2 (sx: the activation block's scale);
  *   - the engine glue: the lazily built packed copy of every weight matrix
  *     (rebuilt when ctx->params_version changes) and the threaded linear
- *     layer cpu_infer.c calls for products of at most ctx->skinny_max rows.
+ *     layer cpu_infer.c and cpu_llama_infer.c call for products of at most
+ *     ctx->skinny_max rows.
  *
  * Threads: the kernels are reentrant (callers split by panel range); the
  * ctx functions follow the context rule (one caller thread, work on the
@@ -105,7 +106,8 @@ struct orch_engine_ctx;
 struct cpu_linear_fwd;
 
 /* Whether table entry `index` is a weight matrix stored as int8 (wte, qkv,
- * attn proj, fc, mlp proj; not wpe, biases, LayerNorm). */
+ * attn proj, fc, mlp proj; not wpe, biases, LayerNorm; llama: every 2-D
+ * tensor). */
 int cpu_q8_is_quantized(const struct orch_engine_ctx *ctx, uint32_t index);
 /* With weights=int8: round tensor `index` in ctx->params through the grid
  * (no-op for other tensors or weights=fp32). */

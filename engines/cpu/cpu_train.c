@@ -479,6 +479,14 @@ static void ce_chunk(void *arg, size_t c, int tid) {
     }
 }
 
+void cpu_train_ce_rows(orch_engine_ctx *ctx, float *logits, const int32_t *targets,
+                       float *row_loss, size_t rows, float dscale, int backward) {
+    ce_job cj = { logits,   targets,  row_loss,
+                  rows,     ctx->V,   dscale,
+                  backward, ctx->isa, cpu_pool_chunks(ctx->pool, rows, 1, ROW_CHUNKS) };
+    cpu_pool_for(ctx->pool, cj.chunks, ce_chunk, &cj);
+}
+
 /* ------------------------------------------------------------------------- */
 /* Forward / backward                                                         */
 /* ------------------------------------------------------------------------- */

@@ -1,11 +1,12 @@
 /*
  * cuda_engine.cu - the orch engine ABI for NVIDIA GPUs (libengine_cuda.so):
- * function table, probe, context life cycle, options, the GPT-2 tensor table,
- * the KV pool and the public entry points. The numeric work lives in
- * cuda_model.cu (passes) and cuda_kernels.cu (kernels).
+ * function table, probe, context life cycle, options, the tensor table (GPT-2
+ * or LLaMA, ABI 1.1), the KV pool (K/V rows of kv_heads*head_size floats) and
+ * the public entry points. The numeric work lives in cuda_model.cu and
+ * cuda_llama.cu (passes) and cuda_kernels.cu (kernels).
  *
  * Semantics mirror the CPU engine: the same tensor names, shapes, order and
- * flags (NO_DECAY on biases and LayerNorm parameters), the flat gradient
+ * flags (NO_DECAY on 1-D tensors: biases and norm weights), the flat gradient
  * buffer is the concatenation of the tensors in table order, the same KV block
  * semantics and the same input checks with the same messages: the model
  * rules, the options parser, the status strings and every argument check are
@@ -18,6 +19,7 @@
  *   math=fp32|tf32|bf16   matrix-product precision (default fp32): tf32 and
  *                         bf16 use cuBLAS's CUBLAS_COMPUTE_32F_FAST_TF32 /
  *                         _FAST_16BF on fp32 storage; everything else is fp32
+ *                         (both architectures)
  *   device=N              CUDA device ordinal 0..1024 (default 0)
  * The `threads` option of the ABI has no meaning here and is ignored.
  *
@@ -40,7 +42,7 @@
 
 #define CU_STR2(x)        #x
 #define CU_STR(x)         CU_STR2(x)
-#define CU_ENGINE_VERSION "1.0.0 (CUDA runtime " CU_STR(CUDART_VERSION) ", cuBLAS)"
+#define CU_ENGINE_VERSION "1.1.0 (CUDA runtime " CU_STR(CUDART_VERSION) ", cuBLAS)"
 
 /* Sizes beyond these are refused up front (int arguments of cuBLAS, 32-bit
  * grid dimensions and index arrays). */
@@ -273,21 +275,22 @@ static const engine_opt_spec cu_opt_spec[OPT_COUNT] = {
  * paged-attention scores in shared memory). */
 static const engine_model_limits cu_limits = { "cuda", CU_MAX_DIM, CU_MAX_DIM / 16,
                                                4096,   65536,      4u * 65536,
-                                               0 };
+                                               1 };
 
 /* ------------------------------------------------------------------------- */
 /* Tensor table                                                               */
 /* ------------------------------------------------------------------------- */
 
 static_assert(CU_PER_LAYER == ENGINE_GPT2_PER_LAYER, "CU_* follow the common table");
+static_assert(CL_PER_LAYER == ENGINE_LLAMA_PER_LAYER, "CL_* follow the common table");
 
-static int32_t build_table(orch_engine_ctx *ctx) {
-    uint32_t count = engine_gpt2_tensor_count(ctx->L);
+/* The table of the normalised model md (GPT-2 or LLaMA, engines/common). */
+static int32_t build_table(orch_engine_ctx *ctx, const orch_model_desc *md) {
+    uint32_t count = engine_model_tensor_count(md);
     ctx->tensors = (cu_tensor *)calloc(count, sizeof(cu_tensor));
     if (!ctx->tensors)
         return cu_set_error(ctx, ORCH_ERR_OUT_OF_MEMORY, "out of host memory");
-    ctx->n_params =
-        engine_gpt2_table_fill(ctx->tensors, ctx->L, ctx->V, ctx->T, ctx->C, ctx->M);
+    ctx->n_params = engine_model_table_fill(ctx->tensors, md);
     ctx->n_tensors = count;
     return ORCH_OK;
 }
@@ -316,6 +319,7 @@ static void context_destroy(orch_engine_ctx *ctx) {
     cu_infer_free(ctx);
     if (ctx->d_kv) cudaFree(ctx->d_kv);
     if (ctx->d_params) cudaFree(ctx->d_params);
+    if (ctx->d_inv_freq) cudaFree(ctx->d_inv_freq);
     if (ctx->d_red) cudaFree(ctx->d_red);
     if (ctx->h_red) cudaFreeHost(ctx->h_red);
     if (ctx->h_stage) cudaFreeHost(ctx->h_stage);
@@ -330,7 +334,8 @@ static void context_destroy(orch_engine_ctx *ctx) {
     free(ctx);
 }
 
-static int32_t create_device_state(orch_engine_ctx *ctx, uint64_t seed) {
+static int32_t create_device_state(orch_engine_ctx *ctx, const orch_model_desc *md,
+                                   uint64_t seed) {
     CU_CHECK(ctx, cudaSetDevice(ctx->device));
     CU_CHECK(ctx, cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking));
     CU_BLAS(ctx, cublasCreate(&ctx->blas));
@@ -374,6 +379,24 @@ static int32_t create_device_state(orch_engine_ctx *ctx, uint64_t seed) {
     CU_CHECK(ctx, cudaMallocHost(&p, 64));
     ctx->h_red = (double *)p;
     ctx->h_norm = (float *)(ctx->h_red + 1);
+
+    /* llama: the RoPE frequencies of engines/common (the same floats as every
+     * engine), computed on the host once */
+    if (ctx->arch == ORCH_ARCH_LLAMA) {
+        const uint32_t half = ctx->hs / 2;
+        float *f = (float *)malloc((size_t)half * sizeof(float));
+        if (!f) return cu_set_error(ctx, ORCH_ERR_OUT_OF_MEMORY, "out of host memory");
+        engine_rope_inv_freq(md, f);
+        cudaError_t fe = cudaMalloc(&p, (size_t)half * sizeof(float));
+        if (fe == cudaSuccess) {
+            ctx->d_inv_freq = (float *)p;
+            fe = cudaMemcpyAsync(ctx->d_inv_freq, f, (size_t)half * sizeof(float),
+                                 cudaMemcpyHostToDevice, ctx->stream);
+            if (fe == cudaSuccess) fe = cudaStreamSynchronize(ctx->stream);
+        }
+        free(f);
+        if (fe != cudaSuccess) return cu_cuda_error(ctx, fe, "RoPE frequencies");
+    }
 
     /* paged attention keeps one score per position in shared memory */
     ctx->attn_smem_max = (size_t)ctx->T * sizeof(float);
@@ -432,12 +455,16 @@ static int32_t context_create(const orch_model_desc *model,
     ctx->C = md.width;
     ctx->M = md.mlp_width;
     ctx->hs = ctx->C / ctx->H;
+    ctx->arch = md.arch;
+    ctx->KVH = md.kv_heads; /* normalised: heads for GPT-2 */
+    ctx->kvC = ctx->KVH * ctx->hs;
+    ctx->untied = md.arch == ORCH_ARCH_LLAMA && (md.flags & ORCH_MODEL_FLAG_UNTIED_HEAD);
     ctx->eps = md.layernorm_eps;
     ctx->train_lim.engine = "cuda";
     ctx->train_lim.vocab = ctx->V;
     ctx->train_lim.context = ctx->T;
     ctx->train_lim.max_tokens = CU_MAX_TOKENS;
-    st = build_table(ctx);
+    st = build_table(ctx, &md);
     if (st == ORCH_OK) {
         ctx->h_tok_map = (int32_t *)malloc((size_t)ctx->V * sizeof(int32_t));
         if (!ctx->h_tok_map)
@@ -447,7 +474,7 @@ static int32_t context_create(const orch_model_desc *model,
     }
     if (st == ORCH_OK) {
         pin_library();
-        st = create_device_state(ctx, o.seed);
+        st = create_device_state(ctx, &md, o.seed);
     }
     if (st != ORCH_OK) {
         engine_fail_buf(err, err_cap, st, "%s", ctx->last_error);
@@ -601,7 +628,7 @@ static int32_t optimizer_step(orch_engine_ctx *ctx, const orch_adamw_params *par
 static int32_t kv_block_bytes(orch_engine_ctx *ctx, uint32_t block_size, uint64_t *out) {
     if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
     CU_TRY(engine_check_kv_block_bytes(block_size, out, ENGINE_ERRBUF(ctx)));
-    *out = (uint64_t)ctx->L * 2 * block_size * ctx->C * sizeof(float);
+    *out = (uint64_t)ctx->L * 2 * block_size * ctx->kvC * sizeof(float);
     return ORCH_OK;
 }
 
@@ -610,7 +637,7 @@ static int32_t kv_configure(orch_engine_ctx *ctx, uint32_t block_size,
     ENTER(ctx);
     CU_TRY(engine_check_kv_configure(block_size, num_blocks, CU_MAX_BLOCK_SIZE,
                                      ENGINE_ERRBUF(ctx)));
-    uint64_t block_bytes = (uint64_t)ctx->L * 2 * block_size * ctx->C * sizeof(float);
+    uint64_t block_bytes = (uint64_t)ctx->L * 2 * block_size * ctx->kvC * sizeof(float);
     uint64_t slots = (uint64_t)block_size * num_blocks;
     if (block_bytes > UINT64_MAX / num_blocks)
         return cu_set_error(
@@ -744,7 +771,8 @@ static int32_t kv_copy_blocks(orch_engine_ctx *ctx, const int32_t *src,
     const engine_kv_view kv = kv_view(ctx);
     CU_TRY(engine_kv_copy_check(src, dst, n, &kv, ENGINE_ERRBUF(ctx)));
     if (n == 0) return ORCH_OK;
-    size_t block_bytes = (size_t)ctx->L * 2 * ctx->kv_block_size * ctx->C * sizeof(float);
+    size_t block_bytes =
+        (size_t)ctx->L * 2 * ctx->kv_block_size * ctx->kvC * sizeof(float);
     size_t block_elems = block_bytes / sizeof(float);
     for (uint32_t i = 0; i < n; i++)
         CU_CHECK(ctx,

@@ -9,6 +9,7 @@
  *                    engines/common (the same as the cpu and mock engines)
  *   cuda_model.cu    GPT-2 forward/backward/AdamW/inference on the device,
  *                    built from cuBLAS GEMMs and the kernels below
+ *   cuda_llama.cu    the same passes for LLaMA (RMSNorm, RoPE, GQA, SwiGLU)
  *   cuda_kernels.cu  the CUDA kernels and their host-side launchers
  *
  * The same sources also compile as plain C++ against the CPU emulator of
@@ -61,7 +62,25 @@ enum {
  * ln_f.weight / ln_f.bias are the last two. */
 #define CU_LAYER_TENSOR(l, which) (2u + (uint32_t)(l)*CU_PER_LAYER + (uint32_t)(which))
 
-/* One tensor of the GPT-2 table (engines/common). */
+/* LLaMA tensors per layer, in table order (engines/common's llama table):
+ * model.embed_tokens.weight is 0, model.norm.weight follows the layers, then
+ * lm_head.weight with an untied head. q, k, v are adjacent in the flat
+ * buffers and so form one [(H+2*KV)*D, C] matrix; gate and up one [2M, C]. */
+enum {
+    CL_IN_NORM = 0,
+    CL_Q,
+    CL_K,
+    CL_V,
+    CL_O,
+    CL_POST_NORM,
+    CL_GATE,
+    CL_UP,
+    CL_DOWN,
+    CL_PER_LAYER
+};
+#define CL_LAYER_TENSOR(l, which) (1u + (uint32_t)(l)*CL_PER_LAYER + (uint32_t)(which))
+
+/* One tensor of the model's table (engines/common). */
 typedef engine_tensor cu_tensor;
 
 typedef enum cu_math { CU_MATH_FP32 = 0, CU_MATH_TF32 = 1, CU_MATH_BF16 = 2 } cu_math;
@@ -74,23 +93,27 @@ typedef struct cu_acts {
     float *res; /* (L+1) x [N,C]: residual stream entering each layer, last = final */
     float *ln1; /* L x [N,C] */
     float *ln1_mean, *ln1_rstd; /* L x [N] */
-    float *qkvh;                /* L x 3 x [B,H,T,hs]: q, k, v per head (bias added) */
+    float *qkvh;                /* L x 3 x [B,H,T,hs]: q, k, v per head (bias added);
+                                   llama: q [B,H,T,D], k, v [B,KV,T,D] (RoPE applied) */
     float *att;                 /* L x [B*H,T,T]: causal softmax probabilities */
     float *y;                   /* L x [N,C]: attention output before c_proj */
     float *x2;                  /* L x [N,C]: residual after attention */
     float *ln2;                 /* L x [N,C] */
     float *ln2_mean, *ln2_rstd; /* L x [N] */
-    float *fch;                 /* L x [N,M]: c_fc output + bias (pre-GELU) */
-    float *fcg;                 /* L x [N,M]: GELU output */
+    float *fch;                 /* L x [N,M]: c_fc output + bias (pre-GELU);
+                                   llama: L x [N,2M] gate | up */
+    float *fcg;                 /* L x [N,M]: GELU output; llama: silu(gate)*up */
     float *lnf;                 /* [N,C] */
     float *lnf_mean, *lnf_rstd; /* [N] */
     float *logits;              /* [N,V]; reused in place for d(logits) */
     float *losses;              /* [N] per-token loss (0 for ignored targets) */
     /* scratch shared by the forward and the backward pass */
-    float *s_big;   /* [N, max(3C, M)]: qkv before the head split, d(fc), d(qkv) */
+    float *s_big;   /* [N, max(3C, M)] (llama max(3C, 2M)): qkv before the head
+                       split, d(fc), d(qkv) */
     float *s_c0;    /* [N,C] */
     float *s_c1;    /* [N,C] */
-    float *s_heads; /* 3 x [N,C]: y per head; dq, dk, dv per head */
+    float *s_heads; /* 3 x [N,C]: y per head; dq, dk, dv per head; llama: also
+                       d(act) [N,M] (max(3C, M) columns) */
     float *s_att;   /* [B*H,T,T]: d(att) */
     float *s_part;  /* column-sum partial results, CU_COLSUM_CHUNKS x max(3C,M) x 2 */
     /* int buffers, laid out per call for N tokens: tokens [N], targets [N],
@@ -113,7 +136,7 @@ typedef struct cu_infer_bufs {
     float *q;      /* [n,C] query with bias */
     float *y;      /* [n,C] */
     float *tmp;    /* [n,C] */
-    float *fc;     /* [n,M] */
+    float *fc;     /* [n,M]; llama [n,2M] gate | up (silu(gate)*up in place) */
     float *sel;    /* [rows,C] final-LN rows that produce logits */
     float *logits; /* [rows,V] */
     /* int buffers, laid out per call: tokens [n], positions [n], sequence
@@ -136,7 +159,12 @@ struct orch_engine_ctx {
     int broken; /* a sticky CUDA error happened: refuse further work */
 
     /* model */
+    uint32_t arch; /* ORCH_ARCH_GPT2 or ORCH_ARCH_LLAMA */
     uint32_t V, T, L, H, C, M, hs;
+    uint32_t KVH;      /* K/V heads (H for GPT-2) */
+    uint32_t kvC;      /* K/V row width KVH*hs: floats per position per layer of K */
+    int untied;        /* llama: separate lm_head.weight (last tensor) */
+    float *d_inv_freq; /* llama: [hs/2] RoPE inverse frequencies (engines/common) */
     float eps;
     engine_batch_limits train_lim; /* bounds of forward_backward / eval_loss */
 
@@ -160,7 +188,7 @@ struct orch_engine_ctx {
     cu_acts acts;
     cu_infer_bufs inf;
 
-    /* KV pool: num_blocks blocks of L x 2 x [bs, C] floats each */
+    /* KV pool: num_blocks blocks of L x 2 x [bs, kvC] floats each */
     float *d_kv;
     uint32_t kv_block_size, kv_num_blocks;
     engine_kv_mark *h_kv_marks; /* host [num_blocks]: validation marks (engines/common) */
@@ -238,6 +266,27 @@ typedef struct cu_infer_plan {
 } cu_infer_plan;
 int32_t cu_model_infer(orch_engine_ctx *ctx, const cu_infer_plan *plan,
                        float *logits_out);
+
+/* The LLaMA passes (cuda_llama.cu), with the contracts of the two above,
+ * which dispatch to them (cu_model_adamw serves both architectures). */
+int32_t cu_llama_train_step(orch_engine_ctx *ctx, const int32_t *tokens,
+                            const int32_t *targets, uint32_t B, uint32_t T,
+                            uint64_t n_valid, float grad_scale, int grad,
+                            float *out_loss);
+int32_t cu_llama_infer(orch_engine_ctx *ctx, const cu_infer_plan *plan,
+                       float *logits_out);
+
+/* Scratch shared by both architectures (cuda_model.cu): make the training
+ * buffers hold N tokens and `att` attention elements per layer / the
+ * inference buffers hold a batch of these sizes. On failure the old buffers
+ * are gone and the context stays usable. */
+int32_t cu_acts_reserve(orch_engine_ctx *ctx, uint64_t N, uint64_t att);
+int32_t cu_infer_reserve(orch_engine_ctx *ctx, uint64_t n, uint64_t rows, uint64_t seqs,
+                         uint64_t table);
+/* Group rows by token id for the deterministic embedding gradient (see
+ * cuda_model.cu): returns the number of distinct ids. */
+uint32_t cu_token_csr(int32_t *map, const int32_t *tok, uint32_t n, int32_t *uniq,
+                      int32_t *start, int32_t *rows, int32_t *cursor);
 
 /* Free training / inference scratch. */
 void cu_acts_free(orch_engine_ctx *ctx);
@@ -368,17 +417,60 @@ cudaError_t k_kv_write(cudaStream_t s, const float *qkv, const float *bias, floa
                        const int32_t *bt_off, const int32_t *bt_all, uint32_t n,
                        uint32_t C, uint32_t bs, uint32_t L, uint32_t layer);
 /* y[n, h*hs..] = softmax(q k^T / sqrt(hs)) v over positions 0..pos[n] of the
- * token's sequence, read through its block table. smem_bytes >= (max pos + 1)
- * floats. */
+ * token's sequence, read through its block table; query head h reads K/V
+ * head h / (H/KVH) from pool rows of KVH*hs (GPT-2: KVH = H). smem_bytes >=
+ * (max pos + 1) floats. */
 cudaError_t k_paged_attention(cudaStream_t s, const float *q, const float *kv,
                               const int32_t *pos, const int32_t *seq,
                               const int32_t *bt_off, const int32_t *bt_all, float *y,
-                              uint32_t n, uint32_t C, uint32_t H, uint32_t bs, uint32_t L,
-                              uint32_t layer, size_t smem_bytes);
+                              uint32_t n, uint32_t C, uint32_t H, uint32_t KVH,
+                              uint32_t bs, uint32_t L, uint32_t layer, size_t smem_bytes);
 /* Allow the paged-attention kernel `bytes` of dynamic shared memory. */
 cudaError_t k_paged_attention_smem(size_t bytes);
 /* dst[r,:] = src[rows[r],:] for r < n_rows ([*,C] matrices). */
 cudaError_t k_gather_rows(cudaStream_t s, const float *src, const int32_t *rows,
                           float *dst, uint32_t n_rows, uint32_t C);
+
+/* ---- LLaMA ---- */
+/* out = RMSNorm(x) * w per row of [n,C] (one warp per row); rstd may be NULL. */
+cudaError_t k_rmsnorm(cudaStream_t s, const float *x, const float *w, float *out,
+                      float *rstd, uint32_t n, uint32_t C, float eps);
+/* res = a + b, then out = RMSNorm(res) * w. */
+cudaError_t k_residual_rmsnorm(cudaStream_t s, const float *a, const float *b, float *res,
+                               const float *w, float *out, float *rstd, uint32_t n,
+                               uint32_t C, float eps);
+/* RMSNorm backward for the input: dx (+)= d/dx given dout (accumulate=0
+ * overwrites). */
+cudaError_t k_rmsnorm_bwd_dx(cudaStream_t s, const float *dout, const float *x,
+                             const float *rstd, const float *w, float *dx, uint32_t n,
+                             uint32_t C, int accumulate);
+/* dw += sum over rows of dout * x * rstd. `part` needs CU_COLSUM_CHUNKS * C. */
+cudaError_t k_rmsnorm_bwd_w(cudaStream_t s, const float *dout, const float *x,
+                            const float *rstd, float *dw, uint32_t n, uint32_t C,
+                            float *part);
+/* qkv [B*T, (H+2*KVH)*D] -> q [B,H,T,D], k, v [B,KVH,T,D], RoPE (rotate
+ * half, position t, inv_freq [D/2]) on q and k. */
+cudaError_t k_llama_split_heads(cudaStream_t s, const float *qkv, float *q, float *k,
+                                float *v, const float *inv_freq, uint32_t B, uint32_t T,
+                                uint32_t H, uint32_t KVH, uint32_t D);
+/* Its backward: dq, dk (inverse RoPE), dv in head layout -> dqkv. */
+cudaError_t k_llama_merge_heads(cudaStream_t s, const float *dq, const float *dk,
+                                const float *dv, float *dqkv, const float *inv_freq,
+                                uint32_t B, uint32_t T, uint32_t H, uint32_t KVH,
+                                uint32_t D);
+/* out[r*ldo + j] = silu(gu[r, j]) * gu[r, M + j] for gu [n, 2M]; out may be
+ * gu with ldo = 2M (in place over the gate half). */
+cudaError_t k_swiglu(cudaStream_t s, const float *gu, float *out, uint32_t n, uint32_t M,
+                     uint32_t ldo);
+/* dgu [n, 2M] (gate | up) from dact [n, M]. */
+cudaError_t k_swiglu_bwd(cudaStream_t s, const float *gu, const float *dact, float *dgu,
+                         uint32_t n, uint32_t M);
+/* Inference: qkv [n, (H+2*KVH)*D] -> q [n, H*D] with RoPE at pos[t]; K (with
+ * RoPE) and V into the KV blocks of `layer` (rows of KVH*D floats). */
+cudaError_t k_llama_kv_write(cudaStream_t s, const float *qkv, float *q, float *kv,
+                             const float *inv_freq, const int32_t *pos,
+                             const int32_t *seq, const int32_t *bt_off,
+                             const int32_t *bt_all, uint32_t n, uint32_t H, uint32_t KVH,
+                             uint32_t D, uint32_t bs, uint32_t L, uint32_t layer);
 
 #endif

@@ -766,7 +766,8 @@ cudaError_t k_adamw(cudaStream_t s, float *p, float *g, float *m, float *v, uint
 /* Inference: KV writes and paged attention                                   */
 /* ------------------------------------------------------------------------- */
 /* KV pool layout: block b, layer l, K (0) or V (1), slot p % bs, channel c at
- *   kv[b*L*2*bs*C + ((l*2 + kind)*bs + slot)*C + c]. */
+ *   kv[b*L*2*bs*W + ((l*2 + kind)*bs + slot)*W + c], W = kv_heads*hs (the row
+ *   width: C for GPT-2). */
 
 __device__ __forceinline__ uint64_t kv_index(uint32_t block, uint32_t layer,
                                              uint32_t kind, uint32_t slot, uint32_t c,
@@ -807,20 +808,24 @@ cudaError_t k_kv_write(cudaStream_t s, const float *qkv, const float *bias, floa
     return cudaGetLastError();
 }
 
-#define ATTN_THREADS 128
+#define ATTN_THREADS 256 /* 8 warps */
 
 /* grid (n tokens, H heads). Scores for keys 0..pos live in dynamic shared
- * memory; each warp computes whole dot products (lanes split the head dim). */
+ * memory; each warp computes whole dot products (lanes split the head dim).
+ * Query head h reads K/V head h / (H/KVH) (grouped-query attention; GPT-2
+ * passes KVH = H). */
 __global__ void paged_attention_kernel(const float *q, const float *kv,
                                        const int32_t *pos, const int32_t *seq,
                                        const int32_t *bt_off, const int32_t *bt_all,
-                                       float *y, uint32_t C, uint32_t H, uint32_t bs,
-                                       uint32_t L, uint32_t layer) {
+                                       float *y, uint32_t C, uint32_t H, uint32_t KVH,
+                                       uint32_t bs, uint32_t L, uint32_t layer) {
     CU_DYN_SHARED(float, scores);
     __shared__ float red[32];
     uint64_t tok = blockIdx.x;
     uint32_t h = blockIdx.y;
     uint32_t hs = C / H;
+    uint32_t W = KVH * hs;              /* K/V row width of the pool */
+    uint32_t kc = (h / (H / KVH)) * hs; /* this query head's K/V head */
     uint32_t nk = (uint32_t)pos[tok] + 1;
     const int32_t *bt = bt_all + bt_off[seq[tok]];
     const float *qh = q + tok * C + (uint64_t)h * hs;
@@ -830,7 +835,7 @@ __global__ void paged_attention_kernel(const float *q, const float *kv,
 
     for (uint32_t j = wid; j < nk; j += nw) {
         const float *kr =
-            kv + kv_index((uint32_t)bt[j / bs], layer, 0, j % bs, h * hs, C, bs, L);
+            kv + kv_index((uint32_t)bt[j / bs], layer, 0, j % bs, kc, W, bs, L);
         float part = 0.0f;
         for (uint32_t d = lane; d < hs; d += 32) part += qh[d] * kr[d];
         part = warp_sum(part);
@@ -850,14 +855,27 @@ __global__ void paged_attention_kernel(const float *q, const float *kv,
     sum = block_sum(sum, red); /* its barriers also publish the scores[] writes */
     float inv = 1.0f / sum;
 
-    for (uint32_t d = threadIdx.x; d < hs; d += blockDim.x) {
+    /* y = sum_j p_j v_j, 32 channels at a time: warp w sums keys j = w mod nw
+     * (lanes read 32 consecutive floats of a V row), then warp 0 adds the nw
+     * partial sums in warp order (fixed, so reproducible). */
+    __shared__ float vpart[ATTN_THREADS / 32][33];
+    for (uint32_t d0 = 0; d0 < hs; d0 += 32) {
+        uint32_t d = d0 + lane;
         float acc = 0.0f;
-        for (uint32_t j = 0; j < nk; j++) {
-            const float *vr =
-                kv + kv_index((uint32_t)bt[j / bs], layer, 1, j % bs, h * hs, C, bs, L);
-            acc += scores[j] * vr[d];
+        if (d < hs)
+            for (uint32_t j = wid; j < nk; j += nw) {
+                const float *vr =
+                    kv + kv_index((uint32_t)bt[j / bs], layer, 1, j % bs, kc, W, bs, L);
+                acc += scores[j] * vr[d];
+            }
+        vpart[wid][lane] = acc;
+        __syncthreads();
+        if (wid == 0 && d < hs) {
+            float t = 0.0f;
+            for (uint32_t w = 0; w < nw; w++) t += vpart[w][lane];
+            y[tok * C + (uint64_t)h * hs + d] = t * inv;
         }
-        y[tok * C + (uint64_t)h * hs + d] = acc * inv;
+        __syncthreads(); /* vpart is reused by the next channel group */
     }
 }
 
@@ -869,12 +887,13 @@ cudaError_t k_paged_attention_smem(size_t bytes) {
 cudaError_t k_paged_attention(cudaStream_t s, const float *q, const float *kv,
                               const int32_t *pos, const int32_t *seq,
                               const int32_t *bt_off, const int32_t *bt_all, float *y,
-                              uint32_t n, uint32_t C, uint32_t H, uint32_t bs, uint32_t L,
-                              uint32_t layer, size_t smem_bytes) {
+                              uint32_t n, uint32_t C, uint32_t H, uint32_t KVH,
+                              uint32_t bs, uint32_t L, uint32_t layer,
+                              size_t smem_bytes) {
     if (n == 0) return cudaSuccess;
     dim3 grid(n, H);
     KLAUNCH(paged_attention_kernel, grid, ATTN_THREADS, smem_bytes, s, q, kv, pos, seq,
-            bt_off, bt_all, y, C, H, bs, L, layer);
+            bt_off, bt_all, y, C, H, KVH, bs, L, layer);
     return cudaGetLastError();
 }
 
@@ -894,5 +913,301 @@ cudaError_t k_gather_rows(cudaStream_t s, const float *src, const int32_t *rows,
     if (n_rows == 0) return cudaSuccess;
     KLAUNCH(gather_rows_kernel, ew_blocks((uint64_t)n_rows * C), EW_THREADS, 0, s, src,
             rows, dst, n_rows, C);
+    return cudaGetLastError();
+}
+
+/* ------------------------------------------------------------------------- */
+/* LLaMA: RMSNorm, RoPE, SwiGLU                                               */
+/* ------------------------------------------------------------------------- */
+
+/* out = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps); one warp per row. */
+__global__ void rmsnorm_kernel(const float *x, const float *w, float *out, float *rstd,
+                               uint32_t n, uint32_t C, float eps) {
+    uint64_t row = (uint64_t)blockIdx.x * ROWS_PER_BLOCK + (threadIdx.x >> 5);
+    uint32_t lane = threadIdx.x & 31;
+    if (row >= n) return;
+    const float *xr = x + row * C;
+    float s = 0.0f;
+    for (uint32_t c = lane; c < C; c += 32) s += xr[c] * xr[c];
+    float r = 1.0f / sqrtf(warp_sum(s) / (float)C + eps);
+    float *o = out + row * C;
+    for (uint32_t c = lane; c < C; c += 32) o[c] = xr[c] * r * w[c];
+    if (lane == 0 && rstd) rstd[row] = r;
+}
+
+cudaError_t k_rmsnorm(cudaStream_t s, const float *x, const float *w, float *out,
+                      float *rstd, uint32_t n, uint32_t C, float eps) {
+    KLAUNCH(rmsnorm_kernel, row_blocks(n), ROW_THREADS, 0, s, x, w, out, rstd, n, C, eps);
+    return cudaGetLastError();
+}
+
+__global__ void residual_rmsnorm_kernel(const float *a, const float *b, float *res,
+                                        const float *w, float *out, float *rstd,
+                                        uint32_t n, uint32_t C, float eps) {
+    uint64_t row = (uint64_t)blockIdx.x * ROWS_PER_BLOCK + (threadIdx.x >> 5);
+    uint32_t lane = threadIdx.x & 31;
+    if (row >= n) return;
+    const float *ar = a + row * C;
+    const float *br = b + row * C;
+    float *rr = res + row * C;
+    float s = 0.0f;
+    for (uint32_t c = lane; c < C; c += 32) {
+        float v = ar[c] + br[c];
+        rr[c] = v;
+        s += v * v;
+    }
+    float r = 1.0f / sqrtf(warp_sum(s) / (float)C + eps);
+    float *o = out + row * C;
+    for (uint32_t c = lane; c < C; c += 32) o[c] = rr[c] * r * w[c]; /* own writes */
+    if (lane == 0 && rstd) rstd[row] = r;
+}
+
+cudaError_t k_residual_rmsnorm(cudaStream_t s, const float *a, const float *b, float *res,
+                               const float *w, float *out, float *rstd, uint32_t n,
+                               uint32_t C, float eps) {
+    KLAUNCH(residual_rmsnorm_kernel, row_blocks(n), ROW_THREADS, 0, s, a, b, res, w, out,
+            rstd, n, C, eps);
+    return cudaGetLastError();
+}
+
+/* dx = rstd * (dxh - xhat * mean(dxh * xhat)), dxh = dout*w, xhat = x*rstd */
+__global__ void rmsnorm_bwd_dx_kernel(const float *dout, const float *x,
+                                      const float *rstd, const float *w, float *dx,
+                                      uint32_t n, uint32_t C, int accumulate) {
+    uint64_t row = (uint64_t)blockIdx.x * ROWS_PER_BLOCK + (threadIdx.x >> 5);
+    uint32_t lane = threadIdx.x & 31;
+    if (row >= n) return;
+    const float *dy = dout + row * C;
+    const float *xr = x + row * C;
+    float r = rstd[row];
+    float s2 = 0.0f;
+    for (uint32_t c = lane; c < C; c += 32) s2 += dy[c] * w[c] * (xr[c] * r);
+    s2 = warp_sum(s2) / (float)C;
+    float *o = dx + row * C;
+    for (uint32_t c = lane; c < C; c += 32) {
+        float g = r * (dy[c] * w[c] - xr[c] * r * s2);
+        o[c] = accumulate ? o[c] + g : g;
+    }
+}
+
+cudaError_t k_rmsnorm_bwd_dx(cudaStream_t s, const float *dout, const float *x,
+                             const float *rstd, const float *w, float *dx, uint32_t n,
+                             uint32_t C, int accumulate) {
+    KLAUNCH(rmsnorm_bwd_dx_kernel, row_blocks(n), ROW_THREADS, 0, s, dout, x, rstd, w, dx,
+            n, C, accumulate);
+    return cudaGetLastError();
+}
+
+/* Stage 1 of dw += sum_rows dout * x * rstd (the column-sum shape above). */
+__global__ void rms_param_partial_kernel(const float *dout, const float *x,
+                                         const float *rstd, float *part, uint32_t n,
+                                         uint32_t C, uint32_t rpc) {
+    __shared__ float sw[CS_Y][CS_X + 1];
+    uint32_t c = blockIdx.x * CS_X + threadIdx.x;
+    uint32_t k = blockIdx.y;
+    uint64_t r0 = (uint64_t)k * rpc;
+    uint64_t r1 = r0 + rpc < n ? r0 + rpc : n;
+    float aw = 0.0f;
+    if (c < C)
+        for (uint64_t r = r0 + threadIdx.y; r < r1; r += CS_Y)
+            aw += dout[r * C + c] * (x[r * C + c] * rstd[r]);
+    sw[threadIdx.y][threadIdx.x] = aw;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < C) {
+        float tw = 0.0f;
+        for (int i = 0; i < CS_Y; i++) tw += sw[i][threadIdx.x];
+        part[(uint64_t)k * C + c] = tw;
+    }
+}
+
+cudaError_t k_rmsnorm_bwd_w(cudaStream_t s, const float *dout, const float *x,
+                            const float *rstd, float *dw, uint32_t n, uint32_t C,
+                            float *part) {
+    uint32_t chunks, rpc;
+    colsum_shape(n, &chunks, &rpc);
+    dim3 grid((C + CS_X - 1) / CS_X, chunks);
+    dim3 block(CS_X, CS_Y);
+    KLAUNCH(rms_param_partial_kernel, grid, block, 0, s, dout, x, rstd, part, n, C, rpc);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    KLAUNCH(colsum_finish_kernel, (C + EW_THREADS - 1) / EW_THREADS, EW_THREADS, 0, s,
+            part, dw, chunks, C);
+    return cudaGetLastError();
+}
+
+/* Rotate-half RoPE of element d (0 <= d < D) of a head vector x at position
+ * pos: d < D/2 pairs with d + D/2, angle pos * inv_freq[d % (D/2)];
+ * sign = -1 applies the inverse rotation (the backward pass). */
+__device__ __forceinline__ float rope_elem(const float *x, uint32_t d, uint32_t D,
+                                           uint32_t pos, const float *inv_freq,
+                                           float sign) {
+    uint32_t half = D / 2;
+    uint32_t i = d < half ? d : d - half;
+    float ang = (float)pos * inv_freq[i];
+    float cs = cosf(ang), sn = sign * sinf(ang);
+    return d < half ? x[d] * cs - x[d + half] * sn : x[d] * cs + x[d - half] * sn;
+}
+
+/* qkv [N, W] rows (W = (H + 2*KVH)*D: q | k | v) -> q [B,H,T,D] with RoPE,
+ * k [B,KVH,T,D] with RoPE, v [B,KVH,T,D]; position of row r is r % T. One
+ * thread per output element (reads along the row, coalesced). */
+__global__ void llama_split_heads_kernel(const float *qkv, float *q, float *k, float *v,
+                                         const float *inv_freq, uint32_t N, uint32_t T,
+                                         uint32_t H, uint32_t KVH, uint32_t D) {
+    uint32_t W = (H + 2 * KVH) * D;
+    uint64_t total = (uint64_t)N * W;
+    for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < total;
+         i += (uint64_t)gridDim.x * blockDim.x) {
+        uint64_t r = i / W;
+        uint32_t j = (uint32_t)(i % W);
+        uint32_t head = j / D, d = j % D; /* head over the q | k | v heads */
+        uint64_t b = r / T;
+        uint32_t t = (uint32_t)(r % T);
+        const float *x = qkv + r * W + (uint64_t)head * D;
+        if (head < H) {
+            q[((b * H + head) * T + t) * D + d] = rope_elem(x, d, D, t, inv_freq, 1.0f);
+        } else if (head < H + KVH) {
+            uint64_t g = head - H;
+            k[((b * KVH + g) * T + t) * D + d] = rope_elem(x, d, D, t, inv_freq, 1.0f);
+        } else {
+            uint64_t g = head - H - KVH;
+            v[((b * KVH + g) * T + t) * D + d] = x[d];
+        }
+    }
+}
+
+cudaError_t k_llama_split_heads(cudaStream_t s, const float *qkv, float *q, float *k,
+                                float *v, const float *inv_freq, uint32_t B, uint32_t T,
+                                uint32_t H, uint32_t KVH, uint32_t D) {
+    uint32_t N = B * T;
+    KLAUNCH(llama_split_heads_kernel, ew_blocks((uint64_t)N * (H + 2 * KVH) * D),
+            EW_THREADS, 0, s, qkv, q, k, v, inv_freq, N, T, H, KVH, D);
+    return cudaGetLastError();
+}
+
+/* The backward of llama_split_heads: dq, dk (rotated back), dv in head
+ * layout -> dqkv [N, W]. One thread per output element. */
+__global__ void llama_merge_heads_kernel(const float *dq, const float *dk,
+                                         const float *dv, float *dqkv,
+                                         const float *inv_freq, uint32_t N, uint32_t T,
+                                         uint32_t H, uint32_t KVH, uint32_t D) {
+    uint32_t W = (H + 2 * KVH) * D;
+    uint64_t total = (uint64_t)N * W;
+    for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < total;
+         i += (uint64_t)gridDim.x * blockDim.x) {
+        uint64_t r = i / W;
+        uint32_t j = (uint32_t)(i % W);
+        uint32_t head = j / D, d = j % D;
+        uint64_t b = r / T;
+        uint32_t t = (uint32_t)(r % T);
+        float val;
+        if (head < H) {
+            val = rope_elem(dq + ((b * H + head) * T + t) * D, d, D, t, inv_freq, -1.0f);
+        } else if (head < H + KVH) {
+            uint64_t g = head - H;
+            val = rope_elem(dk + ((b * KVH + g) * T + t) * D, d, D, t, inv_freq, -1.0f);
+        } else {
+            uint64_t g = head - H - KVH;
+            val = dv[((b * KVH + g) * T + t) * D + d];
+        }
+        dqkv[i] = val;
+    }
+}
+
+cudaError_t k_llama_merge_heads(cudaStream_t s, const float *dq, const float *dk,
+                                const float *dv, float *dqkv, const float *inv_freq,
+                                uint32_t B, uint32_t T, uint32_t H, uint32_t KVH,
+                                uint32_t D) {
+    uint32_t N = B * T;
+    KLAUNCH(llama_merge_heads_kernel, ew_blocks((uint64_t)N * (H + 2 * KVH) * D),
+            EW_THREADS, 0, s, dq, dk, dv, dqkv, inv_freq, N, T, H, KVH, D);
+    return cudaGetLastError();
+}
+
+__device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+/* gu [n, 2M] (gate | up) -> out[r*ldo + j] = silu(gate) * up. out may be gu
+ * itself with ldo = 2M (each thread reads its two inputs before writing its
+ * own gate element). */
+__global__ void swiglu_kernel(const float *gu, float *out, uint32_t n, uint32_t M,
+                              uint32_t ldo) {
+    uint64_t total = (uint64_t)n * M;
+    for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < total;
+         i += (uint64_t)gridDim.x * blockDim.x) {
+        uint64_t r = i / M;
+        uint32_t j = (uint32_t)(i % M);
+        float g = gu[r * 2 * M + j], u = gu[r * 2 * M + M + j];
+        out[r * ldo + j] = g * sigmoid_f(g) * u;
+    }
+}
+
+cudaError_t k_swiglu(cudaStream_t s, const float *gu, float *out, uint32_t n, uint32_t M,
+                     uint32_t ldo) {
+    KLAUNCH(swiglu_kernel, ew_blocks((uint64_t)n * M), EW_THREADS, 0, s, gu, out, n, M,
+            ldo);
+    return cudaGetLastError();
+}
+
+/* dgu [n, 2M] from d(act) [n, M]: d gate = dact * up * silu'(gate),
+ * d up = dact * silu(gate); silu'(g) = s(g) (1 + g (1 - s(g))). */
+__global__ void swiglu_bwd_kernel(const float *gu, const float *dact, float *dgu,
+                                  uint32_t n, uint32_t M) {
+    uint64_t total = (uint64_t)n * M;
+    for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < total;
+         i += (uint64_t)gridDim.x * blockDim.x) {
+        uint64_t r = i / M;
+        uint32_t j = (uint32_t)(i % M);
+        float g = gu[r * 2 * M + j], u = gu[r * 2 * M + M + j], da = dact[i];
+        float sg = sigmoid_f(g);
+        dgu[r * 2 * M + j] = da * u * sg * (1.0f + g * (1.0f - sg));
+        dgu[r * 2 * M + M + j] = da * g * sg;
+    }
+}
+
+cudaError_t k_swiglu_bwd(cudaStream_t s, const float *gu, const float *dact, float *dgu,
+                         uint32_t n, uint32_t M) {
+    KLAUNCH(swiglu_bwd_kernel, ew_blocks((uint64_t)n * M), EW_THREADS, 0, s, gu, dact,
+            dgu, n, M);
+    return cudaGetLastError();
+}
+
+/* Inference: qkv [n, W] -> q [n, H*D] with RoPE at pos[t]; K (RoPE) and V
+ * into the blocks of layer `layer` (rows of KVH*D). */
+__global__ void llama_kv_write_kernel(const float *qkv, float *q, float *kv,
+                                      const float *inv_freq, const int32_t *pos,
+                                      const int32_t *seq, const int32_t *bt_off,
+                                      const int32_t *bt_all, uint32_t n, uint32_t H,
+                                      uint32_t KVH, uint32_t D, uint32_t bs, uint32_t L,
+                                      uint32_t layer) {
+    uint32_t W = (H + 2 * KVH) * D, C = H * D, KW = KVH * D;
+    uint64_t total = (uint64_t)n * W;
+    for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < total;
+         i += (uint64_t)gridDim.x * blockDim.x) {
+        uint64_t tok = i / W;
+        uint32_t j = (uint32_t)(i % W);
+        uint32_t head = j / D, d = j % D;
+        uint32_t p = (uint32_t)pos[tok];
+        const float *x = qkv + tok * W + (uint64_t)head * D;
+        if (head < H) {
+            q[tok * C + j] = rope_elem(x, d, D, p, inv_freq, 1.0f);
+        } else {
+            uint32_t kind = head < H + KVH ? 0 : 1;
+            uint32_t c = j - C - kind * KW;
+            float val = kind == 0 ? rope_elem(x, d, D, p, inv_freq, 1.0f) : x[d];
+            uint32_t blk = (uint32_t)bt_all[bt_off[seq[tok]] + p / bs];
+            kv[kv_index(blk, layer, kind, p % bs, c, KW, bs, L)] = val;
+        }
+    }
+}
+
+cudaError_t k_llama_kv_write(cudaStream_t s, const float *qkv, float *q, float *kv,
+                             const float *inv_freq, const int32_t *pos,
+                             const int32_t *seq, const int32_t *bt_off,
+                             const int32_t *bt_all, uint32_t n, uint32_t H, uint32_t KVH,
+                             uint32_t D, uint32_t bs, uint32_t L, uint32_t layer) {
+    if (n == 0) return cudaSuccess;
+    KLAUNCH(llama_kv_write_kernel, ew_blocks((uint64_t)n * (H + 2 * KVH) * D), EW_THREADS,
+            0, s, qkv, q, kv, inv_freq, pos, seq, bt_off, bt_all, n, H, KVH, D, bs, L,
+            layer);
     return cudaGetLastError();
 }

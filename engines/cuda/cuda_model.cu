@@ -1,7 +1,9 @@
 /*
  * cuda_model.cu - GPT-2 on the device: parameter initialisation, the training
  * forward/backward pass, the global-norm clip + AdamW step, and the paged-KV
- * inference forward. Matrix products go through cuBLAS (cu_gemm /
+ * inference forward. Initialisation, AdamW and the scratch buffers serve
+ * LLaMA too; its passes are in cuda_llama.cu (the two entry points here
+ * dispatch on the architecture). Matrix products go through cuBLAS (cu_gemm /
  * cu_gemm_batched); everything else through the kernels of cuda_kernels.cu.
  *
  * Every function here takes a validated request (cuda_engine.cu checks the
@@ -118,9 +120,7 @@ void cu_infer_free(orch_engine_ctx *ctx) {
 
 static uint32_t max_u32(uint32_t a, uint32_t b) { return a > b ? a : b; }
 
-/* Make the training buffers hold N tokens and `att` attention elements per
- * layer. On failure the old buffers are gone and the context stays usable. */
-static int32_t acts_reserve(orch_engine_ctx *ctx, uint64_t N, uint64_t att) {
+int32_t cu_acts_reserve(orch_engine_ctx *ctx, uint64_t N, uint64_t att) {
     cu_acts *a = &ctx->acts;
     if (a->base && N <= a->cap_tokens && att <= a->cap_att) return ORCH_OK;
     if (a->base) {
@@ -129,8 +129,13 @@ static int32_t acts_reserve(orch_engine_ctx *ctx, uint64_t N, uint64_t att) {
     }
     cu_acts_free(ctx);
     uint64_t L = ctx->L, C = ctx->C, M = ctx->M, V = ctx->V;
-    uint64_t wide = max_u32(3 * ctx->C, ctx->M);
+    /* llama: the MLP keeps gate | up ([N,2M]) for the backward */
+    const int llama = ctx->arch == ORCH_ARCH_LLAMA;
+    const uint64_t Mh = llama ? 2 * M : M;
+    uint64_t wide = max_u32(3 * ctx->C, (uint32_t)Mh);
     uint64_t NC = al64(N * C), Nr = al64(N);
+    /* llama: s_heads also holds d(act) [N,M] */
+    uint64_t heads = llama ? al64(N * max_u32(3 * ctx->C, ctx->M)) : 3 * NC;
     uint64_t sizes[32];
     int k = 0;
     sizes[k++] = (L + 1) * NC;                         /* res */
@@ -144,7 +149,7 @@ static int32_t acts_reserve(orch_engine_ctx *ctx, uint64_t N, uint64_t att) {
     sizes[k++] = L * NC;                               /* ln2 */
     sizes[k++] = L * Nr;                               /* ln2_mean */
     sizes[k++] = L * Nr;                               /* ln2_rstd */
-    sizes[k++] = L * al64(N * M);                      /* fch */
+    sizes[k++] = L * al64(N * Mh);                     /* fch */
     sizes[k++] = L * al64(N * M);                      /* fcg */
     sizes[k++] = NC;                                   /* lnf */
     sizes[k++] = Nr;                                   /* lnf_mean */
@@ -154,7 +159,7 @@ static int32_t acts_reserve(orch_engine_ctx *ctx, uint64_t N, uint64_t att) {
     sizes[k++] = al64(N * wide);                       /* s_big */
     sizes[k++] = NC;                                   /* s_c0 */
     sizes[k++] = NC;                                   /* s_c1 */
-    sizes[k++] = 3 * NC;                               /* s_heads */
+    sizes[k++] = heads;                                /* s_heads */
     sizes[k++] = al64(att);                            /* s_att */
     sizes[k++] = al64(2ull * CU_COLSUM_CHUNKS * wide); /* s_part */
     uint64_t total = 0;
@@ -187,8 +192,8 @@ static int32_t acts_reserve(orch_engine_ctx *ctx, uint64_t N, uint64_t att) {
     return ORCH_OK;
 }
 
-static int32_t infer_reserve(orch_engine_ctx *ctx, uint64_t n, uint64_t rows,
-                             uint64_t seqs, uint64_t table) {
+int32_t cu_infer_reserve(orch_engine_ctx *ctx, uint64_t n, uint64_t rows, uint64_t seqs,
+                         uint64_t table) {
     cu_infer_bufs *b = &ctx->inf;
     if (b->base && n <= b->cap_tokens && rows <= b->cap_rows && seqs <= b->cap_seqs &&
         table <= b->cap_table)
@@ -201,6 +206,7 @@ static int32_t infer_reserve(orch_engine_ctx *ctx, uint64_t n, uint64_t rows,
     }
     cu_infer_free(ctx);
     uint64_t C = ctx->C, M = ctx->M, V = ctx->V;
+    uint64_t fc_w = ctx->arch == ORCH_ARCH_LLAMA ? 2 * M : M; /* llama: gate | up */
     uint64_t sizes[16];
     int k = 0;
     sizes[k++] = al64(n * C);     /* x */
@@ -210,7 +216,7 @@ static int32_t infer_reserve(orch_engine_ctx *ctx, uint64_t n, uint64_t rows,
     sizes[k++] = al64(n * C);     /* q */
     sizes[k++] = al64(n * C);     /* y */
     sizes[k++] = al64(n * C);     /* tmp */
-    sizes[k++] = al64(n * M);     /* fc */
+    sizes[k++] = al64(n * fc_w);  /* fc */
     sizes[k++] = al64(rows * C);  /* sel */
     sizes[k++] = al64(rows * V);  /* logits */
     uint64_t total = 0;
@@ -245,9 +251,10 @@ static int32_t infer_reserve(orch_engine_ctx *ctx, uint64_t n, uint64_t rows,
 /* ------------------------------------------------------------------------- */
 
 /* As the CPU engine: matrices and embeddings N(0, 0.02), the residual
- * projections (attn.c_proj, mlp.c_proj) N(0, 0.02/sqrt(2*layers)), drawn from
- * one splitmix64 stream in table order (each matrix takes an even number of
- * outputs); LayerNorm weights 1, biases 0. */
+ * projections (gpt2 attn.c_proj, mlp.c_proj; llama o_proj, down_proj)
+ * N(0, 0.02/sqrt(2*layers)), drawn from one splitmix64 stream in table order
+ * (each matrix takes an even number of outputs); norm weights 1, biases 0.
+ * The engines/common rule serves both architectures. */
 int32_t cu_model_init(orch_engine_ctx *ctx, uint64_t seed) {
     cudaStream_t s = ctx->stream;
     uint64_t stream_pos = 0;
@@ -278,9 +285,8 @@ int32_t cu_model_init(orch_engine_ctx *ctx, uint64_t seed) {
  * gradient: uniq[u] distinct ids (first-seen order), start[u]..start[u+1]
  * index rows[], which lists each token's rows in ascending order. `cursor`
  * is scratch of n ints; map is ctx->h_tok_map (all -1 on entry and exit). */
-static uint32_t build_token_csr(int32_t *map, const int32_t *tok, uint32_t n,
-                                int32_t *uniq, int32_t *start, int32_t *rows,
-                                int32_t *cursor) {
+uint32_t cu_token_csr(int32_t *map, const int32_t *tok, uint32_t n, int32_t *uniq,
+                      int32_t *start, int32_t *rows, int32_t *cursor) {
     uint32_t nu = 0;
     for (uint32_t i = 0; i < n; i++) {
         int32_t t = tok[i];
@@ -314,6 +320,9 @@ int32_t cu_model_train_step(orch_engine_ctx *ctx, const int32_t *tokens,
                             const int32_t *targets, uint32_t B, uint32_t T,
                             uint64_t n_valid, float grad_scale, int grad,
                             float *out_loss) {
+    if (ctx->arch == ORCH_ARCH_LLAMA)
+        return cu_llama_train_step(ctx, tokens, targets, B, T, n_valid, grad_scale, grad,
+                                   out_loss);
     cudaStream_t s = ctx->stream;
     const uint32_t C = ctx->C, L = ctx->L, H = ctx->H, hs = ctx->hs, M = ctx->M,
                    V = ctx->V;
@@ -330,7 +339,7 @@ int32_t cu_model_train_step(orch_engine_ctx *ctx, const int32_t *tokens,
         *out_loss = 0.0f;
         return ORCH_OK;
     }
-    CU_TRY(acts_reserve(ctx, N, A));
+    CU_TRY(cu_acts_reserve(ctx, N, A));
     CU_TRY(cu_stage_reserve(ctx, (6 * (size_t)N + 1) * sizeof(int32_t)));
     cu_acts *a = &ctx->acts;
 
@@ -340,9 +349,9 @@ int32_t cu_model_train_step(orch_engine_ctx *ctx, const int32_t *tokens,
     memcpy(h + N, targets, (size_t)N * sizeof(int32_t));
     uint32_t n_uniq = 0;
     if (grad)
-        n_uniq = build_token_csr(ctx->h_tok_map, tokens, N, h + 2 * (size_t)N,
-                                 h + 3 * (size_t)N, h + 4 * (size_t)N + 1,
-                                 h + 5 * (size_t)N + 1);
+        n_uniq =
+            cu_token_csr(ctx->h_tok_map, tokens, N, h + 2 * (size_t)N, h + 3 * (size_t)N,
+                         h + 4 * (size_t)N + 1, h + 5 * (size_t)N + 1);
     size_t up = grad ? 5 * (size_t)N + 1 : 2 * (size_t)N;
     KCHECK(ctx, cudaMemcpyAsync(a->i_base, h, up * sizeof(int32_t),
                                 cudaMemcpyHostToDevice, s));
@@ -582,11 +591,12 @@ int32_t cu_model_adamw(orch_engine_ctx *ctx, const orch_adamw_params *p,
 
 int32_t cu_model_infer(orch_engine_ctx *ctx, const cu_infer_plan *plan,
                        float *logits_out) {
+    if (ctx->arch == ORCH_ARCH_LLAMA) return cu_llama_infer(ctx, plan, logits_out);
     cudaStream_t s = ctx->stream;
     const uint32_t C = ctx->C, L = ctx->L, H = ctx->H, M = ctx->M, V = ctx->V;
     const uint32_t n = plan->n_tokens, R = plan->n_rows;
     const float eps = ctx->eps;
-    CU_TRY(infer_reserve(ctx, n, R, plan->n_seqs, plan->n_table));
+    CU_TRY(cu_infer_reserve(ctx, n, R, plan->n_seqs, plan->n_table));
     cu_infer_bufs *b = &ctx->inf;
 
     /* host staging: tokens | pos | seq | rows | bt_off | bt_all */
@@ -632,7 +642,7 @@ int32_t cu_model_infer(orch_engine_ctx *ctx, const cu_infer_plan *plan,
         KCHECK(ctx, k_kv_write(s, b->qkv, PW(l, CU_ATTN_B), b->q, ctx->d_kv, d_pos, d_seq,
                                d_btoff, d_bt, n, C, bs, L, l));
         KCHECK(ctx, k_paged_attention(s, b->q, ctx->d_kv, d_pos, d_seq, d_btoff, d_bt,
-                                      b->y, n, C, H, bs, L, l, smem));
+                                      b->y, n, C, H, H, bs, L, l, smem));
         CU_TRY(cu_gemm(ctx, 0, 1, n, C, C, 1.0f, b->y, C, PW(l, CU_PROJ_W), C, 0.0f,
                        b->tmp, C));
         KCHECK(ctx, k_residual_layernorm(s, b->x, b->tmp, PW(l, CU_PROJ_B), b->x2,
