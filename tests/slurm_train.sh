@@ -52,7 +52,9 @@ steps=200
 submit() { # submit RUN_DIR OUT [sbatch options]: prints the job id
   local run=$1 out=$2
   shift 2
-  ORCH="$root/$ORCH_BIN" ORCH_CONFIG="$root/configs/tiny-test.json" ORCH_RUN_DIR="$run" \
+  local orch=$ORCH_BIN
+  case $orch in /*) ;; *) orch="$root/$orch" ;; esac # run_tests.sh passes it absolute
+  ORCH="$orch" ORCH_CONFIG="$root/configs/tiny-test.json" ORCH_RUN_DIR="$run" \
     ORCH_ENGINE=mock ORCH_DIST_TIMEOUT=60 \
     sbatch --parsable --nodes=1 --ntasks=2 --ntasks-per-node=2 --cpus-per-task=1 \
     --gpus-per-task=0 --time=10 --output="$out" "$@" "$root/tools/slurm/train.sbatch" \
