@@ -199,13 +199,14 @@ START_TEST(run_serves_and_drains) {
     unsigned port = 0;
     ck_assert_msg(sscanf(log, "listening on http://127.0.0.1:%u", &port) == 1, "%s", log);
     char want[1024];
-    snprintf(want, sizeof want,
-             "listening on http://127.0.0.1:%u (loading the model)\n"
-             "chat template orch-plain-v1 (default)\n"
-             "ready: model mock-gpt2 (engine mock, vocab 256, context 1024), 4096 KV "
-             "blocks of 16 "
-             "tokens, max 64 sequences, 2048 tokens per iteration, prefix cache on\n",
-             port);
+    snprintf(
+        want, sizeof want,
+        "listening on http://127.0.0.1:%u (loading the model)\n"
+        "chat template orch-plain-v1 (default)\n"
+        "ready: model mock-gpt2 (gpt2, engine mock, vocab 256, context 1024), 4096 KV "
+        "blocks of 16 "
+        "tokens, max 64 sequences, 2048 tokens per iteration, prefix cache on\n",
+        port);
     ck_assert_str_eq(log, want);
     /* the mock's greedy rule: next = 97 + (sum of ids so far) % 26; "Hi" = 177 */
     char resp[8192];

@@ -72,6 +72,7 @@ struct http_server {
     scheduler *sched;
     const tokenizer *tok;
     uint32_t vocab, context, max_token_bytes;
+    const char *arch;        /* architecture for /v1/models (static; NULL: loading) */
     grammar_cache *grammars; /* structured output (set with the tokenizer) */
     /* chat template (borrowed; request_limits) */
     const chat_template *chat_template;
