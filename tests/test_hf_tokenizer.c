@@ -129,6 +129,29 @@ START_TEST(test_tiny_bytelevel) {
     ck_assert_int_eq(eos[0], 263);
     ck_assert_int_eq(eos[1], 261);
     ck_assert_int_eq(tokenizer_eot(t), 263);
+    /* Every EOS id ends generation, not only the first. */
+    ck_assert_int_eq(tokenizer_is_eos(t, 263), 1);
+    ck_assert_int_eq(tokenizer_is_eos(t, 261), 1);
+    ck_assert_int_eq(tokenizer_is_eos(t, 262), 0);
+    /* The BOS goes in front once: not again when the text already had it. */
+    int32_t *bids = malloc(2 * sizeof *bids);
+    size_t bn = 2;
+    ck_assert(bids != NULL);
+    bids[0] = 97, bids[1] = 98;
+    ck_assert_int_eq(tokenizer_prepend_bos(t, &bids, &bn), 1);
+    ck_assert_uint_eq(bn, 3);
+    ck_assert_int_eq(bids[0], 261);
+    ck_assert_int_eq(bids[1], 97);
+    ck_assert_int_eq(bids[2], 98);
+    ck_assert_int_eq(tokenizer_prepend_bos(t, &bids, &bn), 0);
+    ck_assert_uint_eq(bn, 3);
+    free(bids);
+    bids = malloc(sizeof *bids);
+    bn = 0;
+    ck_assert_int_eq(tokenizer_prepend_bos(t, &bids, &bn), 1); /* empty prompt */
+    ck_assert_uint_eq(bn, 1);
+    ck_assert_int_eq(bids[0], 261);
+    free(bids);
     ck_assert_int_eq(tokenizer_token_id(t, "<|im_start|>"), 262);
     ck_assert_int_eq(tokenizer_token_id(t, "he"), 256);
     ck_assert_int_eq(tokenizer_token_id(t, "nope"), -1);

@@ -202,6 +202,26 @@ size_t tokenizer_eos_ids(const tokenizer *t, const int32_t **ids) {
     return t->v.eot >= 0 ? 1 : 0;
 }
 
+int tokenizer_is_eos(const tokenizer *t, int32_t id) {
+    const int32_t *ids;
+    size_t n = tokenizer_eos_ids(t, &ids);
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] == id) return 1;
+    return 0;
+}
+
+int tokenizer_prepend_bos(const tokenizer *t, int32_t **ids, size_t *n) {
+    int32_t bos = tokenizer_bos(t);
+    if (!tokenizer_add_bos(t) || bos < 0 || (*n > 0 && (*ids)[0] == bos)) return 0;
+    int32_t *p = realloc(*ids, (*n + 1) * sizeof *p);
+    if (!p) return -1;
+    memmove(p + 1, p, *n * sizeof *p);
+    p[0] = bos;
+    *ids = p;
+    (*n)++;
+    return 1;
+}
+
 int32_t tokenizer_token_id(const tokenizer *t, const char *name) {
     if (t->hf) return hf_tokenizer_token_id(t->hf, name);
     if (t->kind == KIND_GPT2 && strcmp(name, "<|endoftext|>") == 0) return t->v.eot;

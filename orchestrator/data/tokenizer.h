@@ -65,6 +65,13 @@ int tokenizer_add_bos(const tokenizer *t);
 /* The EOS ids (hf: eos_token and generation_config's eos_token_id list;
    gpt2: 50256; byte: none). Returns the count; *ids points into t. */
 size_t tokenizer_eos_ids(const tokenizer *t, const int32_t **ids);
+/* 1 if id is one of tokenizer_eos_ids (generation stops there), else 0. */
+int tokenizer_is_eos(const tokenizer *t, int32_t id);
+/* Put tokenizer_bos() in front of the *n ids of *ids (malloc'd; realloc'd
+   here) when tokenizer_add_bos says so and they do not already start with it
+   (a chat template that writes the BOS text has produced it): returns 1 when
+   it added one, 0 when not, -1 out of memory (*ids and *n unchanged). */
+int tokenizer_prepend_bos(const tokenizer *t, int32_t **ids, size_t *n);
 /* Id of a named token ("<|im_start|>", "</s>"), or -1 (gpt2 knows only
    "<|endoftext|>"; byte none). */
 int32_t tokenizer_token_id(const tokenizer *t, const char *name);

@@ -167,6 +167,16 @@ static int add_prompt_text(const request_limits *lim, gen_request *r, const char
         free(a.ids);
         return api_error_set(e, 400, param, "invalid_value", "%s: %s", param, err);
     }
+    /* The model's BOS (tokenizer_config's add_bos_token), unless the text,
+     * e.g. a chat template's, already starts with it. */
+    if (tokenizer_prepend_bos(lim->tok, &a.ids, &a.n) < 0) {
+        free(a.ids);
+        return api_error_set(e, 500, NULL, NULL, "out of memory");
+    }
+    if (a.n >= a.limit) {
+        free(a.ids);
+        return too_long(lim, param, a.n, 0, len, e);
+    }
     if (a.n > UINT32_MAX) a.n = UINT32_MAX;
     return add_prompt_ids(lim, r, a.ids, (uint32_t)a.n, e);
 }

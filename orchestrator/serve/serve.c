@@ -279,7 +279,8 @@ static int serve_start(const serve_options *o, const serve_hooks *h, const char 
      * directory given (not a GGUF file). */
     const char *given = o->model ? o->model : o->ckpt;
     struct stat given_st;
-    if (given && (stat(given, &given_st) != 0 || !S_ISDIR(given_st.st_mode))) given = NULL;
+    if (given && (stat(given, &given_st) != 0 || !S_ISDIR(given_st.st_mode)))
+        given = NULL;
     const char *dirs[2] = { (o->ckpt || o->model) ? m->gm.ckpt_dir : NULL, given };
     chat_template_choice_free(&st->chat);
     if (chat_template_choose(o->chat_template, dirs, 2, &st->chat, err, err_cap) != 0)
