@@ -164,8 +164,10 @@ def write_safetensors(path, tensors, metadata):
             f.write(b)
 
 
-def train_steps(cfg, P, names, tokens, targets, clip, autocast):
-    """STEPS AdamW steps on the batch; (losses, norms)."""
+def train_steps(cfg, P, names, tokens, targets, clip, autocast, fwd=None):
+    """STEPS AdamW steps on the batch with forward fwd (GPT-2's by default);
+    (losses, norms)."""
+    fwd = fwd or forward
     decay = [P[n] for n in names if P[n].dim() >= 2]
     no_decay = [P[n] for n in names if P[n].dim() < 2]
     opt = torch.optim.AdamW(
@@ -178,10 +180,10 @@ def train_steps(cfg, P, names, tokens, targets, clip, autocast):
         opt.zero_grad(set_to_none=False)
         if autocast:
             with torch.autocast("cpu", dtype=torch.bfloat16):
-                logits = forward(cfg, P, tokens, fp32_attention=True)
+                logits = fwd(cfg, P, tokens, fp32_attention=True)
             loss = loss_of(logits.float(), targets)
         else:
-            loss = loss_of(forward(cfg, P, tokens), targets)
+            loss = loss_of(fwd(cfg, P, tokens), targets)
         loss.backward()
         norm = math.sqrt(sum(float((P[n].grad.double() ** 2).sum()) for n in names))
         if norm > clip:
@@ -383,25 +385,8 @@ def main_llama(args):
         out[f"grad.{n}"] = P[n].grad.detach().clone()
     first_norm = math.sqrt(sum(float((P[n].grad ** 2).sum()) for n in names))
     clip = float(f"{0.3 * first_norm:.3g}")
-    decay = [P[n] for n in names if P[n].dim() >= 2]
-    no_decay = [P[n] for n in names if P[n].dim() < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": ADAM["weight_decay"]},
-         {"params": no_decay, "weight_decay": 0.0}],
-        lr=ADAM["lr"], betas=(ADAM["beta1"], ADAM["beta2"]), eps=ADAM["eps"],
-        foreach=False)
-    losses, norms = [], []
-    for _ in range(STEPS):
-        opt.zero_grad(set_to_none=False)
-        loss = loss_of(llama_forward(cfg, P, tokens), targets)
-        loss.backward()
-        norm = math.sqrt(sum(float((P[n].grad ** 2).sum()) for n in names))
-        if norm > clip:
-            for n in names:
-                P[n].grad.mul_(clip / norm)
-        opt.step()
-        losses.append(float(loss))
-        norms.append(norm)
+    losses, norms = train_steps(cfg, P, names, tokens, targets, clip, False,
+                                fwd=llama_forward)
     out["train_losses"] = torch.tensor(losses, dtype=torch.float64)
     out["grad_norms"] = torch.tensor(norms, dtype=torch.float64)
     out["rope_inv_freq"] = llama_inv_freq(cfg)
@@ -470,25 +455,7 @@ def main():
     # Clip below the first norm so clipping is exercised.
     clip = float(f"{0.3 * first_norm:.3g}")
 
-    decay = [P[n] for n in names if P[n].dim() >= 2]
-    no_decay = [P[n] for n in names if P[n].dim() < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": ADAM["weight_decay"]},
-         {"params": no_decay, "weight_decay": 0.0}],
-        lr=ADAM["lr"], betas=(ADAM["beta1"], ADAM["beta2"]), eps=ADAM["eps"],
-        foreach=False)
-    losses, norms = [], []
-    for _ in range(STEPS):
-        opt.zero_grad(set_to_none=False)
-        loss = loss_of(forward(cfg, P, tokens), targets)
-        loss.backward()
-        norm = math.sqrt(sum(float((P[n].grad ** 2).sum()) for n in names))
-        if norm > clip:
-            for n in names:
-                P[n].grad.mul_(clip / norm)
-        opt.step()
-        losses.append(float(loss))
-        norms.append(norm)
+    losses, norms = train_steps(cfg, P, names, tokens, targets, clip, False)
     out["train_losses"] = torch.tensor(losses, dtype=torch.float64)
     out["grad_norms"] = torch.tensor(norms, dtype=torch.float64)
 
