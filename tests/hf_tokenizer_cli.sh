@@ -69,9 +69,10 @@ g --prompt the --max-tokens 3 >out.txt 2>err.txt && fail "hf checkpoint without 
 grep -q "cannot read .*/tokenizer.json" err.txt || fail "missing tokenizer.json error: $(cat err.txt)"
 cp "$FIX/tiny-bytelevel/"*.json "$ck/"
 out=$(g --prompt the --max-tokens 3 2>err.txt) || { cat err.txt; fail "generate on an hf checkpoint"; }
-# "the" is [116, 256] in the hf vocabulary; the mock's greedy next id is
-# 97 + (sum of all ids) mod 26, a single-byte token each time.
-s=$((116 + 256)) want=the
+# "the" is [116, 256] in the hf vocabulary, after the BOS 261 that its
+# tokenizer_config asks for (tokenizer_prepend_bos); the mock's greedy next id
+# is 97 + (sum of all ids) mod 26, a single-byte token each time.
+s=$((261 + 116 + 256)) want=the
 for _ in 1 2 3; do c=$((97 + s % 26)); s=$((s + c)); want+=$(printf "\\$(printf %03o "$c")"); done
 [ "$out" = "$want" ] || fail "generate: got '$out', want '$want'"
 echo "ok"
