@@ -354,7 +354,8 @@ static int32_t mom_alloc(orch_engine_ctx *ctx, uint64_t count, float **out) {
         }
         return cu_cuda_error(ctx, e, "cudaMalloc(moments)");
     }
-    e = cudaMemset(p, 0, bytes);
+    e = cudaMemsetAsync(p, 0, bytes, ctx->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(ctx->stream);
     if (e != cudaSuccess) {
         cudaFree(p);
         return cu_cuda_error(ctx, e, "cudaMemset(moments)");
