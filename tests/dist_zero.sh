@@ -35,7 +35,8 @@
 #    last leg continues the stream where the 1-rank leg stopped. The state
 #    of each checkpoint records data.world and data.grad_accum, checked too.
 #  - A checkpoint of 2 micro-batches per step cannot be split over 3 ranks:
-#    refused with one line naming both numbers.
+#    refused with one line naming both numbers. A grad_accum set on the
+#    command line of the resume wins, and the line says so.
 # Skips (77) when mpirun is missing or orch was built without MPI.
 set -u
 source "$(dirname "$0")/dist/lib.sh"
@@ -165,6 +166,13 @@ if "${MPIRUN3[@]}" "$ORCH_BIN" train --resume="$tmp/mock-z0" --steps 50 >"$tmp/t
 fi
 grep -q "resume: .* was written by 2 ranks x grad_accum 1 = 2 micro-batches per step, which 3 ranks cannot split evenly" \
   "$tmp/three.log" || { tail -n 3 "$tmp/three.log"; fail "mock: no one-line refusal for 3 ranks"; }
+
+# A grad_accum other than the checkpoint's, given on the command line, wins
+# over the re-derived one, and the line says what changes.
+run "$tmp/set.log" "${MPIRUN1[@]}" "$ORCH_BIN" train --resume="$tmp/mock-z0" --steps 44 \
+  --set train.grad_accum=3
+grep -q "resuming on 1 rank (checkpoint was written by 2): data windows re-derived from the sample stream, grad_accum 3 as set (3 micro-batches per step instead of 2)" \
+  "$tmp/set.log" || { grep resuming "$tmp/set.log"; fail "mock: no line for a grad_accum set on resume"; }
 
 # An ABI 1.1 engine: trains with zero=0, refuses zero=1 in one line.
 old="$ORCH_BUILD/tests/engines/abi11_mock.so"

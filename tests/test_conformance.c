@@ -806,9 +806,9 @@ START_TEST(test_optimizer_shard_rules) {
     ck_assert_msg(st == ORCH_ERR_STATE, "%s: tensor_read of a moment when sharded: %d",
                   ENAME, st);
     ck_assert(*API->last_error(ctx));
-    ck_assert_int_eq(API->tensor_read(ctx, ORCH_TENSOR_PARAM, 0, buf,
-                                      t.info[0].numel * sizeof(float)),
-                     ORCH_OK);
+    ck_assert_int_eq(
+        API->tensor_read(ctx, ORCH_TENSOR_PARAM, 0, buf, t.info[0].numel * sizeof(float)),
+        ORCH_OK);
     orch_adamw_params p = adamw(1, 1e-2f, 1.0f);
     float norm = 0;
     ck_assert_int_eq(API->optimizer_step(ctx, &p, &norm), ORCH_ERR_STATE);

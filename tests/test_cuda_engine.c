@@ -457,7 +457,8 @@ START_TEST(test_zero_range_parity) {
         }
         for (int k = 0; k < 2; k++) { /* the all-gather */
             int o = 1 - k;
-            CHECK_OK(&gpu, r[k], gpu.api->param_write(r[k], off[o], cnt[o], buf + off[o]));
+            CHECK_OK(&gpu, r[k],
+                     gpu.api->param_write(r[k], off[o], cnt[o], buf + off[o]));
         }
     }
     float *want = test_read_kind(gpu.api, p.g, ORCH_TENSOR_PARAM, &p.tb);
@@ -480,8 +481,7 @@ START_TEST(test_zero_range_parity) {
     ck_assert_msg(bf >= 8 * n && b0 <= bf / 2 + 1024 && b1 <= bf / 2 + 1024 &&
                       b0 >= 8 * cnt[0] && b1 >= 8 * cnt[1],
                   "optimizer bytes: whole %llu, shards %llu and %llu",
-                  (unsigned long long)bf, (unsigned long long)b0,
-                  (unsigned long long)b1);
+                  (unsigned long long)bf, (unsigned long long)b0, (unsigned long long)b1);
     /* a sharded context refuses whole-table moment calls */
     float *one = malloc(p.tb.info[0].numel * sizeof(float));
     ck_assert_int_eq(gpu.api->tensor_read(r[1], ORCH_TENSOR_ADAM_M, 0, one,
@@ -489,7 +489,8 @@ START_TEST(test_zero_range_parity) {
                      ORCH_ERR_STATE);
     orch_adamw_params ap = adamw(7);
     ck_assert_int_eq(gpu.api->optimizer_step(r[1], &ap, NULL), ORCH_ERR_STATE);
-    ck_assert_int_eq(gpu.api->optimizer_step_range(r[1], &ap, 0, 4, 1.0f), ORCH_ERR_STATE);
+    ck_assert_int_eq(gpu.api->optimizer_step_range(r[1], &ap, 0, 4, 1.0f),
+                     ORCH_ERR_STATE);
     free(one);
     free(buf);
     gpu.api->context_destroy(r[0]);

@@ -78,6 +78,15 @@
  *   tensor_write grads_zero grads_read grads_write forward_backward
  *   optimizer_step eval_loss kv_block_bytes kv_configure infer_forward
  *   kv_copy_blocks. Unknown keys or bad values -> ORCH_ERR_INVALID_ARGUMENT.
+ *   (The ABI 1.2 calls take no faults.)
+ *
+ * ABI 1.2 (ZeRO-1): param_read/param_write of the flat parameters (lazy
+ * tensors are initialised first); optimizer_shard reallocates the moments to
+ * the shard (optimizer_bytes = 8 bytes x shard elements); optimizer_step_range
+ * runs optimizer_step's per-element update on its range with g * clip scale
+ * computed per element (the same f32 product optimizer_step gets by scaling
+ * the buffer first), so a 2-way sharded step gives optimizer_step's bits
+ * when handed the same norm.
  *
  * Errors: every call validates its arguments (NULL pointers, sizes, ranges)
  * and returns a status with a last_error message; out-parameters and state are

@@ -305,12 +305,27 @@ static int open_engine(trainer *t, int *kind, char *err, size_t cap) {
  * last consumed draw. Re-deriving the windows therefore means: keep G, so
  * grad_accum becomes G / N; every step then consumes exactly the G*B windows
  * the old layout would have, split over the new ranks, and none is skipped
- * or repeated. A G that N does not divide is refused. */
+ * or repeated. A G that N does not divide is refused. A config grad_accum
+ * other than the checkpoint's (--set on the resume) is taken as given: the
+ * stream still continues where it stopped, with another global batch, and
+ * the line says so. */
 static int elastic_rederive(trainer *t, const train_state *s, const char *dir, int *kind,
                             char *err, size_t cap) {
     uint32_t n = (uint32_t)dist_world();
     uint32_t accum = s->grad_accum ? s->grad_accum : t->cfg->train.grad_accum;
     uint64_t global = (uint64_t)s->world * accum;
+    if (s->grad_accum && t->cfg->train.grad_accum != s->grad_accum) {
+        /* --set train.grad_accum on the command line: the user's choice wins;
+         * the stream still continues where the checkpoint left it. */
+        snprintf(t->elastic_note, sizeof t->elastic_note,
+                 "train: resuming on %u rank%s (checkpoint was written by %u): data "
+                 "windows re-derived from the sample stream, grad_accum %u as set "
+                 "(%llu micro-batches per step instead of %llu)\n",
+                 n, n == 1 ? "" : "s", s->world, t->cfg->train.grad_accum,
+                 (unsigned long long)n * t->cfg->train.grad_accum,
+                 (unsigned long long)global);
+        return 0;
+    }
     if (global % n != 0)
         return fail(kind, TRAIN_ERR_INPUT, err, cap,
                     "resume: %s was written by %u ranks x grad_accum %u = %llu "
