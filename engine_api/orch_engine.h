@@ -12,7 +12,9 @@
  *   - abi_minor grows when members are APPENDED to a struct. Nothing is ever
  *     reordered or removed inside a major version.
  *     1.0: GPT-2. 1.1: ORCH_ARCH_LLAMA and the orch_model_desc members after
- *     rope_theta (flags, rope scaling).
+ *     rope_theta (flags, rope scaling). 1.2: ZeRO-1, the flat parameter and
+ *     moment access and the ranged optimizer step appended to orch_engine_api
+ *     (see "Sharded optimizer state" below).
  *   - Every struct that crosses the boundary starts with (or contains) a
  *     struct_size field. A reader checks struct_size covers a member before using
  *     it, and a function-pointer member must also be non-NULL before it is called
@@ -97,6 +99,22 @@
  *   N(0,0.02/sqrt(2*layers)), RMSNorm weights 1; 1-D tensors carry NO_DECAY.
  *   The flat gradient buffer (grads_read / grads_write) is the concatenation of
  *   all parameter tensors in table order; its length is the sum of their numel.
+ *   The flat parameter and moment buffers of ABI 1.2 have the same layout.
+ *
+ * Sharded optimizer state (ABI 1.2, ZeRO-1)
+ *   A data-parallel caller with N processes gives each context a shard
+ *   [offset, offset+count) of the flat buffer (optimizer_shard). From then on
+ *   the context keeps AdamW moments for that range only (memory falls as
+ *   1/N; optimizer_bytes reports it), optimizer_step_range updates parameters
+ *   inside the shard from the gradients there, with the clipping scale taken
+ *   from the GLOBAL gradient norm the caller computed over all shards, and
+ *   the caller all-gathers parameters (param_read / param_write) and the
+ *   reduced gradients (grads_write). The whole-buffer calls that need moments
+ *   outside the shard (optimizer_step; tensor_read/tensor_write of
+ *   ORCH_TENSOR_ADAM_M/ADAM_V) then return ORCH_ERR_STATE; moments_read /
+ *   moments_write move moment ranges inside the shard (checkpoints: the
+ *   caller gathers the shards). optimizer_shard(ctx, 0, total) restores the
+ *   unsharded state (moments outside the old shard start at zero).
  *
  * Inference and the KV cache
  *   The engine owns a pool of fixed-size KV blocks (kv_configure). Which block
@@ -120,7 +138,7 @@ extern "C" {
 #endif
 
 #define ORCH_ENGINE_ABI_MAJOR    1u
-#define ORCH_ENGINE_ABI_MINOR    1u
+#define ORCH_ENGINE_ABI_MINOR    2u
 #define ORCH_ENGINE_ENTRY_SYMBOL "orch_engine_get_api"
 
 #if defined(_WIN32)
@@ -411,6 +429,53 @@ typedef struct orch_engine_api {
      * (copy-on-write). src and dst ranges must not overlap as sets. */
     int32_t (*kv_copy_blocks)(orch_engine_ctx *ctx, const int32_t *src,
                               const int32_t *dst, uint32_t n);
+
+    /* ---- ABI 1.2: flat parameter access and ZeRO-1 (ORCH_CAP_TRAIN) ----
+     * Ranges are element ranges [offset, offset+count) of the flat buffers
+     * (see the header comment); offset+count must not exceed the total
+     * parameter count and a buffer pointer may be NULL only when count is 0.
+     * Violations return ORCH_ERR_INVALID_ARGUMENT and change nothing. */
+
+    /* Copy `count` f32 parameter elements starting at element `offset` of the
+     * flat parameter buffer into dst / from src (param_write behaves like
+     * tensor_write of the tensors it covers: an engine that keeps derived
+     * copies of its weights refreshes them). */
+    int32_t (*param_read)(orch_engine_ctx *ctx, uint64_t offset, uint64_t count,
+                          float *dst);
+    int32_t (*param_write)(orch_engine_ctx *ctx, uint64_t offset, uint64_t count,
+                           const float *src);
+
+    /* Keep AdamW moments for the flat range [offset, offset+count) only
+     * (count >= 1). Moments inside both the old and the new range keep their
+     * values, the others are released (or, for newly covered elements, start
+     * at zero). (0, total) is the unsharded default. */
+    int32_t (*optimizer_shard)(orch_engine_ctx *ctx, uint64_t offset, uint64_t count);
+
+    /* Copy `count` f32 moments (kind ORCH_TENSOR_ADAM_M or ORCH_TENSOR_ADAM_V)
+     * starting at flat element `offset` into dst / from src. The range must lie
+     * inside the shard (ORCH_ERR_STATE otherwise). */
+    int32_t (*moments_read)(orch_engine_ctx *ctx, uint32_t kind, uint64_t offset,
+                            uint64_t count, float *dst);
+    int32_t (*moments_write)(orch_engine_ctx *ctx, uint32_t kind, uint64_t offset,
+                             uint64_t count, const float *src);
+
+    /* AdamW step (params as for optimizer_step) of the elements
+     * [offset, offset+count) only, which must lie inside the shard
+     * (ORCH_ERR_STATE otherwise), from the gradients in that range.
+     * global_grad_norm is the L2 norm of the WHOLE gradient (all shards of all
+     * processes), computed by the caller; clipping scales by
+     * grad_clip/global_grad_norm when grad_clip > 0 and the norm exceeds it,
+     * exactly as optimizer_step with that norm would (the gradients of the
+     * range may be left scaled, as optimizer_step leaves them). A negative or non-finite norm returns ORCH_ERR_NUMERIC and
+     * changes nothing. Per-tensor weight decay flags apply per element, so a
+     * range may start and end inside a tensor. */
+    int32_t (*optimizer_step_range)(orch_engine_ctx *ctx, const orch_adamw_params *params,
+                                    uint64_t offset, uint64_t count,
+                                    float global_grad_norm);
+
+    /* Bytes of host plus device memory the AdamW moments take now (0 before
+     * training allocated them), so a caller can check the 1/N of a shard. */
+    int32_t (*optimizer_bytes)(orch_engine_ctx *ctx, uint64_t *out_bytes);
     /* ---- later minors append here ---- */
 } orch_engine_api;
 
@@ -444,7 +509,11 @@ ORCH_ABI_STATIC_ASSERT(offsetof(orch_engine_api, capabilities) == 32, "caps");
 ORCH_ABI_STATIC_ASSERT(offsetof(orch_engine_api, probe) == 40, "probe");
 ORCH_ABI_STATIC_ASSERT(offsetof(orch_engine_api, kv_copy_blocks) == 40 + 8 * 18,
                        "function members of ABI 1.0");
-ORCH_ABI_STATIC_ASSERT(sizeof(orch_engine_api) == 40 + 8 * 19, "api size 1.0");
+ORCH_ABI_STATIC_ASSERT(offsetof(orch_engine_api, param_read) == 40 + 8 * 19,
+                       "api size 1.0 and 1.1 (first member of 1.2)");
+ORCH_ABI_STATIC_ASSERT(offsetof(orch_engine_api, optimizer_bytes) == 40 + 8 * 25,
+                       "function members of ABI 1.2");
+ORCH_ABI_STATIC_ASSERT(sizeof(orch_engine_api) == 40 + 8 * 26, "api size 1.2");
 ORCH_ABI_STATIC_ASSERT(sizeof(orch_model_desc) == 80, "model desc size");
 ORCH_ABI_STATIC_ASSERT(offsetof(orch_model_desc, layernorm_eps) == 36, "eps offset");
 ORCH_ABI_STATIC_ASSERT(offsetof(orch_model_desc, flags) == 44, "flags offset (1.1)");

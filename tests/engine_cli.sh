@@ -5,7 +5,8 @@
 #     file, a text file, a FIFO (at once, without waiting for a writer), a
 #     directory and an unknown name exit 2 with exactly one line on stderr
 #     naming the file (and the reason, for the known cases); the valid test
-#     engines (newer_minor, minor_zero, marker_ctor: its constructor runs) load;
+#     engines (newer_minor, minor_zero, abi11_mock, marker_ctor: its constructor
+#     runs) load;
 #   - `orch --help` and `orch CMD --help` exit 0 with output for every command
 #     that `orch --help` lists;
 #   - every $ORCH_BUILD/libengine_*.so exports exactly one dynamic symbol,
@@ -89,6 +90,18 @@ for so in "$ORCH_BUILD"/tests/engines/*.so; do
       pass "info --engine=$so (loaded from the command line, constructor ran)"
     else
       fail "info --engine=$so: not loaded"
+      sed 's/^/      /' "$tmp/err"
+    fi
+    continue
+  fi
+  if [ "$name" = abi11_mock ]; then
+    # A valid engine of an older minor (ABI 1.1, before the ZeRO-1 members)
+    # loads; tests/dist_zero.sh trains with it.
+    if "$ORCH_BIN" info --engine="$so" >"$tmp/out" 2>"$tmp/err" &&
+      grep -Eq '^abi: +1\.1 ' "$tmp/out"; then
+      pass "info --engine=$so (older minor accepted)"
+    else
+      fail "info --engine=$so: older minor rejected"
       sed 's/^/      /' "$tmp/err"
     fi
     continue

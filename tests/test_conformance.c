@@ -653,6 +653,214 @@ START_TEST(test_optimizer_nonfinite) {
 }
 END_TEST
 
+/* ------------------------------------------------------------------------- */
+/* ABI 1.2: flat parameters, the optimizer shard, the ranged step             */
+/* ------------------------------------------------------------------------- */
+
+static int need_zero(const conf_engine *e) {
+    const orch_engine_api *api = e->h.api;
+    if (ORCH_API_HAS(api, param_read) && ORCH_API_HAS(api, param_write) &&
+        ORCH_API_HAS(api, optimizer_shard) && ORCH_API_HAS(api, moments_read) &&
+        ORCH_API_HAS(api, moments_write) && ORCH_API_HAS(api, optimizer_step_range) &&
+        ORCH_API_HAS(api, optimizer_bytes))
+        return need(e, ORCH_CAP_TRAIN, "train");
+    printf("%s: ABI %u.%u without the ABI 1.2 members, test skipped\n", e->label,
+           api->abi_major, api->abi_minor);
+    return 0;
+}
+
+START_TEST(test_param_flat) {
+    if (!need_zero(ENG)) return;
+    orch_engine_ctx *ctx = make_ctx(ENG);
+    test_table t;
+    read_table(ENG, ctx, ORCH_TENSOR_PARAM, &t);
+    uint64_t n = t.total;
+    /* param_read of everything == the tensor table, in table order */
+    float *flat = malloc(n * sizeof(float));
+    ck_assert_int_eq(API->param_read(ctx, 0, n, flat), ORCH_OK);
+    float *tab = test_read_kind(API, ctx, ORCH_TENSOR_PARAM, &t);
+    ck_assert_msg(memcmp(flat, tab, n * sizeof(float)) == 0,
+                  "%s: param_read differs from tensor_read", ENAME);
+    /* a write across a tensor boundary shows in tensor_read */
+    uint64_t off = t.info[1].offset - 3, cnt = 7;
+    float patch[7] = { 1, 2, 3, 4, 5, 6, 7 };
+    ck_assert_int_eq(API->param_write(ctx, off, cnt, patch), ORCH_OK);
+    memcpy(flat + off, patch, sizeof patch);
+    free(tab);
+    tab = test_read_kind(API, ctx, ORCH_TENSOR_PARAM, &t);
+    ck_assert_msg(memcmp(flat, tab, n * sizeof(float)) == 0,
+                  "%s: param_write across a tensor boundary did not land", ENAME);
+    /* bad ranges and buffers */
+    expect_error(ENG, ctx, API->param_read(ctx, n, 1, patch), "param_read at the end");
+    expect_error(ENG, ctx, API->param_write(ctx, n - 2, 5, patch),
+                 "param_write past the end");
+    expect_error(ENG, ctx, API->param_read(ctx, UINT64_MAX, 2, patch),
+                 "param_read at 2^64-1");
+    expect_error(ENG, ctx, API->param_write(ctx, 0, 3, NULL), "param_write from NULL");
+    ck_assert_int_eq(API->param_read(ctx, 5, 0, NULL), ORCH_OK);
+    free(tab);
+    free(flat);
+    API->context_destroy(ctx);
+}
+END_TEST
+
+/* Two AdamW steps with clipping: a whole-buffer optimizer_step on one context
+ * and, on another with a shard crossing tensor boundaries, optimizer_step_range
+ * over the shard with the norm computed here. Inside the shard parameters and
+ * moments agree (the only difference: the clip scale from an f32 norm);
+ * outside the shard parameters stay as they were. */
+START_TEST(test_optimizer_step_range) {
+    if (!need_zero(ENG)) return;
+    orch_engine_ctx *a = make_ctx(ENG), *b = make_ctx(ENG);
+    test_table t;
+    read_table(ENG, a, ORCH_TENSOR_PARAM, &t);
+    const uint64_t n = t.total, off = n / 3, cnt = n / 3;
+    ck_assert_int_eq(API->optimizer_shard(b, off, cnt), ORCH_OK);
+    float *p0 = test_read_kind(API, b, ORCH_TENSOR_PARAM, &t);
+    int32_t tok[TB * TS], tgt[TB * TS];
+    train_batch(tok, tgt);
+    for (uint64_t step = 1; step <= 2; step++) {
+        float la = 0, lb = 0, na = 0;
+        ck_assert_int_eq(API->grads_zero(a), ORCH_OK);
+        ck_assert_int_eq(API->grads_zero(b), ORCH_OK);
+        ck_assert_int_eq(API->forward_backward(a, tok, tgt, TB, TS, 1.0f, &la), ORCH_OK);
+        ck_assert_int_eq(API->forward_backward(b, tok, tgt, TB, TS, 1.0f, &lb), ORCH_OK);
+        float *g = test_read_grads(API, b, n);
+        double sq = 0;
+        for (uint64_t j = 0; j < n; j++) sq += (double)g[j] * g[j];
+        free(g);
+        orch_adamw_params p = adamw(step, 1e-2f, 0.5f); /* clipping active */
+        /* eps 1e-6: the attention key bias has a zero gradient in exact
+         * arithmetic (softmax ignores a shift); its ~1e-10 rounding noise
+         * would turn into full-size steps with eps 1e-8, and step 2 would
+         * amplify step 1's last-bit differences (see tests/dist_train.sh). */
+        p.eps = 1e-6f;
+        ck_assert_int_eq(API->optimizer_step(a, &p, &na), ORCH_OK);
+        ck_assert_msg(sqrt(sq) > 0.5, "%s: norm %g does not clip", ENAME, sqrt(sq));
+        ck_assert_msg(API->optimizer_step_range(b, &p, off, cnt, (float)sqrt(sq)) ==
+                          ORCH_OK,
+                      "%s: %s", ENAME, API->last_error(b));
+        /* the rest of b follows a (as an all-gather would) */
+        float *pa = test_read_kind(API, a, ORCH_TENSOR_PARAM, &t);
+        float *pb = malloc(n * sizeof(float));
+        ck_assert_int_eq(API->param_read(b, 0, n, pb), ORCH_OK);
+        double d = test_max_diff(pa + off, pb + off, cnt);
+        ck_assert_msg(d <= 1e-6, "%s: step %llu: ranged params differ by %g", ENAME,
+                      (unsigned long long)step, d);
+        if (step == 1)
+            ck_assert_msg(memcmp(pb, p0, off * sizeof(float)) == 0 &&
+                              memcmp(pb + off + cnt, p0 + off + cnt,
+                                     (n - off - cnt) * sizeof(float)) == 0,
+                          "%s: optimizer_step_range changed parameters outside its range",
+                          ENAME);
+        ck_assert_int_eq(API->param_write(b, 0, off, pa), ORCH_OK);
+        ck_assert_int_eq(API->param_write(b, off + cnt, n - off - cnt, pa + off + cnt),
+                         ORCH_OK);
+        free(pa);
+        free(pb);
+    }
+    /* moments of the shard agree with a's */
+    static const uint32_t kinds[2] = { ORCH_TENSOR_ADAM_M, ORCH_TENSOR_ADAM_V };
+    for (int k = 0; k < 2; k++) {
+        float *ma = test_read_kind(API, a, kinds[k], &t);
+        float *mb = malloc(cnt * sizeof(float));
+        ck_assert_int_eq(API->moments_read(b, kinds[k], off, cnt, mb), ORCH_OK);
+        double d = test_max_diff(ma + off, mb, cnt);
+        ck_assert_msg(d <= 1e-6 * (1.0 + test_max_abs(ma + off, cnt)),
+                      "%s: moments %d of the shard differ by %g", ENAME, k, d);
+        free(ma);
+        free(mb);
+    }
+    /* optimizer memory: the shard's, well under the whole */
+    uint64_t ba = 0, bb = 0;
+    ck_assert_int_eq(API->optimizer_bytes(a, &ba), ORCH_OK);
+    ck_assert_int_eq(API->optimizer_bytes(b, &bb), ORCH_OK);
+    ck_assert_msg(ba >= 8 * n && bb >= 8 * cnt && bb < ba / 2,
+                  "%s: optimizer bytes %llu (whole) and %llu (a third)", ENAME,
+                  (unsigned long long)ba, (unsigned long long)bb);
+    free(p0);
+    API->context_destroy(a);
+    API->context_destroy(b);
+}
+END_TEST
+
+START_TEST(test_optimizer_shard_rules) {
+    if (!need_zero(ENG)) return;
+    orch_engine_ctx *ctx = make_ctx(ENG);
+    test_table t;
+    read_table(ENG, ctx, ORCH_TENSOR_PARAM, &t);
+    const uint64_t n = t.total, off = 100, cnt = n / 2;
+    float *m = malloc(n * sizeof(float));
+    for (uint64_t j = 0; j < n; j++) m[j] = rnd_float();
+    test_write_kind(API, ctx, ORCH_TENSOR_ADAM_M, &t, m);
+    /* shard: the moments of the range are kept */
+    ck_assert_int_eq(API->optimizer_shard(ctx, off, cnt), ORCH_OK);
+    float *got = malloc(n * sizeof(float));
+    ck_assert_int_eq(API->moments_read(ctx, ORCH_TENSOR_ADAM_M, off, cnt, got), ORCH_OK);
+    ck_assert_msg(memcmp(got, m + off, cnt * sizeof(float)) == 0,
+                  "%s: optimizer_shard lost the moments of its range", ENAME);
+    /* whole-table moment calls and the whole step refuse: ORCH_ERR_STATE */
+    float *buf = malloc(t.info[0].numel * sizeof(float));
+    int32_t st = API->tensor_read(ctx, ORCH_TENSOR_ADAM_M, 0, buf,
+                                  t.info[0].numel * sizeof(float));
+    ck_assert_msg(st == ORCH_ERR_STATE, "%s: tensor_read of a moment when sharded: %d",
+                  ENAME, st);
+    ck_assert(*API->last_error(ctx));
+    ck_assert_int_eq(
+        API->tensor_read(ctx, ORCH_TENSOR_PARAM, 0, buf, t.info[0].numel * sizeof(float)),
+        ORCH_OK);
+    orch_adamw_params p = adamw(1, 1e-2f, 1.0f);
+    float norm = 0;
+    ck_assert_int_eq(API->optimizer_step(ctx, &p, &norm), ORCH_ERR_STATE);
+    /* ranges outside the shard: STATE; outside the buffer or NULL: INVALID */
+    float x[4] = { 0 };
+    ck_assert_int_eq(API->moments_read(ctx, ORCH_TENSOR_ADAM_M, off - 1, 2, x),
+                     ORCH_ERR_STATE);
+    ck_assert_int_eq(API->moments_write(ctx, ORCH_TENSOR_ADAM_V, off + cnt - 1, 2, x),
+                     ORCH_ERR_STATE);
+    ck_assert_int_eq(API->optimizer_step_range(ctx, &p, 0, 10, 1.0f), ORCH_ERR_STATE);
+    ck_assert_int_eq(API->moments_read(ctx, ORCH_TENSOR_ADAM_M, n, 1, x),
+                     ORCH_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(API->moments_read(ctx, ORCH_TENSOR_ADAM_M, off, 2, NULL),
+                     ORCH_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(API->moments_read(ctx, ORCH_TENSOR_PARAM, off, 2, x),
+                     ORCH_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(API->optimizer_step_range(ctx, NULL, off, 2, 1.0f),
+                     ORCH_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(API->optimizer_step_range(ctx, &p, UINT64_MAX, 2, 1.0f),
+                     ORCH_ERR_INVALID_ARGUMENT);
+    expect_error(ENG, ctx, API->optimizer_shard(ctx, 0, 0), "a shard of 0 elements");
+    expect_error(ENG, ctx, API->optimizer_shard(ctx, n - 1, 2), "a shard past the end");
+    expect_error(ENG, ctx, API->optimizer_bytes(ctx, NULL), "optimizer_bytes into NULL");
+    /* a non-finite or negative norm changes nothing */
+    float *p0 = test_read_kind(API, ctx, ORCH_TENSOR_PARAM, &t);
+    ck_assert_int_eq(API->optimizer_step_range(ctx, &p, off, cnt, NAN), ORCH_ERR_NUMERIC);
+    ck_assert_int_eq(API->optimizer_step_range(ctx, &p, off, cnt, INFINITY),
+                     ORCH_ERR_NUMERIC);
+    ck_assert_int_eq(API->optimizer_step_range(ctx, &p, off, cnt, -1.0f),
+                     ORCH_ERR_NUMERIC);
+    float *p1 = test_read_kind(API, ctx, ORCH_TENSOR_PARAM, &t);
+    ck_assert(memcmp(p0, p1, n * sizeof(float)) == 0);
+    ck_assert_int_eq(API->moments_read(ctx, ORCH_TENSOR_ADAM_M, off, cnt, got), ORCH_OK);
+    ck_assert(memcmp(got, m + off, cnt * sizeof(float)) == 0);
+    /* back to unsharded: the old range kept, the rest zero, whole calls work */
+    ck_assert_int_eq(API->optimizer_shard(ctx, 0, n), ORCH_OK);
+    float *all = test_read_kind(API, ctx, ORCH_TENSOR_ADAM_M, &t);
+    for (uint64_t j = 0; j < n; j++) {
+        float want = j >= off && j < off + cnt ? m[j] : 0.0f;
+        ck_assert_msg(all[j] == want, "%s: moment %llu is %g after unsharding, want %g",
+                      ENAME, (unsigned long long)j, (double)all[j], (double)want);
+    }
+    free(all);
+    free(p0);
+    free(p1);
+    free(buf);
+    free(got);
+    free(m);
+    API->context_destroy(ctx);
+}
+END_TEST
+
 START_TEST(test_determinism) {
     orch_engine_ctx *a = make_ctx(ENG), *b = make_ctx(ENG),
                     *c = make_ctx_seed(ENG, SEED + 1);
@@ -1044,6 +1252,9 @@ int main(void) {
         tcase_add_loop_test(tc, test_optimizer_lowers_loss, 0, n_engines);
         tcase_add_loop_test(tc, test_optimizer_nonfinite, 0, n_engines);
         tcase_add_loop_test(tc, test_determinism, 0, n_engines);
+        tcase_add_loop_test(tc, test_param_flat, 0, n_engines);
+        tcase_add_loop_test(tc, test_optimizer_step_range, 0, n_engines);
+        tcase_add_loop_test(tc, test_optimizer_shard_rules, 0, n_engines);
         tcase_add_loop_test(tc, test_kv_all_vs_incremental, 0, n_engines);
         tcase_add_loop_test(tc, test_kv_batch_of_sequences, 0, n_engines);
         tcase_add_loop_test(tc, test_kv_copy_blocks, 0, n_engines);

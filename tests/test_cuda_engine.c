@@ -408,6 +408,97 @@ START_TEST(test_adamw_parity) {
 }
 END_TEST
 
+/* ZeRO-1 on the CUDA engine (ABI 1.2): two contexts standing for two ranks,
+ * each keeping the moments of half the flat buffer (optimizer_shard), run
+ * optimizer_step_range on their half with the global norm computed here and
+ * exchange the updated halves (param_read / param_write, the all-gather);
+ * they must track one context taking whole-buffer steps. Same kernels, so
+ * the bound is tight; the difference is the clip scale from a host-summed
+ * f32 norm. Moments come back through moments_read and match per shard. */
+START_TEST(test_zero_range_parity) {
+    if (!ORCH_API_HAS(gpu.api, optimizer_step_range)) {
+        printf("cuda engine without ABI 1.2: test skipped\n");
+        return;
+    }
+    pair p;
+    pair_open(&p, NULL);
+    orch_engine_ctx *r[2] = { make_ctx(&gpu, NULL), make_ctx(&gpu, NULL) };
+    const uint64_t n = p.tb.total, half = n / 2 + 5; /* inside a tensor */
+    const uint64_t off[2] = { 0, half }, cnt[2] = { half, n - half };
+    for (int k = 0; k < 2; k++) {
+        test_write_kind(gpu.api, r[k], ORCH_TENSOR_PARAM, &p.tb, p.w);
+        CHECK_OK(&gpu, r[k], gpu.api->optimizer_shard(r[k], off[k], cnt[k]));
+    }
+    const uint32_t B = 2, T = 19;
+    int32_t tok[2 * 19], tgt[2 * 19];
+    float *buf = malloc(n * sizeof(float));
+    for (uint64_t step = 1; step <= 6; step++) {
+        make_batch(B, T, 200 + step % 3, tok, tgt);
+        float nf = NAN;
+        train_step(&gpu, p.g, tok, tgt, B, T, step, &nf);
+        float lr0 = 0, lr1 = 0;
+        CHECK_OK(&gpu, r[0], gpu.api->grads_zero(r[0]));
+        CHECK_OK(&gpu, r[1], gpu.api->grads_zero(r[1]));
+        CHECK_OK(&gpu, r[0], gpu.api->forward_backward(r[0], tok, tgt, B, T, 1.0f, &lr0));
+        CHECK_OK(&gpu, r[1], gpu.api->forward_backward(r[1], tok, tgt, B, T, 1.0f, &lr1));
+        ck_assert(lr0 == lr1); /* same weights, same kernels: same bits */
+        float *g = test_read_grads(gpu.api, r[0], n);
+        double sq = 0;
+        for (uint64_t j = 0; j < n; j++) sq += (double)g[j] * g[j];
+        free(g);
+        ck_assert_msg(test_close(sqrt(sq), nf, 1e-5, 1e-7), "step %llu: norm %g vs %g",
+                      (unsigned long long)step, sqrt(sq), (double)nf);
+        orch_adamw_params ap = adamw(step);
+        for (int k = 0; k < 2; k++) {
+            CHECK_OK(&gpu, r[k],
+                     gpu.api->optimizer_step_range(r[k], &ap, off[k], cnt[k],
+                                                   (float)sqrt(sq)));
+            CHECK_OK(&gpu, r[k], gpu.api->param_read(r[k], off[k], cnt[k], buf + off[k]));
+        }
+        for (int k = 0; k < 2; k++) { /* the all-gather */
+            int o = 1 - k;
+            CHECK_OK(&gpu, r[k],
+                     gpu.api->param_write(r[k], off[o], cnt[o], buf + off[o]));
+        }
+    }
+    float *want = test_read_kind(gpu.api, p.g, ORCH_TENSOR_PARAM, &p.tb);
+    expect_tensors_close(&p.tb, buf, want, 1e-4, "ZeRO-1 params after 6 steps");
+    free(want);
+    /* the moments of each shard */
+    for (uint32_t kind = ORCH_TENSOR_ADAM_M; kind <= ORCH_TENSOR_ADAM_V; kind++) {
+        float *m = test_read_kind(gpu.api, p.g, kind, &p.tb);
+        for (int k = 0; k < 2; k++)
+            CHECK_OK(&gpu, r[k],
+                     gpu.api->moments_read(r[k], kind, off[k], cnt[k], buf + off[k]));
+        expect_tensors_close(&p.tb, buf, m, 1e-4, "ZeRO-1 moments after 6 steps");
+        free(m);
+    }
+    /* device memory of the moments: about half each */
+    uint64_t bf = 0, b0 = 0, b1 = 0;
+    CHECK_OK(&gpu, p.g, gpu.api->optimizer_bytes(p.g, &bf));
+    CHECK_OK(&gpu, r[0], gpu.api->optimizer_bytes(r[0], &b0));
+    CHECK_OK(&gpu, r[1], gpu.api->optimizer_bytes(r[1], &b1));
+    ck_assert_msg(bf >= 8 * n && b0 <= bf / 2 + 1024 && b1 <= bf / 2 + 1024 &&
+                      b0 >= 8 * cnt[0] && b1 >= 8 * cnt[1],
+                  "optimizer bytes: whole %llu, shards %llu and %llu",
+                  (unsigned long long)bf, (unsigned long long)b0, (unsigned long long)b1);
+    /* a sharded context refuses whole-table moment calls */
+    float *one = malloc(p.tb.info[0].numel * sizeof(float));
+    ck_assert_int_eq(gpu.api->tensor_read(r[1], ORCH_TENSOR_ADAM_M, 0, one,
+                                          p.tb.info[0].numel * sizeof(float)),
+                     ORCH_ERR_STATE);
+    orch_adamw_params ap = adamw(7);
+    ck_assert_int_eq(gpu.api->optimizer_step(r[1], &ap, NULL), ORCH_ERR_STATE);
+    ck_assert_int_eq(gpu.api->optimizer_step_range(r[1], &ap, 0, 4, 1.0f),
+                     ORCH_ERR_STATE);
+    free(one);
+    free(buf);
+    gpu.api->context_destroy(r[0]);
+    gpu.api->context_destroy(r[1]);
+    pair_close(&p);
+}
+END_TEST
+
 /* The decoding script: three sequences, prefill in uneven chunks with mixed
  * logits modes, then one token at a time (sequence 2 sits some steps out).
  * Every logit row produced goes to rows[s][position]. */
@@ -1472,6 +1563,7 @@ int main(void) {
     tcase_add_test(tc, test_logits_parity);
     tcase_add_test(tc, test_grad_parity);
     tcase_add_test(tc, test_adamw_parity);
+    tcase_add_test(tc, test_zero_range_parity);
     tcase_add_test(tc, test_kv_decode);
     tcase_add_test(tc, test_kv_copy);
     tcase_add_test(tc, test_portability);

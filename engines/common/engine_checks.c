@@ -82,6 +82,78 @@ int32_t engine_check_grad_range(const char *fn, uint64_t offset, uint64_t count,
     return ORCH_OK;
 }
 
+int32_t engine_check_flat_range(const char *fn, uint64_t offset, uint64_t count,
+                                uint64_t n_params, const void *buf, char *err,
+                                size_t cap) {
+    if (offset > n_params || count > n_params - offset)
+        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+                               "%s: range [%llu, %llu+%llu) exceeds the %llu parameter "
+                               "elements",
+                               fn, (unsigned long long)offset, (unsigned long long)offset,
+                               (unsigned long long)count, (unsigned long long)n_params);
+    if (count > 0 && !buf)
+        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT, "%s: buffer is NULL",
+                               fn);
+    return ORCH_OK;
+}
+
+int32_t engine_check_shard(uint64_t offset, uint64_t count, uint64_t n_params, char *err,
+                           size_t cap) {
+    if (count == 0)
+        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+                               "optimizer_shard: count is 0 (a shard holds at least one "
+                               "element)");
+    return engine_check_flat_range("optimizer_shard", offset, count, n_params, "", err,
+                                   cap);
+}
+
+static int32_t outside_shard(const char *fn, uint64_t offset, uint64_t count,
+                             uint64_t sh_off, uint64_t sh_count, char *err, size_t cap) {
+    if (offset >= sh_off && offset - sh_off <= sh_count &&
+        count <= sh_count - (offset - sh_off))
+        return ORCH_OK;
+    return engine_fail_buf(err, cap, ORCH_ERR_STATE,
+                           "%s: range [%llu, %llu+%llu) is outside this context's "
+                           "optimizer shard [%llu, %llu+%llu)",
+                           fn, (unsigned long long)offset, (unsigned long long)offset,
+                           (unsigned long long)count, (unsigned long long)sh_off,
+                           (unsigned long long)sh_off, (unsigned long long)sh_count);
+}
+
+int32_t engine_check_moment_range(const char *fn, uint32_t kind, uint64_t offset,
+                                  uint64_t count, uint64_t n_params, uint64_t sh_off,
+                                  uint64_t sh_count, const void *buf, char *err,
+                                  size_t cap) {
+    if (kind != ORCH_TENSOR_ADAM_M && kind != ORCH_TENSOR_ADAM_V)
+        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+                               "%s: kind %u is not a moment table (ADAM_M=1, ADAM_V=2)",
+                               fn, kind);
+    int32_t st = engine_check_flat_range(fn, offset, count, n_params, buf, err, cap);
+    if (st != ORCH_OK) return st;
+    return outside_shard(fn, offset, count, sh_off, sh_count, err, cap);
+}
+
+int32_t engine_check_step_range(const orch_adamw_params *params, uint64_t offset,
+                                uint64_t count, uint64_t n_params, uint64_t sh_off,
+                                uint64_t sh_count, float global_norm,
+                                orch_adamw_params *out, char *err, size_t cap) {
+    orch_adamw_params p;
+    int32_t st = engine_check_adamw(params, &p, err, cap);
+    if (st != ORCH_OK) return st;
+    st = engine_check_flat_range("optimizer_step_range", offset, count, n_params, "", err,
+                                 cap);
+    if (st != ORCH_OK) return st;
+    st = outside_shard("optimizer_step_range", offset, count, sh_off, sh_count, err, cap);
+    if (st != ORCH_OK) return st;
+    if (!isfinite(global_norm) || global_norm < 0)
+        return engine_fail_buf(err, cap, ORCH_ERR_NUMERIC,
+                               "optimizer_step_range: global gradient norm %g is not a "
+                               "finite number >= 0",
+                               (double)global_norm);
+    *out = p;
+    return ORCH_OK;
+}
+
 /* ------------------------------------------------------------------------- */
 /* context_create, training calls                                             */
 /* ------------------------------------------------------------------------- */

@@ -51,6 +51,34 @@ int32_t engine_check_grad_range(const char *fn, uint64_t offset, uint64_t count,
                                 uint64_t n_params, const void *buf, char *err,
                                 size_t cap);
 
+/* ---- ABI 1.2: flat ranges and the optimizer shard ---- */
+
+/* Like engine_check_grad_range for the flat parameter buffer (fn names the
+ * call in the message). */
+int32_t engine_check_flat_range(const char *fn, uint64_t offset, uint64_t count,
+                                uint64_t n_params, const void *buf, char *err,
+                                size_t cap);
+
+/* optimizer_shard's arguments: count >= 1 and the range inside n_params. */
+int32_t engine_check_shard(uint64_t offset, uint64_t count, uint64_t n_params, char *err,
+                           size_t cap);
+
+/* moments_read / moments_write: kind ADAM_M or ADAM_V, the range inside
+ * n_params (INVALID_ARGUMENT), buf non-NULL when count > 0, and the range
+ * inside the shard [sh_off, sh_off+sh_count) (ORCH_ERR_STATE). */
+int32_t engine_check_moment_range(const char *fn, uint32_t kind, uint64_t offset,
+                                  uint64_t count, uint64_t n_params, uint64_t sh_off,
+                                  uint64_t sh_count, const void *buf, char *err,
+                                  size_t cap);
+
+/* optimizer_step_range: params as engine_check_adamw (validated copy into
+ * *out), the range inside n_params and inside the shard, and a finite,
+ * non-negative global_norm (ORCH_ERR_NUMERIC). */
+int32_t engine_check_step_range(const orch_adamw_params *params, uint64_t offset,
+                                uint64_t count, uint64_t n_params, uint64_t sh_off,
+                                uint64_t sh_count, float global_norm,
+                                orch_adamw_params *out, char *err, size_t cap);
+
 /* ---- context_create, training calls ---- */
 
 /* context_create's first checks: clears err, model and out_ctx non-NULL,

@@ -197,6 +197,8 @@ static int32_t table_build(orch_engine_ctx *ctx) {
     ctx->gv.layer = calloc(ctx->L, sizeof *ctx->gv.layer);
     if (!ctx->tensors || !ctx->pv.layer || !ctx->gv.layer) return ORCH_ERR_OUT_OF_MEMORY;
     ctx->n_params = engine_model_table_fill(ctx->tensors, &ctx->desc);
+    ctx->sh_off = 0;
+    ctx->sh_count = ctx->n_params;
     ctx->n_tensors = count;
     return ORCH_OK;
 }
@@ -312,8 +314,8 @@ static void cpu_context_destroy(orch_engine_ctx *ctx) {
     cpu_llama_free(ctx);
     free(ctx->params);
     zfree(ctx->grads, ctx->n_params);
-    zfree(ctx->adam_m, ctx->n_params);
-    zfree(ctx->adam_v, ctx->n_params);
+    zfree(ctx->adam_m, ctx->sh_count);
+    zfree(ctx->adam_v, ctx->sh_count);
     free(ctx->tensors);
     free(ctx->pv.layer);
     free(ctx->gv.layer);
@@ -324,8 +326,8 @@ int32_t cpu_ensure_train_state(orch_engine_ctx *ctx) {
     if (ctx->grads && ctx->adam_m && ctx->adam_v) return ORCH_OK;
     const size_t n = ctx->n_params;
     if (!ctx->grads) ctx->grads = zalloc(n);
-    if (!ctx->adam_m) ctx->adam_m = zalloc(n);
-    if (!ctx->adam_v) ctx->adam_v = zalloc(n);
+    if (!ctx->adam_m) ctx->adam_m = zalloc(ctx->sh_count);
+    if (!ctx->adam_v) ctx->adam_v = zalloc(ctx->sh_count);
     if (!ctx->grads || !ctx->adam_m || !ctx->adam_v)
         return cpu_fail(ctx, ORCH_ERR_OUT_OF_MEMORY,
                         "cannot allocate gradients and AdamW moments (%zu MiB "
@@ -506,6 +508,21 @@ static float *kind_buffer(orch_engine_ctx *ctx, uint32_t kind) {
                                         : ctx->adam_v;
 }
 
+static int sharded(const orch_engine_ctx *ctx) {
+    return ctx->sh_off != 0 || ctx->sh_count != ctx->n_params;
+}
+
+/* The whole-table moment calls need every moment (ABI 1.2). */
+static int32_t need_unsharded(orch_engine_ctx *ctx, const char *fn) {
+    if (!sharded(ctx)) return ORCH_OK;
+    return cpu_fail(ctx, ORCH_ERR_STATE,
+                    "%s: this context keeps the AdamW moments of [%llu, %llu+%llu) "
+                    "only (optimizer_shard); use moments_read/moments_write and "
+                    "optimizer_step_range",
+                    fn, (unsigned long long)ctx->sh_off, (unsigned long long)ctx->sh_off,
+                    (unsigned long long)ctx->sh_count);
+}
+
 static int32_t cpu_tensor_read(orch_engine_ctx *ctx, uint32_t kind, uint32_t index,
                                void *dst, uint64_t dst_bytes) {
     ENTER(ctx);
@@ -513,6 +530,8 @@ static int32_t cpu_tensor_read(orch_engine_ctx *ctx, uint32_t kind, uint32_t ind
         engine_check_tensor_io("tensor_read", kind, index, ctx->tensors, ctx->n_tensors,
                                dst, dst_bytes, ENGINE_ERRBUF(ctx));
     if (st) return st;
+    if (kind != ORCH_TENSOR_PARAM && (st = need_unsharded(ctx, "tensor_read")) != ORCH_OK)
+        return st;
     const float *src = kind_buffer(ctx, kind);
     if (src)
         memcpy(dst, src + ctx->tensors[index].offset, (size_t)dst_bytes);
@@ -528,6 +547,9 @@ static int32_t cpu_tensor_write(orch_engine_ctx *ctx, uint32_t kind, uint32_t in
         engine_check_tensor_io("tensor_write", kind, index, ctx->tensors, ctx->n_tensors,
                                src, src_bytes, ENGINE_ERRBUF(ctx));
     if (st) return st;
+    if (kind != ORCH_TENSOR_PARAM &&
+        (st = need_unsharded(ctx, "tensor_write")) != ORCH_OK)
+        return st;
     if (kind != ORCH_TENSOR_PARAM && (st = cpu_ensure_train_state(ctx)) != ORCH_OK)
         return st;
     memcpy(kind_buffer(ctx, kind) + ctx->tensors[index].offset, src, (size_t)src_bytes);
@@ -647,11 +669,139 @@ static int32_t cpu_optimizer_step(orch_engine_ctx *ctx, const orch_adamw_params 
     orch_adamw_params p;
     int32_t st = engine_check_adamw(params, &p, ENGINE_ERRBUF(ctx));
     if (st != ORCH_OK) return st;
+    if ((st = need_unsharded(ctx, "optimizer_step")) != ORCH_OK) return st;
     float norm = 0.0f;
     st = cpu_train_optimizer_step(ctx, &p, &norm);
     cpu_pool_park(ctx->pool);
     if (st == ORCH_OK && out_grad_norm) *out_grad_norm = norm;
     return st;
+}
+
+/* ------------------------------------------------------------------------- */
+/* ABI 1.2: flat parameters, the optimizer shard, the ranged step             */
+/* ------------------------------------------------------------------------- */
+
+static int32_t cpu_param_read(orch_engine_ctx *ctx, uint64_t offset, uint64_t count,
+                              float *dst) {
+    ENTER(ctx);
+    int32_t st = engine_check_flat_range("param_read", offset, count, ctx->n_params, dst,
+                                         ENGINE_ERRBUF(ctx));
+    if (st) return st;
+    if (count) memcpy(dst, ctx->params + offset, (size_t)count * sizeof(float));
+    return ORCH_OK;
+}
+
+static int32_t cpu_param_write(orch_engine_ctx *ctx, uint64_t offset, uint64_t count,
+                               const float *src) {
+    ENTER(ctx);
+    int32_t st = engine_check_flat_range("param_write", offset, count, ctx->n_params, src,
+                                         ENGINE_ERRBUF(ctx));
+    if (st) return st;
+    if (!count) return ORCH_OK;
+    memcpy(ctx->params + offset, src, (size_t)count * sizeof(float));
+    for (uint32_t i = 0; i < ctx->n_tensors; i++) { /* weights=int8: onto the grid */
+        const cpu_tensor *t = &ctx->tensors[i];
+        if (t->offset < offset + count && t->offset + t->numel > offset)
+            cpu_q8_round_tensor(ctx, i);
+    }
+    cpu_params_changed(ctx);
+    return ORCH_OK;
+}
+
+static int32_t cpu_optimizer_shard(orch_engine_ctx *ctx, uint64_t offset,
+                                   uint64_t count) {
+    ENTER(ctx);
+    int32_t st = engine_check_shard(offset, count, ctx->n_params, ENGINE_ERRBUF(ctx));
+    if (st) return st;
+    if (offset == ctx->sh_off && count == ctx->sh_count) return ORCH_OK;
+    if (!ctx->adam_m && !ctx->adam_v) { /* not allocated yet: nothing to keep */
+        ctx->sh_off = offset;
+        ctx->sh_count = count;
+        return ORCH_OK;
+    }
+    float *m = zalloc((size_t)count), *v = zalloc((size_t)count);
+    if (!m || !v) {
+        zfree(m, (size_t)count);
+        zfree(v, (size_t)count);
+        return cpu_fail(ctx, ORCH_ERR_OUT_OF_MEMORY,
+                        "optimizer_shard: cannot allocate %llu MiB of moments",
+                        (unsigned long long)(count * 8 >> 20));
+    }
+    /* Keep the overlap of the old and the new range. */
+    uint64_t a = offset > ctx->sh_off ? offset : ctx->sh_off;
+    uint64_t b = offset + count < ctx->sh_off + ctx->sh_count
+                     ? offset + count
+                     : ctx->sh_off + ctx->sh_count;
+    if (a < b) {
+        if (ctx->adam_m)
+            memcpy(m + (a - offset), ctx->adam_m + (a - ctx->sh_off),
+                   (size_t)(b - a) * sizeof(float));
+        if (ctx->adam_v)
+            memcpy(v + (a - offset), ctx->adam_v + (a - ctx->sh_off),
+                   (size_t)(b - a) * sizeof(float));
+    }
+    zfree(ctx->adam_m, (size_t)ctx->sh_count);
+    zfree(ctx->adam_v, (size_t)ctx->sh_count);
+    ctx->adam_m = m;
+    ctx->adam_v = v;
+    ctx->sh_off = offset;
+    ctx->sh_count = count;
+    return ORCH_OK;
+}
+
+static int32_t cpu_moments_read(orch_engine_ctx *ctx, uint32_t kind, uint64_t offset,
+                                uint64_t count, float *dst) {
+    ENTER(ctx);
+    int32_t st =
+        engine_check_moment_range("moments_read", kind, offset, count, ctx->n_params,
+                                  ctx->sh_off, ctx->sh_count, dst, ENGINE_ERRBUF(ctx));
+    if (st) return st;
+    if (!count) return ORCH_OK;
+    const float *src = kind_buffer(ctx, kind);
+    if (src)
+        memcpy(dst, src + (offset - ctx->sh_off), (size_t)count * sizeof(float));
+    else /* moments not allocated yet: all zero */
+        memset(dst, 0, (size_t)count * sizeof(float));
+    return ORCH_OK;
+}
+
+static int32_t cpu_moments_write(orch_engine_ctx *ctx, uint32_t kind, uint64_t offset,
+                                 uint64_t count, const float *src) {
+    ENTER(ctx);
+    int32_t st =
+        engine_check_moment_range("moments_write", kind, offset, count, ctx->n_params,
+                                  ctx->sh_off, ctx->sh_count, src, ENGINE_ERRBUF(ctx));
+    if (st) return st;
+    if (!count) return ORCH_OK;
+    if ((st = cpu_ensure_train_state(ctx)) != ORCH_OK) return st;
+    memcpy(kind_buffer(ctx, kind) + (offset - ctx->sh_off), src,
+           (size_t)count * sizeof(float));
+    return ORCH_OK;
+}
+
+static int32_t cpu_optimizer_step_range(orch_engine_ctx *ctx,
+                                        const orch_adamw_params *params, uint64_t offset,
+                                        uint64_t count, float global_grad_norm) {
+    ENTER(ctx);
+    if (ctx->weights == CPU_WEIGHTS_INT8)
+        return cpu_fail(ctx, ORCH_ERR_UNSUPPORTED,
+                        "weights=int8 is an inference format; train with weights=fp32");
+    orch_adamw_params p;
+    int32_t st =
+        engine_check_step_range(params, offset, count, ctx->n_params, ctx->sh_off,
+                                ctx->sh_count, global_grad_norm, &p, ENGINE_ERRBUF(ctx));
+    if (st != ORCH_OK) return st;
+    st = cpu_train_optimizer_step_range(ctx, &p, offset, count, (double)global_grad_norm);
+    cpu_pool_park(ctx->pool);
+    return st;
+}
+
+static int32_t cpu_optimizer_bytes(orch_engine_ctx *ctx, uint64_t *out_bytes) {
+    ENTER(ctx);
+    if (!out_bytes) return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT, "out_bytes is NULL");
+    uint64_t n = (ctx->adam_m ? ctx->sh_count : 0) + (ctx->adam_v ? ctx->sh_count : 0);
+    *out_bytes = n * sizeof(float);
+    return ORCH_OK;
 }
 
 /* ------------------------------------------------------------------------- */
@@ -820,6 +970,13 @@ static const orch_engine_api cpu_api = {
     .kv_configure = cpu_kv_configure,
     .infer_forward = cpu_infer_forward_abi,
     .kv_copy_blocks = cpu_kv_copy_blocks,
+    .param_read = cpu_param_read,
+    .param_write = cpu_param_write,
+    .optimizer_shard = cpu_optimizer_shard,
+    .moments_read = cpu_moments_read,
+    .moments_write = cpu_moments_write,
+    .optimizer_step_range = cpu_optimizer_step_range,
+    .optimizer_bytes = cpu_optimizer_bytes,
 };
 
 ORCH_ENGINE_EXPORT const orch_engine_api *orch_engine_get_api(uint32_t abi_major);

@@ -146,6 +146,9 @@ struct orch_engine_ctx {
     uint32_t n_tensors;
     uint64_t n_params;
     float *params, *grads, *adam_m, *adam_v;
+    /* AdamW moments cover flat elements [sh_off, sh_off+sh_count) (ABI 1.2
+     * optimizer_shard; 0 and n_params unsharded): adam_m[i - sh_off]. */
+    uint64_t sh_off, sh_count;
     cpu_view pv, gv; /* views into params and grads */
     cpu_train_acts acts;
     /* packed copies of the weight matrices for skinny products */
@@ -259,6 +262,10 @@ void cpu_sgemm1(int trans_a, int trans_b, int M, int N, int K, float alpha,
 int32_t cpu_train_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
                                    const int32_t *targets, uint32_t B, uint32_t T,
                                    float grad_scale, int backward, float *out_loss);
+/* AdamW over flat elements [off, off+count) (inside the shard) with the
+ * clipping scale of the caller's global gradient norm (ABI 1.2). */
+int32_t cpu_train_optimizer_step_range(orch_engine_ctx *ctx, const orch_adamw_params *p,
+                                       uint64_t off, uint64_t count, double norm);
 int32_t cpu_train_optimizer_step(orch_engine_ctx *ctx, const orch_adamw_params *p,
                                  float *out_norm);
 void cpu_train_free(orch_engine_ctx *ctx);

@@ -709,6 +709,7 @@ int32_t cpu_train_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
 
 typedef struct opt_job {
     orch_engine_ctx *ctx;
+    size_t lo, hi;   /* flat range AdamW updates */
     double *partial; /* [chunks] */
     const orch_adamw_params *p;
     cpu_adamw_consts base;
@@ -726,8 +727,9 @@ static void adamw_chunk(void *arg, size_t c, int tid) {
     (void)tid;
     opt_job *j = arg;
     orch_engine_ctx *ctx = j->ctx;
-    const size_t lo = c * OPT_CHUNK;
-    const size_t hi = lo + OPT_CHUNK < ctx->n_params ? lo + OPT_CHUNK : ctx->n_params;
+    const size_t lo = j->lo + c * OPT_CHUNK;
+    const size_t hi = lo + OPT_CHUNK < j->hi ? lo + OPT_CHUNK : j->hi;
+    const size_t m0 = (size_t)ctx->sh_off; /* moments start at the shard */
     for (uint32_t t = 0; t < ctx->n_tensors; t++) {
         const cpu_tensor *ti = &ctx->tensors[t];
         size_t a = ti->offset > lo ? ti->offset : lo;
@@ -735,8 +737,8 @@ static void adamw_chunk(void *arg, size_t c, int tid) {
         if (a >= b) continue;
         cpu_adamw_consts k = j->base;
         k.decay = engine_adamw_decay(j->p, ti->flags);
-        cpu_adamw(ctx->isa, ctx->params + a, ctx->grads + a, ctx->adam_m + a,
-                  ctx->adam_v + a, b - a, &k);
+        cpu_adamw(ctx->isa, ctx->params + a, ctx->grads + a, ctx->adam_m + (a - m0),
+                  ctx->adam_v + (a - m0), b - a, &k);
     }
 }
 
@@ -758,10 +760,30 @@ int32_t cpu_train_optimizer_step(orch_engine_ctx *ctx, const orch_adamw_params *
     double norm = sqrt(sq);
     if (!isfinite(norm)) return engine_fail_nonfinite_norm(ENGINE_ERRBUF(ctx));
     j.p = p;
+    j.lo = 0;
+    j.hi = ctx->n_params;
     engine_adamw_consts_init(p, &j.base);
     j.base.gscale = engine_grad_clip_scale(p, norm);
     cpu_pool_for(ctx->pool, chunks, adamw_chunk, &j);
     cpu_params_changed(ctx);
     if (out_norm) *out_norm = (float)norm;
+    return ORCH_OK;
+}
+
+int32_t cpu_train_optimizer_step_range(orch_engine_ctx *ctx, const orch_adamw_params *p,
+                                       uint64_t off, uint64_t count, double norm) {
+    int32_t st = cpu_ensure_train_state(ctx);
+    if (st != ORCH_OK) return st;
+    if (count == 0) return ORCH_OK;
+    opt_job j;
+    memset(&j, 0, sizeof j);
+    j.ctx = ctx;
+    j.p = p;
+    j.lo = (size_t)off;
+    j.hi = (size_t)(off + count);
+    engine_adamw_consts_init(p, &j.base);
+    j.base.gscale = engine_grad_clip_scale(p, norm);
+    cpu_pool_for(ctx->pool, ((size_t)count + OPT_CHUNK - 1) / OPT_CHUNK, adamw_chunk, &j);
+    cpu_params_changed(ctx);
     return ORCH_OK;
 }

@@ -292,6 +292,8 @@ static int32_t build_table(orch_engine_ctx *ctx, const orch_model_desc *md) {
         return cu_set_error(ctx, ORCH_ERR_OUT_OF_MEMORY, "out of host memory");
     ctx->n_params = engine_model_table_fill(ctx->tensors, md);
     ctx->n_tensors = count;
+    ctx->sh_off = 0;
+    ctx->sh_count = ctx->n_params;
     return ORCH_OK;
 }
 
@@ -319,6 +321,7 @@ static void context_destroy(orch_engine_ctx *ctx) {
     cu_infer_free(ctx);
     if (ctx->d_kv) cudaFree(ctx->d_kv);
     if (ctx->d_params) cudaFree(ctx->d_params);
+    if (ctx->d_mom) cudaFree(ctx->d_mom);
     if (ctx->d_inv_freq) cudaFree(ctx->d_inv_freq);
     if (ctx->d_red) cudaFree(ctx->d_red);
     if (ctx->h_red) cudaFreeHost(ctx->h_red);
@@ -332,6 +335,33 @@ static void context_destroy(orch_engine_ctx *ctx) {
     free(ctx->h_tok_map);
     free(ctx->tensors);
     free(ctx);
+}
+
+/* Floats from d_m to d_v in a moment allocation of count elements each. */
+static uint64_t mom_stride(uint64_t count) { return (count + 63) & ~(uint64_t)63; }
+
+/* A zeroed device allocation for the m and v of count elements. */
+static int32_t mom_alloc(orch_engine_ctx *ctx, uint64_t count, float **out) {
+    size_t bytes = 2 * (size_t)mom_stride(count) * sizeof(float);
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 256);
+    if (e != cudaSuccess) {
+        if (e == cudaErrorMemoryAllocation) {
+            (void)cudaGetLastError();
+            return cu_set_error(ctx, ORCH_ERR_OUT_OF_MEMORY,
+                                "out of device memory: AdamW moments need %.1f MiB",
+                                (double)bytes / (1024.0 * 1024.0));
+        }
+        return cu_cuda_error(ctx, e, "cudaMalloc(moments)");
+    }
+    e = cudaMemsetAsync(p, 0, bytes, ctx->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(ctx->stream);
+    if (e != cudaSuccess) {
+        cudaFree(p);
+        return cu_cuda_error(ctx, e, "cudaMemset(moments)");
+    }
+    *out = (float *)p;
+    return ORCH_OK;
 }
 
 static int32_t create_device_state(orch_engine_ctx *ctx, const orch_model_desc *md,
@@ -353,11 +383,12 @@ static int32_t create_device_state(orch_engine_ctx *ctx, const orch_model_desc *
     default: ctx->compute = CUBLAS_COMPUTE_32F; break;
     }
 
-    /* parameters, gradients, m, v: one allocation, four views */
+    /* parameters and gradients: one allocation, two views; the moments
+     * (m, v) another (mom_alloc), so a shard can replace them */
     size_t bytes = (size_t)ctx->n_params * sizeof(float);
     size_t stride = (bytes + 255) & ~(size_t)255;
     void *p = NULL;
-    cudaError_t e = cudaMalloc(&p, 4 * stride);
+    cudaError_t e = cudaMalloc(&p, 2 * stride);
     if (e != cudaSuccess) {
         if (e == cudaErrorMemoryAllocation) {
             (void)cudaGetLastError();
@@ -370,8 +401,11 @@ static int32_t create_device_state(orch_engine_ctx *ctx, const orch_model_desc *
     }
     ctx->d_params = (float *)p;
     ctx->d_grads = (float *)((char *)p + stride);
-    ctx->d_m = (float *)((char *)p + 2 * stride);
-    ctx->d_v = (float *)((char *)p + 3 * stride);
+    float *mom = NULL;
+    CU_TRY(mom_alloc(ctx, ctx->sh_count, &mom));
+    ctx->d_mom = mom;
+    ctx->d_m = mom;
+    ctx->d_v = mom + mom_stride(ctx->sh_count);
 
     CU_CHECK(ctx, cudaMalloc(&p, (CU_NORM_BLOCKS + 1) * sizeof(double) + 64));
     ctx->d_red = (double *)p;
@@ -516,12 +550,29 @@ static float *kind_base(orch_engine_ctx *ctx, uint32_t kind) {
                                         : ctx->d_v;
 }
 
+static int sharded(const orch_engine_ctx *ctx) {
+    return ctx->sh_off != 0 || ctx->sh_count != ctx->n_params;
+}
+
+/* The whole-table moment calls need every moment (ABI 1.2). */
+static int32_t shard_refusal(orch_engine_ctx *ctx, const char *fn) {
+    return cu_set_error(ctx, ORCH_ERR_STATE,
+                        "%s: this context keeps the AdamW moments of [%llu, %llu+%llu) "
+                        "only (optimizer_shard); use moments_read/moments_write and "
+                        "optimizer_step_range",
+                        fn, (unsigned long long)ctx->sh_off,
+                        (unsigned long long)ctx->sh_off,
+                        (unsigned long long)ctx->sh_count);
+}
+
 static int32_t tensor_copy(orch_engine_ctx *ctx, uint32_t kind, uint32_t index,
                            void *host, uint64_t bytes, int to_host) {
     ENTER(ctx);
     CU_TRY(engine_check_tensor_io(to_host ? "tensor_read" : "tensor_write", kind, index,
                                   ctx->tensors, ctx->n_tensors, host, bytes,
                                   ENGINE_ERRBUF(ctx)));
+    if (kind != ORCH_TENSOR_PARAM && sharded(ctx))
+        return shard_refusal(ctx, to_host ? "tensor_read" : "tensor_write");
     const cu_tensor *t = &ctx->tensors[index];
     float *dev = kind_base(ctx, kind) + t->offset;
     if (to_host)
@@ -618,7 +669,117 @@ static int32_t optimizer_step(orch_engine_ctx *ctx, const orch_adamw_params *par
     ENTER(ctx);
     orch_adamw_params p;
     CU_TRY(engine_check_adamw(params, &p, ENGINE_ERRBUF(ctx)));
+    if (sharded(ctx)) return shard_refusal(ctx, "optimizer_step");
     return cu_model_adamw(ctx, &p, out_grad_norm);
+}
+
+/* ------------------------------------------------------------------------- */
+/* ABI 1.2: flat parameters, the optimizer shard, the ranged step             */
+/* ------------------------------------------------------------------------- */
+
+/* Copy count floats between host and dev (synchronous on the stream). */
+static int32_t flat_copy(orch_engine_ctx *ctx, float *dev, float *host, uint64_t count,
+                         int to_host) {
+    if (count == 0) return ORCH_OK;
+    size_t bytes = (size_t)count * sizeof(float);
+    if (to_host)
+        CU_CHECK(ctx,
+                 cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, ctx->stream));
+    else
+        CU_CHECK(ctx,
+                 cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, ctx->stream));
+    CU_CHECK(ctx, cudaStreamSynchronize(ctx->stream));
+    return ORCH_OK;
+}
+
+static int32_t param_read(orch_engine_ctx *ctx, uint64_t offset, uint64_t count,
+                          float *dst) {
+    ENTER(ctx);
+    CU_TRY(engine_check_flat_range("param_read", offset, count, ctx->n_params, dst,
+                                   ENGINE_ERRBUF(ctx)));
+    return flat_copy(ctx, ctx->d_params + offset, dst, count, 1);
+}
+
+static int32_t param_write(orch_engine_ctx *ctx, uint64_t offset, uint64_t count,
+                           const float *src) {
+    ENTER(ctx);
+    CU_TRY(engine_check_flat_range("param_write", offset, count, ctx->n_params, src,
+                                   ENGINE_ERRBUF(ctx)));
+    return flat_copy(ctx, ctx->d_params + offset, (float *)src, count, 0);
+}
+
+static int32_t optimizer_shard(orch_engine_ctx *ctx, uint64_t offset, uint64_t count) {
+    ENTER(ctx);
+    CU_TRY(engine_check_shard(offset, count, ctx->n_params, ENGINE_ERRBUF(ctx)));
+    if (offset == ctx->sh_off && count == ctx->sh_count) return ORCH_OK;
+    float *mom = NULL;
+    CU_TRY(mom_alloc(ctx, count, &mom));
+    float *m = mom, *v = mom + mom_stride(count);
+    /* keep the overlap of the old and the new range */
+    uint64_t a = offset > ctx->sh_off ? offset : ctx->sh_off;
+    uint64_t e1 = offset + count, e0 = ctx->sh_off + ctx->sh_count;
+    uint64_t b = e1 < e0 ? e1 : e0;
+    cudaError_t e = cudaSuccess;
+    if (a < b) {
+        size_t bytes = (size_t)(b - a) * sizeof(float);
+        e = cudaMemcpyAsync(m + (a - offset), ctx->d_m + (a - ctx->sh_off), bytes,
+                            cudaMemcpyDeviceToDevice, ctx->stream);
+        if (e == cudaSuccess)
+            e = cudaMemcpyAsync(v + (a - offset), ctx->d_v + (a - ctx->sh_off), bytes,
+                                cudaMemcpyDeviceToDevice, ctx->stream);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(ctx->stream);
+    }
+    if (e != cudaSuccess) {
+        cudaFree(mom);
+        return cu_cuda_error(ctx, e, "optimizer_shard: moment copy");
+    }
+    cudaFree(ctx->d_mom);
+    ctx->d_mom = mom;
+    ctx->d_m = m;
+    ctx->d_v = v;
+    ctx->sh_off = offset;
+    ctx->sh_count = count;
+    return ORCH_OK;
+}
+
+static int32_t moments_copy(orch_engine_ctx *ctx, const char *fn, uint32_t kind,
+                            uint64_t offset, uint64_t count, float *host, int to_host) {
+    ENTER(ctx);
+    CU_TRY(engine_check_moment_range(fn, kind, offset, count, ctx->n_params, ctx->sh_off,
+                                     ctx->sh_count, host, ENGINE_ERRBUF(ctx)));
+    float *dev =
+        (kind == ORCH_TENSOR_ADAM_M ? ctx->d_m : ctx->d_v) + (offset - ctx->sh_off);
+    return flat_copy(ctx, dev, host, count, to_host);
+}
+
+static int32_t moments_read(orch_engine_ctx *ctx, uint32_t kind, uint64_t offset,
+                            uint64_t count, float *dst) {
+    return moments_copy(ctx, "moments_read", kind, offset, count, dst, 1);
+}
+
+static int32_t moments_write(orch_engine_ctx *ctx, uint32_t kind, uint64_t offset,
+                             uint64_t count, const float *src) {
+    return moments_copy(ctx, "moments_write", kind, offset, count, (float *)src, 0);
+}
+
+static int32_t optimizer_step_range(orch_engine_ctx *ctx, const orch_adamw_params *params,
+                                    uint64_t offset, uint64_t count,
+                                    float global_grad_norm) {
+    ENTER(ctx);
+    orch_adamw_params p;
+    CU_TRY(engine_check_step_range(params, offset, count, ctx->n_params, ctx->sh_off,
+                                   ctx->sh_count, global_grad_norm, &p,
+                                   ENGINE_ERRBUF(ctx)));
+    if (count == 0) return ORCH_OK;
+    return cu_model_adamw_range(ctx, &p, offset, count, global_grad_norm);
+}
+
+static int32_t optimizer_bytes(orch_engine_ctx *ctx, uint64_t *out_bytes) {
+    if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
+    if (!out_bytes)
+        return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT, "out_bytes is NULL");
+    *out_bytes = 2 * mom_stride(ctx->sh_count) * sizeof(float);
+    return ORCH_OK;
 }
 
 /* ------------------------------------------------------------------------- */
@@ -816,6 +977,13 @@ static const orch_engine_api cuda_api = {
     kv_configure,
     infer_forward,
     kv_copy_blocks,
+    param_read,
+    param_write,
+    optimizer_shard,
+    moments_read,
+    moments_write,
+    optimizer_step_range,
+    optimizer_bytes,
 };
 
 extern "C" ORCH_ENGINE_EXPORT const orch_engine_api *

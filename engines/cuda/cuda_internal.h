@@ -173,6 +173,11 @@ struct orch_engine_ctx {
     uint32_t n_tensors;
     uint64_t n_params;
     float *d_params, *d_grads, *d_m, *d_v;
+    /* d_m and d_v live in d_mom (their own allocation) and cover flat
+     * [sh_off, sh_off+sh_count) (ABI 1.2 optimizer_shard; unsharded 0,
+     * n_params): d_m[i - sh_off]. */
+    float *d_mom;
+    uint64_t sh_off, sh_count;
 
     /* reductions (grad norm, loss) */
     double *d_red; /* CU_NORM_BLOCKS partial sums + 1 result */
@@ -255,6 +260,10 @@ int32_t cu_model_train_step(orch_engine_ctx *ctx, const int32_t *tokens,
 /* Global grad norm, clipping and AdamW over every tensor. Inputs validated.
  * Returns ORCH_ERR_NUMERIC (and changes nothing) for a non-finite norm. */
 int32_t cu_model_adamw(orch_engine_ctx *ctx, const orch_adamw_params *p, float *out_norm);
+/* AdamW over flat [off, off+count) (inside the shard) with the clipping
+ * scale of the caller's global gradient norm (ABI 1.2). */
+int32_t cu_model_adamw_range(orch_engine_ctx *ctx, const orch_adamw_params *p,
+                             uint64_t off, uint64_t count, float global_norm);
 
 /* One validated inference batch (see cuda_engine.cu for the flattening). */
 typedef struct cu_infer_plan {

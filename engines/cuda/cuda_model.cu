@@ -271,8 +271,8 @@ int32_t cu_model_init(orch_engine_ctx *ctx, uint64_t seed) {
     }
     size_t bytes = ctx->n_params * sizeof(float);
     KCHECK(ctx, cudaMemsetAsync(ctx->d_grads, 0, bytes, s));
-    KCHECK(ctx, cudaMemsetAsync(ctx->d_m, 0, bytes, s));
-    KCHECK(ctx, cudaMemsetAsync(ctx->d_v, 0, bytes, s));
+    KCHECK(ctx, cudaMemsetAsync(ctx->d_m, 0, ctx->sh_count * sizeof(float), s));
+    KCHECK(ctx, cudaMemsetAsync(ctx->d_v, 0, ctx->sh_count * sizeof(float), s));
     KCHECK(ctx, cudaStreamSynchronize(s));
     return ORCH_OK;
 }
@@ -582,6 +582,32 @@ int32_t cu_model_adamw(orch_engine_ctx *ctx, const orch_adamw_params *p,
     float nrm = ctx->h_norm[0];
     if (!isfinite(ctx->h_norm[1])) return engine_fail_nonfinite_norm(ENGINE_ERRBUF(ctx));
     if (out_norm) *out_norm = nrm;
+    return ORCH_OK;
+}
+
+int32_t cu_model_adamw_range(orch_engine_ctx *ctx, const orch_adamw_params *p,
+                             uint64_t off, uint64_t count, float global_norm) {
+    cudaStream_t s = ctx->stream;
+    /* The kernel reads [norm, clip scale] from the device, as after
+     * k_grad_norm; here the caller's global norm gives the scale. */
+    ctx->h_norm[0] = global_norm;
+    ctx->h_norm[1] = engine_grad_clip_scale(p, (double)global_norm);
+    KCHECK(ctx, cudaMemcpyAsync(ctx->d_norm, ctx->h_norm, 2 * sizeof(float),
+                                cudaMemcpyHostToDevice, s));
+    cu_adamw_consts c;
+    engine_adamw_consts_init(p, &c);
+    const uint64_t lo = off, hi = off + count;
+    for (uint32_t i = 0; i < ctx->n_tensors; i++) {
+        const cu_tensor *te = &ctx->tensors[i];
+        uint64_t a = te->offset > lo ? te->offset : lo;
+        uint64_t b = te->offset + te->numel < hi ? te->offset + te->numel : hi;
+        if (a >= b) continue;
+        c.decay = engine_adamw_decay(p, te->flags);
+        KCHECK(ctx, k_adamw(s, ctx->d_params + a, ctx->d_grads + a,
+                            ctx->d_m + (a - ctx->sh_off), ctx->d_v + (a - ctx->sh_off),
+                            b - a, ctx->d_norm, &c));
+    }
+    KCHECK(ctx, cudaStreamSynchronize(s));
     return ORCH_OK;
 }
 

@@ -90,6 +90,15 @@
  *   tensor_write grads_zero grads_read grads_write forward_backward
  *   optimizer_step eval_loss kv_block_bytes kv_configure infer_forward
  *   kv_copy_blocks. Unknown keys or bad values -> ORCH_ERR_INVALID_ARGUMENT.
+ *   (The ABI 1.2 calls take no faults.)
+ *
+ * ABI 1.2 (ZeRO-1): param_read/param_write of the flat parameters (lazy
+ * tensors are initialised first); optimizer_shard reallocates the moments to
+ * the shard (optimizer_bytes = 8 bytes x shard elements); optimizer_step_range
+ * runs optimizer_step's per-element update on its range with g * clip scale
+ * computed per element (the same f32 product optimizer_step gets by scaling
+ * the buffer first), so a 2-way sharded step gives optimizer_step's bits
+ * when handed the same norm.
  *
  * Errors: every call validates its arguments (NULL pointers, sizes, ranges)
  * and returns a status with a last_error message; out-parameters and state are
@@ -171,6 +180,9 @@ struct orch_engine_ctx {
     mock_tensor *tensors;
     uint64_t n_params;
     float *params, *grads, *adam_m, *adam_v;
+    /* The moments cover flat [sh_off, sh_off+sh_count) (ABI 1.2
+     * optimizer_shard): adam_m[i - sh_off]. Unsharded: 0, n_params. */
+    uint64_t sh_off, sh_count;
     uint8_t *param_ready; /* per tensor: parameters initialised or written */
     uint64_t seed;
     /* The loss's four entries (see the top): tensors and element offsets of
@@ -527,6 +539,8 @@ static int32_t mock_context_create(const orch_model_desc *model,
     ctx->adam_m = calloc(n, sizeof(float));
     ctx->adam_v = calloc(n, sizeof(float));
     ctx->param_ready = calloc(ctx->n_tensors, 1);
+    ctx->sh_off = 0;
+    ctx->sh_count = ctx->n_params;
     if (!ctx->params || !ctx->grads || !ctx->adam_m || !ctx->adam_v ||
         !ctx->param_ready) {
         mock_context_destroy(ctx);
@@ -575,6 +589,18 @@ static int32_t mock_tensor_info(orch_engine_ctx *ctx, uint32_t kind, uint32_t in
     return ORCH_OK;
 }
 
+/* The whole-table moment calls need every moment (ABI 1.2). */
+static int32_t need_unsharded(orch_engine_ctx *ctx, uint32_t kind, const char *fn) {
+    if (kind == ORCH_TENSOR_PARAM || (ctx->sh_off == 0 && ctx->sh_count == ctx->n_params))
+        return ORCH_OK;
+    return fail(ctx, ORCH_ERR_STATE,
+                "%s: this context keeps the AdamW moments of [%llu, %llu+%llu) only "
+                "(optimizer_shard); use moments_read/moments_write and "
+                "optimizer_step_range",
+                fn, (unsigned long long)ctx->sh_off, (unsigned long long)ctx->sh_off,
+                (unsigned long long)ctx->sh_count);
+}
+
 static int32_t mock_tensor_read(orch_engine_ctx *ctx, uint32_t kind, uint32_t index,
                                 void *dst, uint64_t dst_bytes) {
     if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
@@ -583,6 +609,7 @@ static int32_t mock_tensor_read(orch_engine_ctx *ctx, uint32_t kind, uint32_t in
     if ((st = engine_check_tensor_io("tensor_read", kind, index, ctx->tensors,
                                      ctx->n_tensors, dst, dst_bytes, ENGINE_ERRBUF(ctx))))
         return st;
+    if ((st = need_unsharded(ctx, kind, "tensor_read"))) return st;
     if (kind == ORCH_TENSOR_PARAM) param_ensure(ctx, index);
     memcpy(dst, kind_buffer(ctx, kind) + ctx->tensors[index].offset, (size_t)dst_bytes);
     return ORCH_OK;
@@ -596,6 +623,7 @@ static int32_t mock_tensor_write(orch_engine_ctx *ctx, uint32_t kind, uint32_t i
     if ((st = engine_check_tensor_io("tensor_write", kind, index, ctx->tensors,
                                      ctx->n_tensors, src, src_bytes, ENGINE_ERRBUF(ctx))))
         return st;
+    if ((st = need_unsharded(ctx, kind, "tensor_write"))) return st;
     memcpy(kind_buffer(ctx, kind) + ctx->tensors[index].offset, src, (size_t)src_bytes);
     if (kind == ORCH_TENSOR_PARAM) ctx->param_ready[index] = 1;
     return ORCH_OK;
@@ -715,6 +743,7 @@ static int32_t mock_optimizer_step(orch_engine_ctx *ctx, const orch_adamw_params
     if (st) return st;
     orch_adamw_params p;
     if ((st = engine_check_adamw(params, &p, ENGINE_ERRBUF(ctx))) != ORCH_OK) return st;
+    if ((st = need_unsharded(ctx, ORCH_TENSOR_ADAM_M, "optimizer_step"))) return st;
     double sq = 0.0;
     for (uint64_t i = 0; i < ctx->n_params; i++)
         sq += (double)ctx->grads[i] * (double)ctx->grads[i];
@@ -741,6 +770,148 @@ static int32_t mock_optimizer_step(orch_engine_ctx *ctx, const orch_adamw_params
         }
     }
     if (out_grad_norm) *out_grad_norm = (float)norm;
+    return ORCH_OK;
+}
+
+/* ------------------------------------------------------------------------- */
+/* ABI 1.2: flat parameters, the optimizer shard, the ranged step             */
+/* ------------------------------------------------------------------------- */
+
+/* Initialise the (lazy) parameters of every tensor overlapping [a, b). */
+static void params_ensure_range(orch_engine_ctx *ctx, uint64_t a, uint64_t b) {
+    for (uint32_t i = 0; i < ctx->n_tensors; i++) {
+        const mock_tensor *t = &ctx->tensors[i];
+        if (t->offset < b && t->offset + t->numel > a) param_ensure(ctx, i);
+    }
+}
+
+static int32_t mock_param_read(orch_engine_ctx *ctx, uint64_t offset, uint64_t count,
+                               float *dst) {
+    if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
+    int32_t st = engine_check_flat_range("param_read", offset, count, ctx->n_params, dst,
+                                         ENGINE_ERRBUF(ctx));
+    if (st) return st;
+    params_ensure_range(ctx, offset, offset + count);
+    if (count) memcpy(dst, ctx->params + offset, (size_t)count * sizeof(float));
+    return ORCH_OK;
+}
+
+static int32_t mock_param_write(orch_engine_ctx *ctx, uint64_t offset, uint64_t count,
+                                const float *src) {
+    if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
+    int32_t st = engine_check_flat_range("param_write", offset, count, ctx->n_params, src,
+                                         ENGINE_ERRBUF(ctx));
+    if (st) return st;
+    params_ensure_range(ctx, offset, offset + count); /* partly covered tensors */
+    if (count) memcpy(ctx->params + offset, src, (size_t)count * sizeof(float));
+    return ORCH_OK;
+}
+
+static int32_t mock_optimizer_shard(orch_engine_ctx *ctx, uint64_t offset,
+                                    uint64_t count) {
+    if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
+    int32_t st = engine_check_shard(offset, count, ctx->n_params, ENGINE_ERRBUF(ctx));
+    if (st) return st;
+    if (offset == ctx->sh_off && count == ctx->sh_count) return ORCH_OK;
+    float *m = calloc((size_t)count, sizeof(float));
+    float *v = calloc((size_t)count, sizeof(float));
+    if (!m || !v) {
+        free(m);
+        free(v);
+        return fail(ctx, ORCH_ERR_OUT_OF_MEMORY,
+                    "optimizer_shard: cannot allocate %llu bytes of moments",
+                    (unsigned long long)(count * 8));
+    }
+    uint64_t a = offset > ctx->sh_off ? offset : ctx->sh_off;
+    uint64_t e1 = offset + count, e0 = ctx->sh_off + ctx->sh_count;
+    uint64_t b = e1 < e0 ? e1 : e0;
+    if (a < b) {
+        memcpy(m + (a - offset), ctx->adam_m + (a - ctx->sh_off),
+               (size_t)(b - a) * sizeof(float));
+        memcpy(v + (a - offset), ctx->adam_v + (a - ctx->sh_off),
+               (size_t)(b - a) * sizeof(float));
+    }
+    free(ctx->adam_m);
+    free(ctx->adam_v);
+    ctx->adam_m = m;
+    ctx->adam_v = v;
+    ctx->sh_off = offset;
+    ctx->sh_count = count;
+    return ORCH_OK;
+}
+
+/* moments_read (to_engine 0: engine -> buf) and moments_write. */
+static int32_t mock_moments_io(orch_engine_ctx *ctx, const char *fn, uint32_t kind,
+                               uint64_t offset, uint64_t count, void *buf,
+                               int to_engine) {
+    if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
+    int32_t st =
+        engine_check_moment_range(fn, kind, offset, count, ctx->n_params, ctx->sh_off,
+                                  ctx->sh_count, buf, ENGINE_ERRBUF(ctx));
+    if (st) return st;
+    if (!count) return ORCH_OK;
+    float *mom = kind_buffer(ctx, kind) + (offset - ctx->sh_off);
+    if (to_engine)
+        memcpy(mom, buf, (size_t)count * sizeof(float));
+    else
+        memcpy(buf, mom, (size_t)count * sizeof(float));
+    return ORCH_OK;
+}
+
+static int32_t mock_moments_read(orch_engine_ctx *ctx, uint32_t kind, uint64_t offset,
+                                 uint64_t count, float *dst) {
+    return mock_moments_io(ctx, "moments_read", kind, offset, count, dst, 0);
+}
+
+static int32_t mock_moments_write(orch_engine_ctx *ctx, uint32_t kind, uint64_t offset,
+                                  uint64_t count, const float *src) {
+    /* the buffer is only read on this path */
+    return mock_moments_io(ctx, "moments_write", kind, offset, count, (void *)src, 1);
+}
+
+/* The ranged step: the same per-element update as optimizer_step, with
+ * g * scale computed per element (optimizer_step scales the buffer first:
+ * the same f32 product). */
+static int32_t mock_optimizer_step_range(orch_engine_ctx *ctx,
+                                         const orch_adamw_params *params, uint64_t offset,
+                                         uint64_t count, float global_grad_norm) {
+    if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
+    orch_adamw_params p;
+    int32_t st =
+        engine_check_step_range(params, offset, count, ctx->n_params, ctx->sh_off,
+                                ctx->sh_count, global_grad_norm, &p, ENGINE_ERRBUF(ctx));
+    if (st) return st;
+    const float scale = engine_grad_clip_scale(&p, (double)global_grad_norm);
+    const uint64_t lo = offset, hi = offset + count;
+    params_ensure_range(ctx, lo, hi);
+    const float b1 = p.beta1, b2 = p.beta2;
+    const float bc1 = (float)(1.0 - pow((double)b1, (double)p.step));
+    const float bc2 = (float)(1.0 - pow((double)b2, (double)p.step));
+    for (uint32_t ti = 0; ti < ctx->n_tensors; ti++) {
+        const mock_tensor *t = &ctx->tensors[ti];
+        uint64_t a = t->offset > lo ? t->offset : lo;
+        uint64_t b = t->offset + t->numel < hi ? t->offset + t->numel : hi;
+        if (a >= b) continue;
+        const float decay = engine_adamw_decay(&p, t->flags);
+        for (uint64_t i = a; i < b; i++) {
+            float g = scale != 1.0f ? ctx->grads[i] * scale : ctx->grads[i];
+            float *m = ctx->adam_m + (i - ctx->sh_off),
+                  *v = ctx->adam_v + (i - ctx->sh_off);
+            float *w = ctx->params + i;
+            *m = b1 * *m + (1.0f - b1) * g;
+            *v = b2 * *v + (1.0f - b2) * g * g;
+            float mhat = *m / bc1, vhat = *v / bc2;
+            *w *= decay;
+            *w -= p.lr * mhat / (sqrtf(vhat) + p.eps);
+        }
+    }
+    return ORCH_OK;
+}
+
+static int32_t mock_optimizer_bytes(orch_engine_ctx *ctx, uint64_t *out_bytes) {
+    if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
+    if (!out_bytes) return fail(ctx, ORCH_ERR_INVALID_ARGUMENT, "out_bytes is NULL");
+    *out_bytes = 2 * ctx->sh_count * sizeof(float);
     return ORCH_OK;
 }
 
@@ -905,6 +1076,13 @@ static const orch_engine_api mock_api = {
     .kv_configure = mock_kv_configure,
     .infer_forward = mock_infer_forward,
     .kv_copy_blocks = mock_kv_copy_blocks,
+    .param_read = mock_param_read,
+    .param_write = mock_param_write,
+    .optimizer_shard = mock_optimizer_shard,
+    .moments_read = mock_moments_read,
+    .moments_write = mock_moments_write,
+    .optimizer_step_range = mock_optimizer_step_range,
+    .optimizer_bytes = mock_optimizer_bytes,
 };
 
 ORCH_ENGINE_EXPORT const orch_engine_api *orch_engine_get_api(uint32_t abi_major);

@@ -27,7 +27,8 @@
  *           beta1 0.9, beta2 0.95, eps 1e-8, grad_clip 1.0 (0 = off),
  *           seed 1337, eval_every 100 (0 = only at the end), eval_batches 8,
  *           checkpoint_every 0 (0 = only at the end), keep_checkpoints 3,
- *           early_stop_patience 0 (0 = off; counted in evaluations)
+ *           early_stop_patience 0 (0 = off; counted in evaluations),
+ *           zero 0 (0|1: ZeRO-1 sharded optimizer state, see dist.h)
  *   data:   tokenizer R (byte|gpt2), train R (shard glob), val R (shard glob)
  *           Relative paths are relative to the current directory of the
  *           process reading the config. `orch train` makes them absolute
@@ -112,6 +113,7 @@ typedef struct config_train {
     uint64_t checkpoint_every;
     uint32_t keep_checkpoints;
     uint32_t early_stop_patience;
+    uint32_t zero; /* 1: ZeRO-1, AdamW moments sharded over the ranks (dist.h) */
 } config_train;
 
 typedef struct config_data {

@@ -88,6 +88,7 @@ static const config_key_spec train_keys[] = {
       OFF(config_train, keep_checkpoints), 0, 3, NULL },
     { "early_stop_patience", KT_U32, 0, 0, 1000000, 0, 0, NULL,
       OFF(config_train, early_stop_patience), 0, 0, NULL },
+    { "zero", KT_U32, 0, 0, 1, 0, 0, NULL, OFF(config_train, zero), 0, 0, NULL },
 };
 
 static const config_key_spec data_keys[] = {

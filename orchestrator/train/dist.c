@@ -6,6 +6,7 @@
 #include "orchestrator/train/dist.h"
 
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,6 +67,12 @@ static struct {
     size_t bucket_floats;
     float *bufs[DIST_N_BUCKET_BUFS];
     size_t buf_floats;
+    /* ZeRO-1 (dist_zero_setup): n flat elements, this rank's shard, every
+     * rank's count and displacement, one host buffer of n floats. */
+    int zero;
+    uint64_t zero_n, zero_off, zero_cnt;
+    int *zero_counts, *zero_displs;
+    float *zero_buf;
 #if DIST_MPI
     MPI_Comm comm;
     int have_comm;
@@ -292,6 +299,12 @@ int dist_finish(int rc, int agreed) {
         g.bufs[i] = NULL;
     }
     g.buf_floats = 0;
+    free(g.zero_counts);
+    free(g.zero_displs);
+    free(g.zero_buf);
+    g.zero_counts = g.zero_displs = NULL;
+    g.zero_buf = NULL;
+    g.zero = 0;
     return rc;
 }
 
@@ -628,4 +641,196 @@ fail:
         (void)err_cap;
     return 0;
 #endif
+}
+
+/* ------------------------------------------------------------------------- */
+/* ZeRO-1: sharded AdamW moments                                              */
+/* ------------------------------------------------------------------------- */
+void dist_shard_of(uint64_t n, int rank, int world, uint64_t *off, uint64_t *count) {
+    uint64_t w = world > 0 ? (uint64_t)world : 1, r = (uint64_t)(rank > 0 ? rank : 0);
+    uint64_t base = n / w, extra = n % w;
+    *count = base + (r < extra ? 1 : 0);
+    *off = r * base + (r < extra ? r : extra);
+}
+
+static int zero_engine_err(const engine_handle *h, orch_engine_ctx *ctx, int32_t st,
+                           const char *what, char *err, size_t cap) {
+    char m[1024];
+    engine_format_error(h, ctx, st, m, sizeof m);
+    util_set_err(err, cap, "rank %d of %d: engine %s: %s failed: %s", g.rank, g.world,
+                 h->api->name, what, m);
+    return -1;
+}
+
+int dist_zero_supported(const orch_engine_api *api, char *err, size_t err_cap) {
+    if (ORCH_API_HAS(api, param_read) && ORCH_API_HAS(api, param_write) &&
+        ORCH_API_HAS(api, optimizer_shard) && ORCH_API_HAS(api, moments_read) &&
+        ORCH_API_HAS(api, moments_write) && ORCH_API_HAS(api, optimizer_step_range) &&
+        ORCH_API_HAS(api, optimizer_bytes))
+        return 1;
+    util_set_err(err, err_cap,
+                 "train.zero = 1: engine %s has ABI %u.%u without the ranged optimizer "
+                 "step (ZeRO-1 needs ABI 1.2: optimizer_step_range, optimizer_shard, "
+                 "moments_read/write, param_read/write); set train.zero = 0",
+                 api->name, api->abi_major, api->abi_minor);
+    return 0;
+}
+
+int dist_zero_setup(const engine_handle *h, orch_engine_ctx *ctx, uint64_t n_params,
+                    uint64_t *off, uint64_t *count, char *err, size_t err_cap) {
+    if (!dist_zero_supported(h->api, err, err_cap)) return -1;
+    if (n_params == 0 || n_params > (uint64_t)INT_MAX) {
+        util_set_err(err, err_cap,
+                     "train.zero = 1: %llu parameters; MPI counts this implementation "
+                     "uses hold 1 .. %d",
+                     (unsigned long long)n_params, INT_MAX);
+        return -1;
+    }
+    free(g.zero_counts);
+    free(g.zero_displs);
+    free(g.zero_buf);
+    g.zero_counts = calloc((size_t)g.world, sizeof(int));
+    g.zero_displs = calloc((size_t)g.world, sizeof(int));
+    g.zero_buf = malloc((size_t)n_params * sizeof(float));
+    if (!g.zero_counts || !g.zero_displs || !g.zero_buf) {
+        util_set_err(err, err_cap, "train.zero = 1: out of memory (%llu bytes)",
+                     (unsigned long long)(n_params * sizeof(float)));
+        return -1;
+    }
+    for (int r = 0; r < g.world; r++) {
+        uint64_t o, c;
+        dist_shard_of(n_params, r, g.world, &o, &c);
+        g.zero_counts[r] = (int)c;
+        g.zero_displs[r] = (int)o;
+    }
+    g.zero_n = n_params;
+    dist_shard_of(n_params, g.rank, g.world, &g.zero_off, &g.zero_cnt);
+    int32_t st = h->api->optimizer_shard(ctx, g.zero_off, g.zero_cnt);
+    if (st != ORCH_OK)
+        return zero_engine_err(h, ctx, st, "optimizer_shard", err, err_cap);
+    g.zero = 1;
+    *off = g.zero_off;
+    *count = g.zero_cnt;
+    return 0;
+}
+
+int dist_zero_step(const engine_handle *h, orch_engine_ctx *ctx,
+                   const orch_adamw_params *ap, double *scalars, uint32_t n_scalars,
+                   uint64_t step, float *out_norm, int *diverged, char *err,
+                   size_t err_cap) {
+    const orch_engine_api *api = h->api;
+    const uint64_t n = g.zero_n, off = g.zero_off, cnt = g.zero_cnt;
+    float *buf = g.zero_buf;
+    *diverged = 0;
+    if (!g.zero || n_scalars > 15) {
+        util_set_err(err, err_cap, "ZeRO-1 step without dist_zero_setup");
+        return -1;
+    }
+    /* 1. Reduce-scatter: this rank's shard of the summed gradient. */
+    int32_t st = api->grads_read(ctx, 0, n, buf);
+    if (st != ORCH_OK) return zero_engine_err(h, ctx, st, "grads_read", err, err_cap);
+    double sums[16] = { 0 };
+#if DIST_MPI
+    if (g.active) {
+        wd_arm("gradient reduce-scatter (ZeRO-1)", step, 0);
+        int rc = MPI_Reduce_scatter(MPI_IN_PLACE, buf, g.zero_counts, MPI_FLOAT, MPI_SUM,
+                                    g.comm);
+        wd_disarm();
+        if (rc != MPI_SUCCESS)
+            return mpi_fail(rc, "gradient reduce-scatter", err, err_cap);
+        /* the result is at the start of buf: move it to the shard's place */
+        if (off) memmove(buf + off, buf, (size_t)cnt * sizeof(float));
+        st = api->grads_write(ctx, off, cnt, buf + off);
+        if (st != ORCH_OK)
+            return zero_engine_err(h, ctx, st, "grads_write", err, err_cap);
+    }
+#endif
+    /* 2. The global gradient norm: squares of each shard, summed over ranks
+     * together with the caller's scalars. */
+    for (uint64_t i = off; i < off + cnt; i++) sums[0] += (double)buf[i] * (double)buf[i];
+    for (uint32_t i = 0; i < n_scalars; i++) sums[1 + i] = scalars[i];
+#if DIST_MPI
+    if (g.active) {
+        wd_arm("gradient norm (ZeRO-1)", step, 0);
+        int rc = MPI_Allreduce(MPI_IN_PLACE, sums, (int)(1 + n_scalars), MPI_DOUBLE,
+                               MPI_SUM, g.comm);
+        wd_disarm();
+        if (rc != MPI_SUCCESS) return mpi_fail(rc, "gradient norm sum", err, err_cap);
+    }
+#endif
+    for (uint32_t i = 0; i < n_scalars; i++) scalars[i] = sums[1 + i];
+    double norm = sqrt(sums[0]);
+    if (!isfinite(norm)) {
+        *diverged = 1;
+        util_set_err(err, err_cap, "the global gradient norm is not finite");
+        return -1;
+    }
+    /* 3. AdamW on this rank's shard. */
+    st = api->optimizer_step_range(ctx, ap, off, cnt, (float)norm);
+    if (st != ORCH_OK) {
+        *diverged = st == ORCH_ERR_NUMERIC;
+        return zero_engine_err(h, ctx, st, "optimizer_step_range", err, err_cap);
+    }
+    /* 4. All-gather the updated parameters. */
+#if DIST_MPI
+    if (g.active) {
+        st = api->param_read(ctx, off, cnt, buf + off);
+        if (st != ORCH_OK) return zero_engine_err(h, ctx, st, "param_read", err, err_cap);
+        wd_arm("parameter all-gather (ZeRO-1)", step, 0);
+        int rc = MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, g.zero_counts,
+                                g.zero_displs, MPI_FLOAT, g.comm);
+        wd_disarm();
+        if (rc != MPI_SUCCESS) return mpi_fail(rc, "parameter all-gather", err, err_cap);
+        if ((off && (st = api->param_write(ctx, 0, off, buf)) != ORCH_OK) ||
+            (off + cnt < n && (st = api->param_write(ctx, off + cnt, n - off - cnt,
+                                                     buf + off + cnt)) != ORCH_OK))
+            return zero_engine_err(h, ctx, st, "param_write", err, err_cap);
+    }
+#else
+    (void)step;
+#endif
+    if (out_norm) *out_norm = (float)norm;
+    return 0;
+}
+
+int dist_zero_gather(const engine_handle *h, orch_engine_ctx *ctx, char *err,
+                     size_t err_cap) {
+    if (!g.zero || g.world <= 1) return 0;
+#if DIST_MPI
+    const orch_engine_api *api = h->api;
+    float *buf = g.zero_buf;
+    int32_t st;
+    if (g.rank == 0 && (st = api->optimizer_shard(ctx, 0, g.zero_n)) != ORCH_OK)
+        return zero_engine_err(h, ctx, st, "optimizer_shard", err, err_cap);
+    static const uint32_t kinds[2] = { ORCH_TENSOR_ADAM_M, ORCH_TENSOR_ADAM_V };
+    for (int k = 0; k < 2; k++) {
+        st = api->moments_read(ctx, kinds[k], g.zero_off, g.zero_cnt, buf + g.zero_off);
+        if (st != ORCH_OK)
+            return zero_engine_err(h, ctx, st, "moments_read", err, err_cap);
+        wd_arm("moment gather to rank 0 (ZeRO-1 checkpoint)", 0, 1);
+        int rc = g.rank == 0
+                     ? MPI_Gatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, g.zero_counts,
+                                   g.zero_displs, MPI_FLOAT, 0, g.comm)
+                     : MPI_Gatherv(buf + g.zero_off, (int)g.zero_cnt, MPI_FLOAT, NULL,
+                                   NULL, NULL, MPI_FLOAT, 0, g.comm);
+        wd_disarm();
+        if (rc != MPI_SUCCESS) return mpi_fail(rc, "moment gather", err, err_cap);
+        if (g.rank == 0 &&
+            (st = api->moments_write(ctx, kinds[k], 0, g.zero_n, buf)) != ORCH_OK)
+            return zero_engine_err(h, ctx, st, "moments_write", err, err_cap);
+    }
+    return 0;
+#else
+    (void)h, (void)ctx, (void)err, (void)err_cap;
+    return 0;
+#endif
+}
+
+int dist_zero_reshard(const engine_handle *h, orch_engine_ctx *ctx, char *err,
+                      size_t err_cap) {
+    if (!g.zero || g.world <= 1 || g.rank != 0) return 0;
+    int32_t st = h->api->optimizer_shard(ctx, g.zero_off, g.zero_cnt);
+    if (st != ORCH_OK)
+        return zero_engine_err(h, ctx, st, "optimizer_shard", err, err_cap);
+    return 0;
 }

@@ -50,10 +50,24 @@
  * leave their data unchanged).
  * Errors: 0 / -1 with a one-line message in err; nothing is printed except
  * by the watchdog (which then exits) and by MPI_Abort itself.
- * Not done: ZeRO-style sharding of the AdamW moments. The ABI's
- * optimizer_step updates every parameter from moments the engine holds for
- * all of them; sharding needs a ranged optimizer step (and a parameter
- * all-gather) in a later ABI minor.
+ * ZeRO-1 (train.zero = 1, engines of ABI 1.2): the flat parameter vector of
+ * n elements is cut into world balanced shards (dist_shard_of); each engine
+ * context keeps the AdamW moments of its rank's shard only
+ * (optimizer_shard). A step reads the whole local gradient, reduce-scatters
+ * it (MPI_Reduce_scatter, SUM: each rank receives its shard of the sum),
+ * writes that shard back, sums the squares of every shard over the ranks
+ * for the global norm (with the loss and stop scalars in the same
+ * all-reduce), runs optimizer_step_range on its shard with that norm, and
+ * all-gathers the updated parameters (MPI_Allgatherv, then param_write of
+ * the other ranks' ranges). With 2 ranks every shard element is the same
+ * a+b as the all-reduce's, so zero=1 differs from zero=0 only by the
+ * summation order of the norm. Checkpoints stay world-size independent:
+ * before rank 0 writes one, dist_zero_gather gathers the moment shards to
+ * rank 0 (which holds the full moments while it writes; dist_zero_reshard
+ * then drops them again); on load every rank reads the full checkpoint,
+ * rank 0's tables are broadcast and each rank keeps its shard
+ * (dist_zero_setup after dist_bcast_model). Host memory: one buffer of n
+ * floats per rank (the gradient and parameter staging of the collectives).
  * Memory: the module keeps its buffers until dist_finish.
  */
 #ifndef ORCH_DIST_H
@@ -108,6 +122,43 @@ int dist_bcast_model(const engine_handle *h, orch_engine_ctx *ctx, char *err,
  * place). step is used in messages only. */
 int dist_allreduce_grads(const engine_handle *h, orch_engine_ctx *ctx, double *scalars,
                          uint32_t n_scalars, uint64_t step, char *err, size_t err_cap);
+
+/* ---- ZeRO-1 (see above) ---- */
+
+/* The balanced shard of rank of world over n elements: the first n % world
+ * ranks get one element more. */
+void dist_shard_of(uint64_t n, int rank, int world, uint64_t *off, uint64_t *count);
+
+/* 1 when api has every ABI 1.2 member ZeRO-1 calls; else 0 with the one-line
+ * refusal in err. */
+int dist_zero_supported(const orch_engine_api *api, char *err, size_t err_cap);
+
+/* Shard the moments of ctx (n_params flat elements) over the ranks: this
+ * rank's range goes to *off and *count and to the engine (optimizer_shard).
+ * Works with world size 1 (one shard: everything). Call after
+ * dist_bcast_model. */
+int dist_zero_setup(const engine_handle *h, orch_engine_ctx *ctx, uint64_t n_params,
+                    uint64_t *off, uint64_t *count, char *err, size_t err_cap);
+
+/* One ZeRO-1 optimizer step after the micro-batches' forward_backward: the
+ * reduce-scatter, global norm (into *out_norm), ranged AdamW and parameter
+ * all-gather described above. scalars (at most 15) are SUMMED over the ranks
+ * in the same round. On failure *diverged is 1 when the gradient norm was not
+ * finite (the step changed nothing). */
+int dist_zero_step(const engine_handle *h, orch_engine_ctx *ctx,
+                   const orch_adamw_params *ap, double *scalars, uint32_t n_scalars,
+                   uint64_t step, float *out_norm, int *diverged, char *err,
+                   size_t err_cap);
+
+/* Collective: gather every rank's moment shard into rank 0's context, which
+ * afterwards holds all moments (so its tensor tables can be saved). No-op
+ * without ZeRO-1 or with one rank. */
+int dist_zero_gather(const engine_handle *h, orch_engine_ctx *ctx, char *err,
+                     size_t err_cap);
+
+/* Rank 0, after dist_zero_gather and the save: keep its own shard again. */
+int dist_zero_reshard(const engine_handle *h, orch_engine_ctx *ctx, char *err,
+                      size_t err_cap);
 
 /* SUM n doubles over all ranks, in place. */
 int dist_allreduce_sum(double *v, size_t n, const char *what, char *err, size_t err_cap);

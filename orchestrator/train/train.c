@@ -43,6 +43,10 @@ typedef struct trainer {
     char ckpt_dir[4096];
     uint64_t ckpt_step; /* step of the newest checkpoint (saved or resumed) */
     int have_ckpt;
+    int zero;                    /* train.zero = 1: ZeRO-1 (dist.h) */
+    uint64_t n_params;           /* flat parameter count */
+    uint64_t zero_off, zero_cnt; /* this rank's moment shard */
+    char elastic_note[512];      /* the elastic-resume line, printed after the banner */
 } trainer;
 
 /* ------------------------------------------------------------------------- */
@@ -283,11 +287,61 @@ static int open_engine(trainer *t, int *kind, char *err, size_t cap) {
                     "engine %s cannot train (needs the train and eval "
                     "capabilities)",
                     t->eng.api->name);
+    if (c->train.zero && !dist_zero_supported(t->eng.api, msg, sizeof msg))
+        return fail(kind, TRAIN_ERR_INPUT, err, cap, "%s", msg);
     orch_model_desc desc;
     config_model_desc(c, &desc);
     if (engine_create_context(&t->eng, &desc, c->engine.threads, c->train.seed,
                               c->engine.options, &t->ctx, msg, sizeof msg) != 0)
         return fail(kind, TRAIN_ERR_INPUT, err, cap, "%s", msg);
+    return 0;
+}
+
+/* Elastic resume: the checkpoint was written by s->world ranks, this run has
+ * N = dist_world(). Each step consumes G = world x grad_accum micro-batches
+ * drawn in order from the one shared sampler stream (data_loader.h: every
+ * data_loader_next draws N x micro_batch windows and rank r keeps draws
+ * r*B .. r*B+B-1), and the checkpoint holds the stream's state after the
+ * last consumed draw. Re-deriving the windows therefore means: keep G, so
+ * grad_accum becomes G / N; every step then consumes exactly the G*B windows
+ * the old layout would have, split over the new ranks, and none is skipped
+ * or repeated. A G that N does not divide is refused. A config grad_accum
+ * other than the checkpoint's (--set on the resume) is taken as given: the
+ * stream still continues where it stopped, with another global batch, and
+ * the line says so. */
+static int elastic_rederive(trainer *t, const train_state *s, const char *dir, int *kind,
+                            char *err, size_t cap) {
+    uint32_t n = (uint32_t)dist_world();
+    uint32_t accum = s->grad_accum ? s->grad_accum : t->cfg->train.grad_accum;
+    uint64_t global = (uint64_t)s->world * accum;
+    if (s->grad_accum && t->cfg->train.grad_accum != s->grad_accum) {
+        /* --set train.grad_accum on the command line: the user's choice wins;
+         * the stream still continues where the checkpoint left it. */
+        snprintf(t->elastic_note, sizeof t->elastic_note,
+                 "train: resuming on %u rank%s (checkpoint was written by %u): data "
+                 "windows re-derived from the sample stream, grad_accum %u as set "
+                 "(%llu micro-batches per step instead of %llu)\n",
+                 n, n == 1 ? "" : "s", s->world, t->cfg->train.grad_accum,
+                 (unsigned long long)n * t->cfg->train.grad_accum,
+                 (unsigned long long)global);
+        return 0;
+    }
+    if (global % n != 0)
+        return fail(kind, TRAIN_ERR_INPUT, err, cap,
+                    "resume: %s was written by %u ranks x grad_accum %u = %llu "
+                    "micro-batches per step, which %u ranks cannot split evenly "
+                    "(use a number of ranks that divides %llu)",
+                    dir, s->world, accum, (unsigned long long)global, n,
+                    (unsigned long long)global);
+    uint32_t new_accum = (uint32_t)(global / n);
+    t->own_cfg->train.grad_accum = new_accum;
+    snprintf(t->elastic_note, sizeof t->elastic_note,
+             "train: resuming on %u rank%s (checkpoint was written by %u): data windows "
+             "re-derived, grad_accum %u -> %u keeps %llu micro-batches of %u per step, "
+             "continuing the sample stream after %llu windows\n",
+             n, n == 1 ? "" : "s", s->world, accum, new_accum, (unsigned long long)global,
+             t->cfg->train.micro_batch,
+             (unsigned long long)(s->step * global * t->cfg->train.micro_batch));
     return 0;
 }
 
@@ -312,7 +366,10 @@ static int restore(trainer *t, int *kind, char *err, size_t cap) {
                     dir);
     if (ckpt_load_weights(dir, &t->eng, t->ctx, 1, msg, sizeof msg) != 0)
         return fail(kind, TRAIN_ERR_INPUT, err, cap, "resume: %s", msg);
-    uint64_t total = t->st.total_steps; /* from this run's config */
+    if (s.world && s.world != (uint32_t)dist_world() &&
+        elastic_rederive(t, &s, dir, kind, err, cap) != 0)
+        return -1;
+    uint64_t total = total_steps_of(t->cfg, t->train_ds); /* this run's config */
     t->st = s;
     t->st.total_steps = total;
     snprintf(t->ckpt_dir, sizeof t->ckpt_dir, "%s", dir);
@@ -379,6 +436,50 @@ static int eval_step(trainer *t, uint64_t step, double *val, int *stop, int *kin
     return 0;
 }
 
+/* After the first step (engines allocate moments lazily): every rank's
+ * optimizer_bytes, printed by rank 0 as one line, e.g.
+ * "train: optimizer state per rank: 1000, 1000 bytes (zero=1, ...)". Quiet on
+ * an engine without optimizer_bytes (ABI < 1.2). Collective. */
+static int report_optimizer_memory(trainer *t, char *err, size_t cap) {
+    const orch_engine_api *api = t->eng.api;
+    if (!ORCH_API_HAS(api, optimizer_bytes)) return 0;
+    int world = dist_world();
+    double *all = calloc((size_t)world, sizeof *all);
+    if (!all) {
+        util_set_err(err, cap, "out of memory");
+        return -1;
+    }
+    uint64_t bytes = 0;
+    int32_t st = api->optimizer_bytes(t->ctx, &bytes);
+    if (st != ORCH_OK) {
+        char m[1024];
+        engine_format_error(&t->eng, t->ctx, st, m, sizeof m);
+        util_set_err(err, cap, "engine %s: optimizer_bytes failed: %s", api->name, m);
+        free(all);
+        return -1;
+    }
+    all[dist_rank()] = (double)bytes;
+    if (dist_allreduce_sum(all, (size_t)world, "optimizer memory report", err, cap) !=
+        0) {
+        free(all);
+        return -1;
+    }
+    if (t->o->out) {
+        char list[1024] = "";
+        size_t len = 0;
+        for (int r = 0; r < world && len + 32 < sizeof list; r++)
+            len += (size_t)snprintf(list + len, sizeof list - len, "%s%.0f",
+                                    r ? ", " : "", all[r]);
+        say(t,
+            "train: optimizer state per rank: %s bytes (zero=%d, %d rank%s, %llu "
+            "parameters; unsharded %llu bytes)\n",
+            list, t->zero, world, world == 1 ? "" : "s", (unsigned long long)t->n_params,
+            (unsigned long long)(8 * t->n_params));
+    }
+    free(all);
+    return 0;
+}
+
 static int train_loop(trainer *t, train_result *res, int *kind, char *err, size_t cap) {
     const train_opts *o = t->o;
     const config_train *c = &t->cfg->train;
@@ -414,11 +515,10 @@ static int train_loop(trainer *t, train_result *res, int *kind, char *err, size_
             loss_sum += (double)l;
         }
         double shared[2] = { loss_sum, o->stop_flag && *o->stop_flag };
-        if (dist_allreduce_grads(&t->eng, t->ctx, shared, 2, step, msg, sizeof msg) != 0)
+        if (!t->zero &&
+            dist_allreduce_grads(&t->eng, t->ctx, shared, 2, step, msg, sizeof msg) != 0)
             return fail(kind, TRAIN_ERR_RUNTIME, err, cap, "step %llu: %s",
                         (unsigned long long)step, msg);
-        loss_sum = shared[0];
-        double loss = loss_sum / ((double)c->grad_accum * dist_world());
         double lr = lr_schedule_at(&t->sched, step);
         orch_adamw_params ap;
         memset(&ap, 0, sizeof ap);
@@ -431,10 +531,26 @@ static int train_loop(trainer *t, train_result *res, int *kind, char *err, size_
         ap.weight_decay = (float)c->weight_decay;
         ap.grad_clip = (float)c->grad_clip;
         float gnorm = 0;
-        st = api->optimizer_step(t->ctx, &ap, &gnorm);
-        if (st != ORCH_OK)
-            return engine_fail(t, st, "optimizer_step", step, kind, err, cap);
+        if (t->zero) { /* reduce-scatter, sharded AdamW, all-gather (dist.h) */
+            int diverged = 0;
+            if (dist_zero_step(&t->eng, t->ctx, &ap, shared, 2, step, &gnorm, &diverged,
+                               msg, sizeof msg) != 0)
+                return fail(kind, TRAIN_ERR_RUNTIME, err, cap, "step %llu: %s%s",
+                            (unsigned long long)step, msg,
+                            diverged ? " (training diverged: try a lower train.lr or "
+                                       "train.grad_clip)"
+                                     : "");
+        } else {
+            st = api->optimizer_step(t->ctx, &ap, &gnorm);
+            if (st != ORCH_OK)
+                return engine_fail(t, st, "optimizer_step", step, kind, err, cap);
+        }
+        loss_sum = shared[0];
+        double loss = loss_sum / ((double)c->grad_accum * dist_world());
         double dt = util_now() - t0;
+        if (steps_run == 0 && report_optimizer_memory(t, msg, sizeof msg) != 0)
+            return fail(kind, TRAIN_ERR_RUNTIME, err, cap, "step %llu: %s",
+                        (unsigned long long)step, msg);
         steps_run++;
         t->st.step = step;
         t->st.tokens_seen += (uint64_t)step_tokens;
@@ -443,6 +559,8 @@ static int train_loop(trainer *t, train_result *res, int *kind, char *err, size_
         t->st.tokens_per_s = dt > 0 ? step_tokens / dt : 0;
         t->st.elapsed_s = elapsed0 + (util_now() - run_start);
         data_loader_rng_state(t->loader, &t->st.rng);
+        t->st.world = (uint32_t)dist_world();
+        t->st.grad_accum = c->grad_accum;
 
         int last = step == t->st.total_steps;
         double avg = (util_now() - run_start) / (double)steps_run;
@@ -474,9 +592,15 @@ static int train_loop(trainer *t, train_result *res, int *kind, char *err, size_
         int paused = o->stop_after && steps_run >= o->stop_after && !last;
         int periodic = c->checkpoint_every && step % c->checkpoint_every == 0;
         if (periodic || last || signalled || paused || stop_early) {
+            if (t->zero && dist_zero_gather(&t->eng, t->ctx, msg, sizeof msg) != 0)
+                return fail(kind, TRAIN_ERR_RUNTIME, err, cap, "step %llu: %s",
+                            (unsigned long long)step, msg);
             int saved =
                 dist_is_root() ? save_checkpoint(t, val_at_step, kind, err, cap) : 0;
             if (share_checkpoint(t, &saved, kind, err, cap) != 0 || saved != 0) return -1;
+            if (t->zero && dist_zero_reshard(&t->eng, t->ctx, msg, sizeof msg) != 0)
+                return fail(kind, TRAIN_ERR_RUNTIME, err, cap, "step %llu: %s",
+                            (unsigned long long)step, msg);
             if (periodic && !last && !signalled && !paused && !stop_early)
                 say(t, "step %llu: checkpoint %s\n", (unsigned long long)step,
                     t->ckpt_dir);
@@ -599,6 +723,23 @@ int train_run(const train_opts *o, train_result *res, int *err_kind, char *err,
         goto out;
     }
     res->start_step = t.st.step;
+    uint32_t n_tensors = 0;
+    if (t.eng.api->tensor_count(t.ctx, ORCH_TENSOR_PARAM, &n_tensors) == ORCH_OK)
+        for (uint32_t i = 0; i < n_tensors; i++) {
+            orch_tensor_info ti;
+            memset(&ti, 0, sizeof ti);
+            ti.struct_size = sizeof ti;
+            if (t.eng.api->tensor_info(t.ctx, ORCH_TENSOR_PARAM, i, &ti) == ORCH_OK)
+                t.n_params += ti.numel;
+        }
+    if (c->zero) {
+        if (dist_zero_setup(&t.eng, t.ctx, t.n_params, &t.zero_off, &t.zero_cnt, msg,
+                            sizeof msg) != 0) {
+            fail(err_kind, TRAIN_ERR_RUNTIME, err, err_cap, "%s", msg);
+            goto out;
+        }
+        t.zero = 1;
+    }
 
     lr_schedule_kind kind = LR_SCHEDULE_COSINE;
     lr_schedule_parse_kind(c->schedule, &kind);
@@ -640,6 +781,20 @@ int train_run(const train_opts *o, train_result *res, int *err_kind, char *err,
         goto out;
     }
     print_banner(&t);
+    if (t.elastic_note[0] && o->out) {
+        fputs(t.elastic_note, o->out);
+        fflush(o->out);
+    }
+    if (t.zero && o->out) {
+        fprintf(o->out,
+                "train: ZeRO-1: AdamW moments sharded over %d rank%s (rank 0 keeps "
+                "[%llu, %llu) of %llu)\n",
+                dist_world(), dist_world() == 1 ? "" : "s",
+                (unsigned long long)t.zero_off,
+                (unsigned long long)(t.zero_off + t.zero_cnt),
+                (unsigned long long)t.n_params);
+        fflush(o->out);
+    }
     rc = train_loop(&t, res, err_kind, err, err_cap);
 out:
     progress_break(&t);

@@ -23,7 +23,10 @@
  * state.json (written into every checkpoint):
  *   {"format":1, "step":N, "total_steps":N, "engine":"cpu",
  *    "engine_threads":N, "tokenizer":"byte",
- *    "data":{"rng":"<64 hex digits: xoshiro256** state>","tokens_seen":N},
+ *    "data":{"rng":"<64 hex digits: xoshiro256** state>","tokens_seen":N,
+ *            "world":N,"grad_accum":N},   (the ranks and accumulation that
+ *            wrote it: a resume on another number of ranks keeps
+ *            world x grad_accum micro-batches per step, see train.c)
  *    "schedule":{"kind":"cosine","lr":X,"min_lr":X,"warmup_steps":N,
  *                "total_steps":N,"last_lr":X},
  *    "best_val_loss":X|null, "best_val_step":N, "evals_since_best":N,

@@ -30,6 +30,8 @@ char *train_state_to_json(const train_state *s, const char *engine_name,
     cJSON *data = cJSON_AddObjectToObject(root, "data");
     cJSON_AddStringToObject(data, "rng", hex);
     cJSON_AddNumberToObject(data, "tokens_seen", (double)s->tokens_seen);
+    cJSON_AddNumberToObject(data, "world", s->world);
+    cJSON_AddNumberToObject(data, "grad_accum", s->grad_accum);
     cJSON *sch = cJSON_AddObjectToObject(root, "schedule");
     cJSON_AddStringToObject(sch, "kind", lr_schedule_kind_name(sched->kind));
     cJSON_AddNumberToObject(sch, "lr", sched->lr);
@@ -56,7 +58,7 @@ char *train_state_to_json(const train_state *s, const char *engine_name,
 static int read_numbers(const cJSON *root, train_state *s, char *err, size_t cap) {
     const uint64_t U53 = JSON_READ_U64_MAX;
     const unsigned N = JSON_READ_NULLABLE;
-    uint64_t evals = 0, u = 0;
+    uint64_t evals = 0, u = 0, world = 0, accum = 0;
     double d = 0;
     if (json_read_u64(root, "step", JSON_READ_REQUIRED, 0, 0, U53, &s->step, err, cap) ||
         json_read_u64(root, "total_steps", 0, 0, 0, U53, &s->total_steps, err, cap) ||
@@ -65,6 +67,8 @@ static int read_numbers(const cJSON *root, train_state *s, char *err, size_t cap
         json_read_u64(root, "best_val_step", 0, 0, 0, s->step, &s->best_val_step, err,
                       cap) ||
         json_read_u64(root, "evals_since_best", 0, 0, 0, UINT32_MAX, &evals, err, cap) ||
+        json_read_u64(root, "data.world", 0, 0, 0, UINT32_MAX, &world, err, cap) ||
+        json_read_u64(root, "data.grad_accum", 0, 0, 0, UINT32_MAX, &accum, err, cap) ||
         json_read_u64(root, "engine_threads", 0, 0, 0, UINT32_MAX, &u, err, cap) ||
         json_read_f64(root, "best_val_loss", N, NAN, -HUGE_VAL, HUGE_VAL,
                       &s->best_val_loss, err, cap) ||
@@ -85,6 +89,8 @@ static int read_numbers(const cJSON *root, train_state *s, char *err, size_t cap
         json_read_u64(root, "schedule.total_steps", 0, 0, 0, U53, &u, err, cap))
         return -1;
     s->evals_since_best = (uint32_t)evals;
+    s->world = (uint32_t)world;
+    s->grad_accum = (uint32_t)accum;
     return 0;
 }
 

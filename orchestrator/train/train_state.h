@@ -36,6 +36,11 @@ typedef struct train_state {
     double last_lr;
     double elapsed_s;
     double tokens_per_s;
+    /* The data-parallel layout that wrote the state ("data.world",
+     * "data.grad_accum"; 0 when absent: an older checkpoint). A resume on a
+     * different number of ranks re-derives grad_accum from them (train.c). */
+    uint32_t world;
+    uint32_t grad_accum;
 } train_state;
 
 /* state.json for a checkpoint: s, the engine's name, the schedule and the
