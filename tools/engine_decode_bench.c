@@ -109,8 +109,8 @@ int main(int argc, char **argv) {
             i++;
         } else if (v && strcmp(a, "--arch") == 0) {
             if (strcmp(v, "gpt2") != 0 && strcmp(v, "llama") != 0) {
-                fprintf(stderr, "engine_decode_bench: --arch is gpt2 or llama, not '%s'\n",
-                        v);
+                fprintf(stderr,
+                        "engine_decode_bench: --arch is gpt2 or llama, not '%s'\n", v);
                 return 2;
             }
             m.arch = strcmp(v, "llama") == 0 ? ORCH_ARCH_LLAMA : ORCH_ARCH_GPT2;

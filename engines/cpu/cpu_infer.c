@@ -212,7 +212,8 @@ static int32_t packed_ensure(orch_engine_ctx *ctx) {
     const size_t C = ctx->C, M = ctx->M, L = ctx->L;
     const size_t sizes[4][2] = { { 3 * C, C }, { C, C }, { M, C }, { C, M } };
     const float **src = malloc(L * 4 * sizeof *src);
-    if (!src) return cpu_fail(ctx, ORCH_ERR_OUT_OF_MEMORY, "infer_forward: out of memory");
+    if (!src)
+        return cpu_fail(ctx, ORCH_ERR_OUT_OF_MEMORY, "infer_forward: out of memory");
     for (size_t l = 0; l < L; l++) {
         const cpu_layer_view *w = &ctx->pv.layer[l];
         src[l * 4 + 0] = w->qkv_w, src[l * 4 + 1] = w->ap_w;

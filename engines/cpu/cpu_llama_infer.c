@@ -51,7 +51,8 @@ static int32_t packed_ensure(orch_engine_ctx *ctx) {
     const size_t sizes[4][2] = { { QS, C }, { C, C }, { 2 * M, C }, { C, M } };
     static const int first[4] = { LL_Q, LL_O, LL_GATE, LL_DOWN };
     const float **src = malloc(L * 4 * sizeof *src);
-    if (!src) return cpu_fail(ctx, ORCH_ERR_OUT_OF_MEMORY, "infer_forward: out of memory");
+    if (!src)
+        return cpu_fail(ctx, ORCH_ERR_OUT_OF_MEMORY, "infer_forward: out of memory");
     for (uint32_t l = 0; l < L; l++)
         for (size_t k = 0; k < 4; k++)
             src[l * 4 + k] = cpu_llama_tensor(ctx, ctx->params, l, first[k]);
