@@ -27,7 +27,13 @@ put in place (Docker's containers start none either). Mounts are undone on
 exit, also on failure.
 
 Writes <work>/<stage>.image.json: user, workdir, env, entrypoint, cmd, labels
-(what `docker run` would use). Needs root. Exit status 0 on success, 1 on the
+(what `docker run` would use). Needs root.
+
+--check interprets the file without building anything (no root, no network):
+every instruction is parsed and must be in the subset, ARG/ENV values are
+expanded, each COPY source must exist in the context and not be excluded by
+.dockerignore, each COPY --from must name an earlier stage; it prints the
+stages and the last stage's image settings as JSON. Exit status 0 on success, 1 on the
 first failing instruction (its line number and command are printed), 2 on a
 usage error or an unsupported instruction.
 """
@@ -183,12 +189,15 @@ class Builder:
         self.stages = {}  # name -> root
         self.mounts = Mounts()
         self.log = sys.stdout
+        self.dry = args.check
 
     # --- stages --------------------------------------------------------
     def new_root(self, image, name):
         if image != "debian:12":
             raise RecipeError("FROM %s: only debian:12 is provided (a debootstrap tarball)" % image, 2)
         root = os.path.join(self.a.work, name)
+        if self.dry:
+            return root
         if os.path.exists(root):
             subprocess.run(["rm", "-rf", "--one-file-system", root], check=True)
         os.makedirs(root)
@@ -212,6 +221,8 @@ class Builder:
         return root
 
     def mount_all(self, root):
+        if self.dry:
+            return
         self.mounts.bind(None, os.path.join(root, "proc"), "proc")
         self.mounts.bind("/dev", os.path.join(root, "dev"))
         if os.path.isdir("/dev/pts"):
@@ -226,6 +237,8 @@ class Builder:
 
     # --- instructions ----------------------------------------------------
     def run_in(self, st, argv, lineno):
+        if self.dry:
+            return
         env = {"PATH": DEFAULT_PATH, "HOME": "/root" if st["user"] == "root" else st["home"]}
         env.update(st["args"])
         env.update(st["env"])
@@ -268,9 +281,13 @@ class Builder:
             if from_context and (rel.startswith("..") or self.ignore.ignored(rel)):
                 raise RecipeError("line %d: COPY %s: outside the context or excluded by .dockerignore"
                                   % (lineno, s))
+            if self.dry and not from_context:
+                continue  # a stage's files exist only once it is built
             if not os.path.lexists(host):
                 raise RecipeError("line %d: COPY %s: not found in the %s" %
                                   (lineno, s, "context" if from_context else "stage"))
+            if self.dry:
+                continue
             if os.path.isdir(host) and not os.path.islink(host):
                 self.copy_tree(host, dest_host, rel if from_context else None)
             else:
@@ -280,7 +297,7 @@ class Builder:
                     target = os.path.join(dest_host, os.path.basename(host))
                 os.makedirs(os.path.dirname(target), exist_ok=True)
                 shutil.copy2(host, target, follow_symlinks=False)
-        if chown:
+        if chown and not self.dry:
             u = chown
             subprocess.run(["chroot", st["root"], "chown", "-R", u, os.path.normpath(dest)], check=True)
 
@@ -348,7 +365,8 @@ class Builder:
             elif ins == "WORKDIR":
                 wd = expand(rest.strip(), env)
                 st["workdir"] = os.path.normpath(os.path.join(st["workdir"], wd))
-                os.makedirs(st["root"] + st["workdir"], exist_ok=True)
+                if not self.dry:
+                    os.makedirs(st["root"] + st["workdir"], exist_ok=True)
             elif ins == "COPY":
                 self.copy(st, rest, lineno)
             elif ins == "RUN":
@@ -359,6 +377,9 @@ class Builder:
             elif ins == "USER":
                 user = expand(rest.strip(), env)
                 st["user"] = user
+                if self.dry:
+                    st["home"] = "/home/" + user.split(":")[0]
+                    continue
                 home = subprocess.run(["chroot", st["root"], "getent", "passwd", user.split(":")[0]],
                                       stdout=subprocess.PIPE, text=True).stdout.split(":")
                 if len(home) < 6:
@@ -384,6 +405,9 @@ class Builder:
     def finish_stage(self, st, t_stage):
         self.stages[st["name"]] = st["root"]
         image = {k: st[k] for k in ("user", "workdir", "env", "entrypoint", "cmd", "labels", "home")}
+        self.last_image = dict(image, stage=st["name"], stages=list(self.stages))
+        if self.dry:
+            return
         with open(os.path.join(self.a.work, st["name"] + ".image.json"), "w") as f:
             json.dump(image, f, indent=1)
         self.say("stage %s done in %.0f s" % (st["name"], time.time() - t_stage))
@@ -393,13 +417,28 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--dockerfile", required=True)
     p.add_argument("--context", required=True)
-    p.add_argument("--work", required=True, help="directory for the stage roots")
-    p.add_argument("--tarball", required=True, help="debootstrap --make-tarball output")
+    p.add_argument("--check", action="store_true", help="interpret without building (no root)")
+    p.add_argument("--work", help="directory for the stage roots")
+    p.add_argument("--tarball", help="debootstrap --make-tarball output")
     p.add_argument("--mirror", default="http://deb.debian.org/debian")
-    p.add_argument("--apt-cache", required=True, help="host directory for downloaded .debs")
+    p.add_argument("--apt-cache", help="host directory for downloaded .debs")
     p.add_argument("--build-arg", action="append", default=[])
     p.add_argument("--log", help="file for the RUN output (default: stdout)")
     a = p.parse_args()
+    if a.check:
+        a.work, a.out = "/nonexistent-stage-roots", None
+        b = Builder(a)
+        b.log = open(os.devnull, "w")
+        try:
+            with open(a.dockerfile, encoding="utf-8") as f:
+                b.build(f.read())
+        except (RecipeError, ValueError) as e:
+            print("docker_recipe.py: %s" % e, file=sys.stderr)
+            return getattr(e, "status", 2)
+        print(json.dumps(b.last_image, sort_keys=True))
+        return 0
+    if not (a.work and a.tarball and a.apt_cache):
+        p.error("--work, --tarball and --apt-cache are required (or --check)")
     if os.geteuid() != 0:
         print("docker_recipe.py: needs root (chroot, mount)", file=sys.stderr)
         return 2

@@ -22,8 +22,12 @@
 #
 # Cached between runs under $BUILD/docker-recipe (never the source tree): the
 # debootstrap tarball (debootstrap --make-tarball; made on the first run) and
-# the downloaded .debs. The stage roots are removed at the end (KEEP=1 keeps
-# them). Needs root, debootstrap (installed with apt-get when missing) and the
+# the downloaded .debs. The stage roots live in a fresh directory under
+# ${TMPDIR:-/var/tmp} (never under build/, which `make clean` removes with
+# rm -rf: a bind-mounted /dev left by a killed run must not be in its way);
+# they are unmounted and removed at the end (KEEP=1 keeps them), and mounts
+# that a killed earlier run left behind are undone first. The build log of
+# the last run is kept as $BUILD/docker-recipe/last-run.log. Needs root, debootstrap (installed with apt-get when missing) and the
 # Debian mirror; exits 77 with one line when one of them is unavailable.
 # Prints the time each part took. Takes several minutes (package downloads,
 # a full build on this machine's cores), so it is not part of `make test`.
@@ -32,8 +36,9 @@ cd "$(dirname "$0")/.."
 root=$PWD
 BUILD=${BUILD:-build}
 MIRROR=${MIRROR:-http://deb.debian.org/debian}
-work="$root/$BUILD/docker-recipe"
-tarball="$work/bookworm-minbase.tgz"
+cache="$root/$BUILD/docker-recipe"
+tarball="$cache/bookworm-minbase.tgz"
+stage_parent=${TMPDIR:-/var/tmp}
 t_start=$(date +%s)
 
 if [ "$(id -u)" -ne 0 ]; then echo "SKIP: needs root (chroot, mount)"; exit 77; fi
@@ -50,28 +55,31 @@ PY=/usr/bin/python3
 
 fails=0
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
-mounts_under() { awk -v p="$1/" 'index($2, p) == 1 { print $2 }' /proc/mounts | sort -r; }
-unmount_all() { local m; for m in $(mounts_under "$work"); do umount -l "$m" 2>/dev/null; done; }
+mounts_under() { awk -v p="$1" 'index($2, p) == 1 { print $2 }' /proc/mounts | sort -r; }
+unmount_all() { local m; for m in $(mounts_under "$1"); do umount -l "$m" 2>/dev/null; done; }
+# a run that was killed may have left its mounts (and roots)
+unmount_all "$stage_parent/orch-docker-recipe."
+mkdir -p "$cache"
+work=$(mktemp -d "$stage_parent/orch-docker-recipe.XXXXXX")
 cleanup() {
-  unmount_all
+  unmount_all "$work/"
+  cp "$work/run.log" "$cache/last-run.log" 2>/dev/null
   if [ "${KEEP:-0}" != 1 ]; then
-    rm -rf --one-file-system "$work/build" "$work/runtime" "$work/smoke"
+    [ -z "$(mounts_under "$work/")" ] && rm -rf --one-file-system "$work"
+  else
+    echo "kept the stage roots in $work"
   fi
 }
 trap cleanup EXIT
-mkdir -p "$work"
-unmount_all # a run that was killed may have left its mounts
 
 # --- the Debian 12 base, cached ---------------------------------------------
 t0=$(date +%s)
 if [ ! -s "$tarball" ]; then
-  rm -rf --one-file-system "$work/tarball.tmp"
   if ! debootstrap --variant=minbase --make-tarball="$tarball.tmp" bookworm "$work/tarball.tmp" \
       "$MIRROR" >"$work/make-tarball.log" 2>&1; then
     tail -n 5 "$work/make-tarball.log"; echo "FAIL: debootstrap --make-tarball"; exit 1
   fi
   mv "$tarball.tmp" "$tarball"
-  rm -rf --one-file-system "$work/tarball.tmp"
   echo "time: debootstrap --make-tarball $(($(date +%s) - t0)) s"
 else
   echo "time: debootstrap tarball cached ($tarball)"
@@ -81,7 +89,7 @@ fi
 t0=$(date +%s)
 : >"$work/run.log"
 if ! "$PY" tools/docker_recipe.py --dockerfile Dockerfile --context . --work "$work" \
-    --tarball "$tarball" --mirror "$MIRROR" --apt-cache "$work/apt-archives" \
+    --tarball "$tarball" --mirror "$MIRROR" --apt-cache "$cache/apt-archives" \
     --log "$work/run.log" ${CUDA:+--build-arg CUDA=$CUDA}; then
   tail -n 30 "$work/run.log"; echo "FAIL: the Dockerfile did not build (log: $work/run.log)"
   KEEP=1; exit 1
@@ -124,6 +132,12 @@ for lib in "$rt"/opt/orch/bin/orch "$rt"/opt/orch/bin/libengine_*.so; do
   missing=$(chroot "$rt" ldd "${lib#"$rt"}" 2>&1 | grep 'not found')
   [ -z "$missing" ] || fail "$(basename "$lib"): $missing"
 done
+# the libraries the cpu engine dlopen()s (not visible to ldd)
+for so in libopenblas.so.0 libdnnl.so.2; do
+  chroot "$rt" /sbin/ldconfig -p | grep -q " $so " || fail "the runtime stage lacks $so (dlopen()ed by the cpu engine)"
+done
+out=$(run_image info --engine cpu 2>&1)
+grep -q 'GEMM: OpenBLAS' <<<"$out" || fail "orch info --engine cpu does not report OpenBLAS: $(grep probe <<<"$out")"
 for f in /usr/bin/gcc /usr/bin/cc /usr/bin/make /usr/include/cjson /usr/include/microhttpd.h; do
   [ ! -e "$rt$f" ] || fail "the runtime stage holds $f (build-only)"
 done
