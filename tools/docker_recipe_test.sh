@@ -134,7 +134,7 @@ for lib in "$rt"/opt/orch/bin/orch "$rt"/opt/orch/bin/libengine_*.so; do
 done
 # the libraries the cpu engine dlopen()s (not visible to ldd)
 for so in libopenblas.so.0 libdnnl.so.2; do
-  chroot "$rt" /sbin/ldconfig -p | grep -q " $so " || fail "the runtime stage lacks $so (dlopen()ed by the cpu engine)"
+  chroot "$rt" /sbin/ldconfig -p | grep -qE "^[[:space:]]+${so//./\\.} " || fail "the runtime stage lacks $so (dlopen()ed by the cpu engine)"
 done
 out=$(run_image info --engine cpu 2>&1)
 grep -q 'GEMM: OpenBLAS' <<<"$out" || fail "orch info --engine cpu does not report OpenBLAS: $(grep probe <<<"$out")"
