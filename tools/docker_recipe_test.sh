@@ -18,7 +18,11 @@
 #   - every shared library of orch and the engines resolves (ldd), the user
 #     is not root, no compiler or -dev headers are in the runtime stage;
 #   - the image name tools/k8s/volcano-train.yaml runs is the one the
-#     Dockerfile documents ("# Image: NAME").
+#     Dockerfile documents ("# Image: NAME");
+#   - the packages of the CUDA=1 branches exist in Debian 12 non-free and
+#     resolve in each stage (apt-get install --simulate; CUDA=1 itself, a
+#     ~3 GB toolkit, is built only when the variable is set: CUDA=1 make
+#     docker-recipe-test).
 #
 # Cached between runs under $BUILD/docker-recipe (never the source tree): the
 # debootstrap tarball (debootstrap --make-tarball; made on the first run) and
@@ -179,6 +183,25 @@ done < <(sed -n 's/^ *image: *\([^ #]*\).*/\1/p' tools/k8s/volcano-train.yaml)
 [ -n "$(sed -n 's/^ *image: *\([^ #]*\).*/\1/p' tools/k8s/volcano-train.yaml)" ] ||
   fail "tools/k8s/volcano-train.yaml names no image"
 echo "time: smoke test $(($(date +%s) - t0)) s"
+
+# CUDA=1 is not built here (nvidia-cuda-toolkit is ~3 GB); the packages each
+# stage's CUDA branch names must at least exist in Debian 12 with the
+# components that branch enables, and resolve (apt-get install --simulate).
+if [ "${CUDA:-0}" != 1 ]; then
+  t0=$(date +%s)
+  for st in build runtime; do
+    branch=$(sed -n "/^FROM .* AS $st\$/,/^FROM /p" Dockerfile | sed -n '/if \[ "$CUDA" = 1 \]/,/^ *fi\b/p')
+    pkgs=$(grep -o 'apt-get install -y --no-install-recommends [^;]*' <<<"$branch" | tail -n 1 |
+           sed 's/.*--no-install-recommends //')
+    sedexpr=$(grep -o "sed -i '[^']*'" <<<"$branch" | head -n 1 | sed "s/^sed -i '//; s/'\$//")
+    if [ -z "$pkgs" ] || [ -z "$sedexpr" ]; then fail "$st: no CUDA=1 branch with a package list"; continue; fi
+    out=$(chroot "$work/$st" /bin/sh -c "sed -i '$sedexpr' /etc/apt/sources.list.d/debian.sources &&
+      apt-get update -qq && apt-get install -s --no-install-recommends $pkgs" 2>&1) ||
+      { fail "$st: CUDA=1 packages do not resolve: $pkgs: $(tail -n 3 <<<"$out")"; continue; }
+    echo "ok: $st stage, CUDA=1: $pkgs resolve ($(grep -c '^Inst ' <<<"$out") packages to install)"
+  done
+  echo "time: CUDA package check $(($(date +%s) - t0)) s"
+fi
 echo "time: total $(($(date +%s) - t_start)) s"
 echo "runtime stage: $(du -sh --one-file-system "$rt" 2>/dev/null | cut -f1) (build stage $(du -sh --one-file-system "$work/build" 2>/dev/null | cut -f1))"
 

@@ -78,7 +78,7 @@ int main(int argc, char **argv) {
         int reps = (int)(((size_t)1 << 28) / bytes);
         if (reps < 3) reps = 3;
         if (reps > 50) reps = 50;
-        double t[50] = {0};
+        double t[50] = { 0 };
         for (int r = -2; r < reps; r++) {
             for (size_t k = 0; k < n; k++) buf[k] = (float)(rank + 1);
             MPI_Barrier(MPI_COMM_WORLD);
