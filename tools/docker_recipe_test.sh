@@ -174,6 +174,8 @@ out=$(as_image mpirun --oversubscribe --bind-to none --mca btl self,vader \
 [ $rc -eq 0 ] && grep -q "data parallel over 2 ranks" <<<"$out" ||
   fail "mpirun -np 2 orch train (as $user): status $rc: $(tail -n 5 <<<"$out")"
 
+[ "$fails" -eq 0 ] && echo "ok: as $user (uid $uid) through ENTRYPOINT ${entry[*]}: usage, info (cpu, mock), prepare (gpt2 vocabulary, byte), train 6 steps (mock, cpu), generate, mpirun -np 2; libraries resolve; no build tools"
+
 # the image name the Volcano template runs is the one the Dockerfile documents
 name=$(sed -n 's/^# Image: *\([^ ]*\).*/\1/p' Dockerfile | head -n 1)
 [ -n "$name" ] || fail "the Dockerfile documents no '# Image: NAME' line"
