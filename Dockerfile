@@ -30,7 +30,7 @@ ARG CUDA=0
 
 FROM debian:12 AS build
 ARG CUDA
-ENV DEBIAN_FRONTEND=noninteractive
+ARG DEBIAN_FRONTEND=noninteractive
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
       build-essential pkg-config ca-certificates \
@@ -66,7 +66,7 @@ RUN make -j"$(nproc)" all \
 
 FROM debian:12 AS runtime
 ARG CUDA
-ENV DEBIAN_FRONTEND=noninteractive
+ARG DEBIAN_FRONTEND=noninteractive
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
       libcjson1 libmicrohttpd12 libpcre2-8-0 libssl3 libcurl4 \

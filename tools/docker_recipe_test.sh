@@ -136,6 +136,8 @@ for lib in "$rt"/opt/orch/bin/orch "$rt"/opt/orch/bin/libengine_*.so; do
   missing=$(chroot "$rt" ldd "${lib#"$rt"}" 2>&1 | grep 'not found')
   [ -z "$missing" ] || fail "$(basename "$lib"): $missing"
 done
+# sshd (the Volcano pods start it): its configuration and host keys are valid
+out=$(chroot "$rt" /bin/sh -c 'mkdir -p /var/run/sshd && /usr/sbin/sshd -t -p 2222' 2>&1) || fail "sshd -t in the runtime stage: $out"
 # the libraries the cpu engine dlopen()s (not visible to ldd)
 for so in libopenblas.so.0 libdnnl.so.2; do
   chroot "$rt" /sbin/ldconfig -p | grep -qE "^[[:space:]]+${so//./\\.} " || fail "the runtime stage lacks $so (dlopen()ed by the cpu engine)"
