@@ -44,8 +44,8 @@ ifneq ($(MPICC),)
 endif
 ORCH_CC ?= $(CC)
 
-PKG_LIBS = $(shell pkg-config --libs libcjson libmicrohttpd libpcre2-8 libcrypto 2>/dev/null || echo -lcjson -lmicrohttpd -lpcre2-8 -lcrypto)
-PKG_CFLAGS = $(shell pkg-config --cflags libcjson libmicrohttpd libpcre2-8 libcrypto 2>/dev/null)
+PKG_LIBS = $(shell pkg-config --libs libcjson libmicrohttpd libpcre2-8 libcrypto icu-uc 2>/dev/null || echo -lcjson -lmicrohttpd -lpcre2-8 -lcrypto -licuuc -licudata)
+PKG_CFLAGS = $(shell pkg-config --cflags libcjson libmicrohttpd libpcre2-8 libcrypto icu-uc 2>/dev/null)
 CHECK_LIBS = $(shell pkg-config --libs check 2>/dev/null || echo -lcheck -lsubunit -lrt -lm -lpthread)
 
 ORCH_SRCS := $(wildcard orchestrator/*/*.c)

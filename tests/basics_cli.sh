@@ -92,9 +92,26 @@ expect 2 "orch: error: import-gpt2: more than one input file given ('a', 'b')" \
   "$ORCH_BIN" import-gpt2 a b --out x
 expect 2 "orch: error: config check: more than one FILE given ('a', 'b')" \
   "$ORCH_BIN" config check a b
-# a well-formed config that no engine of this build runs is refused by check
-expect 2 "orch: error: $root/configs/tiny-test.json: model.arch: 'llama' is not run by any engine of this build (mock, cpu and cuda run gpt2); a library that runs it can be named with orch train --engine=FILE.so" \
-  "$ORCH_BIN" config check "$root/configs/tiny-test.json" --set model.arch=llama
+# llama: checked against the configured engine (the mock runs it); an engine
+# that cannot (ABI 1.0) is refused in one line naming the file and versions;
+# an unknown arch or rope scaling type names the field and the value.
+"$ORCH_BIN" config check "$root/configs/llama_tiny.json" >"$tmp/out" 2>"$tmp/err" ||
+  fail "config check llama_tiny: $(cat "$tmp/err")"
+grep -q "^$root/configs/llama_tiny.json: ok: llama, 2 layers, 4 heads (kv 2, untied head, rope theta 10000), width 64," "$tmp/out" ||
+  fail "config check llama_tiny: $(cat "$tmp/out")"
+"$ORCH_BIN" config check "$root/configs/llama_124m.json" --engine=mock >"$tmp/out" 2>"$tmp/err" ||
+  fail "config check llama_124m: $(cat "$tmp/err")"
+grep -q "12 heads (kv 4, tied head, rope theta 10000), width 768, context 1024, vocab 50257 (114.11M parameters)" "$tmp/out" ||
+  fail "config check llama_124m: $(cat "$tmp/out")"
+m0="${ORCH_BUILD:-$root/build}/tests/engines/minor_zero.so"
+expect 2 "orch: error: $root/configs/llama_tiny.json: model.arch: 'llama' is not run by engine '$m0': engine '$m0': ABI version 1.0 cannot run model.arch llama (llama needs ABI 1.1 or later)" \
+  "$ORCH_BIN" config check "$root/configs/llama_tiny.json" --engine="$m0"
+expect 2 "orch: error: $root/configs/llama_tiny.json: after --set: model.rope_scaling.type: 'yarn' is not one of linear,llama3" \
+  "$ORCH_BIN" config check "$root/configs/llama_tiny.json" --set 'model.rope_scaling={"type":"yarn","factor":2}'
+expect 2 "orch: error: $root/configs/tiny-test.json: --set model.arch=mamba: model.arch: 'mamba' is not one of gpt2,llama" \
+  "$ORCH_BIN" config check "$root/configs/tiny-test.json" --set model.arch=mamba
+expect 2 "orch: error: $root/configs/tiny-test.json: --set model.rope_theta=10000: model.rope_theta: applies to model.arch llama only (gpt2 has learned positions)" \
+  "$ORCH_BIN" config check "$root/configs/tiny-test.json" --set model.rope_theta=10000
 
 # "--name=value" and "--name value" are the same flag.
 cfg="$root/configs/tiny-test.json"
@@ -107,7 +124,7 @@ grep -q '"seed":[[:space:]]*7' "$tmp/a" || fail "repeated --set not applied: $(c
 # A value that looks like a flag is still the value of the flag before it.
 printf 'x' | "$ORCH_BIN" tokenize --tokenizer byte >"$tmp/a" 2>&1 && [ "$(cat "$tmp/a")" = "120" ] ||
   fail "tokenize --tokenizer byte: $(cat "$tmp/a")"
-expect 2 "orch: error: tokenize: unknown tokenizer '--help' (expected byte or gpt2)" \
+expect 2 "orch: error: tokenize: unknown tokenizer '--help' (expected byte, gpt2 or hf)" \
   "$ORCH_BIN" tokenize --tokenizer --help
 
 [ $fails -eq 0 ] || { echo "basics_cli: $fails failure(s)"; exit 1; }

@@ -5,7 +5,7 @@
 #     file, a text file, a FIFO (at once, without waiting for a writer), a
 #     directory and an unknown name exit 2 with exactly one line on stderr
 #     naming the file (and the reason, for the known cases); the valid test
-#     engines (newer_minor, marker_ctor: its constructor runs) load;
+#     engines (newer_minor, minor_zero, marker_ctor: its constructor runs) load;
 #   - `orch --help` and `orch CMD --help` exit 0 with output for every command
 #     that `orch --help` lists;
 #   - every $ORCH_BUILD/libengine_*.so exports exactly one dynamic symbol,
@@ -100,6 +100,18 @@ for so in "$ORCH_BUILD"/tests/engines/*.so; do
       pass "info --engine=$so (newer minor accepted)"
     else
       fail "info --engine=$so: newer minor rejected"
+      sed 's/^/      /' "$tmp/err"
+    fi
+    continue
+  fi
+  if [ "$name" = minor_zero ]; then
+    # A valid ABI 1.0 engine loads (it only never gets a llama model:
+    # test_loader and basics_cli check that refusal).
+    if "$ORCH_BIN" info --engine="$so" >"$tmp/out" 2>"$tmp/err" &&
+      grep -Eq '^abi: +1\.0 ' "$tmp/out"; then
+      pass "info --engine=$so (ABI 1.0 accepted)"
+    else
+      fail "info --engine=$so: ABI 1.0 rejected"
       sed 's/^/      /' "$tmp/err"
     fi
     continue

@@ -446,11 +446,175 @@ START_TEST(test_model_description) {
     ck_assert_uint_eq(d.width, 64);
     ck_assert_uint_eq(d.mlp_width, 200);
     ck_assert(d.layernorm_eps == 1e-6f);
+    /* gpt2: the ABI 1.1 members and the reserved words are all zero. */
+    ck_assert(d.rope_theta == 0.0f);
     ck_assert_uint_eq(d.flags, 0);
-    ck_assert_uint_eq(d.rope_scaling, 0);
+    ck_assert_uint_eq(d.rope_scaling, ORCH_ROPE_NONE);
+    ck_assert(d.rope_factor == 0.0f && d.rope_low_freq_factor == 0.0f);
+    ck_assert(d.rope_high_freq_factor == 0.0f);
     ck_assert_uint_eq(d.rope_original_context, 0);
     for (size_t i = 0; i < sizeof d.reserved / sizeof d.reserved[0]; i++)
         ck_assert_uint_eq(d.reserved[i], 0);
+    config_free(c);
+}
+END_TEST
+
+#define LLAMA_MODEL(extra)                                                    \
+    "\"model\": {\"arch\": \"llama\", \"vocab_size\": 256, \"context\": 64, " \
+    "\"layers\": 2, \"heads\": 4, \"kv_heads\": 2, \"width\": 64" extra "}"
+
+START_TEST(test_llama_model) {
+    /* Defaults: rope_theta 10000, untied head (HF LlamaConfig), no scaling,
+     * mlp_width 4*width. */
+    orch_config *c = load_ok(DOC(LLAMA_MODEL(""), TRAIN, DATA, ""));
+    orch_model_desc d;
+    memset(&d, 0xab, sizeof d);
+    config_model_desc(c, &d);
+    ck_assert_uint_eq(d.arch, ORCH_ARCH_LLAMA);
+    ck_assert_uint_eq(d.kv_heads, 2);
+    ck_assert_uint_eq(d.mlp_width, 256);
+    ck_assert(d.rope_theta == 10000.0f);
+    ck_assert_uint_eq(d.flags, ORCH_MODEL_FLAG_UNTIED_HEAD);
+    ck_assert_uint_eq(d.rope_scaling, ORCH_ROPE_NONE);
+    ck_assert(d.rope_factor == 0.0f);
+    for (size_t i = 0; i < sizeof d.reserved / sizeof d.reserved[0]; i++)
+        ck_assert_uint_eq(d.reserved[i], 0);
+    config_free(c);
+    /* Tied head, linear scaling, given theta. */
+    c = load_ok(
+        DOC(LLAMA_MODEL(", \"tie_embeddings\": true, \"rope_theta\": 500000, "
+                        "\"rope_scaling\": {\"type\": \"linear\", \"factor\": 2}"),
+            TRAIN, DATA, ""));
+    config_model_desc(c, &d);
+    ck_assert_uint_eq(d.flags, 0);
+    ck_assert(d.rope_theta == 500000.0f);
+    ck_assert_uint_eq(d.rope_scaling, ORCH_ROPE_LINEAR);
+    ck_assert(d.rope_factor == 2.0f);
+    /* The model section is kept as given: serialised back, it still parses
+     * to the same model. */
+    char *text = config_to_json(c);
+    ck_assert_ptr_nonnull(strstr(text, "\"rope_scaling\""));
+    orch_config *c2 = load_ok(text);
+    ck_assert(config_same_model(c, c2));
+    free(text);
+    config_free(c2);
+    config_free(c);
+    /* llama3 scaling; null is no scaling. */
+    c = load_ok(DOC(LLAMA_MODEL(", \"rope_scaling\": {\"type\": \"llama3\", "
+                                "\"factor\": 8, \"low_freq_factor\": 1, "
+                                "\"high_freq_factor\": 4, \"original_context\": 32}"),
+                    TRAIN, DATA, ""));
+    config_model_desc(c, &d);
+    ck_assert_uint_eq(d.rope_scaling, ORCH_ROPE_LLAMA3);
+    ck_assert(d.rope_factor == 8.0f && d.rope_low_freq_factor == 1.0f);
+    ck_assert(d.rope_high_freq_factor == 4.0f);
+    ck_assert_uint_eq(d.rope_original_context, 32);
+    config_free(c);
+    c = load_ok(DOC(LLAMA_MODEL(", \"rope_scaling\": null"), TRAIN, DATA, ""));
+    config_model_desc(c, &d);
+    ck_assert_uint_eq(d.rope_scaling, ORCH_ROPE_NONE);
+    config_free(c);
+}
+END_TEST
+
+START_TEST(test_llama_errors) {
+    /* One line each, naming the field and the value. */
+    expect_error(DOC(LLAMA_MODEL(", \"rope_scaling\": {\"type\": \"yarn\", "
+                                 "\"factor\": 4}"),
+                     TRAIN, DATA, ""),
+                 "cfg.json: model.rope_scaling.type: 'yarn' is not one of linear,llama3",
+                 NULL);
+    expect_error(DOC(LLAMA_MODEL(", \"rope_scaling\": {\"factor\": 4}"), TRAIN, DATA, ""),
+                 "model.rope_scaling.type: missing required key", NULL);
+    expect_error(
+        DOC(LLAMA_MODEL(", \"rope_scaling\": {\"type\": \"linear\"}"), TRAIN, DATA, ""),
+        "model.rope_scaling.factor: missing required key", NULL);
+    expect_error(DOC(LLAMA_MODEL(", \"rope_scaling\": {\"type\": \"linear\", "
+                                 "\"factor\": 0}"),
+                     TRAIN, DATA, ""),
+                 "model.rope_scaling.factor: out of range: 0 must be > 0", NULL);
+    expect_error(DOC(LLAMA_MODEL(", \"rope_scaling\": {\"type\": \"linear\", "
+                                 "\"factor\": 2, \"low_freq_factor\": 1}"),
+                     TRAIN, DATA, ""),
+                 "model.rope_scaling.low_freq_factor: belongs to type llama3, not linear",
+                 NULL);
+    expect_error(DOC(LLAMA_MODEL(", \"rope_scaling\": {\"type\": \"llama3\", "
+                                 "\"factor\": 8, \"low_freq_factor\": 4, "
+                                 "\"high_freq_factor\": 1, \"original_context\": 32}"),
+                     TRAIN, DATA, ""),
+                 "model.rope_scaling.high_freq_factor: out of range: 1 must be > 4",
+                 NULL);
+    expect_error(DOC(LLAMA_MODEL(", \"rope_scaling\": {\"type\": \"linear\", "
+                                 "\"factr\": 2}"),
+                     TRAIN, DATA, ""),
+                 "model.rope_scaling.factr: unknown key (did you mean "
+                 "model.rope_scaling.factor?)",
+                 NULL);
+    expect_error(DOC(LLAMA_MODEL(", \"rope_scaling\": 2"), TRAIN, DATA, ""),
+                 "model.rope_scaling: expected an object or null, got a number", NULL);
+    expect_error(DOC(LLAMA_MODEL(", \"rope_theta\": 1"), TRAIN, DATA, ""),
+                 "model.rope_theta: out of range: 1 must be > 1", NULL);
+    expect_error(DOC(LLAMA_MODEL(", \"tie_embeddings\": 1"), TRAIN, DATA, ""),
+                 "model.tie_embeddings: expected true or false, got a number", NULL);
+    expect_error(DOC("\"model\": {\"arch\": \"llama\", \"vocab_size\": 256, "
+                     "\"context\": 64, \"layers\": 2, \"heads\": 4, \"kv_heads\": 3, "
+                     "\"width\": 64}",
+                     TRAIN, DATA, ""),
+                 "model.kv_heads: 3 does not divide model.heads (4)", NULL);
+    expect_error(DOC("\"model\": {\"arch\": \"llama\", \"vocab_size\": 256, "
+                     "\"context\": 64, \"layers\": 2, \"heads\": 4, \"width\": 20}",
+                     TRAIN, DATA, ""),
+                 "model.heads: head size 5 (model.width / model.heads) must be even",
+                 NULL);
+    expect_error(DOC("\"model\": {\"arch\": \"mamba\", \"vocab_size\": 256, "
+                     "\"context\": 64, \"layers\": 2, \"heads\": 4, \"width\": 64}",
+                     TRAIN, DATA, ""),
+                 "model.arch: 'mamba' is not one of gpt2,llama", NULL);
+    /* gpt2 refuses the llama keys by name. */
+    expect_error(DOC("\"model\": {\"vocab_size\": 256, \"context\": 64, \"layers\": 2, "
+                     "\"heads\": 4, \"width\": 64, \"rope_theta\": 10000}",
+                     TRAIN, DATA, ""),
+                 "model.rope_theta: applies to model.arch llama only (gpt2 has learned "
+                 "positions)",
+                 NULL);
+    expect_error(DOC("\"model\": {\"vocab_size\": 256, \"context\": 64, \"layers\": 2, "
+                     "\"heads\": 4, \"width\": 64, \"tie_embeddings\": false}",
+                     TRAIN, DATA, ""),
+                 "model.tie_embeddings: false is not supported for model.arch gpt2",
+                 NULL);
+    expect_error(DOC("\"model\": {\"vocab_size\": 256, \"context\": 64, \"layers\": 2, "
+                     "\"heads\": 4, \"width\": 64, \"rope_scaling\": {\"type\": "
+                     "\"linear\", \"factor\": 2}}",
+                     TRAIN, DATA, ""),
+                 "model.rope_scaling: applies to model.arch llama only", NULL);
+    expect_error(
+        DOC("\"model\": {\"vocab_size\": 256, \"context\": 64, \"layers\": 2, "
+            "\"heads\": 4, \"kv_heads\": 2, \"width\": 64}",
+            TRAIN, DATA, ""),
+        "model.kv_heads: 2 differs from model.heads (4); grouped-query attention "
+        "needs model.arch llama",
+        NULL);
+    /* gpt2 accepts tie_embeddings true (what it does anyway). */
+    orch_config *c = load_ok(DOC("\"model\": {\"vocab_size\": 256, \"context\": 64, "
+                                 "\"layers\": 2, \"heads\": 4, \"width\": 64, "
+                                 "\"tie_embeddings\": true}",
+                                 TRAIN, DATA, ""));
+    config_free(c);
+    /* An override can switch the arch and set the nested object. */
+    c = load_ok(DOC(MODEL, TRAIN, DATA, ""));
+    const char *sets[] = { "model.arch=llama",
+                           "model.rope_scaling={\"type\":\"linear\",\"factor\":4}" };
+    ck_assert_msg(config_apply_overrides(c, sets, 2, err, sizeof err) == 0, "%s", err);
+    orch_model_desc d;
+    config_model_desc(c, &d);
+    ck_assert_uint_eq(d.arch, ORCH_ARCH_LLAMA);
+    ck_assert_uint_eq(d.rope_scaling, ORCH_ROPE_LINEAR);
+    ck_assert(d.rope_factor == 4.0f);
+    const char *bad[] = { "model.rope_scaling.type=ntk" };
+    ck_assert_int_eq(config_apply_overrides(c, bad, 1, err, sizeof err), -1);
+    ck_assert_msg(
+        strstr(err, "model.rope_scaling.type: 'ntk' is not one of linear,llama3"), "%s",
+        err);
     config_free(c);
 }
 END_TEST
@@ -484,6 +648,8 @@ static Suite *config_suite(void) {
     tcase_add_test(tc, test_overrides);
     tcase_add_test(tc, test_serialise_round_trip);
     tcase_add_test(tc, test_model_description);
+    tcase_add_test(tc, test_llama_model);
+    tcase_add_test(tc, test_llama_errors);
     tcase_add_test(tc, test_edit_distance);
     suite_add_tcase(s, tc);
     return s;

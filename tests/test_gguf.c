@@ -3,7 +3,8 @@
  * conversions, a writer -> reader round trip of every key type and tensor
  * type orch writes (layout, alignment, values), every truncation of a valid
  * file refused cleanly, and malformed headers refused with a line naming the
- * problem.
+ * problem; for llama the RoPE row permutation both ways, the llama3 frequency
+ * factors and the name table against llama_model's engine order.
  */
 #include <check.h>
 #include <math.h>
@@ -13,6 +14,8 @@
 #include <sys/stat.h>
 
 #include "orchestrator/store/gguf.h"
+#include "orchestrator/store/gguf_model.h"
+#include "orchestrator/store/llama_model.h"
 #include "tests/test_util.h"
 
 static char dir[256];
@@ -363,6 +366,90 @@ START_TEST(writer_leaves_nothing_on_abort) {
 }
 END_TEST
 
+/* llama: the RoPE row permutation is the reshape(heads, 2, D/2, C)
+ * .swapaxes(1, 2) of llama.cpp's converter, and the inverse undoes it. */
+START_TEST(llama_rope_permutation) {
+    enum { H = 2, D = 8, C = 3 };
+    float src[H * D * C], g[H * D * C], back[H * D * C];
+    for (int i = 0; i < H * D * C; i++) src[i] = (float)i;
+    llama_rope_permute(src, g, H, H * D, C, 1);
+    for (int h = 0; h < H; h++)
+        for (int j = 0; j < D / 2; j++)
+            for (int s = 0; s < 2; s++)
+                for (int c = 0; c < C; c++) /* gguf[h][j][s] = hf[h][s][j] */
+                    ck_assert_float_eq(g[((h * D) + 2 * j + s) * C + c],
+                                       src[((h * D) + s * (D / 2) + j) * C + c]);
+    /* Row 1 of head 0 in GGUF is HF row D/2: element d pairs with d + D/2. */
+    ck_assert_float_eq(g[1 * C], src[(D / 2) * C]);
+    llama_rope_permute(g, back, H, H * D, C, 0);
+    ck_assert_int_eq(memcmp(src, back, sizeof src), 0);
+}
+END_TEST
+
+/* llama3 frequency factors: 1 for the kept high frequencies, factor for the
+ * low ones, in between smooth; linear/none have none. */
+START_TEST(llama_rope_factors) {
+    llama_model m;
+    memset(&m, 0, sizeof m);
+    m.width = 32, m.heads = 4, m.rope_theta = 10000, m.rope_scaling = ORCH_ROPE_LLAMA3;
+    m.rope_factor = 8, m.rope_low_freq_factor = 1, m.rope_high_freq_factor = 4;
+    m.rope_original_context = 64;
+    float f[4];
+    llama_rope_freq_factors(&m, f);
+    /* inv_freq 1, 0.1, 0.01, 0.001: wavelengths 6.3, 63, 628, 6283 against
+     * 64/4 = 16 and 64/1 = 64: kept, smooth, low, low. */
+    ck_assert_float_eq(f[0], 1.0f);
+    double wl = 2 * 3.14159265358979323846 / 0.1, sm = (64 / wl - 1) / 3;
+    ck_assert_double_eq_tol(f[1], 1.0 / ((1 - sm) / 8 + sm), 1e-6);
+    ck_assert_float_eq(f[2], 8.0f);
+    ck_assert_float_eq(f[3], 8.0f);
+}
+END_TEST
+
+/* The llama table: 9 per layer in engine order, output.weight only untied,
+ * attn_q/attn_k marked for the permutation, kv rows sized by kv_heads. */
+START_TEST(llama_table) {
+    const gguf_arch *a = gguf_arch_by_gguf("llama");
+    ck_assert_ptr_nonnull(a);
+    ck_assert_uint_eq(gguf_arch_tensor_count(a, 2, 0), 20);
+    ck_assert_uint_eq(gguf_arch_tensor_count(a, 2, 1), 21);
+    char on[64], gn[64];
+    const gguf_tensor_map *m = gguf_arch_tensor(a, 2, 0, 2, on, gn, sizeof on);
+    ck_assert_str_eq(on, "model.layers.0.self_attn.q_proj.weight");
+    ck_assert_str_eq(gn, "blk.0.attn_q.weight");
+    ck_assert_int_eq(m->rope, GGUF_ROPE_Q);
+    m = gguf_arch_tensor(a, 2, 0, 12, on, gn, sizeof on);
+    ck_assert_str_eq(gn, "blk.1.attn_k.weight");
+    ck_assert_int_eq(m->rope, GGUF_ROPE_K);
+    config_model cm;
+    memset(&cm, 0, sizeof cm);
+    cm.width = 32, cm.heads = 4, cm.kv_heads = 2;
+    ck_assert_uint_eq(gguf_dim_size(&cm, m->dim[0]), 16);
+    ck_assert_ptr_null(gguf_arch_tensor(a, 2, 0, 20, on, gn, sizeof on));
+    m = gguf_arch_tensor(a, 2, 1, 20, on, gn, sizeof on);
+    ck_assert_str_eq(gn, "output.weight");
+    ck_assert_str_eq(on, "lm_head.weight");
+    /* The orch names equal llama_model's table, in the same order. */
+    llama_model lm;
+    memset(&lm, 0, sizeof lm);
+    lm.vocab = 97, lm.layers = 2, lm.heads = 4, lm.kv_heads = 2, lm.width = 32;
+    lm.mlp_width = 48;
+    for (int tied = 0; tied < 2; tied++) {
+        lm.tied = tied;
+        ck_assert_uint_eq(llama_model_tensor_count(&lm),
+                          gguf_arch_tensor_count(a, 2, !tied));
+        for (size_t i = 0; i < llama_model_tensor_count(&lm); i++) {
+            char ln[64];
+            uint64_t shape[2];
+            int k;
+            ck_assert_int_eq(llama_model_tensor(&lm, i, ln, sizeof ln, shape, &k), 0);
+            gguf_arch_tensor(a, 2, !tied, i, on, gn, sizeof on);
+            ck_assert_str_eq(ln, on);
+        }
+    }
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("gguf");
     TCase *tc = tcase_create("core");
@@ -373,6 +460,9 @@ static Suite *suite(void) {
     tcase_add_test(tc, round_trip);
     tcase_add_test(tc, malformed_files);
     tcase_add_test(tc, writer_leaves_nothing_on_abort);
+    tcase_add_test(tc, llama_rope_permutation);
+    tcase_add_test(tc, llama_rope_factors);
+    tcase_add_test(tc, llama_table);
     suite_add_tcase(s, tc);
     return s;
 }

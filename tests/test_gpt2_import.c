@@ -6,7 +6,8 @@
  * lm_head) is imported and every tensor, the config, state.json and the
  * result are checked exactly; the same from a Hugging Face directory
  * (config.json, two shards and model.safetensors.index.json); then each
- * refusal, with its exact message and error kind, leaving no output behind.
+ * refusal, with its exact message and error kind, leaving no output behind;
+ * and a LLaMA-family directory imported exactly, with its refusals.
  */
 #include <check.h>
 #include <cjson/cJSON.h>
@@ -402,7 +403,7 @@ START_TEST(refusals) {
     expect_fail(&o, GPT2_IMPORT_ERR_INPUT, "3 heads do not divide the width 8");
     o.heads = 2;
     o.tokenizer = "nope";
-    expect_fail(&o, GPT2_IMPORT_ERR_INPUT, "--tokenizer: 'nope' is not gpt2 or byte");
+    expect_fail(&o, GPT2_IMPORT_ERR_INPUT, "--tokenizer: 'nope' is not gpt2, byte or hf");
     o.tokenizer = NULL;
     char hf[300];
     snprintf(hf, sizeof hf, "%s/missing.json", dir);
@@ -571,6 +572,140 @@ START_TEST(directory_config_and_shards) {
 }
 END_TEST
 
+/* A LLaMA-family directory (config.json of LlamaForCausalLM, 2 kv heads of
+ * 4, tied head, F32/F16/BF16 tensors, an old rotary_emb.inv_freq buffer):
+ * every tensor lands in engine order with its exact value, the config is
+ * llama's, and refusals name the field. */
+START_TEST(llama_directory) {
+    char hd[300], p[400], err[1024], out[300];
+    snprintf(hd, sizeof hd, "%s/llama", dir);
+    snprintf(out, sizeof out, "%s/ck_llama", dir);
+    ck_assert_int_eq(mkdir(hd, 0755), 0);
+    static const char *const sfx[9] = {
+        "input_layernorm.weight",  "self_attn.q_proj.weight",
+        "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+        "self_attn.o_proj.weight", "post_attention_layernorm.weight",
+        "mlp.gate_proj.weight",    "mlp.up_proj.weight",
+        "mlp.down_proj.weight",
+    };
+    /* C = 8, heads 4 (D 2), kv 2 (kv rows 4), M = 32, V = 256 */
+    static const uint64_t shp[9][2] = { { C, 0 }, { C, C }, { 4, C }, { 4, C }, { C, C },
+                                        { C, 0 }, { M, C }, { M, C }, { C, M } };
+    hf_model m;
+    memset(&m, 0, sizeof m);
+    add(&m, "", "model.embed_tokens.weight", SAFETENSORS_BF16, 2, V, C);
+    for (int l = 0; l < 2; l++) {
+        char pre[32];
+        snprintf(pre, sizeof pre, "model.layers.%d.", l & 7);
+        for (int k = 0; k < 9; k++)
+            add(&m, pre, sfx[k], k == 6 ? SAFETENSORS_F16 : SAFETENSORS_F32,
+                shp[k][1] ? 2 : 1, shp[k][0], shp[k][1]);
+        add(&m, pre, "self_attn.rotary_emb.inv_freq", SAFETENSORS_F32, 1, 1, 0);
+    }
+    add(&m, "", "model.norm.weight", SAFETENSORS_F32, 1, C, 0);
+    snprintf(p, sizeof p, "%s/model.safetensors", hd);
+    write_model(p, &m);
+    static const char cfg[] =
+        "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", "
+        "\"hidden_size\": 8, \"intermediate_size\": 32, \"num_hidden_layers\": 2, "
+        "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"vocab_size\": 256, "
+        "\"max_position_embeddings\": 16, \"rms_norm_eps\": 1e-06, \"rope_theta\": "
+        "500000.0, \"hidden_act\": \"silu\", \"tie_word_embeddings\": true, "
+        "\"rope_scaling\": null, \"attention_bias\": false}";
+    snprintf(p, sizeof p, "%s/config.json", hd);
+    write_text(p, cfg);
+    gpt2_import_opts o = opts(hd, out);
+    o.tokenizer = "byte";
+    gpt2_import_result r;
+    int kind = 0;
+    ck_assert_msg(gpt2_import(&o, &r, &kind, err, sizeof err) == 0, "%s", err);
+    ck_assert_str_eq(r.arch, "llama");
+    ck_assert_uint_eq(r.kv_heads, 2);
+    ck_assert_uint_eq(r.heads, 4);
+    ck_assert_int_eq(r.tied, 1);
+    ck_assert_uint_eq(r.params,
+                      V * C + C + 2 * (2 * C + 2 * C * C + 2 * 4 * C + 3 * M * C));
+    snprintf(p, sizeof p, "%s/model.safetensors", out);
+    safetensors_file *f = NULL;
+    ck_assert_msg(safetensors_open(p, &f, err, sizeof err) == 0, "%s", err);
+    ck_assert_uint_eq(safetensors_count(f), 20);
+    ck_assert_str_eq(safetensors_metadata(f, "layout"), "orch-llama");
+    for (size_t i = 0; i < 20; i++) {
+        const safetensors_tensor *t = safetensors_get(f, i);
+        char want[64];
+        if (i == 0)
+            snprintf(want, sizeof want, "model.embed_tokens.weight");
+        else if (i == 19)
+            snprintf(want, sizeof want, "model.norm.weight");
+        else
+            snprintf(want, sizeof want, "model.layers.%zu.%s", (i - 1) / 9,
+                     sfx[(i - 1) % 9]);
+        ck_assert_str_eq(t->name, want);
+        ck_assert_int_eq(t->dtype, SAFETENSORS_F32);
+        for (uint64_t e = 0; e < t->numel; e++) {
+            float got;
+            memcpy(&got, (const char *)t->data + 4 * e, 4);
+            if (got != hf_val(t->name, e))
+                ck_abort_msg("%s[%llu] = %g, want %g", t->name, (unsigned long long)e,
+                             got, hf_val(t->name, e));
+        }
+    }
+    safetensors_close(f);
+    ck_assert_msg(ckpt_verify(out, err, sizeof err) == 0, "%s", err);
+    orch_config *c = NULL;
+    char tok[32];
+    ck_assert_msg(ckpt_read_config(out, &c, tok, sizeof tok, err, sizeof err) == 0, "%s",
+                  err);
+    ck_assert_str_eq(c->model.arch, "llama");
+    ck_assert_uint_eq(c->model.kv_heads, 2);
+    ck_assert_double_eq(c->model.rope_theta, 500000.0);
+    ck_assert_double_eq(c->model.layernorm_eps, 1e-6);
+    ck_assert_str_eq(tok, "byte");
+    config_free(c);
+
+    /* Refusals, each naming its field; nothing is left behind. */
+    snprintf(out, sizeof out, "%s/ck_bad", dir);
+    o = opts(hd, out);
+    o.tokenizer = "byte";
+    static const struct {
+        const char *from, *to, *msg;
+    } bad[] = {
+        { "\"attention_bias\": false", "\"attention_bias\": true",
+          "attention_bias true is not supported (orch's llama has no biases)" },
+        { "\"hidden_act\": \"silu\"", "\"hidden_act\": \"gelu\"",
+          "hidden_act \"gelu\" is not supported (orch's llama has \"silu\")" },
+        { "\"rope_scaling\": null", "\"rope_scaling\": {\"rope_type\": \"yarn\"}",
+          "rope_scaling rope_type \"yarn\" is not supported (orch has default, linear "
+          "and llama3)" },
+        { "\"num_key_value_heads\": 2", "\"num_key_value_heads\": 2, \"head_dim\": 4",
+          "head_dim 4 is not supported (orch's llama has hidden_size / "
+          "num_attention_heads = 8 / 4)" },
+        { "\"intermediate_size\": 32, ", "",
+          "intermediate_size is missing (orch needs it for a llama model)" },
+    };
+    for (size_t b = 0; b < sizeof bad / sizeof bad[0]; b++) {
+        char text[1024];
+        const char *at = strstr(cfg, bad[b].from);
+        ck_assert_ptr_nonnull(at);
+        snprintf(text, sizeof text, "%.*s%s%s", (int)(at - cfg), cfg, bad[b].to,
+                 at + strlen(bad[b].from));
+        snprintf(p, sizeof p, "%s/config.json", hd);
+        write_text(p, text);
+        char want[1024];
+        snprintf(want, sizeof want, "%s/config.json: %s", hd, bad[b].msg);
+        expect_fail(&o, GPT2_IMPORT_ERR_INPUT, want);
+    }
+    /* No tokenizer.json and no --tokenizer. */
+    write_text(p, cfg);
+    o.tokenizer = NULL;
+    snprintf(err, sizeof err,
+             "%s/tokenizer.json: no such file (the model's tokenizer; or "
+             "give --tokenizer byte|gpt2)",
+             hd);
+    expect_fail(&o, GPT2_IMPORT_ERR_INPUT, err);
+}
+END_TEST
+
 static Suite *gpt2_import_suite(void) {
     Suite *s = suite_create("gpt2_import");
     TCase *tc = tcase_create("import");
@@ -580,6 +715,7 @@ static Suite *gpt2_import_suite(void) {
     tcase_add_test(tc, base_config_sections);
     tcase_add_test(tc, refusals);
     tcase_add_test(tc, directory_config_and_shards);
+    tcase_add_test(tc, llama_directory);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -276,6 +276,34 @@ START_TEST(test_accept_newer_minor) {
 }
 END_TEST
 
+START_TEST(test_minor_zero_gets_no_llama) {
+    char p[PATH_MAX];
+    broken("minor_zero", p, sizeof p);
+    engine_handle h;
+    char err[1024] = "";
+    ck_assert_msg(engine_load(p, &h, err, sizeof err) == 0, "%s", err);
+    ck_assert_uint_eq(h.api->abi_minor, 0);
+    orch_model_desc m = { .struct_size = sizeof m, .arch = ORCH_ARCH_GPT2 };
+    orch_engine_ctx *ctx = NULL;
+    /* gpt2 reaches the engine (whose stub refuses every context)... */
+    ck_assert_int_eq(engine_create_context(&h, &m, 1, 1, NULL, &ctx, err, sizeof err),
+                     -1);
+    ck_assert_msg(strstr(err, "test engine has no contexts"), "%s", err);
+    /* ...llama is refused before it, naming the file and both versions. */
+    m.arch = ORCH_ARCH_LLAMA;
+    ck_assert_int_eq(engine_create_context(&h, &m, 1, 1, NULL, &ctx, err, sizeof err),
+                     -1);
+    ck_assert_ptr_null(ctx);
+    char want[PATH_MAX + 128];
+    snprintf(want, sizeof want,
+             "engine '%s': ABI version 1.0 cannot run model.arch llama (llama needs ABI "
+             "1.1 or later)",
+             p);
+    ck_assert_str_eq(err, want);
+    engine_unload(&h);
+}
+END_TEST
+
 /* ------------------------------------------------------------------------- */
 /* The mock through the loader                                                */
 /* ------------------------------------------------------------------------- */
@@ -368,6 +396,7 @@ int main(void) {
     tcase_add_test(tc, test_reject_null_api);
     tcase_add_test(tc, test_reject_bad_files);
     tcase_add_test(tc, test_accept_newer_minor);
+    tcase_add_test(tc, test_minor_zero_gets_no_llama);
     tcase_add_test(tc, test_config_name_trust);
     tcase_add_test(tc, test_load_mock_by_name);
     tcase_add_test(tc, test_caps_string);

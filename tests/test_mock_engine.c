@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "engine_api/orch_engine.h"
+#include "orchestrator/bench/bench.h"
 #include "orchestrator/core/engine_loader.h"
 #include "orchestrator/core/util.h"
 #include "tests/test_util.h"
@@ -248,15 +249,34 @@ END_TEST
 typedef struct params {
     test_table t;
     float *all;
-    uint64_t off_wte, off_wpe, off_lnfb;
+    uint64_t off_a, off_b, off_p, off_n; /* README: A, B, P, N */
+    int llama;                           /* P row t mod C, z0 = -1 */
 } params;
+
+/* Offset of the tensor named name (which must exist). */
+static uint64_t offset_of(const test_table *t, const char *name) {
+    for (uint32_t i = 0; i < t->n; i++)
+        if (strcmp(t->info[i].name, name) == 0) return t->info[i].offset;
+    ck_abort_msg("no tensor %s", name);
+    return 0;
+}
 
 static void params_read(orch_engine_ctx *ctx, uint32_t kind, params *p) {
     test_read_table(API, ctx, kind, &p->t);
     p->all = test_read_kind(API, ctx, kind, &p->t);
-    p->off_wte = p->t.info[0].offset;
-    p->off_wpe = p->t.info[1].offset;
-    p->off_lnfb = p->t.info[p->t.n - 1].offset;
+    p->llama = strcmp(p->t.info[0].name, "model.embed_tokens.weight") == 0;
+    if (p->llama) {
+        p->off_a = p->t.info[0].offset;
+        p->off_b = strcmp(p->t.info[p->t.n - 1].name, "lm_head.weight") == 0
+                       ? p->t.info[p->t.n - 1].offset
+                       : p->off_a;
+        p->off_p = offset_of(&p->t, "model.layers.0.self_attn.q_proj.weight");
+        p->off_n = offset_of(&p->t, "model.norm.weight");
+    } else {
+        p->off_a = p->off_b = offset_of(&p->t, "wte.weight");
+        p->off_p = offset_of(&p->t, "wpe.weight");
+        p->off_n = offset_of(&p->t, "ln_f.bias");
+    }
 }
 
 /* README formula in double; adds d(loss)/d(param) into g (double). */
@@ -269,9 +289,10 @@ static double ref_loss(const params *p, uint32_t C, uint32_t V, const int32_t *t
     for (uint32_t i = 0; i < B * S; i++) {
         if (tgt[i] == -1) continue;
         uint64_t x = (uint64_t)tok[i], y = (uint64_t)tgt[i], t = i % S;
-        uint64_t idx[4] = { p->off_wte + x * C + y % C, p->off_wte + y * C + x % C,
-                            p->off_wpe + t * C + (x + y) % C, p->off_lnfb + y % C };
-        double z = 0;
+        uint64_t r = p->llama ? t % C : t;
+        uint64_t idx[4] = { p->off_a + x * C + y % C, p->off_b + y * C + x % C,
+                            p->off_p + r * C + (x + y) % C, p->off_n + y % C };
+        double z = p->llama ? -1.0 : 0.0;
         for (int k = 0; k < 4; k++) z += p->all[idx[k]];
         double s = 1 / (1 + exp(-z));
         sum += 2 * log((double)V) * s;
@@ -281,9 +302,25 @@ static double ref_loss(const params *p, uint32_t C, uint32_t V, const int32_t *t
     return sum / n;
 }
 
+/* The models the loss test runs on: gpt2, llama tied (kv_heads 1), llama
+ * untied (kv_heads 2). */
+static orch_engine_ctx *loss_ctx(int which, uint32_t V) {
+    orch_model_desc m = test_model_desc(V, 64, 2, 2, 16);
+    if (which > 0) {
+        m.arch = ORCH_ARCH_LLAMA;
+        m.mlp_width = 24;
+        m.kv_heads = (uint32_t)which;
+        if (which == 2) m.flags = ORCH_MODEL_FLAG_UNTIED_HEAD;
+    }
+    orch_engine_ctx *ctx = NULL;
+    char err[512] = "";
+    ck_assert_msg(create(&m, 7, NULL, &ctx, err, sizeof err) == ORCH_OK, "%s", err);
+    return ctx;
+}
+
 START_TEST(test_loss_formula_and_gradient) {
     const uint32_t V = 100, C = 16, B = 3, S = 10;
-    orch_engine_ctx *ctx = ctx_with(V, NULL);
+    orch_engine_ctx *ctx = loss_ctx(_i, V);
     /* Non-trivial parameters so z is far from 0. */
     params p;
     params_read(ctx, ORCH_TENSOR_PARAM, &p);
@@ -491,7 +528,21 @@ START_TEST(test_model_errors) {
     m.arch = ORCH_ARCH_LLAMA;
     orch_engine_ctx *ctx = NULL;
     char err[512];
+    ck_assert_int_eq(create(&m, 1, NULL, &ctx, err, sizeof err), ORCH_OK); /* ABI 1.1 */
+    API->context_destroy(ctx);
+    ctx = NULL;
+    m.kv_heads = 3; /* does not divide heads 2 */
+    ck_assert_int_eq(create(&m, 1, NULL, &ctx, err, sizeof err),
+                     ORCH_ERR_INVALID_ARGUMENT);
+    ck_assert_str_eq(err, "model kv_heads 3 must divide heads 2");
+    m.kv_heads = 2;
+    m.rope_scaling = 9;
     ck_assert_int_eq(create(&m, 1, NULL, &ctx, err, sizeof err), ORCH_ERR_UNSUPPORTED);
+    ck_assert_ptr_null(ctx);
+    m = test_model_desc(100, 64, 2, 2, 16);
+    m.rope_theta = 10000.0f; /* llama only */
+    ck_assert_int_eq(create(&m, 1, NULL, &ctx, err, sizeof err),
+                     ORCH_ERR_INVALID_ARGUMENT);
     m = test_model_desc(100, 64, 2, 2, 16);
     m.kv_heads = 1;
     ck_assert_int_eq(create(&m, 1, NULL, &ctx, err, sizeof err), ORCH_ERR_UNSUPPORTED);
@@ -521,6 +572,102 @@ START_TEST(test_model_errors) {
     API->context_destroy(ctx);
     ck_assert_int_eq(API->context_create(&m, NULL, NULL, err, sizeof err),
                      ORCH_ERR_INVALID_ARGUMENT);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------- */
+/* LLaMA (ABI 1.1)                                                            */
+/* ------------------------------------------------------------------------- */
+
+static orch_model_desc llama_desc(uint32_t kv_heads, uint32_t flags) {
+    orch_model_desc m = test_model_desc(100, 64, 2, 4, 32);
+    m.arch = ORCH_ARCH_LLAMA;
+    m.kv_heads = kv_heads;
+    m.mlp_width = 48;
+    m.flags = flags;
+    return m;
+}
+
+START_TEST(test_llama_table) {
+    /* The header's names, order and shapes; an untied head adds lm_head. */
+    for (int untied = 0; untied < 2; untied++) {
+        orch_model_desc m = llama_desc(2, untied ? ORCH_MODEL_FLAG_UNTIED_HEAD : 0);
+        orch_engine_ctx *ctx = NULL;
+        char err[512] = "";
+        ck_assert_msg(create(&m, 3, NULL, &ctx, err, sizeof err) == ORCH_OK, "%s", err);
+        test_table t;
+        test_read_table(API, ctx, ORCH_TENSOR_PARAM, &t);
+        ck_assert_uint_eq(t.n, 2 + 9 * 2 + (uint32_t)untied);
+        ck_assert_str_eq(t.info[0].name, "model.embed_tokens.weight");
+        ck_assert_str_eq(t.info[1].name, "model.layers.0.input_layernorm.weight");
+        ck_assert_str_eq(t.info[3].name, "model.layers.0.self_attn.k_proj.weight");
+        ck_assert_uint_eq(t.info[3].shape[0], 2 * 8); /* kv_heads * head size */
+        ck_assert_uint_eq(t.info[3].shape[1], 32);
+        ck_assert_str_eq(t.info[9].name, "model.layers.0.mlp.down_proj.weight");
+        ck_assert_uint_eq(t.info[9].shape[1], 48);
+        ck_assert_str_eq(t.info[19].name, "model.norm.weight");
+        ck_assert_uint_eq(t.info[19].flags, ORCH_TENSOR_FLAG_NO_DECAY);
+        if (untied) ck_assert_str_eq(t.info[20].name, "lm_head.weight");
+        /* D = 8: 100*32 + 2*(2*32 + 32*32*2 + 2*16*32 + 3*48*32) + 32 (+ 100*32) */
+        uint64_t want = 3200 + 2 * (64 + 2048 + 1024 + 4608) + 32 + (untied ? 3200 : 0);
+        ck_assert_uint_eq(t.total, want);
+        /* The orchestrator's own count (orch bench) agrees with the table. */
+        uint64_t n_all = 0, read = 0;
+        double f = bench_train_flops_per_token(&m, 16, &n_all, &read);
+        ck_assert_uint_eq(n_all, want);
+        ck_assert_uint_eq(read, want - (untied ? 3200 : 0));
+        ck_assert(f == 6.0 * (double)read + 12.0 * 2 * 16 * 32);
+        /* Norm weights start at 1, matrices at N(0, 0.02). */
+        float *all = test_read_kind(API, ctx, ORCH_TENSOR_PARAM, &t);
+        ck_assert(all[t.info[19].offset] == 1.0f);
+        ck_assert(all[0] != 0.0f && fabsf(all[0]) < 0.2f);
+        free(all);
+        /* The loss starts near ln V (z0 = -1 cancels the norm weight 1). */
+        const int32_t tok[4] = { 1, 2, 3, 4 }, tgt[4] = { 2, 3, 4, 5 };
+        float loss;
+        ck_assert_int_eq(API->eval_loss(ctx, tok, tgt, 1, 4, &loss), ORCH_OK);
+        ck_assert_msg(fabs(loss - log(100.0)) < 0.2, "loss %g", (double)loss);
+        API->context_destroy(ctx);
+    }
+}
+END_TEST
+
+START_TEST(test_llama_kv_heads) {
+    /* KV blocks are sized by kv_heads; the next-token rule is the same for
+     * every kv_heads, read back through the KV heads, and copies carry every
+     * head's entry. */
+    uint64_t bytes[3];
+    const uint32_t kvh[3] = { 1, 2, 4 };
+    for (int k = 0; k < 3; k++) {
+        orch_model_desc m = llama_desc(kvh[k], 0);
+        m.vocab_size = 256;
+        orch_engine_ctx *ctx = NULL;
+        char err[512] = "";
+        ck_assert_msg(create(&m, 3, NULL, &ctx, err, sizeof err) == ORCH_OK, "%s", err);
+        ck_assert_int_eq(API->kv_block_bytes(ctx, 16, &bytes[k]), ORCH_OK);
+        ck_assert_int_eq(API->kv_configure(ctx, 4, 8), ORCH_OK);
+        const int32_t seq[7] = { 'a', 'b', 'c', 'd', 'e', 'f', 'g' };
+        const int32_t table[2] = { 5, 2 }, copy_to[2] = { 6, 3 };
+        float row[256];
+        ck_assert_int_eq(forward1(ctx, seq, 6, 0, table, 2, ORCH_LOGITS_LAST, row, 256),
+                         ORCH_OK);
+        ck_assert_int_eq(argmax(row, 256), rule_next(seq, 6, 256));
+        ck_assert_int_eq(API->kv_copy_blocks(ctx, table, copy_to, 2), ORCH_OK);
+        ck_assert_int_eq(
+            forward1(ctx, seq + 6, 1, 6, copy_to, 2, ORCH_LOGITS_LAST, row, 256),
+            ORCH_OK);
+        ck_assert_int_eq(argmax(row, 256), rule_next(seq, 7, 256));
+        API->context_destroy(ctx);
+    }
+    /* 16 positions x (4 bytes per KV head + 1 written flag) + the mark. */
+    ck_assert_uint_eq(bytes[1] - bytes[0], 16 * 4);
+    ck_assert_uint_eq(bytes[2] - bytes[1], 2 * 16 * 4);
+    /* gpt2 keeps one entry per position whatever its heads. */
+    orch_engine_ctx *g = ctx_with(256, NULL);
+    uint64_t gb;
+    ck_assert_int_eq(API->kv_block_bytes(g, 16, &gb), ORCH_OK);
+    ck_assert_uint_eq(gb, bytes[0]);
+    API->context_destroy(g);
 }
 END_TEST
 
@@ -801,7 +948,9 @@ int main(void) {
     tcase_add_test(tc, test_logits_come_from_the_cache);
     tcase_add_test(tc, test_unwritten_slot);
     tcase_add_test(tc, test_misuse_messages);
-    tcase_add_test(tc, test_loss_formula_and_gradient);
+    tcase_add_loop_test(tc, test_loss_formula_and_gradient, 0, 3);
+    tcase_add_test(tc, test_llama_table);
+    tcase_add_test(tc, test_llama_kv_heads);
     tcase_add_test(tc, test_adamw_reference);
     tcase_add_test(tc, test_training_converges);
     tcase_add_test(tc, test_model_errors);

@@ -302,11 +302,15 @@ END_TEST
 
 START_TEST(model_and_error_objects) {
     strbuf b = { 0 };
-    render_model_object(&b, "m\"1", 7, 64);
+    render_model_object(&b, "m\"1", 7, 64, NULL); /* loading: no architecture yet */
     ck_assert_str_eq(
         b.p,
         "{\"id\":\"m\\\"1\",\"object\":\"model\",\"created\":7,\"owned_by\":\"orch\","
         "\"max_model_len\":64}");
+    strbuf_free(&b);
+    render_model_object(&b, "m", 7, 4096, "llama");
+    ck_assert_str_eq(b.p, "{\"id\":\"m\",\"object\":\"model\",\"created\":7,\"owned_by\":"
+                          "\"orch\",\"max_model_len\":4096,\"architecture\":\"llama\"}");
     static const struct {
         unsigned status;
         const char *type;

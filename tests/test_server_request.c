@@ -52,6 +52,38 @@ static void expect_prompt(const gen_prompt *p, const char *text, uint32_t max_to
     ck_assert_uint_eq(p->max_tokens, max_tokens);
 }
 
+/* A model whose tokenizer_config asks for a BOS (the hf fixture
+ * tests/fixtures/hf-tokenizer/tiny-bytelevel, read from the repository root
+ * where run_tests.sh runs the suites): text prompts get it in front, once,
+ * also when the text already starts with it (a chat template's BOS text);
+ * token-id prompts are taken as given. */
+START_TEST(hf_bos_prepended_once) {
+    char err[256];
+    tokenizer *hf = NULL;
+    ck_assert_msg(tokenizer_open("hf", "tests/fixtures/hf-tokenizer/tiny-bytelevel", &hf,
+                                 err, sizeof err) == 0,
+                  "%s", err);
+    request_limits l = lim;
+    l.tok = hf;
+    l.vocab = tokenizer_vocab_size(hf);
+    const char *bodies[3] = { "{\"prompt\":\"hi\"}", "{\"prompt\":\"<|endoftext|>hi\"}",
+                              "{\"prompt\":[104,105]}" };
+    const uint32_t want_n[3] = { 3, 3, 2 };
+    for (int i = 0; i < 3; i++) {
+        gen_request r;
+        api_error e;
+        memset(&e, 0, sizeof e);
+        ck_assert_msg(gen_request_parse(&l, 0, bodies[i], strlen(bodies[i]), &r, &e) == 0,
+                      "%s: %s", bodies[i], e.msg);
+        ck_assert_uint_eq(r.prompts[0].n_ids, want_n[i]);
+        ck_assert_int_eq(r.prompts[0].ids[0], i < 2 ? 261 : 104);
+        ck_assert_int_eq(r.prompts[0].ids[want_n[i] - 1], 105);
+        gen_request_free(&r);
+    }
+    tokenizer_free(hf);
+}
+END_TEST
+
 START_TEST(completion_defaults) {
     gen_request r;
     parse_ok(0, "{\"prompt\":\"Hi\"}", &r);
@@ -626,6 +658,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, rejected_bodies);
     tcase_add_test(tc, strict_json);
     tcase_add_test(tc, long_prompts_refused_early);
+    tcase_add_test(tc, hf_bos_prepended_once);
     suite_add_tcase(s, tc);
     return s;
 }

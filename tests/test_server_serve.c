@@ -6,7 +6,8 @@
  * whole life on the mock engine driven through its hooks: the exact progress
  * lines of start, ready, drain and stop, one real HTTP completion whose text
  * is predicted from the mock's rule, a stop request before the model is
- * ready, and start failures with their exit status and message.
+ * ready, and start failures with their exit status and message (a bad
+ * --chat-template among them; the chosen template is a progress line).
  */
 #include <arpa/inet.h>
 #include <check.h>
@@ -30,6 +31,7 @@ START_TEST(defaults_names_and_mock_model) {
     serve_options_default(&o);
     ck_assert_ptr_null(o.ckpt);
     ck_assert_ptr_null(o.api_key);
+    ck_assert_ptr_null(o.chat_template);
     ck_assert_int_eq(o.threads, -1);
     ck_assert_uint_eq(o.port, 8080);
     ck_assert_uint_eq(o.max_seqs, 64);
@@ -197,12 +199,14 @@ START_TEST(run_serves_and_drains) {
     unsigned port = 0;
     ck_assert_msg(sscanf(log, "listening on http://127.0.0.1:%u", &port) == 1, "%s", log);
     char want[1024];
-    snprintf(want, sizeof want,
-             "listening on http://127.0.0.1:%u (loading the model)\n"
-             "ready: model mock-gpt2 (engine mock, vocab 256, context 1024), 4096 KV "
-             "blocks of 16 "
-             "tokens, max 64 sequences, 2048 tokens per iteration, prefix cache on\n",
-             port);
+    snprintf(
+        want, sizeof want,
+        "listening on http://127.0.0.1:%u (loading the model)\n"
+        "chat template orch-plain-v1 (default)\n"
+        "ready: model mock-gpt2 (gpt2, engine mock, vocab 256, context 1024), 4096 KV "
+        "blocks of 16 "
+        "tokens, max 64 sequences, 2048 tokens per iteration, prefix cache on\n",
+        port);
     ck_assert_str_eq(log, want);
     /* the mock's greedy rule: next = 97 + (sum of ids so far) % 26; "Hi" = 177 */
     char resp[8192];
@@ -257,6 +261,16 @@ START_TEST(run_start_failures) {
     run_thread(&c);
     ck_assert_int_eq(c.rc, ORCH_EXIT_USAGE);
     ck_assert_str_eq(c.err, "--host 'nope' is not an IPv4 address");
+    ck_assert_str_eq(c.log, "");
+    pthread_mutex_destroy(&c.mu);
+
+    ctl_init(&c); /* a bad --chat-template fails before anything starts */
+    c.o.chat_template = "chatml2";
+    run_thread(&c);
+    ck_assert_int_eq(c.rc, ORCH_EXIT_USAGE);
+    ck_assert_str_eq(c.err,
+                     "--chat-template: unknown template 'chatml2' (choices: chatml, "
+                     "llama-2, llama-3, orch-plain-v1, or a Jinja template file)");
     ck_assert_str_eq(c.log, "");
     pthread_mutex_destroy(&c.mu);
 

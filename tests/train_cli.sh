@@ -39,7 +39,7 @@ tiny="$root/configs/tiny-test.json"
 grep -q "status 3" "$tmp/help" && grep -q "SIGUSR1" "$tmp/help" && grep -q "130" "$tmp/help" ||
   fail "train --help does not document the signal exit statuses"
 "$ORCH_BIN" config --help >/dev/null || fail "config --help"
-for f in default tiny-test gpt2-124m; do
+for f in default tiny-test gpt2-124m llama_tiny; do
   "$ORCH_BIN" config check "$root/configs/$f.json" >"$tmp/out" 2>&1 ||
     fail "config check configs/$f.json: $(cat "$tmp/out")"
   grep -q ": ok:" "$tmp/out" || fail "config check $f: $(cat "$tmp/out")"
@@ -159,6 +159,50 @@ else
 fi
 kill -TERM "$pid"; wait "$pid"; rc=$?; pid=""
 [ $rc -eq 3 ] || fail "--metrics-port run: SIGTERM exit $rc"
+
+# --- llama (configs/llama_tiny.json) on the mock: train, checkpoint layout,
+# resume, eval, generate; a tied head has no lm_head.weight ------------------
+llama="$root/configs/llama_tiny.json"
+"$ORCH_BIN" train --config "$llama" "${data[@]}" --steps 6 --set train.checkpoint_every=3 \
+  --out "$tmp/llama" >"$tmp/llama.log" 2>&1 || { cat "$tmp/llama.log"; fail "llama run"; }
+grep -q "^done at step 6/6" "$tmp/llama.log" || fail "llama run: $(tail -n 3 "$tmp/llama.log")"
+st_meta() { # FILE: "layout names..." of a safetensors file
+  python3 -c 'import json,struct,sys
+f=open(sys.argv[1],"rb"); h=json.loads(f.read(struct.unpack("<Q",f.read(8))[0]))
+m=h.pop("__metadata__"); print(m["format"], m["layout"], m["layout_version"], " ".join(sorted(h)))' "$1"
+}
+meta=$(st_meta "$tmp/llama/ckpt-00000006/model.safetensors")
+[[ "$meta" == "orch orch-llama 1 lm_head.weight model.embed_tokens.weight model.layers.0."* ]] ||
+  fail "llama checkpoint layout: ${meta:0:200}"
+[[ "$(st_meta "$tmp/llama/ckpt-00000006/optimizer.safetensors")" == "orch orch-llama 1 m.lm_head.weight "* ]] ||
+  fail "llama optimizer layout"
+"$ORCH_BIN" train --resume="$tmp/llama" --steps 8 >"$tmp/llama2.log" 2>&1 ||
+  { cat "$tmp/llama2.log"; fail "llama resume"; }
+grep -q "^done at step 8/8" "$tmp/llama2.log" || fail "llama resume: $(tail -n 3 "$tmp/llama2.log")"
+"$ORCH_BIN" eval --checkpoint "$tmp/llama" >"$tmp/llama.eval" 2>&1 || fail "llama eval: $(cat "$tmp/llama.eval")"
+grep -q "^val_loss: [0-9.]*$" "$tmp/llama.eval" || fail "llama eval: $(cat "$tmp/llama.eval")"
+out=$("$ORCH_BIN" generate --checkpoint "$tmp/llama" --prompt ab --max-tokens 10 --temperature 0 2>&1) ||
+  fail "llama generate: $out"
+[ "$out" = abntfdzrbvjl ] || fail "llama generate: '$out'" # the mock's next-token rule
+"$ORCH_BIN" train --config "$llama" "${data[@]}" --steps 2 --set model.tie_embeddings=true \
+  --out "$tmp/llama_tied" >"$tmp/llama3.log" 2>&1 || { cat "$tmp/llama3.log"; fail "tied llama run"; }
+[[ "$(st_meta "$tmp/llama_tied/ckpt-00000002/model.safetensors")" == "orch orch-llama 1 model.embed_tokens.weight "* ]] ||
+  fail "tied llama: lm_head.weight written"
+expect 2 "model section" "$ORCH_BIN" train --init "$tmp/llama" --config "$tiny" "${data[@]}" \
+  --out "$tmp/llama_ft"
+expect 2 "model.rope_scaling.type: 'ntk' is not one of linear,llama3" "$ORCH_BIN" train \
+  --config "$llama" "${data[@]}" --set 'model.rope_scaling={"type":"ntk","factor":2}' --out "$tmp/l4"
+expect 2 "model.arch: 'mamba' is not one of gpt2,llama" "$ORCH_BIN" train --config "$llama" \
+  "${data[@]}" --set model.arch=mamba --out "$tmp/l5"
+[ ! -e "$tmp/l4" ] && [ ! -e "$tmp/l5" ] || fail "a refused llama config created its run directory"
+# gpt2 weights under a config relabelled llama (checksums redone): refused by
+# the file's layout, naming both.
+cp -r "$tmp/ok/ckpt-00000040" "$tmp/relabel"
+python3 -c 'import json,sys; p=sys.argv[1]; j=json.load(open(p)); j["config"]["model"]["arch"]="llama"; json.dump(j,open(p,"w"))' \
+  "$tmp/relabel/state.json"
+(cd "$tmp/relabel" && awk '{print $2}' checksums.sha256 | xargs sha256sum >sums.new && mv sums.new checksums.sha256)
+expect 2 "relabel/model.safetensors: layout 'orch-gpt2' is not model.arch 'llama' of the checkpoint's config" \
+  "$ORCH_BIN" generate --checkpoint "$tmp/relabel" --prompt a --max-tokens 1
 
 # --- the built-in default: configs/default.json next to the binary -------------
 if command -v bible >/dev/null; then

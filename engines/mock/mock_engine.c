@@ -7,14 +7,18 @@
  *
  * Capabilities: TRAIN | INFER | KV_COPY | EVAL | DETERMINISTIC | FAULT_INJECTION.
  *
+ * Architectures: gpt2 and llama (ABI 1.1: grouped-query kv_heads, untied
+ *   head flag, RoPE members validated by engine_model_normalise; the mock has
+ *   no numerics, so RoPE values only need to be valid).
+ *
  * Tensors
- *   Real tables (PARAM, ADAM_M, ADAM_V) with the GPT-2 names, shapes and order
- *   of the header, in real memory, so contents round-trip and a checkpoint
- *   written through the mock loads through any other engine. 1-D tensors
- *   (biases, LayerNorm weights and biases) carry ORCH_TENSOR_FLAG_NO_DECAY.
+ *   Real tables (PARAM, ADAM_M, ADAM_V) with the GPT-2 or LLaMA names, shapes
+ *   and order of the header (engine_model_table_fill), in real memory, so
+ *   contents round-trip and a checkpoint written through the mock loads
+ *   through any other engine. 1-D tensors (biases, LayerNorm and RMSNorm
+ *   weights) carry ORCH_TENSOR_FLAG_NO_DECAY.
  *   Initialisation follows the header (N(0,0.02) weights, N(0,0.02/sqrt(2L))
- *   for attn.c_proj.weight and mlp.c_proj.weight, zero biases, LayerNorm
- *   weights 1). Tensor i draws from its own splitmix64 stream seeded with
+ *   for the residual projections, zero biases, norm weights 1). Tensor i draws from its own splitmix64 stream seeded with
  *   opts->seed + (i+1) * 0x9E3779B97F4A7C15, row-major, Box-Muller pairs, so a
  *   tensor can be initialised on its own: the mock does it lazily, on the
  *   first call that reads it (inference never does), and a full tensor_write
@@ -23,9 +27,13 @@
  * Loss (forward_backward, eval_loss)
  *   For every target position (b,t) with x = tokens[b,t], y = targets[b,t],
  *   y != -1, C = width, V = vocab_size:
- *     z   = wte[x, y mod C] + wte[y, x mod C] + wpe[t, (x+y) mod C]
- *           + ln_f.bias[y mod C]              (sum in double of f32 entries)
+ *     z   = A[x, y mod C] + B[y, x mod C] + P[r, (x+y) mod C] + N[y mod C] + z0
+ *           (sum in double of f32 entries)
  *     l   = 2 ln(V) * sigmoid(z)               (ln V at init, like real CE)
+ *   gpt2:  A = B = wte.weight, P = wpe.weight with r = t, N = ln_f.bias, z0 = 0.
+ *   llama: A = model.embed_tokens.weight, B = lm_head.weight when the head is
+ *          untied (else A), P = model.layers.0.self_attn.q_proj.weight with
+ *          r = t mod C, N = model.norm.weight, z0 = -1 (N starts at 1).
  *   loss = mean of l over the n counted positions (0 when n = 0, no gradient).
  *   forward_backward ADDS grad_scale * dloss/dparam to the gradient buffer:
  *   each of the four entries gets grad_scale * 2 ln(V) s (1-s) / n (as f32),
@@ -42,7 +50,11 @@
  *
  * Inference and the KV cache
  *   kv_configure allocates a pool; each slot (block, offset) stores the token
- *   id written at that position plus a written flag: the mock's "K/V".
+ *   id written at that position plus a written flag: the mock's "K/V". A
+ *   llama slot stores the id once per KV head (kv_heads entries, so blocks
+ *   are sized by kv_heads as a real engine's are), and position p is read
+ *   back from KV head p mod kv_heads; kv_block_bytes is block_size *
+ *   (4 * entries + 1) plus a small per-block mark.
  *   infer_forward validates the whole batch first (token range, start_pos +
  *   n_tokens <= context, block ids in the pool, enough blocks, logits_cap,
  *   adapter_id == 0, no block written by one sequence and used by another,
@@ -161,10 +173,15 @@ struct orch_engine_ctx {
     float *params, *grads, *adam_m, *adam_v;
     uint8_t *param_ready; /* per tensor: parameters initialised or written */
     uint64_t seed;
-    uint64_t off_wte, off_wpe, off_lnf_bias; /* element offsets */
+    /* The loss's four entries (see the top): tensors and element offsets of
+     * the embedding rows A and B, the position matrix P and the vector N. */
+    uint32_t loss_tensor[4];
+    uint64_t loss_off[4];
+    double z_bias; /* -1 for llama (its N starts at 1), 0 for gpt2 */
 
-    /* KV pool: slot (block b, offset o) is index b*kv_block_size + o. */
-    uint32_t kv_block_size, kv_num_blocks;
+    /* KV pool: slot (block b, offset o) is index b*kv_block_size + o; it holds
+     * kv_per_slot entries (1 for gpt2, kv_heads for llama), one per KV head. */
+    uint32_t kv_block_size, kv_num_blocks, kv_per_slot;
     int32_t *kv_tokens;
     uint8_t *kv_written;
     mock_mark *kv_marks;
@@ -357,21 +374,43 @@ static void cost_sleep(const mock_config *cfg, const orch_infer_batch *batch) {
 /* ------------------------------------------------------------------------- */
 
 static const engine_model_limits mock_limits = {
-    "mock", (uint32_t)INT32_MAX, UINT32_MAX, MOCK_MAX_LAYERS, UINT32_MAX, UINT32_MAX, 0
+    "mock", (uint32_t)INT32_MAX, UINT32_MAX, MOCK_MAX_LAYERS, UINT32_MAX, UINT32_MAX, 1
 };
 
-/* Build the GPT-2 table. Sizes were checked for overflow by the caller. */
+/* Index of the tensor named `name` in the table, or n_tensors. */
+static uint32_t tensor_index(const orch_engine_ctx *ctx, const char *name) {
+    for (uint32_t i = 0; i < ctx->n_tensors; i++)
+        if (strcmp(ctx->tensors[i].name, name) == 0) return i;
+    return ctx->n_tensors;
+}
+
+/* Build the table of the model's architecture and find the four tensors the
+ * loss reads (see the top). Sizes were checked for overflow by the caller. */
 static int32_t table_build(orch_engine_ctx *ctx) {
     const orch_model_desc *m = &ctx->model;
-    uint32_t n = engine_gpt2_tensor_count(m->layers);
+    uint32_t n = engine_model_tensor_count(m);
     ctx->tensors = calloc(n, sizeof *ctx->tensors);
     if (!ctx->tensors) return ORCH_ERR_OUT_OF_MEMORY;
-    ctx->n_params = engine_gpt2_table_fill(ctx->tensors, m->layers, m->vocab_size,
-                                           m->context, m->width, m->mlp_width);
+    ctx->n_params = engine_model_table_fill(ctx->tensors, m);
     ctx->n_tensors = n;
-    ctx->off_wte = ctx->tensors[0].offset;
-    ctx->off_wpe = ctx->tensors[1].offset;
-    ctx->off_lnf_bias = ctx->tensors[n - 1].offset;
+    if (m->arch == ORCH_ARCH_LLAMA) {
+        ctx->loss_tensor[0] = 0; /* model.embed_tokens.weight */
+        ctx->loss_tensor[1] = (m->flags & ORCH_MODEL_FLAG_UNTIED_HEAD)
+                                  ? tensor_index(ctx, "lm_head.weight")
+                                  : 0;
+        ctx->loss_tensor[2] = tensor_index(ctx, "model.layers.0.self_attn.q_proj.weight");
+        ctx->loss_tensor[3] = tensor_index(ctx, "model.norm.weight");
+        ctx->z_bias = -1.0; /* the norm weight starts at 1 */
+    } else {
+        ctx->loss_tensor[0] = ctx->loss_tensor[1] = 0; /* wte.weight */
+        ctx->loss_tensor[2] = 1;                       /* wpe.weight */
+        ctx->loss_tensor[3] = n - 1;                   /* ln_f.bias */
+        ctx->z_bias = 0.0;
+    }
+    for (int k = 0; k < 4; k++)
+        ctx->loss_off[k] = ctx->tensors[ctx->loss_tensor[k]].offset;
+    /* The "K/V" entries of one position: one per KV head for llama. */
+    ctx->kv_per_slot = m->arch == ORCH_ARCH_LLAMA ? m->kv_heads : 1u;
     return ORCH_OK;
 }
 
@@ -454,7 +493,7 @@ static int32_t mock_context_create(const orch_model_desc *model,
     if (st != ORCH_OK) return st;
 
     uint64_t n_params, bytes;
-    if (engine_gpt2_param_count(&m, &n_params) != 0 ||
+    if (engine_model_param_count(&m, &n_params) != 0 ||
         __builtin_mul_overflow(n_params, (uint64_t)16, &bytes))
         return engine_fail_buf(err, err_cap, ORCH_ERR_OUT_OF_MEMORY,
                                "model too large (parameter count overflows)");
@@ -602,10 +641,11 @@ static int32_t mock_grads_write(orch_engine_ctx *ctx, uint64_t offset, uint64_t 
 static void term_entries(const orch_engine_ctx *ctx, uint64_t x, uint64_t y, uint64_t t,
                          uint64_t idx[4]) {
     uint64_t C = ctx->model.width;
-    idx[0] = ctx->off_wte + x * C + y % C;
-    idx[1] = ctx->off_wte + y * C + x % C;
-    idx[2] = ctx->off_wpe + t * C + (x + y) % C;
-    idx[3] = ctx->off_lnf_bias + y % C;
+    uint64_t row = ctx->model.arch == ORCH_ARCH_LLAMA ? t % C : t;
+    idx[0] = ctx->loss_off[0] + x * C + y % C;
+    idx[1] = ctx->loss_off[1] + y * C + x % C;
+    idx[2] = ctx->loss_off[2] + row * C + (x + y) % C;
+    idx[3] = ctx->loss_off[3] + y % C;
 }
 
 /* Mean loss over counted targets; with grads != NULL also add
@@ -614,9 +654,7 @@ static float loss_compute(orch_engine_ctx *ctx, const int32_t *tokens,
                           const int32_t *targets, uint32_t batch, uint32_t seq_len,
                           float *grads, float grad_scale) {
     const double two_log_v = 2.0 * log((double)ctx->model.vocab_size);
-    param_ensure(ctx, 0);                  /* wte */
-    param_ensure(ctx, 1);                  /* wpe */
-    param_ensure(ctx, ctx->n_tensors - 1); /* ln_f.bias */
+    for (int k = 0; k < 4; k++) param_ensure(ctx, ctx->loss_tensor[k]);
     uint64_t n = (uint64_t)batch * seq_len, counted = 0;
     for (uint64_t i = 0; i < n; i++) counted += targets[i] != -1;
     if (counted == 0) return 0.0f;
@@ -626,8 +664,8 @@ static float loss_compute(orch_engine_ctx *ctx, const int32_t *tokens,
         uint64_t idx[4];
         term_entries(ctx, (uint64_t)tokens[i], (uint64_t)targets[i], i % seq_len, idx);
         const float *p = ctx->params;
-        double z =
-            (double)p[idx[0]] + (double)p[idx[1]] + (double)p[idx[2]] + (double)p[idx[3]];
+        double z = (double)p[idx[0]] + (double)p[idx[1]] + (double)p[idx[2]] +
+                   (double)p[idx[3]] + ctx->z_bias;
         double s = 1.0 / (1.0 + exp(-z));
         sum += two_log_v * s;
         if (grads) {
@@ -710,9 +748,11 @@ static int32_t mock_optimizer_step(orch_engine_ctx *ctx, const orch_adamw_params
 /* Inference                                                                  */
 /* ------------------------------------------------------------------------- */
 
-/* Per block: the slot token ids and written flags, plus the validation mark. */
-static uint64_t kv_bytes_per_block(uint32_t block_size) {
-    return (uint64_t)block_size * (sizeof(int32_t) + sizeof(uint8_t)) + sizeof(mock_mark);
+/* Per block: the slot entries (kv_per_slot token ids each) and written
+ * flags, plus the validation mark. */
+static uint64_t kv_bytes_per_block(const orch_engine_ctx *ctx, uint32_t block_size) {
+    return (uint64_t)block_size * (ctx->kv_per_slot * sizeof(int32_t) + sizeof(uint8_t)) +
+           sizeof(mock_mark);
 }
 
 static int32_t mock_kv_block_bytes(orch_engine_ctx *ctx, uint32_t block_size,
@@ -722,7 +762,7 @@ static int32_t mock_kv_block_bytes(orch_engine_ctx *ctx, uint32_t block_size,
     if (st) return st;
     if ((st = engine_check_kv_block_bytes(block_size, out_bytes, ENGINE_ERRBUF(ctx))))
         return st;
-    *out_bytes = kv_bytes_per_block(block_size);
+    *out_bytes = kv_bytes_per_block(ctx, block_size);
     return ORCH_OK;
 }
 
@@ -734,9 +774,9 @@ static int32_t mock_kv_configure(orch_engine_ctx *ctx, uint32_t block_size,
     if ((st = engine_check_kv_configure(block_size, num_blocks, 0, ENGINE_ERRBUF(ctx))))
         return st;
     uint64_t slots = (uint64_t)block_size * num_blocks;
-    if (slots > SIZE_MAX / sizeof(int32_t))
+    if (slots > SIZE_MAX / sizeof(int32_t) / ctx->kv_per_slot)
         return fail(ctx, ORCH_ERR_OUT_OF_MEMORY, "kv_configure: pool too large");
-    int32_t *tok = calloc((size_t)slots, sizeof *tok);
+    int32_t *tok = calloc((size_t)slots * ctx->kv_per_slot, sizeof *tok);
     uint8_t *wr = calloc((size_t)slots, 1);
     mock_mark *marks = calloc(num_blocks, sizeof *marks);
     if (!tok || !wr || !marks) {
@@ -776,13 +816,15 @@ static int32_t mock_infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *
         return st;
     cost_sleep(&ctx->cfg, batch);
 
-    /* Write the new tokens' "K/V". */
+    /* Write the new tokens' "K/V": the id once per KV head. */
+    const uint32_t per = ctx->kv_per_slot;
     for (uint32_t i = 0; i < batch->n_seqs; i++) {
         const orch_seq_input *s = engine_batch_seq(batch, i);
         for (uint32_t k = 0; k < s->n_tokens; k++) {
             uint64_t p = (uint64_t)s->start_pos + k;
             uint64_t slot = (uint64_t)s->block_table[p / bs] * bs + p % bs;
-            ctx->kv_tokens[slot] = s->tokens[k];
+            for (uint32_t h = 0; h < per; h++)
+                ctx->kv_tokens[slot * per + h] = s->tokens[k];
         }
     }
     engine_kv_mark_written(batch, &kv);
@@ -795,7 +837,7 @@ static int32_t mock_infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *
         uint64_t S = 0;
         for (uint64_t p = 0; p < end; p++) {
             uint64_t slot = (uint64_t)s->block_table[p / bs] * bs + p % bs;
-            S += (uint64_t)ctx->kv_tokens[slot];
+            S += (uint64_t)ctx->kv_tokens[slot * per + p % per]; /* KV head p mod per */
             int emit =
                 p >= s->start_pos && (s->logits_mode == ORCH_LOGITS_ALL || p == end - 1);
             if (!emit) continue;
@@ -818,10 +860,10 @@ static int32_t mock_kv_copy_blocks(orch_engine_ctx *ctx, const int32_t *src,
     const engine_kv_view kv = kv_view(ctx);
     if ((st = engine_kv_copy_check(src, dst, n, &kv, ENGINE_ERRBUF(ctx))) != ORCH_OK)
         return st;
-    const uint32_t bs = ctx->kv_block_size;
+    const size_t per_block = (size_t)ctx->kv_block_size * ctx->kv_per_slot;
     for (uint32_t i = 0; i < n; i++) {
-        memcpy(ctx->kv_tokens + (size_t)dst[i] * bs, ctx->kv_tokens + (size_t)src[i] * bs,
-               bs * sizeof(int32_t));
+        memcpy(ctx->kv_tokens + (size_t)dst[i] * per_block,
+               ctx->kv_tokens + (size_t)src[i] * per_block, per_block * sizeof(int32_t));
     }
     engine_kv_copy_written(src, dst, n, &kv);
     return ORCH_OK;

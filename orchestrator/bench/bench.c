@@ -55,6 +55,22 @@ double bench_train_flops_per_token(const orch_model_desc *m, uint32_t seq_len,
                                    uint64_t *params, uint64_t *params_no_wpe) {
     const uint64_t C = m->width, V = m->vocab_size, T = m->context, L = m->layers;
     const uint64_t M = m->mlp_width ? m->mlp_width : 4 * C;
+    if (m->arch == ORCH_ARCH_LLAMA) {
+        /* Two RMSNorm weights, q and o [C,C], k and v [KV*D,C], SwiGLU's three
+         * [M,C]; the embedding, plus lm_head when untied; the final norm. No
+         * position table: every weight but an untied head's embedding rows is
+         * read by a decode step. */
+        const uint64_t heads = m->heads ? m->heads : 1;
+        const uint64_t KV =
+            (uint64_t)(m->kv_heads ? m->kv_heads : m->heads) * (C / heads);
+        const uint64_t untied = (m->flags & ORCH_MODEL_FLAG_UNTIED_HEAD) ? 1 : 0;
+        uint64_t layer = 2 * C + 2 * C * C + 2 * KV * C + 3 * M * C;
+        uint64_t all = V * C * (1 + untied) + L * layer + C;
+        uint64_t read = all - untied * V * C;
+        if (params) *params = all;
+        if (params_no_wpe) *params_no_wpe = read;
+        return 6.0 * (double)read + 12.0 * (double)L * seq_len * (double)C;
+    }
     uint64_t per_layer = 4 * C * C + 2 * M * C + 9 * C + M;
     uint64_t all = V * C + T * C + L * per_layer + 2 * C;
     uint64_t no_wpe = all - T * C;

@@ -118,7 +118,10 @@ double bench_sgemm_gflops(int threads, int M, int N, int K);
 int bench_mem_bw(int threads, double *read_gbs, double *triad_gbs, char *err,
                  size_t err_cap);
 
-/* Model FLOPs per training token and parameter counts of a GPT-2 shape. */
+/* Model FLOPs per training token (6 x the matrix parameters + attention) and
+ * parameter counts: *params every parameter, *params_no_wpe those a decode
+ * step reads (GPT-2: all but the position table; LLaMA: all but the
+ * embedding when the head is untied). gpt2 and llama shapes. */
 double bench_train_flops_per_token(const orch_model_desc *m, uint32_t seq_len,
                                    uint64_t *params, uint64_t *params_no_wpe);
 

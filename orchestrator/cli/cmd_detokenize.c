@@ -22,7 +22,8 @@ int cmd_detokenize(int argc, char **argv) {
     int st;
     if (cmd_open_tokenizer_read_stdin(
             argc, argv,
-            "usage: orch detokenize [--tokenizer gpt2|byte] [--vocab-dir DIR] < ids\n\n"
+            "usage: orch detokenize [--tokenizer gpt2|byte|hf:DIR] [--vocab-dir DIR]\n"
+            "                       [--tokenizer-dir DIR] < ids\n\n"
             "Reads token ids (decimal, separated by spaces or newlines) on stdin and\n"
             "writes the exact bytes they stand for (no newline added). An id that is\n"
             "not a number or not in the vocabulary is an error (exit 2).\n",

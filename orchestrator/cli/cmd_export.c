@@ -20,20 +20,23 @@ static const char usage_text[] =
     "\n"
     "Write the checkpoint CKPT (a run directory: its newest complete\n"
     "checkpoint; or a checkpoint directory) as a GGUF v3 file for llama.cpp\n"
-    "(architecture gpt2, GPT-2 tokenizer metadata, llama.cpp's tensor names).\n"
-    "Only checkpoints trained with the gpt2 tokenizer export: the byte\n"
-    "tokenizer has no GGUF equivalent. (Hugging Face: orch export hf.)\n"
+    "(architecture gpt2 or llama, tokenizer metadata, llama.cpp's tensor\n"
+    "names; llama's attn_q/attn_k rows permuted to llama.cpp's RoPE pairs).\n"
+    "Checkpoints with the gpt2 tokenizer, or llama ones with an hf\n"
+    "tokenizer.json that GGUF can express, export: the byte tokenizer has no\n"
+    "GGUF equivalent. (Hugging Face: orch export hf.)\n"
     "\noptions:\n";
 
 static const char hf_usage_text[] =
     "usage: orch export hf CKPT --out DIR [--type f32|f16|bf16]\n"
     "\n"
     "Write the checkpoint CKPT (a run directory: its newest complete\n"
-    "checkpoint; or a checkpoint directory) of a gpt2 model as a new Hugging\n"
-    "Face directory DIR that transformers loads as GPT2LMHeadModel:\n"
-    "config.json, generation_config.json, model.safetensors (HF's tensor\n"
-    "names, Conv1D weights [in, out]) and, for the gpt2 tokenizer, vocab.json,\n"
-    "merges.txt and tokenizer_config.json. A byte-tokenizer checkpoint exports\n"
+    "checkpoint; or a checkpoint directory) of a gpt2 or llama model as a new\n"
+    "Hugging Face directory DIR that transformers loads as GPT2LMHeadModel or\n"
+    "LlamaForCausalLM: config.json, generation_config.json, model.safetensors\n"
+    "(HF's tensor names; GPT-2's Conv1D weights [in, out]) and, for the gpt2\n"
+    "tokenizer, vocab.json, merges.txt and tokenizer_config.json (an hf\n"
+    "tokenizer: copies of its files). A byte-tokenizer checkpoint exports\n"
     "without tokenizer files (Hugging Face has no such tokenizer; said on\n"
     "stderr). `orch import hf DIR` reads it back.\n"
     "\noptions:\n";
@@ -81,9 +84,10 @@ static int export_hf(int argc, char **argv) {
                 "Face equivalent: %s holds no tokenizer files\n",
                 o.out);
     printf("exported %s: %u layers, %llu tensors, %llu parameters, type %s -> %s "
-           "(Hugging Face GPT2LMHeadModel)\n",
+           "(Hugging Face %s)\n",
            r.ckpt_dir, r.layers, (unsigned long long)r.tensors,
-           (unsigned long long)r.params, o.type ? o.type : "f32", o.out);
+           (unsigned long long)r.params, o.type ? o.type : "f32", o.out,
+           r.llama ? "LlamaForCausalLM" : "GPT2LMHeadModel");
     return ORCH_EXIT_OK;
 }
 

@@ -162,6 +162,10 @@ static int prompt_ids(const inference_model *m, const char *prompt, size_t len,
         util_error("generate: prompt: %s", err);
         return ORCH_EXIT_USAGE;
     }
+    if (tokenizer_prepend_bos(m->tok, ids, n) < 0) { /* tokenizer_config's BOS */
+        util_error("generate: out of memory");
+        return ORCH_EXIT_FAILURE;
+    }
     if (*n == 0) {
         int32_t eot = tokenizer_eot(m->tok);
         if (eot < 0) {
@@ -204,7 +208,6 @@ static int decode(const gen_args *a, const inference_model *m, generate_session 
         a->have_seed ? a->seed : (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
     sampler_rng rng;
     sampler_rng_seed(&rng, seed);
-    int32_t eot = tokenizer_eot(m->tok);
     int rc = ORCH_EXIT_OK;
     for (uint64_t k = 0; k < a->max_tokens; k++) {
         int32_t tok = sampler_sample(&a->sp, generate_logits(s), m->desc.vocab_size, NULL,
@@ -215,7 +218,7 @@ static int decode(const gen_args *a, const inference_model *m, generate_session 
             rc = ORCH_EXIT_FAILURE;
             break;
         }
-        if (tok == eot) break;
+        if (tokenizer_is_eos(m->tok, tok)) break; /* any of the model's EOS ids */
         const char *bytes = "";
         size_t blen = 0;
         if (tokenizer_token_bytes(m->tok, tok, &bytes, &blen) != 0)

@@ -15,8 +15,10 @@
 static const char usage_text[] =
     "usage: orch import gguf FILE.gguf --out DIR [options]\n"
     "\n"
-    "Turn a GGUF file (llama.cpp's format; architecture gpt2 with the GPT-2\n"
-    "tokenizer; F32, F16, BF16 or Q8_0 tensors, dequantized to f32) into a new\n"
+    "Turn a GGUF file (llama.cpp's format; architecture gpt2 or llama with the\n"
+    "GPT-2 tokenizer, or llama with a tokenizer turned into tokenizer.json; F32,\n"
+    "F16, BF16 or Q8_0 tensors, dequantized to f32; llama's\n"
+    "attn_q/attn_k rows permuted back to orch's RoPE layout) into a new\n"
     "checkpoint directory DIR for generate/eval/serve --checkpoint DIR and\n"
     "`orch train --init DIR`. (Hugging Face GPT-2: orch import hf.)\n"
     "\noptions:\n";
@@ -77,13 +79,18 @@ int cmd_import(int argc, char **argv) {
         util_error("import gguf: %s", err);
         return kind == GPT2_IMPORT_ERR_INPUT ? ORCH_EXIT_USAGE : ORCH_EXIT_FAILURE;
     }
-    printf("imported GGUF %s: %u layers, %u heads, width %llu, mlp %llu, vocab %llu, "
+    char kv[48] = "";
+    if (strcmp(r.arch, "llama") == 0)
+        snprintf(kv, sizeof kv, " (%u kv, %s head)", r.kv_heads,
+                 r.tied ? "tied" : "untied");
+    printf("imported GGUF %s: %u layers, %u heads%s, width %llu, mlp %llu, vocab %llu, "
            "context %llu, %llu parameters (tensors: %llu F32, %llu F16, %llu BF16, "
-           "%llu Q8_0) -> %s\n",
-           r.arch, r.layers, r.heads, (unsigned long long)r.width,
+           "%llu Q8_0), tokenizer %s -> %s\n",
+           r.arch, r.layers, r.heads, kv, (unsigned long long)r.width,
            (unsigned long long)r.mlp_width, (unsigned long long)r.vocab,
            (unsigned long long)r.context, (unsigned long long)r.params,
            (unsigned long long)r.n_f32, (unsigned long long)r.n_f16,
-           (unsigned long long)r.n_bf16, (unsigned long long)r.n_q8_0, o.out_dir);
+           (unsigned long long)r.n_bf16, (unsigned long long)r.n_q8_0, r.tokenizer,
+           o.out_dir);
     return ORCH_EXIT_OK;
 }

@@ -21,10 +21,13 @@ static const char usage_gpt2[] =
     "(the older name of orch import hf)\n";
 static const char usage_text[] =
     "\n"
-    "Import GPT-2 weights in the Hugging Face layout into a new checkpoint\n"
-    "directory DIR. HF_DIR is a Hugging Face GPT2LMHeadModel directory:\n"
-    "config.json (the model's shape) and model.safetensors, or shards listed in\n"
-    "model.safetensors.index.json; F32, F16 or BF16. The new checkpoint\n"
+    "Import GPT-2 or LLaMA-family weights in the Hugging Face layout into a new\n"
+    "checkpoint directory DIR. HF_DIR is a Hugging Face GPT2LMHeadModel or\n"
+    "LlamaForCausalLM (also Mistral and Qwen2 configs that map exactly)\n"
+    "directory: config.json (the model's shape) and model.safetensors, or shards\n"
+    "listed in model.safetensors.index.json; F32, F16 or BF16. A llama model's\n"
+    "tokenizer.json (and tokenizer_config.json, generation_config.json) are\n"
+    "copied into DIR, its tokenizer recorded as hf. The new checkpoint\n"
     "holds model.safetensors, state.json with the config and checksums (no\n"
     "optimizer state). Use it with generate/eval/serve --checkpoint DIR,\n"
     "and fine-tune it with `orch train --init DIR` (the config's data section\n"
@@ -52,8 +55,8 @@ int cmd_import_hf(int argc, char **argv, const char *name) {
           .help =
               "Hugging Face config.json to read n_head and\nlayer_norm_epsilon from" },
         { "--tokenizer", FLAG_STRING, &o.tokenizer, "T",
-          .help = "gpt2|byte (default gpt2 when the vocabulary has\n"
-                  "50257+ tokens, else byte)" },
+          .help = "gpt2|byte|hf (default: hf for a llama model,\n"
+                  "else gpt2 when the vocabulary has 50257+ tokens, else\nbyte)" },
         { "--config", FLAG_STRING, &o.base_config, "FILE",
           .help = "take the train/data/engine sections from this\n"
                   "config (the model section comes from the weights)" },
@@ -85,11 +88,19 @@ int cmd_import_hf(int argc, char **argv, const char *name) {
         util_error("%s: %s", name, err);
         return kind == GPT2_IMPORT_ERR_INPUT ? ORCH_EXIT_USAGE : ORCH_EXIT_FAILURE;
     }
-    printf("imported GPT-2: %u layers, %u heads, width %llu, mlp %llu, vocab "
-           "%llu, context %llu, %llu parameters, tokenizer %s -> %s\n",
-           r.layers, r.heads, (unsigned long long)r.width,
-           (unsigned long long)r.mlp_width, (unsigned long long)r.vocab,
-           (unsigned long long)r.context, (unsigned long long)r.params, r.tokenizer,
-           o.out_dir);
+    if (strcmp(r.arch, "llama") == 0)
+        printf("imported llama: %u layers, %u heads, %u kv heads, width %llu, mlp %llu, "
+               "vocab %llu, context %llu, %s head, %llu parameters, tokenizer %s -> %s\n",
+               r.layers, r.heads, r.kv_heads, (unsigned long long)r.width,
+               (unsigned long long)r.mlp_width, (unsigned long long)r.vocab,
+               (unsigned long long)r.context, r.tied ? "tied" : "untied",
+               (unsigned long long)r.params, r.tokenizer, o.out_dir);
+    else
+        printf("imported GPT-2: %u layers, %u heads, width %llu, mlp %llu, vocab "
+               "%llu, context %llu, %llu parameters, tokenizer %s -> %s\n",
+               r.layers, r.heads, (unsigned long long)r.width,
+               (unsigned long long)r.mlp_width, (unsigned long long)r.vocab,
+               (unsigned long long)r.context, (unsigned long long)r.params, r.tokenizer,
+               o.out_dir);
     return ORCH_EXIT_OK;
 }

@@ -56,7 +56,8 @@ int cmd_prepare(int argc, char **argv) {
     int kjv = 0;
     const flag_spec flags[] = {
         { "--tokenizer", FLAG_STRING, &kind, "T",
-          .help = "byte (256 ids) or gpt2 (GPT-2 BPE, 50257 ids)" },
+          .help = "byte (256 ids), gpt2 (GPT-2 BPE, 50257 ids) or hf:DIR\n"
+                  "(a Hugging Face tokenizer.json in DIR)" },
         { "--input", FLAG_STRING, &input, "FILE", .help = "the corpus (any bytes)" },
         { "--kjv", FLAG_TRUE, &kjv, NULL,
           .help = "use the King James Bible instead (written to\n"
@@ -73,7 +74,8 @@ int cmd_prepare(int argc, char **argv) {
           .max = (int64_t)1 << 40 },
         { "--vocab-dir", FLAG_STRING, &vocab_dir, "DIR",
           .help = "GPT-2 encoder.json + vocab.bpe (default: search\n"
-                  "$ORCH_DATA_DIR/gpt2, <orch>/../data/gpt2, ./data/gpt2)" },
+                  "$ORCH_DATA_DIR/gpt2, <orch>/../data/gpt2, ./data/gpt2);\n"
+                  "for --tokenizer hf the directory with tokenizer.json" },
         { NULL },
     };
     const flags_cmd cmd = {
@@ -91,8 +93,12 @@ int cmd_prepare(int argc, char **argv) {
     };
     int rc;
     if (flags_parse(&cmd, argc, argv, &rc)) return rc;
+    if (kind && strncmp(kind, "hf:", 3) == 0) {
+        vocab_dir = kind + 3;
+        kind = "hf";
+    }
     if (!kind || !tokenizer_kind_valid(kind)) {
-        util_error("prepare: %s (expected --tokenizer byte or --tokenizer gpt2)",
+        util_error("prepare: %s (expected --tokenizer byte, gpt2 or hf:DIR)",
                    kind ? "unknown tokenizer" : "missing --tokenizer");
         return ORCH_EXIT_USAGE;
     }

@@ -19,13 +19,18 @@
 #include "orchestrator/serve/serve.h"
 
 static const char usage_text[] =
-    "usage: orch serve [--checkpoint DIR] [options]\n"
+    "usage: orch serve [MODEL] [options]\n"
     "\n"
     "Serve a model over an OpenAI-compatible HTTP API: /v1/completions,\n"
-    "/v1/chat/completions, /v1/models, /health, /metrics. With --engine=mock\n"
-    "and no checkpoint the mock engine's built-in model is served (byte\n"
-    "tokenizer, vocabulary 256, context 1024). Runs until SIGTERM or SIGINT,\n"
-    "then drains and exits 0.\n"
+    "/v1/chat/completions, /v1/models, /health, /metrics. MODEL (or\n"
+    "-m/--model, or --checkpoint DIR) is an orch run or checkpoint directory,\n"
+    "a Hugging Face model directory (config.json + safetensors) or a GGUF\n"
+    "file; the last two are imported on the fly (as orch import hf / gguf do)\n"
+    "into a temporary checkpoint that is removed at exit. With --engine=mock\n"
+    "and no model the mock engine's built-in model is served (byte\n"
+    "tokenizer, vocabulary 256, context 1024). /v1/models reports the\n"
+    "served name, max_model_len and the architecture. Runs until SIGTERM or\n"
+    "SIGINT, then drains and exits 0.\n"
     "\n"
     "Slow or many clients: connections past --max-connections (or\n"
     "--max-connections-per-ip from one address) get 503 at once; each phase\n"
@@ -38,12 +43,20 @@ static const char usage_text[] =
 /* Flags into o; 0, or 1 with the exit status in *st. */
 static int parse_args(int argc, char **argv, serve_options *o, int *st) {
     serve_options_default(o);
+    const char *pos_model = NULL, *flag_model = NULL;
+    size_t n_pos = 0;
     const char *quantize = NULL;
     static char options_buf[4096]; /* o->engine_options with --quantize */
     o->api_key = getenv("ORCH_API_KEY");
     const flag_spec flags[] = {
+        { "-m", FLAG_STRING, &flag_model, "MODEL", .help = "the same as --model" },
+        { "--model", FLAG_STRING, &flag_model, "MODEL",
+          .help = "the model to serve (instead of the MODEL\nargument)" },
         { "--checkpoint", FLAG_STRING, &o->ckpt, "DIR",
-          .help = "run or checkpoint directory (required unless\n--engine=mock)" },
+          .help = "run or checkpoint directory (an orch MODEL)" },
+        { "--tokenizer", FLAG_STRING, &o->tokenizer, "T",
+          .help = "byte|gpt2: the tokenizer of a Hugging Face MODEL\n"
+                  "that has no tokenizer.json (default: its own)" },
         { "--engine", FLAG_STRING, &o->engine, "E",
           .help = "mock|cpu|cuda|FILE.so (default: the checkpoint\nconfig's engine)" },
         { "--trust-config-engine", FLAG_TRUE, &o->trust_config_engine, NULL,
@@ -63,9 +76,21 @@ static int parse_args(int argc, char **argv, serve_options *o, int *st) {
           .help = "IPv4 address to bind (default 127.0.0.1)" },
         { "--port", FLAG_U64, &o->port, "N",
           .help = "TCP port (default 8080; 0 = any free port)", .min = 0, .max = 65535 },
+        { "--served-model-name", FLAG_STRING, &o->model_name, "NAME",
+          .help = "model id in /v1/models and the accepted \"model\"\n"
+                  "field (default: MODEL's last path component, the\n"
+                  "run directory's for a ckpt-* directory, or\nmock-gpt2)" },
         { "--model-name", FLAG_STRING, &o->model_name, "NAME",
-          .help = "model id in the API (default: the checkpoint's\n"
-                  "run directory name, or mock-gpt2)" },
+          .help = "the same as --served-model-name" },
+        { "--max-model-len", FLAG_U64, &o->max_model_len, "N",
+          .help = "cap on prompt + completion tokens (at most the\n"
+                  "model's context; default the context)",
+          .min = 1, .max = UINT32_MAX },
+        { "--chat-template", FLAG_STRING, &o->chat_template, "NAME|FILE",
+          .help = "chat template: chatml, llama-2, llama-3,\n"
+                  "orch-plain-v1 or a Jinja file (default: the\n"
+                  "checkpoint's tokenizer_config.json template, else\n"
+                  "orch-plain-v1)" },
         { "--api-key", FLAG_STRING, &o->api_key, "KEY",
           .help = "require 'Authorization: Bearer KEY' on /v1/\n"
                   "(default: $ORCH_API_KEY; none when unset)" },
@@ -140,11 +165,27 @@ static int parse_args(int argc, char **argv, serve_options *o, int *st) {
         .flags = flags,
         .footer = "\nexit status: 0 after a clean shutdown, 1 runtime failure, 2 bad "
                   "usage,\ncheckpoint or engine.\n",
+        .pos = &pos_model,
+        .max_pos = 1,
+        .n_pos = &n_pos,
+        .pos_name = "MODEL",
     };
     if (flags_parse(&cmd, argc, argv, st)) return 1;
     *st = ORCH_EXIT_USAGE;
+    int given = (pos_model != NULL) + (flag_model != NULL) + (o->ckpt != NULL);
+    if (given > 1) {
+        util_error("serve: give the model once (MODEL, -m/--model or --checkpoint)");
+        return 1;
+    }
+    o->model = pos_model ? pos_model : flag_model;
+    if (o->tokenizer && !o->model) {
+        util_error(
+            "serve: --tokenizer applies to a Hugging Face MODEL imported on the fly "
+            "(a checkpoint names its own)");
+        return 1;
+    }
     if (o->model_name && !*o->model_name) {
-        util_error("serve: --model-name must not be empty");
+        util_error("serve: --served-model-name must not be empty");
         return 1;
     }
     if (o->max_batch_tokens < o->max_seqs) {
@@ -160,14 +201,18 @@ static int parse_args(int argc, char **argv, serve_options *o, int *st) {
                    (unsigned long long)o->max_body_memory_mib);
         return 1;
     }
-    if (!o->ckpt && !(o->engine && strcmp(o->engine, "mock") == 0)) {
+    if (!o->ckpt && !o->model && !(o->engine && strcmp(o->engine, "mock") == 0)) {
         util_error(
-            "serve: --checkpoint DIR is required (or --engine=mock for the mock model)");
+            "serve: MODEL is required (orch serve MODEL, -m/--model or --checkpoint "
+            "DIR: an orch checkpoint, a Hugging Face model directory or a GGUF "
+            "file), or --engine=mock for the mock model");
         return 1;
     }
     if (quantize) {
         /* Without a checkpoint there is no config to append to. */
-        const char *base = o->engine_options ? o->engine_options : o->ckpt ? NULL : "";
+        const char *base = o->engine_options       ? o->engine_options
+                           : (o->ckpt || o->model) ? NULL
+                                                   : "";
         char qerr[256];
         const char *opts = inference_model_quantize_options(
             quantize, base, options_buf, sizeof options_buf, qerr, sizeof qerr);

@@ -19,11 +19,13 @@ int cmd_tokenize(int argc, char **argv) {
     int st;
     if (cmd_open_tokenizer_read_stdin(
             argc, argv,
-            "usage: orch tokenize [--tokenizer gpt2|byte] [--vocab-dir DIR] < text\n\n"
+            "usage: orch tokenize [--tokenizer gpt2|byte|hf:DIR] [--vocab-dir DIR]\n"
+            "                     [--tokenizer-dir DIR] < text\n\n"
             "Reads raw bytes on stdin (all of them: newlines, CR, NUL, invalid UTF-8)\n"
             "and prints their token ids separated by spaces, then a newline.\n",
-            "\"<|endoftext|>\" in the input is ordinary text. Inverse: orch "
-            "detokenize.\n",
+            "gpt2: \"<|endoftext|>\" in the input is ordinary text. hf: added and\n"
+            "special tokens in the input (\"<|im_start|>\", \"</s>\") become their ids,\n"
+            "as Hugging Face's encode does; no BOS is added. Inverse: orch detokenize.\n",
             &t, &text, &len, &st))
         return st;
     char err[1024];

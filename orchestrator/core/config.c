@@ -343,6 +343,19 @@ void config_model_desc(const orch_config *cfg, orch_model_desc *desc) {
     desc->mlp_width = cfg->model.mlp_width;
     desc->layernorm_eps = (float)cfg->model.layernorm_eps;
     desc->rope_theta = (float)cfg->model.rope_theta;
+    if (desc->arch != ORCH_ARCH_LLAMA) return;
+    const config_model *m = &cfg->model;
+    if (!m->tie_embeddings) desc->flags |= ORCH_MODEL_FLAG_UNTIED_HEAD;
+    if (strcmp(m->rope_type, "linear") == 0) {
+        desc->rope_scaling = ORCH_ROPE_LINEAR;
+        desc->rope_factor = (float)m->rope_factor;
+    } else if (strcmp(m->rope_type, "llama3") == 0) {
+        desc->rope_scaling = ORCH_ROPE_LLAMA3;
+        desc->rope_factor = (float)m->rope_factor;
+        desc->rope_low_freq_factor = (float)m->rope_low_freq_factor;
+        desc->rope_high_freq_factor = (float)m->rope_high_freq_factor;
+        desc->rope_original_context = m->rope_original_context;
+    }
 }
 
 static int add_section(cJSON *root, const orch_config *cfg,
@@ -360,6 +373,13 @@ static int add_section(cJSON *root, const orch_config *cfg,
             if (strcmp(k->name, "epochs") == 0 && cfg->train.epochs == 0) continue;
         }
         switch (k->type) {
+        case CONFIG_KT_OBJ: continue; /* only in the model section (copied) */
+        case CONFIG_KT_BOOL: {
+            int x;
+            memcpy(&x, p, sizeof x);
+            v = cJSON_CreateBool(x);
+            break;
+        }
         case CONFIG_KT_STR: v = cJSON_CreateString(p); break;
         case CONFIG_KT_U32: {
             uint32_t x;

@@ -7,7 +7,19 @@
  * Schema (R = required, otherwise the default shown):
  *   model:  arch "gpt2" (gpt2|llama), vocab_size R, context R, layers R,
  *           heads R, width R, mlp_width 4*width, layernorm_eps 1e-5,
- *           kv_heads = heads (must divide heads), rope_theta 0 (llama only)
+ *           kv_heads = heads (llama: must divide heads; gpt2: = heads),
+ *           llama only (refused for gpt2, naming the key):
+ *             rope_theta 10000 (> 1), an even head size width/heads,
+ *             tie_embeddings false (true: the LM head is the embedding, as
+ *               HF's tie_word_embeddings; gpt2 ties always, so only true is
+ *               accepted there),
+ *             rope_scaling none: null or {"type": "linear"|"llama3",
+ *               "factor" R (> 0), and for llama3 "low_freq_factor" R (> 0),
+ *               "high_freq_factor" R (> low_freq_factor),
+ *               "original_context" R (> 0; HF's
+ *               original_max_position_embeddings)}
+ *           An engine of ABI minor 0 never gets a llama model
+ *           (engine_create_context refuses it).
  *   train:  micro_batch R, seq_len R (<= model.context), grad_accum 1,
  *           max_steps R unless epochs is given (exclusive), epochs (> 0),
  *           lr R (> 0), min_lr 0 (0 <= min_lr <= lr), warmup_steps 0,
@@ -72,7 +84,11 @@ typedef struct config_model {
     uint32_t width;
     uint32_t mlp_width; /* = 4*width when not given */
     double layernorm_eps;
-    double rope_theta; /* 0 when not given */
+    double rope_theta;  /* llama: 10000 when not given; gpt2: 0 */
+    int tie_embeddings; /* 1: head tied to the embedding (gpt2 always) */
+    char rope_type[16]; /* "" (none) | "linear" | "llama3" */
+    double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
+    uint32_t rope_original_context;
 } config_model;
 
 typedef struct config_train {
@@ -150,7 +166,9 @@ int config_apply_overrides(orch_config *cfg, const char *const *sets, size_t n_s
  * re-validates (as config_apply_overrides). On failure cfg is unchanged. */
 int config_absolute_data_paths(orch_config *cfg, char *err, size_t err_cap);
 
-/* Fill *desc (struct_size set, reserved zero) from the model section. */
+/* Fill *desc (struct_size set, reserved zero) from the model section,
+ * llama's ABI 1.1 members included (ORCH_MODEL_FLAG_UNTIED_HEAD unless
+ * tie_embeddings, rope_scaling and its parameters). */
 void config_model_desc(const orch_config *cfg, orch_model_desc *desc);
 
 /* The merged config as pretty-printed JSON text, malloc'd, caller frees;

@@ -23,6 +23,8 @@
 #define KT_U64    CONFIG_KT_U64
 #define KT_F64    CONFIG_KT_F64
 #define KT_STR    CONFIG_KT_STR
+#define KT_BOOL   CONFIG_KT_BOOL
+#define KT_OBJ    CONFIG_KT_OBJ
 #define U53       9007199254740992.0 /* 2^53: the largest exact JSON integer */
 #define OFF(s, f) offsetof(s, f)
 #define CAP(s, f) sizeof(((s *)0)->f)
@@ -47,6 +49,9 @@ static const config_key_spec model_keys[] = {
       1e-5, NULL },
     { "rope_theta", KT_F64, 0, 0, 1e12, 0, 0, NULL, OFF(config_model, rope_theta), 0, 0,
       NULL },
+    { "tie_embeddings", KT_BOOL, 0, 0, 0, 0, 0, NULL, OFF(config_model, tie_embeddings),
+      0, 0, NULL },
+    { "rope_scaling", KT_OBJ, 0, 0, 0, 0, 0, NULL, 0, 0, 0, NULL },
 };
 
 static const config_key_spec train_keys[] = {
@@ -191,6 +196,22 @@ static void fmt_num(char *buf, size_t cap, double v) { snprintf(buf, cap, "%.10g
 /* Check one present value against its spec. */
 static int check_value(const char *path, const config_key_spec *k, const cJSON *v,
                        char *err, size_t cap) {
+    if (k->type == KT_BOOL) {
+        if (!cJSON_IsBool(v)) {
+            util_set_err(err, cap, "%s: expected true or false, got %s", path,
+                         json_read_type_name(v));
+            return -1;
+        }
+        return 0;
+    }
+    if (k->type == KT_OBJ) {
+        if (!cJSON_IsObject(v) && !cJSON_IsNull(v)) {
+            util_set_err(err, cap, "%s: expected an object or null, got %s", path,
+                         json_read_type_name(v));
+            return -1;
+        }
+        return 0;
+    }
     if (k->type == KT_STR) {
         if (!cJSON_IsString(v)) {
             util_set_err(err, cap, "%s: expected a string, got %s", path,
@@ -253,6 +274,12 @@ static int check_value(const char *path, const config_key_spec *k, const cJSON *
 static void store_value(void *section, const config_key_spec *k, const cJSON *v) {
     char *base = (char *)section + k->offset;
     switch (k->type) {
+    case KT_OBJ: break; /* config_validate reads it */
+    case KT_BOOL: {
+        int x = v ? cJSON_IsTrue(v) : (int)k->def_num;
+        memcpy(base, &x, sizeof x);
+        break;
+    }
     case KT_STR: {
         const char *s = v ? v->valuestring : (k->def_str ? k->def_str : "");
         snprintf(base, k->cap, "%s", s);
@@ -274,6 +301,171 @@ static void store_value(void *section, const config_key_spec *k, const cJSON *v)
         break;
     }
     }
+}
+
+/* One number of model.rope_scaling (present: v non-NULL): finite, > lo. */
+static int rope_number(const cJSON *v, const char *name, double lo, double *out,
+                       char *err, size_t cap) {
+    if (!v) {
+        util_set_err(err, cap, "model.rope_scaling.%s: missing required key", name);
+        return -1;
+    }
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble)) {
+        util_set_err(err, cap, "model.rope_scaling.%s: expected a number, got %s", name,
+                     cJSON_IsNumber(v) ? "a non-finite number" : json_read_type_name(v));
+        return -1;
+    }
+    if (!(v->valuedouble > lo)) {
+        char got[64], l[64];
+        fmt_num(got, sizeof got, v->valuedouble);
+        fmt_num(l, sizeof l, lo);
+        util_set_err(err, cap, "model.rope_scaling.%s: out of range: %s must be > %s",
+                     name, got, l);
+        return -1;
+    }
+    *out = v->valuedouble;
+    return 0;
+}
+
+/* model.rope_scaling (an object; arch llama) into m. */
+static int validate_rope_scaling(const cJSON *rs, config_model *m, char *err,
+                                 size_t cap) {
+    static const char *const keys[] = { "type", "factor", "low_freq_factor",
+                                        "high_freq_factor", "original_context" };
+    const size_t n_keys = sizeof keys / sizeof keys[0];
+    for (const cJSON *it = rs->child; it; it = it->next) {
+        const char *name = it->string ? it->string : "";
+        size_t k = 0;
+        while (k < n_keys && strcmp(keys[k], name) != 0) k++;
+        if (k == n_keys) {
+            size_t best = (size_t)-1, bi = 0;
+            for (size_t j = 0; j < n_keys; j++) {
+                size_t d = config_edit_distance(name, keys[j]);
+                if (d < best) best = d, bi = j;
+            }
+            util_set_err(err, cap,
+                         "model.rope_scaling.%s: unknown key (did you mean "
+                         "model.rope_scaling.%s?)",
+                         name, keys[bi]);
+            return -1;
+        }
+        for (const cJSON *o = rs->child; o != it; o = o->next)
+            if (o->string && strcmp(o->string, name) == 0) {
+                util_set_err(err, cap, "model.rope_scaling.%s: duplicate key", name);
+                return -1;
+            }
+    }
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(rs, "type");
+    if (!type) {
+        util_set_err(err, cap,
+                     "model.rope_scaling.type: missing required key (linear or llama3)");
+        return -1;
+    }
+    if (!cJSON_IsString(type)) {
+        util_set_err(err, cap, "model.rope_scaling.type: expected a string, got %s",
+                     json_read_type_name(type));
+        return -1;
+    }
+    int llama3 = strcmp(type->valuestring, "llama3") == 0;
+    if (!llama3 && strcmp(type->valuestring, "linear") != 0) {
+        util_set_err(err, cap,
+                     "model.rope_scaling.type: '%.64s' is not one of linear,llama3",
+                     type->valuestring);
+        return -1;
+    }
+    snprintf(m->rope_type, sizeof m->rope_type, "%s", type->valuestring);
+    if (rope_number(cJSON_GetObjectItemCaseSensitive(rs, "factor"), "factor", 0,
+                    &m->rope_factor, err, cap) != 0)
+        return -1;
+    const cJSON *lo = cJSON_GetObjectItemCaseSensitive(rs, "low_freq_factor");
+    const cJSON *hi = cJSON_GetObjectItemCaseSensitive(rs, "high_freq_factor");
+    const cJSON *oc = cJSON_GetObjectItemCaseSensitive(rs, "original_context");
+    if (!llama3) {
+        const char *extra = lo   ? "low_freq_factor"
+                            : hi ? "high_freq_factor"
+                            : oc ? "original_context"
+                                 : NULL;
+        if (extra) {
+            util_set_err(err, cap,
+                         "model.rope_scaling.%s: belongs to type llama3, not linear",
+                         extra);
+            return -1;
+        }
+        return 0;
+    }
+    double octx;
+    if (rope_number(lo, "low_freq_factor", 0, &m->rope_low_freq_factor, err, cap) != 0 ||
+        rope_number(hi, "high_freq_factor", m->rope_low_freq_factor,
+                    &m->rope_high_freq_factor, err, cap) != 0 ||
+        rope_number(oc, "original_context", 0, &octx, err, cap) != 0)
+        return -1;
+    if (octx != floor(octx) || octx > 1048576) {
+        char got[64];
+        fmt_num(got, sizeof got, octx);
+        util_set_err(
+            err, cap,
+            "model.rope_scaling.original_context: expected an integer 1..1048576, "
+            "got %s",
+            got);
+        return -1;
+    }
+    m->rope_original_context = (uint32_t)octx;
+    return 0;
+}
+
+/* The keys that depend on model.arch: llama's RoPE, head and GQA keys, and
+ * their refusal for gpt2 (learned positions, tied head, no GQA). */
+static int validate_arch_keys(const cJSON *msec, config_model *m, char *err, size_t cap) {
+    const cJSON *theta = cJSON_GetObjectItemCaseSensitive(msec, "rope_theta");
+    const cJSON *tie = cJSON_GetObjectItemCaseSensitive(msec, "tie_embeddings");
+    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(msec, "rope_scaling");
+    if (strcmp(m->arch, "llama") != 0) {
+        if (m->kv_heads != m->heads) {
+            util_set_err(
+                err, cap,
+                "model.kv_heads: %u differs from model.heads (%u); grouped-query "
+                "attention needs model.arch llama",
+                m->kv_heads, m->heads);
+            return -1;
+        }
+        if (theta) {
+            util_set_err(err, cap,
+                         "model.rope_theta: applies to model.arch llama only (%s has "
+                         "learned positions)",
+                         m->arch);
+            return -1;
+        }
+        if (rs && !cJSON_IsNull(rs)) {
+            util_set_err(err, cap,
+                         "model.rope_scaling: applies to model.arch llama only");
+            return -1;
+        }
+        if (tie && !m->tie_embeddings) {
+            util_set_err(err, cap,
+                         "model.tie_embeddings: false is not supported for model.arch %s "
+                         "(its LM head is the token embedding)",
+                         m->arch);
+            return -1;
+        }
+        m->tie_embeddings = 1;
+        return 0;
+    }
+    if (!theta) m->rope_theta = 10000.0;
+    if (!(m->rope_theta > 1.0)) {
+        char got[64];
+        fmt_num(got, sizeof got, m->rope_theta);
+        util_set_err(err, cap, "model.rope_theta: out of range: %s must be > 1", got);
+        return -1;
+    }
+    if ((m->width / m->heads) % 2 != 0) {
+        util_set_err(err, cap,
+                     "model.heads: head size %u (model.width / model.heads) must be even "
+                     "for RoPE",
+                     m->width / m->heads);
+        return -1;
+    }
+    if (rs && cJSON_IsObject(rs)) return validate_rope_scaling(rs, m, err, cap);
+    return 0;
 }
 
 /* Validate the whole document and fill *cfg (which is zeroed first). */
@@ -362,6 +554,7 @@ int config_validate(const void *json, orch_config *cfg, char *err, size_t cap) {
                      m->kv_heads, m->heads);
         return -1;
     }
+    if (validate_arch_keys(msec, m, err, cap) != 0) return -1;
     if (!cJSON_GetObjectItemCaseSensitive(msec, "mlp_width")) {
         if ((uint64_t)m->width * 4 > 262144) {
             util_set_err(err, cap, "model.mlp_width: 4*width is too large");

@@ -21,7 +21,10 @@ typedef enum config_key_type {
     CONFIG_KT_U32,
     CONFIG_KT_U64,
     CONFIG_KT_F64,
-    CONFIG_KT_STR
+    CONFIG_KT_STR,
+    CONFIG_KT_BOOL, /* true|false, stored as int */
+    CONFIG_KT_OBJ   /* an object (or null) checked by config_validate itself;
+                       nothing is stored by the table */
 } config_key_type;
 
 /* One key of a section. */

@@ -266,6 +266,16 @@ int engine_create_context(const engine_handle *h, const orch_model_desc *model,
     o.threads = threads;
     o.seed = seed;
     o.options = options;
+    if (model && model->arch == ORCH_ARCH_LLAMA && h->api->abi_minor < 1) {
+        /* A 1.0 engine reads the 1.1 members (flags, rope scaling) as
+         * reserved words and would ignore them. */
+        util_set_err(err, err_cap,
+                     "engine '%s': ABI version %u.%u cannot run model.arch llama "
+                     "(llama needs ABI %u.1 or later)",
+                     h->path, h->api->abi_major, h->api->abi_minor,
+                     ORCH_ENGINE_ABI_MAJOR);
+        return -1;
+    }
     char msg[1024] = "";
     orch_engine_ctx *ctx = NULL;
     int32_t st = h->api->context_create(model, &o, &ctx, msg, sizeof msg);

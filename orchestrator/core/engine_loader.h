@@ -75,7 +75,10 @@ int engine_load(const char *value, engine_handle *out, char *err, size_t err_cap
 void engine_unload(engine_handle *h);
 
 /* Create a context. threads 0 = all cores; options may be NULL. Returns 0, or
- * -1 with "engine NAME: create failed: STATUS: MESSAGE" in err. */
+ * -1 with "engine NAME: cannot create context: STATUS: MESSAGE" in err. A
+ * llama model is refused without calling the engine when its ABI minor is 0
+ * ("engine 'FILE': ABI version 1.0 cannot run model.arch llama (llama needs
+ * ABI 1.1 or later)"): such an engine would ignore the 1.1 members. */
 int engine_create_context(const engine_handle *h, const orch_model_desc *model,
                           uint32_t threads, uint64_t seed, const char *options,
                           orch_engine_ctx **out, char *err, size_t err_cap);

@@ -29,8 +29,9 @@
 
 #include "orchestrator/core/util.h"
 #include "orchestrator/data/bpe_vocab.h"
+#include "orchestrator/data/hf_tokenizer.h"
 
-enum { KIND_BYTE = 0, KIND_GPT2 = 1 };
+enum { KIND_BYTE = 0, KIND_GPT2 = 1, KIND_HF = 2 };
 
 /* GPT-2's pre-tokenizer pattern (OpenAI's encoder.py). */
 static const char GPT2_PATTERN[] =
@@ -40,8 +41,9 @@ static const char GPT2_PATTERN[] =
 struct tokenizer {
     int kind;
     char name[8];
-    bpe_vocab v;    /* token bytes, byte ids and (gpt2) merges */
-    pcre2_code *re; /* gpt2 only */
+    bpe_vocab v;      /* token bytes, byte ids and (gpt2) merges */
+    pcre2_code *re;   /* gpt2 only */
+    hf_tokenizer *hf; /* hf only (v unused) */
 };
 
 /* ---- finding the GPT-2 vocabulary -------------------------------------- */
@@ -120,14 +122,15 @@ static int gpt2_open(tokenizer *t, const char *vocab_dir, char *err, size_t err_
 /* ---- open / free / getters -------------------------------------------- */
 
 int tokenizer_kind_valid(const char *kind) {
-    return kind && (strcmp(kind, "byte") == 0 || strcmp(kind, "gpt2") == 0);
+    return kind && (strcmp(kind, "byte") == 0 || strcmp(kind, "gpt2") == 0 ||
+                    strcmp(kind, "hf") == 0);
 }
 
 int tokenizer_open(const char *kind, const char *vocab_dir, tokenizer **out, char *err,
                    size_t err_cap) {
     *out = NULL;
     if (!tokenizer_kind_valid(kind)) {
-        util_set_err(err, err_cap, "unknown tokenizer '%s' (expected byte or gpt2)",
+        util_set_err(err, err_cap, "unknown tokenizer '%s' (expected byte, gpt2 or hf)",
                      kind ? kind : "(null)");
         return -1;
     }
@@ -140,6 +143,19 @@ int tokenizer_open(const char *kind, const char *vocab_dir, tokenizer **out, cha
         t->kind = KIND_BYTE;
         snprintf(t->name, sizeof t->name, "byte");
         if (bpe_vocab_init_bytes(&t->v, err, err_cap) != 0) {
+            tokenizer_free(t);
+            return -1;
+        }
+    } else if (strcmp(kind, "hf") == 0) {
+        t->kind = KIND_HF;
+        snprintf(t->name, sizeof t->name, "hf");
+        if (!vocab_dir) {
+            util_set_err(err, err_cap,
+                         "tokenizer hf needs a directory holding tokenizer.json");
+            tokenizer_free(t);
+            return -1;
+        }
+        if (hf_tokenizer_open(vocab_dir, &t->hf, err, err_cap) != 0) {
             tokenizer_free(t);
             return -1;
         }
@@ -159,15 +175,62 @@ void tokenizer_free(tokenizer *t) {
     if (!t) return;
     bpe_vocab_free(&t->v);
     if (t->re) pcre2_code_free(t->re);
+    hf_tokenizer_free(t->hf);
     free(t);
 }
 
 const char *tokenizer_name(const tokenizer *t) { return t->name; }
-uint32_t tokenizer_vocab_size(const tokenizer *t) { return t->v.vocab_size; }
-int32_t tokenizer_eot(const tokenizer *t) { return t->v.eot; }
+uint32_t tokenizer_vocab_size(const tokenizer *t) {
+    return t->hf ? hf_tokenizer_vocab_size(t->hf) : t->v.vocab_size;
+}
+
+int32_t tokenizer_eot(const tokenizer *t) {
+    const int32_t *ids;
+    if (t->hf) return hf_tokenizer_eos(t->hf, &ids) ? ids[0] : -1;
+    return t->v.eot;
+}
+
+int32_t tokenizer_bos(const tokenizer *t) { return t->hf ? hf_tokenizer_bos(t->hf) : -1; }
+
+int tokenizer_add_bos(const tokenizer *t) {
+    return t->hf ? hf_tokenizer_add_bos(t->hf) : 0;
+}
+
+size_t tokenizer_eos_ids(const tokenizer *t, const int32_t **ids) {
+    if (t->hf) return hf_tokenizer_eos(t->hf, ids);
+    *ids = &t->v.eot;
+    return t->v.eot >= 0 ? 1 : 0;
+}
+
+int tokenizer_is_eos(const tokenizer *t, int32_t id) {
+    const int32_t *ids;
+    size_t n = tokenizer_eos_ids(t, &ids);
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] == id) return 1;
+    return 0;
+}
+
+int tokenizer_prepend_bos(const tokenizer *t, int32_t **ids, size_t *n) {
+    int32_t bos = tokenizer_bos(t);
+    if (!tokenizer_add_bos(t) || bos < 0 || (*n > 0 && (*ids)[0] == bos)) return 0;
+    int32_t *p = realloc(*ids, (*n + 1) * sizeof *p);
+    if (!p) return -1;
+    memmove(p + 1, p, *n * sizeof *p);
+    p[0] = bos;
+    *ids = p;
+    (*n)++;
+    return 1;
+}
+
+int32_t tokenizer_token_id(const tokenizer *t, const char *name) {
+    if (t->hf) return hf_tokenizer_token_id(t->hf, name);
+    if (t->kind == KIND_GPT2 && strcmp(name, "<|endoftext|>") == 0) return t->v.eot;
+    return -1;
+}
 
 int tokenizer_token_bytes(const tokenizer *t, int32_t id, const char **bytes,
                           size_t *len) {
+    if (t->hf) return hf_tokenizer_token_bytes(t->hf, id, bytes, len);
     if (id < 0 || (uint32_t)id >= t->v.vocab_size) return -1;
     *bytes = t->v.pool + t->v.off[id];
     *len = t->v.off[id + 1] - t->v.off[id];
@@ -438,8 +501,28 @@ done:
     return rc;
 }
 
+/* Collects the hf tokenizer's batches into an id_buf (no sink given). */
+static int collect_ids(void *user, const int32_t *ids, size_t n, size_t bytes_done) {
+    (void)bytes_done;
+    id_buf *out = user;
+    if (n == 0) return 0;
+    if (id_buf_reserve(out, n) != 0) return -1;
+    memcpy(out->v + out->n, ids, n * sizeof *ids);
+    out->n += n;
+    return 0;
+}
+
 static int encode_any(const tokenizer *t, const char *text, size_t len, id_buf *out,
                       tokenizer_sink_fn sink, void *user, char *err, size_t err_cap) {
+    if (t->kind == KIND_HF) {
+        if (sink) return hf_tokenizer_encode(t->hf, text, len, sink, user, err, err_cap);
+        if (err && err_cap) err[0] = '\0';
+        int rc = hf_tokenizer_encode(t->hf, text, len, collect_ids, out, err, err_cap);
+        if (rc != 0 && err && err_cap &&
+            strcmp(err, "encoding stopped by the caller") == 0)
+            util_set_err(err, err_cap, "out of memory while encoding %zu bytes", len);
+        return rc;
+    }
     if (t->kind == KIND_GPT2)
         return gpt2_encode(t, (const unsigned char *)text, len, out, sink, user, err,
                            err_cap);
@@ -490,6 +573,7 @@ int tokenizer_encode_stream(const tokenizer *t, const char *text, size_t len,
 
 int tokenizer_decode(const tokenizer *t, const int32_t *ids, size_t n_ids, char **text,
                      size_t *len, char *err, size_t err_cap) {
+    if (t->hf) return hf_tokenizer_decode(t->hf, ids, n_ids, text, len, err, err_cap);
     *text = NULL;
     *len = 0;
     size_t total = 0;

@@ -85,7 +85,10 @@ int inference_model_open(const inference_model_opts *o, inference_model *m, char
     if (ckpt_load_weights(m->ckpt_dir, &m->engine, m->ctx, 0, err, err_cap) != 0)
         goto fail;
     if (o->flags & INFERENCE_MODEL_TOKENIZER) {
-        if (tokenizer_open(tok, NULL, &m->tok, err, err_cap) != 0) goto fail;
+        /* An "hf" checkpoint carries its tokenizer.json (+ tokenizer_config.json,
+           generation_config.json) in the checkpoint directory itself. */
+        const char *vocab_dir = strcmp(tok, "hf") == 0 ? m->ckpt_dir : NULL;
+        if (tokenizer_open(tok, vocab_dir, &m->tok, err, err_cap) != 0) goto fail;
         if (tokenizer_vocab_size(m->tok) > m->desc.vocab_size) {
             util_set_err(err, err_cap,
                          "tokenizer %s has %u tokens but the model's vocabulary "

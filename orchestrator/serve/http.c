@@ -210,6 +210,7 @@ static enum MHD_Result answer_get(http_req *hr, const char *url) {
     strbuf b = { 0 };
     pthread_mutex_lock(&s->sched_mu);
     uint32_t context = s->context; /* 0 while loading */
+    const char *arch = s->arch;    /* NULL while loading */
     pthread_mutex_unlock(&s->sched_mu);
     switch (hr->route) {
     case R_HEALTH: {
@@ -221,7 +222,7 @@ static enum MHD_Result answer_get(http_req *hr, const char *url) {
     }
     case R_MODELS:
         strbuf_puts(&b, "{\"object\":\"list\",\"data\":[");
-        render_model_object(&b, s->model_name, s->created, context);
+        render_model_object(&b, s->model_name, s->created, context, arch);
         strbuf_puts(&b, "]}");
         return http_queue_json(hr, 200, &b);
     case R_MODEL:
@@ -231,7 +232,7 @@ static enum MHD_Result answer_get(http_req *hr, const char *url) {
                           "the model '%.128s' does not exist", url + 11);
             return http_queue_error(hr, &e);
         }
-        render_model_object(&b, s->model_name, s->created, context);
+        render_model_object(&b, s->model_name, s->created, context, arch);
         return http_queue_json(hr, 200, &b);
     case R_METRICS: {
         char *text = NULL;
@@ -569,7 +570,7 @@ int http_server_start(const http_server_config *cfg, http_server **out, char *er
 uint16_t http_server_port(const http_server *s) { return s ? s->port : 0; }
 
 void http_server_set_ready(http_server *s, scheduler *sched, const tokenizer *tok,
-                           uint32_t vocab_size, uint32_t context) {
+                           uint32_t vocab_size, uint32_t context, const char *arch) {
     uint32_t mtb = request_max_token_bytes(tok);
     grammar_cache *gc = grammar_cache_create(tok, vocab_size, 64); /* NULL: refused */
     /* under sched_mu for /v1/models (which reads context in any state);
@@ -578,6 +579,7 @@ void http_server_set_ready(http_server *s, scheduler *sched, const tokenizer *to
     s->tok = tok;
     s->vocab = vocab_size;
     s->context = context;
+    s->arch = arch;
     s->max_token_bytes = mtb;
     if (!s->grammars)
         s->grammars = gc;
@@ -586,6 +588,12 @@ void http_server_set_ready(http_server *s, scheduler *sched, const tokenizer *to
     s->sched = sched;
     pthread_mutex_unlock(&s->sched_mu);
     atomic_store(&s->state, ST_READY);
+}
+
+void http_server_set_chat_template(http_server *s, const chat_template *t,
+                                   const char *error) {
+    s->chat_template = t;
+    s->chat_error = error;
 }
 
 void http_server_drain_begin(http_server *s) {

@@ -61,6 +61,7 @@
 
 #include "orchestrator/core/metrics.h"
 #include "orchestrator/data/tokenizer.h"
+#include "orchestrator/serve/chat_template.h"
 #include "orchestrator/serve/scheduler.h"
 
 #define HTTP_DEFAULT_MAX_BODY             (4u << 20)
@@ -102,9 +103,17 @@ int http_server_start(const http_server_config *cfg, http_server **out, char *er
 uint16_t http_server_port(const http_server *s);
 
 /* The model is loaded: requests go to `sched`. vocab/context bound the
- * validation; eot/tokenizer come from tok. */
+ * validation (context: prompt + completion tokens, /v1/models max_model_len);
+ * eot/tokenizer come from tok; arch (static storage, e.g. "llama") is the
+ * architecture /v1/models reports. */
 void http_server_set_ready(http_server *s, scheduler *sched, const tokenizer *tok,
-                           uint32_t vocab_size, uint32_t context);
+                           uint32_t vocab_size, uint32_t context, const char *arch);
+
+/* The chat template of /v1/chat/completions (request_limits: NULL =
+ * orch-plain-v1; error non-NULL = chat refused with it). Both are borrowed
+ * and must outlive the server. Call before http_server_set_ready. */
+void http_server_set_chat_template(http_server *s, const chat_template *t,
+                                   const char *error);
 
 /* Scheduler poll hook (arg = http_server *): cancel the sequences of clients
  * that closed their connection. Cheap (one non-blocking epoll_wait). */

@@ -76,7 +76,9 @@ static int setup_generation(http_req *hr, api_error *e) {
                            .context = s->context,
                            .max_seqs = s->cfg.max_seqs_per_request,
                            .max_token_bytes = s->max_token_bytes,
-                           .grammars = s->grammars };
+                           .grammars = s->grammars,
+                           .chat_template = s->chat_template,
+                           .chat_error = s->chat_error };
     if (gen_request_parse(&lim, hr->route == R_CHAT, hr->body, hr->body_len, &hr->req,
                           e) != 0)
         return -1;

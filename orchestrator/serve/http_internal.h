@@ -72,7 +72,11 @@ struct http_server {
     scheduler *sched;
     const tokenizer *tok;
     uint32_t vocab, context, max_token_bytes;
+    const char *arch;        /* architecture for /v1/models (static; NULL: loading) */
     grammar_cache *grammars; /* structured output (set with the tokenizer) */
+    /* chat template (borrowed; request_limits) */
+    const chat_template *chat_template;
+    const char *chat_error;
     atomic_uint inflight;
     atomic_ullong next_id;
     uint64_t id_salt;

@@ -290,13 +290,19 @@ void render_final(strbuf *b, const gen_response *r) {
     strbuf_puts(b, "}");
 }
 
-void render_model_object(strbuf *b, const char *model, long created, uint32_t context) {
+void render_model_object(strbuf *b, const char *model, long created, uint32_t context,
+                         const char *arch) {
     strbuf_puts(b, "{\"id\":");
     json_write_cstring(b, model);
     strbuf_printf(b,
                   ",\"object\":\"model\",\"created\":%ld,\"owned_by\":\"orch\","
-                  "\"max_model_len\":%u}",
+                  "\"max_model_len\":%u",
                   created, context);
+    if (arch) {
+        strbuf_puts(b, ",\"architecture\":");
+        json_write_cstring(b, arch);
+    }
+    strbuf_puts(b, "}");
 }
 
 /* ------------------------------------------------------------------------- */

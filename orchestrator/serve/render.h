@@ -71,7 +71,9 @@ void render_stream_free(render_stream *st);
  * sequences. st->done is set once [DONE] is written. */
 int render_stream_events(strbuf *b, const gen_response *r, render_stream *st);
 
-/* {"id":model,"object":"model","created",...,"max_model_len":context} */
-void render_model_object(strbuf *b, const char *model, long created, uint32_t context);
+/* {"id":model,"object":"model","created",...,"max_model_len":context,
+ * "architecture":arch} (no "architecture" when arch is NULL: still loading) */
+void render_model_object(strbuf *b, const char *model, long created, uint32_t context,
+                         const char *arch);
 
 #endif

@@ -72,6 +72,12 @@ static int get_num(const cJSON *root, const char *k, double lo, double hi, int l
     return 0;
 }
 
+/* The chat template of the limits: NULL when none is usable (chat_error). */
+static const chat_template *lim_template(const request_limits *lim) {
+    if (lim->chat_template) return lim->chat_template;
+    return lim->chat_error ? NULL : chat_template_plain();
+}
+
 /* ------------------------------------------------------------------------- */
 /* Prompts                                                                    */
 /* ------------------------------------------------------------------------- */
@@ -160,6 +166,16 @@ static int add_prompt_text(const request_limits *lim, gen_request *r, const char
     if (rc != 0) {
         free(a.ids);
         return api_error_set(e, 400, param, "invalid_value", "%s: %s", param, err);
+    }
+    /* The model's BOS (tokenizer_config's add_bos_token), unless the text,
+     * e.g. a chat template's, already starts with it. */
+    if (tokenizer_prepend_bos(lim->tok, &a.ids, &a.n) < 0) {
+        free(a.ids);
+        return api_error_set(e, 500, NULL, NULL, "out of memory");
+    }
+    if (a.n >= a.limit) {
+        free(a.ids);
+        return too_long(lim, param, a.n, 0, len, e);
     }
     if (a.n > UINT32_MAX) a.n = UINT32_MAX;
     return add_prompt_ids(lim, r, a.ids, (uint32_t)a.n, e);
@@ -300,8 +316,8 @@ static int chat_content(const cJSON *m, int idx, const char *role, char **out,
 }
 
 /* messages[] -> chat_message[] (contents malloc'd into contents[]). */
-static int read_messages(const cJSON *msgs, chat_message *cm, char **contents,
-                         api_error *e) {
+static int read_messages(const chat_template *t, const cJSON *msgs, chat_message *cm,
+                         char **contents, api_error *e) {
     int i = 0;
     const cJSON *m;
     cJSON_ArrayForEach(m, msgs) {
@@ -329,6 +345,13 @@ static int read_messages(const cJSON *msgs, chat_message *cm, char **contents,
                                  "messages[%d].tool_calls is only allowed on assistant "
                                  "messages",
                                  i);
+        if ((calls || is_tool) && !t->tools)
+            return api_error_set(
+                e, 400, "messages", "invalid_value",
+                "messages[%d]%s: tool calls and results are not "
+                "supported by the %s chat template (only " CHAT_TEMPLATE_PLAIN_NAME
+                " renders them)",
+                i, calls ? ".tool_calls" : ".role 'tool'", t->name);
         if (chat_content(m, i, role->valuestring, &contents[i], &len, e)) return -1;
         if (calls) { /* the calls as the model writes them, after the content */
             strbuf b = { 0 };
@@ -392,13 +415,19 @@ static int parse_messages(const request_limits *lim, gen_request *r, const cJSON
                 (chat_message){ .role = "system", .content = b.p, .content_len = b.len };
         }
     }
-    if (!rc) rc = read_messages(msgs, cm + off, contents + off, e);
+    const chat_template *t = lim_template(lim);
+    if (!rc) rc = read_messages(t, msgs, cm + off, contents + off, e);
     if (!rc) {
         char *text = NULL;
         size_t tl = 0;
-        char err[256];
-        if (chat_template_render(cm, (size_t)n, &text, &tl, err, sizeof err) != 0)
+        char err[512];
+        if (chat_template_render(t, cm, (size_t)n, 1, &text, &tl, err, sizeof err) != 0)
             rc = api_error_set(e, 400, "messages", "invalid_value", "%s", err);
+        else if (tl == 0)
+            rc = api_error_set(e, 400, "messages", "invalid_value",
+                               "messages: the %s chat template renders them as an empty "
+                               "prompt",
+                               t->name);
         else if (alloc_prompts(r, 1, e))
             rc = -1;
         else
@@ -423,7 +452,7 @@ static int add_stop(gen_request *r, const char *s, api_error *e) {
         return api_error_set(e, 400, "stop", "invalid_value",
                              "stop strings are limited to %u bytes",
                              REQUEST_MAX_STOP_LEN);
-    if (r->n_stops >= REQUEST_MAX_STOPS + CHAT_TEMPLATE_N_STOPS)
+    if (r->n_stops >= REQUEST_MAX_STOPS + CHAT_TEMPLATE_MAX_STOPS)
         return api_error_set(e, 400, "stop", "invalid_value", "at most %u stop strings",
                              REQUEST_MAX_STOPS);
     char *d = malloc(l + 1);
@@ -433,8 +462,9 @@ static int add_stop(gen_request *r, const char *s, api_error *e) {
     return 0;
 }
 
-static int parse_stop(gen_request *r, const cJSON *root, api_error *e) {
-    r->stops = util_calloc(REQUEST_MAX_STOPS + CHAT_TEMPLATE_N_STOPS, sizeof *r->stops);
+static int parse_stop(const request_limits *lim, gen_request *r, const cJSON *root,
+                      api_error *e) {
+    r->stops = util_calloc(REQUEST_MAX_STOPS + CHAT_TEMPLATE_MAX_STOPS, sizeof *r->stops);
     if (!r->stops) return api_error_set(e, 500, NULL, NULL, "out of memory");
     const cJSON *st = field(root, "stop");
     static const char *const bad_type = "'stop' must be a string or an array of strings";
@@ -453,9 +483,9 @@ static int parse_stop(gen_request *r, const cJSON *root, api_error *e) {
     } else if (st) {
         return api_error_set(e, 400, "stop", "invalid_type", "%s", bad_type);
     }
-    if (r->chat)
-        for (int i = 0; i < CHAT_TEMPLATE_N_STOPS; i++)
-            if (add_stop(r, CHAT_TEMPLATE_STOPS[i], e)) return -1;
+    const chat_template *t = r->chat ? lim_template(lim) : NULL;
+    for (unsigned i = 0; t && i < t->n_stops; i++)
+        if (add_stop(r, t->stops[i], e)) return -1;
     return 0;
 }
 
@@ -474,6 +504,15 @@ static int check_model(const request_limits *lim, const cJSON *root, api_error *
         e->type = "invalid_request_error"; /* as OpenAI's API answers it */
         return -1;
     }
+    return 0;
+}
+
+/* Chat needs a usable template (the model's may be of a family orch does not
+ * render). */
+static int check_template(const request_limits *lim, const gen_request *r, api_error *e) {
+    if (r->chat && !lim_template(lim))
+        return api_error_set(e, 400, "messages", "unsupported_chat_template", "%s",
+                             lim->chat_error);
     return 0;
 }
 
@@ -668,7 +707,12 @@ static int parse_structured(const request_limits *lim, gen_request *r, const cJS
         param = "guided_choice";
         rc = choice_regex(x, "guided_choice", "guided_choice", &re, e);
     }
-    if (!rc && r->chat) {
+    if (!rc && r->chat && field(root, "tools") && !lim_template(lim)->tools) {
+        rc = api_error_set(e, 400, "tools", "unsupported_parameter",
+                           "'tools' are not supported by the %s chat template "
+                           "(only " CHAT_TEMPLATE_PLAIN_NAME " renders them)",
+                           lim_template(lim)->name);
+    } else if (!rc && r->chat) {
         size_t before = re.len;
         rc = tool_calls_parse(root, &r->tool_mode, &re, e);
         if (!rc && r->tool_mode != TOOL_MODE_NONE && re.len > before) {
@@ -930,9 +974,9 @@ static int parse_fields(const request_limits *lim, gen_request *r, const cJSON *
         return api_error_set(e, 400, NULL, "invalid_json",
                              "the request body must be a JSON object");
     max_tokens_arg mt;
-    if (check_known(root, e) || check_model(lim, root, e) ||
+    if (check_known(root, e) || check_model(lim, root, e) || check_template(lim, r, e) ||
         check_unsupported(r, root, e) || parse_sampling(r, root, &mt, e) ||
-        parse_output(r, root, e) || parse_stop(r, root, e) ||
+        parse_output(r, root, e) || parse_stop(lim, r, root, e) ||
         parse_token_controls(lim, r, root, e) || parse_structured(lim, r, root, e))
         return -1;
     if (r->chat ? parse_messages(lim, r, root, e) : parse_prompt(lim, r, root, e))

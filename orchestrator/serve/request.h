@@ -23,7 +23,8 @@
  * REQUEST_MAX_LOGIT_BIAS); stop_token_ids (at most SCHED_MAX_STOP_TOKEN_IDS
  * ids); min_tokens (<= the resolved max_tokens); the prompt (completions:
  * a string, token ids, or a list of either) or messages (chat, rendered by
- * chat_template.h and tokenized); n x prompts <= max_seqs; each prompt shorter
+ * the limits' chat template, chat_template.h, and tokenized; `tools`, role
+ * tool and assistant tool_calls only where the template renders tools); n x prompts <= max_seqs; each prompt shorter
  * than the context, and prompt + max_tokens within it.
  *
  * A prompt certain not to fit is refused without the work of reading it: a
@@ -52,6 +53,7 @@
 
 #include "orchestrator/data/tokenizer.h"
 #include "orchestrator/serve/api_error.h"
+#include "orchestrator/serve/chat_template.h"
 #include "orchestrator/serve/grammar_mask.h"
 #include "orchestrator/serve/sampler.h"
 #include "orchestrator/serve/scheduler.h"
@@ -74,6 +76,12 @@ typedef struct request_limits {
     /* Compiled structured-output grammars (grammar_mask.h); NULL = structured
      * output is refused (400). */
     grammar_cache *grammars;
+    /* The chat template (chat_template.h) messages are rendered with and
+     * whose stop strings chat requests get; NULL = orch-plain-v1, unless
+     * chat_error is set: then no template is usable and chat requests are
+     * refused (400) with that message. */
+    const chat_template *chat_template;
+    const char *chat_error;
 } request_limits;
 
 /* The byte length of tok's longest token (for request_limits). */

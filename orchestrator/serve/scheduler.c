@@ -604,6 +604,9 @@ static void handle_cancels(scheduler *s, int all, int status, const char *msg) {
     }
 }
 
+/* End-of-sequence ids of the tokenizer banned before min_tokens (at most). */
+#define SCHED_MAX_EOS_IDS 16u
+
 /* Append a sampled token (seq_output.h). Returns a sched_finish reason (NONE
  * to continue), or -1 out of memory. */
 static int append_token(scheduler *s, sched_seq *q, int32_t tok, const float *row,
@@ -611,8 +614,7 @@ static int append_token(scheduler *s, sched_seq *q, int32_t tok, const float *ro
     seq_token t = {
         .id = tok, .bytes = "", .row = row, .vocab = s->cfg.vocab_size, .now = now
     };
-    int32_t eot = tokenizer_eot(s->cfg.tok);
-    t.is_eot = !q->ignore_eot && eot >= 0 && tok == eot;
+    t.is_eot = !q->ignore_eot && tokenizer_is_eos(s->cfg.tok, tok);
     for (uint32_t i = 0; i < q->n_stop_token_ids && !t.is_eot; i++)
         t.is_eot = tok == q->stop_token_ids[i];
     if (!t.is_eot && tokenizer_token_bytes(s->cfg.tok, tok, &t.bytes, &t.n_bytes) != 0)
@@ -628,11 +630,13 @@ static int append_token(scheduler *s, sched_seq *q, int32_t tok, const float *ro
 /* The logits q samples from: logit_bias, penalties, and before min_tokens
  * the end-of-text and stop tokens banned (sampler_process_logits). */
 static const float *process_logits(scheduler *s, sched_seq *q, const float *row) {
-    int32_t banned[SCHED_MAX_STOP_TOKEN_IDS + 1];
+    int32_t banned[SCHED_MAX_STOP_TOKEN_IDS + SCHED_MAX_EOS_IDS];
     uint32_t n_banned = 0;
     if (q->n_out < q->min_tokens) {
-        int32_t eot = tokenizer_eot(s->cfg.tok);
-        if (!q->ignore_eot && eot >= 0) banned[n_banned++] = eot;
+        const int32_t *eos;
+        size_t n_eos = tokenizer_eos_ids(s->cfg.tok, &eos);
+        for (size_t i = 0; !q->ignore_eot && i < n_eos && i < SCHED_MAX_EOS_IDS; i++)
+            banned[n_banned++] = eos[i];
         for (uint32_t i = 0; i < q->n_stop_token_ids && i < SCHED_MAX_STOP_TOKEN_IDS; i++)
             banned[n_banned++] = q->stop_token_ids[i];
     }

@@ -5,6 +5,7 @@
 #include "orchestrator/serve/serve.h"
 
 #include <stdarg.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -15,8 +16,10 @@
 #include "orchestrator/data/tokenizer.h"
 #include "orchestrator/infer/inference_model.h"
 #include "orchestrator/serve/block_manager.h"
+#include "orchestrator/serve/chat_template.h"
 #include "orchestrator/serve/http.h"
 #include "orchestrator/serve/scheduler.h"
+#include "orchestrator/store/model_source.h"
 
 void serve_options_default(serve_options *o) {
     memset(o, 0, sizeof *o);
@@ -91,6 +94,7 @@ int serve_kv_pool_blocks(uint64_t kv_memory_mib, uint64_t block_bytes, uint32_t 
 /* The model                                                                  */
 /* ------------------------------------------------------------------------- */
 typedef struct serve_model {
+    model_source src;          /* what MODEL named (its import owned) */
     inference_model gm;        /* a checkpoint (owned) */
     engine_handle mock_engine; /* or the mock's built-in model (owned) */
     orch_engine_ctx *mock_ctx;
@@ -99,6 +103,7 @@ typedef struct serve_model {
     orch_engine_ctx *ctx;
     const tokenizer *tok;
     orch_model_desc desc;
+    uint32_t context; /* served: desc.context or the --max-model-len cap */
 } serve_model;
 
 static void say(const serve_hooks *h, int warning, const char *fmt, ...)
@@ -115,11 +120,22 @@ static void say(const serve_hooks *h, int warning, const char *fmt, ...) {
 
 static int model_open(const serve_options *o, const serve_hooks *h, serve_model *m,
                       char *err, size_t err_cap) {
-    if (o->ckpt) {
+    const char *ckpt = o->ckpt;
+    if (o->model) {
+        int kind;
+        if (model_source_open(o->model, NULL, o->tokenizer, &m->src, &kind, err,
+                              err_cap) != 0)
+            return -1;
+        if (m->src.tmp_dir[0])
+            say(h, 0, "imported the %s %s into %s", m->src.kind_name, o->model,
+                m->src.ckpt);
+        ckpt = m->src.ckpt;
+    }
+    if (ckpt) {
         char warn[2048];
         unsigned flags = INFERENCE_MODEL_TOKENIZER;
         if (o->trust_config_engine) flags |= INFERENCE_MODEL_TRUST_CONFIG_ENGINE;
-        inference_model_opts mo = { o->ckpt, o->engine, o->threads, o->engine_options,
+        inference_model_opts mo = { ckpt, o->engine, o->threads, o->engine_options,
                                     flags };
         if (inference_model_open(&mo, &m->gm, warn, sizeof warn, err, err_cap) != 0)
             return -1;
@@ -144,14 +160,35 @@ static int model_open(const serve_options *o, const serve_hooks *h, serve_model 
         util_set_err(err, err_cap, "engine %s cannot run inference", m->eh->api->name);
         return -1;
     }
+    m->context = m->desc.context;
+    if (o->max_model_len) {
+        if (o->max_model_len > m->desc.context) {
+            util_set_err(err, err_cap,
+                         "--max-model-len %llu exceeds the model's context (%u tokens, "
+                         "model.context)",
+                         (unsigned long long)o->max_model_len, m->desc.context);
+            return -1;
+        }
+        m->context = (uint32_t)o->max_model_len;
+    }
     return 0;
 }
 
-static void model_close(serve_model *m) {
+static void model_close(serve_model *m, const serve_hooks *h) {
     if (m->mock_ctx) m->mock_engine.api->context_destroy(m->mock_ctx);
     engine_unload(&m->mock_engine);
     tokenizer_free(m->mock_tok);
     inference_model_close(&m->gm);
+    char err[1024];
+    if (model_source_close(&m->src, err, sizeof err) != 0)
+        say(h, 1, "removing the imported model: %s", err);
+}
+
+/* The architecture's name in the API. */
+static const char *arch_name(uint32_t arch) {
+    return arch == ORCH_ARCH_LLAMA  ? "llama"
+           : arch == ORCH_ARCH_GPT2 ? "gpt2"
+                                    : "unknown";
 }
 
 /* --kv-blocks, or the --kv-memory budget over the engine's block size. */
@@ -169,8 +206,8 @@ static int kv_blocks(const serve_options *o, const serve_model *m, uint64_t *blo
         util_set_err(err, err_cap, "kv_block_bytes: %s", msg);
         return -1;
     }
-    return serve_kv_pool_blocks(o->kv_memory_mib, bytes, m->desc.context, o->max_seqs,
-                                blocks, err, err_cap);
+    return serve_kv_pool_blocks(o->kv_memory_mib, bytes, m->context, o->max_seqs, blocks,
+                                err, err_cap);
 }
 
 /* ------------------------------------------------------------------------- */
@@ -181,6 +218,7 @@ typedef struct serve_state {
     http_server *srv;
     scheduler *sched;
     serve_model m;
+    chat_template_choice chat; /* borrowed by the HTTP server */
 } serve_state;
 
 /* Listen, load, size, start the scheduler, set ready. Returns 0 when ready,
@@ -207,6 +245,9 @@ static int serve_start(const serve_options *o, const serve_hooks *h, const char 
         .n_cors_origins = o->n_cors_origins,
         .metrics = st->reg,
     };
+    if (o->chat_template && /* a bad name fails before anything starts */
+        chat_template_choose(o->chat_template, NULL, 0, &st->chat, err, err_cap) != 0)
+        return -1;
     if (http_server_start(&sc, &st->srv, err, err_cap) != 0) return -1;
     say(h, 0, "listening on http://%s:%u (loading the model)",
         o->host ? o->host : "127.0.0.1", (unsigned)http_server_port(st->srv));
@@ -221,7 +262,7 @@ static int serve_start(const serve_options *o, const serve_hooks *h, const char 
         .ctx = m->ctx,
         .tok = m->tok,
         .vocab_size = m->desc.vocab_size,
-        .context = m->desc.context,
+        .context = m->context,
         .block_size = ORCH_KV_BLOCK_TOKENS,
         .num_blocks = (uint32_t)blocks,
         .max_seqs = (uint32_t)o->max_seqs,
@@ -233,12 +274,29 @@ static int serve_start(const serve_options *o, const serve_hooks *h, const char 
         .poll_arg = st->srv,
     };
     if (scheduler_create(&scfg, &st->sched, err, err_cap) != 0) return -1;
-    http_server_set_ready(st->srv, st->sched, m->tok, m->desc.vocab_size,
-                          m->desc.context);
+    /* The template directories: the checkpoint used (an imported MODEL's
+     * temporary checkpoint holds the copied tokenizer_config.json), then the
+     * directory given (not a GGUF file). */
+    const char *given = o->model ? o->model : o->ckpt;
+    struct stat given_st;
+    if (given && (stat(given, &given_st) != 0 || !S_ISDIR(given_st.st_mode)))
+        given = NULL;
+    const char *dirs[2] = { (o->ckpt || o->model) ? m->gm.ckpt_dir : NULL, given };
+    chat_template_choice_free(&st->chat);
+    if (chat_template_choose(o->chat_template, dirs, 2, &st->chat, err, err_cap) != 0)
+        return -1;
+    if (st->chat.tmpl)
+        say(h, 0, "chat template %s (%s)", st->chat.tmpl->name, st->chat.source);
+    else
+        say(h, 1, "%s; /v1/chat/completions is refused", st->chat.error);
+    http_server_set_chat_template(st->srv, st->chat.tmpl,
+                                  st->chat.tmpl ? NULL : st->chat.error);
+    http_server_set_ready(st->srv, st->sched, m->tok, m->desc.vocab_size, m->context,
+                          arch_name(m->desc.arch));
     say(h, 0,
-        "ready: model %s (engine %s, vocab %u, context %u), %llu KV blocks of %u tokens, "
-        "max %llu sequences, %llu tokens per iteration, prefix cache %s",
-        name, m->eh->api->name, m->desc.vocab_size, m->desc.context,
+        "ready: model %s (%s, engine %s, vocab %u, context %u), %llu KV blocks of %u "
+        "tokens, max %llu sequences, %llu tokens per iteration, prefix cache %s",
+        name, arch_name(m->desc.arch), m->eh->api->name, m->desc.vocab_size, m->context,
         (unsigned long long)blocks, ORCH_KV_BLOCK_TOKENS, (unsigned long long)o->max_seqs,
         (unsigned long long)o->max_batch_tokens, o->no_prefix_cache ? "off" : "on");
     return 0;
@@ -267,7 +325,7 @@ static void serve_drain(const serve_options *o, const serve_hooks *h, serve_stat
 
 /* The scheduler goes first: its destroy finishes (cancels, 503) whatever is
  * left, and no notify can reach the HTTP side after it returns. */
-static void serve_shutdown(serve_state *st) {
+static void serve_shutdown(serve_state *st, const serve_hooks *h) {
     http_server_detach_scheduler(st->srv);
     scheduler_destroy(st->sched);
     for (double end = util_now() + 5.0;
@@ -276,7 +334,8 @@ static void serve_shutdown(serve_state *st) {
         nanosleep(&ts, NULL);
     }
     http_server_stop(st->srv);
-    model_close(&st->m);
+    model_close(&st->m, h);
+    chat_template_choice_free(&st->chat);
     metrics_registry_free(st->reg);
 }
 
@@ -284,8 +343,8 @@ int serve_run(const serve_options *o, const serve_hooks *h, char *err, size_t er
     char name[256];
     if (o->model_name)
         snprintf(name, sizeof name, "%.200s", o->model_name);
-    else if (o->ckpt)
-        serve_default_model_name(o->ckpt, name, sizeof name);
+    else if (o->model || o->ckpt)
+        serve_default_model_name(o->model ? o->model : o->ckpt, name, sizeof name);
     else
         snprintf(name, sizeof name, "mock-gpt2");
     serve_state st;
@@ -301,7 +360,7 @@ int serve_run(const serve_options *o, const serve_hooks *h, char *err, size_t er
         }
         serve_drain(o, h, &st);
     }
-    serve_shutdown(&st);
+    serve_shutdown(&st, h);
     if (started < 0) return ORCH_EXIT_USAGE;
     say(h, 0, "stopped");
     return ORCH_EXIT_OK;

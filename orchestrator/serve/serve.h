@@ -11,8 +11,15 @@
  * and CORS are checked before a body is read (http.h, listener.h,
  * http_policy.h; the options below).
  * Start: the HTTP server listens first (API routes answer 503 "loading"),
- * then the model is opened, the KV pool sized, the scheduler created (its
- * warm-up forward runs), and the server set ready.
+ * then the model is opened (a MODEL that is not an orch checkpoint is
+ * imported first), --max-model-len checked against its context, the KV pool
+ * sized, the scheduler created (its warm-up forward runs), the chat template
+ * chosen (chat_template_choose: --chat-template, else the checkpoint
+ * directory's, then the given directory's tokenizer_config.json; a line
+ * "chat template NAME (SOURCE)", or a warning when the model's template is
+ * unsupported and chat requests will be refused), and the server set ready.
+ * /v1/models reports the id, max_model_len (the context, or the
+ * --max-model-len cap) and the architecture (gpt2, llama).
  * Drain (after a stop request): stop accepting (new API requests 503), let
  * running requests finish for up to drain_timeout seconds (a second stop
  * request ends the wait), then cancel what is left (503).
@@ -44,10 +51,18 @@
  * same way; serve_run takes them as they are (ranges are the CLI's job). */
 typedef struct serve_options {
     const char *ckpt;           /* run or checkpoint directory; NULL = the mock's model */
+    const char *model;          /* MODEL (model_source.h): an orch checkpoint, a Hugging
+                                   Face model directory or a GGUF file, imported into a
+                                   temporary checkpoint while serving; NULL = ckpt */
+    uint64_t max_model_len;     /* cap on prompt + completion tokens (<= the model's
+                                   context); 0 = the context */
+    const char *tokenizer;      /* tokenizer of a Hugging Face MODEL imported on the
+                                   fly (model_source_open); NULL = its own */
     const char *engine;         /* NULL = the checkpoint config's (mock without ckpt) */
     const char *engine_options; /* NULL = the config's */
     const char *host;           /* NULL = 127.0.0.1 */
-    const char *model_name;     /* NULL = serve_default_model_name(ckpt) or mock-gpt2 */
+    const char *model_name;     /* NULL = serve_default_model_name(model or ckpt) or
+                                   mock-gpt2 */
     const char *api_key;        /* NULL or "" = none */
     int threads;                /* engine threads; -1 = the config's (mock: 1) */
     int trust_config_engine;    /* the checkpoint config's engine may be a library
@@ -80,6 +95,10 @@ typedef struct serve_options {
     size_t n_allowed_hosts;
     const char *cors_origins[SERVE_MAX_LIST];
     size_t n_cors_origins;
+    /* --chat-template: a built-in's name or a Jinja file (chat_template.h);
+     * NULL = the checkpoint's tokenizer_config.json template, else
+     * orch-plain-v1 */
+    const char *chat_template;
 } serve_options;
 
 /* The defaults of `orch serve` (port 8080, 64 sequences, 2048 tokens per

@@ -465,6 +465,35 @@ int ckpt_check_layout(const char *fpath, const safetensors_file *f, char *err,
     return 0;
 }
 
+/* The architecture in f's layout ("orch-ARCH") against model.arch of the
+ * config cfg: a file written for one architecture is refused, by name, for
+ * another. Files without a layout (before layouts) pass. (ckpt_load_weights
+ * only: the exporters, through ckpt_model_open, judge the arch themselves.) */
+static int check_layout_arch(const char *fpath, const safetensors_file *f,
+                             const orch_config *cfg, char *err, size_t err_cap) {
+    const char *lay = safetensors_metadata(f, "layout");
+    if (!lay || !cfg) return 0;
+    const char *arch = lay + strlen(CKPT_LAYOUT_PREFIX); /* prefix checked before */
+    if (strcmp(arch, cfg->model.arch) == 0) return 0;
+    util_set_err(err, err_cap,
+                 "%s: layout '%.40s' is not model.arch '%s' of the checkpoint's config "
+                 "(the config does not match the weights)",
+                 fpath, lay, cfg->model.arch);
+    return -1;
+}
+
+/* check_layout_arch against the config in ckpt_dir's state.json, when it has
+ * one (checkpoints written by tests may hold none). */
+static int check_dir_arch(const char *fpath, const safetensors_file *f,
+                          const char *ckpt_dir, char *err, size_t err_cap) {
+    orch_config *cfg = NULL;
+    char ignored[512];
+    if (ckpt_read_config(ckpt_dir, &cfg, NULL, 0, ignored, sizeof ignored) != 0) return 0;
+    int rc = check_layout_arch(fpath, f, cfg, err, err_cap);
+    config_free(cfg);
+    return rc;
+}
+
 /* Every tensor of f must have been consumed by a table (prefix-matched). */
 static int check_no_extra(const char *fpath, const safetensors_file *f, size_t expected,
                           char *err, size_t err_cap) {
@@ -494,6 +523,7 @@ int ckpt_load_weights(const char *ckpt_dir, const engine_handle *h, orch_engine_
         return -1;
     if (safetensors_open(p, &f, err, err_cap) != 0) return -1;
     int rc = ckpt_check_layout(p, f, err, err_cap);
+    if (rc == 0) rc = check_dir_arch(p, f, ckpt_dir, err, err_cap);
     if (rc == 0) rc = check_no_extra(p, f, count, err, err_cap);
     if (rc == 0) rc = load_table(p, f, "", h, ctx, ORCH_TENSOR_PARAM, err, err_cap);
     safetensors_close(f);

@@ -22,7 +22,11 @@
  * "orch-ARCH", "layout_version": "1"} (ckpt_files.h): orch's tensor names and
  * [out, in] linear layers, so no tool takes them for Hugging Face's. Loading
  * accepts that, or the "format": "pt" / no metadata of older checkpoints, and
- * refuses any other format or layout version by name.
+ * refuses any other format or layout version by name; ckpt_load_weights also
+ * refuses a layout whose ARCH is not the model.arch of the checkpoint's
+ * state.json config
+ * ("DIR/model.safetensors: layout 'orch-gpt2' is not model.arch 'llama' of
+ * the checkpoint's config (the config does not match the weights)").
  *
  * Loading matches tensors BY NAME and shape (through the engine's
  * tensor_write), so a checkpoint written through one engine loads through

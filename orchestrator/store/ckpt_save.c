@@ -396,6 +396,13 @@ fail:
 
 int ckpt_write_dir(const char *ckpt_dir, const ckpt_tensor *tensors, size_t n,
                    const char *state_json, uint64_t step, char *err, size_t err_cap) {
+    return ckpt_write_dir_extra(ckpt_dir, tensors, n, state_json, step, NULL, NULL, err,
+                                err_cap);
+}
+
+int ckpt_write_dir_extra(const char *ckpt_dir, const ckpt_tensor *tensors, size_t n,
+                         const char *state_json, uint64_t step, ckpt_extra_fn extra,
+                         void *user, char *err, size_t err_cap) {
     char parent[PATH_MAX], tmp[PATH_MAX];
     if (!ckpt_dir || !*ckpt_dir || !state_json) {
         util_set_err(err, err_cap, "ckpt_write_dir: missing argument");
@@ -431,6 +438,8 @@ int ckpt_write_dir(const char *ckpt_dir, const ckpt_tensor *tensors, size_t n,
     ckpt_tsrc src = { NULL, NULL, 0, tensors, n };
     if (write_contents(tmp, &src, NULL, NULL, state_json, step, NAN, "", err, err_cap) !=
             0 ||
+        (extra && (extra(tmp, user, err, err_cap) != 0 ||
+                   fsio_fsync_path(tmp, 1, err, err_cap) != 0)) ||
         fsio_rename(tmp, ckpt_dir, err, err_cap) != 0) {
         (void)fsio_rm_rf(tmp, NULL, 0);
         return -1;

@@ -70,4 +70,13 @@ typedef struct ckpt_tensor {
 int ckpt_write_dir(const char *ckpt_dir, const ckpt_tensor *tensors, size_t n,
                    const char *state_json, uint64_t step, char *err, size_t err_cap);
 
+/* ckpt_write_dir, and before the rename extra(tmp_dir, user, err, err_cap)
+ * adds files of its own to the temp directory (not in the checksums; e.g.
+ * an imported model's tokenizer files); its nonzero return fails the write.
+ * extra NULL: ckpt_write_dir. */
+typedef int (*ckpt_extra_fn)(const char *tmp_dir, void *user, char *err, size_t err_cap);
+int ckpt_write_dir_extra(const char *ckpt_dir, const ckpt_tensor *tensors, size_t n,
+                         const char *state_json, uint64_t step, ckpt_extra_fn extra,
+                         void *user, char *err, size_t err_cap);
+
 #endif

@@ -860,6 +860,15 @@ int gguf_writer_add_i32_array(gguf_writer *w, const char *key, const int32_t *v,
     return 0;
 }
 
+int gguf_writer_add_f32_array(gguf_writer *w, const char *key, const float *v, uint64_t n,
+                              char *err, size_t err_cap) {
+    if (kv_begin(w, key, GGUF_ARRAY, err, err_cap) != 0) return -1;
+    if (kv_put_u32(w, GGUF_F32) != 0 || kv_put_u64(w, n) != 0 ||
+        (n && kv_put(w, v, (size_t)n * 4) != 0))
+        return w_oom(w, err, err_cap);
+    return 0;
+}
+
 static uint64_t align_up(uint64_t x) {
     return (x + GGUF_DEFAULT_ALIGNMENT - 1) / GGUF_DEFAULT_ALIGNMENT *
            GGUF_DEFAULT_ALIGNMENT;

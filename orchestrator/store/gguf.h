@@ -178,6 +178,8 @@ int gguf_writer_add_str_array(gguf_writer *w, const char *key, const char *const
                               const size_t *lens, uint64_t n, char *err, size_t err_cap);
 int gguf_writer_add_i32_array(gguf_writer *w, const char *key, const int32_t *v,
                               uint64_t n, char *err, size_t err_cap);
+int gguf_writer_add_f32_array(gguf_writer *w, const char *key, const float *v, uint64_t n,
+                              char *err, size_t err_cap);
 /* Declare the next tensor: ne[0..ndim) in ggml order, type a sized type with
  * ne[0] a multiple of its block. Names unique and non-empty. */
 int gguf_writer_declare(gguf_writer *w, const char *name, uint32_t type, uint32_t ndim,

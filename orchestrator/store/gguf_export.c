@@ -16,8 +16,10 @@
 #include "orchestrator/data/tokenizer.h"
 #include "orchestrator/store/checkpoint.h"
 #include "orchestrator/store/gguf.h"
+#include "orchestrator/store/gguf_hf_tok.h"
 #include "orchestrator/store/gguf_model.h"
 #include "orchestrator/store/gpt2_import.h"
+#include "orchestrator/store/llama_model.h"
 #include "orchestrator/store/safetensors.h"
 
 enum { TOKEN_NORMAL = 1, TOKEN_CONTROL = 3, TOKEN_UNUSED = 5 };
@@ -33,6 +35,9 @@ typedef struct export_ctx {
     int have_voc;
     uint32_t wtype, ftype;
     int kind;
+    int llama, untied; /* model.arch llama (lm), and its head untied */
+    int hf_tok;        /* tokenizer "hf": tokenizer.json in the checkpoint */
+    llama_model lm;
 } export_ctx;
 
 static int fail(export_ctx *x, int kind) {
@@ -123,6 +128,14 @@ out:
     return rc;
 }
 
+/* The tokenizer keys from the checkpoint's tokenizer.json (gguf_hf_tok.h). */
+static int add_hf_tokenizer(export_ctx *x, gguf_writer *w, char *err, size_t err_cap) {
+    int kind = 1;
+    if (gguf_hf_tok_add(w, x->ck.dir, x->cfg->model.vocab_size, &kind, err, err_cap) == 0)
+        return 0;
+    return fail(x, kind == 2 ? GPT2_IMPORT_ERR_INPUT : GPT2_IMPORT_ERR_RUNTIME);
+}
+
 /* The hyperparameter keys. */
 static int add_hparams(export_ctx *x, gguf_writer *w, char *err, size_t err_cap) {
     const config_model *m = &x->cfg->model;
@@ -148,6 +161,40 @@ static int add_hparams(export_ctx *x, gguf_writer *w, char *err, size_t err_cap)
     }
     snprintf(k, sizeof k, "%s.%s", a, x->arch->eps_key);
     rc = rc ? rc : gguf_writer_add_f32(w, k, (float)m->layernorm_eps, err, err_cap);
+    if (x->llama && rc == 0) {
+        const llama_model *l = &x->lm;
+        snprintf(k, sizeof k, "%s.attention.head_count_kv", a);
+        rc = gguf_writer_add_u32(w, k, l->kv_heads, err, err_cap);
+        snprintf(k, sizeof k, "%s.rope.dimension_count", a);
+        rc = rc ? rc : gguf_writer_add_u32(w, k, l->width / l->heads, err, err_cap);
+        snprintf(k, sizeof k, "%s.rope.freq_base", a);
+        rc = rc ? rc : gguf_writer_add_f32(w, k, (float)l->rope_theta, err, err_cap);
+        snprintf(k, sizeof k, "%s.vocab_size", a);
+        rc = rc ? rc : gguf_writer_add_u32(w, k, l->vocab, err, err_cap);
+        if (rc == 0 && l->rope_scaling == ORCH_ROPE_LINEAR) {
+            snprintf(k, sizeof k, "%s.rope.scaling.type", a);
+            rc = gguf_writer_add_str(w, k, "linear", err, err_cap);
+            snprintf(k, sizeof k, "%s.rope.scaling.factor", a);
+            rc = rc ? rc : gguf_writer_add_f32(w, k, (float)l->rope_factor, err, err_cap);
+        } else if (rc == 0 && l->rope_scaling == ORCH_ROPE_LLAMA3) {
+            /* llama.cpp: rope_freqs.weight carries the scaling (no scaling type,
+             * which would apply a second time); orch.* keys keep the exact
+             * parameters for orch import gguf. */
+            rc = gguf_writer_add_str(w, "orch.rope.scaling.type", "llama3", err, err_cap);
+            rc = rc ? rc
+                    : gguf_writer_add_f32(w, "orch.rope.scaling.factor",
+                                          (float)l->rope_factor, err, err_cap);
+            rc = rc ? rc
+                    : gguf_writer_add_f32(w, "orch.rope.scaling.low_freq_factor",
+                                          (float)l->rope_low_freq_factor, err, err_cap);
+            rc = rc ? rc
+                    : gguf_writer_add_f32(w, "orch.rope.scaling.high_freq_factor",
+                                          (float)l->rope_high_freq_factor, err, err_cap);
+            rc = rc ? rc
+                    : gguf_writer_add_u32(w, "orch.rope.scaling.original_context_length",
+                                          l->rope_original_context, err, err_cap);
+        }
+    }
     return rc ? fail(x, GPT2_IMPORT_ERR_RUNTIME) : 0;
 }
 
@@ -157,7 +204,7 @@ static const safetensors_tensor *source(export_ctx *x, size_t i,
                                         char *err, size_t err_cap) {
     char oname[64];
     const gguf_tensor_map *m =
-        gguf_arch_tensor(x->arch, x->cfg->model.layers, i, oname, gname, 64);
+        gguf_arch_tensor(x->arch, x->cfg->model.layers, x->untied, i, oname, gname, 64);
     const safetensors_tensor *t = safetensors_find(x->st, oname);
     uint64_t d0 = gguf_dim_size(&x->cfg->model, m->dim[0]);
     uint64_t d1 = gguf_dim_size(&x->cfg->model, m->dim[1]);
@@ -194,7 +241,7 @@ static uint32_t type_of(const export_ctx *x, const gguf_tensor_map *m,
 
 static int write_tensors(export_ctx *x, gguf_writer *w, gguf_export_result *r, char *err,
                          size_t err_cap) {
-    size_t n = gguf_arch_tensor_count(x->arch, x->cfg->model.layers);
+    size_t n = gguf_arch_tensor_count(x->arch, x->cfg->model.layers, x->untied);
     if (safetensors_count(x->st) != n) {
         util_set_err(err, err_cap,
                      "%s: holds %zu tensors, a %s model of %u layers has %zu", x->st_path,
@@ -214,12 +261,18 @@ static int write_tensors(export_ctx *x, gguf_writer *w, gguf_export_result *r, c
         if (t->numel > max_numel) max_numel = t->numel;
         r->params += t->numel;
     }
+    const uint64_t half = x->llama ? x->lm.width / x->lm.heads / 2 : 0;
+    int freqs = x->llama && x->lm.rope_scaling == ORCH_ROPE_LLAMA3;
+    if (freqs && gguf_writer_declare(w, "rope_freqs.weight", GGUF_TYPE_F32, 1, &half, err,
+                                     err_cap) != 0)
+        return fail(x, GPT2_IMPORT_ERR_RUNTIME);
     if (gguf_writer_begin_data(w, err, err_cap) != 0)
         return fail(x, GPT2_IMPORT_ERR_RUNTIME);
     float *f = malloc((size_t)max_numel * sizeof *f + 1);
+    float *p = malloc((size_t)max_numel * sizeof *p + 1);
     uint8_t *q = malloc((size_t)max_numel * 2 + 1); /* F16 and Q8_0 are smaller */
     int rc = -1;
-    if (!f || !q) {
+    if (!f || !p || !q) {
         util_set_err(err, err_cap, "out of memory");
         goto out;
     }
@@ -229,6 +282,11 @@ static int write_tensors(export_ctx *x, gguf_writer *w, gguf_export_result *r, c
         const safetensors_tensor *t = source(x, i, &m, g, err, err_cap);
         uint32_t ty = type_of(x, m, t);
         (void)safetensors_to_f32(t->dtype, t->data, f, t->numel); /* dtype checked */
+        if (m->rope != GGUF_ROPE_NONE) { /* HF rotate-half rows -> llama.cpp pairs */
+            uint32_t heads = m->rope == GGUF_ROPE_Q ? x->lm.heads : x->lm.kv_heads;
+            llama_rope_permute(f, p, heads, t->shape[0], t->shape[1], 1);
+            memcpy(f, p, (size_t)t->numel * sizeof *f);
+        }
         const void *data = f;
         size_t bytes = (size_t)t->numel * 4;
         if (ty == GGUF_TYPE_F16) {
@@ -245,11 +303,17 @@ static int write_tensors(export_ctx *x, gguf_writer *w, gguf_export_result *r, c
         }
         if (gguf_writer_write(w, data, bytes, err, err_cap) != 0) goto out;
     }
-    r->tensors = n;
+    if (freqs) {
+        llama_rope_freq_factors(&x->lm, f);
+        if (gguf_writer_write(w, f, (size_t)half * sizeof *f, err, err_cap) != 0)
+            goto out;
+    }
+    r->tensors = n + (size_t)freqs;
     rc = 0;
 out:
     if (rc != 0) x->kind = GPT2_IMPORT_ERR_RUNTIME;
     free(f);
+    free(p);
     free(q);
     return rc;
 }
@@ -286,6 +350,16 @@ static int open_input(export_ctx *x, gguf_export_result *r, char *err, size_t er
                      r->ckpt_dir, m->arch, gguf_arch_list());
         return -1;
     }
+    x->llama = strcmp(m->arch, "llama") == 0;
+    if (x->llama) {
+        if (llama_model_from_ckpt(x->ck.dir, x->ck.cfg, &x->lm, err, err_cap) != 0)
+            return -1;
+        x->untied = !x->lm.tied;
+    }
+    if (strcmp(tok, "hf") == 0) { /* gguf_hf_tok.h reads it while writing */
+        x->hf_tok = 1;
+        return 0;
+    }
     if (strcmp(tok, "gpt2") != 0) {
         util_set_err(err, err_cap,
                      "%s: the '%s' tokenizer has no GGUF equivalent (only checkpoints "
@@ -293,7 +367,7 @@ static int open_input(export_ctx *x, gguf_export_result *r, char *err, size_t er
                      r->ckpt_dir, tok);
         return -1;
     }
-    if (m->kv_heads != m->heads) {
+    if (!x->llama && m->kv_heads != m->heads) {
         util_set_err(err, err_cap, "%s: model.kv_heads %u != heads %u (gpt2 has none)",
                      r->ckpt_dir, m->kv_heads, m->heads);
         return -1;
@@ -333,7 +407,8 @@ int gguf_export(const gguf_export_opts *o, gguf_export_result *r, int *err_kind,
     x.kind = GPT2_IMPORT_ERR_RUNTIME;
     if (gguf_writer_create(o->out, &w, err, err_cap) != 0) goto out;
     if (add_hparams(&x, w, err, err_cap) != 0 ||
-        add_tokenizer(&x, w, err, err_cap) != 0 ||
+        (x.hf_tok ? add_hf_tokenizer(&x, w, err, err_cap)
+                  : add_tokenizer(&x, w, err, err_cap)) != 0 ||
         write_tensors(&x, w, r, err, err_cap) != 0)
         goto out;
     gguf_writer *done = w;

@@ -4,6 +4,21 @@
  * that generate, eval and serve load and `orch train --init DIR` fine-tunes
  * (the library behind `orch import gguf`).
  *
+ * llama: general.architecture "llama" also reads .attention.head_count_kv
+ * (dividing the heads), .rope.freq_base (default 10000),
+ * .rope.dimension_count (must be the head size), .rope.scaling.type
+ * (none, or linear with .rope.scaling.factor; others refused by name), and
+ * llama3 scaling as orch writes it: orch.rope.scaling.{type "llama3", factor,
+ * low_freq_factor, high_freq_factor, original_context_length} with a
+ * rope_freqs.weight that must equal those parameters' factors (a
+ * rope_freqs.weight without them is refused: the parameters cannot be
+ * recovered). attn_q / attn_k rows are permuted back from llama.cpp's RoPE
+ * layout (llama_model.h); output.weight present = an untied head. A llama
+ * file whose tokenizer is not GPT-2's (tokenizer.ggml.model gpt2 with pre
+ * gpt-2 and <|endoftext|> at 50256) becomes an "hf" checkpoint: the
+ * tokenizer.json and tokenizer_config.json gguf_hf_tok.h makes from its
+ * keys are written into the checkpoint directory.
+ *
  * Accepted: general.architecture with a table in gguf_model.h (gpt2); the
  * hyperparameters ARCH.block_count, .context_length, .embedding_length,
  * .feed_forward_length, .attention.head_count (required; head_count_kv, if
@@ -40,9 +55,11 @@ typedef struct gguf_import_opts {
 
 typedef struct gguf_import_result {
     char arch[32];
-    uint32_t layers, heads;
+    uint32_t layers, heads, kv_heads;
+    int tied; /* llama: no output.weight */
     uint64_t width, mlp_width, vocab, context, params;
     uint64_t n_f32, n_f16, n_bf16, n_q8_0; /* tensors of each type read */
+    char tokenizer[8];                     /* "gpt2" or "hf" */
 } gguf_import_result;
 
 int gguf_import(const gguf_import_opts *o, gguf_import_result *r, int *err_kind,

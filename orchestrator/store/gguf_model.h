@@ -18,6 +18,14 @@
  *   ln_f.* output_norm.*. The head is tied to token_embd (llama.cpp uses
  *   token_embd when output.weight is absent).
  *
+ * llama (LLM_ARCH_LLAMA): model.embed_tokens.weight token_embd.weight,
+ *   model.layers.N.input_layernorm blk.N.attn_norm, self_attn.{q,k,v,o}_proj
+ *   blk.N.attn_{q,k,v,output}, post_attention_layernorm blk.N.ffn_norm,
+ *   mlp.{gate,up,down}_proj blk.N.ffn_{gate,up,down} (all .weight),
+ *   model.norm.weight output_norm.weight, lm_head.weight output.weight (only
+ *   when the head is untied). attn_q / attn_k rows are permuted per head to
+ *   llama.cpp's RoPE layout (llama_model.h: rope GGUF_ROPE_Q / _K).
+ *
  * Memory: everything here is static and read-only.
  * Threads: any. Errors: lookups return NULL.
  */
@@ -36,14 +44,20 @@ typedef enum gguf_dim {
     GGUF_DIM_CONTEXT, /* model.context */
     GGUF_DIM_WIDTH,   /* model.width */
     GGUF_DIM_QKV,     /* 3 * model.width */
-    GGUF_DIM_MLP      /* model.mlp_width */
+    GGUF_DIM_MLP,     /* model.mlp_width */
+    GGUF_DIM_KV       /* model.kv_heads * width / heads */
 } gguf_dim;
+
+/* Row permutation between orch's and llama.cpp's RoPE layout. */
+enum { GGUF_ROPE_NONE = 0, GGUF_ROPE_Q = 1, GGUF_ROPE_K = 2 };
 
 typedef struct gguf_tensor_map {
     const char *orch; /* printf format with %u for the layer when per-layer */
     const char *gguf; /* likewise */
     gguf_dim dim[2];  /* orch shape [dim[0]] or [dim[0], dim[1]] */
     int keep_f32;     /* stays F32 in every file type (llama.cpp's choice) */
+    int rope;         /* GGUF_ROPE_*: rows permuted per (q or kv) head */
+    int untied_only;  /* present only with an untied head (last of post) */
 } gguf_tensor_map;
 
 typedef struct gguf_arch {
@@ -57,16 +71,18 @@ typedef struct gguf_arch {
 /* By orch model.arch / by general.architecture; NULL when not supported. */
 const gguf_arch *gguf_arch_by_orch(const char *name);
 const gguf_arch *gguf_arch_by_gguf(const char *name);
-/* Comma-separated GGUF names of the supported architectures ("gpt2"). */
+/* Comma-separated GGUF names of the supported architectures ("gpt2, llama"). */
 const char *gguf_arch_list(void);
 
-/* Tensor i of the full table (pre, layers x layer, post) for a model of
- * `layers` layers: its map entry and the expanded names (caps >= 64).
- * Returns the entry, or NULL past the end. */
-const gguf_tensor_map *gguf_arch_tensor(const gguf_arch *a, uint32_t layers, size_t i,
-                                        char *orch_name, char *gguf_name, size_t cap);
+/* Tensor i of the full table (pre, layers x layer, post; the untied_only
+ * entries only when untied) for a model of `layers` layers: its map entry
+ * and the expanded names (caps >= 64). Returns the entry, or NULL past the
+ * end. */
+const gguf_tensor_map *gguf_arch_tensor(const gguf_arch *a, uint32_t layers, int untied,
+                                        size_t i, char *orch_name, char *gguf_name,
+                                        size_t cap);
 /* Number of tensors of a model with `layers` layers. */
-size_t gguf_arch_tensor_count(const gguf_arch *a, uint32_t layers);
+size_t gguf_arch_tensor_count(const gguf_arch *a, uint32_t layers, int untied);
 /* The size of a symbolic dimension for model m (0 for GGUF_DIM_NONE). */
 uint64_t gguf_dim_size(const config_model *m, gguf_dim d);
 

@@ -18,6 +18,8 @@
 #include "orchestrator/store/checkpoint.h"
 #include "orchestrator/store/ckpt_files.h"
 #include "orchestrator/store/gpt2_import.h"
+#include "orchestrator/store/hf_llama.h"
+#include "orchestrator/store/llama_model.h"
 #include "orchestrator/store/safetensors.h"
 
 #define HF_CONFIG_MAX_BYTES (1u << 20)
@@ -64,7 +66,9 @@ typedef struct import_ctx {
     uint32_t layers, heads;
     double eps;
     const char *tok;
-    int kind; /* gpt2_import_err_kind of the failure */
+    int kind;  /* gpt2_import_err_kind of the failure */
+    int llama; /* config.json is of the LLaMA family: lm holds it */
+    llama_model lm;
 } import_ctx;
 
 static int oom(import_ctx *ic, char *err, size_t err_cap) {
@@ -128,8 +132,11 @@ static int scan_file(import_ctx *ic, size_t f, char *err, size_t err_cap) {
         }
         util_set_err(err, err_cap,
                      "%s: unexpected tensor '%s' (not a GPT-2 "
-                     "parameter in the Hugging Face layout)",
-                     ic->st_names[f], full);
+                     "parameter in the Hugging Face layout%s)",
+                     ic->st_names[f], full,
+                     strncmp(full, "model.layers.", 13) == 0
+                         ? "; a LLaMA-family model needs its config.json"
+                         : "");
         return -1;
     }
     return 0;
@@ -230,6 +237,12 @@ static int read_hf_config(import_ctx *ic, const char *path, char *err, size_t er
                      j ? "not a JSON object" : "not valid JSON");
         cJSON_Delete(j);
         return -1;
+    }
+    if (hf_llama_is_llama(j)) {
+        int lrc = hf_llama_read_config(j, path, &ic->lm, err, err_cap) != 0 ? -1 : 1;
+        cJSON_Delete(j);
+        ic->llama = lrc == 1;
+        return lrc;
     }
     hf_config *h = &ic->hc;
     int rc =
@@ -517,7 +530,8 @@ static int convert_all(import_ctx *ic, char *err, size_t err_cap) {
 
 /* The config: the model from the weights, the rest from base or defaults.
  * Returns a new cJSON document, or NULL when out of memory. */
-static cJSON *config_doc(const gpt2_import_model *m, const orch_config *base) {
+static cJSON *config_doc(const gpt2_import_model *m, const orch_config *base,
+                         const char *data_tok, int omit_tie) {
     cJSON *doc = base ? (cJSON *)config_to_cjson(base) : cJSON_CreateObject();
     if (!doc) return NULL;
     cJSON_DeleteItemFromObjectCaseSensitive(doc, "model");
@@ -526,29 +540,36 @@ static cJSON *config_doc(const gpt2_import_model *m, const orch_config *base) {
         cJSON_Delete(doc);
         return NULL;
     }
-    cJSON_AddStringToObject(model, "arch", "gpt2");
-    cJSON_AddNumberToObject(model, "vocab_size", (double)m->vocab);
-    cJSON_AddNumberToObject(model, "context", (double)m->context);
-    cJSON_AddNumberToObject(model, "layers", m->layers);
-    cJSON_AddNumberToObject(model, "heads", m->heads);
-    cJSON_AddNumberToObject(model, "width", (double)m->width);
-    cJSON_AddNumberToObject(model, "mlp_width", (double)m->mlp_width);
-    cJSON_AddNumberToObject(model, "layernorm_eps", m->eps);
+    uint64_t context = m->llama ? m->llama->context : m->context;
+    if (m->llama) {
+        if (llama_model_to_json(m->llama, omit_tie, model) != 0) {
+            cJSON_Delete(doc);
+            return NULL;
+        }
+    } else {
+        cJSON_AddStringToObject(model, "arch", "gpt2");
+        cJSON_AddNumberToObject(model, "vocab_size", (double)m->vocab);
+        cJSON_AddNumberToObject(model, "context", (double)m->context);
+        cJSON_AddNumberToObject(model, "layers", m->layers);
+        cJSON_AddNumberToObject(model, "heads", m->heads);
+        cJSON_AddNumberToObject(model, "width", (double)m->width);
+        cJSON_AddNumberToObject(model, "mlp_width", (double)m->mlp_width);
+        cJSON_AddNumberToObject(model, "layernorm_eps", m->eps);
+    }
     if (base) {
         cJSON *da = cJSON_GetObjectItemCaseSensitive(doc, "data");
         if (da)
             cJSON_ReplaceItemInObjectCaseSensitive(da, "tokenizer",
-                                                   cJSON_CreateString(m->tokenizer));
+                                                   cJSON_CreateString(data_tok));
         return doc;
     }
     cJSON *tr = cJSON_AddObjectToObject(doc, "train");
     cJSON_AddNumberToObject(tr, "micro_batch", 4);
-    cJSON_AddNumberToObject(tr, "seq_len",
-                            (double)(m->context < 1024 ? m->context : 1024));
+    cJSON_AddNumberToObject(tr, "seq_len", (double)(context < 1024 ? context : 1024));
     cJSON_AddNumberToObject(tr, "max_steps", 1000);
     cJSON_AddNumberToObject(tr, "lr", 6e-5);
     cJSON *da = cJSON_AddObjectToObject(doc, "data");
-    cJSON_AddStringToObject(da, "tokenizer", m->tokenizer);
+    cJSON_AddStringToObject(da, "tokenizer", data_tok);
     cJSON_AddStringToObject(da, "train", "data/finetune/train_*.bin");
     cJSON_AddStringToObject(da, "val", "data/finetune/val_*.bin");
     cJSON *en = cJSON_AddObjectToObject(doc, "engine");
@@ -563,11 +584,36 @@ int gpt2_import_texts(const gpt2_import_model *m, const char *input,
     *state_text = *cfg_text = NULL;
     if (base_config && config_load_file(base_config, &base, err, err_cap) != 0)
         return GPT2_IMPORT_ERR_INPUT;
-    cJSON *doc = config_doc(m, base), *state = NULL;
+    cJSON *state = NULL;
+    /* Fallbacks for a config schema without some keys: model.tie_embeddings
+     * left out when the config's own default head is the model's, and an
+     * "hf" data.tokenizer written as byte (state.json keeps "hf", which is
+     * what inference opens). The first attempt's message is the one kept. */
+    int rc = -1;
+    for (int a = 0; a < 4 && rc != 0; a++) {
+        int omit_tie = a & 1, byte_tok = a >> 1;
+        if ((omit_tie && !m->llama) || (byte_tok && strcmp(m->tokenizer, "hf") != 0))
+            continue;
+        cJSON *doc = config_doc(m, base, byte_tok ? "byte" : m->tokenizer, omit_tie);
+        if (!doc) {
+            config_free(base);
+            goto oom;
+        }
+        char e2[1024];
+        rc = config_from_cjson(doc, "imported config", &cfg, a ? e2 : err,
+                               a ? sizeof e2 : err_cap);
+        cJSON_Delete(doc);
+        if (rc == 0 && omit_tie) {
+            orch_model_desc d;
+            config_model_desc(cfg, &d);
+            if (!(d.flags & ORCH_MODEL_FLAG_UNTIED_HEAD) != !!m->llama->tied) {
+                config_free(cfg);
+                cfg = NULL;
+                rc = -1;
+            }
+        }
+    }
     config_free(base);
-    if (!doc) goto oom;
-    int rc = config_from_cjson(doc, "imported config", &cfg, err, err_cap);
-    cJSON_Delete(doc);
     if (rc != 0) return GPT2_IMPORT_ERR_INPUT;
     state = cJSON_CreateObject();
     cJSON *cj = state ? config_to_cjson(cfg) : NULL;
@@ -594,8 +640,8 @@ oom:
 /* state.json text and the config text (both malloc'd). */
 static int build_texts(import_ctx *ic, const gpt2_import_opts *o, char **state_text,
                        char **cfg_text, char *err, size_t err_cap) {
-    gpt2_import_model m = { ic->V,      ic->T,     ic->C,   ic->M,
-                            ic->layers, ic->heads, ic->eps, ic->tok };
+    gpt2_import_model m = { ic->V,     ic->T,   ic->C,   ic->M, ic->layers,
+                            ic->heads, ic->eps, ic->tok, NULL };
     int kind = gpt2_import_texts(&m, o->input, o->base_config, state_text, cfg_text, err,
                                  err_cap);
     if (kind == 0) return 0;
@@ -621,6 +667,153 @@ static int write_outputs(import_ctx *ic, const gpt2_import_opts *o,
     return rc;
 }
 
+/* ---- LLaMA family ------------------------------------------------------ */
+
+/* rotary_emb.inv_freq: a buffer older transformers saved, not a parameter. */
+static int llama_skipped(const char *n) {
+    static const char sfx[] = ".self_attn.rotary_emb.inv_freq";
+    size_t l = strlen(n), ls = sizeof sfx - 1;
+    return l > ls && strncmp(n, "model.layers.", 13) == 0 && strcmp(n + l - ls, sfx) == 0;
+}
+
+/* Every tensor must be in the table, a skipped buffer, or the tied head;
+ * none in two files. */
+static int llama_scan(import_ctx *ic, char *err, size_t err_cap) {
+    const llama_model *m = &ic->lm;
+    size_t n = llama_model_tensor_count(m);
+    for (size_t f = 0; f < ic->n_st; f++) {
+        const safetensors_file *st = ic->st[f];
+        for (size_t i = 0; i < safetensors_count(st); i++) {
+            const char *full = safetensors_get(st, i)->name;
+            for (size_t g = 0; g < f; g++)
+                if (safetensors_find(ic->st[g], full)) {
+                    util_set_err(err, err_cap, "%s: tensor '%s' is also in %s",
+                                 ic->st_names[f], full, ic->st_names[g]);
+                    return -1;
+                }
+            if (llama_skipped(full) || (m->tied && strcmp(full, "lm_head.weight") == 0))
+                continue;
+            int known = 0;
+            for (size_t k = 0; !known && k < n; k++) {
+                char name[96];
+                uint64_t shape[2];
+                int lk;
+                llama_model_tensor(m, k, name, sizeof name, shape, &lk);
+                known = strcmp(name, full) == 0;
+            }
+            if (!known) {
+                util_set_err(err, err_cap,
+                             "%s: unexpected tensor '%s' (not a parameter of orch's "
+                             "llama with %u layers and %s head: no biases)",
+                             ic->st_names[f], full, m->layers,
+                             m->tied ? "a tied" : "an untied");
+                return -1;
+            }
+        }
+    }
+    return 0;
+}
+
+/* A tied model's lm_head.weight, when the file has one, must be the
+ * embedding. */
+static int llama_check_tied_head(import_ctx *ic, char *err, size_t err_cap) {
+    const safetensors_tensor *h = find(ic, "lm_head.weight");
+    const safetensors_tensor *e = find(ic, "model.embed_tokens.weight");
+    if (!ic->lm.tied || !h) return 0;
+    if (e && h->dtype == e->dtype && h->ndim == e->ndim && h->numel == e->numel &&
+        h->shape[0] == e->shape[0] && h->nbytes == e->nbytes &&
+        memcmp(h->data, e->data, (size_t)h->nbytes) == 0)
+        return 0;
+    util_set_err(err, err_cap,
+                 "%s: tie_word_embeddings is true but lm_head.weight differs from "
+                 "model.embed_tokens.weight",
+                 ic->file);
+    return -1;
+}
+
+static int llama_convert(import_ctx *ic, char *err, size_t err_cap) {
+    const llama_model *m = &ic->lm;
+    size_t n = llama_model_tensor_count(m);
+    ic->out = util_calloc(n, sizeof *ic->out);
+    ic->names = util_calloc(n, sizeof *ic->names);
+    if (!ic->out || !ic->names) return oom(ic, err, err_cap);
+    for (size_t k = 0; k < n; k++) {
+        char name[64];
+        uint64_t shape[2];
+        int lk;
+        llama_model_tensor(m, k, name, sizeof name, shape, &lk);
+        if (take(ic, name, shape[0], shape[1], 0, err, err_cap) != 0) return -1;
+    }
+    return 0;
+}
+
+typedef struct llama_copy {
+    const char *src_dir;
+    int kind;
+} llama_copy;
+
+static int llama_copy_files(const char *tmp, void *user, char *err, size_t err_cap) {
+    llama_copy *c = user;
+    return hf_llama_copy_tokenizer(c->src_dir, tmp, &c->kind, err, err_cap);
+}
+
+/* The LLaMA import after config.json (ic->lm) and the weights are open. */
+static int llama_import(import_ctx *ic, const gpt2_import_opts *o, const char *cfg_path,
+                        char *err, size_t err_cap) {
+    if (o->heads && o->heads != ic->lm.heads) {
+        util_set_err(err, err_cap, "--heads %u differs from num_attention_heads %u in %s",
+                     o->heads, ic->lm.heads, cfg_path);
+        return -1;
+    }
+    char dir[PATH_MAX], tj[PATH_MAX + 32];
+    const char *slash = strrchr(cfg_path, '/');
+    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - cfg_path) : 1,
+             slash ? cfg_path : ".");
+    snprintf(tj, sizeof tj, "%s/tokenizer.json", dir);
+    ic->tok = o->tokenizer ? o->tokenizer : "hf";
+    if (strcmp(ic->tok, "hf") == 0 && !ckpt_exists(tj)) {
+        util_set_err(err, err_cap,
+                     "%s: no such file (the model's tokenizer; or give --tokenizer "
+                     "byte|gpt2)",
+                     tj);
+        return -1;
+    }
+    if (llama_scan(ic, err, err_cap) != 0 ||
+        llama_check_tied_head(ic, err, err_cap) != 0 ||
+        llama_convert(ic, err, err_cap) != 0)
+        return -1;
+    gpt2_import_model gm = { ic->lm.vocab,     ic->lm.context, ic->lm.width,
+                             ic->lm.mlp_width, ic->lm.layers,  ic->lm.heads,
+                             ic->lm.eps,       ic->tok,        &ic->lm };
+    char *state_text = NULL, *cfg_text = NULL;
+    int kind = gpt2_import_texts(&gm, o->input, o->base_config, &state_text, &cfg_text,
+                                 err, err_cap);
+    if (kind != 0) {
+        ic->kind = kind;
+        return -1;
+    }
+    llama_copy cp = { dir, 0 };
+    int hf = strcmp(ic->tok, "hf") == 0;
+    int rc = ckpt_write_dir_extra(o->out_dir, ic->out, ic->n_out, state_text, 0,
+                                  hf ? llama_copy_files : NULL, &cp, err, err_cap);
+    ic->kind = cp.kind == 1 ? GPT2_IMPORT_ERR_INPUT : GPT2_IMPORT_ERR_RUNTIME;
+    if (rc == 0 && o->config_out) {
+        size_t n = strlen(cfg_text);
+        char *text = malloc(n + 2);
+        if (!text) {
+            rc = oom(ic, err, err_cap);
+        } else {
+            memcpy(text, cfg_text, n);
+            memcpy(text + n, "\n", 2);
+            rc = fsio_write_atomic(o->config_out, text, n + 1, err, err_cap);
+            free(text);
+        }
+    }
+    free(state_text);
+    free(cfg_text);
+    return rc;
+}
+
 int gpt2_import(const gpt2_import_opts *o, gpt2_import_result *r, int *err_kind,
                 char *err, size_t err_cap) {
     *err_kind = GPT2_IMPORT_ERR_INPUT;
@@ -629,8 +822,9 @@ int gpt2_import(const gpt2_import_opts *o, gpt2_import_result *r, int *err_kind,
         return -1;
     }
     if (o->tokenizer && strcmp(o->tokenizer, "gpt2") != 0 &&
-        strcmp(o->tokenizer, "byte") != 0) {
-        util_set_err(err, err_cap, "--tokenizer: '%s' is not gpt2 or byte", o->tokenizer);
+        strcmp(o->tokenizer, "byte") != 0 && strcmp(o->tokenizer, "hf") != 0) {
+        util_set_err(err, err_cap, "--tokenizer: '%s' is not gpt2, byte or hf",
+                     o->tokenizer);
         return -1;
     }
     import_ctx ic;
@@ -649,6 +843,31 @@ int gpt2_import(const gpt2_import_opts *o, gpt2_import_result *r, int *err_kind,
         util_set_err(err, err_cap, "%s%s", o->hf_config ? "--hf-config: " : "", e2);
         goto out;
     }
+    if (ic.llama) {
+        if (llama_import(&ic, o, cfg_path, err, err_cap) != 0) goto out;
+        memset(r, 0, sizeof *r);
+        r->layers = ic.lm.layers;
+        r->heads = ic.lm.heads;
+        r->kv_heads = ic.lm.kv_heads;
+        r->width = ic.lm.width;
+        r->mlp_width = ic.lm.mlp_width;
+        r->vocab = ic.lm.vocab;
+        r->context = ic.lm.context;
+        r->layernorm_eps = ic.lm.eps;
+        r->tied = ic.lm.tied;
+        snprintf(r->tokenizer, sizeof r->tokenizer, "%s", ic.tok);
+        snprintf(r->arch, sizeof r->arch, "llama");
+        for (size_t i = 0; i < ic.n_out; i++)
+            r->params +=
+                ic.out[i].shape[0] * (ic.out[i].ndim == 2 ? ic.out[i].shape[1] : 1);
+        rc = 0;
+        goto out;
+    }
+    if (o->tokenizer && strcmp(o->tokenizer, "hf") == 0) {
+        util_set_err(err, err_cap,
+                     "--tokenizer hf: not for GPT-2 weights (gpt2 or byte)");
+        goto out;
+    }
     if (scan_names(&ic, err, err_cap) != 0 || read_shape(&ic, err, err_cap) != 0 ||
         resolve_heads(&ic, o, cfg_path, got, err, err_cap) != 0)
         goto out;
@@ -665,7 +884,9 @@ int gpt2_import(const gpt2_import_opts *o, gpt2_import_result *r, int *err_kind,
     r->vocab = ic.V;
     r->context = ic.T;
     r->layernorm_eps = ic.eps;
+    r->kv_heads = ic.heads;
     snprintf(r->tokenizer, sizeof r->tokenizer, "%s", ic.tok);
+    snprintf(r->arch, sizeof r->arch, "gpt2");
     for (size_t i = 0; i < ic.n_out; i++)
         r->params += ic.out[i].shape[0] * (ic.out[i].ndim == 2 ? ic.out[i].shape[1] : 1);
     rc = 0;

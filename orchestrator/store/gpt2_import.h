@@ -40,6 +40,25 @@
  * state.json: {"format":1,"step":0,"tokenizer":T,"imported_from":INPUT,
  * "config":{...}}; no optimizer state.
  *
+ * LLaMA family (ABI 1.1 names, hf_llama.h): when config.json is of the LLaMA
+ * family (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM) it gives
+ * the whole shape (its rules and refusals: hf_llama.h); the tensors are
+ * orch's own names (model.embed_tokens.weight, model.layers.N.self_attn.
+ * {q,k,v,o}_proj.weight, mlp.{gate,up,down}_proj.weight, the two norms,
+ * model.norm.weight, lm_head.weight when the head is untied), each of the
+ * config's shape in the nn.Linear layout orch uses too (copied, F16/BF16
+ * widened); rotary_emb.inv_freq buffers are skipped; with a tied head an
+ * lm_head.weight is accepted only when it equals the embedding. The model
+ * section is llama_model_to_json's. The tokenizer: opts->tokenizer, else
+ * "hf" when tokenizer.json is in the config's directory (tokenizer.json,
+ * tokenizer_config.json, generation_config.json and special_tokens_map.json
+ * are copied into the checkpoint directory, where tokenizer kind "hf" finds
+ * them), else the import is refused naming the missing file. With "hf",
+ * state.json's "tokenizer" is "hf" (what generate/serve open) and the
+ * config's data.tokenizer (the tokenizer of training shards) is "hf" where
+ * the config schema knows it, else "byte". opts->heads,
+ * when given, must equal num_attention_heads.
+ *
  * Memory: everything is released before returning; opts strings are borrowed.
  * Threads: one import per call, no shared state.
  * Errors: -1 with one line in err and *err_kind GPT2_IMPORT_ERR_INPUT (bad
@@ -64,7 +83,7 @@ typedef struct gpt2_import_opts {
     const char *out_dir;     /* checkpoint directory to create; must not exist */
     uint32_t heads;          /* 0: from the HF config, else width/64 */
     const char *hf_config;   /* HF config.json; NULL: next to input if present */
-    const char *tokenizer;   /* "gpt2" | "byte" | NULL (by vocabulary size) */
+    const char *tokenizer;   /* "gpt2" | "byte" | "hf" | NULL (see above) */
     const char *base_config; /* orch config for train/data/engine, or NULL */
     const char *config_out;  /* also write the resulting config here, or NULL */
 } gpt2_import_opts;
@@ -74,7 +93,10 @@ typedef struct gpt2_import_result {
     uint64_t width, mlp_width, vocab, context;
     uint64_t params; /* elements of every tensor written */
     double layernorm_eps;
-    char tokenizer[8]; /* "gpt2" or "byte" */
+    char tokenizer[8]; /* "gpt2", "byte" or "hf" */
+    char arch[8];      /* "gpt2" or "llama" */
+    uint32_t kv_heads;
+    int tied; /* llama: 1 when the head is tied to the embedding */
 } gpt2_import_result;
 
 int gpt2_import(const gpt2_import_opts *o, gpt2_import_result *r, int *err_kind,
@@ -87,12 +109,16 @@ int gpt2_import(const gpt2_import_opts *o, gpt2_import_result *r, int *err_kind,
 #define GPT2_HF_LAYER_TENSORS 12
 const char *gpt2_hf_layer_tensor(size_t k, int *conv1d);
 
-/* The shape of an imported GPT-2 (also used by gguf_import.c). */
+struct llama_model;
+/* The shape of an imported GPT-2 (also used by gguf_import.c); with llama
+ * set, the model section is that llama model's (the other shape fields are
+ * then unused). */
 typedef struct gpt2_import_model {
     uint64_t vocab, context, width, mlp_width;
     uint32_t layers, heads;
     double eps;
-    const char *tokenizer; /* "gpt2" | "byte" */
+    const char *tokenizer; /* "gpt2" | "byte" | "hf" */
+    const struct llama_model *llama;
 } gpt2_import_model;
 
 /* The state.json and config texts of an imported model (both malloc'd, the

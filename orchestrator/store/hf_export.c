@@ -22,6 +22,8 @@
 #include "orchestrator/store/ckpt_files.h"
 #include "orchestrator/store/gguf.h"
 #include "orchestrator/store/gpt2_import.h"
+#include "orchestrator/store/hf_llama.h"
+#include "orchestrator/store/llama_model.h"
 #include "orchestrator/store/safetensors.h"
 
 #define GPT2_EOT          50256
@@ -34,7 +36,9 @@ typedef struct hx_ctx {
     ckpt_model ck;
     const config_model *m;
     int dtype; /* SAFETENSORS_F32 / F16 / BF16 */
-    int gpt2_tok;
+    int gpt2_tok, hf_tok;
+    int llama; /* model.arch llama: lm holds the model */
+    llama_model lm;
     char tmp[PATH_MAX];
     int kind;
 } hx_ctx;
@@ -98,7 +102,14 @@ static const safetensors_tensor *source(hx_ctx *x, size_t k, char *name, int *co
                                         char *err, size_t err_cap) {
     uint64_t shape[2];
     uint32_t nd;
-    tensor_at(x->m, k, name, 64, shape, &nd, conv1d);
+    if (x->llama) {
+        int lk;
+        llama_model_tensor(&x->lm, k, name, 64, shape, &lk);
+        nd = shape[1] ? 2 : 1;
+        *conv1d = 0;
+    } else {
+        tensor_at(x->m, k, name, 64, shape, &nd, conv1d);
+    }
     const safetensors_tensor *t = safetensors_find(x->ck.st, name);
     if (!t) {
         util_set_err(err, err_cap, "%s: missing tensor '%s'", x->ck.st_path, name);
@@ -131,11 +142,11 @@ static int tmp_path(hx_ctx *x, const char *name, char *out, size_t cap, char *er
 static int write_weights(hx_ctx *x, hf_export_result *r, char *err, size_t err_cap) {
     char path[PATH_MAX + 64];
     safetensors_writer *w = NULL;
-    size_t n = tensor_count(x->m);
+    size_t n = x->llama ? llama_model_tensor_count(&x->lm) : tensor_count(x->m);
     if (safetensors_count(x->ck.st) != n) {
-        util_set_err(err, err_cap,
-                     "%s: holds %zu tensors, a gpt2 model of %u layers has %zu",
-                     x->ck.st_path, safetensors_count(x->ck.st), x->m->layers, n);
+        util_set_err(
+            err, err_cap, "%s: holds %zu tensors, a %s model of %u layers has %zu",
+            x->ck.st_path, safetensors_count(x->ck.st), x->m->arch, x->m->layers, n);
         return fail(x, GPT2_IMPORT_ERR_INPUT);
     }
     uint64_t max_numel = 0;
@@ -156,7 +167,7 @@ static int write_weights(hx_ctx *x, hf_export_result *r, char *err, size_t err_c
         const safetensors_tensor *t = source(x, k, name, &conv1d, err, err_cap);
         uint64_t shape[2] = { t->shape[0], t->ndim == 2 ? t->shape[1] : 0 };
         if (conv1d) shape[0] = t->shape[1], shape[1] = t->shape[0];
-        snprintf(hf, sizeof hf, HF_PREFIX "%s", name);
+        snprintf(hf, sizeof hf, "%s%s", x->llama ? "" : HF_PREFIX, name);
         if (safetensors_writer_declare(w, hf, x->dtype, t->ndim, shape, err, err_cap) !=
             0)
             goto runtime;
@@ -234,7 +245,26 @@ static const char *torch_dtype(int dtype) {
                                        : "float32";
 }
 
+/* config.json, and generation_config.json unless the tokenizer files
+ * brought one. */
+static int write_llama_configs(hx_ctx *x, char *err, size_t err_cap) {
+    int id = x->gpt2_tok ? GPT2_EOT : -1;
+    cJSON *c = hf_llama_config(&x->lm, torch_dtype(x->dtype), id, id);
+    if (write_json(x, "config.json", c, err, err_cap) != 0) return -1;
+    char path[PATH_MAX + 64];
+    if (tmp_path(x, "generation_config.json", path, sizeof path, err, err_cap) != 0)
+        return fail(x, GPT2_IMPORT_ERR_RUNTIME);
+    if (ckpt_exists(path)) return 0;
+    cJSON *g = cJSON_CreateObject();
+    if (id >= 0) {
+        cJSON_AddNumberToObject(g, "bos_token_id", id);
+        cJSON_AddNumberToObject(g, "eos_token_id", id);
+    }
+    return write_json(x, "generation_config.json", g, err, err_cap);
+}
+
 static int write_configs(hx_ctx *x, char *err, size_t err_cap) {
+    if (x->llama) return write_llama_configs(x, err, err_cap);
     const config_model *m = x->m;
     cJSON *c = cJSON_CreateObject();
     cJSON *a = cJSON_AddArrayToObject(c, "architectures");
@@ -331,20 +361,30 @@ static int check_input(hx_ctx *x, hf_export_result *r, char *err, size_t err_cap
     snprintf(r->ckpt_dir, sizeof r->ckpt_dir, "%s", x->ck.dir);
     snprintf(r->warn, sizeof r->warn, "%s", x->ck.warn);
     x->m = &x->ck.cfg->model;
-    if (strcmp(x->m->arch, "gpt2") != 0) {
-        util_set_err(
-            err, err_cap,
-            "%s: model.arch '%s' has no Hugging Face export yet (supported: gpt2)",
-            r->ckpt_dir, x->m->arch);
+    x->llama = strcmp(x->m->arch, "llama") == 0;
+    if (!x->llama && strcmp(x->m->arch, "gpt2") != 0) {
+        util_set_err(err, err_cap,
+                     "%s: model.arch '%s' has no Hugging Face export (supported: gpt2, "
+                     "llama)",
+                     r->ckpt_dir, x->m->arch);
         return -1;
     }
-    if (x->m->kv_heads != x->m->heads) {
+    if (x->llama &&
+        llama_model_from_ckpt(x->ck.dir, x->ck.cfg, &x->lm, err, err_cap) != 0)
+        return -1;
+    x->hf_tok = strcmp(x->ck.tokenizer, "hf") == 0;
+    if (x->hf_tok && !x->llama) {
+        util_set_err(err, err_cap, "%s: the hf tokenizer goes with llama models only",
+                     r->ckpt_dir);
+        return -1;
+    }
+    if (!x->llama && x->m->kv_heads != x->m->heads) {
         util_set_err(err, err_cap, "%s: model.kv_heads %u != heads %u (gpt2 has none)",
                      r->ckpt_dir, x->m->kv_heads, x->m->heads);
         return -1;
     }
     x->gpt2_tok = strcmp(x->ck.tokenizer, "gpt2") == 0;
-    if (!x->gpt2_tok && strcmp(x->ck.tokenizer, "byte") != 0) {
+    if (!x->gpt2_tok && !x->hf_tok && strcmp(x->ck.tokenizer, "byte") != 0) {
         util_set_err(err, err_cap, "%s: unknown tokenizer '%s'", r->ckpt_dir,
                      x->ck.tokenizer);
         return -1;
@@ -371,7 +411,8 @@ int hf_export(const hf_export_opts *o, hf_export_result *r, int *err_kind, char 
     }
     if (check_input(&x, r, err, err_cap) != 0) goto out;
     r->layers = x.m->layers;
-    r->no_tokenizer = !x.gpt2_tok;
+    r->no_tokenizer = !x.gpt2_tok && !x.hf_tok;
+    r->llama = x.llama;
     x.kind = GPT2_IMPORT_ERR_RUNTIME;
     size_t ol = strlen(o->out);
     while (ol > 1 && o->out[ol - 1] == '/') ol--;
@@ -383,6 +424,12 @@ int hf_export(const hf_export_opts *o, hf_export_result *r, int *err_kind, char 
     if (fsio_rm_rf(x.tmp, err, err_cap) != 0 || fsio_mkdir(x.tmp, err, err_cap) != 0)
         goto out;
     made = 1;
+    int copy_kind = 0;
+    if (x.hf_tok &&
+        hf_llama_copy_tokenizer(x.ck.dir, x.tmp, &copy_kind, err, err_cap) != 0) {
+        x.kind = copy_kind == 1 ? GPT2_IMPORT_ERR_INPUT : GPT2_IMPORT_ERR_RUNTIME;
+        goto out;
+    }
     if (write_configs(&x, err, err_cap) != 0 ||
         (x.gpt2_tok && write_tokenizer(&x, err, err_cap) != 0) ||
         write_weights(&x, r, err, err_cap) != 0)

@@ -29,6 +29,16 @@
  *   tokenizer_config.json  tokenizer_class "GPT2Tokenizer", <|endoftext|> as
  *                          bos/eos/unk, model_max_length = context
  *   special_tokens_map.json
+ * LLaMA (model.arch "llama"): config.json for LlamaForCausalLM
+ * (hf_llama_config: hidden_size, intermediate_size, num_hidden_layers,
+ * num_attention_heads, num_key_value_heads, head_dim, rms_norm_eps,
+ * rope_theta, rope_scaling, max_position_embeddings, vocab_size,
+ * tie_word_embeddings, hidden_act "silu", no biases, torch_dtype),
+ * model.safetensors with orch's own names and [out, in] layout (which are
+ * Hugging Face's for llama: nothing is renamed or transposed; lm_head.weight
+ * only when untied), generation_config.json; the tokenizer: gpt2's files as
+ * above, or for an "hf" checkpoint copies of its tokenizer.json,
+ * tokenizer_config.json, generation_config.json, special_tokens_map.json.
  * A byte-tokenizer checkpoint exports the weights and the two configs only:
  * Hugging Face has no tokenizer for orch's byte vocabulary, and
  * r->no_tokenizer is set (the command line says so on stderr).
@@ -60,6 +70,7 @@ typedef struct hf_export_result {
     uint32_t layers;
     uint64_t tensors, params;
     int no_tokenizer; /* 1: byte tokenizer, no tokenizer files written */
+    int llama;        /* 1: written as LlamaForCausalLM */
 } hf_export_result;
 
 int hf_export(const hf_export_opts *o, hf_export_result *r, int *err_kind, char *err,

@@ -94,18 +94,18 @@ static void check_request(const request_limits *lim, const gen_request *r) {
     FUZZ_CHECK((uint64_t)r->n_prompts * r->n <= lim->max_seqs, "%u x %u sequences",
                r->n_prompts, r->n);
     for (uint32_t i = 0; i < r->n_prompts; i++) check_prompt(lim, &r->prompts[i]);
-    FUZZ_CHECK(r->n_stops <= REQUEST_MAX_STOPS + CHAT_TEMPLATE_N_STOPS, "%u stops",
+    FUZZ_CHECK(r->n_stops <= REQUEST_MAX_STOPS + CHAT_TEMPLATE_MAX_STOPS, "%u stops",
                r->n_stops);
     for (uint32_t i = 0; i < r->n_stops; i++) {
         size_t l = strlen(r->stops[i]);
         FUZZ_CHECK(l >= 1 && l <= REQUEST_MAX_STOP_LEN, "stop of %zu bytes", l);
     }
     if (r->chat) {
-        FUZZ_CHECK(r->n_stops >= CHAT_TEMPLATE_N_STOPS, "chat without template stops");
-        for (int i = 0; i < CHAT_TEMPLATE_N_STOPS; i++)
-            FUZZ_CHECK(strcmp(r->stops[r->n_stops - CHAT_TEMPLATE_N_STOPS + i],
-                              CHAT_TEMPLATE_STOPS[i]) == 0,
-                       "template stop %d missing", i);
+        const chat_template *t = chat_template_plain();
+        FUZZ_CHECK(r->n_stops >= t->n_stops, "chat without template stops");
+        for (unsigned i = 0; i < t->n_stops; i++)
+            FUZZ_CHECK(strcmp(r->stops[r->n_stops - t->n_stops + i], t->stops[i]) == 0,
+                       "template stop %u missing", i);
     }
     const sampler_params *s = &r->sampling;
     FUZZ_CHECK(s->temperature >= 0 && s->temperature <= 2, "temperature %g",

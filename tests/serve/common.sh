@@ -30,7 +30,7 @@ start_server() {
   PORT=""
   for _ in $(seq 1 600); do
     if [ -z "$PORT" ]; then
-      PORT=$(grep -oE 'listening on http://[0-9.]+:[0-9]+' "$log" | head -n1 | sed -E 's/.*:([0-9]+)$/\1/')
+      PORT=$(grep -oE 'listening on http://[0-9.]+:[0-9]+' "$log" 2>/dev/null | head -n1 | sed -E 's/.*:([0-9]+)$/\1/')
     fi
     if [ -n "$PORT" ] && { [ "${START_NO_WAIT:-0}" = 1 ] || grep -q 'orch serve: ready' "$log"; }; then
       return 0
