@@ -16,7 +16,7 @@
 #            /opt/orch: bin/ (orch and libengine_*.so, found next to orch),
 #            data/gpt2/ (found as <orch>/../data/gpt2) and configs/.
 #   runtime  debian:12 with only the shared libraries orch and the engines load
-#            (cJSON, libmicrohttpd, PCRE2, OpenSSL, curl, OpenMPI, OpenBLAS,
+#            (cJSON, libmicrohttpd, PCRE2, OpenSSL, ICU, curl, OpenMPI, OpenBLAS,
 #            oneDNN; cudart/cuBLAS with CUDA=1), mpirun and ssh/sshd (the
 #            Volcano MPI job starts ranks over ssh), /opt/orch from the build
 #            stage, a non-root user "orch", ENTRYPOINT orch.
@@ -34,7 +34,7 @@ ARG DEBIAN_FRONTEND=noninteractive
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
       build-essential pkg-config ca-certificates \
-      libcjson-dev libmicrohttpd-dev libopenblas-dev libdnnl-dev libpcre2-dev libssl-dev \
+      libcjson-dev libmicrohttpd-dev libopenblas-dev libdnnl-dev libpcre2-dev libssl-dev libicu-dev \
       libopenmpi-dev openmpi-bin libcurl4-openssl-dev \
  && if [ "$CUDA" = 1 ]; then \
       sed -i 's/^Components: main$/Components: main contrib non-free non-free-firmware/' \
@@ -69,7 +69,7 @@ ARG CUDA
 ARG DEBIAN_FRONTEND=noninteractive
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
-      libcjson1 libmicrohttpd12 libpcre2-8-0 libssl3 libcurl4 \
+      libcjson1 libmicrohttpd12 libpcre2-8-0 libssl3 libcurl4 libicu72 \
       libopenmpi3 openmpi-bin openssh-client openssh-server \
       libopenblas0-pthread libdnnl2 ca-certificates \
  && if [ "$CUDA" = 1 ]; then \
