@@ -108,8 +108,8 @@ jq_py() { "$PY" -c "import json,sys; d=json.load(open(sys.argv[1])); print($2)" 
 user=$(jq_py x 'd["user"]')
 home=$(jq_py x 'd["home"]')
 wdir=$(jq_py x 'd["workdir"]')
-mapfile -t entry < <(jq_py x '"\n".join(d["entrypoint"] or [])')
-mapfile -t envs < <(jq_py x '"\n".join("%s=%s" % kv for kv in d["env"].items())')
+mapfile -t entry < <(jq_py x '"\n".join(d["entrypoint"] or [])' | grep -v '^$')
+mapfile -t envs < <(jq_py x '"\n".join("%s=%s" % kv for kv in d["env"].items())' | grep -v '^$')
 mount -t proc proc "$rt/proc" && mount --bind /dev "$rt/dev" && mount --bind /dev/pts "$rt/dev/pts" ||
   { fail "cannot mount /proc and /dev in the runtime root"; exit 1; }
 # as the image runs: its user, environment, working directory
