@@ -232,3 +232,17 @@ endif
 # ==== end of fuzz ===============================================================
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
+
+# ==== MPI tools (tools/mpi/*.c, built with mpicc) and the Dockerfile recipe ====
+# make mpi-tools builds build/tools/mpi/allreduce_bench (docs/scaling.md).
+# make docker-recipe-test builds the Dockerfile in debootstrap chroots and
+# smoke-tests the image (needs root and the Debian mirror; several minutes,
+# so not part of make test; tools/docker_recipe_test.sh).
+MPI_TOOL_BINS := $(patsubst tools/mpi/%.c,$(BUILD)/tools/mpi/%,$(wildcard tools/mpi/*.c))
+.PHONY: mpi-tools docker-recipe-test
+mpi-tools: $(MPI_TOOL_BINS)
+$(BUILD)/tools/mpi/%: tools/mpi/%.c
+	@mkdir -p $(dir $@)
+	OMPI_CC=$(CC) mpicc $(CFLAGS_COMMON) -o $@ $< -lm
+docker-recipe-test:
+	@BUILD=$(BUILD) tools/docker_recipe_test.sh

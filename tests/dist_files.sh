@@ -7,8 +7,8 @@
 #    checkpoint, exit 3 and requeue; the requeued run resumes and ends with
 #    the same losses as an uninterrupted 2-rank run of the same command.
 #  - tools/k8s/volcano-train.yaml parses (python3-yaml): a Volcano Queue and
-#    a Job with the MPI plugin, gang scheduling (minAvailable = worker
-#    replicas = RANKS), the queue, resource requests, a restart policy for
+#    a Job with the MPI plugin, gang scheduling (minAvailable = launcher +
+#    worker replicas, RANKS = worker replicas), the queue, resource requests, a restart policy for
 #    exit status 3, and a launcher script (bash -n) that runs the same
 #    `orch train` command.
 # The sbatch run is skipped (with a note) without mpirun or an MPI orch.
@@ -52,7 +52,8 @@ worker = next((a.split("=", 1)[1] for a in mpi if a.startswith("--worker=")), No
 check(master in tasks and worker in tasks, f"mpi plugin names tasks that exist ({master}, {worker})")
 if master in tasks and worker in tasks:
     w, m = tasks[worker], tasks[master]
-    check(spec.get("minAvailable") == w["replicas"], "minAvailable == worker replicas (gang)")
+    check(spec.get("minAvailable") == w["replicas"] + m["replicas"],
+          "minAvailable == launcher + worker replicas (gang: Volcano counts every pod)")
     env = {e["name"]: e.get("value") for e in m["template"]["spec"]["containers"][0].get("env", [])}
     check(str(env.get("RANKS")) == str(w["replicas"]), "RANKS == worker replicas")
     res = w["template"]["spec"]["containers"][0].get("resources", {}).get("requests", {})
