@@ -89,4 +89,34 @@ static inline int bpe_vocab_merge(const bpe_vocab *v, int32_t a, int32_t b,
     }
 }
 
+/* The merge queue of a BPE encode: a binary min-heap of 64-bit keys (rank
+ * << 32 | symbol position, so the lowest rank, then the leftmost, comes
+ * first) in a caller array of room enough; *n is its size. */
+static inline void bpe_heap_push(uint64_t *heap, size_t *n, uint64_t key) {
+    size_t i = (*n)++;
+    while (i > 0) {
+        size_t p = (i - 1) / 2;
+        if (heap[p] <= key) break;
+        heap[i] = heap[p];
+        i = p;
+    }
+    heap[i] = key;
+}
+
+/* Remove and return the smallest key (*n > 0). */
+static inline uint64_t bpe_heap_pop(uint64_t *heap, size_t *n) {
+    uint64_t top = heap[0], last = heap[--(*n)];
+    size_t i = 0, m = *n;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= m) break;
+        if (c + 1 < m && heap[c + 1] < heap[c]) c++;
+        if (last <= heap[c]) break;
+        heap[i] = heap[c];
+        i = c;
+    }
+    if (m > 0) heap[i] = last;
+    return top;
+}
+
 #endif

@@ -1445,38 +1445,12 @@ static int work_reserve(work *w, size_t n) {
     return 0;
 }
 
-static void heap_push(work *w, uint64_t key) {
-    size_t i = w->heap_n++;
-    while (i > 0) {
-        size_t p = (i - 1) / 2;
-        if (w->heap[p] <= key) break;
-        w->heap[i] = w->heap[p];
-        i = p;
-    }
-    w->heap[i] = key;
-}
-
-static uint64_t heap_pop(work *w) {
-    uint64_t top = w->heap[0], last = w->heap[--w->heap_n];
-    size_t i = 0, n = w->heap_n;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= n) break;
-        if (c + 1 < n && w->heap[c + 1] < w->heap[c]) c++;
-        if (last <= w->heap[c]) break;
-        w->heap[i] = w->heap[c];
-        i = c;
-    }
-    if (n > 0) w->heap[i] = last;
-    return top;
-}
-
 static void push_pair(const hf_tokenizer *h, work *w, int32_t i) {
     if (i < 0 || w->next[i] < 0) return;
     uint32_t rank;
     int32_t res;
     if (bpe_vocab_merge(&h->m, w->id[i], w->id[w->next[i]], &rank, &res))
-        heap_push(w, ((uint64_t)rank << 32) | (uint32_t)i);
+        bpe_heap_push(w->heap, &w->heap_n, ((uint64_t)rank << 32) | (uint32_t)i);
 }
 
 /* Appends a symbol id (unk fusing as the library does). */
@@ -1547,7 +1521,7 @@ static int bpe_run(const hf_tokenizer *h, work *w, size_t s0, size_t e0, id_buf 
     w->heap_n = 0;
     for (size_t i = s0; i + 1 < e0; i++) push_pair(h, w, (int32_t)i);
     while (w->heap_n > 0) {
-        uint64_t top = heap_pop(w);
+        uint64_t top = bpe_heap_pop(w->heap, &w->heap_n);
         int32_t i = (int32_t)(uint32_t)top, j = w->next[i];
         uint32_t want = (uint32_t)(top >> 32), rank;
         int32_t res;

@@ -284,40 +284,13 @@ static int bpe_work_reserve(bpe_work *w, size_t n) {
     return 0;
 }
 
-static void heap_push(bpe_work *w, uint64_t key) {
-    size_t i = w->heap_n++;
-    while (i > 0) {
-        size_t p = (i - 1) / 2;
-        if (w->heap[p] <= key) break;
-        w->heap[i] = w->heap[p];
-        i = p;
-    }
-    w->heap[i] = key;
-}
-
-static uint64_t heap_pop(bpe_work *w) {
-    uint64_t top = w->heap[0];
-    uint64_t last = w->heap[--w->heap_n];
-    size_t i = 0, n = w->heap_n;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= n) break;
-        if (c + 1 < n && w->heap[c + 1] < w->heap[c]) c++;
-        if (last <= w->heap[c]) break;
-        w->heap[i] = w->heap[c];
-        i = c;
-    }
-    if (n > 0) w->heap[i] = last;
-    return top;
-}
-
 /* Push the candidate merge of symbol i with its successor, if any. */
 static void bpe_push_pair(const tokenizer *t, bpe_work *w, int32_t i) {
     if (i < 0 || w->next[i] < 0) return;
     uint32_t rank;
     int32_t res;
     if (bpe_vocab_merge(&t->v, w->id[i], w->id[w->next[i]], &rank, &res))
-        heap_push(w, ((uint64_t)rank << 32) | (uint32_t)i);
+        bpe_heap_push(w->heap, &w->heap_n, ((uint64_t)rank << 32) | (uint32_t)i);
 }
 
 /* BPE of one piece of n > 0 bytes, appended to out. */
@@ -338,7 +311,7 @@ static int bpe_piece(const tokenizer *t, bpe_work *w, const unsigned char *s, si
     for (size_t i = 0; i + 1 < n; i++) bpe_push_pair(t, w, (int32_t)i);
     size_t left = n;
     while (w->heap_n > 0) {
-        uint64_t top = heap_pop(w);
+        uint64_t top = bpe_heap_pop(w->heap, &w->heap_n);
         int32_t i = (int32_t)(uint32_t)top;
         uint32_t want = (uint32_t)(top >> 32);
         int32_t j = w->next[i];
