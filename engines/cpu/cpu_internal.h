@@ -193,6 +193,16 @@ static inline engine_kv_view cpu_kv_view(orch_engine_ctx *ctx) {
  * their own version against ctx->params_version. */
 void cpu_params_changed(orch_engine_ctx *ctx);
 
+/* (cpu_train.c) Softmax probabilities of query rows [i0, i0 + nq) of one
+ * (batch, head) against keys [0, i0 + nq) into P [nq, i0 + nq]: scores
+ * scale * q k^T (q and k rows ld floats apart), then per row exp(s - max) *
+ * (1 / sum) over the causal prefix, zero after it. The forward pass computes
+ * max and 1/sum into mx, isum (save set); the backward pass passes them back
+ * and gets the same probabilities bit for bit. GPT-2 and LLaMA training. */
+void cpu_attn_probs(const orch_engine_ctx *ctx, const float *q, const float *k, size_t ld,
+                    int i0, int nq, float scale, float *mx, float *isum, int save,
+                    float *P);
+
 /* (cpu_infer.c) Fill the packed copies of the weights for the skinny
  * kernels, allocating them on first use: the head (V x C) into
  * ctx->packed_wte and, per layer l, the four matrices layer_src[l*4 + k] of

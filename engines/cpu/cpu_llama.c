@@ -355,30 +355,6 @@ typedef struct attn_job {
     float *scratch;
 } attn_job;
 
-/* Probabilities of queries [i0, i0 + nq) against keys [0, i0 + nq) into P
- * (as cpu_train.c's attn_probs, with the llama row stride). */
-static void attn_probs(const orch_engine_ctx *ctx, const float *q, const float *k,
-                       size_t ld, int i0, int nq, float scale, float *mx, float *isum,
-                       int save, float *P) {
-    const int HS = (int)ctx->HS, nk = i0 + nq;
-    cpu_sgemm1(0, 1, nq, nk, HS, scale, q + (size_t)i0 * ld, (int)ld, k, (int)ld, 0.0f, P,
-               nk);
-    for (int r = 0; r < nq; r++) {
-        float *row = P + (size_t)r * nk;
-        const size_t n = (size_t)i0 + r + 1;
-        if (save) {
-            const float m = cpu_max(ctx->isa, row, n);
-            const float sum = cpu_exp_sum(ctx->isa, row, m, n);
-            mx[i0 + r] = m;
-            isum[i0 + r] = 1.0f / sum;
-        } else {
-            (void)cpu_exp_sum(ctx->isa, row, mx[i0 + r], n);
-        }
-        cpu_scale(ctx->isa, row, isum[i0 + r], n);
-        if (n < (size_t)nk) memset(row + n, 0, ((size_t)nk - n) * sizeof(float));
-    }
-}
-
 /* Forward of (batch b, query head h). */
 static void attn_fwd_task(const attn_job *j, uint32_t b, uint32_t h, float *P) {
     const orch_engine_ctx *ctx = j->ctx;
@@ -393,8 +369,8 @@ static void attn_fwd_task(const attn_job *j, uint32_t b, uint32_t h, float *P) {
     float *out = j->la->atty + (size_t)b * T * C + (size_t)h * HS;
     for (int i0 = 0; i0 < T; i0 += ATT_QB) {
         const int nq = T - i0 < ATT_QB ? T - i0 : ATT_QB, nk = i0 + nq;
-        attn_probs(ctx, q, k, QS, i0, nq, scale, j->la->att_max + st,
-                   j->la->att_isum + st, 1, P);
+        cpu_attn_probs(ctx, q, k, QS, i0, nq, scale, j->la->att_max + st,
+                       j->la->att_isum + st, 1, P);
         cpu_sgemm1(0, 0, nq, HS, nk, 1.0f, P, nk, v, (int)QS, 0.0f, out + (size_t)i0 * C,
                    (int)C);
     }
@@ -425,8 +401,8 @@ static void attn_bwd_task(const attn_job *j, uint32_t b, uint32_t kvh, float *P,
             const int nq = T - i0 < ATT_QB ? T - i0 : ATT_QB, nk = i0 + nq;
             const float beta = g == 0 && bi == nblocks - 1 ? 0.0f : 1.0f;
             const float *dyb = dy + (size_t)i0 * C;
-            attn_probs(ctx, q, k, QS, i0, nq, scale, j->la->att_max + st,
-                       j->la->att_isum + st, 0, P);
+            cpu_attn_probs(ctx, q, k, QS, i0, nq, scale, j->la->att_max + st,
+                           j->la->att_isum + st, 0, P);
             cpu_sgemm1(0, 1, nq, nk, HS, 1.0f, dyb, (int)C, v, (int)QS, 0.0f, dS, nk);
             cpu_sgemm1(1, 0, nk, HS, nq, 1.0f, P, nk, dyb, (int)C, beta, dv, (int)QS);
             for (int r = 0; r < nq; r++) {

@@ -319,16 +319,11 @@ typedef struct attn_job {
     float *scratch; /* [threads][2 * ATT_QB * T] */
 } attn_job;
 
-/* Softmax probabilities of query rows [i0, i0 + nq) of one (batch, head)
- * against keys [0, i0 + nq) into P [nq, i0 + nq]: scores scale * q k^T, then
- * per row exp(s - max) * (1 / sum) over the causal prefix, zero after it.
- * The forward pass computes max and 1/sum and stores them (save set); the
- * backward pass passes them back in and gets the same probabilities, bit for
- * bit, as the same calls recompute the same values. */
-static void attn_probs(const orch_engine_ctx *ctx, const float *q, const float *k, int i0,
-                       int nq, float scale, float *mx, float *isum, int save, float *P) {
-    const int C = (int)ctx->C, HS = (int)ctx->HS, nk = i0 + nq;
-    cpu_sgemm1(0, 1, nq, nk, HS, scale, q + (size_t)i0 * 3 * C, 3 * C, k, 3 * C, 0.0f, P,
+void cpu_attn_probs(const orch_engine_ctx *ctx, const float *q, const float *k, size_t ld,
+                    int i0, int nq, float scale, float *mx, float *isum, int save,
+                    float *P) {
+    const int HS = (int)ctx->HS, nk = i0 + nq;
+    cpu_sgemm1(0, 1, nq, nk, HS, scale, q + (size_t)i0 * ld, (int)ld, k, (int)ld, 0.0f, P,
                nk);
     for (int r = 0; r < nq; r++) {
         float *row = P + (size_t)r * nk;
@@ -356,8 +351,8 @@ static void attn_fwd_task(const attn_job *j, uint32_t b, uint32_t h, float *P) {
     float *out = j->la->atty + (size_t)b * T * C + (size_t)h * HS;
     for (int i0 = 0; i0 < T; i0 += ATT_QB) {
         const int nq = T - i0 < ATT_QB ? T - i0 : ATT_QB, nk = i0 + nq;
-        attn_probs(ctx, q, q + C, i0, nq, scale, j->la->att_max + st,
-                   j->la->att_isum + st, 1, P);
+        cpu_attn_probs(ctx, q, q + C, 3 * (size_t)C, i0, nq, scale, j->la->att_max + st,
+                       j->la->att_isum + st, 1, P);
         cpu_sgemm1(0, 0, nq, HS, nk, 1.0f, P, nk, v, 3 * C, 0.0f, out + (size_t)i0 * C,
                    C);
     }
@@ -382,8 +377,8 @@ static void attn_bwd_task(const attn_job *j, uint32_t b, uint32_t h, float *P,
         const int nq = T - i0 < ATT_QB ? T - i0 : ATT_QB, nk = i0 + nq;
         const float beta = bi == nblocks - 1 ? 0.0f : 1.0f;
         const float *dyb = dy + (size_t)i0 * C;
-        attn_probs(ctx, q, k, i0, nq, scale, j->la->att_max + st, j->la->att_isum + st, 0,
-                   P);
+        cpu_attn_probs(ctx, q, k, 3 * (size_t)C, i0, nq, scale, j->la->att_max + st,
+                       j->la->att_isum + st, 0, P);
         cpu_sgemm1(0, 1, nq, nk, HS, 1.0f, dyb, C, v, 3 * C, 0.0f, dS, nk);
         cpu_sgemm1(1, 0, nk, HS, nq, 1.0f, P, nk, dyb, C, beta, dv, 3 * C);
         for (int r = 0; r < nq; r++) {
