@@ -304,6 +304,18 @@ void cu_infer_free(orch_engine_ctx *ctx);
 /* Ensure the pinned staging buffer holds at least `bytes`. */
 int32_t cu_stage_reserve(orch_engine_ctx *ctx, size_t bytes);
 
+/* The integer arrays of an inference plan on the device (in ctx->inf.i_base). */
+typedef struct cu_plan_dev {
+    const int32_t *tok, *pos, *seq, *rows, *btoff, *bt;
+} cu_plan_dev;
+
+/* Reserve the inference buffers for plan and upload its tokens, positions,
+ * sequence of each token, logits rows and block tables (one async copy on
+ * ctx->stream through the pinned staging buffer); *d receives the device
+ * pointers. Both architectures. */
+int32_t cu_infer_upload_plan(orch_engine_ctx *ctx, const cu_infer_plan *plan,
+                             cu_plan_dev *d);
+
 /* ------------------------------------------------------------------------- */
 /* GEMM wrappers (cuda_model.cu)                                              */
 /* ------------------------------------------------------------------------- */

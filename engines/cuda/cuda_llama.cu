@@ -259,34 +259,11 @@ int32_t cu_llama_infer(orch_engine_ctx *ctx, const cu_infer_plan *plan,
     const uint32_t W = C + 2 * ctx->kvC;
     const uint32_t n = plan->n_tokens, R = plan->n_rows;
     const float eps = ctx->eps;
-    CU_TRY(cu_infer_reserve(ctx, n, R, plan->n_seqs, plan->n_table));
+    cu_plan_dev dp;
+    CU_TRY(cu_infer_upload_plan(ctx, plan, &dp));
     cu_infer_bufs *b = &ctx->inf;
-
-    /* host staging: tokens | pos | seq | rows | bt_off | bt_all */
-    size_t n_ints = 3 * (size_t)n + R + plan->n_seqs + plan->n_table;
-    CU_TRY(cu_stage_reserve(ctx, n_ints * sizeof(int32_t)));
-    int32_t *h = (int32_t *)ctx->h_stage;
-    size_t o = 0;
-    memcpy(h + o, plan->tokens, (size_t)n * 4);
-    o += n;
-    memcpy(h + o, plan->pos, (size_t)n * 4);
-    o += n;
-    memcpy(h + o, plan->seq, (size_t)n * 4);
-    o += n;
-    if (R) memcpy(h + o, plan->rows, (size_t)R * 4);
-    o += R;
-    memcpy(h + o, plan->bt_off, (size_t)plan->n_seqs * 4);
-    o += plan->n_seqs;
-    memcpy(h + o, plan->bt_all, (size_t)plan->n_table * 4);
-    o += plan->n_table;
-    KCHECK(ctx,
-           cudaMemcpyAsync(b->i_base, h, o * sizeof(int32_t), cudaMemcpyHostToDevice, s));
-    const int32_t *d_tok = b->i_base;
-    const int32_t *d_pos = d_tok + n;
-    const int32_t *d_seq = d_pos + n;
-    const int32_t *d_rows = d_seq + n;
-    const int32_t *d_btoff = d_rows + R;
-    const int32_t *d_bt = d_btoff + plan->n_seqs;
+    const int32_t *d_tok = dp.tok, *d_pos = dp.pos, *d_seq = dp.seq, *d_rows = dp.rows;
+    const int32_t *d_btoff = dp.btoff, *d_bt = dp.bt;
 
     float *P = ctx->d_params;
 #define PW(l, w) cu_tp(ctx, P, CL_LAYER_TENSOR(l, w))

@@ -615,16 +615,10 @@ int32_t cu_model_adamw_range(orch_engine_ctx *ctx, const orch_adamw_params *p,
 /* Inference                                                                  */
 /* ------------------------------------------------------------------------- */
 
-int32_t cu_model_infer(orch_engine_ctx *ctx, const cu_infer_plan *plan,
-                       float *logits_out) {
-    if (ctx->arch == ORCH_ARCH_LLAMA) return cu_llama_infer(ctx, plan, logits_out);
-    cudaStream_t s = ctx->stream;
-    const uint32_t C = ctx->C, L = ctx->L, H = ctx->H, M = ctx->M, V = ctx->V;
+int32_t cu_infer_upload_plan(orch_engine_ctx *ctx, const cu_infer_plan *plan,
+                             cu_plan_dev *d) {
     const uint32_t n = plan->n_tokens, R = plan->n_rows;
-    const float eps = ctx->eps;
     CU_TRY(cu_infer_reserve(ctx, n, R, plan->n_seqs, plan->n_table));
-    cu_infer_bufs *b = &ctx->inf;
-
     /* host staging: tokens | pos | seq | rows | bt_off | bt_all */
     size_t n_ints = 3 * (size_t)n + R + plan->n_seqs + plan->n_table;
     CU_TRY(cu_stage_reserve(ctx, n_ints * sizeof(int32_t)));
@@ -642,14 +636,29 @@ int32_t cu_model_infer(orch_engine_ctx *ctx, const cu_infer_plan *plan,
     o += plan->n_seqs;
     memcpy(h + o, plan->bt_all, (size_t)plan->n_table * 4);
     o += plan->n_table;
-    KCHECK(ctx,
-           cudaMemcpyAsync(b->i_base, h, o * sizeof(int32_t), cudaMemcpyHostToDevice, s));
-    const int32_t *d_tok = b->i_base;
-    const int32_t *d_pos = d_tok + n;
-    const int32_t *d_seq = d_pos + n;
-    const int32_t *d_rows = d_seq + n;
-    const int32_t *d_btoff = d_rows + R;
-    const int32_t *d_bt = d_btoff + plan->n_seqs;
+    KCHECK(ctx, cudaMemcpyAsync(ctx->inf.i_base, h, o * sizeof(int32_t),
+                                cudaMemcpyHostToDevice, ctx->stream));
+    d->tok = ctx->inf.i_base;
+    d->pos = d->tok + n;
+    d->seq = d->pos + n;
+    d->rows = d->seq + n;
+    d->btoff = d->rows + R;
+    d->bt = d->btoff + plan->n_seqs;
+    return ORCH_OK;
+}
+
+int32_t cu_model_infer(orch_engine_ctx *ctx, const cu_infer_plan *plan,
+                       float *logits_out) {
+    if (ctx->arch == ORCH_ARCH_LLAMA) return cu_llama_infer(ctx, plan, logits_out);
+    cudaStream_t s = ctx->stream;
+    const uint32_t C = ctx->C, L = ctx->L, H = ctx->H, M = ctx->M, V = ctx->V;
+    const uint32_t n = plan->n_tokens, R = plan->n_rows;
+    const float eps = ctx->eps;
+    cu_plan_dev dp;
+    CU_TRY(cu_infer_upload_plan(ctx, plan, &dp));
+    cu_infer_bufs *b = &ctx->inf;
+    const int32_t *d_tok = dp.tok, *d_pos = dp.pos, *d_seq = dp.seq, *d_rows = dp.rows;
+    const int32_t *d_btoff = dp.btoff, *d_bt = dp.bt;
 
     float *P = ctx->d_params;
 #define PW(l, w) cu_tp(ctx, P, CU_LAYER_TENSOR(l, w))
