@@ -439,6 +439,26 @@ static void attn_chunk(void *arg, size_t t, int tid) {
 /* Forward / backward                                                         */
 /* ------------------------------------------------------------------------- */
 
+/* The backward of one weight of layer li (rows of BT tokens, contiguous
+ * [BT, N] gradient and [BT, K] input): d(input) into din, dW added into the
+ * gradient table G. */
+static void weight_bwd(orch_engine_ctx *ctx, size_t BT, int N, int K, const float *dout,
+                       const float *in, float *din, float *P, float *G, uint32_t li,
+                       int w) {
+    cpu_linear_bwd b = { .R = (int)BT,
+                         .N = N,
+                         .K = K,
+                         .dout = dout,
+                         .lddout = N,
+                         .in = in,
+                         .ldin = K,
+                         .W = cpu_llama_tensor(ctx, P, li, w),
+                         .din = din,
+                         .lddin = K,
+                         .dW = cpu_llama_tensor(ctx, G, li, w) };
+    cpu_linear_backward(ctx, &b);
+}
+
 int32_t cpu_llama_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
                                    const int32_t *targets, uint32_t B, uint32_t T,
                                    float grad_scale, int backward, float *out_loss) {
@@ -571,68 +591,24 @@ int32_t cpu_llama_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
                 BT);
         rows_job sj = { .op = OP_SWIGLU, .rows = BT, .x = la->gu, .out = a.h };
         run_rows(ctx, &sj);
-        cpu_linear_bwd b = { .R = (int)BT,
-                             .N = C,
-                             .K = M,
-                             .dout = a.dres,
-                             .lddout = C,
-                             .in = a.h,
-                             .ldin = M,
-                             .W = cpu_llama_tensor(ctx, P, li, LL_DOWN),
-                             .din = a.dh,
-                             .lddin = M,
-                             .dW = cpu_llama_tensor(ctx, G, li, LL_DOWN) };
-        cpu_linear_backward(ctx, &b);
+        weight_bwd(ctx, BT, C, M, a.dres, a.h, a.dh, P, G, li, LL_DOWN);
         rows_job sb = {
             .op = OP_SWIGLU_BWD, .rows = BT, .x = la->gu, .dy = a.dh, .out = a.dgu
         };
         run_rows(ctx, &sb);
-        b = (cpu_linear_bwd){ .R = (int)BT,
-                              .N = 2 * M,
-                              .K = C,
-                              .dout = a.dgu,
-                              .lddout = 2 * M,
-                              .in = a.xn,
-                              .ldin = C,
-                              .W = cpu_llama_tensor(ctx, P, li, LL_GATE),
-                              .din = a.dx,
-                              .lddin = C,
-                              .dW = cpu_llama_tensor(ctx, G, li, LL_GATE) };
-        cpu_linear_backward(ctx, &b);
+        weight_bwd(ctx, BT, 2 * M, C, a.dgu, a.xn, a.dx, P, G, li, LL_GATE);
         rmsnorm_backward(ctx, a.dx, la->res_mid, la->rstd2,
                          cpu_llama_tensor(ctx, P, li, LL_POST_NORM), a.dres,
                          cpu_llama_tensor(ctx, G, li, LL_POST_NORM), BT);
         /* Attention: dres is now the gradient of res_mid. */
-        b = (cpu_linear_bwd){ .R = (int)BT,
-                              .N = C,
-                              .K = C,
-                              .dout = a.dres,
-                              .lddout = C,
-                              .in = la->atty,
-                              .ldin = C,
-                              .W = cpu_llama_tensor(ctx, P, li, LL_O),
-                              .din = a.datty,
-                              .lddin = C,
-                              .dW = cpu_llama_tensor(ctx, G, li, LL_O) };
-        cpu_linear_backward(ctx, &b);
+        weight_bwd(ctx, BT, C, C, a.dres, la->atty, a.datty, P, G, li, LL_O);
         attn_job aj = { ctx, la, B, T, a.datty, a.dqkv, a.att_scratch };
         cpu_pool_for(ctx->pool, (size_t)B * ctx->KVH, attn_chunk, &aj);
         rows_job rj = { .op = OP_ROPE, .rows = BT, .out = a.dqkv, .T = T, .inverse = 1 };
         run_rows(ctx, &rj);
         rmsnorm(ctx, la->res_in, a.xn, NULL, cpu_llama_tensor(ctx, P, li, LL_IN_NORM),
                 BT);
-        b = (cpu_linear_bwd){ .R = (int)BT,
-                              .N = QS,
-                              .K = C,
-                              .dout = a.dqkv,
-                              .lddout = QS,
-                              .in = a.xn,
-                              .ldin = C,
-                              .W = cpu_llama_tensor(ctx, P, li, LL_Q),
-                              .din = a.dx,
-                              .lddin = C,
-                              .dW = cpu_llama_tensor(ctx, G, li, LL_Q) };
-        cpu_linear_backward(ctx, &b);
+        weight_bwd(ctx, BT, QS, C, a.dqkv, a.xn, a.dx, P, G, li, LL_Q);
         rmsnorm_backward(ctx, a.dx, la->res_in, la->rstd1,
                          cpu_llama_tensor(ctx, P, li, LL_IN_NORM), a.dres,
                          cpu_llama_tensor(ctx, G, li, LL_IN_NORM), BT);
