@@ -34,6 +34,7 @@
 #include "orchestrator/bench/bench.h"
 #include "orchestrator/core/engine_loader.h"
 #include "orchestrator/store/safetensors.h"
+#include "tests/test_fixture.h"
 #include "tests/test_util.h"
 
 #define FIXTURE "tests/fixtures/cpu_gpt2_tiny.safetensors"
@@ -44,47 +45,20 @@ TEST_ENGINE_FIXTURE("cpu")
 /* The fixture (read with orchestrator/store/safetensors)                     */
 /* ------------------------------------------------------------------------- */
 
-static safetensors_file *fixture_open(void) {
-    safetensors_file *f = NULL;
-    char err[1024];
-    ck_assert_msg(safetensors_open(FIXTURE, &f, err, sizeof err) == 0,
-                  "%s (run from the repository root)", err);
-    return f;
-}
-
-/* Data of tensor `name` of the given dtype; *numel receives its size. */
-static const void *fixture_get(const safetensors_file *f, const char *name, int dtype,
-                               size_t *numel) {
-    const safetensors_tensor *t = safetensors_find(f, name);
-    ck_assert_msg(t != NULL, "fixture lacks tensor %s", name);
-    ck_assert_msg(t->dtype == dtype, "tensor %s is not %s", name,
-                  safetensors_dtype_name(dtype));
-    *numel = (size_t)t->numel;
-    return t->data;
-}
-
-static const float *fixture_f32(const safetensors_file *f, const char *name,
-                                size_t *numel) {
-    return fixture_get(f, name, SAFETENSORS_F32, numel);
-}
-
-static double fixture_meta(const safetensors_file *f, const char *key) {
-    const char *v = safetensors_metadata(f, key);
-    ck_assert_msg(v != NULL, "fixture metadata lacks %s", key);
-    return atof(v);
-}
+static safetensors_file *fixture_open(void) { return test_fixture_open(FIXTURE); }
 
 /* ------------------------------------------------------------------------- */
 /* Helpers                                                                    */
 /* ------------------------------------------------------------------------- */
 
 static orch_model_desc fixture_model(const safetensors_file *f) {
-    orch_model_desc m = test_model_desc(
-        (uint32_t)fixture_meta(f, "vocab_size"), (uint32_t)fixture_meta(f, "context"),
-        (uint32_t)fixture_meta(f, "layers"), (uint32_t)fixture_meta(f, "heads"),
-        (uint32_t)fixture_meta(f, "width"));
-    m.mlp_width = (uint32_t)fixture_meta(f, "mlp_width");
-    m.layernorm_eps = (float)fixture_meta(f, "layernorm_eps");
+    orch_model_desc m = test_model_desc((uint32_t)test_fixture_meta(f, "vocab_size"),
+                                        (uint32_t)test_fixture_meta(f, "context"),
+                                        (uint32_t)test_fixture_meta(f, "layers"),
+                                        (uint32_t)test_fixture_meta(f, "heads"),
+                                        (uint32_t)test_fixture_meta(f, "width"));
+    m.mlp_width = (uint32_t)test_fixture_meta(f, "mlp_width");
+    m.layernorm_eps = (float)test_fixture_meta(f, "layernorm_eps");
     return m;
 }
 
@@ -95,24 +69,6 @@ static orch_engine_ctx *make_ctx(const orch_model_desc *m, uint32_t threads,
     int rc = engine_create_context(&H, m, threads, seed, options, &ctx, err, sizeof err);
     ck_assert_msg(rc == 0, "create (%s): %s", options ? options : "", err);
     return ctx;
-}
-
-/* Load the fixture's initial weights through the tensor table. */
-static void load_fixture_params(orch_engine_ctx *ctx, const safetensors_file *f) {
-    test_table t;
-    test_read_table(A, ctx, ORCH_TENSOR_PARAM, &t);
-    for (uint32_t i = 0; i < t.n; i++) {
-        const orch_tensor_info *ti = &t.info[i];
-        char key[128];
-        snprintf(key, sizeof key, "param.%s", ti->name);
-        size_t numel;
-        const float *src = fixture_f32(f, key, &numel);
-        ck_assert_msg(numel == ti->numel, "%s: fixture %zu vs engine %llu", ti->name,
-                      numel, (unsigned long long)ti->numel);
-        ck_assert_int_eq(
-            A->tensor_write(ctx, ORCH_TENSOR_PARAM, i, src, numel * sizeof(float)),
-            ORCH_OK);
-    }
 }
 
 /* Fill every parameter with reproducible values of useful size. */
@@ -152,12 +108,12 @@ static float *read_params(orch_engine_ctx *ctx, uint64_t *n) {
 
 /* The fixture's AdamW hyper-parameters for `step`. */
 static orch_adamw_params adam_of(const safetensors_file *f, uint64_t step) {
-    orch_adamw_params p = test_adamw(step, (float)fixture_meta(f, "lr"),
-                                     (float)fixture_meta(f, "weight_decay"),
-                                     (float)fixture_meta(f, "grad_clip"));
-    p.beta1 = (float)fixture_meta(f, "beta1");
-    p.beta2 = (float)fixture_meta(f, "beta2");
-    p.eps = (float)fixture_meta(f, "eps");
+    orch_adamw_params p = test_adamw(step, (float)test_fixture_meta(f, "lr"),
+                                     (float)test_fixture_meta(f, "weight_decay"),
+                                     (float)test_fixture_meta(f, "grad_clip"));
+    p.beta1 = (float)test_fixture_meta(f, "beta1");
+    p.beta2 = (float)test_fixture_meta(f, "beta2");
+    p.eps = (float)test_fixture_meta(f, "eps");
     return p;
 }
 
@@ -192,12 +148,12 @@ static void torch_open(torch_run *r, const char *options) {
     r->f = fixture_open();
     r->m = fixture_model(r->f);
     r->ctx = make_ctx(&r->m, 0, 1, options);
-    load_fixture_params(r->ctx, r->f);
-    r->B = (uint32_t)fixture_meta(r->f, "batch");
-    r->T = (uint32_t)fixture_meta(r->f, "seq_len");
+    test_load_fixture_params(A, r->ctx, r->f);
+    r->B = (uint32_t)test_fixture_meta(r->f, "batch");
+    r->T = (uint32_t)test_fixture_meta(r->f, "seq_len");
     size_t n;
-    r->tokens = fixture_get(r->f, "tokens", SAFETENSORS_I32, &n);
-    r->targets = fixture_get(r->f, "targets", SAFETENSORS_I32, &n);
+    r->tokens = test_fixture_get(r->f, "tokens", SAFETENSORS_I32, &n);
+    r->targets = test_fixture_get(r->f, "targets", SAFETENSORS_I32, &n);
 }
 
 static void torch_close(torch_run *r) {
@@ -210,8 +166,8 @@ START_TEST(test_torch_forward) {
     torch_run r;
     torch_open(&r, opt);
     size_t nt, nl;
-    const float *ref_logits = fixture_f32(r.f, "logits", &nl);
-    const float ref_loss = fixture_f32(r.f, "loss", &nt)[0];
+    const float *ref_logits = test_fixture_f32(r.f, "logits", &nl);
+    const float ref_loss = test_fixture_f32(r.f, "loss", &nt)[0];
     ck_assert_uint_eq(nl, (size_t)r.B * r.T * r.m.vocab_size);
 
     float loss = -1.0f;
@@ -244,7 +200,7 @@ START_TEST(test_torch_gradients) {
     torch_run r;
     torch_open(&r, opt);
     size_t nt;
-    const float ref_loss = fixture_f32(r.f, "loss", &nt)[0];
+    const float ref_loss = test_fixture_f32(r.f, "loss", &nt)[0];
     float loss = -1.0f;
     ck_assert_int_eq(A->grads_zero(r.ctx), ORCH_OK);
     ck_assert_int_eq(
@@ -259,7 +215,7 @@ START_TEST(test_torch_gradients) {
         char key[128];
         snprintf(key, sizeof key, "grad.%s", ti.name);
         size_t numel;
-        const float *ref = fixture_f32(r.f, key, &numel);
+        const float *ref = test_fixture_f32(r.f, key, &numel);
         ck_assert_uint_eq(numel, ti.numel);
         double diff = 0.0, scale = 0.0;
         for (size_t k = 0; k < numel; k++) {
@@ -281,10 +237,10 @@ START_TEST(test_torch_adamw_steps) {
     const char *opt = variants[_i];
     torch_run r;
     torch_open(&r, opt);
-    const int steps = (int)fixture_meta(r.f, "steps");
+    const int steps = (int)test_fixture_meta(r.f, "steps");
     size_t nsteps, nn;
-    const float *ref_losses = fixture_f32(r.f, "train_losses", &nsteps);
-    const float *ref_norms = fixture_f32(r.f, "grad_norms", &nn);
+    const float *ref_losses = test_fixture_f32(r.f, "train_losses", &nsteps);
+    const float *ref_norms = test_fixture_f32(r.f, "grad_norms", &nn);
     ck_assert_int_eq((int)nsteps, steps);
     int clipped = 0;
     for (int s = 0; s < steps; s++) {

@@ -39,6 +39,7 @@
 #include "engine_api/orch_engine.h"
 #include "orchestrator/core/engine_loader.h"
 #include "orchestrator/store/safetensors.h"
+#include "tests/test_fixture.h"
 #include "tests/test_util.h"
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -72,67 +73,7 @@ static const char *const variants[] = {
 /* The fixture                                                                */
 /* ------------------------------------------------------------------------- */
 
-static safetensors_file *fixture_open(int k) {
-    safetensors_file *f = NULL;
-    char err[1024];
-    ck_assert_msg(safetensors_open(fixtures[k], &f, err, sizeof err) == 0,
-                  "%s (run from the repository root)", err);
-    return f;
-}
-
-static const void *fixture_get(const safetensors_file *f, const char *name, int dtype,
-                               size_t *numel) {
-    const safetensors_tensor *t = safetensors_find(f, name);
-    ck_assert_msg(t != NULL, "fixture lacks tensor %s", name);
-    ck_assert_msg(t->dtype == dtype, "tensor %s is not %s", name,
-                  safetensors_dtype_name(dtype));
-    *numel = (size_t)t->numel;
-    return t->data;
-}
-
-static const float *fixture_f32(const safetensors_file *f, const char *name,
-                                size_t *numel) {
-    return fixture_get(f, name, SAFETENSORS_F32, numel);
-}
-
-static const char *meta_str(const safetensors_file *f, const char *key) {
-    const char *v = safetensors_metadata(f, key);
-    ck_assert_msg(v != NULL, "fixture metadata lacks %s", key);
-    return v;
-}
-
-static double meta(const safetensors_file *f, const char *key) {
-    return atof(meta_str(f, key));
-}
-
-/* The model of the fixture's metadata. */
-static orch_model_desc fixture_model(const safetensors_file *f) {
-    orch_model_desc m =
-        test_model_desc((uint32_t)meta(f, "vocab_size"), (uint32_t)meta(f, "context"),
-                        (uint32_t)meta(f, "layers"), (uint32_t)meta(f, "heads"),
-                        (uint32_t)meta(f, "width"));
-    ck_assert_str_eq(meta_str(f, "arch"), "llama");
-    m.arch = ORCH_ARCH_LLAMA;
-    m.kv_heads = (uint32_t)meta(f, "kv_heads");
-    m.mlp_width = (uint32_t)meta(f, "mlp_width");
-    m.layernorm_eps = (float)meta(f, "layernorm_eps");
-    m.rope_theta = (float)meta(f, "rope_theta");
-    if (meta(f, "untied_head") != 0.0) m.flags |= ORCH_MODEL_FLAG_UNTIED_HEAD;
-    const char *sc = meta_str(f, "rope_scaling");
-    if (strcmp(sc, "linear") == 0) {
-        m.rope_scaling = ORCH_ROPE_LINEAR;
-        m.rope_factor = (float)meta(f, "rope_factor");
-    } else if (strcmp(sc, "llama3") == 0) {
-        m.rope_scaling = ORCH_ROPE_LLAMA3;
-        m.rope_factor = (float)meta(f, "rope_factor");
-        m.rope_low_freq_factor = (float)meta(f, "rope_low_freq_factor");
-        m.rope_high_freq_factor = (float)meta(f, "rope_high_freq_factor");
-        m.rope_original_context = (uint32_t)meta(f, "rope_original_context");
-    } else {
-        ck_assert_str_eq(sc, "none");
-    }
-    return m;
-}
+static safetensors_file *fixture_open(int k) { return test_fixture_open(fixtures[k]); }
 
 static orch_engine_ctx *make_ctx(const orch_model_desc *m, uint32_t threads,
                                  const char *options) {
@@ -141,24 +82,6 @@ static orch_engine_ctx *make_ctx(const orch_model_desc *m, uint32_t threads,
     int rc = engine_create_context(&H, m, threads, 1, options, &ctx, err, sizeof err);
     ck_assert_msg(rc == 0, "create (%s): %s", options ? options : "", err);
     return ctx;
-}
-
-/* Load param.<name> of the fixture into every tensor of the table. */
-static void load_fixture_params(orch_engine_ctx *ctx, const safetensors_file *f) {
-    test_table t;
-    test_read_table(A, ctx, ORCH_TENSOR_PARAM, &t);
-    for (uint32_t i = 0; i < t.n; i++) {
-        const orch_tensor_info *ti = &t.info[i];
-        char key[128];
-        snprintf(key, sizeof key, "param.%s", ti->name);
-        size_t numel;
-        const float *src = fixture_f32(f, key, &numel);
-        ck_assert_msg(numel == ti->numel, "%s: fixture %zu vs engine %llu", ti->name,
-                      numel, (unsigned long long)ti->numel);
-        ck_assert_int_eq(
-            A->tensor_write(ctx, ORCH_TENSOR_PARAM, i, src, numel * sizeof(float)),
-            ORCH_OK);
-    }
 }
 
 typedef struct torch_run {
@@ -171,14 +94,14 @@ typedef struct torch_run {
 
 static void torch_open(torch_run *r, int k, const char *options) {
     r->f = fixture_open(k);
-    r->m = fixture_model(r->f);
+    r->m = test_fixture_llama_model(r->f);
     r->ctx = make_ctx(&r->m, 0, options);
-    load_fixture_params(r->ctx, r->f);
-    r->B = (uint32_t)meta(r->f, "batch");
-    r->T = (uint32_t)meta(r->f, "seq_len");
+    test_load_fixture_params(A, r->ctx, r->f);
+    r->B = (uint32_t)test_fixture_meta(r->f, "batch");
+    r->T = (uint32_t)test_fixture_meta(r->f, "seq_len");
     size_t n;
-    r->tokens = fixture_get(r->f, "tokens", SAFETENSORS_I32, &n);
-    r->targets = fixture_get(r->f, "targets", SAFETENSORS_I32, &n);
+    r->tokens = test_fixture_get(r->f, "tokens", SAFETENSORS_I32, &n);
+    r->targets = test_fixture_get(r->f, "targets", SAFETENSORS_I32, &n);
 }
 
 static void torch_close(torch_run *r) {
@@ -187,12 +110,12 @@ static void torch_close(torch_run *r) {
 }
 
 static orch_adamw_params adam_of(const safetensors_file *f, uint64_t step) {
-    orch_adamw_params p =
-        test_adamw(step, (float)meta(f, "lr"), (float)meta(f, "weight_decay"),
-                   (float)meta(f, "grad_clip"));
-    p.beta1 = (float)meta(f, "beta1");
-    p.beta2 = (float)meta(f, "beta2");
-    p.eps = (float)meta(f, "eps");
+    orch_adamw_params p = test_adamw(step, (float)test_fixture_meta(f, "lr"),
+                                     (float)test_fixture_meta(f, "weight_decay"),
+                                     (float)test_fixture_meta(f, "grad_clip"));
+    p.beta1 = (float)test_fixture_meta(f, "beta1");
+    p.beta2 = (float)test_fixture_meta(f, "beta2");
+    p.eps = (float)test_fixture_meta(f, "eps");
     return p;
 }
 
@@ -206,8 +129,8 @@ START_TEST(test_torch_forward) {
     torch_run r;
     torch_open(&r, k, opt);
     size_t nl, nt;
-    const float *ref_logits = fixture_f32(r.f, "logits", &nl);
-    const float ref_loss = fixture_f32(r.f, "loss", &nt)[0];
+    const float *ref_logits = test_fixture_f32(r.f, "logits", &nl);
+    const float ref_loss = test_fixture_f32(r.f, "loss", &nt)[0];
     ck_assert_uint_eq(nl, (size_t)r.B * r.T * r.m.vocab_size);
     float loss = -1.0f;
     ck_assert_int_eq(A->eval_loss(r.ctx, r.tokens, r.targets, r.B, r.T, &loss), ORCH_OK);
@@ -238,7 +161,7 @@ START_TEST(test_torch_gradients) {
     torch_run r;
     torch_open(&r, k, opt);
     size_t nt;
-    const float ref_loss = fixture_f32(r.f, "loss", &nt)[0];
+    const float ref_loss = test_fixture_f32(r.f, "loss", &nt)[0];
     float loss = -1.0f;
     ck_assert_int_eq(A->grads_zero(r.ctx), ORCH_OK);
     ck_assert_int_eq(
@@ -253,7 +176,7 @@ START_TEST(test_torch_gradients) {
         char key[128];
         snprintf(key, sizeof key, "grad.%s", ti.name);
         size_t numel;
-        const float *ref = fixture_f32(r.f, key, &numel);
+        const float *ref = test_fixture_f32(r.f, key, &numel);
         ck_assert_uint_eq(numel, ti.numel);
         const double diff = test_max_diff(g + ti.offset, ref, numel);
         const double scale = test_max_abs(ref, numel);
@@ -272,10 +195,10 @@ START_TEST(test_torch_adamw_steps) {
     const char *opt = variants[_i % N_VARIANTS];
     torch_run r;
     torch_open(&r, k, opt);
-    const int steps = (int)meta(r.f, "steps");
+    const int steps = (int)test_fixture_meta(r.f, "steps");
     size_t nsteps, nn;
-    const float *ref_losses = fixture_f32(r.f, "train_losses", &nsteps);
-    const float *ref_norms = fixture_f32(r.f, "grad_norms", &nn);
+    const float *ref_losses = test_fixture_f32(r.f, "train_losses", &nsteps);
+    const float *ref_norms = test_fixture_f32(r.f, "grad_norms", &nn);
     ck_assert_int_eq((int)nsteps, steps);
     ck_assert_int_eq((int)nn, steps);
     int clipped = 0;
@@ -316,7 +239,7 @@ START_TEST(test_kv_decode) {
     torch_run r;
     torch_open(&r, k, opt);
     size_t nl;
-    const float *ref = fixture_f32(r.f, "logits", &nl);
+    const float *ref = test_fixture_f32(r.f, "logits", &nl);
     const uint32_t V = r.m.vocab_size, T = r.T;
     ck_assert_int_eq(A->kv_configure(r.ctx, 4, 10), ORCH_OK);
     int32_t tab[2][3] = { { 7, 2, 5 }, { 0, 9, 3 } };
@@ -376,7 +299,7 @@ START_TEST(test_kv_copy) {
     torch_run r;
     torch_open(&r, _i, NULL);
     size_t nl;
-    const float *ref = fixture_f32(r.f, "logits", &nl);
+    const float *ref = test_fixture_f32(r.f, "logits", &nl);
     const uint32_t V = r.m.vocab_size;
     ck_assert_int_eq(A->kv_configure(r.ctx, 4, 8), ORCH_OK);
     int32_t orig[3] = { 0, 1, 2 }, copy[3] = { 5, 6, 7 };
@@ -401,7 +324,7 @@ END_TEST
 
 START_TEST(test_table_and_init) {
     safetensors_file *f = fixture_open(_i);
-    orch_model_desc m = fixture_model(f);
+    orch_model_desc m = test_fixture_llama_model(f);
     safetensors_close(f);
     orch_engine_ctx *ctx = make_ctx(&m, 2, NULL);
     test_table t;
@@ -506,7 +429,7 @@ static void expect_create_error(const orch_model_desc *m, const char *options,
 
 START_TEST(test_bad_descriptions) {
     safetensors_file *f = fixture_open(1);
-    const orch_model_desc good = fixture_model(f);
+    const orch_model_desc good = test_fixture_llama_model(f);
     safetensors_close(f);
     orch_model_desc m = good;
     m.kv_heads = 3;
@@ -583,7 +506,7 @@ END_TEST
 
 START_TEST(test_bf16_steps) {
     safetensors_file *f = fixture_open(_i);
-    orch_model_desc m = fixture_model(f);
+    orch_model_desc m = test_fixture_llama_model(f);
     orch_engine_ctx *probe = NULL;
     char err[1024] = "";
     if (engine_create_context(&H, &m, 0, 1, "precision=bf16", &probe, err, sizeof err) !=
@@ -599,7 +522,7 @@ START_TEST(test_bf16_steps) {
     torch_run r;
     torch_open(&r, _i, "precision=bf16");
     size_t ns;
-    const float *ref = fixture_f32(r.f, "train_losses", &ns);
+    const float *ref = test_fixture_f32(r.f, "train_losses", &ns);
     for (int s = 0; s < (int)ns; s++) {
         float loss = -1.0f, norm;
         ck_assert_int_eq(A->grads_zero(r.ctx), ORCH_OK);
@@ -630,7 +553,7 @@ START_TEST(test_int8) {
         char key[128];
         snprintf(key, sizeof key, "param.%s", ti->name);
         size_t numel;
-        const float *src = fixture_f32(r.f, key, &numel);
+        const float *src = test_fixture_f32(r.f, key, &numel);
         const double d = test_max_diff(q + ti->offset, src, numel);
         if (ti->ndim == 1) {
             ck_assert_msg(d == 0.0, "%s changed by int8 rounding", ti->name);

@@ -46,6 +46,7 @@
 #include "engine_api/orch_engine.h"
 #include "orchestrator/core/engine_loader.h"
 #include "orchestrator/store/safetensors.h"
+#include "tests/test_fixture.h"
 #include "tests/test_util.h"
 
 /* the tiny model: odd sizes everywhere to catch index mistakes */
@@ -907,34 +908,8 @@ static double fx_meta(const llama_fx *x, const char *key) {
 static void llama_fx_open(llama_fx *x, int i) {
     memset(x, 0, sizeof *x);
     x->path = llama_fixture[i];
-    char err[1024];
-    ck_assert_msg(safetensors_open(x->path, &x->f, err, sizeof err) == 0,
-                  "%s (run from the repository root)", err);
-    ck_assert_str_eq(fx_meta_str(x, "arch"), "llama");
-    orch_model_desc m =
-        test_model_desc((uint32_t)fx_meta(x, "vocab_size"),
-                        (uint32_t)fx_meta(x, "context"), (uint32_t)fx_meta(x, "layers"),
-                        (uint32_t)fx_meta(x, "heads"), (uint32_t)fx_meta(x, "width"));
-    m.arch = ORCH_ARCH_LLAMA;
-    m.kv_heads = (uint32_t)fx_meta(x, "kv_heads");
-    m.mlp_width = (uint32_t)fx_meta(x, "mlp_width");
-    m.layernorm_eps = (float)fx_meta(x, "layernorm_eps");
-    m.rope_theta = (float)fx_meta(x, "rope_theta");
-    if (fx_meta(x, "untied_head") != 0.0) m.flags |= ORCH_MODEL_FLAG_UNTIED_HEAD;
-    const char *sc = fx_meta_str(x, "rope_scaling");
-    if (strcmp(sc, "linear") == 0) {
-        m.rope_scaling = ORCH_ROPE_LINEAR;
-        m.rope_factor = (float)fx_meta(x, "rope_factor");
-    } else if (strcmp(sc, "llama3") == 0) {
-        m.rope_scaling = ORCH_ROPE_LLAMA3;
-        m.rope_factor = (float)fx_meta(x, "rope_factor");
-        m.rope_low_freq_factor = (float)fx_meta(x, "rope_low_freq_factor");
-        m.rope_high_freq_factor = (float)fx_meta(x, "rope_high_freq_factor");
-        m.rope_original_context = (uint32_t)fx_meta(x, "rope_original_context");
-    } else {
-        ck_assert_str_eq(sc, "none");
-    }
-    x->m = m;
+    x->f = test_fixture_open(x->path);
+    x->m = test_fixture_llama_model(x->f);
     x->B = (uint32_t)fx_meta(x, "batch");
     x->T = (uint32_t)fx_meta(x, "seq_len");
     x->steps = (uint32_t)fx_meta(x, "steps");
@@ -943,7 +918,7 @@ static void llama_fx_open(llama_fx *x, int i) {
     ck_assert_uint_eq(n, (size_t)x->B * x->T);
     x->targets = fx_get(x, "targets", SAFETENSORS_I32, &n);
     x->logits = fx_get(x, "logits", SAFETENSORS_F32, &n);
-    ck_assert_uint_eq(n, (size_t)x->B * x->T * m.vocab_size);
+    ck_assert_uint_eq(n, (size_t)x->B * x->T * x->m.vocab_size);
     x->loss = ((const float *)fx_get(x, "loss", SAFETENSORS_F32, &n))[0];
 }
 
@@ -975,18 +950,7 @@ static void llama_load(const engine_handle *h, orch_engine_ctx *ctx, const llama
     for (size_t i = 0; i < safetensors_count(x->f); i++)
         in_file += strncmp(safetensors_get(x->f, i)->name, "param.", 6) == 0;
     ck_assert_uint_eq(tb->n, in_file);
-    for (uint32_t i = 0; i < tb->n; i++) {
-        const orch_tensor_info *ti = &tb->info[i];
-        char key[128];
-        snprintf(key, sizeof key, "param.%s", ti->name);
-        size_t numel;
-        const float *src = fx_get(x, key, SAFETENSORS_F32, &numel);
-        ck_assert_msg(numel == ti->numel, "%s: fixture %zu vs engine %llu", ti->name,
-                      numel, (unsigned long long)ti->numel);
-        CHECK_OK(
-            h, ctx,
-            h->api->tensor_write(ctx, ORCH_TENSOR_PARAM, i, src, numel * sizeof(float)));
-    }
+    test_load_fixture_params(h->api, ctx, x->f);
 }
 
 /* Every gradient tensor of g against the fixture's grad.* within rel of
