@@ -19,6 +19,7 @@
 
 #include "orchestrator/core/strbuf.h"
 #include "orchestrator/serve/request.h"
+#include "orchestrator/serve/tokenize_api.h"
 #include "orchestrator/serve/tool_calls.h"
 #include "tests/test_util.h"
 
@@ -79,6 +80,29 @@ START_TEST(hf_bos_prepended_once) {
         ck_assert_int_eq(r.prompts[0].ids[0], i < 2 ? 261 : 104);
         ck_assert_int_eq(r.prompts[0].ids[want_n[i] - 1], 105);
         gen_request_free(&r);
+    }
+    /* /tokenize: the same BOS with add_special (default) and
+     * add_special_tokens, none when either is false. */
+    tokenize_api_limits tl = { .tok = hf, .model_name = "m", .context = 64 };
+    const char *tbodies[4] = { "{\"content\":\"hi\"}",
+                               "{\"content\":\"hi\",\"add_special\":false}",
+                               "{\"prompt\":\"hi\",\"add_special_tokens\":false}",
+                               "{\"prompt\":\"<|endoftext|>hi\"}" };
+    const char *want[4] = {
+        "{\"tokens\":[261,104,105],\"count\":3,\"max_model_len\":64}",
+        "{\"tokens\":[104,105],\"count\":2,\"max_model_len\":64}",
+        "{\"tokens\":[104,105],\"count\":2,\"max_model_len\":64}",
+        "{\"tokens\":[261,104,105],\"count\":3,\"max_model_len\":64}"
+    };
+    for (int i = 0; i < 4; i++) {
+        strbuf out = { 0 };
+        api_error e;
+        memset(&e, 0, sizeof e);
+        ck_assert_msg(
+            tokenize_api_tokenize(&tl, tbodies[i], strlen(tbodies[i]), &out, &e) == 0,
+            "%s: %s", tbodies[i], e.msg);
+        ck_assert_str_eq(out.p, want[i]);
+        free(out.p);
     }
     tokenizer_free(hf);
 }

@@ -139,6 +139,11 @@ int tokenize_api_tokenize(const tokenize_api_limits *lim, const char *body, size
         api_error_set(e, 400, "content", "invalid_value", "cannot tokenize: %s", err);
         goto done;
     }
+    /* The model's BOS, as a completion prompt gets it (request.c). */
+    if (add_special && tokenizer_prepend_bos(lim->tok, &ids, &n) < 0) {
+        api_error_set(e, 500, NULL, NULL, "out of memory");
+        goto done;
+    }
     strbuf_puts(out, "{\"tokens\":[");
     for (size_t i = 0; i < n; i++) {
         if (i) strbuf_puts(out, ",");

@@ -8,9 +8,12 @@
  *             -> {"tokens": [ids] (with_pieces: [{"id", "piece"}]),
  *                 "count": n, "max_model_len": context}
  *                A piece is its text when it is valid UTF-8 on its own, else
- *                the array of its byte values (as llama.cpp). The tokenizers
- *                orch serves add no special tokens, so add_special changes
- *                nothing (it is accepted because both servers take it).
+ *                the array of its byte values (as llama.cpp). add_special
+ *                (default true, as vLLM's add_special_tokens) puts the model's
+ *                BOS in front when its tokenizer_config asks for one and the
+ *                text does not already start with it, as a completion prompt
+ *                gets it; false gives the text's tokens alone. byte and gpt2
+ *                tokenizers add nothing either way.
  *   /detokenize  {"model"?: name, "tokens": [ids]}
  *             -> {"content": text, "prompt": text} (llama.cpp's and vLLM's
  *                name for the same string)
