@@ -430,7 +430,12 @@ static int open_socket(listener *l, char *err, size_t err_cap) {
     if (l->lfd < 0 ||
         setsockopt(l->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
         bind(l->lfd, (const struct sockaddr *)&l->cfg.addr, sizeof l->cfg.addr) != 0 ||
-        listen(l->lfd, 1024) != 0) {
+        /* The kernel's largest backlog (net.core.somaxconn caps SOMAXCONN):
+         * a burst of more connections than the backlog holds before the
+         * accept thread takes them has its SYNs dropped, and those clients
+         * wait a 1 s retransmission (seen as a 1008 ms /health probe while
+         * 2000 slow clients connected at once on a loaded machine). */
+        listen(l->lfd, SOMAXCONN) != 0) {
         util_set_err(err, err_cap, "cannot listen on %s:%u: %s", host, port,
                      strerror(errno));
         return -1;
