@@ -14,7 +14,9 @@
  *     1.0: GPT-2. 1.1: ORCH_ARCH_LLAMA and the orch_model_desc members after
  *     rope_theta (flags, rope scaling). 1.2: ZeRO-1, the flat parameter and
  *     moment access and the ranged optimizer step appended to orch_engine_api
- *     (see "Sharded optimizer state" below).
+ *     (see "Sharded optimizer state" below). 1.3: forward_backward_notify
+ *     (gradient-ready callback, to overlap the all-reduce with the backward).
+ *     1.4: LoRA adapters and the co-serving pass (see "LoRA adapters" below).
  *   - Every struct that crosses the boundary starts with (or contains) a
  *     struct_size field. A reader checks struct_size covers a member before using
  *     it, and a function-pointer member must also be non-NULL before it is called
@@ -116,6 +118,45 @@
  *   caller gathers the shards). optimizer_shard(ctx, 0, total) restores the
  *   unsharded state (moments outside the old shard start at zero).
  *
+ * Gradient-ready notification (ABI 1.3)
+ *   forward_backward_notify is forward_backward that tells the caller, while
+ *   the backward runs, which ranges of the flat gradient buffer are final for
+ *   this call, so a data-parallel caller can start reducing them before the
+ *   backward ends. The reported ranges are disjoint and together cover the
+ *   whole buffer exactly once; typical order is the reverse of the forward
+ *   (final norm and head, layers last to first, embeddings last). The callback
+ *   runs on the caller's thread, inside the call; during it the caller may call
+ *   grads_read on the same context (and nothing else on it); the engine never
+ *   touches a reported range again during the call. Gradients are the same bits
+ *   as forward_backward gives.
+ *
+ * LoRA adapters (ABI 1.4, ORCH_CAP_LORA)
+ *   An adapter adds to a target weight W [out,in] the low-rank update
+ *   (alpha/rank) * B A, A [rank,in], B [out,rank], without changing W:
+ *   y = x W^T + (alpha/rank) * (x A^T) B^T (+ bias). Targets
+ *   (ORCH_LORA_TARGET_*), per layer: GPT-2 h.i.attn.c_attn (ATTN_QKV),
+ *   h.i.attn.c_proj (ATTN_OUT), h.i.mlp.c_fc (MLP_UP), h.i.mlp.c_proj
+ *   (MLP_DOWN); LLaMA q_proj, k_proj, v_proj (ATTN_QKV), o_proj (ATTN_OUT),
+ *   gate_proj, up_proj (MLP_UP), down_proj (MLP_DOWN). An adapter's tensor
+ *   table (kinds PARAM, ADAM_M, ADAM_V) lists, layer by layer and target by
+ *   target in the order above, "<base name minus .weight>.lora_A.weight"
+ *   [rank,in] then "...lora_B.weight" [out,rank], f32, no flags (PEFT's
+ *   tensor names without its "base_model.model." prefix, and for GPT-2
+ *   without "transformer."). Initialisation (PEFT's default): A uniform in
+ *   [-1/sqrt(in), 1/sqrt(in)) from desc->seed, B zero, so a new adapter
+ *   leaves the model's output unchanged. Base weights are frozen under an
+ *   adapter: adapter calls never read or write base gradients or moments.
+ *   Adapter ids are >= 1 (0 is "the base model" in orch_seq_input.adapter_id)
+ *   and are not reused by a context. An adapter's flat gradient buffer is its
+ *   PARAM table concatenated in order (adapter_grads_read/write).
+ *   Inference: each sequence of an infer_forward batch names its adapter (0 =
+ *   none); a batch may mix adapters; the logits equal those of the merged
+ *   weight W + (alpha/rank) B A (up to float rounding).
+ *   Co-serving: coserve_forward runs one inference batch and fine-tuning
+ *   micro-batches (each on its own adapter) through ONE pass over the base
+ *   weights; the inference part gives the same logits as infer_forward, the
+ *   fine-tuning part adds the same gradients as adapter_forward_backward.
+ *
  * Inference and the KV cache
  *   The engine owns a pool of fixed-size KV blocks (kv_configure). Which block
  *   belongs to which sequence is the caller's business: each forward names, per
@@ -138,7 +179,7 @@ extern "C" {
 #endif
 
 #define ORCH_ENGINE_ABI_MAJOR    1u
-#define ORCH_ENGINE_ABI_MINOR    2u
+#define ORCH_ENGINE_ABI_MINOR    4u
 #define ORCH_ENGINE_ENTRY_SYMBOL "orch_engine_get_api"
 
 #if defined(_WIN32)
@@ -203,6 +244,15 @@ typedef enum orch_tensor_kind {
 #define ORCH_CAP_DETERMINISTIC   (1ull << 4) /* same inputs+threads: same bits */
 #define ORCH_CAP_GPU             (1ull << 5) /* runs on an accelerator */
 #define ORCH_CAP_FAULT_INJECTION (1ull << 6) /* honours fault-injection options */
+#define ORCH_CAP_LORA            (1ull << 7) /* ABI 1.4: adapters (train + infer) */
+#define ORCH_CAP_COSERVE         (1ull << 8) /* ABI 1.4: coserve_forward */
+
+/* LoRA target matrices (orch_lora_desc.targets, ABI 1.4). */
+#define ORCH_LORA_TARGET_ATTN_QKV (1u << 0) /* gpt2 c_attn; llama q/k/v_proj */
+#define ORCH_LORA_TARGET_ATTN_OUT (1u << 1) /* gpt2 attn.c_proj; llama o_proj */
+#define ORCH_LORA_TARGET_MLP_UP   (1u << 2) /* gpt2 c_fc; llama gate/up_proj */
+#define ORCH_LORA_TARGET_MLP_DOWN (1u << 3) /* gpt2 mlp.c_proj; llama down_proj */
+#define ORCH_LORA_TARGET_ALL      0xfu
 
 /* Tensor flags (orch_tensor_info.flags). */
 #define ORCH_TENSOR_FLAG_NO_DECAY (1u << 0) /* AdamW weight decay skips it */
@@ -291,7 +341,9 @@ typedef struct orch_seq_input {
     const int32_t *block_table; /* pool block ids, logical order */
     uint32_t n_blocks;          /* must cover start_pos + n_tokens positions */
     uint32_t logits_mode;       /* orch_logits_mode */
-    uint32_t adapter_id;        /* reserved (co-serving adapters); must be 0 */
+    uint32_t adapter_id;        /* ABI 1.4: LoRA adapter of this sequence, 0 =
+                                   base model (engines without ORCH_CAP_LORA
+                                   require 0) */
     uint32_t reserved0;
 } orch_seq_input;
 
@@ -304,6 +356,34 @@ typedef struct orch_infer_batch {
     uint32_t reserved0;
     const orch_seq_input *seqs;
 } orch_infer_batch;
+
+/* A LoRA adapter to create (ABI 1.4). Caller fills it (struct_size = sizeof). */
+typedef struct orch_lora_desc {
+    uint32_t struct_size;
+    uint32_t rank;    /* >= 1 and <= min(in, out) of every target matrix */
+    float alpha;      /* > 0; the update is scaled by alpha / rank */
+    uint32_t targets; /* ORCH_LORA_TARGET_* bits, at least one */
+    uint64_t seed;    /* seed of A's initialisation */
+    uint32_t reserved[4];
+} orch_lora_desc;
+
+/* One fine-tuning micro-batch of a coserve_forward call (ABI 1.4): tokens and
+ * targets [batch, seq_len] row-major as for forward_backward (target -1 is
+ * ignored), on adapter `adapter_id` (>= 1). */
+typedef struct orch_finetune_batch {
+    uint32_t struct_size;
+    uint32_t adapter_id;
+    const int32_t *tokens;
+    const int32_t *targets;
+    uint32_t batch;
+    uint32_t seq_len;
+    float grad_scale; /* as forward_backward's */
+    uint32_t reserved0;
+} orch_finetune_batch;
+
+/* Gradient-ready callback of forward_backward_notify (ABI 1.3): elements
+ * [offset, offset+count) of the flat gradient buffer are final. */
+typedef void (*orch_grad_ready_fn)(void *user, uint64_t offset, uint64_t count);
 
 typedef struct orch_engine_ctx orch_engine_ctx; /* opaque */
 
@@ -476,6 +556,83 @@ typedef struct orch_engine_api {
     /* Bytes of host plus device memory the AdamW moments take now (0 before
      * training allocated them), so a caller can check the 1/N of a shard. */
     int32_t (*optimizer_bytes)(orch_engine_ctx *ctx, uint64_t *out_bytes);
+
+    /* ---- ABI 1.3: gradient-ready notification (ORCH_CAP_TRAIN) ---- */
+
+    /* forward_backward (same arguments, same gradients) that calls
+     * ready(user, offset, count) as ranges of the flat gradient buffer become
+     * final (see the header comment). ready may be NULL (then it is exactly
+     * forward_backward). On failure some ranges may have been reported and
+     * the gradient buffer is unspecified. */
+    int32_t (*forward_backward_notify)(orch_engine_ctx *ctx, const int32_t *tokens,
+                                       const int32_t *targets, uint32_t batch,
+                                       uint32_t seq_len, float grad_scale, float *out_loss,
+                                       orch_grad_ready_fn ready, void *user);
+
+    /* ---- ABI 1.4: LoRA adapters (ORCH_CAP_LORA) ----
+     * Errors: an unknown adapter id is ORCH_ERR_INVALID_ARGUMENT; every call
+     * that fails changes nothing. */
+
+    /* Create an adapter (see the header comment); *out_id receives its id. A
+     * rank, alpha or target set the model cannot take is
+     * ORCH_ERR_INVALID_ARGUMENT with a message naming the field. */
+    int32_t (*adapter_create)(orch_engine_ctx *ctx, const orch_lora_desc *desc,
+                              uint32_t *out_id);
+
+    /* Release an adapter, its moments and gradients. */
+    int32_t (*adapter_destroy)(orch_engine_ctx *ctx, uint32_t adapter_id);
+
+    /* The adapter's tensor tables, as tensor_count/info/read/write are for
+     * the base model (kinds PARAM, ADAM_M, ADAM_V). Writing PARAM refreshes
+     * whatever the engine derived from it. */
+    int32_t (*adapter_tensor_count)(orch_engine_ctx *ctx, uint32_t adapter_id,
+                                    uint32_t kind, uint32_t *out_count);
+    int32_t (*adapter_tensor_info)(orch_engine_ctx *ctx, uint32_t adapter_id,
+                                   uint32_t kind, uint32_t index, orch_tensor_info *out);
+    int32_t (*adapter_tensor_read)(orch_engine_ctx *ctx, uint32_t adapter_id,
+                                   uint32_t kind, uint32_t index, void *dst,
+                                   uint64_t dst_bytes);
+    int32_t (*adapter_tensor_write)(orch_engine_ctx *ctx, uint32_t adapter_id,
+                                    uint32_t kind, uint32_t index, const void *src,
+                                    uint64_t src_bytes);
+
+    /* The adapter's gradients: zero, and ranges of its flat buffer. */
+    int32_t (*adapter_grads_zero)(orch_engine_ctx *ctx, uint32_t adapter_id);
+    int32_t (*adapter_grads_read)(orch_engine_ctx *ctx, uint32_t adapter_id,
+                                  uint64_t offset, uint64_t count, float *dst);
+    int32_t (*adapter_grads_write)(orch_engine_ctx *ctx, uint32_t adapter_id,
+                                   uint64_t offset, uint64_t count, const float *src);
+
+    /* forward_backward through base + adapter: gradients of
+     * (grad_scale * mean loss) are ADDED to the adapter's gradients only. */
+    int32_t (*adapter_forward_backward)(orch_engine_ctx *ctx, uint32_t adapter_id,
+                                        const int32_t *tokens, const int32_t *targets,
+                                        uint32_t batch, uint32_t seq_len, float grad_scale,
+                                        float *out_loss);
+
+    /* eval_loss through base + adapter. */
+    int32_t (*adapter_eval_loss)(orch_engine_ctx *ctx, uint32_t adapter_id,
+                                 const int32_t *tokens, const int32_t *targets,
+                                 uint32_t batch, uint32_t seq_len, float *out_loss);
+
+    /* AdamW step of the adapter's tensors from its gradients, with clipping
+     * of the adapter's gradient norm, as optimizer_step does for the base. */
+    int32_t (*adapter_optimizer_step)(orch_engine_ctx *ctx, uint32_t adapter_id,
+                                      const orch_adamw_params *params,
+                                      float *out_grad_norm);
+
+    /* ---- ABI 1.4: co-serving (ORCH_CAP_COSERVE) ---- */
+
+    /* One pass over the base weights for an inference batch (may be NULL or
+     * have 0 sequences; logits as infer_forward writes them) and n_finetune
+     * fine-tuning micro-batches ft[0..n_finetune-1] (stride ft_stride =
+     * sizeof(orch_finetune_batch) of the caller); out_losses[i] receives the
+     * mean loss of ft[i] (may be NULL when n_finetune is 0). Results equal
+     * infer_forward followed by adapter_forward_backward on each ft[i]. */
+    int32_t (*coserve_forward)(orch_engine_ctx *ctx, const orch_infer_batch *batch,
+                               float *logits, uint64_t logits_cap,
+                               const orch_finetune_batch *ft, uint32_t n_finetune,
+                               uint32_t ft_stride, float *out_losses);
     /* ---- later minors append here ---- */
 } orch_engine_api;
 
@@ -513,7 +670,15 @@ ORCH_ABI_STATIC_ASSERT(offsetof(orch_engine_api, param_read) == 40 + 8 * 19,
                        "api size 1.0 and 1.1 (first member of 1.2)");
 ORCH_ABI_STATIC_ASSERT(offsetof(orch_engine_api, optimizer_bytes) == 40 + 8 * 25,
                        "function members of ABI 1.2");
-ORCH_ABI_STATIC_ASSERT(sizeof(orch_engine_api) == 40 + 8 * 26, "api size 1.2");
+ORCH_ABI_STATIC_ASSERT(offsetof(orch_engine_api, forward_backward_notify) == 40 + 8 * 26,
+                       "api size 1.2 (first member of 1.3)");
+ORCH_ABI_STATIC_ASSERT(offsetof(orch_engine_api, adapter_create) == 40 + 8 * 27,
+                       "api size 1.3 (first member of 1.4)");
+ORCH_ABI_STATIC_ASSERT(offsetof(orch_engine_api, coserve_forward) == 40 + 8 * 39,
+                       "function members of ABI 1.4");
+ORCH_ABI_STATIC_ASSERT(sizeof(orch_engine_api) == 40 + 8 * 40, "api size 1.4");
+ORCH_ABI_STATIC_ASSERT(sizeof(orch_lora_desc) == 40, "lora desc size");
+ORCH_ABI_STATIC_ASSERT(sizeof(orch_finetune_batch) == 40, "finetune batch size");
 ORCH_ABI_STATIC_ASSERT(sizeof(orch_model_desc) == 80, "model desc size");
 ORCH_ABI_STATIC_ASSERT(offsetof(orch_model_desc, layernorm_eps) == 36, "eps offset");
 ORCH_ABI_STATIC_ASSERT(offsetof(orch_model_desc, flags) == 44, "flags offset (1.1)");

@@ -984,6 +984,21 @@ static const orch_engine_api cuda_api = {
     moments_write,
     optimizer_step_range,
     optimizer_bytes,
+    NULL, /* 1.3 forward_backward_notify: not yet */
+    /* 1.4 LoRA and co-serving: not provided (ORCH_CAP_LORA unset) */
+    NULL,
+    NULL,
+    NULL,
+    NULL,
+    NULL,
+    NULL,
+    NULL,
+    NULL,
+    NULL,
+    NULL,
+    NULL,
+    NULL,
+    NULL,
 };
 
 extern "C" ORCH_ENGINE_EXPORT const orch_engine_api *
