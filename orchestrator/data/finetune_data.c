@@ -136,8 +136,9 @@ static int encode_messages(const cJSON *arr, const char *where, const ft_data_op
         const cJSON *weight = cJSON_GetObjectItemCaseSensitive(m, "weight");
         if (weight && (!is_asst || !cJSON_IsNumber(weight) ||
                        (weight->valuedouble != 0 && weight->valuedouble != 1))) {
-            util_set_err(err, err_cap, "%s: %s: \"weight\" must be 0 or 1, on an assistant "
-                                       "message",
+            util_set_err(err, err_cap,
+                         "%s: %s: \"weight\" must be 0 or 1, on an assistant "
+                         "message",
                          where, w);
             goto out;
         }
@@ -157,7 +158,8 @@ static int encode_messages(const cJSON *arr, const char *where, const ft_data_op
     }
     size_t full_len = 0, at = 0;
     char msg[1024];
-    if (chat_template_render(o->tmpl, msgs, n, 0, &full, &full_len, msg, sizeof msg) != 0) {
+    if (chat_template_render(o->tmpl, msgs, n, 0, &full, &full_len, msg, sizeof msg) !=
+        0) {
         util_set_err(err, err_cap, "%s: chat template %s: %s", where, o->tmpl->name, msg);
         goto out;
     }
@@ -170,16 +172,17 @@ static int encode_messages(const cJSON *arr, const char *where, const ft_data_op
         if (chat_template_render(o->tmpl, msgs, i, 1, &pre, &pl, msg, sizeof msg) != 0 ||
             chat_template_render(o->tmpl, msgs, i + 1, 0, &cur, &cl, msg, sizeof msg) !=
                 0) {
-            util_set_err(err, err_cap, "%s: messages[%zu]: chat template %s: %s", where, i,
-                         o->tmpl->name, msg);
+            util_set_err(err, err_cap, "%s: messages[%zu]: chat template %s: %s", where,
+                         i, o->tmpl->name, msg);
             goto out;
         }
         if (pl < at || pl > cl || cl > full_len || memcmp(pre, full, pl) != 0 ||
             memcmp(cur, full, cl) != 0) {
-            util_set_err(err, err_cap,
-                         "%s: messages[%zu]: the chat template %s does not render this "
-                         "assistant turn after its prompt, so its tokens cannot be marked",
-                         where, i, o->tmpl->name);
+            util_set_err(
+                err, err_cap,
+                "%s: messages[%zu]: the chat template %s does not render this "
+                "assistant turn after its prompt, so its tokens cannot be marked",
+                where, i, o->tmpl->name);
             goto out;
         }
         if (push_text(s, o, full + at, pl - at, 0, where, err, err_cap) != 0 ||
@@ -198,9 +201,8 @@ out:
     return rc;
 }
 
-int ft_encode_line(const char *line, size_t len, const char *where,
-                   const ft_data_opts *o, int32_t **ids, uint8_t **mask, size_t *n,
-                   char *err, size_t err_cap) {
+int ft_encode_line(const char *line, size_t len, const char *where, const ft_data_opts *o,
+                   int32_t **ids, uint8_t **mask, size_t *n, char *err, size_t err_cap) {
     size_t b = 0;
     while (b < len && (line[b] == ' ' || line[b] == '\t' || line[b] == '\r')) b++;
     if (b == len) return 1;
@@ -219,8 +221,8 @@ int ft_encode_line(const char *line, size_t len, const char *where,
         const char *p = end;
         while (p < line + len && (*p == ' ' || *p == '\t' || *p == '\r')) p++;
         if (p < line + len) {
-            util_set_err(err, err_cap, "%s: text after the JSON value (column %zu)", where,
-                         (size_t)(p - line) + 1);
+            util_set_err(err, err_cap, "%s: text after the JSON value (column %zu)",
+                         where, (size_t)(p - line) + 1);
             goto out;
         }
     }
@@ -239,8 +241,8 @@ int ft_encode_line(const char *line, size_t len, const char *where,
             goto out;
         }
     }
-    int has_p = cJSON_HasObjectItem(root, "prompt") ||
-                cJSON_HasObjectItem(root, "completion");
+    int has_p =
+        cJSON_HasObjectItem(root, "prompt") || cJSON_HasObjectItem(root, "completion");
     int has_m = cJSON_HasObjectItem(root, "messages");
     int has_t = cJSON_HasObjectItem(root, "text");
     if (has_p + has_m + has_t != 1) {
@@ -293,8 +295,8 @@ int ft_encode_line(const char *line, size_t len, const char *where,
     for (size_t i = 0; i < s.n; i++)
         if (s.ids[i] < 0 || (uint32_t)s.ids[i] >= o->vocab_size) {
             util_set_err(err, err_cap,
-                         "%s: token id %d is outside the model's vocabulary of %u",
-                         where, s.ids[i], o->vocab_size);
+                         "%s: token id %d is outside the model's vocabulary of %u", where,
+                         s.ids[i], o->vocab_size);
             goto out;
         }
     *ids = s.ids;
@@ -399,8 +401,9 @@ int ft_data_parse(const char *text, size_t len, const char *name, const ft_data_
         free(mask);
     }
     if (d.n_targets == 0) {
-        util_set_err(err, err_cap, "%s: no example has a token to learn from (%llu "
-                                   "examples)",
+        util_set_err(err, err_cap,
+                     "%s: no example has a token to learn from (%llu "
+                     "examples)",
                      name, (unsigned long long)d.n_examples);
         ft_dataset_free(&d);
         return -1;

@@ -70,9 +70,8 @@ typedef struct ft_dataset {
  * (mask[i] = 1: ids[i] is learned); *ids and *mask malloc'd, *n tokens.
  * where is "FILE:LINE" for messages. Returns 0, 1 for a blank line (nothing
  * returned) or -1. */
-int ft_encode_line(const char *line, size_t len, const char *where,
-                   const ft_data_opts *o, int32_t **ids, uint8_t **mask, size_t *n,
-                   char *err, size_t err_cap);
+int ft_encode_line(const char *line, size_t len, const char *where, const ft_data_opts *o,
+                   int32_t **ids, uint8_t **mask, size_t *n, char *err, size_t err_cap);
 
 /* Read and pack PATH. */
 int ft_data_load(const char *path, const ft_data_opts *o, ft_dataset *out, char *err,

@@ -32,16 +32,15 @@ static const char *const *bit_modules(uint32_t arch, int bit) {
 
 /* The engine tensor stems of one bit in layer order ("attn.c_attn"). */
 static const char *const *bit_stems(uint32_t arch, int bit) {
-    static const char *const g[N_BITS][2] = {
-        { "attn.c_attn", NULL }, { "attn.c_proj", NULL }, { "mlp.c_fc", NULL },
-        { "mlp.c_proj", NULL }
-    };
-    static const char *const l[N_BITS][4] = {
-        { "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", NULL },
-        { "self_attn.o_proj", NULL },
-        { "mlp.gate_proj", "mlp.up_proj", NULL },
-        { "mlp.down_proj", NULL }
-    };
+    static const char *const g[N_BITS][2] = { { "attn.c_attn", NULL },
+                                              { "attn.c_proj", NULL },
+                                              { "mlp.c_fc", NULL },
+                                              { "mlp.c_proj", NULL } };
+    static const char *const l[N_BITS][4] = { { "self_attn.q_proj", "self_attn.k_proj",
+                                                "self_attn.v_proj", NULL },
+                                              { "self_attn.o_proj", NULL },
+                                              { "mlp.gate_proj", "mlp.up_proj", NULL },
+                                              { "mlp.down_proj", NULL } };
     return arch == ORCH_ARCH_LLAMA ? l[bit] : g[bit];
 }
 
@@ -53,8 +52,9 @@ static const char *arch_word(uint32_t arch) {
 
 int peft_targets_check(uint32_t arch, uint32_t targets, char *err, size_t err_cap) {
     if (targets == 0 || (targets & ~ORCH_LORA_TARGET_ALL)) {
-        util_set_err(err, err_cap, "targets 0x%x: not a non-empty set of qkv, attn_out, "
-                                   "mlp_up, mlp_down",
+        util_set_err(err, err_cap,
+                     "targets 0x%x: not a non-empty set of qkv, attn_out, "
+                     "mlp_up, mlp_down",
                      targets);
         return -1;
     }
@@ -170,7 +170,8 @@ static void stem_dims(const orch_model_desc *m, const char *stem, uint64_t *out,
     *in = C;
     if (strcmp(stem, "attn.c_attn") == 0) {
         *out = 3 * C;
-    } else if (strcmp(stem, "attn.c_proj") == 0 || strcmp(stem, "self_attn.o_proj") == 0) {
+    } else if (strcmp(stem, "attn.c_proj") == 0 ||
+               strcmp(stem, "self_attn.o_proj") == 0) {
         *out = C;
         *in = m->arch == ORCH_ARCH_LLAMA ? H * D : C;
     } else if (strcmp(stem, "mlp.c_fc") == 0 || strcmp(stem, "mlp.gate_proj") == 0 ||
@@ -233,8 +234,8 @@ int peft_expected_table(const orch_model_desc *m, uint32_t rank, uint32_t target
 
 /* PEFT's name of engine tensor `name`. */
 static void peft_name(uint32_t arch, const char *name, char *buf, size_t cap) {
-    snprintf(buf, cap, "base_model.model.%s%s", arch == ORCH_ARCH_LLAMA ? "" : "transformer.",
-             name);
+    snprintf(buf, cap, "base_model.model.%s%s",
+             arch == ORCH_ARCH_LLAMA ? "" : "transformer.", name);
 }
 
 static int engine_err(const engine_handle *h, orch_engine_ctx *ctx, int32_t st,
@@ -343,7 +344,8 @@ int peft_adapter_from_engine(const engine_handle *h, orch_engine_ctx *ctx, uint3
         orch_tensor_info ti;
         memset(&ti, 0, sizeof ti);
         ti.struct_size = sizeof ti;
-        if ((st = api->adapter_tensor_info(ctx, id, ORCH_TENSOR_PARAM, i, &ti)) != ORCH_OK) {
+        if ((st = api->adapter_tensor_info(ctx, id, ORCH_TENSOR_PARAM, i, &ti)) !=
+            ORCH_OK) {
             peft_adapter_free(&a);
             return engine_err(h, ctx, st, "adapter_tensor_info", err, err_cap);
         }
@@ -354,7 +356,8 @@ int peft_adapter_from_engine(const engine_handle *h, orch_engine_ctx *ctx, uint3
                          "[%llu,%llu] f32",
                          api->name, i, ti.name, (unsigned long long)ti.shape[0],
                          (unsigned long long)ti.shape[1], t->name,
-                         (unsigned long long)t->shape[0], (unsigned long long)t->shape[1]);
+                         (unsigned long long)t->shape[0],
+                         (unsigned long long)t->shape[1]);
             peft_adapter_free(&a);
             return -1;
         }
@@ -402,8 +405,9 @@ int peft_adapter_to_engine(const peft_adapter *a, const engine_handle *h,
         st = api->adapter_tensor_info(ctx, id, ORCH_TENSOR_PARAM, i, &ti);
         if (st != ORCH_OK) break;
         if (strcmp(ti.name, a->t[i].name) != 0 || ti.numel != a->t[i].numel) {
-            util_set_err(err, err_cap, "engine %s: adapter tensor %u is %s, the file's %s",
-                         api->name, i, ti.name, a->t[i].name);
+            util_set_err(err, err_cap,
+                         "engine %s: adapter tensor %u is %s, the file's %s", api->name,
+                         i, ti.name, a->t[i].name);
             api->adapter_destroy(ctx, id);
             return -1;
         }
@@ -449,7 +453,8 @@ static char *config_json(const peft_adapter *a) {
             mods[j - 1] = t;
         }
     cJSON *tm = cJSON_AddArrayToObject(o, "target_modules");
-    for (size_t i = 0; tm && i < n; i++) cJSON_AddItemToArray(tm, cJSON_CreateString(mods[i]));
+    for (size_t i = 0; tm && i < n; i++)
+        cJSON_AddItemToArray(tm, cJSON_CreateString(mods[i]));
     cJSON_AddBoolToObject(o, "fan_in_fan_out", a->arch != ORCH_ARCH_LLAMA);
     cJSON_AddStringToObject(o, "bias", "none");
     cJSON_AddStringToObject(o, "base_model_name_or_path", a->base_model);
@@ -507,8 +512,9 @@ int peft_adapter_save(const char *dir, const peft_adapter *a, char *err, size_t 
     }
     if (safetensors_writer_begin_data(w, err, err_cap) != 0) goto fail;
     for (size_t i = 0; i < a->n; i++)
-        if (safetensors_writer_write(w, a->t[i].data, (size_t)a->t[i].numel * sizeof(float),
-                                     err, err_cap) != 0)
+        if (safetensors_writer_write(w, a->t[i].data,
+                                     (size_t)a->t[i].numel * sizeof(float), err,
+                                     err_cap) != 0)
             goto fail;
     return safetensors_writer_finish(w, NULL, err, err_cap);
 fail:
@@ -530,11 +536,22 @@ static int trivial(const cJSON *v) {
 }
 
 /* Keys that only describe (accepted with any value). */
-static const char *const info_keys[] = {
-    "base_model_name_or_path", "revision", "inference_mode", "init_lora_weights",
-    "auto_mapping", "peft_version", "runtime_config", "lora_dropout", "fan_in_fan_out",
-    "task_type", "peft_type", "r", "lora_alpha", "target_modules", "bias", NULL
-};
+static const char *const info_keys[] = { "base_model_name_or_path",
+                                         "revision",
+                                         "inference_mode",
+                                         "init_lora_weights",
+                                         "auto_mapping",
+                                         "peft_version",
+                                         "runtime_config",
+                                         "lora_dropout",
+                                         "fan_in_fan_out",
+                                         "task_type",
+                                         "peft_type",
+                                         "r",
+                                         "lora_alpha",
+                                         "target_modules",
+                                         "bias",
+                                         NULL };
 
 /* Parse and check adapter_config.json text into a. */
 static int parse_config(const char *path, const char *text, const orch_model_desc *m,
@@ -548,8 +565,9 @@ static int parse_config(const char *path, const char *text, const orch_model_des
     int rc = -1;
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "peft_type");
     if (!cJSON_IsString(v) || strcmp(v->valuestring, "LORA") != 0) {
-        util_set_err(err, err_cap, "%s: peft_type %s: only \"LORA\" adapters are supported",
-                     path, cJSON_IsString(v) ? v->valuestring : "missing or not a string");
+        util_set_err(err, err_cap,
+                     "%s: peft_type %s: only \"LORA\" adapters are supported", path,
+                     cJSON_IsString(v) ? v->valuestring : "missing or not a string");
         goto out;
     }
     v = cJSON_GetObjectItemCaseSensitive(o, "task_type");
@@ -593,8 +611,9 @@ static int parse_config(const char *path, const char *text, const orch_model_des
         goto out;
     }
     if (!cJSON_IsArray(v) || cJSON_GetArraySize(v) == 0 || cJSON_GetArraySize(v) > 32) {
-        util_set_err(err, err_cap, "%s: target_modules: expected a non-empty list of "
-                                   "module names",
+        util_set_err(err, err_cap,
+                     "%s: target_modules: expected a non-empty list of "
+                     "module names",
                      path);
         goto out;
     }
@@ -611,7 +630,8 @@ static int parse_config(const char *path, const char *text, const orch_model_des
     }
     char what[4300];
     snprintf(what, sizeof what, "%s: target_modules", path);
-    if (modules_to_bits(m->arch, mods, nm, what, &a->targets, err, err_cap) != 0) goto out;
+    if (modules_to_bits(m->arch, mods, nm, what, &a->targets, err, err_cap) != 0)
+        goto out;
     v = cJSON_GetObjectItemCaseSensitive(o, "fan_in_fan_out");
     if (m->arch == ORCH_ARCH_LLAMA && cJSON_IsTrue(v)) {
         util_set_err(err, err_cap,
@@ -622,8 +642,9 @@ static int parse_config(const char *path, const char *text, const orch_model_des
     }
     v = cJSON_GetObjectItemCaseSensitive(o, "bias");
     if (v && !cJSON_IsNull(v) && (!cJSON_IsString(v) || strcmp(v->valuestring, "none"))) {
-        util_set_err(err, err_cap, "%s: bias %s: only \"none\" is supported (orch adapters "
-                                   "train no biases)",
+        util_set_err(err, err_cap,
+                     "%s: bias %s: only \"none\" is supported (orch adapters "
+                     "train no biases)",
                      path, cJSON_IsString(v) ? v->valuestring : "(not a string)");
         goto out;
     }
@@ -633,13 +654,15 @@ static int parse_config(const char *path, const char *text, const orch_model_des
     /* Everything else: an option orch does not apply must be left unset. */
     cJSON_ArrayForEach(it, o) {
         int known = 0;
-        for (const char *const *k = info_keys; *k; k++) known |= strcmp(*k, it->string) == 0;
+        for (const char *const *k = info_keys; *k; k++)
+            known |= strcmp(*k, it->string) == 0;
         if (known || trivial(it)) continue;
         char *val = cJSON_PrintUnformatted(it);
-        util_set_err(err, err_cap,
-                     "%s: %s is %.80s: orch does not support this PEFT option (it must be "
-                     "unset, false or empty)",
-                     path, it->string, val ? val : "set");
+        util_set_err(
+            err, err_cap,
+            "%s: %s is %.80s: orch does not support this PEFT option (it must be "
+            "unset, false or empty)",
+            path, it->string, val ? val : "set");
         free(val);
         goto out;
     }
@@ -720,8 +743,8 @@ int peft_adapter_load(const char *dir, const orch_model_desc *m, peft_adapter *o
                                       (unsigned long long)st->shape[d]);
             int is_a = strstr(t->name, "lora_A") != NULL;
             util_set_err(err, err_cap,
-                         "%s: %s has shape [%s], expected [%llu,%llu] (r %u in %s%s)", wpath,
-                         name, got, (unsigned long long)t->shape[0],
+                         "%s: %s has shape [%s], expected [%llu,%llu] (r %u in %s%s)",
+                         wpath, name, got, (unsigned long long)t->shape[0],
                          (unsigned long long)t->shape[1], a.rank, cpath,
                          (st->ndim == 2 && st->shape[is_a ? 0 : 1] != a.rank)
                              ? ": the ranks disagree"

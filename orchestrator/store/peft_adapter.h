@@ -78,8 +78,8 @@ typedef struct peft_adapter {
     uint32_t arch; /* orch_arch */
     uint32_t rank;
     float alpha;
-    uint32_t targets;             /* ORCH_LORA_TARGET_* */
-    char base_model[4096];        /* base_model_name_or_path */
+    uint32_t targets;              /* ORCH_LORA_TARGET_* */
+    char base_model[4096];         /* base_model_name_or_path */
     char fingerprint[PEFT_FP_MAX]; /* "" when the file has none */
     size_t n;
     peft_adapter_tensor *t; /* in the engine's table order */
