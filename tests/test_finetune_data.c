@@ -68,28 +68,30 @@ START_TEST(test_blank_line) {
     uint8_t *mask = NULL;
     size_t n = 0;
     char err[64];
-    ck_assert_int_eq(ft_encode_line(" \r", 2, "x:1", &o, &ids, &mask, &n, err, sizeof err),
-                     1);
+    ck_assert_int_eq(
+        ft_encode_line(" \r", 2, "x:1", &o, &ids, &mask, &n, err, sizeof err), 1);
 }
 END_TEST
 
 START_TEST(test_messages_plain_mask) {
     char m[512], t[512], l[512];
-    encode("{\"messages\": [{\"role\": \"system\", \"content\": \"be brief\"}, {\"role\": "
-           "\"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", \"content\": \"yo\"}, "
-           "{\"role\": \"user\", \"content\": \"again\"}, {\"role\": \"assistant\", "
-           "\"content\": \"ok\"}]}",
-           chat_template_plain(), m, t);
+    encode(
+        "{\"messages\": [{\"role\": \"system\", \"content\": \"be brief\"}, {\"role\": "
+        "\"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", \"content\": \"yo\"}, "
+        "{\"role\": \"user\", \"content\": \"again\"}, {\"role\": \"assistant\", "
+        "\"content\": \"ok\"}]}",
+        chat_template_plain(), m, t);
     ck_assert_str_eq(t, "System: be brief\nUser: hi\nAssistant: yo\nUser: again\n"
                         "Assistant: ok\n");
     learned(m, t, l);
     ck_assert_str_eq(l, " yo\n ok\n"); /* each turn's content and its end */
     /* weight 0: the first answer is context only. */
-    encode("{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": "
-           "\"assistant\", \"content\": \"yo\", \"weight\": 0}, {\"role\": \"user\", "
-           "\"content\": \"x\"}, {\"role\": \"assistant\", \"content\": \"ok\", \"weight\": "
-           "1}]}",
-           chat_template_plain(), m, t);
+    encode(
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": "
+        "\"assistant\", \"content\": \"yo\", \"weight\": 0}, {\"role\": \"user\", "
+        "\"content\": \"x\"}, {\"role\": \"assistant\", \"content\": \"ok\", \"weight\": "
+        "1}]}",
+        chat_template_plain(), m, t);
     learned(m, t, l);
     ck_assert_str_eq(l, " ok\n");
 }
@@ -119,7 +121,8 @@ START_TEST(test_packing) {
     ft_data_opts o = opts(NULL, 8);
     ft_dataset d;
     char err[512] = "";
-    ck_assert_msg(ft_data_parse(text, strlen(text), "p.jsonl", &o, &d, err, sizeof err) == 0,
+    ck_assert_msg(ft_data_parse(text, strlen(text), "p.jsonl", &o, &d, err, sizeof err) ==
+                      0,
                   "%s", err);
     ck_assert_uint_eq(d.n_examples, 4);
     ck_assert_uint_eq(d.n_rows, 2);
@@ -137,8 +140,8 @@ START_TEST(test_packing) {
     ft_dataset_free(&d);
     /* Nothing to learn at all. */
     const char *none = "{\"prompt\": \"0123456789\", \"completion\": \"z\"}\n";
-    ck_assert_int_eq(ft_data_parse(none, strlen(none), "n.jsonl", &o, &d, err, sizeof err),
-                     -1);
+    ck_assert_int_eq(
+        ft_data_parse(none, strlen(none), "n.jsonl", &o, &d, err, sizeof err), -1);
     ck_assert_str_eq(err, "n.jsonl: no example has a token to learn from (1 examples)");
 }
 END_TEST
@@ -152,10 +155,12 @@ START_TEST(test_errors_with_line_numbers) {
         { "[1, 2]", "f.jsonl:3: expected a JSON object" },
         { "{\"text\": \"a\"} x", "f.jsonl:3: text after the JSON value (column 15)" },
         { "{\"txt\": \"a\"}", "f.jsonl:3: unknown key \"txt\"" },
-        { "{}", "f.jsonl:3: expected \"prompt\" and \"completion\", \"messages\" or \"text\"" },
+        { "{}",
+          "f.jsonl:3: expected \"prompt\" and \"completion\", \"messages\" or \"text\"" },
         { "{\"text\": \"a\", \"prompt\": \"b\", \"completion\": \"c\"}",
           "f.jsonl:3: mixes the shapes" },
-        { "{\"prompt\": 1, \"completion\": \"c\"}", "f.jsonl:3: \"prompt\" must be a string" },
+        { "{\"prompt\": 1, \"completion\": \"c\"}",
+          "f.jsonl:3: \"prompt\" must be a string" },
         { "{\"prompt\": \"p\"}", "f.jsonl:3: \"completion\" must be a string" },
         { "{\"prompt\": \"p\", \"completion\": \"\"}",
           "f.jsonl:3: \"completion\" is empty (nothing to learn)" },
@@ -178,7 +183,8 @@ START_TEST(test_errors_with_line_numbers) {
           "f.jsonl:3: no assistant message to learn from" },
         { "{\"messages\": [{\"role\": \"user\", \"content\": \"a\", \"weight\": 1}]}",
           "f.jsonl:3: messages[0]: \"weight\" must be 0 or 1, on an assistant message" },
-        { "{\"messages\": [{\"role\": \"assistant\", \"content\": \"a\", \"weight\": 0}]}",
+        { "{\"messages\": [{\"role\": \"assistant\", \"content\": \"a\", \"weight\": "
+          "0}]}",
           "f.jsonl:3: no assistant message to learn from" },
     };
     ft_data_opts o = opts(chat_template_plain(), 64);
@@ -188,9 +194,8 @@ START_TEST(test_errors_with_line_numbers) {
                  bad[i].line);
         /* line 2 is blank: the bad line is line 3 */
         ft_dataset d;
-        ck_assert_int_eq(ft_data_parse(text, strlen(text), "f.jsonl", &o, &d, err,
-                                       sizeof err),
-                         -1);
+        ck_assert_int_eq(
+            ft_data_parse(text, strlen(text), "f.jsonl", &o, &d, err, sizeof err), -1);
         ck_assert_msg(strncmp(err, bad[i].want, strlen(bad[i].want)) == 0,
                       "line '%s': got '%s', want '%s...'", bad[i].line, err, bad[i].want);
     }
@@ -199,16 +204,18 @@ START_TEST(test_errors_with_line_numbers) {
     const char *m = "{\"messages\": [{\"role\": \"assistant\", \"content\": \"a\"}]}\n";
     char err[512];
     ft_dataset d;
-    ck_assert_int_eq(ft_data_parse(m, strlen(m), "g.jsonl", &nt, &d, err, sizeof err), -1);
+    ck_assert_int_eq(ft_data_parse(m, strlen(m), "g.jsonl", &nt, &d, err, sizeof err),
+                     -1);
     ck_assert_str_eq(err, "g.jsonl:1: a \"messages\" example needs a chat template: no "
                           "template here");
     /* ids beyond the model's vocabulary */
     ft_data_opts small = opts(NULL, 64);
     small.vocab_size = 100;
     const char *hi = "{\"text\": \"az\"}\n";
-    ck_assert_int_eq(ft_data_parse(hi, strlen(hi), "h.jsonl", &small, &d, err, sizeof err),
-                     -1);
-    ck_assert_str_eq(err, "h.jsonl:1: token id 122 is outside the model's vocabulary of 100");
+    ck_assert_int_eq(
+        ft_data_parse(hi, strlen(hi), "h.jsonl", &small, &d, err, sizeof err), -1);
+    ck_assert_str_eq(err,
+                     "h.jsonl:1: token id 122 is outside the model's vocabulary of 100");
     /* a missing file */
     ck_assert_int_eq(ft_data_load("/nonexistent/x.jsonl", &o, &d, err, sizeof err), -1);
     ck_assert_ptr_nonnull(strstr(err, "/nonexistent/x.jsonl"));

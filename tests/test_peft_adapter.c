@@ -54,9 +54,11 @@ static uint32_t adapter_in(orch_engine_ctx *ctx, uint32_t rank, uint32_t targets
         t.struct_size = sizeof t;
         A->adapter_tensor_info(ctx, id, ORCH_TENSOR_PARAM, i, &t);
         float *v = malloc(t.numel * 4);
-        for (uint64_t j = 0; j < t.numel; j++) v[j] = base + 0.001f * (float)(i * 131 + j);
-        ck_assert_int_eq(A->adapter_tensor_write(ctx, id, ORCH_TENSOR_PARAM, i, v, t.numel * 4),
-                         ORCH_OK);
+        for (uint64_t j = 0; j < t.numel; j++)
+            v[j] = base + 0.001f * (float)(i * 131 + j);
+        ck_assert_int_eq(
+            A->adapter_tensor_write(ctx, id, ORCH_TENSOR_PARAM, i, v, t.numel * 4),
+            ORCH_OK);
         free(v);
     }
     return id;
@@ -131,7 +133,8 @@ START_TEST(test_round_trip) {
     ck_assert_int_eq(fsio_read_file(path, 1 << 20, &cfg, NULL, err, sizeof err), 0);
     ck_assert_ptr_nonnull(strstr(cfg, "\"peft_type\":\t\"LORA\""));
     ck_assert_ptr_nonnull(strstr(cfg, "\"task_type\":\t\"CAUSAL_LM\""));
-    ck_assert_ptr_nonnull(strstr(cfg, "\"target_modules\":\t[\"c_attn\", \"c_fc\", \"c_proj\"]"));
+    ck_assert_ptr_nonnull(
+        strstr(cfg, "\"target_modules\":\t[\"c_attn\", \"c_fc\", \"c_proj\"]"));
     ck_assert_ptr_nonnull(strstr(cfg, "\"fan_in_fan_out\":\ttrue"));
     ck_assert_ptr_nonnull(strstr(cfg, "\"lora_alpha\":\t12"));
     ck_assert_ptr_nonnull(strstr(cfg, "\"r\":\t4"));
@@ -143,7 +146,8 @@ START_TEST(test_round_trip) {
     ck_assert_int_eq(peft_adapter_check_base(&b, dir, a.fingerprint, err, sizeof err), 0);
     orch_engine_ctx *ctx2 = make_ctx(&m, 1);
     uint32_t id2 = 0;
-    ck_assert_msg(peft_adapter_to_engine(&b, &H, ctx2, &id2, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(peft_adapter_to_engine(&b, &H, ctx2, &id2, err, sizeof err) == 0, "%s",
+                  err);
     peft_adapter c;
     to_peft(ctx2, id2, &m, 4, ORCH_LORA_TARGET_ALL, &c);
     assert_equal(&a, &c);
@@ -202,19 +206,20 @@ START_TEST(test_targets_and_ranks) {
     uint32_t t = 0;
     ck_assert_int_eq(peft_targets_parse(ORCH_ARCH_GPT2, "qkv", &t, err, sizeof err), 0);
     ck_assert_uint_eq(t, ORCH_LORA_TARGET_ATTN_QKV);
-    ck_assert_int_eq(peft_targets_parse(ORCH_ARCH_GPT2, "c_attn,c_proj", &t, err, sizeof err),
-                     0);
+    ck_assert_int_eq(
+        peft_targets_parse(ORCH_ARCH_GPT2, "c_attn,c_proj", &t, err, sizeof err), 0);
     ck_assert_uint_eq(t, 0xb);
-    ck_assert_int_eq(peft_targets_parse(ORCH_ARCH_GPT2, "attn_out", &t, err, sizeof err), -1);
-    ck_assert_msg(strstr(err, "c_proj"), "%s", err);
-    ck_assert_int_eq(peft_targets_parse(ORCH_ARCH_GPT2, "q_proj", &t, err, sizeof err), -1);
-    ck_assert_msg(strstr(err, "unknown gpt2 module 'q_proj'"), "%s", err);
-    ck_assert_int_eq(peft_targets_parse(ORCH_ARCH_LLAMA, "q_proj,v_proj", &t, err, sizeof err),
+    ck_assert_int_eq(peft_targets_parse(ORCH_ARCH_GPT2, "attn_out", &t, err, sizeof err),
                      -1);
+    ck_assert_msg(strstr(err, "c_proj"), "%s", err);
+    ck_assert_int_eq(peft_targets_parse(ORCH_ARCH_GPT2, "q_proj", &t, err, sizeof err),
+                     -1);
+    ck_assert_msg(strstr(err, "unknown gpt2 module 'q_proj'"), "%s", err);
+    ck_assert_int_eq(
+        peft_targets_parse(ORCH_ARCH_LLAMA, "q_proj,v_proj", &t, err, sizeof err), -1);
     ck_assert_msg(strstr(err, "without 'k_proj'"), "%s", err);
-    ck_assert_int_eq(peft_targets_parse(ORCH_ARCH_LLAMA, "attn_out,mlp_down", &t, err,
-                                        sizeof err),
-                     0);
+    ck_assert_int_eq(
+        peft_targets_parse(ORCH_ARCH_LLAMA, "attn_out,mlp_down", &t, err, sizeof err), 0);
     ck_assert_uint_eq(t, 0xa);
     ck_assert_int_eq(peft_targets_parse(ORCH_ARCH_LLAMA, "all", &t, err, sizeof err), 0);
     peft_targets_modules(ORCH_ARCH_LLAMA, t, buf, sizeof buf);
@@ -225,8 +230,8 @@ START_TEST(test_targets_and_ranks) {
     ck_assert_int_eq(peft_expected_table(&m, 0, 1, &tab, &n, err, sizeof err), -1);
     ck_assert_msg(strstr(err, "rank 0: must be 1..8"), "%s", err);
     ck_assert_int_eq(peft_expected_table(&m, 9, 1, &tab, &n, err, sizeof err), -1);
-    ck_assert_msg(strstr(err, "rank 9: must be 1..8 (min(in, out) of h.0.attn.c_attn"), "%s",
-                  err);
+    ck_assert_msg(strstr(err, "rank 9: must be 1..8 (min(in, out) of h.0.attn.c_attn"),
+                  "%s", err);
     ck_assert_int_eq(peft_expected_table(&m, 8, 0xf, &tab, &n, err, sizeof err), 0);
     ck_assert_uint_eq(n, 16);
     free(tab);
@@ -247,10 +252,11 @@ START_TEST(test_targets_and_ranks) {
     snprintf(path, sizeof path, "%s/%s", dir, PEFT_WEIGHTS_FILE);
     safetensors_file *f = NULL;
     ck_assert_int_eq(safetensors_open(path, &f, err, sizeof err), 0);
-    ck_assert_ptr_nonnull(
-        safetensors_find(f, "base_model.model.model.layers.1.self_attn.k_proj.lora_B.weight"));
+    ck_assert_ptr_nonnull(safetensors_find(
+        f, "base_model.model.model.layers.1.self_attn.k_proj.lora_B.weight"));
     ck_assert_uint_eq(
-        safetensors_find(f, "base_model.model.model.layers.1.self_attn.k_proj.lora_B.weight")
+        safetensors_find(f,
+                         "base_model.model.model.layers.1.self_attn.k_proj.lora_B.weight")
             ->shape[0],
         8);
     safetensors_close(f);
@@ -265,8 +271,8 @@ END_TEST
 
 /* Replace `from` by `to` in DIR/adapter_config.json and expect the load to
  * fail with `want` in the message. */
-static void bad_config(const char *dir, const char *good, const char *from, const char *to,
-                       const char *want) {
+static void bad_config(const char *dir, const char *good, const char *from,
+                       const char *to, const char *want) {
     const char *p = strstr(good, from);
     ck_assert_msg(p != NULL, "'%s' not in the config", from);
     char text[8192];
@@ -275,8 +281,8 @@ static void bad_config(const char *dir, const char *good, const char *from, cons
     orch_model_desc m = gpt2();
     peft_adapter b;
     char err[2048] = "";
-    ck_assert_msg(peft_adapter_load(dir, &m, &b, err, sizeof err) == -1, "accepted %s -> %s",
-                  from, to);
+    ck_assert_msg(peft_adapter_load(dir, &m, &b, err, sizeof err) == -1,
+                  "accepted %s -> %s", from, to);
     ck_assert_msg(strstr(err, want), "%s -> %s: '%s' lacks '%s'", from, to, err, want);
     ck_assert_ptr_null(strchr(err, '\n'));
 }
@@ -302,14 +308,15 @@ START_TEST(test_bad_configs) {
     bad_config(dir, good, "\"lora_alpha\":\t12", "\"lora_alpha\":\t-1", "lora_alpha");
     bad_config(dir, good, "\"use_rslora\":\tfalse", "\"use_rslora\":\ttrue",
                "use_rslora is true: orch does not support this PEFT option");
-    bad_config(dir, good, "\"use_dora\":\tfalse", "\"use_dora\":\ttrue", "use_dora is true");
+    bad_config(dir, good, "\"use_dora\":\tfalse", "\"use_dora\":\ttrue",
+               "use_dora is true");
     bad_config(dir, good, "\"bias\":\t\"none\"", "\"bias\":\t\"all\"", "bias all");
     bad_config(dir, good, "\"rank_pattern\":\t{\n\t}", "\"rank_pattern\":\t{\"c_fc\": 2}",
                "rank_pattern is {\"c_fc\":2}");
     bad_config(dir, good, "\"modules_to_save\":\tnull", "\"modules_to_save\":\t[\"wte\"]",
                "modules_to_save");
-    bad_config(dir, good, "\"layers_to_transform\":\tnull", "\"layers_to_transform\":\t[0]",
-               "layers_to_transform");
+    bad_config(dir, good, "\"layers_to_transform\":\tnull",
+               "\"layers_to_transform\":\t[0]", "layers_to_transform");
     bad_config(dir, good, "\"peft_type\"", "\"new_option\": 3, \"peft_type\"",
                "new_option is 3");
     bad_config(dir, good, "[\"c_attn\", \"c_fc\", \"c_proj\"]", "\".*c_attn\"",
@@ -329,8 +336,9 @@ START_TEST(test_bad_configs) {
     cut.n = a.n - 1; /* drops h.1.mlp.c_proj.lora_B */
     ck_assert_int_eq(peft_adapter_save(dir, &cut, err, sizeof err), 0);
     ck_assert_int_eq(peft_adapter_load(dir, &m, &b, err, sizeof err), -1);
-    ck_assert_msg(strstr(err, "missing tensor base_model.model.transformer.h.1.mlp.c_proj."
-                              "lora_B.weight"),
+    ck_assert_msg(strstr(err,
+                         "missing tensor base_model.model.transformer.h.1.mlp.c_proj."
+                         "lora_B.weight"),
                   "%s", err);
     free(good);
     peft_adapter_free(&a);
@@ -345,28 +353,29 @@ START_TEST(test_f16_file) {
     peft_adapter_tensor *tab = NULL;
     size_t n = 0;
     char err[1024], dir[64], path[256];
-    ck_assert_int_eq(peft_expected_table(&m, 2, ORCH_LORA_TARGET_MLP_UP, &tab, &n, err,
-                                         sizeof err),
-                     0);
+    ck_assert_int_eq(
+        peft_expected_table(&m, 2, ORCH_LORA_TARGET_MLP_UP, &tab, &n, err, sizeof err),
+        0);
     test_tmpdir(dir, sizeof dir, "peft");
-    write_text(dir, PEFT_CONFIG_FILE,
-               "{\"peft_type\": \"LORA\", \"r\": 2, \"lora_alpha\": 4, \"target_modules\": "
-               "[\"c_fc\"], \"lora_dropout\": 0.05, \"revision\": null, \"use_rslora\": "
-               "false, \"init_lora_weights\": true}");
+    write_text(
+        dir, PEFT_CONFIG_FILE,
+        "{\"peft_type\": \"LORA\", \"r\": 2, \"lora_alpha\": 4, \"target_modules\": "
+        "[\"c_fc\"], \"lora_dropout\": 0.05, \"revision\": null, \"use_rslora\": "
+        "false, \"init_lora_weights\": true}");
     snprintf(path, sizeof path, "%s/%s", dir, PEFT_WEIGHTS_FILE);
     safetensors_writer *w = NULL;
     ck_assert_int_eq(safetensors_writer_create(path, &w, err, sizeof err), 0);
     for (size_t i = 0; i < n; i++) {
         char name[160];
         snprintf(name, sizeof name, "base_model.model.transformer.%s", tab[i].name);
-        ck_assert_int_eq(safetensors_writer_declare(w, name, SAFETENSORS_F16, 2, tab[i].shape,
-                                                    err, sizeof err),
+        ck_assert_int_eq(safetensors_writer_declare(w, name, SAFETENSORS_F16, 2,
+                                                    tab[i].shape, err, sizeof err),
                          0);
     }
     ck_assert_int_eq(safetensors_writer_begin_data(w, err, sizeof err), 0);
     for (size_t i = 0; i < n; i++)
         for (uint64_t j = 0; j < tab[i].numel; j++) {
-            uint16_t h = 0x3c00; /* 1.0 */
+            uint16_t h = 0x3c00;    /* 1.0 */
             if (j == 1) h = 0xb800; /* -0.5 */
             ck_assert_int_eq(safetensors_writer_write(w, &h, 2, err, sizeof err), 0);
         }

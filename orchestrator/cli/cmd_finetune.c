@@ -102,15 +102,17 @@ int cmd_finetune(int argc, char **argv) {
           .help = "template of messages examples (default: the\nmodel's, as orch serve "
                   "picks it)",
           .seen = &seen[4] },
-        { "--epochs", FLAG_DOUBLE, &s->epochs, "X", .help = "passes over the data (default 1)",
-          .dmin = 0, .dmax = 1e6, .dmin_open = 1, .seen = &seen[5] },
+        { "--epochs", FLAG_DOUBLE, &s->epochs, "X",
+          .help = "passes over the data (default 1)", .dmin = 0, .dmax = 1e6,
+          .dmin_open = 1, .seen = &seen[5] },
         { "--max-steps", FLAG_U64, &s->max_steps, "N",
           .help = "optimizer steps (overrides --epochs)", .min = 1,
           .max = (int64_t)1 << 53, .seen = &seen[6] },
         { "--lr", FLAG_DOUBLE, &s->lr, "X", .help = "peak learning rate (default 2e-4)",
           .dmin = 0, .dmax = 10, .dmin_open = 1, .seen = &seen[7] },
-        { "--min-lr", FLAG_DOUBLE, &s->min_lr, "X", .help = "floor of the decay (default 0)",
-          .dmin = 0, .dmax = 10, .seen = &seen[8] },
+        { "--min-lr", FLAG_DOUBLE, &s->min_lr, "X",
+          .help = "floor of the decay (default 0)", .dmin = 0, .dmax = 10,
+          .seen = &seen[8] },
         { "--warmup", FLAG_U64, &s->warmup_steps, "N", .help = "warmup steps (default 0)",
           .seen = &seen[9] },
         { "--schedule", FLAG_STRING, &schedule, "S",
@@ -155,7 +157,8 @@ int cmd_finetune(int argc, char **argv) {
         { "--threads", FLAG_INT, &o.threads, "N",
           .help = "engine threads (default: the base config's)", .min = 0, .max = 4096,
           .seen = &seen[25] },
-        { "--out", FLAG_STRING, &o.out_dir, "DIR", .help = "output directory (required)" },
+        { "--out", FLAG_STRING, &o.out_dir, "DIR",
+          .help = "output directory (required)" },
         { "--resume", FLAG_TRUE, &o.resume, NULL,
           .help = "continue the run in --out DIR from its latest\ncheckpoint, with its "
                   "settings" },
@@ -185,8 +188,9 @@ int cmd_finetune(int argc, char **argv) {
             }
     } else {
         if (!ckpt || !data) {
-            util_error("finetune: --checkpoint BASE and --data FILE are required (see orch "
-                       "finetune --help)");
+            util_error(
+                "finetune: --checkpoint BASE and --data FILE are required (see orch "
+                "finetune --help)");
             return ORCH_EXIT_USAGE;
         }
         struct {
@@ -225,7 +229,8 @@ int cmd_finetune(int argc, char **argv) {
         }
     }
     o.out = stdout;
-    o.live = isatty(STDOUT_FILENO) && !(getenv("TERM") && strcmp(getenv("TERM"), "dumb") == 0);
+    o.live =
+        isatty(STDOUT_FILENO) && !(getenv("TERM") && strcmp(getenv("TERM"), "dumb") == 0);
     o.stop_flag = &g_stop;
     g_stop = g_sigints = 0;
     set_signals(on_signal);

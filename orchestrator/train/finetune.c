@@ -12,6 +12,7 @@
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -108,10 +109,10 @@ static int engine_fail(ft *t, int32_t st, const char *what, int *kind, char *err
     char last[FINETUNE_PATH_MAX + 128] = "";
     if (t->have_ckpt)
         snprintf(last, sizeof last, "; last good checkpoint: %s", t->ckpt_dir);
-    return fail(kind, TRAIN_ERR_RUNTIME, err, cap, "step %llu: engine %s: %s failed: %s%s%s",
-                (unsigned long long)t->st.step + 1, API(t)->name, what, msg,
-                st == ORCH_ERR_NUMERIC ? " (training diverged: try a lower --lr)" : "",
-                last);
+    return fail(
+        kind, TRAIN_ERR_RUNTIME, err, cap, "step %llu: engine %s: %s failed: %s%s%s",
+        (unsigned long long)t->st.step + 1, API(t)->name, what, msg,
+        st == ORCH_ERR_NUMERIC ? " (training diverged: try a lower --lr)" : "", last);
 }
 
 /* ------------------------------------------------------------------------- */
@@ -153,7 +154,9 @@ static void progress(ft *t, double loss, double lr, double eta, int force) {
 /* ------------------------------------------------------------------------- */
 /* state.json                                                                 */
 /* ------------------------------------------------------------------------- */
-static void add_u64(cJSON *o, const char *k, uint64_t v) { cJSON_AddNumberToObject(o, k, (double)v); }
+static void add_u64(cJSON *o, const char *k, uint64_t v) {
+    cJSON_AddNumberToObject(o, k, (double)v);
+}
 
 static void add_num_or_null(cJSON *o, const char *k, double v) {
     if (isfinite(v))
@@ -232,7 +235,8 @@ static int get_str(const cJSON *o, const char *k, char *out, size_t n, char *err
     return 0;
 }
 
-static int settings_from_json(const cJSON *o, finetune_settings *s, char *err, size_t cap) {
+static int settings_from_json(const cJSON *o, finetune_settings *s, char *err,
+                              size_t cap) {
     uint64_t u;
     char seed[32];
     finetune_settings_default(s);
@@ -244,7 +248,8 @@ static int settings_from_json(const cJSON *o, finetune_settings *s, char *err, s
         get_str(o, "data", s->data, sizeof s->data, err, cap) ||
         get_str(o, "validation", s->validation, sizeof s->validation, err, cap) ||
         get_str(o, "engine", s->engine, sizeof s->engine, err, cap) ||
-        get_str(o, "chat_template", s->chat_template, sizeof s->chat_template, err, cap) ||
+        get_str(o, "chat_template", s->chat_template, sizeof s->chat_template, err,
+                cap) ||
         get_str(o, "schedule", s->schedule, sizeof s->schedule, err, cap) ||
         get_str(o, "targets", s->targets, sizeof s->targets, err, cap) ||
         get_str(o, "seed", seed, sizeof seed, err, cap) ||
@@ -266,8 +271,8 @@ static int settings_from_json(const cJSON *o, finetune_settings *s, char *err, s
         util_set_err(err, cap, "seed: not an integer");
         return -1;
     }
-#define U32(key, field)                                                    \
-    if (get_u64(o, key, UINT32_MAX, &u, err, cap) != 0) return -1;        \
+#define U32(key, field)                                            \
+    if (get_u64(o, key, UINT32_MAX, &u, err, cap) != 0) return -1; \
     s->field = (uint32_t)u;
     U32("rank", rank)
     U32("batch", batch)
@@ -330,8 +335,8 @@ static int read_latest(const char *out_dir, char *dir, size_t dir_cap, cJSON **r
     if (fsio_read_file(path, 256, &text, NULL, err, cap) != 0) return -1;
     size_t n = strcspn(text, "\n");
     text[n] = '\0';
-    int ok = n == 13 && strncmp(text, "ckpt-", 5) == 0 &&
-             strspn(text + 5, "0123456789") == 8;
+    int ok =
+        n == 13 && strncmp(text, "ckpt-", 5) == 0 && strspn(text + 5, "0123456789") == 8;
     if (!ok) {
         util_set_err(err, cap, "%s: does not name a checkpoint (ckpt-NNNNNNNN)", path);
         free(text);
@@ -345,7 +350,8 @@ static int read_latest(const char *out_dir, char *dir, size_t dir_cap, cJSON **r
     free(text);
     const cJSON *kind = *root ? cJSON_GetObjectItemCaseSensitive(*root, "kind") : NULL;
     if (!cJSON_IsString(kind) || strcmp(kind->valuestring, "orch-finetune") != 0) {
-        util_set_err(err, cap, "%s: not the state of an `orch finetune` checkpoint", path);
+        util_set_err(err, cap, "%s: not the state of an `orch finetune` checkpoint",
+                     path);
         cJSON_Delete(*root);
         *root = NULL;
         return -1;
@@ -411,14 +417,21 @@ static int file_sha(const char *path, char hex[65], int *kind, char *err, size_t
 /* The engine must have ABI 1.4's adapters. */
 static int check_engine(ft *t, int *kind, char *err, size_t cap) {
     const orch_engine_api *api = API(t);
-    if (!ORCH_API_HAS(api, adapter_optimizer_step))
+    if (api->abi_minor < 4 ||
+        api->struct_size < offsetof(orch_engine_api, coserve_forward))
         return fail(kind, TRAIN_ERR_INPUT, err, cap,
                     "engine %s (ABI %u.%u) has no LoRA adapters: orch finetune needs ABI "
                     "1.4's adapter calls (ORCH_CAP_LORA)",
                     api->name, api->abi_major, api->abi_minor);
     if (!(api->capabilities & ORCH_CAP_LORA) || !ORCH_API_HAS(api, adapter_create) ||
+        !ORCH_API_HAS(api, adapter_destroy) || !ORCH_API_HAS(api, adapter_tensor_info) ||
+        !ORCH_API_HAS(api, adapter_tensor_count) ||
+        !ORCH_API_HAS(api, adapter_tensor_read) ||
+        !ORCH_API_HAS(api, adapter_tensor_write) ||
+        !ORCH_API_HAS(api, adapter_grads_zero) ||
         !ORCH_API_HAS(api, adapter_forward_backward) ||
-        !ORCH_API_HAS(api, adapter_eval_loss) || !ORCH_API_HAS(api, adapter_tensor_read))
+        !ORCH_API_HAS(api, adapter_eval_loss) ||
+        !ORCH_API_HAS(api, adapter_optimizer_step))
         return fail(kind, TRAIN_ERR_INPUT, err, cap,
                     "engine %s does not implement LoRA adapters (capability "
                     "ORCH_CAP_LORA and the adapter_* calls of ABI 1.4), which orch "
@@ -440,7 +453,8 @@ static int open_base(ft *t, int *kind, char *err, size_t cap) {
     t->m_open = 1;
     if (warn[0]) say(t, "finetune: warning: %s\n", warn);
     if (check_engine(t, kind, err, cap) != 0) return -1;
-    if (peft_base_fingerprint(&t->m.engine, t->m.ctx, t->fingerprint, msg, sizeof msg) != 0)
+    if (peft_base_fingerprint(&t->m.engine, t->m.ctx, t->fingerprint, msg, sizeof msg) !=
+        0)
         return fail(kind, TRAIN_ERR_RUNTIME, err, cap, "%s", msg);
     return 0;
 }
@@ -462,7 +476,8 @@ static int open_data(ft *t, int *kind, char *err, size_t cap) {
                          t->m.desc.vocab_size };
     if (ft_data_load(s->data, &dop, &t->train, msg, sizeof msg) != 0)
         return fail(kind, TRAIN_ERR_INPUT, err, cap, "--data: %s", msg);
-    if (s->validation[0] && ft_data_load(s->validation, &dop, &t->val, msg, sizeof msg) != 0)
+    if (s->validation[0] &&
+        ft_data_load(s->validation, &dop, &t->val, msg, sizeof msg) != 0)
         return fail(kind, TRAIN_ERR_INPUT, err, cap, "--validation: %s", msg);
     if (file_sha(s->data, t->data_sha, kind, err, cap) != 0 ||
         file_sha(s->validation, t->val_sha, kind, err, cap) != 0)
@@ -523,11 +538,12 @@ static int write_moments(ft *t, const peft_adapter *a, const char *path, char *e
     for (int k = 0; k < 2; k++)
         for (size_t i = 0; i < a->n; i++) {
             snprintf(name, sizeof name, "%c.%s", k ? 'v' : 'm', a->t[i].name);
-            if (safetensors_writer_declare(w, name, SAFETENSORS_F32, 2, a->t[i].shape, err,
-                                           cap) != 0)
+            if (safetensors_writer_declare(w, name, SAFETENSORS_F32, 2, a->t[i].shape,
+                                           err, cap) != 0)
                 goto fail;
         }
-    if (safetensors_writer_add_metadata(w, "format", "orch-finetune-optimizer", err, cap) ||
+    if (safetensors_writer_add_metadata(w, "format", "orch-finetune-optimizer", err,
+                                        cap) ||
         safetensors_writer_begin_data(w, err, cap) != 0)
         goto fail;
     for (int k = 0; k < 2; k++)
@@ -541,7 +557,8 @@ static int write_moments(ft *t, const peft_adapter *a, const char *path, char *e
             int32_t st = API(t)->adapter_tensor_read(
                 t->m.ctx, t->adapter, k ? ORCH_TENSOR_ADAM_V : ORCH_TENSOR_ADAM_M,
                 (uint32_t)i, buf, bytes);
-            int rc = st == ORCH_OK ? safetensors_writer_write(w, buf, bytes, err, cap) : -1;
+            int rc =
+                st == ORCH_OK ? safetensors_writer_write(w, buf, bytes, err, cap) : -1;
             if (st != ORCH_OK) {
                 char msg[1024];
                 engine_format_error(&t->m.engine, t->m.ctx, st, msg, sizeof msg);
@@ -556,7 +573,8 @@ fail:
     return -1;
 }
 
-static int sha_of(const char *dir, const char *file, char hex[65], char *err, size_t cap) {
+static int sha_of(const char *dir, const char *file, char hex[65], char *err,
+                  size_t cap) {
     char path[FINETUNE_PATH_MAX + 128];
     uint8_t d[32];
     snprintf(path, sizeof path, "%s/%s", dir, file);
@@ -655,10 +673,10 @@ fail:
 fail_late:
     free(state);
     peft_adapter_free(&a);
-    return fail(kind, TRAIN_ERR_RUNTIME, err, cap,
-                "step %llu: cannot save checkpoint: %s%s%s", (unsigned long long)t->st.step,
-                msg, t->have_ckpt ? " (last good checkpoint: " : "",
-                t->have_ckpt ? t->ckpt_dir : "");
+    return fail(
+        kind, TRAIN_ERR_RUNTIME, err, cap, "step %llu: cannot save checkpoint: %s%s%s",
+        (unsigned long long)t->st.step, msg,
+        t->have_ckpt ? " (last good checkpoint: " : "", t->have_ckpt ? t->ckpt_dir : "");
 }
 
 /* Resume: the adapter and its moments from checkpoint dir. */
@@ -685,8 +703,8 @@ static int restore_adapter(ft *t, const char *dir, const cJSON *root, int *kind,
         peft_adapter_to_engine(&a, &t->m.engine, t->m.ctx, &t->adapter, msg,
                                sizeof msg) != 0) {
         if (a.rank != t->set.rank || a.targets != t->targets)
-            snprintf(msg, sizeof msg, "%s: the adapter does not match state.json's settings",
-                     dir);
+            snprintf(msg, sizeof msg,
+                     "%s: the adapter does not match state.json's settings", dir);
         peft_adapter_free(&a);
         return fail(kind, TRAIN_ERR_INPUT, err, cap, "--resume: %s", msg);
     }
@@ -712,7 +730,8 @@ static int restore_adapter(ft *t, const char *dir, const cJSON *root, int *kind,
             int32_t s2 = API(t)->adapter_tensor_write(
                 t->m.ctx, t->adapter, k ? ORCH_TENSOR_ADAM_V : ORCH_TENSOR_ADAM_M,
                 (uint32_t)i, st->data, st->nbytes);
-            if (s2 != ORCH_OK) rc = engine_fail(t, s2, "adapter_tensor_write", kind, err, cap);
+            if (s2 != ORCH_OK)
+                rc = engine_fail(t, s2, "adapter_tensor_write", kind, err, cap);
         }
     safetensors_close(f);
     peft_adapter_free(&a);
@@ -734,8 +753,8 @@ static int evaluate(ft *t, double *out, int *kind, char *err, size_t cap) {
         for (uint64_t i = 0; i < (uint64_t)nb * T; i++) c += tg[i] != -1;
         if (!c) continue;
         float l = 0;
-        int32_t st = API(t)->adapter_eval_loss(t->m.ctx, t->adapter, t->val.tokens + r * T,
-                                               tg, nb, T, &l);
+        int32_t st = API(t)->adapter_eval_loss(t->m.ctx, t->adapter,
+                                               t->val.tokens + r * T, tg, nb, T, &l);
         if (st != ORCH_OK) return engine_fail(t, st, "adapter_eval_loss", kind, err, cap);
         sum += (double)l * (double)c;
         count += (double)c;
@@ -765,13 +784,14 @@ static int run_loop(ft *t, train_result *res, int *kind, char *err, size_t cap) 
         uint64_t step = t->st.step + 1;
         double t0 = util_now();
         int32_t st = api->adapter_grads_zero(t->m.ctx, t->adapter);
-        if (st != ORCH_OK) return engine_fail(t, st, "adapter_grads_zero", kind, err, cap);
+        if (st != ORCH_OK)
+            return engine_fail(t, st, "adapter_grads_zero", kind, err, cap);
         double loss_sum = 0;
         for (uint32_t k = 0; k < s->grad_accum; k++) {
             next_batch(t);
             float l = 0;
-            st = api->adapter_forward_backward(t->m.ctx, t->adapter, t->btok, t->btgt, B, T,
-                                               grad_scale, &l);
+            st = api->adapter_forward_backward(t->m.ctx, t->adapter, t->btok, t->btgt, B,
+                                               T, grad_scale, &l);
             if (st != ORCH_OK)
                 return engine_fail(t, st, "adapter_forward_backward", kind, err, cap);
             loss_sum += (double)l;
@@ -789,7 +809,8 @@ static int run_loop(ft *t, train_result *res, int *kind, char *err, size_t cap) 
         ap.grad_clip = (float)s->grad_clip;
         float gnorm = 0;
         st = api->adapter_optimizer_step(t->m.ctx, t->adapter, &ap, &gnorm);
-        if (st != ORCH_OK) return engine_fail(t, st, "adapter_optimizer_step", kind, err, cap);
+        if (st != ORCH_OK)
+            return engine_fail(t, st, "adapter_optimizer_step", kind, err, cap);
         double loss = loss_sum / s->grad_accum, dt = util_now() - t0;
         steps_run++;
         t->st.step = step;
@@ -815,8 +836,8 @@ static int run_loop(ft *t, train_result *res, int *kind, char *err, size_t cap) 
             } else {
                 t->st.evals_since_best++;
             }
-            say(t, "step %llu: val loss %.4f | ppl %.2f%s\n", (unsigned long long)step, val,
-                exp(val), better ? " (best)" : "");
+            say(t, "step %llu: val loss %.4f | ppl %.2f%s\n", (unsigned long long)step,
+                val, exp(val), better ? " (best)" : "");
             stop_early = s->patience && t->st.evals_since_best >= s->patience;
         }
         if (train_jsonl_append(t->jsonl, o->out_dir, step, loss, lr, gnorm,
@@ -830,7 +851,8 @@ static int run_loop(ft *t, train_result *res, int *kind, char *err, size_t cap) 
         if (periodic || last || signalled || paused || stop_early) {
             if (save_checkpoint(t, kind, err, cap) != 0) return -1;
             if (periodic && !last && !signalled && !paused && !stop_early)
-                say(t, "step %llu: checkpoint %s\n", (unsigned long long)step, t->ckpt_dir);
+                say(t, "step %llu: checkpoint %s\n", (unsigned long long)step,
+                    t->ckpt_dir);
         }
         if (stop_early) {
             res->outcome = TRAIN_EARLY_STOPPED;
@@ -916,10 +938,11 @@ int finetune_run(const finetune_opts *o, train_result *res, int *err_kind, char 
         t.set = o->set;
         if (absolute("--checkpoint", t.set.checkpoint, sizeof t.set.checkpoint, err_kind,
                      err, err_cap) != 0 ||
-            absolute("--data", t.set.data, sizeof t.set.data, err_kind, err, err_cap) != 0 ||
-            (t.set.validation[0] && absolute("--validation", t.set.validation,
-                                             sizeof t.set.validation, err_kind, err,
-                                             err_cap) != 0))
+            absolute("--data", t.set.data, sizeof t.set.data, err_kind, err, err_cap) !=
+                0 ||
+            (t.set.validation[0] &&
+             absolute("--validation", t.set.validation, sizeof t.set.validation, err_kind,
+                      err, err_cap) != 0))
             goto out;
         rng_seed(&t.st.epoch_rng, t.set.seed);
         struct stat sb;
@@ -935,7 +958,8 @@ int finetune_run(const finetune_opts *o, train_result *res, int *err_kind, char 
     }
     if (check_settings(&t.set, err_kind, err, err_cap) != 0) goto out;
     if (open_base(&t, err_kind, err, err_cap) != 0) goto out;
-    if (peft_targets_parse(t.m.desc.arch, t.set.targets, &t.targets, msg, sizeof msg) != 0) {
+    if (peft_targets_parse(t.m.desc.arch, t.set.targets, &t.targets, msg, sizeof msg) !=
+        0) {
         fail(err_kind, TRAIN_ERR_INPUT, err, err_cap, "--targets: %s", msg);
         goto out;
     }
@@ -972,18 +996,18 @@ int finetune_run(const finetune_opts *o, train_result *res, int *err_kind, char 
         t.have_adapter = 1;
     }
     uint64_t per_step = (uint64_t)t.set.batch * t.set.grad_accum;
-    uint64_t total = t.set.max_steps
-                         ? t.set.max_steps
-                         : (uint64_t)ceil(t.set.epochs * (double)t.train.n_rows /
-                                          (double)per_step);
+    uint64_t total =
+        t.set.max_steps
+            ? t.set.max_steps
+            : (uint64_t)ceil(t.set.epochs * (double)t.train.n_rows / (double)per_step);
     t.st.total_steps = total ? total : 1;
     lr_schedule_kind sk = LR_SCHEDULE_LINEAR;
     lr_schedule_parse_kind(t.set.schedule, &sk);
-    t.sched = (lr_schedule){ sk, t.set.lr, t.set.min_lr, t.set.warmup_steps,
-                             t.st.total_steps };
+    t.sched =
+        (lr_schedule){ sk, t.set.lr, t.set.min_lr, t.set.warmup_steps, t.st.total_steps };
     if (t.st.cursor > t.train.n_rows) {
-        fail(err_kind, TRAIN_ERR_INPUT, err, err_cap, "--resume: %s: cursor beyond the data",
-             ckpt);
+        fail(err_kind, TRAIN_ERR_INPUT, err, err_cap,
+             "--resume: %s: cursor beyond the data", ckpt);
         goto out;
     }
     t.perm = malloc((size_t)t.train.n_rows * sizeof *t.perm);
@@ -1001,7 +1025,8 @@ int finetune_run(const finetune_opts *o, train_result *res, int *err_kind, char 
         goto done;
     }
     if (fsio_mkdir_p(o->out_dir, msg, sizeof msg) != 0 ||
-        train_jsonl_open(o->out_dir, t.st.step, !o->resume, &t.jsonl, msg, sizeof msg) != 0) {
+        train_jsonl_open(o->out_dir, t.st.step, !o->resume, &t.jsonl, msg, sizeof msg) !=
+            0) {
         fail(err_kind, TRAIN_ERR_RUNTIME, err, err_cap, "%s", msg);
         goto out;
     }
@@ -1017,8 +1042,9 @@ int finetune_run(const finetune_opts *o, train_result *res, int *err_kind, char 
                 API(&t)->name, t.m.ckpt_dir,
                 t.m.desc.arch == ORCH_ARCH_LLAMA ? "llama" : "gpt2", t.m.desc.layers,
                 t.m.desc.width, t.set.rank, t.set.alpha, mods,
-                (unsigned long long)t.train.n_examples, (unsigned long long)t.train.n_rows,
-                t.set.seq_len, (unsigned long long)t.train.n_targets,
+                (unsigned long long)t.train.n_examples,
+                (unsigned long long)t.train.n_rows, t.set.seq_len,
+                (unsigned long long)t.train.n_targets,
                 (unsigned long long)t.train.n_truncated,
                 (unsigned long long)t.train.n_dropped,
                 t.val.n_rows ? " | validation on" : "", t.set.batch, t.set.seq_len,

@@ -65,17 +65,17 @@
 typedef struct finetune_settings {
     char checkpoint[FINETUNE_PATH_MAX]; /* the base: run or checkpoint dir */
     char data[FINETUNE_PATH_MAX];
-    char validation[FINETUNE_PATH_MAX]; /* "" = none */
-    char engine[FINETUNE_PATH_MAX];     /* "" = the base config's */
+    char validation[FINETUNE_PATH_MAX];    /* "" = none */
+    char engine[FINETUNE_PATH_MAX];        /* "" = the base config's */
     char chat_template[FINETUNE_PATH_MAX]; /* "" = the model's / default */
-    double epochs;                      /* used when max_steps is 0 */
+    double epochs;                         /* used when max_steps is 0 */
     uint64_t max_steps;
     double lr, min_lr;
     uint64_t warmup_steps;
     char schedule[16]; /* cosine | linear | constant */
     uint32_t rank;
     double alpha;
-    char targets[128]; /* the target list as given (peft_targets_parse) */
+    char targets[128];       /* the target list as given (peft_targets_parse) */
     uint32_t batch, seq_len; /* seq_len 0 = the model's context */
     uint32_t grad_accum;
     uint64_t seed;
@@ -97,7 +97,7 @@ typedef struct finetune_opts {
     const char *out_dir;
     int resume;
     int trust_config_engine;
-    int threads; /* < 0: the base config's */
+    int threads;         /* < 0: the base config's */
     uint64_t stop_after; /* steps in this invocation; 0 = no limit */
     volatile sig_atomic_t *stop_flag;
     FILE *out; /* progress; NULL = silent */
