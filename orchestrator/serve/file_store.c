@@ -13,7 +13,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -42,23 +41,6 @@ static int valid_id(const char *id) {
     for (const char *p = id + 5; *p; p++)
         if (!((*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'f'))) return 0;
     return 1;
-}
-
-static int new_id(char *out, size_t cap) {
-    unsigned char r[12];
-    size_t got = 0;
-    while (got < sizeof r) {
-        ssize_t n = getrandom(r + got, sizeof r - got, 0);
-        if (n < 0) {
-            if (errno == EINTR) continue;
-            return -1;
-        }
-        got += (size_t)n;
-    }
-    int k = snprintf(out, cap, "file-");
-    for (size_t i = 0; i < sizeof r; i++)
-        k += snprintf(out + k, cap - (size_t)k, "%02x", r[i]);
-    return 0;
 }
 
 static void path_of(const file_store *fs, const char *id, const char *ext, char *buf,
@@ -445,7 +427,7 @@ int file_store_upload_commit(file_store *fs, file_upload *u, const char *filenam
         goto done;
     }
 
-    if (new_id(fi.id, sizeof fi.id) != 0) {
+    if (util_random_id(fi.id, sizeof fi.id, "file-", 12) != 0) {
         util_set_err(err, err_cap, "files: no random source for an id");
         goto done;
     }
