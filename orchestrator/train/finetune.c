@@ -592,7 +592,7 @@ static int cmp_names(const void *a, const void *b) {
 static void retention(ft *t) {
     DIR *d = opendir(t->o->out_dir);
     if (!d) return;
-    char *names[4096];
+    char *names[4096] = { NULL };
     size_t n = 0;
     struct dirent *e;
     while ((e = readdir(d)) && n < 4096)
