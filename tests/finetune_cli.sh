@@ -9,7 +9,8 @@
 #  - the PEFT files as Python reads them: python3's json over the
 #    safetensors header and adapter_config.json (PEFT itself when python3 has
 #    peft, torch and transformers; this machine's Debian python has not:
-#    the script says which it did);
+#    the script says which it did); a llama base (GQA): PEFT's llama names
+#    and shapes, fan_in_fan_out false, a partial q/k/v group refused;
 #  - exact resume: --stop-after then --resume; SIGTERM mid-run (exit 3) then
 #    --resume; SIGKILL mid-run then --resume from the last periodic
 #    checkpoint: metrics.jsonl (without timings) and the adapter bytes equal
@@ -153,6 +154,42 @@ w = load_file(os.path.join(d, "adapter_model.safetensors"))
 assert len(w) == 16
 print("peft read the adapter config and weights")
 EOF
+
+# ---- llama (grouped-query attention, untied head): PEFT's llama names ---------
+cat >llama.json <<'EOF'
+{
+  "model": {"arch": "llama", "vocab_size": 256, "context": 64, "layers": 2,
+            "heads": 4, "kv_heads": 2, "width": 32, "mlp_width": 48,
+            "rope_theta": 10000, "tie_embeddings": false},
+  "train": {"micro_batch": 2, "seq_len": 16, "max_steps": 2, "lr": 1e-3, "eval_every": 2,
+            "eval_batches": 1, "checkpoint_every": 2},
+  "data": {"tokenizer": "byte", "train": "data/train_*.bin", "val": "data/val_*.bin"},
+  "engine": {"name": "mock", "threads": 1}
+}
+EOF
+"$ORCH_BIN" train --config llama.json --out lbase >lbase.log 2>&1 || { cat lbase.log; fail "llama base"; }
+"$ORCH_BIN" finetune --checkpoint lbase --data train.jsonl --out lft --max-steps 12 --lr 0.05 \
+  --seq-len 48 --batch 2 --rank 2 --targets q_proj,k_proj,v_proj,down_proj >lft.log 2>&1 ||
+  { cat lft.log; fail "llama finetune"; }
+"$PY" - lft <<'EOF' || fail "llama PEFT layout"
+import json, struct, sys, os
+d = sys.argv[1]
+raw = open(os.path.join(d, "adapter_model.safetensors"), "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+hdr = json.loads(raw[8:8 + n]); hdr.pop("__metadata__")
+assert len(hdr) == 2 * 4 * 2, sorted(hdr)
+p = "base_model.model.model.layers."
+assert hdr[p + "0.self_attn.q_proj.lora_B.weight"]["shape"] == [32, 2]
+assert hdr[p + "1.self_attn.k_proj.lora_B.weight"]["shape"] == [16, 2]  # 2 kv heads of 8
+assert hdr[p + "1.mlp.down_proj.lora_A.weight"]["shape"] == [2, 48]
+cfg = json.load(open(os.path.join(d, "adapter_config.json")))
+assert cfg["fan_in_fan_out"] is False
+assert sorted(cfg["target_modules"]) == ["down_proj", "k_proj", "q_proj", "v_proj"]
+rows = [json.loads(l) for l in open(os.path.join(d, "metrics.jsonl"))]
+assert len(rows) == 12 and rows[-1]["loss"] < rows[0]["loss"]
+EOF
+"$ORCH_BIN" finetune --checkpoint lbase --data train.jsonl --out lbad --targets q_proj >r.log 2>&1
+[ $? -eq 2 ] && grep -q "without 'k_proj'" r.log || fail "llama: q_proj alone: $(cat r.log)"
 
 # ---- exact resume: --stop-after ------------------------------------------------
 "$ORCH_BIN" "${run[@]}" --out split --stop-after 7 >split1.log 2>&1 || { cat split1.log; fail "first half"; }
