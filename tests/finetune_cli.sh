@@ -228,7 +228,9 @@ sleep 0.3
 kill -KILL "$pid" 2>/dev/null
 wait "$pid" 2>/dev/null
 if [ -f kill/latest ]; then
+  mkdir -p kill/.tmp-ckpt-00000099-4194999 # a temp dir of a dead run (pid above pid_max)
   "$ORCH_BIN" finetune --resume --out kill >kill2.log 2>&1 || { cat kill2.log; fail "resume after SIGKILL"; }
+  [ -z "$(ls -a kill | grep '^\.tmp-ckpt-')" ] || fail "SIGKILL: temp dirs left: $(ls -a kill)"
   diff <(figures ref/metrics.jsonl) <(figures kill/metrics.jsonl) >/dev/null || fail "SIGKILL + resume differs"
   cmp -s ref/adapter_model.safetensors kill/adapter_model.safetensors || fail "SIGKILL: adapter differs"
 else

@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -587,24 +588,42 @@ static int cmp_names(const void *a, const void *b) {
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* Remove checkpoints beyond the newest `keep` (failures are not errors:
- * the next save retries). */
+/* 1 when NAME is ".tmp-ckpt-STEP-PID" or ".trash-ckpt-STEP-PID" of a process
+ * that is gone (a run killed mid-save). */
+static int stale_temp(const char *name) {
+    if (strncmp(name, ".tmp-ckpt-", 10) != 0 && strncmp(name, ".trash-ckpt-", 12) != 0)
+        return 0;
+    const char *dash = strrchr(name, '-');
+    uint64_t pid = 0;
+    if (!dash || util_parse_u64(dash + 1, &pid) != 0 || pid == 0 || pid > INT_MAX) return 0;
+    return (pid_t)pid != getpid() && kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+}
+
+/* Remove checkpoints beyond the newest `keep` and the temp dirs of dead
+ * runs (failures are not errors: the next save retries). */
 static void retention(ft *t) {
-    DIR *d = opendir(t->o->out_dir);
+    char msg[256];
+    DIR *d = fsio_opendir(t->o->out_dir, msg, sizeof msg);
     if (!d) return;
     char *names[4096] = { NULL };
     size_t n = 0;
     struct dirent *e;
-    while ((e = readdir(d)) && n < 4096)
-        if (strncmp(e->d_name, "ckpt-", 5) == 0 && strlen(e->d_name) == 13)
+    while ((e = readdir(d)) && n < 4096) {
+        if (stale_temp(e->d_name)) {
+            char path[FINETUNE_PATH_MAX + 300];
+            snprintf(path, sizeof path, "%s/%s", t->o->out_dir, e->d_name);
+            fsio_rm_rf(path, msg, sizeof msg);
+        } else if (strncmp(e->d_name, "ckpt-", 5) == 0 && strlen(e->d_name) == 13) {
             names[n++] = strdup(e->d_name);
+        }
+    }
     closedir(d);
     qsort(names, n, sizeof *names, cmp_names);
     const char *latest = strrchr(t->ckpt_dir, '/');
     latest = latest ? latest + 1 : t->ckpt_dir;
     for (size_t i = 0; i < n; i++) {
         if (names[i] && i + t->set.keep < n && strcmp(names[i], latest) != 0) {
-            char path[FINETUNE_PATH_MAX + 64], msg[256];
+            char path[FINETUNE_PATH_MAX + 64];
             snprintf(path, sizeof path, "%s/%s", t->o->out_dir, names[i]);
             fsio_rm_rf(path, msg, sizeof msg);
         }
