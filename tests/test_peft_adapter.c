@@ -177,6 +177,7 @@ START_TEST(test_foreign_base_refused) {
     ck_assert_int_eq(peft_adapter_check_base(&b, dir, fp2, err, sizeof err), -1);
     ck_assert_msg(strstr(err, "trained on another base model"), "%s", err);
     ck_assert_ptr_null(strchr(err, '\n'));
+    peft_adapter_free(&b);
     /* A one-element change of the base changes the fingerprint. */
     orch_tensor_info ti;
     memset(&ti, 0, sizeof ti);
