@@ -11,6 +11,8 @@
 #    peft, torch and transformers; this machine's Debian python has not:
 #    the script says which it did); a llama base (GQA): PEFT's llama names
 #    and shapes, fan_in_fan_out false, a partial q/k/v group refused;
+#  - --config FILE: its settings used, the flags given win, unknown keys
+#    refused;
 #  - exact resume: --stop-after then --resume; SIGTERM mid-run (exit 3) then
 #    --resume; SIGKILL mid-run then --resume from the last periodic
 #    checkpoint: metrics.jsonl (without timings) and the adapter bytes equal
@@ -190,6 +192,18 @@ assert len(rows) == 12 and rows[-1]["loss"] < rows[0]["loss"]
 EOF
 "$ORCH_BIN" finetune --checkpoint lbase --data train.jsonl --out lbad --targets q_proj >r.log 2>&1
 [ $? -eq 2 ] && grep -q "without 'k_proj'" r.log || fail "llama: q_proj alone: $(cat r.log)"
+
+# ---- --config: a settings file, flags win; unknown keys refused -------------------
+printf '{"rank": 2, "alpha": 6, "lr": 0.01, "max_steps": 3, "seq_len": 48, "batch": 2,\n "targets": "all", "seed": "12345678901234567890"}\n' >ft.json
+"$ORCH_BIN" finetune --config ft.json --checkpoint base --data train.jsonl --out cfgrun --rank 3 \
+  >cfgrun.log 2>&1 || { cat cfgrun.log; fail "--config run"; }
+grep -q '"r":	3' cfgrun/adapter_config.json && grep -q '"lora_alpha":	6' cfgrun/adapter_config.json &&
+  [ "$(wc -l <cfgrun/metrics.jsonl)" -eq 3 ] &&
+  grep -q '"seed":	"12345678901234567890"' cfgrun/ckpt-00000003/state.json ||
+  fail "--config: the file's settings (flags winning) were not used"
+printf '{"rank": 2, "lora_rank": 4}\n' >bad.json
+"$ORCH_BIN" finetune --config bad.json --checkpoint base --data train.jsonl --out r6 >r.log 2>&1
+[ $? -eq 2 ] && grep -q "bad.json: unknown key 'lora_rank'" r.log || fail "--config unknown key: $(cat r.log)"
 
 # ---- exact resume: --stop-after ------------------------------------------------
 "$ORCH_BIN" "${run[@]}" --out split --stop-after 7 >split1.log 2>&1 || { cat split1.log; fail "first half"; }

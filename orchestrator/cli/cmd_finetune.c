@@ -5,6 +5,7 @@
  */
 #include <math.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,6 +37,11 @@ static const char footer_text[] =
     "(gpt2: c_attn, c_proj, c_fc; llama: q_proj,k_proj,v_proj, o_proj,\n"
     "gate_proj,up_proj, down_proj). On gpt2 attn_out and mlp_down go together\n"
     "(PEFT's module name c_proj covers both).\n"
+    "\n"
+    "--config keys: checkpoint, data, validation, engine, chat_template,\n"
+    "epochs, max_steps, lr, min_lr, warmup_steps, schedule, rank, alpha,\n"
+    "targets, batch, seq_len, grad_accum, seed, weight_decay, grad_clip,\n"
+    "beta1, beta2, eps, eval_every, patience, checkpoint_every, keep.\n"
     "\n"
     "DIR also gets ckpt-NNNNNNNN/ checkpoints (adapter, AdamW moments, state),\n"
     "latest and metrics.jsonl; --resume continues bit for bit.\n"
@@ -75,7 +81,7 @@ static void set_signals(void (*h)(int)) {
     sigaction(SIGUSR1, &sa, NULL);
 }
 
-#define N_SETTING_FLAGS 26
+#define N_SETTING_FLAGS 27
 
 int cmd_finetune(int argc, char **argv) {
     finetune_opts o;
@@ -83,7 +89,7 @@ int cmd_finetune(int argc, char **argv) {
     finetune_settings *s = &o.set;
     finetune_settings_default(s);
     const char *ckpt = NULL, *data = NULL, *val = NULL, *engine = NULL, *tmpl = NULL;
-    const char *targets = NULL, *schedule = NULL;
+    const char *targets = NULL, *schedule = NULL, *config = NULL;
     uint64_t batch_tokens = 0;
     o.threads = -1;
     int seen[N_SETTING_FLAGS];
@@ -157,6 +163,10 @@ int cmd_finetune(int argc, char **argv) {
         { "--threads", FLAG_INT, &o.threads, "N",
           .help = "engine threads (default: the base config's)", .min = 0, .max = 4096,
           .seen = &seen[25] },
+        { "--config", FLAG_STRING, &config, "FILE",
+          .help = "settings as a JSON object, e.g. {\"lr\": 1e-4,\n\"rank\": 16} "
+                  "(keys below); flags given win",
+          .seen = &seen[26] },
         { "--out", FLAG_STRING, &o.out_dir, "DIR",
           .help = "output directory (required)" },
         { "--resume", FLAG_TRUE, &o.resume, NULL,
@@ -187,11 +197,35 @@ int cmd_finetune(int argc, char **argv) {
                 return ORCH_EXIT_USAGE;
             }
     } else {
-        if (!ckpt || !data) {
-            util_error(
-                "finetune: --checkpoint BASE and --data FILE are required (see orch "
-                "finetune --help)");
-            return ORCH_EXIT_USAGE;
+        if (config) { /* the file's settings, then the flags given */
+            finetune_settings f;
+            finetune_settings_default(&f);
+            char cerr[4200];
+            if (finetune_settings_from_file(config, &f, cerr, sizeof cerr) != 0) {
+                util_error("finetune: --config %s", cerr);
+                return ORCH_EXIT_USAGE;
+            }
+            static const struct {
+                int flag;
+                size_t off, size;
+            } num[] = {
+#define F(i, f) { i, offsetof(finetune_settings, f), sizeof(((finetune_settings *)0)->f) }
+                F(5, epochs),       F(6, max_steps),
+                F(7, lr),           F(8, min_lr),
+                F(9, warmup_steps), F(11, rank),
+                F(12, alpha),       F(14, batch),
+                F(15, seq_len),     F(17, grad_accum),
+                F(18, seed),        F(19, weight_decay),
+                F(20, grad_clip),   F(21, eval_every),
+                F(22, patience),    F(23, checkpoint_every),
+                F(24, keep),
+#undef F
+            };
+            for (size_t i = 0; i < sizeof num / sizeof num[0]; i++)
+                if (seen[num[i].flag])
+                    memcpy((char *)&f + num[i].off, (const char *)s + num[i].off,
+                           num[i].size);
+            *s = f;
         }
         struct {
             const char *v;
@@ -214,6 +248,12 @@ int cmd_finetune(int argc, char **argv) {
                 return ORCH_EXIT_USAGE;
             }
             snprintf(strs[i].dst, strs[i].cap, "%s", strs[i].v);
+        }
+        if (!s->checkpoint[0] || !s->data[0]) {
+            util_error(
+                "finetune: --checkpoint BASE and --data FILE are required (see orch "
+                "finetune --help)");
+            return ORCH_EXIT_USAGE;
         }
         if (batch_tokens) {
             if (seen[14]) {

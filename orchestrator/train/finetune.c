@@ -285,6 +285,110 @@ static int settings_from_json(const cJSON *o, finetune_settings *s, char *err,
     return 0;
 }
 
+int finetune_settings_from_file(const char *path, finetune_settings *s, char *err,
+                                size_t err_cap) {
+    char *text = NULL;
+    if (fsio_read_file(path, (size_t)1 << 20, &text, NULL, err, err_cap) != 0) return -1;
+    cJSON *o = cJSON_Parse(text);
+    free(text);
+    if (!cJSON_IsObject(o)) {
+        cJSON_Delete(o);
+        util_set_err(err, err_cap, "%s: not a JSON object", path);
+        return -1;
+    }
+    static const struct {
+        const char *key;
+        char kind; /* s string, d double, u u64, w u32 */
+        size_t off, size;
+    } keys[] = {
+#define K(k, kind, f) \
+    { #k, kind, offsetof(finetune_settings, f), sizeof(((finetune_settings *)0)->f) }
+        K(checkpoint, 's', checkpoint),
+        K(data, 's', data),
+        K(validation, 's', validation),
+        K(engine, 's', engine),
+        K(chat_template, 's', chat_template),
+        K(schedule, 's', schedule),
+        K(targets, 's', targets),
+        K(epochs, 'd', epochs),
+        K(lr, 'd', lr),
+        K(min_lr, 'd', min_lr),
+        K(alpha, 'd', alpha),
+        K(weight_decay, 'd', weight_decay),
+        K(grad_clip, 'd', grad_clip),
+        K(beta1, 'd', beta1),
+        K(beta2, 'd', beta2),
+        K(eps, 'd', eps),
+        K(max_steps, 'u', max_steps),
+        K(warmup_steps, 'u', warmup_steps),
+        K(seed, 'u', seed),
+        K(eval_every, 'u', eval_every),
+        K(checkpoint_every, 'u', checkpoint_every),
+        K(rank, 'w', rank),
+        K(batch, 'w', batch),
+        K(seq_len, 'w', seq_len),
+        K(grad_accum, 'w', grad_accum),
+        K(patience, 'w', patience),
+        K(keep, 'w', keep),
+#undef K
+    };
+    int rc = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, o) {
+        size_t k = 0, nk = sizeof keys / sizeof keys[0];
+        while (k < nk && strcmp(keys[k].key, it->string) != 0) k++;
+        if (k == nk) {
+            util_set_err(err, err_cap, "%s: unknown key '%s'", path, it->string);
+            rc = -1;
+            break;
+        }
+        char *dst = (char *)s + keys[k].off;
+        uint64_t u = 0;
+        if (keys[k].kind == 's') {
+            if (!cJSON_IsString(it) || strlen(it->valuestring) >= keys[k].size) {
+                util_set_err(err, err_cap,
+                             "%s: %s: expected a string (at most %zu bytes)", path,
+                             it->string, keys[k].size - 1);
+                rc = -1;
+                break;
+            }
+            snprintf(dst, keys[k].size, "%s", it->valuestring);
+        } else if (keys[k].kind == 'd') {
+            if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble) ||
+                it->valuedouble < 0) {
+                util_set_err(err, err_cap, "%s: %s: expected a number >= 0", path,
+                             it->string);
+                rc = -1;
+                break;
+            }
+            memcpy(dst, &it->valuedouble, sizeof(double));
+        } else {
+            uint64_t max = keys[k].kind == 'w' ? UINT32_MAX : JSON_SAFE_MAX;
+            int ok = 0;
+            if (cJSON_IsNumber(it))
+                ok = it->valuedouble >= 0 && it->valuedouble <= (double)max &&
+                     it->valuedouble == floor(it->valuedouble);
+            else if (cJSON_IsString(it) && strcmp(it->string, "seed") == 0)
+                ok = util_parse_u64(it->valuestring, &u) == 0;
+            if (!ok) {
+                util_set_err(err, err_cap, "%s: %s: expected an integer in [0, %llu]",
+                             path, it->string, (unsigned long long)max);
+                rc = -1;
+                break;
+            }
+            if (cJSON_IsNumber(it)) u = (uint64_t)it->valuedouble;
+            if (keys[k].kind == 'w') {
+                uint32_t w = (uint32_t)u;
+                memcpy(dst, &w, sizeof w);
+            } else {
+                memcpy(dst, &u, sizeof u);
+            }
+        }
+    }
+    cJSON_Delete(o);
+    return rc;
+}
+
 /* state.json text (malloc'd) with the SHA-256 of the checkpoint's files. */
 static char *state_json(const ft *t, const char *adapter_sha, const char *optim_sha) {
     cJSON *o = cJSON_CreateObject();
@@ -595,7 +699,8 @@ static int stale_temp(const char *name) {
         return 0;
     const char *dash = strrchr(name, '-');
     uint64_t pid = 0;
-    if (!dash || util_parse_u64(dash + 1, &pid) != 0 || pid == 0 || pid > INT_MAX) return 0;
+    if (!dash || util_parse_u64(dash + 1, &pid) != 0 || pid == 0 || pid > INT_MAX)
+        return 0;
     return (pid_t)pid != getpid() && kill((pid_t)pid, 0) != 0 && errno == ESRCH;
 }
 

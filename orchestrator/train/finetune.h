@@ -92,6 +92,17 @@ typedef struct finetune_settings {
  * (= once per epoch), patience 0, checkpoint_every 0, keep 2. */
 void finetune_settings_default(finetune_settings *s);
 
+/* Apply the keys of the JSON object in PATH (--config) to *s: any subset of
+ * checkpoint, data, validation, engine, chat_template, schedule, targets
+ * (strings), epochs, lr, min_lr, alpha, weight_decay, grad_clip, beta1,
+ * beta2, eps (numbers), max_steps, warmup_steps, rank, batch, seq_len,
+ * grad_accum, seed, eval_every, patience, checkpoint_every, keep
+ * (non-negative integers; seed also as a decimal string). Errors: "PATH:
+ * not a JSON object", "PATH: unknown key 'x'", "PATH: KEY: expected ..."
+ * (one line; *s may be partly updated). */
+int finetune_settings_from_file(const char *path, finetune_settings *s, char *err,
+                                size_t err_cap);
+
 typedef struct finetune_opts {
     finetune_settings set; /* ignored with resume (state.json's are used) */
     const char *out_dir;
