@@ -176,6 +176,12 @@ struct orch_engine_ctx {
     /* bf16 (cpu_bf16.c): precision=bf16 products (cpu_linear.c); NULL until
      * the first one. Freed by cpu_linear_bf16_free. */
     struct cpu_bf16_state *bf16;
+    /* LoRA adapters (cpu_lora.c, ABI 1.4): the set (NULL until the first
+     * adapter_create; freed by cpu_lora_free_all) and the adapter the
+     * running training/eval call goes through (NULL: the base model; set:
+     * the base is frozen, no base gradients are touched). */
+    struct cpu_lora_set *lora;
+    struct cpu_lora *lora_cur;
 };
 
 /* Record a failure on ctx and return status: cpu_fail(ctx, status, fmt, ...). */
@@ -187,6 +193,10 @@ static inline engine_kv_view cpu_kv_view(orch_engine_ctx *ctx) {
                          ctx->kv_marks, &ctx->kv_epoch, ctx->kv_written };
     return v;
 }
+
+/* (cpu_lora.c) Whether adapter `id` exists on the context `c` (ABI 1.4;
+ * engine_infer_check_lora's callback). */
+int cpu_lora_known(const void *c, uint32_t id);
 
 /* The parameters changed (tensor_write, optimizer step): every derived copy
  * of the weights (packed, bf16, int8) is stale. Derived copies compare
@@ -240,9 +250,10 @@ void cpu_linear_forward(orch_engine_ctx *ctx, const cpu_linear_fwd *op);
 
 /* Backward of out = in*W^T + bias over R rows:
  *   din[R,K] = (din_accumulate ? din : 0) + dout * W    (if din != NULL)
- *   dW[N,K] += dout^T * in ;  dbias[N] += column sums of dout (if dbias)
- * With gelu_x/gelu_tanh set, din is then multiplied elementwise by GELU'(x)
- * (din_accumulate must be 0). */
+ *   dW[N,K] += dout^T * in (if dW);  dbias[N] += column sums of dout (if dW
+ *   and dbias; a frozen base passes neither)
+ * With gelu_x/gelu_tanh set, din (the sum, with din_accumulate) is then
+ * multiplied elementwise by GELU'(x). */
 typedef struct cpu_linear_bwd {
     int R, N, K;
     const float *dout;

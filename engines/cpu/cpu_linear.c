@@ -171,8 +171,9 @@ void cpu_linear_backward(orch_engine_ctx *ctx, const cpu_linear_bwd *op) {
     if (op->din)
         j.kx = cpu_pool_chunks(ctx->pool, (size_t)op->K, SGEMM_MIN_COLS,
                                SGEMM_CHUNKS_PER_THREAD);
-    j.kw = cpu_pool_chunks(ctx->pool, (size_t)op->N, SGEMM_MIN_COLS,
-                           SGEMM_CHUNKS_PER_THREAD);
+    if (op->dW)
+        j.kw = cpu_pool_chunks(ctx->pool, (size_t)op->N, SGEMM_MIN_COLS,
+                               SGEMM_CHUNKS_PER_THREAD);
     cpu_pool_for(ctx->pool, j.kx + j.kw, linbwd_chunk, &j);
 }
 
@@ -459,9 +460,9 @@ static int bf16_backward(orch_engine_ctx *ctx, const cpu_linear_bwd *op) {
     cpu_bf16_shape sw = { op->N, op->K, op->R, 1, op->N, op->K,       1,
                           0,     op->K, 1,     0, 0,     ctx->threads };
     const cpu_bf16_plan *px = op->din ? bf16_plan(st, &sx) : NULL;
-    const cpu_bf16_plan *pw = bf16_plan(st, &sw);
+    const cpu_bf16_plan *pw = op->dW ? bf16_plan(st, &sw) : NULL;
     const uint16_t *w = op->din && px ? bf16_weights(ctx, st, op->W, N * K) : NULL;
-    if (!pw || (op->din && !w) ||
+    if ((op->dW && !pw) || (op->din && !w) ||
         !grow((void **)&st->a, &st->a_cap, R * N * sizeof(uint16_t)) ||
         !grow((void **)&st->b, &st->b_cap, R * K * sizeof(uint16_t))) {
         bf16_fail(st);
@@ -475,7 +476,7 @@ static int bf16_backward(orch_engine_ctx *ctx, const cpu_linear_bwd *op) {
     if (op->din && !bf16_run(st, px, st->a, w, op->din, NULL, NULL))
         cpu_sgemm1(0, 0, op->R, op->K, op->N, 1.0f, op->dout, op->lddout, op->W, op->K,
                    op->din_accumulate ? 1.0f : 0.0f, op->din, op->lddin);
-    if (!bf16_run(st, pw, st->a, st->b, op->dW, NULL, NULL))
+    if (op->dW && !bf16_run(st, pw, st->a, st->b, op->dW, NULL, NULL))
         cpu_sgemm1(1, 0, op->N, op->K, op->R, 1.0f, op->dout, op->lddout, op->in,
                    op->ldin, 1.0f, op->dW, op->K);
     if (op->din && op->gelu_x) {
