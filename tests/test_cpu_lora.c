@@ -115,8 +115,8 @@ static void adapter_table(orch_engine_ctx *ctx, uint32_t id, lora_table *t) {
     for (uint32_t i = 0; i < t->n; i++) {
         memset(&t->info[i], 0, sizeof t->info[i]);
         t->info[i].struct_size = sizeof t->info[i];
-        ck_assert_int_eq(A->adapter_tensor_info(ctx, id, ORCH_TENSOR_PARAM, i, &t->info[i]),
-                         ORCH_OK);
+        ck_assert_int_eq(
+            A->adapter_tensor_info(ctx, id, ORCH_TENSOR_PARAM, i, &t->info[i]), ORCH_OK);
         ck_assert_uint_eq(t->info[i].offset, t->total);
         t->total += t->info[i].numel;
     }
@@ -255,8 +255,9 @@ START_TEST(test_torch_forward) {
     ck_assert_int_eq(
         A->adapter_eval_loss(r.ctx, r.id, r.tokens, r.targets_t, r.B, r.T, &loss),
         ORCH_OK);
-    ck_assert_msg(fabsf(loss - ref_loss) <= 1e-4f, "[%s %s] adapter eval loss %.7f vs %.7f",
-                  fixtures[k], opt, loss, ref_loss);
+    ck_assert_msg(fabsf(loss - ref_loss) <= 1e-4f,
+                  "[%s %s] adapter eval loss %.7f vs %.7f", fixtures[k], opt, loss,
+                  ref_loss);
     uint32_t ids[2] = { r.id, r.id };
     float *logits = batch_logits(r.ctx, &r, ids);
     const double worst = test_max_diff(logits, ref_logits, nl);
@@ -516,7 +517,8 @@ START_TEST(test_fresh_adapter) {
     adapter_table(ctx, id1, &t);
     const int llama = md.arch == ORCH_ARCH_LLAMA;
     ck_assert_uint_eq(t.n, md.layers * (llama ? 14 : 8));
-    const char *gpt2_names[4] = { "attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj" };
+    const char *gpt2_names[4] = { "attn.c_attn", "attn.c_proj", "mlp.c_fc",
+                                  "mlp.c_proj" };
     const char *llama_names[7] = { "self_attn.q_proj", "self_attn.k_proj",
                                    "self_attn.v_proj", "self_attn.o_proj",
                                    "mlp.gate_proj",    "mlp.up_proj",
@@ -526,8 +528,8 @@ START_TEST(test_fresh_adapter) {
         const uint32_t per = llama ? 7 : 4, l = i / (2 * per), j = (i / 2) % per;
         char want[ORCH_TENSOR_NAME_MAX];
         snprintf(want, sizeof want, "%s%u.%s.lora_%s.weight",
-                 llama ? "model.layers." : "h.", l, llama ? llama_names[j] : gpt2_names[j],
-                 i % 2 ? "B" : "A");
+                 llama ? "model.layers." : "h.", l,
+                 llama ? llama_names[j] : gpt2_names[j], i % 2 ? "B" : "A");
         ck_assert_str_eq(t.info[i].name, want);
         ck_assert_uint_eq(t.info[i].ndim, 2);
         ck_assert_uint_eq(t.info[i].flags, 0);
@@ -647,8 +649,7 @@ START_TEST(test_determinism) {
         ck_assert_int_eq(A->adapter_grads_read(r.ctx, r.id, 0, r.t.total, g[rep]),
                          ORCH_OK);
         memcpy(g[rep] + r.t.total, &loss, sizeof loss);
-        if (rep == 1)
-            ck_assert(memcmp(g[0], g[1], (r.t.total + 1) * sizeof(float)) == 0);
+        if (rep == 1) ck_assert(memcmp(g[0], g[1], (r.t.total + 1) * sizeof(float)) == 0);
         lora_close(&r);
     }
     free(g[0]);
@@ -706,10 +707,12 @@ START_TEST(test_bad_inputs) {
                "unknown bits 0x10");
     d.targets = ORCH_LORA_TARGET_MLP_DOWN;
     d.reserved[2] = 5;
-    expect_err(c, A->adapter_create(c, &d, &id), ORCH_ERR_INVALID_ARGUMENT, "reserved[2]");
+    expect_err(c, A->adapter_create(c, &d, &id), ORCH_ERR_INVALID_ARGUMENT,
+               "reserved[2]");
     d.reserved[2] = 0;
     d.struct_size = 16;
-    expect_err(c, A->adapter_create(c, &d, &id), ORCH_ERR_INVALID_ARGUMENT, "struct_size");
+    expect_err(c, A->adapter_create(c, &d, &id), ORCH_ERR_INVALID_ARGUMENT,
+               "struct_size");
     d.struct_size = sizeof d;
     expect_err(c, A->adapter_create(c, NULL, &id), ORCH_ERR_INVALID_ARGUMENT, "desc");
     expect_err(c, A->adapter_create(c, &d, NULL), ORCH_ERR_INVALID_ARGUMENT, "out_id");
@@ -732,41 +735,42 @@ START_TEST(test_bad_inputs) {
                    "adapter_id");
         expect_err(c, A->adapter_tensor_info(c, x, 0, 0, &ti), ORCH_ERR_INVALID_ARGUMENT,
                    "adapter_id");
-        expect_err(c, A->adapter_tensor_read(c, x, 0, 0, buf, 4), ORCH_ERR_INVALID_ARGUMENT,
-                   "adapter_id");
+        expect_err(c, A->adapter_tensor_read(c, x, 0, 0, buf, 4),
+                   ORCH_ERR_INVALID_ARGUMENT, "adapter_id");
         expect_err(c, A->adapter_tensor_write(c, x, 0, 0, buf, 4),
                    ORCH_ERR_INVALID_ARGUMENT, "adapter_id");
-        expect_err(c, A->adapter_grads_zero(c, x), ORCH_ERR_INVALID_ARGUMENT, "adapter_id");
+        expect_err(c, A->adapter_grads_zero(c, x), ORCH_ERR_INVALID_ARGUMENT,
+                   "adapter_id");
         expect_err(c, A->adapter_grads_read(c, x, 0, 1, buf), ORCH_ERR_INVALID_ARGUMENT,
                    "adapter_id");
         expect_err(c, A->adapter_grads_write(c, x, 0, 1, buf), ORCH_ERR_INVALID_ARGUMENT,
                    "adapter_id");
         expect_err(c,
-                   A->adapter_forward_backward(c, x, r.tokens, r.targets_t, r.B, r.T, 1.0f,
-                                               &loss),
+                   A->adapter_forward_backward(c, x, r.tokens, r.targets_t, r.B, r.T,
+                                               1.0f, &loss),
                    ORCH_ERR_INVALID_ARGUMENT, "adapter_id");
         expect_err(c, A->adapter_eval_loss(c, x, r.tokens, r.targets_t, r.B, r.T, &loss),
                    ORCH_ERR_INVALID_ARGUMENT, "adapter_id");
-        expect_err(c, A->adapter_optimizer_step(c, x, &ap, NULL), ORCH_ERR_INVALID_ARGUMENT,
-                   "adapter_id");
+        expect_err(c, A->adapter_optimizer_step(c, x, &ap, NULL),
+                   ORCH_ERR_INVALID_ARGUMENT, "adapter_id");
     }
     /* Kinds, indices, byte counts, ranges, batches. */
     uint32_t cnt;
     expect_err(c, A->adapter_tensor_count(c, r.id, 3, &cnt), ORCH_ERR_INVALID_ARGUMENT,
                "kind");
-    expect_err(c, A->adapter_tensor_info(c, r.id, 0, r.t.n, &ti), ORCH_ERR_INVALID_ARGUMENT,
-               "index");
-    expect_err(c, A->adapter_tensor_read(c, r.id, 0, 0, buf, 4), ORCH_ERR_INVALID_ARGUMENT,
-               "bytes");
+    expect_err(c, A->adapter_tensor_info(c, r.id, 0, r.t.n, &ti),
+               ORCH_ERR_INVALID_ARGUMENT, "index");
+    expect_err(c, A->adapter_tensor_read(c, r.id, 0, 0, buf, 4),
+               ORCH_ERR_INVALID_ARGUMENT, "bytes");
     expect_err(c, A->adapter_grads_read(c, r.id, r.t.total, 1, buf),
                ORCH_ERR_INVALID_ARGUMENT, "adapter_grads_read");
     int32_t bad_tok[24];
     memcpy(bad_tok, r.tokens, sizeof bad_tok);
     bad_tok[5] = (int32_t)r.m.vocab_size;
-    expect_err(c,
-               A->adapter_forward_backward(c, r.id, bad_tok, r.targets_t, r.B, r.T, 1.0f,
-                                           &loss),
-               ORCH_ERR_INVALID_ARGUMENT, "token");
+    expect_err(
+        c,
+        A->adapter_forward_backward(c, r.id, bad_tok, r.targets_t, r.B, r.T, 1.0f, &loss),
+        ORCH_ERR_INVALID_ARGUMENT, "token");
     /* A NaN gradient: ORCH_ERR_NUMERIC, parameters and moments unchanged. */
     float *p0 = adapter_read_all(c, r.id, ORCH_TENSOR_PARAM, &r.t);
     float nan_v = NAN;
