@@ -796,8 +796,188 @@ START_TEST(test_bad_inputs) {
 }
 END_TEST
 
+/* ------------------------------------------------------------------------- */
+/* coserve_forward                                                            */
+/* ------------------------------------------------------------------------- */
+
+static orch_finetune_batch ft_of(uint32_t id, const int32_t *tok, const int32_t *tgt,
+                                 uint32_t B, uint32_t T, float scale) {
+    orch_finetune_batch f;
+    memset(&f, 0, sizeof f);
+    f.struct_size = sizeof f;
+    f.adapter_id = id;
+    f.tokens = tok;
+    f.targets = tgt;
+    f.batch = B;
+    f.seq_len = T;
+    f.grad_scale = scale;
+    return f;
+}
+
+static int32_t coserve(orch_engine_ctx *ctx, const orch_seq_input *seqs, uint32_t n,
+                       float *logits, uint64_t cap, const orch_finetune_batch *ft,
+                       uint32_t nft, float *losses) {
+    orch_infer_batch b;
+    memset(&b, 0, sizeof b);
+    b.struct_size = sizeof b;
+    b.n_seqs = n;
+    b.seq_stride = sizeof(orch_seq_input);
+    b.seqs = seqs;
+    return A->coserve_forward(ctx, n ? &b : NULL, logits, cap, ft, nft,
+                              sizeof(orch_finetune_batch), losses);
+}
+
+/* One context co-serves, another runs infer_forward then
+ * adapter_forward_backward per micro-batch: a prefill of sequence 0 (all
+ * logits, on the adapter) and 5 tokens of sequence 1 (base, last logit),
+ * then a decode step of both, each with two micro-batches (the fixture
+ * batch on the adapter and its first row at grad_scale 0.5 on a second
+ * adapter). Logits, losses and both adapters' gradients agree within 1e-5
+ * (only the rounding of paired products differs). */
+START_TEST(test_coserve_equals_separate) {
+    const int k = _i / 2;
+    const char *opt = _i % 2 ? "threads=1" : "threads=2";
+    lora_run r[2];
+    uint32_t id2[2];
+    for (int c = 0; c < 2; c++) {
+        lora_open(&r[c], k, opt);
+        orch_lora_desc d =
+            lora_desc(2, 4.0f, ORCH_LORA_TARGET_ATTN_OUT | ORCH_LORA_TARGET_MLP_DOWN, 3);
+        ck_assert_int_eq(A->adapter_create(r[c].ctx, &d, &id2[c]), ORCH_OK);
+        ck_assert_int_eq(A->kv_configure(r[c].ctx, 4, 16), ORCH_OK);
+    }
+    ck_assert_uint_eq(id2[0], id2[1]);
+    const uint32_t V = r[0].m.vocab_size, T = r[0].T, B = r[0].B;
+    const int32_t *tok = r[0].tokens, *tgt = r[0].targets_t;
+    int32_t t0[4] = { 3, 0, 5, 7 }, t1[4] = { 1, 6, 2, 4 };
+    float *lc = malloc((size_t)(T + 2) * V * sizeof(float));
+    float *ls = malloc((size_t)(T + 2) * V * sizeof(float));
+    for (int step = 0; step < 2; step++) {
+        orch_seq_input s[2];
+        if (step == 0) {
+            s[0] = test_seq_input(tok, T - 1, 0, t0, 3, ORCH_LOGITS_ALL);
+            s[1] = test_seq_input(tok + T, 5, 0, t1, 2, ORCH_LOGITS_LAST);
+        } else {
+            s[0] = test_seq_input(tok + T - 1, 1, T - 1, t0, 3, ORCH_LOGITS_LAST);
+            s[1] = test_seq_input(tok + T + 5, 1, 5, t1, 2, ORCH_LOGITS_LAST);
+        }
+        s[0].adapter_id = r[0].id;
+        const uint64_t rows = step == 0 ? T : 2;
+        orch_finetune_batch ft[2] = { ft_of(r[0].id, tok, tgt, B, T, 1.0f),
+                                      ft_of(id2[0], tok, tgt, 1, T, 0.5f) };
+        float losses[2] = { -1.0f, -1.0f }, want[2];
+        ck_assert_int_eq(coserve(r[0].ctx, s, 2, lc, rows * V, ft, 2, losses), ORCH_OK);
+        ck_assert_int_eq(test_infer(A, r[1].ctx, s, 2, ls, rows * V), ORCH_OK);
+        ck_assert_int_eq(A->adapter_forward_backward(r[1].ctx, r[1].id, tok, tgt, B, T,
+                                                     1.0f, &want[0]),
+                         ORCH_OK);
+        ck_assert_int_eq(
+            A->adapter_forward_backward(r[1].ctx, id2[1], tok, tgt, 1, T, 0.5f, &want[1]),
+            ORCH_OK);
+        const double dl = test_max_diff(lc, ls, rows * V);
+        ck_assert_msg(dl <= 1e-5, "[%s %s] step %d: coserve logits differ by %g",
+                      fixtures[k], opt, step, dl);
+        for (int i = 0; i < 2; i++)
+            ck_assert_msg(fabsf(losses[i] - want[i]) <= 1e-5f,
+                          "[%s %s] step %d ft %d: loss %.7f vs %.7f", fixtures[k], opt,
+                          step, i, losses[i], want[i]);
+    }
+    const uint32_t ids[2][2] = { { r[0].id, r[1].id }, { id2[0], id2[1] } };
+    for (int a = 0; a < 2; a++) {
+        lora_table t;
+        adapter_table(r[0].ctx, ids[a][0], &t);
+        float *gc = malloc(t.total * sizeof(float)),
+              *gs = malloc(t.total * sizeof(float));
+        ck_assert_int_eq(A->adapter_grads_read(r[0].ctx, ids[a][0], 0, t.total, gc),
+                         ORCH_OK);
+        ck_assert_int_eq(A->adapter_grads_read(r[1].ctx, ids[a][1], 0, t.total, gs),
+                         ORCH_OK);
+        const double d = test_max_diff(gc, gs, t.total), m = test_max_abs(gs, t.total);
+        ck_assert_msg(m > 0.0, "adapter %d: no gradient", a);
+        ck_assert_msg(d <= 1e-5 * m,
+                      "[%s %s] adapter %d: gradients differ by %g (max %g)", fixtures[k],
+                      opt, a, d, m);
+        free(gc);
+        free(gs);
+    }
+    check_base_frozen(&r[0], "after coserve_forward");
+    free(lc);
+    free(ls);
+    lora_close(&r[0]);
+    lora_close(&r[1]);
+}
+END_TEST
+
+/* Either part alone; bad arguments change nothing. */
+START_TEST(test_coserve_parts_and_errors) {
+    lora_run r;
+    lora_open(&r, _i, "threads=2");
+    const uint32_t V = r.m.vocab_size, T = r.T;
+    ck_assert_int_eq(A->kv_configure(r.ctx, 4, 16), ORCH_OK);
+    int32_t t0[4] = { 0, 1, 2, 3 };
+    orch_seq_input s = test_seq_input(r.tokens, T, 0, t0, 3, ORCH_LOGITS_LAST);
+    s.adapter_id = r.id;
+    float *lg = malloc((size_t)V * sizeof(float)),
+          *want = malloc((size_t)V * sizeof(float));
+    /* inference only */
+    ck_assert_int_eq(coserve(r.ctx, &s, 1, lg, V, NULL, 0, NULL), ORCH_OK);
+    ck_assert_int_eq(test_infer(A, r.ctx, &s, 1, want, V), ORCH_OK);
+    ck_assert(memcmp(lg, want, V * sizeof(float)) == 0);
+    /* fine-tuning only: the loss of adapter_eval_loss */
+    orch_finetune_batch ft[2] = { ft_of(r.id, r.tokens, r.targets_t, r.B, T, 1.0f),
+                                  ft_of(r.id, r.tokens, r.targets_t, r.B, T, 1.0f) };
+    float losses[2] = { -1.0f, -1.0f }, ev;
+    ck_assert_int_eq(coserve(r.ctx, NULL, 0, NULL, 0, ft, 1, losses), ORCH_OK);
+    ck_assert_int_eq(
+        A->adapter_eval_loss(r.ctx, r.id, r.tokens, r.targets_t, r.B, T, &ev), ORCH_OK);
+    ck_assert(memcmp(&ev, &losses[0], sizeof ev) == 0);
+    float *g0 = malloc(r.t.total * sizeof(float)),
+          *g1 = malloc(r.t.total * sizeof(float));
+    ck_assert_int_eq(A->adapter_grads_read(r.ctx, r.id, 0, r.t.total, g0), ORCH_OK);
+    /* Bad arguments: nothing runs (gradients and logits untouched). */
+    memset(lg, 0, V * sizeof(float));
+    orch_engine_ctx *c = r.ctx;
+    ft[1].adapter_id = 999;
+    expect_err(c, coserve(c, &s, 1, lg, V, ft, 2, losses), ORCH_ERR_INVALID_ARGUMENT,
+               "ft[1]: adapter_id 999");
+    ft[1].adapter_id = r.id;
+    int32_t bad[24];
+    memcpy(bad, r.tokens, sizeof bad);
+    bad[0] = -5;
+    ft[1].tokens = bad;
+    expect_err(c, coserve(c, &s, 1, lg, V, ft, 2, losses), ORCH_ERR_INVALID_ARGUMENT,
+               "ft[1]");
+    ft[1].tokens = r.tokens;
+    ft[1].struct_size = 8;
+    expect_err(c, coserve(c, &s, 1, lg, V, ft, 2, losses), ORCH_ERR_INVALID_ARGUMENT,
+               "struct_size");
+    ft[1].struct_size = sizeof ft[1];
+    expect_err(c, coserve(c, &s, 1, lg, V, ft, 2, NULL), ORCH_ERR_INVALID_ARGUMENT,
+               "out_losses");
+    expect_err(c, coserve(c, &s, 1, lg, V, NULL, 2, losses), ORCH_ERR_INVALID_ARGUMENT,
+               "ft is NULL");
+    expect_err(c, A->coserve_forward(c, NULL, NULL, 0, ft, 2, 12, losses),
+               ORCH_ERR_INVALID_ARGUMENT, "ft_stride");
+    s.adapter_id = 999;
+    expect_err(c, coserve(c, &s, 1, lg, V, ft, 2, losses), ORCH_ERR_INVALID_ARGUMENT,
+               "adapter_id 999");
+    s.adapter_id = r.id;
+    expect_err(c, coserve(c, &s, 1, lg, 1, ft, 2, losses), ORCH_ERR_CAPACITY, "logits");
+    ck_assert(test_max_abs(lg, V) == 0.0);
+    ck_assert_int_eq(A->adapter_grads_read(r.ctx, r.id, 0, r.t.total, g1), ORCH_OK);
+    ck_assert(memcmp(g0, g1, r.t.total * sizeof(float)) == 0);
+    free(g0);
+    free(g1);
+    free(lg);
+    free(want);
+    lora_close(&r);
+}
+END_TEST
+
 START_TEST(test_capabilities) {
     ck_assert(A->capabilities & ORCH_CAP_LORA);
+    ck_assert(A->capabilities & ORCH_CAP_COSERVE);
+    ck_assert(ORCH_API_HAS(A, coserve_forward));
     ck_assert(ORCH_API_HAS(A, adapter_create));
     ck_assert(ORCH_API_HAS(A, adapter_optimizer_step));
 }
@@ -822,6 +1002,8 @@ static Suite *suite(void) {
     tcase_add_loop_test(tc, test_finite_differences, 0, N_FIXTURES);
     tcase_add_loop_test(tc, test_determinism, 0, N_FIXTURES);
     tcase_add_loop_test(tc, test_bad_inputs, 0, 2);
+    tcase_add_loop_test(tc, test_coserve_equals_separate, 0, 2 * N_FIXTURES);
+    tcase_add_loop_test(tc, test_coserve_parts_and_errors, 0, N_FIXTURES);
     suite_add_tcase(s, tc);
     return s;
 }

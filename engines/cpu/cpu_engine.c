@@ -13,7 +13,8 @@
  *
  * Capabilities: TRAIN | INFER | KV_COPY | EVAL | DETERMINISTIC (same inputs
  * and thread count give the same bits) | LORA (ABI 1.4 adapters, cpu_lora.c:
- * adapter training with the base frozen, adapter_id in infer_forward).
+ * adapter training with the base frozen, adapter_id in infer_forward) |
+ * COSERVE (coserve_forward, cpu_coserve.c).
  *
  * Engine options (orch_engine_options.options, "key=value" separated by ','
  * or ';'; unknown keys are ORCH_ERR_INVALID_ARGUMENT):
@@ -88,6 +89,7 @@
 #include "engines/cpu/cpu_features.h"
 #include "engines/cpu/cpu_internal.h"
 #include "engines/cpu/cpu_llama.h"
+#include "engines/cpu/cpu_coserve.h"
 #include "engines/cpu/cpu_lora.h"
 #include "engines/cpu/cpu_llama_infer.h"
 #include "engines/cpu/cpu_quant.h"
@@ -1076,6 +1078,18 @@ static int32_t cpu_adapter_optimizer_step(orch_engine_ctx *ctx, uint32_t adapter
     return st;
 }
 
+static int32_t cpu_coserve_forward_abi(orch_engine_ctx *ctx,
+                                       const orch_infer_batch *batch, float *logits,
+                                       uint64_t logits_cap, const orch_finetune_batch *ft,
+                                       uint32_t n_finetune, uint32_t ft_stride,
+                                       float *out_losses) {
+    ENTER(ctx);
+    int32_t st = cpu_coserve_forward(ctx, batch, logits, logits_cap, ft, n_finetune,
+                                     ft_stride, out_losses);
+    cpu_pool_park(ctx->pool);
+    return st;
+}
+
 /* ------------------------------------------------------------------------- */
 /* Probe, status strings, the table                                           */
 /* ------------------------------------------------------------------------- */
@@ -1119,7 +1133,7 @@ static const orch_engine_api cpu_api = {
     .name = "cpu",
     .version = CPU_VERSION,
     .capabilities = ORCH_CAP_TRAIN | ORCH_CAP_INFER | ORCH_CAP_KV_COPY | ORCH_CAP_EVAL |
-                    ORCH_CAP_DETERMINISTIC | ORCH_CAP_LORA,
+                    ORCH_CAP_DETERMINISTIC | ORCH_CAP_LORA | ORCH_CAP_COSERVE,
     .probe = cpu_probe,
     .status_string = engine_status_string,
     .context_create = cpu_context_create,
@@ -1158,6 +1172,7 @@ static const orch_engine_api cpu_api = {
     .adapter_forward_backward = cpu_adapter_forward_backward,
     .adapter_eval_loss = cpu_adapter_eval_loss,
     .adapter_optimizer_step = cpu_adapter_optimizer_step,
+    .coserve_forward = cpu_coserve_forward_abi,
 };
 
 ORCH_ENGINE_EXPORT const orch_engine_api *orch_engine_get_api(uint32_t abi_major);

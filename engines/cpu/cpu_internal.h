@@ -182,6 +182,9 @@ struct orch_engine_ctx {
      * the base is frozen, no base gradients are touched). */
     struct cpu_lora_set *lora;
     struct cpu_lora *lora_cur;
+    /* coserve_forward in progress (cpu_coserve.c): the two passes' hand-over
+     * state; NULL otherwise. */
+    struct cpu_coserve *coserve;
 };
 
 /* Record a failure on ctx and return status: cpu_fail(ctx, status, fmt, ...). */
@@ -247,6 +250,17 @@ typedef struct cpu_linear_fwd {
     int gelu_inplace;
 } cpu_linear_fwd;
 void cpu_linear_forward(orch_engine_ctx *ctx, const cpu_linear_fwd *op);
+/* cpu_linear_forward without the coserve_forward pairing. */
+void cpu_linear_forward_solo(orch_engine_ctx *ctx, const cpu_linear_fwd *op);
+/* Two products of one weight (same W, N, K, bias; each its own rows, input,
+ * residual, output, GELU) in one pass over W (coserve_forward; precision=
+ * bf16 runs them one after the other). The packed kernels are not used. */
+int cpu_linear_forward_pair_ok(const cpu_linear_fwd *a, const cpu_linear_fwd *b);
+void cpu_linear_forward_pair(orch_engine_ctx *ctx, const cpu_linear_fwd *a,
+                             const cpu_linear_fwd *b);
+/* (cpu_coserve.c) Inside coserve_forward: pair op with the other pass's
+ * product of the same weight, or hand it over; 1 when op was computed. */
+int cpu_coserve_linear(orch_engine_ctx *ctx, const cpu_linear_fwd *op);
 
 /* Backward of out = in*W^T + bias over R rows:
  *   din[R,K] = (din_accumulate ? din : 0) + dout * W    (if din != NULL)
