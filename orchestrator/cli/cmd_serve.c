@@ -112,6 +112,13 @@ static int parse_args(int argc, char **argv, serve_options *o, int *st) {
           .min = 1, .max = INT32_MAX },
         { "--kv-memory", FLAG_U64, &o->kv_memory_mib, "MIB",
           .help = "KV pool memory budget (default 1024)", .min = 1, .max = 1 << 24 },
+        { "--state-dir", FLAG_STRING, &o->state_dir, "DIR",
+          .help = "keep uploaded files (OpenAI's /v1/files) in DIR,\n"
+                  "across restarts (default: none; the files API is\n"
+                  "off)" },
+        { "--max-upload-mib", FLAG_U64, &o->max_upload_mib, "MIB",
+          .help = "size limit of one uploaded file (default 512)", .min = 1,
+          .max = 1 << 20 },
         { "--max-body", FLAG_U64, &o->max_body, "BYTES",
           .help = "request body limit (default 4194304)", .min = 64,
           .max = (int64_t)1 << 32 },

@@ -26,8 +26,16 @@ static const char *const route_label[R_COUNT] = {
     "/v1/models",      "/v1/models/{model}",
     "/v1/completions", "/v1/chat/completions",
     "/metrics",        "/tokenize",
-    "/detokenize"
+    "/detokenize",     "/v1/files",
+    "/v1/files/{id}",  "/v1/files/{id}/content"
 };
+
+/* The Allow header of a 405 on `route`. */
+static const char *route_allow(int route) {
+    if (route == R_FILES) return "GET, HEAD, POST";
+    if (route == R_FILE) return "GET, HEAD, DELETE";
+    return route_is_post(route) ? "POST" : "GET, HEAD";
+}
 
 /* ------------------------------------------------------------------------- */
 /* Responses                                                                  */
@@ -55,7 +63,7 @@ enum MHD_Result http_queue_body(http_req *hr, unsigned status, char *body, size_
     }
     if (ctype) MHD_add_response_header(r, "Content-Type", ctype);
     if (status == 405) {
-        const char *allow = route_is_post(hr->route) ? "POST" : "GET, HEAD";
+        const char *allow = route_allow(hr->route);
         MHD_add_response_header(r, "Allow", allow);
     }
     if (status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
@@ -178,6 +186,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
     if (!hr) return;
     *req_cls = NULL;
     set_phase(hr, LISTENER_IDLE); /* kept alive: the next head has a deadline */
+    http_files_done(hr);
     conn_watch_clear_request(s->front.watch, hr->hc ? hr->hc->cc : NULL, hr);
     pthread_mutex_lock(&hr->lock);
     int wake = http_gen_cancel_locked(hr);
@@ -202,6 +211,12 @@ static int match_route(const char *url) {
     if (strcmp(url, "/metrics") == 0) return R_METRICS;
     if (strcmp(url, "/tokenize") == 0) return R_TOKENIZE;
     if (strcmp(url, "/detokenize") == 0) return R_DETOKENIZE;
+    if (strcmp(url, "/v1/files") == 0) return R_FILES;
+    if (strncmp(url, "/v1/files/", 10) == 0 && url[10]) {
+        size_t n = strlen(url);
+        if (n > 18 && strcmp(url + n - 8, "/content") == 0) return R_FILE_CONTENT;
+        return R_FILE;
+    }
     return R_OTHER;
 }
 
@@ -250,7 +265,8 @@ static enum MHD_Result answer_preflight(http_req *hr) {
         MHD_create_response_from_buffer(0, NULL, MHD_RESPMEM_PERSISTENT);
     if (!r) return MHD_NO;
     http_add_cors(hr, r);
-    MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+    MHD_add_response_header(r, "Access-Control-Allow-Methods",
+                            "GET, POST, DELETE, OPTIONS");
     MHD_add_response_header(r, "Access-Control-Allow-Headers",
                             "Authorization, Content-Type");
     MHD_add_response_header(r, "Access-Control-Max-Age", "600");
@@ -337,8 +353,16 @@ static enum MHD_Result begin_request(http_server *s, struct MHD_Connection *conn
     *req_cls = hr;
     if (pthread_mutex_init(&hr->lock, NULL) != 0) return MHD_NO;
     hr->lock_init = 1;
+    int is_get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
+    int is_post = strcmp(method, "POST") == 0;
+    int is_delete = strcmp(method, "DELETE") == 0;
+    hr->method = is_get      ? HTTP_M_GET
+                 : is_post   ? HTTP_M_POST
+                 : is_delete ? HTTP_M_DELETE
+                             : HTTP_M_OTHER;
     int post_route = route_is_post(hr->route);
-    set_phase(hr, post_route ? LISTENER_BODY : LISTENER_BUSY);
+    hr->has_body = post_route || (hr->route == R_FILES && is_post);
+    set_phase(hr, hr->has_body ? LISTENER_BODY : LISTENER_BUSY);
     hr->cors = http_policy_cors(
         &s->policy, MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Origin"));
 
@@ -354,18 +378,20 @@ static enum MHD_Result begin_request(http_server *s, struct MHD_Connection *conn
                  host);
         return http_queue_err(hr, 403, NULL, "host_not_allowed", msg);
     }
-    int is_get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
-    int is_post = strcmp(method, "POST") == 0;
     if (hr->route == R_OTHER)
         return http_queue_err(hr, 404, NULL, "not_found", "no such route");
     if (strcmp(method, "OPTIONS") == 0 && hr->cors) {
         hr->preflight = 1; /* answered once the request is complete */
         return MHD_YES;
     }
-    if (post_route ? !is_post : !is_get) {
+    int allowed = route_is_files(hr->route)
+                      ? (is_get || (hr->route == R_FILES && is_post) ||
+                         (hr->route == R_FILE && is_delete))
+                      : (post_route ? is_post : is_get);
+    if (!allowed) {
         char msg[128];
         snprintf(msg, sizeof msg, "method %.16s is not allowed here (use %s)", method,
-                 post_route ? "POST" : "GET");
+                 route_allow(hr->route));
         return http_queue_err(hr, 405, NULL, "method_not_allowed", msg);
     }
     if ((strncmp(url, "/v1/", 4) == 0 || post_route) &&
@@ -377,6 +403,7 @@ static enum MHD_Result begin_request(http_server *s, struct MHD_Connection *conn
     /* GET routes answer on the next call, once the request is complete: a
      * response queued now would make libmicrohttpd close the connection (no
      * keep-alive). */
+    if (route_is_files(hr->route)) return http_files_begin(hr);
     if (!post_route) return MHD_YES;
     return check_body_headers(hr);
 }
@@ -422,8 +449,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         enum MHD_Result r = begin_request(s, conn, url, method, version, req_cls);
         hr = *req_cls;
         /* an answer queued before the body: no 408 over it */
-        if (hr && hr->responded && route_is_post(hr->route))
-            set_phase(hr, LISTENER_BODY_ANSWERED);
+        if (hr && hr->responded && hr->has_body) set_phase(hr, LISTENER_BODY_ANSWERED);
         return r;
     }
     if (hr->responded) { /* an early answer was queued: discard the body */
@@ -433,9 +459,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     if (*upload_data_size) {
         size_t n = *upload_data_size;
         *upload_data_size = 0;
+        if (hr->upload) return http_files_take(hr, upload_data, n);
         return take_upload(hr, upload_data, n);
     }
     if (hr->preflight) return answer_preflight(hr);
+    if (route_is_files(hr->route)) {
+        set_phase(hr, LISTENER_BUSY);
+        return http_files_answer(hr, url);
+    }
     if (!route_is_post(hr->route)) return answer_get(hr, url);
     set_phase(hr, LISTENER_BUSY);
     if (hr->too_big) {

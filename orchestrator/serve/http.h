@@ -14,6 +14,8 @@
  *   POST /v1/completions       prompt: string | token ids | list of either
  *   POST /v1/chat/completions  messages through chat_template.h
  *   GET  /metrics              Prometheus text (metrics.h)
+ *   /v1/files...               OpenAI's files API (http_files.c), with a
+ *                              file store (--state-dir)
  *   OPTIONS (any route)        CORS preflight, for an allowed origin only
  * Checks, in order, before a body is read: Host (http_policy.h), route,
  * method, API key (routes under /v1/), Content-Type of POST routes, the
@@ -62,6 +64,7 @@
 #include "orchestrator/core/metrics.h"
 #include "orchestrator/data/tokenizer.h"
 #include "orchestrator/serve/chat_template.h"
+#include "orchestrator/serve/file_store.h"
 #include "orchestrator/serve/scheduler.h"
 
 #define HTTP_DEFAULT_MAX_BODY             (4u << 20)
@@ -94,6 +97,7 @@ typedef struct http_server_config {
     const char *const *cors_origins; /* --cors-origin */
     size_t n_cors_origins;
     metrics_registry *metrics; /* required */
+    file_store *files;         /* /v1/files (borrowed); NULL = those routes 404 */
 } http_server_config;
 
 typedef struct http_server http_server;

@@ -47,8 +47,19 @@ enum route {
     R_METRICS,
     R_TOKENIZE,
     R_DETOKENIZE,
+    R_FILES,        /* GET list, POST upload (http_files.c) */
+    R_FILE,         /* GET, DELETE */
+    R_FILE_CONTENT, /* GET */
     R_COUNT
 };
+
+/* Request methods the routes take. */
+enum { HTTP_M_GET = 0, HTTP_M_POST, HTTP_M_DELETE, HTTP_M_OTHER };
+
+/* The files routes (http_files.c). */
+static inline int route_is_files(int route) {
+    return route == R_FILES || route == R_FILE || route == R_FILE_CONTENT;
+}
 
 /* Routes answered to POST with a JSON body (the rest: GET / HEAD). */
 static inline int route_is_post(int route) {
@@ -104,6 +115,9 @@ typedef struct http_req {
     int too_big;     /* the body went over the limit: 413 after the upload */
     int over_budget; /* the bodies in flight went over their memory cap: 503 */
     int responded;
+    int method;                 /* HTTP_M_* */
+    int has_body;               /* a POST route whose body is read (JSON, or an upload) */
+    struct http_upload *upload; /* POST /v1/files (http_files.c) */
     work_item job;
 
     /* generation request */
@@ -148,6 +162,16 @@ void http_req_free(http_req *hr);
 void http_req_resume(http_req *hr);
 /* Suspend hr's connection (under hr->lock). */
 void http_req_suspend_locked(http_req *hr);
+
+/* ---- http_files.c ---- */
+/* First call of a files route (headers checked): start an upload. */
+enum MHD_Result http_files_begin(http_req *hr);
+/* A piece of an upload's body. */
+enum MHD_Result http_files_take(http_req *hr, const char *data, size_t n);
+/* The request is complete: answer it. */
+enum MHD_Result http_files_answer(http_req *hr, const char *url);
+/* The request is over (any outcome): drop an unfinished upload. */
+void http_files_done(http_req *hr);
 
 /* ---- http_gen.c ---- */
 /* The final handler call of a POST route (the body is complete). */

@@ -31,6 +31,7 @@ void serve_options_default(serve_options *o) {
     o->kv_memory_mib = 1024;
     o->max_body = HTTP_DEFAULT_MAX_BODY;
     o->max_body_memory_mib = HTTP_DEFAULT_MAX_BODY_MEMORY >> 20;
+    o->max_upload_mib = FILE_STORE_DEFAULT_MAX >> 20;
     o->http_threads = 1;
     o->http_workers = HTTP_DEFAULT_WORKERS;
     o->drain_timeout = 30;
@@ -219,6 +220,7 @@ typedef struct serve_state {
     scheduler *sched;
     serve_model m;
     chat_template_choice chat; /* borrowed by the HTTP server */
+    file_store *files;         /* --state-dir; borrowed by the HTTP server */
 } serve_state;
 
 /* Listen, load, size, start the scheduler, set ready. Returns 0 when ready,
@@ -245,6 +247,16 @@ static int serve_start(const serve_options *o, const serve_hooks *h, const char 
         .n_cors_origins = o->n_cors_origins,
         .metrics = st->reg,
     };
+    if (o->state_dir) {
+        char ferr[1024];
+        st->files =
+            file_store_open(o->state_dir, o->max_upload_mib << 20, ferr, sizeof ferr);
+        if (!st->files) {
+            util_set_err(err, err_cap, "--state-dir %s: %s", o->state_dir, ferr);
+            return -1;
+        }
+        sc.files = st->files;
+    }
     if (o->chat_template && /* a bad name fails before anything starts */
         chat_template_choose(o->chat_template, NULL, 0, &st->chat, err, err_cap) != 0)
         return -1;
@@ -336,6 +348,7 @@ static void serve_shutdown(serve_state *st, const serve_hooks *h) {
     http_server_stop(st->srv);
     model_close(&st->m, h);
     chat_template_choice_free(&st->chat);
+    file_store_close(st->files);
     metrics_registry_free(st->reg);
 }
 
