@@ -239,6 +239,38 @@ static float *batch_logits(orch_engine_ctx *ctx, const lora_run *r,
     return logits;
 }
 
+/* The same rows as batch_logits, made by a prefill of `prefill` tokens per
+ * sequence (all logits) and then one-token decode steps (malloc'd). */
+static float *batch_logits_decode(orch_engine_ctx *ctx, const lora_run *r,
+                                  const uint32_t *adapters, uint32_t prefill) {
+    const uint32_t B = r->B, T = r->T, V = r->m.vocab_size;
+    ck_assert_int_eq(A->kv_configure(ctx, 4, 4 * B), ORCH_OK);
+    int32_t tables[8][4];
+    orch_seq_input s[8];
+    ck_assert(B <= 8 && T <= 16 && prefill < T);
+    float *out = malloc((size_t)B * T * V * sizeof(float));
+    float *step = malloc((size_t)B * T * V * sizeof(float));
+    ck_assert(out && step);
+    for (uint32_t b = 0; b < B; b++)
+        for (uint32_t j = 0; j < 4; j++) tables[b][j] = (int32_t)(j * B + b);
+    for (uint32_t pos = 0; pos < T;) {
+        const uint32_t n = pos == 0 ? prefill : 1;
+        for (uint32_t b = 0; b < B; b++) {
+            s[b] = test_seq_input(r->tokens + (size_t)b * T + pos, n, pos, tables[b], 4,
+                                  ORCH_LOGITS_ALL);
+            s[b].adapter_id = adapters[b];
+        }
+        int32_t st = test_infer(A, ctx, s, B, step, (uint64_t)B * n * V);
+        ck_assert_msg(st == ORCH_OK, "infer_forward: %s", A->last_error(ctx));
+        for (uint32_t b = 0; b < B; b++)
+            memcpy(out + ((size_t)b * T + pos) * V, step + (size_t)b * n * V,
+                   (size_t)n * V * sizeof(float));
+        pos += n;
+    }
+    free(step);
+    return out;
+}
+
 /* ------------------------------------------------------------------------- */
 /* Against PyTorch                                                            */
 /* ------------------------------------------------------------------------- */
@@ -446,11 +478,14 @@ START_TEST(test_merged_weights) {
 END_TEST
 
 /* Two adapters and the base in one batch: each sequence equals its own
- * merged model (sequence b of the fixture on adapter ids[b]). */
+ * merged model (sequence b of the fixture on adapter ids[b]), in one forward
+ * and through a prefill and decode steps; packed decode kernels and (with
+ * skinny=0) sgemm. */
 START_TEST(test_mixed_batch) {
-    const int k = _i;
+    const int k = _i / 2;
+    const char *opt = _i % 2 ? "skinny=0" : "threads=2";
     lora_run r;
-    lora_open(&r, k, "threads=2");
+    lora_open(&r, k, opt);
     float *ad1 = adapter_read_all(r.ctx, r.id, ORCH_TENSOR_PARAM, &r.t);
     /* Second adapter: same shape, B of the fixture negated and A scaled. */
     orch_lora_desc d = lora_desc(r.rank, r.alpha, r.targets, 5);
@@ -475,8 +510,19 @@ START_TEST(test_mixed_batch) {
             const uint32_t id = combos[c][b];
             const float *want = id == 0 ? y0 : id == r.id ? y1 : y2;
             const double worst = test_max_diff(x + b * T * V, want + b * T * V, T * V);
-            ck_assert_msg(worst <= 1e-4, "[%s] combo %d seq %u (adapter %u): %g",
-                          fixtures[k], c, b, id, worst);
+            ck_assert_msg(worst <= 1e-4, "[%s %s] combo %d seq %u (adapter %u): %g",
+                          fixtures[k], opt, c, b, id, worst);
+        }
+        free(x);
+        /* The same through a prefill of 8 tokens and 4 decode steps. */
+        x = batch_logits_decode(r.ctx, &r, combos[c], 8);
+        for (uint32_t b = 0; b < 2; b++) {
+            const uint32_t id = combos[c][b];
+            const float *want = id == 0 ? y0 : id == r.id ? y1 : y2;
+            const double worst = test_max_diff(x + b * T * V, want + b * T * V, T * V);
+            ck_assert_msg(worst <= 1e-4,
+                          "[%s %s] decode combo %d seq %u (adapter %u): %g", fixtures[k],
+                          opt, c, b, id, worst);
         }
         free(x);
     }
@@ -997,7 +1043,7 @@ static Suite *suite(void) {
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_capabilities);
     tcase_add_loop_test(tc, test_merged_weights, 0, N_FIXTURES);
-    tcase_add_loop_test(tc, test_mixed_batch, 0, N_FIXTURES);
+    tcase_add_loop_test(tc, test_mixed_batch, 0, 2 * N_FIXTURES);
     tcase_add_loop_test(tc, test_fresh_adapter, 0, N_FIXTURES);
     tcase_add_loop_test(tc, test_finite_differences, 0, N_FIXTURES);
     tcase_add_loop_test(tc, test_determinism, 0, N_FIXTURES);

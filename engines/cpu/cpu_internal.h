@@ -2,8 +2,9 @@
  * cpu_internal.h - the CPU engine's context and the functions its modules
  * share: cpu_engine.c (the ABI: validation, tensor tables, KV pool, options),
  * cpu_train.c (GPT-2 training forward/backward, AdamW), cpu_infer.c
- * (GPT-2 paged-KV inference), cpu_llama.c (LLaMA training and inference)
- * and cpu_linear.c (threaded matrix products).
+ * (GPT-2 paged-KV inference), cpu_llama.c (LLaMA training and inference),
+ * cpu_linear.c (threaded matrix products), cpu_lora.c (LoRA adapters, ABI
+ * 1.4) and cpu_coserve.c (coserve_forward).
  * Private to engines/cpu; the orchestrator never includes it.
  *
  * Memory layout: parameters, gradients and the two AdamW moments are each ONE

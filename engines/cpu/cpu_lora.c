@@ -224,6 +224,11 @@ int32_t cpu_lora_create(orch_engine_ctx *ctx, const orch_lora_desc *desc,
         total += (uint64_t)m->out * d.rank;
     }
     cpu_lora_set *s = set_get(ctx);
+    if (s && s->next_id == 0) { /* 2^32 - 1 adapters made: ids are never reused */
+        free(mods);
+        return cpu_fail(ctx, ORCH_ERR_CAPACITY,
+                        "adapter_create: this context has used every adapter id");
+    }
     cpu_lora *lo = calloc(1, sizeof *lo);
     if (lo) {
         lo->tensors = calloc(2 * (size_t)n_mods, sizeof *lo->tensors);
