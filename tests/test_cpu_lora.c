@@ -32,6 +32,11 @@
  *     B match the adapter gradient;
  *   - gradients accumulate over calls (grad_scale) and grads_write/read
  *     round-trip; same inputs and thread count give the same bits;
+ *   - precision=bf16 (where available): 10 adapter steps within 2e-2 of the
+ *     fixture's losses, base untouched;
+ *   - coserve_forward equals infer_forward + adapter_forward_backward
+ *     (prefill and decode steps, two micro-batches on two adapters, 1 and 2
+ *     threads) within 1e-5; either part alone; bad arguments change nothing;
  *   - bad inputs: rank 0, rank above min(in, out), alpha <= 0 or NaN, no
  *     targets, unknown target bits, reserved words, a short struct_size,
  *     NULL pointers, unknown or destroyed ids on every call, bad kinds,
@@ -398,6 +403,45 @@ START_TEST(test_torch_steps) {
     free(m);
     free(p);
     check_base_frozen(&r, "after adapter_optimizer_step");
+    lora_close(&r);
+}
+END_TEST
+
+/* precision=bf16 (where the CPU and oneDNN allow it): the base products in
+ * bf16 (dX only: the frozen base has no dW product), the adapter's in fp32;
+ * the 10 step losses within 2e-2 of the float64 fixture (the bound of
+ * tests/test_cpu_bf16.c) and the base untouched. */
+START_TEST(test_bf16_steps) {
+    safetensors_file *f = test_fixture_open(fixtures[_i]);
+    orch_model_desc m = fixture_model(f);
+    orch_engine_ctx *probe = NULL;
+    char err[1024] = "";
+    const int ok = engine_create_context(&H, &m, 0, 1, "precision=bf16", &probe, err,
+                                         sizeof err) == 0;
+    safetensors_close(f);
+    if (!ok) { /* refused on a CPU without bf16 or without oneDNN: one line naming it */
+        ck_assert_msg(strstr(err, "precision=bf16") != NULL, "refusal: %s", err);
+        fprintf(stderr, "test_bf16_steps: skipped (%s)\n", err);
+        return;
+    }
+    A->context_destroy(probe);
+    lora_run r;
+    lora_open(&r, _i, "precision=bf16");
+    size_t ns;
+    const float *ref = test_fixture_f32(r.f, "train_losses", &ns);
+    for (int s = 0; s < (int)ns; s++) {
+        float loss = -1.0f, norm;
+        ck_assert_int_eq(A->adapter_grads_zero(r.ctx, r.id), ORCH_OK);
+        ck_assert_int_eq(A->adapter_forward_backward(r.ctx, r.id, r.tokens, r.targets_t,
+                                                     r.B, r.T, 1.0f, &loss),
+                         ORCH_OK);
+        ck_assert_msg(fabsf(loss - ref[s]) <= 2e-2f,
+                      "[%s] bf16 step %d: %.6f vs torch %.6f", fixtures[_i], s + 1, loss,
+                      ref[s]);
+        orch_adamw_params p = adam_of(r.f, (uint64_t)s + 1);
+        ck_assert_int_eq(A->adapter_optimizer_step(r.ctx, r.id, &p, &norm), ORCH_OK);
+    }
+    check_base_frozen(&r, "bf16 adapter steps");
     lora_close(&r);
 }
 END_TEST
@@ -1050,6 +1094,7 @@ static Suite *suite(void) {
     tcase_add_loop_test(tc, test_bad_inputs, 0, 2);
     tcase_add_loop_test(tc, test_coserve_equals_separate, 0, 2 * N_FIXTURES);
     tcase_add_loop_test(tc, test_coserve_parts_and_errors, 0, N_FIXTURES);
+    tcase_add_loop_test(tc, test_bf16_steps, 0, N_FIXTURES);
     suite_add_tcase(s, tc);
     return s;
 }
