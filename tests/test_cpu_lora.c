@@ -998,6 +998,76 @@ START_TEST(test_coserve_equals_separate) {
 }
 END_TEST
 
+/* A model whose head (16384 x 256) spans several 2 MB column blocks of the
+ * paired product per thread: co-served equals separate (within 1e-5) on
+ * random weights, a random adapter (B not zero) on every target, three
+ * sequences (two on the adapter) prefilling 8 tokens and then decoding. */
+START_TEST(test_coserve_blocks) {
+    orch_model_desc m = test_model_desc(16384, 32, 1, 4, 256);
+    orch_engine_ctx *c[2] = { make_ctx(&m, "threads=2"), make_ctx(&m, "threads=2") };
+    orch_lora_desc d = lora_desc(4, 8.0f, ORCH_LORA_TARGET_ALL, 11);
+    uint32_t id[2];
+    uint64_t rng = 99;
+    lora_table t;
+    for (int k = 0; k < 2; k++) {
+        ck_assert_int_eq(A->adapter_create(c[k], &d, &id[k]), ORCH_OK);
+        ck_assert_int_eq(A->kv_configure(c[k], 4, 32), ORCH_OK);
+    }
+    adapter_table(c[0], id[0], &t);
+    for (uint32_t i = 1; i < t.n; i += 2) { /* B: uniform in [-0.05, 0.05) */
+        float *b = malloc(t.info[i].numel * sizeof(float));
+        for (uint64_t e = 0; e < t.info[i].numel; e++)
+            b[e] = (float)((double)(test_lcg64(&rng) >> 11) / 9007199254740992.0 - 0.5) *
+                   0.1f;
+        for (int k = 0; k < 2; k++)
+            ck_assert_int_eq(A->adapter_tensor_write(c[k], id[k], ORCH_TENSOR_PARAM, i, b,
+                                                     t.info[i].numel * sizeof(float)),
+                             ORCH_OK);
+        free(b);
+    }
+    int32_t tok[64], tgt[64];
+    for (int i = 0; i < 64; i++) {
+        tok[i] = (int32_t)(test_lcg64(&rng) >> 40) % 16384;
+        tgt[i] = i % 7 == 3 ? -1 : (int32_t)(test_lcg64(&rng) >> 40) % 16384;
+    }
+    int32_t tables[3][4] = { { 0, 1, 2, 3 }, { 4, 5, 6, 7 }, { 8, 9, 10, 11 } };
+    const uint64_t V = 16384;
+    float *lg[2] = { malloc(3 * 8 * V * sizeof(float)),
+                     malloc(3 * 8 * V * sizeof(float)) };
+    for (int step = 0; step < 3; step++) {
+        orch_seq_input s[3];
+        const uint32_t n = step == 0 ? 8 : 1, pos = step == 0 ? 0 : 7 + (uint32_t)step;
+        for (int q = 0; q < 3; q++) {
+            s[q] =
+                test_seq_input(tok + 16 * q + pos, n, pos, tables[q], 4, ORCH_LOGITS_ALL);
+            s[q].adapter_id = q == 1 ? 0 : id[0];
+        }
+        orch_finetune_batch ft = ft_of(id[0], tok, tgt, 2, 16, 1.0f);
+        float lc = -1.0f, ls = -2.0f;
+        ck_assert_int_eq(coserve(c[0], s, 3, lg[0], 3 * n * V, &ft, 1, &lc), ORCH_OK);
+        ck_assert_int_eq(test_infer(A, c[1], s, 3, lg[1], 3 * n * V), ORCH_OK);
+        ck_assert_int_eq(
+            A->adapter_forward_backward(c[1], id[1], tok, tgt, 2, 16, 1.0f, &ls),
+            ORCH_OK);
+        const double dl = test_max_diff(lg[0], lg[1], 3 * n * V);
+        ck_assert_msg(dl <= 1e-5, "step %d: coserve logits differ by %g", step, dl);
+        ck_assert_msg(fabsf(lc - ls) <= 1e-5f, "step %d: loss %.7f vs %.7f", step, lc,
+                      ls);
+    }
+    float *g[2] = { malloc(t.total * sizeof(float)), malloc(t.total * sizeof(float)) };
+    for (int k = 0; k < 2; k++)
+        ck_assert_int_eq(A->adapter_grads_read(c[k], id[k], 0, t.total, g[k]), ORCH_OK);
+    const double dg = test_max_diff(g[0], g[1], t.total),
+                 mg = test_max_abs(g[1], t.total);
+    ck_assert_msg(mg > 0.0 && dg <= 1e-5 * mg, "gradients differ by %g (max %g)", dg, mg);
+    for (int k = 0; k < 2; k++) {
+        free(lg[k]);
+        free(g[k]);
+        A->context_destroy(c[k]);
+    }
+}
+END_TEST
+
 /* Either part alone; bad arguments change nothing. */
 START_TEST(test_coserve_parts_and_errors) {
     lora_run r;
@@ -1094,6 +1164,7 @@ static Suite *suite(void) {
     tcase_add_loop_test(tc, test_bad_inputs, 0, 2);
     tcase_add_loop_test(tc, test_coserve_equals_separate, 0, 2 * N_FIXTURES);
     tcase_add_loop_test(tc, test_coserve_parts_and_errors, 0, N_FIXTURES);
+    tcase_add_test(tc, test_coserve_blocks);
     tcase_add_loop_test(tc, test_bf16_steps, 0, N_FIXTURES);
     suite_add_tcase(s, tc);
     return s;
