@@ -136,11 +136,14 @@ void cpu_linear_forward_solo(orch_engine_ctx *ctx, const cpu_linear_fwd *op) {
 }
 
 /* Two products of the same weight (coserve_forward): each pool chunk takes a
- * range of output columns and walks it in blocks of PAIR_BLOCK_BYTES of W,
- * running a's rows and then b's rows on the block while it is in the core's
- * cache, so W streams from memory once for both. Bias, residual and GELU of
- * each op as cpu_linear_forward does them, per block. */
-#define PAIR_BLOCK_BYTES ((size_t)2 << 20)
+ * range of output columns and walks it in blocks of PAIR_BLOCK_BYTES of W
+ * (half of this machine's 2 MB L2 per core), running a's rows and then b's
+ * rows on the block while it is in the core's cache, so W streams from
+ * memory once for both. Both parts run on sgemm against W itself: the packed
+ * decode kernel reads a separate copy of the weights, a second stream, which
+ * is what pairing avoids. Bias, residual and GELU of each op as
+ * cpu_linear_forward does them, per block. */
+#define PAIR_BLOCK_BYTES ((size_t)1 << 20)
 
 typedef struct pair_job {
     orch_engine_ctx *ctx;
@@ -148,28 +151,9 @@ typedef struct pair_job {
     size_t chunks, block_cols;
 } pair_job;
 
-static void pair_part(const orch_engine_ctx *ctx, const cpu_linear_fwd *op, size_t c0,
-                      size_t c1) {
-    const int isa = ctx->isa;
+static void pair_part(int isa, const cpu_linear_fwd *op, size_t c0, size_t c1) {
     float beta = 0.0f;
     if (op->R == 0) return;
-    if (op->packed && (uint32_t)op->R <= ctx->skinny_max) { /* few rows: packed kernel */
-        int acc = 0;
-        if (op->resid) {
-            if (op->resid != op->out)
-                for (int r = 0; r < op->R; r++)
-                    memcpy(op->out + (size_t)r * op->ldout + c0,
-                           op->resid + (size_t)r * op->ldresid + c0,
-                           (c1 - c0) * sizeof(float));
-            acc = 1;
-        }
-        cpu_packed_matmul(isa, op->R, (size_t)op->N, (size_t)op->K, op->in,
-                          (size_t)op->ldin, op->packed, op->bias, op->out,
-                          (size_t)op->ldout, acc, c0 / CPU_PANEL,
-                          (c1 + CPU_PANEL - 1) / CPU_PANEL);
-        if (op->gelu_inplace || op->gelu_out) gelu_cols(isa, op, c0, c1);
-        return;
-    }
     if (op->bias || op->resid) {
         for (int r = 0; r < op->R; r++) {
             float *o = op->out + (size_t)r * op->ldout + c0;
@@ -194,8 +178,8 @@ static void pair_chunk(void *arg, size_t chunk, int tid) {
     cpu_pool_range(N, (int)chunk, (int)j->chunks, 16, &c0, &c1);
     for (size_t a = c0; a < c1; a += j->block_cols) {
         const size_t b = a + j->block_cols < c1 ? a + j->block_cols : c1;
-        pair_part(j->ctx, j->op[0], a, b);
-        pair_part(j->ctx, j->op[1], a, b);
+        pair_part(j->ctx->isa, j->op[0], a, b);
+        pair_part(j->ctx->isa, j->op[1], a, b);
     }
 }
 
