@@ -14,6 +14,7 @@
 
 #include "orchestrator/core/json_writer.h"
 #include "orchestrator/core/util.h"
+#include "orchestrator/serve/ft_runner.h"
 #include "orchestrator/store/peft_adapter.h"
 
 typedef struct cs_adapter {
@@ -47,6 +48,7 @@ struct coserve {
     scheduler *sched;              /* attached: tasks go through its thread */
     cs_task *tasks_head, *tasks_tail;
     int destroyed_pending; /* adapters with unloading && refs == 0 exist */
+    ft_runner *runner;     /* fine-tuning jobs (NULL = none) */
 };
 
 static int lora_capable(const coserve *c, char *err, size_t err_cap) {
@@ -81,7 +83,8 @@ coserve *coserve_create(const coserve_config *cfg, char *err, size_t err_cap) {
     pthread_cond_init(&c->cv, NULL);
     c->hooks.tasks = task_hook;
     c->hooks.arg = c;
-    if (cfg->allow_runtime_load && (cfg->engine->api->capabilities & ORCH_CAP_LORA) &&
+    if ((cfg->allow_runtime_load || cfg->fingerprint_now) &&
+        (cfg->engine->api->capabilities & ORCH_CAP_LORA) &&
         ensure_fingerprint(c, err, err_cap) != 0) {
         coserve_destroy(c);
         return NULL;
@@ -232,7 +235,56 @@ static int task_hook(void *arg) {
         }
     }
     pthread_mutex_unlock(&c->mu);
-    return 0;
+    return c->runner ? ft_runner_tasks(c->runner) : 0;
+}
+
+static uint32_t take_hook(void *arg, uint32_t decode_tokens, uint32_t prefill_tokens,
+                          double oldest_wait_ms, orch_finetune_batch *ft, uint32_t cap) {
+    coserve *c = arg;
+    return c->runner ? ft_runner_take(c->runner, decode_tokens, prefill_tokens,
+                                      oldest_wait_ms, ft, cap)
+                     : 0;
+}
+
+static void done_hook(void *arg, int32_t st, const char *err, const float *losses,
+                      uint32_t n, uint32_t decode_tokens, uint32_t prefill_tokens,
+                      double seconds) {
+    coserve *c = arg;
+    if (c->runner)
+        ft_runner_done(c->runner, st, err, losses, n, decode_tokens, prefill_tokens,
+                       seconds);
+}
+
+void coserve_set_runner(coserve *c, ft_runner *r) {
+    c->runner = r;
+    c->hooks.take = r ? take_hook : NULL;
+    c->hooks.done = r ? done_hook : NULL;
+}
+
+const char *coserve_fingerprint(const coserve *c) { return c->fingerprint; }
+
+int coserve_register(coserve *c, const char *name, const char *dir, uint32_t id,
+                     char *err, size_t err_cap) {
+    pthread_mutex_lock(&c->mu);
+    int rc = -1;
+    if (!valid_name(name))
+        util_set_err(err, err_cap, "adapter name '%.64s' is not valid", name);
+    else if (find(c, name) || strcmp(name, c->cfg.base_name) == 0)
+        util_set_err(err, err_cap, "a model named '%s' is already served", name);
+    else if (c->n >= c->cfg.max_adapters)
+        util_set_err(err, err_cap, "%u adapters are loaded already (the limit)",
+                     c->cfg.max_adapters);
+    else {
+        cs_adapter *x = &c->adapters[c->n++];
+        memset(x, 0, sizeof *x);
+        snprintf(x->name, sizeof x->name, "%s", name);
+        snprintf(x->dir, sizeof x->dir, "%s", dir);
+        x->id = id;
+        x->created = (long)time(NULL);
+        rc = 0;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return rc;
 }
 
 int coserve_resolve(coserve *c, const char *name, uint32_t *adapter_id) {

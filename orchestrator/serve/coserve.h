@@ -42,6 +42,8 @@ typedef struct coserve_config {
     const char *base_name;  /* the served base model's name */
     int allow_runtime_load; /* --enable-lora-loading */
     uint32_t max_adapters;  /* loaded at once; 0 = COSERVE_MAX_ADAPTERS */
+    int fingerprint_now;    /* compute the base's fingerprint at create (for
+                               adapters trained in the server) */
 } coserve_config;
 
 typedef struct coserve coserve;
@@ -82,6 +84,20 @@ int coserve_load_request(coserve *c, const char *body, size_t len, double timeou
                          strbuf *answer, api_error *e);
 int coserve_unload_request(coserve *c, const char *body, size_t len, double timeout_s,
                            strbuf *answer, api_error *e);
+
+/* Fine-tuning jobs share the hooks: take/done go to the runner, and its
+ * tasks run after coserve's own (ft_runner.h). Call before the scheduler
+ * starts. */
+struct ft_runner;
+void coserve_set_runner(coserve *c, struct ft_runner *r);
+
+/* Serve engine adapter `id` (trained in this context; coserve owns it from
+ * now on) as NAME from DIR. Scheduler thread only. */
+int coserve_register(coserve *c, const char *name, const char *dir, uint32_t id,
+                     char *err, size_t err_cap);
+
+/* "sha256:..." of the base ("" when not computed). */
+const char *coserve_fingerprint(const coserve *c);
 
 /* Adapters loaded now (for metrics and logs). */
 uint32_t coserve_adapter_count(coserve *c);
