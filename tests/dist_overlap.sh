@@ -107,6 +107,8 @@ grep -q "overlapped with the backward" "$tmp/m-on.log" || fail "mock: no overlap
 run "$tmp/m-z.log" "${MPIRUN[@]}" "$ORCH_BIN" train "${c[@]}" --set train.zero=1 \
   --out "$tmp/m-z" &&
   { grep -q "ZeRO-1: AdamW moments sharded" "$tmp/m-z.log" || fail "mock: no ZeRO-1 line"
+    grep -q "^train: ZeRO-1 reduce-scatters the gradients after the backward (train.overlap_allreduce applies to zero = 0)" \
+      "$tmp/m-z.log" || fail "mock: zero=1 does not say that the overlap does not apply"
     grep -q "overlapped\|all-reduce after the backward" "$tmp/m-z.log" &&
       fail "mock: zero=1 took the all-reduce path"; }
 

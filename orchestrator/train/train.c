@@ -812,6 +812,11 @@ int train_run(const train_opts *o, train_result *res, int *err_kind, char *err,
                 (unsigned long long)t.n_params);
         fflush(o->out);
     }
+    if (dist_world() > 1 && t.zero && c->overlap_allreduce && o->out) {
+        fprintf(o->out, "train: ZeRO-1 reduce-scatters the gradients after the backward "
+                        "(train.overlap_allreduce applies to zero = 0)\n");
+        fflush(o->out);
+    }
     if (dist_world() > 1 && !t.zero && o->out) {
         if (t.overlap)
             fprintf(o->out,
