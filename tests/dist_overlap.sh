@@ -16,6 +16,9 @@
 #  - The mock engine: on == off bit for bit; ZeRO-1 (train.zero = 1) keeps its
 #    own path (no overlap line); an ABI 1.1 engine (tests/engines/abi11_mock.c)
 #    trains with one line saying it has no forward_backward_notify.
+#  - An engine whose ranges miss part of the buffer (tests/engines/
+#    notify_gap_mock.c) stops the run with one line naming the engine and the
+#    counts.
 #  - Prints (does not assert) the step time on and off and the all-reduce
 #    time waited after the backward, from the runs' closing lines.
 # Skips (77) when mpirun is missing or orch was built without MPI.
@@ -120,6 +123,19 @@ if [ -e "$old" ]; then
         "$tmp/old.log" || { cat "$tmp/old.log"; fail "ABI 1.1 engine: no line saying why not overlapped"; }; }
 else
   fail "$old not built (make test-bins)"
+fi
+
+# An engine whose ranges do not cover the buffer: the run stops with one line.
+gap="$ORCH_BUILD/tests/engines/notify_gap_mock.so"
+if [ -e "$gap" ]; then
+  if timeout 60 "${MPIRUN[@]}" "$ORCH_BIN" train "${common[@]}" --engine "$gap" --steps 3 \
+      --out "$tmp/gap" >"$tmp/gap.log" 2>&1; then
+    fail "an engine that drops a gradient range trained"
+  fi
+  grep -q "engine mock-notify-gap: forward_backward_notify reported [0-9]* of [0-9]* gradient elements" \
+    "$tmp/gap.log" || { tail -n 5 "$tmp/gap.log"; fail "no line naming the uncovered gradient"; }
+else
+  fail "$gap not built (make test-bins)"
 fi
 
 # Config errors name the key and the value.
