@@ -35,9 +35,8 @@ static int32_t gap_notify(orch_engine_ctx *ctx, const int32_t *tokens,
     fwd.ready = ready;
     fwd.user = user;
     fwd.seen = 0;
-    return mock->forward_backward_notify(ctx, tokens, targets, batch, seq_len,
-                                         grad_scale, out_loss, ready ? drop_first : NULL,
-                                         NULL);
+    return mock->forward_backward_notify(ctx, tokens, targets, batch, seq_len, grad_scale,
+                                         out_loss, ready ? drop_first : NULL, NULL);
 }
 
 ORCH_ENGINE_EXPORT const orch_engine_api *orch_engine_get_api(uint32_t abi_major);
