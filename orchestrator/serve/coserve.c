@@ -323,7 +323,8 @@ static void entry_json(const coserve *c, const cs_adapter *x, strbuf *b,
                        uint32_t max_model_len) {
     strbuf_puts(b, "{\"id\":");
     json_write_cstring(b, x->name);
-    strbuf_printf(b, ",\"object\":\"model\",\"created\":%ld,\"owned_by\":\"orch\",\"root\":",
+    strbuf_printf(b,
+                  ",\"object\":\"model\",\"created\":%ld,\"owned_by\":\"orch\",\"root\":",
                   x->created);
     json_write_cstring(b, x->dir);
     strbuf_puts(b, ",\"parent\":");
@@ -456,9 +457,11 @@ int coserve_load_request(coserve *c, const char *body, size_t len, double timeou
     int too_long = strlen(path) >= sizeof t.dir;
     snprintf(t.dir, sizeof t.dir, "%s", path);
     cJSON_Delete(r);
-    if (too_long) return api_error_set(e, 400, "lora_path", "invalid_value", "path too long");
+    if (too_long)
+        return api_error_set(e, 400, "lora_path", "invalid_value", "path too long");
     if (run_task(c, &t, timeout_s, e) != 0) return -1;
-    if (t.rc != 0) return api_error_set(e, 400, "lora_path", "invalid_adapter", "%s", t.err);
+    if (t.rc != 0)
+        return api_error_set(e, 400, "lora_path", "invalid_adapter", "%s", t.err);
     strbuf_printf(answer, "{\"status\":\"loaded\",\"lora_name\":");
     json_write_cstring(answer, t.name);
     strbuf_puts(answer, "}");

@@ -32,7 +32,7 @@
 #include "orchestrator/serve/api_error.h"
 #include "orchestrator/serve/scheduler.h"
 
-#define COSERVE_NAME_MAX    320
+#define COSERVE_NAME_MAX     320
 #define COSERVE_MAX_ADAPTERS 64u
 
 typedef struct coserve_config {

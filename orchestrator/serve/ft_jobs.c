@@ -836,3 +836,12 @@ void ft_jobs_counts(ft_jobs *j, uint64_t counts[FT_JOB_CANCELLED + 1]) {
             counts[j->jobs[i].status]++;
     pthread_mutex_unlock(&j->mu);
 }
+
+size_t ft_jobs_in_status(ft_jobs *j, int status, ft_job *out, size_t cap) {
+    size_t k = 0;
+    pthread_mutex_lock(&j->mu);
+    for (size_t i = 0; i < j->n && k < cap; i++)
+        if (j->jobs[i].status == status) out[k++] = j->jobs[i];
+    pthread_mutex_unlock(&j->mu);
+    return k;
+}

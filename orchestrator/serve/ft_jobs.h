@@ -126,6 +126,9 @@ int ft_jobs_checkpoint(ft_jobs *j, const char *id, uint64_t step, const char *mo
  * CANCELLED. */
 int ft_jobs_finish(ft_jobs *j, const char *id, int status, const char *fine_tuned_model,
                    const char *error_code, const char *error_message);
+/* Copies of up to cap jobs in `status`, oldest first; returns how many. */
+size_t ft_jobs_in_status(ft_jobs *j, int status, ft_job *out, size_t cap);
+
 /* Jobs in each status (for metrics): counts[FT_JOB_CANCELLED + 1]. */
 void ft_jobs_counts(ft_jobs *j, uint64_t counts[FT_JOB_CANCELLED + 1]);
 

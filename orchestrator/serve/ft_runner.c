@@ -55,12 +55,14 @@ struct ft_runner {
     prepared ready[PREPARED_MAX]; /* under mu */
     uint32_t n_ready;
     char running_id[FT_JOB_ID_MAX]; /* under mu: the active job ("" = none) */
-    active a; /* scheduler thread only */
+    active a;                       /* scheduler thread only */
     metrics_series *m_tokens, *m_share, *m_attain, *m_p99;
     metrics_family *m_jobs;
 };
 
-static uint32_t granule(const ft_runner *r) { return r->cfg.micro_batch * r->cfg.seq_len; }
+static uint32_t granule(const ft_runner *r) {
+    return r->cfg.micro_batch * r->cfg.seq_len;
+}
 
 /* ------------------------------------------------------------------------- */
 /* The preparer thread                                                        */
@@ -91,8 +93,11 @@ static int prepare(ft_runner *r, const ft_job *job, prepared *out, char *err,
     if (ft_data_load(path, &o, &out->train, msg, sizeof msg) != 0) {
         /* the store's path means nothing to the client: name the file id */
         const char *colon = strstr(msg, ".data:");
-        util_set_err(err, err_cap, "training_file %s: %s", job->training_file,
-                     colon ? colon + 6 : msg);
+        if (colon)
+            util_set_err(err, err_cap, "training_file %s: line %s", job->training_file,
+                         colon + 6);
+        else
+            util_set_err(err, err_cap, "training_file %s: %s", job->training_file, msg);
         return -1;
     }
     if (job->validation_file[0]) {
@@ -101,8 +106,8 @@ static int prepare(ft_runner *r, const ft_job *job, prepared *out, char *err,
                 0 ||
             ft_data_load(path, &o, &v, msg, sizeof msg) != 0) {
             const char *colon = strstr(msg, ".data:");
-            util_set_err(err, err_cap, "validation_file %s: %s", job->validation_file,
-                         colon ? colon + 6 : "deleted");
+            util_set_err(err, err_cap, "validation_file %s: %s%s", job->validation_file,
+                         colon ? "line " : "", colon ? colon + 6 : "deleted");
             ft_dataset_free(&out->train);
             return -1;
         }
@@ -206,9 +211,10 @@ ft_runner *ft_runner_create(const ft_runner_config *cfg, char *err, size_t err_c
         return NULL;
     }
     if (!cfg->micro_batch || !cfg->seq_len || cfg->seq_len > cfg->model->context) {
-        util_set_err(err, err_cap,
-                     "fine-tuning rows of %u positions do not fit the model's context (%u)",
-                     cfg->seq_len, cfg->model->context);
+        util_set_err(
+            err, err_cap,
+            "fine-tuning rows of %u positions do not fit the model's context (%u)",
+            cfg->seq_len, cfg->model->context);
         return NULL;
     }
     ft_runner *r = util_calloc(1, sizeof *r);
@@ -238,14 +244,16 @@ ft_runner *ft_runner_create(const ft_runner_config *cfg, char *err, size_t err_c
                         NULL),
         NULL);
     r->m_share = metrics_series_get(
-        metrics_gauge(m, "orch_coserve_finetune_share",
-                      "Share of the last iteration's tokens that were fine-tuning tokens.",
-                      0, NULL),
+        metrics_gauge(
+            m, "orch_coserve_finetune_share",
+            "Share of the last iteration's tokens that were fine-tuning tokens.", 0,
+            NULL),
         NULL);
     r->m_attain = metrics_series_get(
-        metrics_gauge(m, "orch_coserve_slo_attainment",
-                      "Share of decode iterations within the TPOT target (--slo-tpot-ms).",
-                      0, NULL),
+        metrics_gauge(
+            m, "orch_coserve_slo_attainment",
+            "Share of decode iterations within the TPOT target (--slo-tpot-ms).", 0,
+            NULL),
         NULL);
     r->m_p99 = metrics_series_get(
         metrics_gauge(m, "orch_coserve_tpot_p99_seconds",
@@ -326,7 +334,8 @@ static void update_job_gauges(ft_runner *r) {
     }
 }
 
-static void engine_msg(ft_runner *r, int32_t st, const char *what, char *buf, size_t cap) {
+static void engine_msg(ft_runner *r, int32_t st, const char *what, char *buf,
+                       size_t cap) {
     char m[512];
     engine_format_error(r->cfg.engine, r->cfg.ctx, st, m, sizeof m);
     snprintf(buf, cap, "%s: %s", what, m);
@@ -390,8 +399,8 @@ static void start_next(ft_runner *r) {
     snprintf(msg, sizeof msg,
              "Fine-tuning job started: %" PRIu64 " steps of %u rows (%u micro-batches of "
              "%u), LoRA rank %u alpha %g",
-             a->total_steps, p.hp.batch_size, a->accum, r->cfg.micro_batch,
-             a->desc.rank, (double)a->desc.alpha);
+             a->total_steps, p.hp.batch_size, a->accum, r->cfg.micro_batch, a->desc.rank,
+             (double)a->desc.alpha);
     ft_jobs_event(r->cfg.jobs, job.id, "info", msg, NULL);
 }
 
@@ -399,7 +408,8 @@ int ft_runner_tasks(ft_runner *r) {
     active *a = &r->a;
     if (a->on && a->in_flight == 0) {
         ft_job now;
-        if (ft_jobs_get(r->cfg.jobs, a->job.id, &now) != 0 || now.status != FT_JOB_RUNNING)
+        if (ft_jobs_get(r->cfg.jobs, a->job.id, &now) != 0 ||
+            now.status != FT_JOB_RUNNING)
             drop_active(r); /* cancelled */
     }
     if (!a->on) start_next(r);
@@ -411,8 +421,8 @@ uint32_t ft_runner_take(ft_runner *r, uint32_t decode_tokens, uint32_t prefill_t
                         double oldest_wait_ms, orch_finetune_batch *ft, uint32_t cap) {
     active *a = &r->a;
     if (!a->on || a->step >= a->total_steps) return 0;
-    uint32_t budget = ft_budget_next(r->budget, decode_tokens, prefill_tokens,
-                                     oldest_wait_ms);
+    uint32_t budget =
+        ft_budget_next(r->budget, decode_tokens, prefill_tokens, oldest_wait_ms);
     uint32_t k = budget / granule(r);
     uint32_t left = a->accum - a->accum_done;
     if (k > left) k = left;
@@ -446,9 +456,10 @@ uint32_t ft_runner_take(ft_runner *r, uint32_t decode_tokens, uint32_t prefill_t
     return k;
 }
 
-static void fine_tuned_name(const ft_runner *r, const ft_job *job, char *buf, size_t cap) {
-    snprintf(buf, cap, "ft:%s:%s:%.8s", r->cfg.base_name, job->suffix[0] ? job->suffix : "orch",
-             job->id + 6);
+static void fine_tuned_name(const ft_runner *r, const ft_job *job, char *buf,
+                            size_t cap) {
+    snprintf(buf, cap, "ft:%s:%s:%.8s", r->cfg.base_name,
+             job->suffix[0] ? job->suffix : "orch", job->id + 6);
 }
 
 /* The last step is done: save the adapter, serve it, succeed. */
@@ -462,8 +473,8 @@ static void finish(ft_runner *r) {
     const char *fp = coserve_fingerprint(r->cfg.cs);
     if (fsio_mkdir_p(dir, msg, sizeof msg) != 0 ||
         peft_adapter_from_engine(r->cfg.engine, r->cfg.ctx, a->adapter, r->cfg.model,
-                                 &a->desc, r->cfg.base_name, fp, &pa, msg, sizeof msg) !=
-            0 ||
+                                 &a->desc, r->cfg.base_name, fp, &pa, msg,
+                                 sizeof msg) != 0 ||
         peft_adapter_save(dir, &pa, msg, sizeof msg) != 0) {
         peft_adapter_free(&pa);
         char full[1200];
@@ -483,8 +494,8 @@ static void finish(ft_runner *r) {
     }
     a->adapter = 0; /* coserve's now */
     char metrics[128];
-    snprintf(metrics, sizeof metrics, "{\"step\":%" PRIu64 ",\"train_loss\":%.6g}", a->step,
-             a->loss_sum);
+    snprintf(metrics, sizeof metrics, "{\"step\":%" PRIu64 ",\"train_loss\":%.6g}",
+             a->step, a->loss_sum);
     ft_jobs_checkpoint(r->cfg.jobs, a->job.id, a->step, name, metrics);
     ft_jobs_progress(r->cfg.jobs, a->job.id, a->trained_tokens);
     snprintf(msg, sizeof msg, "The job has successfully completed: model %s", name);
@@ -537,8 +548,8 @@ void ft_runner_done(ft_runner *r, int32_t st, const char *err, const float *loss
     ap.weight_decay = 0.0f;
     ap.grad_clip = 1.0f;
     float gnorm = 0;
-    int32_t s2 = r->cfg.engine->api->adapter_optimizer_step(r->cfg.ctx, a->adapter, &ap,
-                                                             &gnorm);
+    int32_t s2 =
+        r->cfg.engine->api->adapter_optimizer_step(r->cfg.ctx, a->adapter, &ap, &gnorm);
     if (s2 != ORCH_OK) {
         char msg[1024];
         engine_msg(r, s2, "adapter_optimizer_step", msg, sizeof msg);

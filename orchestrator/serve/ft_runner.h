@@ -70,13 +70,13 @@ typedef struct ft_runner_config {
     metrics_registry *metrics;
     const char *state_dir;
     /* defaults and shape of the work */
-    double lr;             /* base learning rate (x the job's multiplier) */
-    uint32_t rank;         /* LoRA rank when the job does not say */
-    double alpha;          /* LoRA alpha when the job does not say */
-    uint32_t targets;      /* ORCH_LORA_TARGET_* */
-    uint32_t seq_len;      /* positions per row */
-    uint32_t micro_batch;  /* rows per micro-batch */
-    ft_budget_config slo;  /* the token budget (granule = micro-batch tokens) */
+    double lr;            /* base learning rate (x the job's multiplier) */
+    uint32_t rank;        /* LoRA rank when the job does not say */
+    double alpha;         /* LoRA alpha when the job does not say */
+    uint32_t targets;     /* ORCH_LORA_TARGET_* */
+    uint32_t seq_len;     /* positions per row */
+    uint32_t micro_batch; /* rows per micro-batch */
+    ft_budget_config slo; /* the token budget (granule = micro-batch tokens) */
 } ft_runner_config;
 
 typedef struct ft_runner ft_runner;

@@ -40,6 +40,8 @@ static const char *const route_label[R_COUNT] = { "other",
 static const char *route_allow(int route) {
     if (route == R_FILES) return "GET, HEAD, POST";
     if (route == R_FILE) return "GET, HEAD, DELETE";
+    if (route == R_FT_JOBS) return "GET, HEAD, POST";
+    if (route == R_FT_CANCEL) return "POST";
     return route_is_post(route) ? "POST" : "GET, HEAD";
 }
 
@@ -220,6 +222,15 @@ static int match_route(const char *url) {
     if (strcmp(url, "/tokenize") == 0) return R_TOKENIZE;
     if (strcmp(url, "/detokenize") == 0) return R_DETOKENIZE;
     if (strcmp(url, "/v1/files") == 0) return R_FILES;
+    if (strcmp(url, "/v1/fine_tuning/jobs") == 0) return R_FT_JOBS;
+    if (strncmp(url, "/v1/fine_tuning/jobs/", 21) == 0 && url[21]) {
+        const char *slash = strchr(url + 21, '/');
+        if (!slash) return R_FT_JOB;
+        if (strcmp(slash, "/cancel") == 0) return R_FT_CANCEL;
+        if (strcmp(slash, "/events") == 0) return R_FT_EVENTS;
+        if (strcmp(slash, "/checkpoints") == 0) return R_FT_CKPTS;
+        return R_OTHER;
+    }
     if (strcmp(url, "/v1/load_lora_adapter") == 0) return R_LORA_LOAD;
     if (strcmp(url, "/v1/unload_lora_adapter") == 0) return R_LORA_UNLOAD;
     if (strncmp(url, "/v1/files/", 10) == 0 && url[10]) {
@@ -375,7 +386,8 @@ static enum MHD_Result begin_request(http_server *s, struct MHD_Connection *conn
                  : is_delete ? HTTP_M_DELETE
                              : HTTP_M_OTHER;
     int post_route = route_is_post(hr->route);
-    hr->has_body = post_route || (hr->route == R_FILES && is_post);
+    hr->has_body = post_route || (hr->route == R_FILES && is_post) ||
+                   (hr->route == R_FT_JOBS && is_post);
     set_phase(hr, hr->has_body ? LISTENER_BODY : LISTENER_BUSY);
     hr->cors = http_policy_cors(
         &s->policy, MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Origin"));
@@ -401,7 +413,9 @@ static enum MHD_Result begin_request(http_server *s, struct MHD_Connection *conn
     int allowed = route_is_files(hr->route)
                       ? (is_get || (hr->route == R_FILES && is_post) ||
                          (hr->route == R_FILE && is_delete))
-                      : (post_route ? is_post : is_get);
+                  : hr->route == R_FT_CANCEL ? is_post
+                  : hr->route == R_FT_JOBS   ? (is_get || is_post)
+                                             : (post_route ? is_post : is_get);
     if (!allowed) {
         char msg[128];
         snprintf(msg, sizeof msg, "method %.16s is not allowed here (use %s)", method,
@@ -418,6 +432,7 @@ static enum MHD_Result begin_request(http_server *s, struct MHD_Connection *conn
      * response queued now would make libmicrohttpd close the connection (no
      * keep-alive). */
     if (route_is_files(hr->route)) return http_files_begin(hr);
+    if (hr->route == R_FT_JOBS && is_post) return check_body_headers(hr);
     if (!post_route) return MHD_YES;
     return check_body_headers(hr);
 }
@@ -480,6 +495,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     if (route_is_files(hr->route)) {
         set_phase(hr, LISTENER_BUSY);
         return http_files_answer(hr, url);
+    }
+    if (route_is_ft(hr->route)) {
+        set_phase(hr, LISTENER_BUSY);
+        return http_ft_answer(hr, url);
     }
     if (!route_is_post(hr->route)) return answer_get(hr, url);
     set_phase(hr, LISTENER_BUSY);
@@ -642,6 +661,13 @@ void http_server_set_chat_template(http_server *s, const chat_template *t,
 }
 
 void http_server_set_coserve(http_server *s, coserve *c) { s->cfg.coserve = c; }
+
+void http_server_set_finetune(http_server *s, ft_jobs *jobs, struct ft_runner *runner,
+                              const char *disabled) {
+    s->cfg.jobs = jobs;
+    s->cfg.runner = runner;
+    s->cfg.ft_disabled = disabled;
+}
 
 void http_server_drain_begin(http_server *s) {
     if (!s) return;

@@ -52,11 +52,21 @@ enum route {
     R_FILE_CONTENT, /* GET */
     R_LORA_LOAD,    /* POST /v1/load_lora_adapter */
     R_LORA_UNLOAD,  /* POST /v1/unload_lora_adapter */
+    R_FT_JOBS,      /* GET list, POST create (http_ft.c) */
+    R_FT_JOB,       /* GET */
+    R_FT_CANCEL,    /* POST */
+    R_FT_EVENTS,    /* GET */
+    R_FT_CKPTS,     /* GET */
     R_COUNT
 };
 
 /* Request methods the routes take. */
 enum { HTTP_M_GET = 0, HTTP_M_POST, HTTP_M_DELETE, HTTP_M_OTHER };
+
+/* The fine-tuning routes (http_ft.c). */
+static inline int route_is_ft(int route) {
+    return route >= R_FT_JOBS && route <= R_FT_CKPTS;
+}
 
 /* The files routes (http_files.c). */
 static inline int route_is_files(int route) {
@@ -175,6 +185,10 @@ enum MHD_Result http_files_take(http_req *hr, const char *data, size_t n);
 enum MHD_Result http_files_answer(http_req *hr, const char *url);
 /* The request is over (any outcome): drop an unfinished upload. */
 void http_files_done(http_req *hr);
+
+/* ---- http_ft.c ---- */
+/* A fine-tuning route, the request complete (the create body read). */
+enum MHD_Result http_ft_answer(http_req *hr, const char *url);
 
 /* ---- http_gen.c ---- */
 /* request_limits.model_known over the server's adapters. */

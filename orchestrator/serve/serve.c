@@ -17,9 +17,11 @@
 #include "orchestrator/infer/inference_model.h"
 #include "orchestrator/serve/block_manager.h"
 #include "orchestrator/serve/chat_template.h"
+#include "orchestrator/serve/ft_runner.h"
 #include "orchestrator/serve/http.h"
 #include "orchestrator/serve/scheduler.h"
 #include "orchestrator/store/model_source.h"
+#include "orchestrator/store/peft_adapter.h"
 
 void serve_options_default(serve_options *o) {
     memset(o, 0, sizeof *o);
@@ -32,6 +34,10 @@ void serve_options_default(serve_options *o) {
     o->max_body = HTTP_DEFAULT_MAX_BODY;
     o->max_body_memory_mib = HTTP_DEFAULT_MAX_BODY_MEMORY >> 20;
     o->max_upload_mib = FILE_STORE_DEFAULT_MAX >> 20;
+    o->ft_lr = 2e-4;
+    o->ft_rank = 8;
+    o->ft_alpha = 16;
+    o->ft_micro_batch = 1;
     o->http_threads = 1;
     o->http_workers = HTTP_DEFAULT_WORKERS;
     o->drain_timeout = 30;
@@ -222,7 +228,72 @@ typedef struct serve_state {
     chat_template_choice chat; /* borrowed by the HTTP server */
     file_store *files;         /* --state-dir; borrowed by the HTTP server */
     coserve *cs;               /* adapters; borrowed by the HTTP server */
+    ft_jobs *jobs;             /* --state-dir fine-tuning jobs */
+    ft_runner *runner;         /* runs them (an engine with LoRA adapters) */
+    char ft_disabled[256];     /* why there is no runner */
 } serve_state;
+
+/* The fine-tuning runner of --state-dir jobs (fine-tuning inside the
+ * server), its hooks shared through coserve. */
+static int start_runner(const serve_options *o, const serve_model *m, const char *name,
+                        serve_state *st, char *err, size_t err_cap) {
+    uint32_t targets = 0;
+    char terr[512];
+    if (peft_targets_parse(m->desc.arch, o->ft_targets ? o->ft_targets : "qkv", &targets,
+                           terr, sizeof terr) != 0) {
+        util_set_err(err, err_cap, "--ft-targets: %s", terr);
+        return -1;
+    }
+    uint32_t seq_len = o->ft_seq_len ? (uint32_t)o->ft_seq_len : m->context;
+    if (seq_len > m->context) {
+        util_set_err(err, err_cap, "--ft-seq-len %u is over the model's context (%u)",
+                     seq_len, m->context);
+        return -1;
+    }
+    ft_runner_config rc = {
+        .engine = m->eh,
+        .ctx = m->ctx,
+        .model = &m->desc,
+        .base_name = name,
+        .tok = m->tok,
+        .tmpl = st->chat.tmpl,
+        .tmpl_error = st->chat.error,
+        .jobs = st->jobs,
+        .files = st->files,
+        .cs = st->cs,
+        .metrics = st->reg,
+        .state_dir = o->state_dir,
+        .lr = o->ft_lr,
+        .rank = (uint32_t)o->ft_rank,
+        .alpha = o->ft_alpha,
+        .targets = targets,
+        .seq_len = seq_len,
+        .micro_batch = (uint32_t)o->ft_micro_batch,
+        .slo = { .slo_tpot_ms = o->slo_tpot_ms,
+                 .slo_ttft_ms = o->slo_ttft_ms,
+                 .max_tokens = (uint32_t)o->max_batch_tokens },
+    };
+    char rerr[1024];
+    st->runner = ft_runner_create(&rc, rerr, sizeof rerr);
+    if (!st->runner) {
+        util_set_err(err, err_cap, "fine-tuning: %s", rerr);
+        return -1;
+    }
+    coserve_set_runner(st->cs, st->runner);
+    /* the adapters of jobs that succeeded before a restart are served again */
+    ft_job done[COSERVE_MAX_ADAPTERS];
+    size_t n = ft_jobs_in_status(st->jobs, FT_JOB_SUCCEEDED, done, COSERVE_MAX_ADAPTERS);
+    for (size_t i = 0; i < n; i++) {
+        char dir[4200], aerr[1024] = "no name recorded";
+        snprintf(dir, sizeof dir, "%s/adapters/%s", o->state_dir, done[i].id);
+        if (!done[i].fine_tuned_model[0] ||
+            coserve_add_now(st->cs, done[i].fine_tuned_model, dir, aerr, sizeof aerr) !=
+                0)
+            util_warn("serve: fine-tuned model %s (job %s) is not served: %s",
+                      done[i].fine_tuned_model, done[i].id, aerr);
+    }
+    return 0;
+}
 
 /* Listen, load, size, start the scheduler, set ready. Returns 0 when ready,
  * 1 when a stop request came before the scheduler started, -1 on failure. */
@@ -270,14 +341,40 @@ static int serve_start(const serve_options *o, const serve_hooks *h, const char 
         kv_blocks(o, m, &blocks, err, err_cap) != 0)
         return -1;
     if (h->wait_stop(h->arg, 0)) return 1;
-    if (o->n_loras || o->enable_lora_loading) {
+    /* The template directories: the checkpoint used (an imported MODEL's
+     * temporary checkpoint holds the copied tokenizer_config.json), then the
+     * directory given (not a GGUF file). */
+    const char *given = o->model ? o->model : o->ckpt;
+    struct stat given_st;
+    if (given && (stat(given, &given_st) != 0 || !S_ISDIR(given_st.st_mode)))
+        given = NULL;
+    const char *dirs[2] = { (o->ckpt || o->model) ? m->gm.ckpt_dir : NULL, given };
+    chat_template_choice_free(&st->chat);
+    if (chat_template_choose(o->chat_template, dirs, 2, &st->chat, err, err_cap) != 0)
+        return -1;
+    if (st->chat.tmpl)
+        say(h, 0, "chat template %s (%s)", st->chat.tmpl->name, st->chat.source);
+    else
+        say(h, 1, "%s; /v1/chat/completions is refused", st->chat.error);
+    int lora_engine = (m->eh->api->capabilities & ORCH_CAP_LORA) != 0;
+    if (o->state_dir) {
+        char jerr[1024];
+        st->jobs = ft_jobs_open(o->state_dir, jerr, sizeof jerr);
+        if (!st->jobs) {
+            util_set_err(err, err_cap, "--state-dir %s: %s", o->state_dir, jerr);
+            return -1;
+        }
+    }
+    int runner = st->jobs && lora_engine;
+    if (o->n_loras || o->enable_lora_loading || runner) {
         coserve_config cc = { .engine = m->eh,
                               .ctx = m->ctx,
                               .model = &m->desc,
                               .base_name = name,
                               .allow_runtime_load = o->enable_lora_loading,
-                              .max_adapters = (uint32_t)o->max_loras };
-        if (!(m->eh->api->capabilities & ORCH_CAP_LORA)) {
+                              .max_adapters = (uint32_t)o->max_loras,
+                              .fingerprint_now = runner };
+        if (!lora_engine) {
             util_set_err(err, err_cap,
                          "--lora/--enable-lora-loading: engine '%s' (ABI %u.%u) has no "
                          "LoRA adapters (capability lora)",
@@ -305,6 +402,11 @@ static int serve_start(const serve_options *o, const serve_hooks *h, const char 
             say(h, 0, "adapter %s from %s", lname, eq + 1);
         }
     }
+    if (runner && start_runner(o, m, name, st, err, err_cap) != 0) return -1;
+    if (st->jobs && !runner)
+        snprintf(st->ft_disabled, sizeof st->ft_disabled,
+                 "engine '%s' (ABI %u.%u) has no LoRA adapters (capability lora)",
+                 m->eh->api->name, m->eh->api->abi_major, m->eh->api->abi_minor);
     scheduler_config scfg = {
         .engine = m->eh,
         .ctx = m->ctx,
@@ -327,21 +429,10 @@ static int serve_start(const serve_options *o, const serve_hooks *h, const char 
         coserve_attach(st->cs, st->sched);
         http_server_set_coserve(st->srv, st->cs);
     }
-    /* The template directories: the checkpoint used (an imported MODEL's
-     * temporary checkpoint holds the copied tokenizer_config.json), then the
-     * directory given (not a GGUF file). */
-    const char *given = o->model ? o->model : o->ckpt;
-    struct stat given_st;
-    if (given && (stat(given, &given_st) != 0 || !S_ISDIR(given_st.st_mode)))
-        given = NULL;
-    const char *dirs[2] = { (o->ckpt || o->model) ? m->gm.ckpt_dir : NULL, given };
-    chat_template_choice_free(&st->chat);
-    if (chat_template_choose(o->chat_template, dirs, 2, &st->chat, err, err_cap) != 0)
-        return -1;
-    if (st->chat.tmpl)
-        say(h, 0, "chat template %s (%s)", st->chat.tmpl->name, st->chat.source);
-    else
-        say(h, 1, "%s; /v1/chat/completions is refused", st->chat.error);
+    if (st->runner) ft_runner_attach(st->runner, st->sched);
+    if (st->jobs)
+        http_server_set_finetune(st->srv, st->runner ? st->jobs : NULL, st->runner,
+                                 st->runner ? NULL : st->ft_disabled);
     http_server_set_chat_template(st->srv, st->chat.tmpl,
                                   st->chat.tmpl ? NULL : st->chat.error);
     http_server_set_ready(st->srv, st->sched, m->tok, m->desc.vocab_size, m->context,
@@ -387,7 +478,9 @@ static void serve_shutdown(serve_state *st, const serve_hooks *h) {
         nanosleep(&ts, NULL);
     }
     http_server_stop(st->srv);
-    coserve_destroy(st->cs); /* the scheduler is gone: engine calls are ours */
+    ft_runner_destroy(st->runner); /* the scheduler is gone: engine calls are ours */
+    coserve_destroy(st->cs);
+    ft_jobs_close(st->jobs);
     model_close(&st->m, h);
     chat_template_choice_free(&st->chat);
     file_store_close(st->files);
