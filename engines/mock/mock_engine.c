@@ -58,8 +58,9 @@
  *   (4 * entries + 1) plus a small per-block mark.
  *   infer_forward validates the whole batch first (token range, start_pos +
  *   n_tokens <= context, block ids in the pool, enough blocks, logits_cap,
- *   adapter_id == 0, no block written by one sequence and used by another,
- *   every earlier position 0..start_pos-1 already written), then writes the
+ *   adapter_id 0 or an adapter of the context (see LoRA below), no block
+ *   written by one sequence and used by another, every earlier position
+ *   0..start_pos-1 already written), then writes the
  *   new token ids into their slots through the block table, then computes
  *   logits from token ids READ BACK through the block table:
  *     S(p)  = sum of the token ids at positions 0..p (inclusive)
@@ -117,9 +118,10 @@
  *   adapter's buffers (A and B have no NO_DECAY flag). rank must be
  *   1..min(in, out) of every target matrix, alpha finite > 0, targets a
  *   non-empty subset of ORCH_LORA_TARGET_ALL; each error names the field.
- *   Inference still requires adapter_id 0 (the mock's logits do not read
- *   weights; the shared infer check refuses adapter ids). The adapter
- *   calls take no faults.
+ *   Inference: a sequence may name an adapter of the context (an unknown
+ *   id is ORCH_ERR_INVALID_ARGUMENT); the logits (below) do not read
+ *   weights, so they are the base's, which are those of the merged
+ *   weight. The adapter calls take no faults.
  *
  * Errors: every call validates its arguments (NULL pointers, sizes, ranges)
  * and returns a status with a last_error message; out-parameters and state are
@@ -1013,9 +1015,8 @@ static uint32_t next_token(uint64_t S, uint32_t vocab) {
     return vocab >= 123u ? 97u + (uint32_t)(S % 26u) : (uint32_t)(S % vocab);
 }
 
-static int32_t mock_infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *batch,
+static int32_t infer_forward_base(orch_engine_ctx *ctx, const orch_infer_batch *batch,
                                   float *logits, uint64_t logits_cap) {
-    if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
     int32_t st = enter(ctx, CALL_INFER_FORWARD);
     if (st) return st;
     sleep_ms(ctx->cfg.sleep_ms);
@@ -1061,6 +1062,43 @@ static int32_t mock_infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *
         }
     }
     return ORCH_OK;
+}
+
+static mock_adapter *adapter_find(orch_engine_ctx *ctx, uint32_t id, const char *fn);
+
+/* infer_forward: sequences may name adapters of this context (ABI 1.4). The
+ * mock's logits do not read weights, so they already equal those of the
+ * merged weight W + (alpha/rank) B A: an adapter is checked to exist, then
+ * the batch runs as on the base. */
+static int32_t mock_infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *batch,
+                                  float *logits, uint64_t logits_cap) {
+    if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
+    const size_t need = offsetof(orch_seq_input, adapter_id) + sizeof(uint32_t);
+    int named = 0;
+    if (batch && batch->seqs && batch->struct_size >= sizeof *batch &&
+        batch->seq_stride >= need && batch->seq_stride % 8 == 0)
+        for (uint32_t i = 0; i < batch->n_seqs; i++)
+            named |= engine_batch_seq(batch, i)->adapter_id != 0;
+    if (!named) return infer_forward_base(ctx, batch, logits, logits_cap);
+    orch_seq_input *copy = calloc(batch->n_seqs, sizeof *copy);
+    if (!copy) return fail(ctx, ORCH_ERR_OUT_OF_MEMORY, "infer_forward: out of memory");
+    for (uint32_t i = 0; i < batch->n_seqs; i++) {
+        const orch_seq_input *q = engine_batch_seq(batch, i);
+        memcpy(&copy[i], q, need);
+        if (q->adapter_id && !adapter_find(ctx, q->adapter_id, "infer_forward")) {
+            free(copy);
+            return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                        "infer_forward: sequence %u: adapter_id %u: no such adapter", i,
+                        q->adapter_id);
+        }
+        copy[i].adapter_id = 0;
+    }
+    orch_infer_batch b = *batch;
+    b.seqs = copy;
+    b.seq_stride = sizeof *copy;
+    int32_t st = infer_forward_base(ctx, &b, logits, logits_cap);
+    free(copy);
+    return st;
 }
 
 static int32_t mock_kv_copy_blocks(orch_engine_ctx *ctx, const int32_t *src,
