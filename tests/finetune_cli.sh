@@ -11,6 +11,8 @@
 #    peft, torch and transformers; this machine's Debian python has not:
 #    the script says which it did); a llama base (GQA): PEFT's llama names
 #    and shapes, fan_in_fan_out false, a partial q/k/v group refused;
+#  - early stopping (patience 3, an evaluation every step): the run stops
+#    3 evaluations after its best, with a checkpoint;
 #  - --config FILE: its settings used, the flags given win, unknown keys
 #    refused;
 #  - exact resume: --stop-after then --resume; SIGTERM mid-run (exit 3) then
@@ -204,6 +206,17 @@ grep -q '"r":	3' cfgrun/adapter_config.json && grep -q '"lora_alpha":	6' cfgrun/
 printf '{"rank": 2, "lora_rank": 4}\n' >bad.json
 "$ORCH_BIN" finetune --config bad.json --checkpoint base --data train.jsonl --out r6 >r.log 2>&1
 [ $? -eq 2 ] && grep -q "bad.json: unknown key 'lora_rank'" r.log || fail "--config unknown key: $(cat r.log)"
+
+# ---- early stopping: eval every step, patience 3 (lr high enough to overshoot) ----
+"$ORCH_BIN" finetune --checkpoint base --data train.jsonl --validation val.jsonl --out es \
+  --epochs 40 --lr 0.5 --seq-len 48 --batch 2 --targets all --eval-every 1 --patience 3 \
+  --schedule constant --grad-clip 0 >es.log 2>&1 || { cat es.log; fail "early-stop run"; }
+n=$(wc -l <es/metrics.jsonl)
+best=$(sed -nE 's/^early stop: validation loss has not improved for 3 evaluations \(best .* at step ([0-9]+)\)$/\1/p' es.log)
+total=$(sed -nE 's/.*\| ([0-9]+) steps \|.*/\1/p' es.log)
+grep -q "^stopped early at step $n/" es.log && [ -n "$best" ] && [ "$best" -eq $((n - 3)) ] &&
+  [ "$n" -lt "$total" ] && [ "$(cat es/latest)" = "$(printf 'ckpt-%08d' "$n")" ] ||
+  { tail -4 es.log; fail "early stop: $n steps of $total, best at '$best'"; }
 
 # ---- exact resume: --stop-after ------------------------------------------------
 "$ORCH_BIN" "${run[@]}" --out split --stop-after 7 >split1.log 2>&1 || { cat split1.log; fail "first half"; }
