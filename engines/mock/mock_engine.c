@@ -106,9 +106,10 @@
  *   adapter's table follows the header (layer by layer, targets in the
  *   order qkv, attn out, mlp up, mlp down; per base matrix W [out,in]
  *   "<W minus .weight>.lora_A.weight" [rank,in] then ".lora_B.weight"
- *   [out,rank], f32, no flags). A: tensor i of the table, element j (row
- *   major) is (2u - 1)/sqrt(in) with u = (splitmix64(seed + (i+1) *
- *   0x9E3779B97F4A7C15, j) >> 11) / 2^53 in [0, 1); B starts at zero.
+ *   [out,rank], f32, no flags). A: the element at flat offset k of the
+ *   adapter's buffer is (2u - 1)/sqrt(in), u = (splitmix64(seed, k) >> 11)
+ *   / 2^53 in [0, 1) (the CPU engine's stream: one seed, one A); B starts
+ *   at zero.
  *   Loss through an adapter (adapter_forward_backward, adapter_eval_loss):
  *   the base z above plus, for every (A, B) pair of the table,
  *   (alpha/rank) * sum_k B[y mod out, k] A[k, x mod in] (0 at init, since
@@ -1269,14 +1270,16 @@ static int32_t mock_adapter_create(orch_engine_ctx *ctx, const orch_lora_desc *d
                     "adapter_create: cannot allocate %llu adapter parameters",
                     (unsigned long long)off);
     }
-    /* A uniform in [-1/sqrt(in), 1/sqrt(in)): tensor i of the table draws
-     * element j from splitmix64(seed + (i+1) * golden, j); B stays zero. */
+    /* A uniform in [-1/sqrt(in), 1/sqrt(in)): the element at flat offset k
+     * of the adapter's buffer is (2u - 1)/sqrt(in), u = (splitmix64(seed, k)
+     * >> 11) / 2^53 (the CPU engine's stream: the same seed gives the same
+     * A); B stays zero. */
     for (uint32_t i = 0; i < a->n_tensors; i += 2) {
         const engine_tensor *e = &t[i];
         double bound = 1.0 / sqrt((double)e->shape[1]);
-        uint64_t s0 = desc->seed + (uint64_t)(i + 1) * 0x9E3779B97F4A7C15ull;
         for (uint64_t j = 0; j < e->numel; j++) {
-            double u = (double)(engine_splitmix64_at(s0, j) >> 11) * 0x1.0p-53;
+            uint64_t x = engine_splitmix64_at(desc->seed, e->offset + j);
+            double u = (double)(x >> 11) * (1.0 / 9007199254740992.0);
             a->params[e->offset + j] = (float)((2.0 * u - 1.0) * bound);
         }
     }
