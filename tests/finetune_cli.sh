@@ -11,6 +11,8 @@
 #    peft, torch and transformers; this machine's Debian python has not:
 #    the script says which it did); a llama base (GQA): PEFT's llama names
 #    and shapes, fan_in_fan_out false, a partial q/k/v group refused;
+#  - early stopping (patience 3, an evaluation every step): the run stops
+#    3 evaluations after its best, with a checkpoint;
 #  - --config FILE: its settings used, the flags given win, unknown keys
 #    refused;
 #  - exact resume: --stop-after then --resume; SIGTERM mid-run (exit 3) then
@@ -24,9 +26,11 @@
 #    file; `latest` names a complete checkpoint that resumes;
 #  - one-line refusals (exit 2): a bad JSONL line with its line number, an
 #    engine without LoRA adapters (an ABI 1.1 engine; the cpu engine until
-#    it has adapters, else a cpu run whose loss falls), rank above the
+#    it has adapters), rank above the
 #    width, gpt2 attn_out without mlp_down, a fresh run into a used DIR,
-#    --resume with a setting, an adapter for another base on resume.
+#    --resume with a setting, an adapter for another base on resume;
+#  - the CPU engine (when built with adapters): the loss falls, the PEFT
+#    header equals the mock's, --stop-after + --resume is bit-exact.
 set -u
 ORCH_BIN=${ORCH_BIN:-build/orch}
 ORCH_BUILD=${ORCH_BUILD:-build}
@@ -205,6 +209,17 @@ printf '{"rank": 2, "lora_rank": 4}\n' >bad.json
 "$ORCH_BIN" finetune --config bad.json --checkpoint base --data train.jsonl --out r6 >r.log 2>&1
 [ $? -eq 2 ] && grep -q "bad.json: unknown key 'lora_rank'" r.log || fail "--config unknown key: $(cat r.log)"
 
+# ---- early stopping: eval every step, patience 3 (lr high enough to overshoot) ----
+"$ORCH_BIN" finetune --checkpoint base --data train.jsonl --validation val.jsonl --out es \
+  --epochs 40 --lr 0.5 --seq-len 48 --batch 2 --targets all --eval-every 1 --patience 3 \
+  --schedule constant --grad-clip 0 >es.log 2>&1 || { cat es.log; fail "early-stop run"; }
+n=$(wc -l <es/metrics.jsonl)
+best=$(sed -nE 's/^early stop: validation loss has not improved for 3 evaluations \(best .* at step ([0-9]+)\)$/\1/p' es.log)
+total=$(sed -nE 's/.*\| ([0-9]+) steps \|.*/\1/p' es.log)
+grep -q "^stopped early at step $n/" es.log && [ -n "$best" ] && [ "$best" -eq $((n - 3)) ] &&
+  [ "$n" -lt "$total" ] && [ "$(cat es/latest)" = "$(printf 'ckpt-%08d' "$n")" ] ||
+  { tail -4 es.log; fail "early stop: $n steps of $total, best at '$best'"; }
+
 # ---- exact resume: --stop-after ------------------------------------------------
 "$ORCH_BIN" "${run[@]}" --out split --stop-after 7 >split1.log 2>&1 || { cat split1.log; fail "first half"; }
 [ "$(cat split/latest)" = ckpt-00000007 ] || fail "stop-after: latest '$(cat split/latest)'"
@@ -317,16 +332,40 @@ refuse "seq-len" "--seq-len 65: longer than the model's context of 64" \
 cp -a full0 swap
 sed -i "s|\"checkpoint\":[^,]*|\"checkpoint\":\t\"$work/base2\"|" swap/ckpt-00000008/state.json
 refuse "foreign base" "trained on another base model" finetune --resume --out swap
+# ---- the CPU engine (real numerics), when it is built --------------------------
+# With adapters: the loss falls, the PEFT file matches the mock's layout, a
+# --stop-after + --resume run equals the straight one bit for bit (threads 1).
 if [ -f "$ORCH_BUILD/libengine_cpu.so" ]; then
-  "$ORCH_BIN" finetune --checkpoint base --data train.jsonl --out cpu --engine cpu --max-steps 10 \
-    --lr 0.01 --seq-len 48 >cpu.log 2>&1
+  cpu_run=(finetune --checkpoint base --data train.jsonl --validation val.jsonl --engine cpu
+           --threads 1 --max-steps 12 --lr 0.03 --seq-len 48 --batch 2 --grad-accum 2
+           --rank 4 --alpha 8 --targets all --eval-every 4 --checkpoint-every 4 --seed 7)
+  "$ORCH_BIN" "${cpu_run[@]}" --out cpu >cpu.log 2>&1
   rc=$?
   if [ $rc -eq 2 ] && grep -q "engine cpu does not implement LoRA adapters" cpu.log; then
     echo "cpu engine: refused (no LoRA adapters yet), as it should be"
   elif [ $rc -eq 0 ]; then
-    "$PY" -c 'import json,sys; r=[json.loads(l) for l in open(sys.argv[1])]; assert r[-1]["loss"] < r[0]["loss"], r' \
-      cpu/metrics.jsonl || fail "cpu: the loss does not fall"
-    echo "cpu engine: fine-tuned 10 steps"
+    "$PY" - cpu/metrics.jsonl <<'EOF' || fail "cpu: the loss does not fall"
+import json, sys
+r = [json.loads(l) for l in open(sys.argv[1])]
+last3 = sum(x["loss"] for x in r[-3:]) / 3
+assert len(r) == 12 and last3 < r[0]["loss"] - 0.05, (r[0], r[-1])
+v = [x["val_loss"] for x in r if "val_loss" in x]
+assert v[-1] < v[0], v
+print(f"cpu engine: loss {r[0]['loss']:.4f} -> {r[-1]['loss']:.4f}, val {v[0]:.4f} -> {v[-1]:.4f}")
+EOF
+    "$PY" - cpu ref <<'EOF' || fail "cpu: PEFT header differs from the mock's"
+import json, struct, sys
+def hdr(d):
+    raw = open(d + "/adapter_model.safetensors", "rb").read()
+    h = json.loads(raw[8:8 + struct.unpack("<Q", raw[:8])[0]]); h.pop("__metadata__")
+    return {k: (v["dtype"], v["shape"]) for k, v in h.items()}
+assert hdr(sys.argv[1]) == hdr(sys.argv[2])
+EOF
+    "$ORCH_BIN" "${cpu_run[@]}" --out cpu2 --stop-after 6 >cpu2.log 2>&1 &&
+      "$ORCH_BIN" finetune --resume --out cpu2 >cpu3.log 2>&1 || { cat cpu2.log cpu3.log; fail "cpu: split run"; }
+    diff <(figures cpu/metrics.jsonl) <(figures cpu2/metrics.jsonl) >/dev/null ||
+      fail "cpu: --stop-after 6 + --resume differs from the straight run"
+    cmp -s cpu/adapter_model.safetensors cpu2/adapter_model.safetensors || fail "cpu: resumed adapter differs"
   else
     cat cpu.log; fail "cpu engine: exit $rc"
   fi

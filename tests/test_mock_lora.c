@@ -331,6 +331,38 @@ START_TEST(test_adamw_lowers_loss) {
 }
 END_TEST
 
+/* infer_forward with adapter ids: an existing adapter gives the base's
+ * logits (the mock's logits read no weights, so they are the merged
+ * weight's too); an unknown id is refused and writes nothing. */
+START_TEST(test_infer_with_adapter) {
+    orch_model_desc m = test_model_desc(256, 16, 1, 2, 8);
+    orch_engine_ctx *ctx = make_ctx(&m);
+    ck_assert_int_eq(A->kv_configure(ctx, 4, 8), ORCH_OK);
+    orch_lora_desc d = lora(2, 4.0f, ORCH_LORA_TARGET_ALL, 1);
+    uint32_t id = 0;
+    ck_assert_int_eq(A->adapter_create(ctx, &d, &id), ORCH_OK);
+    const int32_t prompt[2] = { 'a', 'b' }, t0[1] = { 0 }, t1[1] = { 1 }, t2[1] = { 2 };
+    orch_seq_input s[2] = { test_seq_input(prompt, 2, 0, t0, 1, ORCH_LOGITS_LAST),
+                            test_seq_input(prompt, 2, 0, t1, 1, ORCH_LOGITS_LAST) };
+    s[1].adapter_id = id;
+    float logits[2 * 256];
+    ck_assert_int_eq(test_infer(A, ctx, s, 2, logits, 2 * 256), ORCH_OK);
+    ck_assert_int_eq(memcmp(logits, logits + 256, 256 * sizeof(float)), 0);
+    uint32_t best = 0;
+    for (uint32_t v = 1; v < 256; v++)
+        if (logits[256 + v] > logits[256 + best]) best = v;
+    ck_assert_uint_eq(best, 'n'); /* "ab" -> 'n', as without an adapter */
+    orch_seq_input bad = test_seq_input(prompt, 2, 0, t2, 1, ORCH_LOGITS_LAST);
+    bad.adapter_id = id + 1;
+    for (int i = 0; i < 256; i++) logits[i] = 7.0f;
+    ck_assert_int_eq(test_infer(A, ctx, &bad, 1, logits, 256), ORCH_ERR_INVALID_ARGUMENT);
+    ck_assert_msg(strstr(A->last_error(ctx), "no such adapter"), "%s",
+                  A->last_error(ctx));
+    ck_assert(logits[0] == 7.0f);
+    A->context_destroy(ctx);
+}
+END_TEST
+
 int main(void) {
     test_default_engine_path();
     unsetenv("ORCH_MOCK_FAULT");
@@ -343,6 +375,7 @@ int main(void) {
     tcase_add_test(tc, test_errors_name_the_field);
     tcase_add_test(tc, test_grads_and_base_untouched);
     tcase_add_test(tc, test_adamw_lowers_loss);
+    tcase_add_test(tc, test_infer_with_adapter);
     suite_add_tcase(s, tc);
     return test_run_suite(s);
 }

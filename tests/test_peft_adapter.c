@@ -434,6 +434,102 @@ START_TEST(test_disk_full_keeps_previous) {
 }
 END_TEST
 
+/* The CPU engine (when built, with adapters): the same table, the same A
+ * for the same seed, the same base fingerprint for the same weights, and an
+ * adapter saved from the mock loads into it with equal bits. */
+START_TEST(test_cpu_engine_agrees) {
+    engine_handle cpu;
+    char err[1024] = "";
+    if (engine_load("cpu", &cpu, err, sizeof err) != 0 ||
+        !(cpu.api->capabilities & ORCH_CAP_LORA)) {
+        fprintf(stderr,
+                "test_peft_adapter: no cpu engine with LoRA (%s): cross-engine "
+                "checks skipped\n",
+                err[0] ? err : "no ORCH_CAP_LORA");
+        if (!err[0]) engine_unload(&cpu);
+        return;
+    }
+    for (int arch = 0; arch < 2; arch++) {
+        orch_model_desc m = test_model_desc(64, 16, 2, 2, 16);
+        if (arch) {
+            m.arch = ORCH_ARCH_LLAMA;
+            m.heads = 4;
+            m.kv_heads = 2;
+            m.mlp_width = 24;
+        }
+        orch_engine_options o = { sizeof o, 1, 1, NULL };
+        orch_engine_ctx *mc = make_ctx(&m, 1), *cc = NULL;
+        ck_assert_msg(cpu.api->context_create(&m, &o, &cc, err, sizeof err) == ORCH_OK,
+                      "%s", err);
+        /* the same base weights (the mock's) and fingerprint */
+        uint32_t nt = 0;
+        A->tensor_count(mc, ORCH_TENSOR_PARAM, &nt);
+        for (uint32_t i = 0; i < nt; i++) {
+            orch_tensor_info ti;
+            memset(&ti, 0, sizeof ti);
+            ti.struct_size = sizeof ti;
+            A->tensor_info(mc, ORCH_TENSOR_PARAM, i, &ti);
+            float *v = malloc(ti.numel * 4);
+            A->tensor_read(mc, ORCH_TENSOR_PARAM, i, v, ti.numel * 4);
+            ck_assert_int_eq(
+                cpu.api->tensor_write(cc, ORCH_TENSOR_PARAM, i, v, ti.numel * 4),
+                ORCH_OK);
+            free(v);
+        }
+        char fm[PEFT_FP_MAX], fc[PEFT_FP_MAX];
+        ck_assert_int_eq(peft_base_fingerprint(&H, mc, fm, err, sizeof err), 0);
+        ck_assert_int_eq(peft_base_fingerprint(&cpu, cc, fc, err, sizeof err), 0);
+        ck_assert_str_eq(fm, fc);
+        /* the same seed: the same table and the same A */
+        orch_lora_desc d;
+        memset(&d, 0, sizeof d);
+        d.struct_size = sizeof d;
+        d.rank = 3;
+        d.alpha = 6.0f;
+        d.targets = ORCH_LORA_TARGET_ALL;
+        d.seed = 42;
+        uint32_t im = 0, ic = 0;
+        ck_assert_int_eq(A->adapter_create(mc, &d, &im), ORCH_OK);
+        ck_assert_msg(cpu.api->adapter_create(cc, &d, &ic) == ORCH_OK, "%s",
+                      cpu.api->last_error(cc));
+        peft_adapter pm, pc;
+        ck_assert_msg(peft_adapter_from_engine(&H, mc, im, &m, &d, "b", fm, &pm, err,
+                                               sizeof err) == 0,
+                      "%s", err);
+        ck_assert_msg(peft_adapter_from_engine(&cpu, cc, ic, &m, &d, "b", fc, &pc, err,
+                                               sizeof err) == 0,
+                      "cpu: %s", err);
+        assert_equal(&pm, &pc);
+        /* a trained-looking mock adapter, saved, loaded into the cpu engine */
+        uint32_t id = adapter_in(mc, 3, ORCH_LORA_TARGET_ALL, 0.2f), back = 0;
+        peft_adapter a, b, c;
+        to_peft(mc, id, &m, 3, ORCH_LORA_TARGET_ALL, &a);
+        char dir[64];
+        test_tmpdir(dir, sizeof dir, "peft");
+        ck_assert_int_eq(peft_adapter_save(dir, &a, err, sizeof err), 0);
+        ck_assert_int_eq(peft_adapter_load(dir, &m, &b, err, sizeof err), 0);
+        ck_assert_int_eq(peft_adapter_check_base(&b, dir, fc, err, sizeof err), 0);
+        ck_assert_msg(peft_adapter_to_engine(&b, &cpu, cc, &back, err, sizeof err) == 0,
+                      "%s", err);
+        orch_lora_desc d2 = d;
+        d2.alpha = 12.0f;
+        ck_assert_int_eq(peft_adapter_from_engine(&cpu, cc, back, &m, &d2, "/base/x", fc,
+                                                  &c, err, sizeof err),
+                         0);
+        assert_equal(&a, &c);
+        test_rmdir(dir);
+        peft_adapter_free(&pm);
+        peft_adapter_free(&pc);
+        peft_adapter_free(&a);
+        peft_adapter_free(&b);
+        peft_adapter_free(&c);
+        A->context_destroy(mc);
+        cpu.api->context_destroy(cc);
+    }
+    engine_unload(&cpu);
+}
+END_TEST
+
 int main(void) {
     test_default_engine_path();
     unsetenv("ORCH_MOCK_FAULT");
@@ -447,6 +543,7 @@ int main(void) {
     tcase_add_test(tc, test_bad_configs);
     tcase_add_test(tc, test_f16_file);
     tcase_add_test(tc, test_disk_full_keeps_previous);
+    tcase_add_test(tc, test_cpu_engine_agrees);
     suite_add_tcase(s, tc);
     return test_run_suite(s);
 }

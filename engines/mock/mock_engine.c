@@ -58,8 +58,9 @@
  *   (4 * entries + 1) plus a small per-block mark.
  *   infer_forward validates the whole batch first (token range, start_pos +
  *   n_tokens <= context, block ids in the pool, enough blocks, logits_cap,
- *   adapter_id == 0, no block written by one sequence and used by another,
- *   every earlier position 0..start_pos-1 already written), then writes the
+ *   adapter_id 0 or an adapter of the context (see LoRA below), no block
+ *   written by one sequence and used by another, every earlier position
+ *   0..start_pos-1 already written), then writes the
  *   new token ids into their slots through the block table, then computes
  *   logits from token ids READ BACK through the block table:
  *     S(p)  = sum of the token ids at positions 0..p (inclusive)
@@ -109,9 +110,10 @@
  *   adapter's table follows the header (layer by layer, targets in the
  *   order qkv, attn out, mlp up, mlp down; per base matrix W [out,in]
  *   "<W minus .weight>.lora_A.weight" [rank,in] then ".lora_B.weight"
- *   [out,rank], f32, no flags). A: tensor i of the table, element j (row
- *   major) is (2u - 1)/sqrt(in) with u = (splitmix64(seed + (i+1) *
- *   0x9E3779B97F4A7C15, j) >> 11) / 2^53 in [0, 1); B starts at zero.
+ *   [out,rank], f32, no flags). A: the element at flat offset k of the
+ *   adapter's buffer is (2u - 1)/sqrt(in), u = (splitmix64(seed, k) >> 11)
+ *   / 2^53 in [0, 1) (the CPU engine's stream: one seed, one A); B starts
+ *   at zero.
  *   Loss through an adapter (adapter_forward_backward, adapter_eval_loss):
  *   the base z above plus, for every (A, B) pair of the table,
  *   (alpha/rank) * sum_k B[y mod out, k] A[k, x mod in] (0 at init, since
@@ -121,9 +123,10 @@
  *   adapter's buffers (A and B have no NO_DECAY flag). rank must be
  *   1..min(in, out) of every target matrix, alpha finite > 0, targets a
  *   non-empty subset of ORCH_LORA_TARGET_ALL; each error names the field.
- *   Inference still requires adapter_id 0 (the mock's logits do not read
- *   weights; the shared infer check refuses adapter ids). The adapter
- *   calls take no faults.
+ *   Inference: a sequence may name an adapter of the context (an unknown
+ *   id is ORCH_ERR_INVALID_ARGUMENT); the logits (below) do not read
+ *   weights, so they are the base's, which are those of the merged
+ *   weight. The adapter calls take no faults.
  *
  * Errors: every call validates its arguments (NULL pointers, sizes, ranges)
  * and returns a status with a last_error message; out-parameters and state are
@@ -1034,9 +1037,8 @@ static uint32_t next_token(uint64_t S, uint32_t vocab) {
     return vocab >= 123u ? 97u + (uint32_t)(S % 26u) : (uint32_t)(S % vocab);
 }
 
-static int32_t mock_infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *batch,
+static int32_t infer_forward_base(orch_engine_ctx *ctx, const orch_infer_batch *batch,
                                   float *logits, uint64_t logits_cap) {
-    if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
     int32_t st = enter(ctx, CALL_INFER_FORWARD);
     if (st) return st;
     sleep_ms(ctx->cfg.sleep_ms);
@@ -1082,6 +1084,43 @@ static int32_t mock_infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *
         }
     }
     return ORCH_OK;
+}
+
+static mock_adapter *adapter_find(orch_engine_ctx *ctx, uint32_t id, const char *fn);
+
+/* infer_forward: sequences may name adapters of this context (ABI 1.4). The
+ * mock's logits do not read weights, so they already equal those of the
+ * merged weight W + (alpha/rank) B A: an adapter is checked to exist, then
+ * the batch runs as on the base. */
+static int32_t mock_infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *batch,
+                                  float *logits, uint64_t logits_cap) {
+    if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
+    const size_t need = offsetof(orch_seq_input, adapter_id) + sizeof(uint32_t);
+    int named = 0;
+    if (batch && batch->seqs && batch->struct_size >= sizeof *batch &&
+        batch->seq_stride >= need && batch->seq_stride % 8 == 0)
+        for (uint32_t i = 0; i < batch->n_seqs; i++)
+            named |= engine_batch_seq(batch, i)->adapter_id != 0;
+    if (!named) return infer_forward_base(ctx, batch, logits, logits_cap);
+    orch_seq_input *copy = calloc(batch->n_seqs, sizeof *copy);
+    if (!copy) return fail(ctx, ORCH_ERR_OUT_OF_MEMORY, "infer_forward: out of memory");
+    for (uint32_t i = 0; i < batch->n_seqs; i++) {
+        const orch_seq_input *q = engine_batch_seq(batch, i);
+        memcpy(&copy[i], q, need);
+        if (q->adapter_id && !adapter_find(ctx, q->adapter_id, "infer_forward")) {
+            free(copy);
+            return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                        "infer_forward: sequence %u: adapter_id %u: no such adapter", i,
+                        q->adapter_id);
+        }
+        copy[i].adapter_id = 0;
+    }
+    orch_infer_batch b = *batch;
+    b.seqs = copy;
+    b.seq_stride = sizeof *copy;
+    int32_t st = infer_forward_base(ctx, &b, logits, logits_cap);
+    free(copy);
+    return st;
 }
 
 static int32_t mock_kv_copy_blocks(orch_engine_ctx *ctx, const int32_t *src,
@@ -1252,14 +1291,16 @@ static int32_t mock_adapter_create(orch_engine_ctx *ctx, const orch_lora_desc *d
                     "adapter_create: cannot allocate %llu adapter parameters",
                     (unsigned long long)off);
     }
-    /* A uniform in [-1/sqrt(in), 1/sqrt(in)): tensor i of the table draws
-     * element j from splitmix64(seed + (i+1) * golden, j); B stays zero. */
+    /* A uniform in [-1/sqrt(in), 1/sqrt(in)): the element at flat offset k
+     * of the adapter's buffer is (2u - 1)/sqrt(in), u = (splitmix64(seed, k)
+     * >> 11) / 2^53 (the CPU engine's stream: the same seed gives the same
+     * A); B stays zero. */
     for (uint32_t i = 0; i < a->n_tensors; i += 2) {
         const engine_tensor *e = &t[i];
         double bound = 1.0 / sqrt((double)e->shape[1]);
-        uint64_t s0 = desc->seed + (uint64_t)(i + 1) * 0x9E3779B97F4A7C15ull;
         for (uint64_t j = 0; j < e->numel; j++) {
-            double u = (double)(engine_splitmix64_at(s0, j) >> 11) * 0x1.0p-53;
+            uint64_t x = engine_splitmix64_at(desc->seed, e->offset + j);
+            double u = (double)(x >> 11) * (1.0 / 9007199254740992.0);
             a->params[e->offset + j] = (float)((2.0 * u - 1.0) * bound);
         }
     }

@@ -520,8 +520,7 @@ static int file_sha(const char *path, char hex[65], int *kind, char *err, size_t
 }
 
 /* The engine must have ABI 1.4's adapters. */
-static int check_engine(ft *t, int *kind, char *err, size_t cap) {
-    const orch_engine_api *api = API(t);
+static int check_engine(const orch_engine_api *api, int *kind, char *err, size_t cap) {
     if (api->abi_minor < 4 ||
         api->struct_size < offsetof(orch_engine_api, coserve_forward))
         return fail(kind, TRAIN_ERR_INPUT, err, cap,
@@ -548,6 +547,15 @@ static int check_engine(ft *t, int *kind, char *err, size_t cap) {
 static int open_base(ft *t, int *kind, char *err, size_t cap) {
     const finetune_opts *o = t->o;
     char warn[2048], msg[4096];
+    if (t->set
+            .engine[0]) { /* refuse an engine without adapters before the weights load */
+        engine_handle h;
+        if (engine_load(t->set.engine, &h, msg, sizeof msg) != 0)
+            return fail(kind, TRAIN_ERR_INPUT, err, cap, "%s", msg);
+        int rc = check_engine(h.api, kind, err, cap);
+        engine_unload(&h);
+        if (rc != 0) return -1;
+    }
     inference_model_opts mo = {
         t->set.checkpoint, t->set.engine[0] ? t->set.engine : NULL, o->threads, NULL,
         INFERENCE_MODEL_TOKENIZER |
@@ -557,7 +565,7 @@ static int open_base(ft *t, int *kind, char *err, size_t cap) {
         return fail(kind, TRAIN_ERR_INPUT, err, cap, "--checkpoint: %s", msg);
     t->m_open = 1;
     if (warn[0]) say(t, "finetune: warning: %s\n", warn);
-    if (check_engine(t, kind, err, cap) != 0) return -1;
+    if (check_engine(API(t), kind, err, cap) != 0) return -1;
     if (peft_base_fingerprint(&t->m.engine, t->m.ctx, t->fingerprint, msg, sizeof msg) !=
         0)
         return fail(kind, TRAIN_ERR_RUNTIME, err, cap, "%s", msg);
