@@ -163,8 +163,8 @@ START_TEST(test_size_limit_and_abort) {
     ck_assert_int_eq(file_upload_write(u, "x", 1, err, sizeof err), -1);
     ck_assert_msg(strstr(err, "over the limit of 10 bytes"), "%s", err);
     ck_assert_int_eq(file_upload_write(u, "", 0, err, sizeof err), -1); /* stays failed */
-    ck_assert_int_lt(file_store_upload_commit(fs, u, "x", "fine-tune", NULL, err, sizeof err),
-                     0);
+    ck_assert_int_lt(
+        file_store_upload_commit(fs, u, "x", "fine-tune", NULL, err, sizeof err), 0);
     u = file_store_upload_begin(fs, err, sizeof err);
     ck_assert_int_eq(file_upload_write(u, "{\"text\":1}", 10, err, sizeof err), 0);
     file_store_upload_abort(u);

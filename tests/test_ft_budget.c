@@ -94,7 +94,8 @@ START_TEST(test_varying_load_and_wrong_ratio) {
     double got = 0, best = 0;
     uint32_t ok = 0, n = 0;
     for (uint32_t i = 0; i < 4000; i++) {
-        uint32_t d = 2 + (uint32_t)(uniform(&m) * 7), p = 64 * (uint32_t)(uniform(&m) * 3);
+        uint32_t d = 2 + (uint32_t)(uniform(&m) * 7),
+                 p = 64 * (uint32_t)(uniform(&m) * 3);
         uint32_t f = ft_budget_next(b, d, p, 0);
         double s = run_iter(&m, d, p, f);
         ft_budget_observe(b, d, p, f, s);

@@ -174,7 +174,8 @@ START_TEST(test_list_cancel_runner_restart) {
     strbuf s = { 0 };
     ck_assert_int_eq(ft_jobs_list_json(j, &s, NULL, 2, &e), 0);
     ck_assert_msg(strstr(s.p, "\"has_more\":true"), "%s", s.p);
-    ck_assert_msg(strstr(s.p, c.id) && strstr(s.p, b.id) && !strstr(s.p, a.id), "%s", s.p);
+    ck_assert_msg(strstr(s.p, c.id) && strstr(s.p, b.id) && !strstr(s.p, a.id), "%s",
+                  s.p);
     ck_assert(strstr(s.p, c.id) < strstr(s.p, b.id));
     strbuf_free(&s);
     ck_assert_int_eq(ft_jobs_list_json(j, &s, b.id, 2, &e), 0);
@@ -190,7 +191,8 @@ START_TEST(test_list_cancel_runner_restart) {
     ck_assert_int_eq(ft_jobs_oldest(j, FT_JOB_VALIDATING, &got), 0);
     ck_assert_str_eq(got.id, a.id);
     ft_job_hparams hp = { .n_epochs = 3, .batch_size = 4, .lr_multiplier = 1.0 };
-    ck_assert_int_eq(ft_jobs_transition(j, a.id, FT_JOB_VALIDATING, FT_JOB_QUEUED, &hp), 0);
+    ck_assert_int_eq(ft_jobs_transition(j, a.id, FT_JOB_VALIDATING, FT_JOB_QUEUED, &hp),
+                     0);
     ck_assert_int_eq(ft_jobs_transition(j, a.id, FT_JOB_VALIDATING, FT_JOB_QUEUED, NULL),
                      -1);
     ck_assert_int_eq(ft_jobs_transition(j, a.id, FT_JOB_QUEUED, FT_JOB_RUNNING, NULL), 0);
@@ -207,10 +209,11 @@ START_TEST(test_list_cancel_runner_restart) {
     ck_assert_msg(o != NULL, "%s", s.p);
     const cJSON *data = cJSON_GetObjectItem(o, "data");
     ck_assert_int_eq(cJSON_GetArraySize(data), 2);
-    ck_assert_str_eq(cJSON_GetObjectItem(cJSON_GetArrayItem(data, 0), "message")->valuestring,
-                     "step 2: loss \"2.0\"");
-    ck_assert_str_eq(cJSON_GetObjectItem(cJSON_GetArrayItem(data, 1), "type")->valuestring,
-                     "metrics");
+    ck_assert_str_eq(
+        cJSON_GetObjectItem(cJSON_GetArrayItem(data, 0), "message")->valuestring,
+        "step 2: loss \"2.0\"");
+    ck_assert_str_eq(
+        cJSON_GetObjectItem(cJSON_GetArrayItem(data, 1), "type")->valuestring, "metrics");
     char first[64];
     snprintf(first, sizeof first, "%s",
              cJSON_GetObjectItem(cJSON_GetArrayItem(data, 0), "id")->valuestring);
@@ -224,9 +227,8 @@ START_TEST(test_list_cancel_runner_restart) {
                       strstr(s.p, "\"fine_tuning.job.checkpoint\""),
                   "%s", s.p);
     strbuf_free(&s);
-    ck_assert_int_eq(ft_jobs_events_json(j, "ftjob-000000000000000000000000", &s, NULL, 0,
-                                         &e),
-                     -1);
+    ck_assert_int_eq(
+        ft_jobs_events_json(j, "ftjob-000000000000000000000000", &s, NULL, 0, &e), -1);
     ck_assert_uint_eq(e.status, 404);
     strbuf_free(&s);
 
@@ -234,9 +236,8 @@ START_TEST(test_list_cancel_runner_restart) {
     ck_assert_int_eq(ft_jobs_cancel(j, b.id, &got, &e), 0);
     ck_assert_int_eq(got.status, FT_JOB_CANCELLED);
     ck_assert_int_eq(ft_jobs_finish(j, b.id, FT_JOB_SUCCEEDED, "x", NULL, NULL), -1);
-    ck_assert_int_eq(ft_jobs_finish(j, c.id, FT_JOB_SUCCEEDED, "ft:base-a:orch:c", NULL,
-                                    NULL),
-                     0);
+    ck_assert_int_eq(
+        ft_jobs_finish(j, c.id, FT_JOB_SUCCEEDED, "ft:base-a:orch:c", NULL, NULL), 0);
     ck_assert_int_eq(ft_jobs_cancel(j, c.id, &got, &e), -1);
     ck_assert_msg(strstr(e.msg, "has already ended (succeeded)"), "%s", e.msg);
     ck_assert_int_eq(ft_jobs_cancel(j, "ftjob-zz", &got, &e), -1);
@@ -253,7 +254,8 @@ START_TEST(test_list_cancel_runner_restart) {
     j = ft_jobs_open(dir, err, sizeof err);
     ck_assert_msg(j != NULL, "%s", err);
     ck_assert_int_eq(ft_jobs_list_json(j, &s, NULL, 0, &e), 0);
-    ck_assert_msg(strstr(s.p, c.id) < strstr(s.p, b.id) && strstr(s.p, b.id) < strstr(s.p, a.id),
+    ck_assert_msg(strstr(s.p, c.id) < strstr(s.p, b.id) &&
+                      strstr(s.p, b.id) < strstr(s.p, a.id),
                   "%s", s.p);
     strbuf_free(&s);
     ck_assert_int_eq(ft_jobs_get(j, a.id, &got), 0);
@@ -266,14 +268,14 @@ START_TEST(test_list_cancel_runner_restart) {
     ck_assert_int_ne(got.finished_at, 0);
     ck_assert_int_eq(ft_jobs_get(j, b.id, &got), 0);
     ck_assert_int_eq(got.status, FT_JOB_CANCELLED);
-    ck_assert_int_eq(ft_jobs_finish(j, a.id, FT_JOB_FAILED, NULL, "invalid_file",
-                                    "line 3: bad"),
-                     0);
+    ck_assert_int_eq(
+        ft_jobs_finish(j, a.id, FT_JOB_FAILED, NULL, "invalid_file", "line 3: bad"), 0);
     ft_jobs_get(j, a.id, &got);
     strbuf_free(&s);
     ft_job_json(&s, &got);
-    ck_assert_msg(strstr(s.p, "\"error\":{\"code\":\"invalid_file\",\"message\":\"line 3: "
-                              "bad\""),
+    ck_assert_msg(strstr(s.p,
+                         "\"error\":{\"code\":\"invalid_file\",\"message\":\"line 3: "
+                         "bad\""),
                   "%s", s.p);
     strbuf_free(&s);
     ft_jobs_close(j);

@@ -24,10 +24,10 @@
 
 #include "orchestrator/core/strbuf.h"
 
-#define FILE_STORE_ID_MAX       32
-#define FILE_STORE_NAME_MAX     256
-#define FILE_STORE_DEFAULT_MAX  (512ull << 20) /* bytes per file (OpenAI's limit) */
-#define FILE_STORE_PURPOSE_MAX  32
+#define FILE_STORE_ID_MAX      32
+#define FILE_STORE_NAME_MAX    256
+#define FILE_STORE_DEFAULT_MAX (512ull << 20) /* bytes per file (OpenAI's limit) */
+#define FILE_STORE_PURPOSE_MAX 32
 
 typedef struct file_store file_store;
 typedef struct file_upload file_upload;

@@ -11,14 +11,14 @@
 
 #include "orchestrator/core/util.h"
 
-#define NP          4    /* model parameters: c0, c_dec, c_pre, c_ft */
-#define PRIOR_W     1e-2 /* weight of the c_ft = R * c_pre pseudo-observation */
-#define FORGET      0.99 /* RLS forgetting factor per observation */
-#define P_INIT      1e4
-#define REG_W       1e-3 /* weight of the anti-wind-up pseudo-observations */
-#define MIN_OBS     4    /* observations before the model is trusted */
-#define FACTOR_INIT 0.5
-#define SHRINK      0.7 /* factor after an iteration over the target */
+#define NP           4    /* model parameters: c0, c_dec, c_pre, c_ft */
+#define PRIOR_W      1e-2 /* weight of the c_ft = R * c_pre pseudo-observation */
+#define FORGET       0.99 /* RLS forgetting factor per observation */
+#define P_INIT       1e4
+#define REG_W        1e-3 /* weight of the anti-wind-up pseudo-observations */
+#define MIN_OBS      4    /* observations before the model is trusted */
+#define FACTOR_INIT  0.5
+#define SHRINK       0.7 /* factor after an iteration over the target */
 #define DITHER_EVERY 8
 
 struct ft_budget {
@@ -28,7 +28,7 @@ struct ft_budget {
     uint64_t n_obs;
     double factor;
     uint32_t last_ft; /* the budget of the last observed iteration */
-    double *ring; /* TPOT (ms) of the last `window` decode iterations */
+    double *ring;     /* TPOT (ms) of the last `window` decode iterations */
     uint32_t ring_n, ring_pos;
     double *scratch;
     uint64_t decode_iters, within, paused, ft_tokens;

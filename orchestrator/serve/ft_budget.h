@@ -41,12 +41,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define FT_BUDGET_DEFAULT_WINDOW  256u
-#define FT_BUDGET_PRIOR_FT_RATIO  3.0  /* a fine-tuning token ~ 3 prefill tokens */
-#define FT_BUDGET_GROW_BELOW      0.85 /* p99 under 85% of the target: grow */
-#define FT_BUDGET_GROW_STEP       0.05
-#define FT_BUDGET_HEADROOM        0.95 /* plan iterations to 95% of the target */
-#define FT_BUDGET_TTFT_GUARD      0.5
+#define FT_BUDGET_DEFAULT_WINDOW 256u
+#define FT_BUDGET_PRIOR_FT_RATIO 3.0  /* a fine-tuning token ~ 3 prefill tokens */
+#define FT_BUDGET_GROW_BELOW     0.85 /* p99 under 85% of the target: grow */
+#define FT_BUDGET_GROW_STEP      0.05
+#define FT_BUDGET_HEADROOM       0.95 /* plan iterations to 95% of the target */
+#define FT_BUDGET_TTFT_GUARD     0.5
 
 typedef struct ft_budget_config {
     double slo_tpot_ms;  /* p99 time per output token target; 0 = none */

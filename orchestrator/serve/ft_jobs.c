@@ -27,9 +27,8 @@ struct ft_jobs {
     size_t n, cap;
 };
 
-static const char *const status_names[] = { "validating_files", "queued",
-                                             "running",          "succeeded",
-                                             "failed",           "cancelled" };
+static const char *const status_names[] = { "validating_files", "queued", "running",
+                                            "succeeded",        "failed", "cancelled" };
 
 const char *ft_job_status_name(int status) {
     return status >= 0 && status <= FT_JOB_CANCELLED ? status_names[status] : "unknown";
@@ -160,16 +159,16 @@ static int job_from_json(const char *text, size_t len, ft_job *job) {
     cJSON *r = cJSON_ParseWithLength(text, len);
     if (!r) return -1;
     memset(job, 0, sizeof *job);
-    int ok = read_copy(r, "id", job->id, sizeof job->id, 1) == 0 && valid_job_id(job->id) &&
-             read_copy(r, "model", job->model, sizeof job->model, 1) == 0 &&
-             read_copy(r, "training_file", job->training_file, sizeof job->training_file,
-                       1) == 0 &&
-             read_copy(r, "validation_file", job->validation_file,
-                       sizeof job->validation_file, 0) == 0 &&
-             read_copy(r, "user_provided_suffix", job->suffix, sizeof job->suffix, 0) ==
-                 0 &&
-             read_copy(r, "fine_tuned_model", job->fine_tuned_model,
-                       sizeof job->fine_tuned_model, 0) == 0;
+    int ok =
+        read_copy(r, "id", job->id, sizeof job->id, 1) == 0 && valid_job_id(job->id) &&
+        read_copy(r, "model", job->model, sizeof job->model, 1) == 0 &&
+        read_copy(r, "training_file", job->training_file, sizeof job->training_file, 1) ==
+            0 &&
+        read_copy(r, "validation_file", job->validation_file, sizeof job->validation_file,
+                  0) == 0 &&
+        read_copy(r, "user_provided_suffix", job->suffix, sizeof job->suffix, 0) == 0 &&
+        read_copy(r, "fine_tuned_model", job->fine_tuned_model,
+                  sizeof job->fine_tuned_model, 0) == 0;
     const cJSON *st = cJSON_GetObjectItemCaseSensitive(r, "status");
     job->status = cJSON_IsString(st) ? status_of(st->valuestring) : -1;
     ok = ok && job->status >= 0;
@@ -185,7 +184,8 @@ static int job_from_json(const char *text, size_t len, ft_job *job) {
     v = cJSON_GetObjectItemCaseSensitive(r, "orch_seq");
     if (cJSON_IsNumber(v)) job->seq = (uint64_t)v->valuedouble;
     const cJSON *hp = cJSON_GetObjectItemCaseSensitive(r, "hyperparameters");
-    ok = ok && cJSON_IsObject(hp) && read_u32_or_auto(hp, "n_epochs", &job->hp.n_epochs) == 0 &&
+    ok = ok && cJSON_IsObject(hp) &&
+         read_u32_or_auto(hp, "n_epochs", &job->hp.n_epochs) == 0 &&
          read_u32_or_auto(hp, "batch_size", &job->hp.batch_size) == 0 &&
          read_u32_or_auto(hp, "lora_rank", &job->hp.lora_rank) == 0;
     if (ok) {
@@ -251,8 +251,8 @@ ft_jobs *ft_jobs_open(const char *state_dir, char *err, size_t err_cap) {
         return NULL;
     }
     pthread_mutex_init(&j->mu, NULL);
-    if (!state_dir || (size_t)snprintf(j->dir, sizeof j->dir, "%s/jobs", state_dir) >=
-                          sizeof j->dir) {
+    if (!state_dir ||
+        (size_t)snprintf(j->dir, sizeof j->dir, "%s/jobs", state_dir) >= sizeof j->dir) {
         util_set_err(err, err_cap, "jobs: state directory path too long");
         ft_jobs_close(j);
         return NULL;
@@ -326,8 +326,8 @@ static int hp_parse(const cJSON *o, const char *where, ft_job_hparams *hp, api_e
             if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) ||
                 v->valuedouble < 1 || v->valuedouble > max)
                 return api_error_set(e, 400, "hyperparameters", "invalid_value",
-                                     "%s.%s must be %san integer from 1 to %.0f", where, k,
-                                     epochs || batch ? "\"auto\" or " : "", max);
+                                     "%s.%s must be %san integer from 1 to %.0f", where,
+                                     k, epochs || batch ? "\"auto\" or " : "", max);
             uint32_t x = (uint32_t)v->valuedouble;
             if (epochs)
                 hp->n_epochs = x;
@@ -392,13 +392,15 @@ int ft_jobs_create(ft_jobs *j, const cJSON *req, const char *const *models,
     if (!cJSON_IsObject(req))
         return api_error_set(e, 400, NULL, "invalid_type",
                              "the request body must be a JSON object");
-    static const char *const known[] = { "model",  "training_file", "validation_file",
-                                         "hyperparameters", "suffix", "seed", "method",
-                                         "integrations", "metadata" };
+    static const char *const known[] = {
+        "model", "training_file", "validation_file", "hyperparameters", "suffix",
+        "seed",  "method",        "integrations",    "metadata"
+    };
     const cJSON *v;
     cJSON_ArrayForEach(v, req) {
         size_t k = 0;
-        while (k < sizeof known / sizeof known[0] && strcmp(v->string, known[k]) != 0) k++;
+        while (k < sizeof known / sizeof known[0] && strcmp(v->string, known[k]) != 0)
+            k++;
         if (k == sizeof known / sizeof known[0])
             return api_error_set(e, 400, NULL, "unknown_parameter",
                                  "unknown field '%.64s'", v->string);

@@ -63,10 +63,10 @@ typedef struct ft_job {
     char suffix[FT_JOB_SUFFIX_MAX];          /* "" = none */
     uint64_t seed;
     ft_job_hparams hp;
-    int status; /* ft_job_status */
+    int status;                      /* ft_job_status */
     int64_t created_at, finished_at; /* Unix seconds; finished 0 = not yet */
     uint64_t trained_tokens;
-    char fine_tuned_model[FT_JOB_NAME_MAX]; /* "" until succeeded */
+    char fine_tuned_model[FT_JOB_NAME_MAX];                   /* "" until succeeded */
     char error_code[64], error_param[64], error_message[512]; /* failed */
     int cancel_requested;
     uint64_t seq; /* creation order in this store ("orch_seq"; one second

@@ -35,10 +35,10 @@ struct http_upload {
     char purpose[FILE_STORE_PURPOSE_MAX];
     size_t purpose_len;
     char filename[FILE_STORE_NAME_MAX];
-    int files;    /* "file" parts seen */
-    int unknown;  /* a field other than file/purpose */
-    int failed;   /* err says why */
-    int status;   /* of the failure: 400, 413 (size limit), 500 (storage) */
+    int files;   /* "file" parts seen */
+    int unknown; /* a field other than file/purpose */
+    int failed;  /* err says why */
+    int status;  /* of the failure: 400, 413 (size limit), 500 (storage) */
     char err[512];
 };
 
@@ -103,8 +103,7 @@ enum MHD_Result http_files_begin(http_req *hr) {
         MHD_lookup_connection_value(hr->conn, MHD_HEADER_KIND, "Content-Type");
     if (!ct || strncasecmp(ct, "multipart/form-data", 19) != 0) {
         char msg[192];
-        snprintf(msg, sizeof msg,
-                 "Content-Type must be multipart/form-data, got '%.64s'",
+        snprintf(msg, sizeof msg, "Content-Type must be multipart/form-data, got '%.64s'",
                  ct ? ct : "(none)");
         return http_queue_err(hr, 415, NULL, "unsupported_media_type", msg);
     }
@@ -144,7 +143,8 @@ static enum MHD_Result finish_upload(http_req *hr) {
         u->up = NULL;
         if (u->status == 413)
             return http_queue_err(hr, 413, NULL, "request_too_large", u->err);
-        if (u->status == 500) return http_queue_err(hr, 500, NULL, "server_error", u->err);
+        if (u->status == 500)
+            return http_queue_err(hr, 500, NULL, "server_error", u->err);
         return http_queue_err(hr, 400, "file", "invalid_file", u->err);
     }
     if (!u->files) {
