@@ -106,6 +106,17 @@ for so in "$ORCH_BUILD"/tests/engines/*.so; do
     fi
     continue
   fi
+  if [ "$name" = notify_gap_mock ]; then
+    # A valid table whose forward_backward_notify drops a range: it loads;
+    # tests/dist_overlap.sh checks that training notices.
+    if "$ORCH_BIN" info --engine="$so" >"$tmp/out" 2>"$tmp/err"; then
+      pass "info --engine=$so (loads; misreports gradient ranges)"
+    else
+      fail "info --engine=$so: rejected"
+      sed 's/^/      /' "$tmp/err"
+    fi
+    continue
+  fi
   if [ "$name" = newer_minor ]; then
     # A valid engine from a later minor version loads.
     if "$ORCH_BIN" info --engine="$so" >"$tmp/out" 2>"$tmp/err" &&

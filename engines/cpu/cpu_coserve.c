@@ -115,9 +115,9 @@ static int32_t run_finetune(orch_engine_ctx *ctx, cpu_lora *lo,
     const int32_t st =
         ctx->arch == ORCH_ARCH_LLAMA
             ? cpu_llama_forward_backward(ctx, f->tokens, f->targets, f->batch, f->seq_len,
-                                         f->grad_scale, 1, loss)
+                                         f->grad_scale, 1, loss, NULL)
             : cpu_train_forward_backward(ctx, f->tokens, f->targets, f->batch, f->seq_len,
-                                         f->grad_scale, 1, loss);
+                                         f->grad_scale, 1, loss, NULL);
     ctx->lora_cur = NULL;
     return st;
 }

@@ -622,27 +622,41 @@ static int32_t cpu_grads_write(orch_engine_ctx *ctx, uint64_t offset, uint64_t c
 /* Training and evaluation                                                    */
 /* ------------------------------------------------------------------------- */
 
-static int32_t cpu_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
-                                    const int32_t *targets, uint32_t batch,
-                                    uint32_t seq_len, float grad_scale, float *out_loss) {
+/* forward_backward and (ABI 1.3) forward_backward_notify: ready NULL is
+ * plain forward_backward. */
+static int32_t cpu_forward_backward_notify(orch_engine_ctx *ctx, const int32_t *tokens,
+                                           const int32_t *targets, uint32_t batch,
+                                           uint32_t seq_len, float grad_scale,
+                                           float *out_loss, orch_grad_ready_fn ready,
+                                           void *user) {
     ENTER(ctx);
+    const char *fn = ready ? "forward_backward_notify" : "forward_backward";
     if (ctx->weights == CPU_WEIGHTS_INT8)
         return cpu_fail(ctx, ORCH_ERR_UNSUPPORTED,
                         "weights=int8 is an inference format; train with weights=fp32");
-    int32_t st = engine_check_train_call("forward_backward", tokens, targets, batch,
-                                         seq_len, grad_scale, out_loss, &ctx->train_lim,
-                                         NULL, ENGINE_ERRBUF(ctx));
+    int32_t st =
+        engine_check_train_call(fn, tokens, targets, batch, seq_len, grad_scale, out_loss,
+                                &ctx->train_lim, NULL, ENGINE_ERRBUF(ctx));
     if (st) return st;
+    const cpu_grad_notify n = { ready, user };
+    const cpu_grad_notify *np = ready ? &n : NULL;
     float loss = 0.0f;
     if (ctx->arch == ORCH_ARCH_LLAMA)
         st = cpu_llama_forward_backward(ctx, tokens, targets, batch, seq_len, grad_scale,
-                                        1, &loss);
+                                        1, &loss, np);
     else
         st = cpu_train_forward_backward(ctx, tokens, targets, batch, seq_len, grad_scale,
-                                        1, &loss);
+                                        1, &loss, np);
     cpu_pool_park(ctx->pool);
     if (st == ORCH_OK) *out_loss = loss;
     return st;
+}
+
+static int32_t cpu_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
+                                    const int32_t *targets, uint32_t batch,
+                                    uint32_t seq_len, float grad_scale, float *out_loss) {
+    return cpu_forward_backward_notify(ctx, tokens, targets, batch, seq_len, grad_scale,
+                                       out_loss, NULL, NULL);
 }
 
 static int32_t cpu_eval_loss(orch_engine_ctx *ctx, const int32_t *tokens,
@@ -656,10 +670,10 @@ static int32_t cpu_eval_loss(orch_engine_ctx *ctx, const int32_t *tokens,
     float loss = 0.0f;
     if (ctx->arch == ORCH_ARCH_LLAMA)
         st = cpu_llama_forward_backward(ctx, tokens, targets, batch, seq_len, 0.0f, 0,
-                                        &loss);
+                                        &loss, NULL);
     else
         st = cpu_train_forward_backward(ctx, tokens, targets, batch, seq_len, 0.0f, 0,
-                                        &loss);
+                                        &loss, NULL);
     cpu_pool_park(ctx->pool);
     if (st == ORCH_OK) *out_loss = loss;
     return st;
@@ -1036,10 +1050,10 @@ static int32_t adapter_run(orch_engine_ctx *ctx, const char *fn, uint32_t adapte
     ctx->lora_cur = lo;
     if (ctx->arch == ORCH_ARCH_LLAMA)
         st = cpu_llama_forward_backward(ctx, tokens, targets, batch, seq_len, grad_scale,
-                                        backward, &loss);
+                                        backward, &loss, NULL);
     else
         st = cpu_train_forward_backward(ctx, tokens, targets, batch, seq_len, grad_scale,
-                                        backward, &loss);
+                                        backward, &loss, NULL);
     ctx->lora_cur = NULL;
     cpu_pool_park(ctx->pool);
     if (st == ORCH_OK) *out_loss = loss;
@@ -1160,6 +1174,7 @@ static const orch_engine_api cpu_api = {
     .moments_write = cpu_moments_write,
     .optimizer_step_range = cpu_optimizer_step_range,
     .optimizer_bytes = cpu_optimizer_bytes,
+    .forward_backward_notify = cpu_forward_backward_notify,
     .adapter_create = cpu_adapter_create,
     .adapter_destroy = cpu_adapter_destroy,
     .adapter_tensor_count = cpu_adapter_tensor_count,

@@ -295,10 +295,31 @@ void cpu_sgemm1(int trans_a, int trans_b, int M, int N, int K, float alpha,
                 const float *A, int lda, const float *B, int ldb, float beta, float *C,
                 int ldc);
 
+/* ---- gradient-ready reporting (ABI 1.3 forward_backward_notify) ----
+ * The training backward passes take a cpu_grad_notify (NULL for plain
+ * forward_backward and eval_loss) and call cpu_grad_notify_range as a flat
+ * range of the gradient buffer becomes final: GPT-2 ln_f, each layer from
+ * the last to the first, then wte+wpe (the tied head's gradient is only
+ * final after the embedding backward); LLaMA model.norm (+ an untied
+ * lm_head), the layers, then embed_tokens. The pool is parked first, so its
+ * workers sleep while the caller's callback runs on the caller's thread. */
+typedef struct cpu_grad_notify {
+    orch_grad_ready_fn ready;
+    void *user;
+} cpu_grad_notify;
+
+static inline void cpu_grad_notify_range(orch_engine_ctx *ctx, const cpu_grad_notify *n,
+                                         uint64_t offset, uint64_t count) {
+    if (!n || !n->ready || count == 0) return;
+    cpu_pool_park(ctx->pool);
+    n->ready(n->user, offset, count);
+}
+
 /* ---- cpu_train.c ---- */
 int32_t cpu_train_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
                                    const int32_t *targets, uint32_t B, uint32_t T,
-                                   float grad_scale, int backward, float *out_loss);
+                                   float grad_scale, int backward, float *out_loss,
+                                   const cpu_grad_notify *notify);
 /* AdamW over flat elements [off, off+count) (inside the shard) with the
  * clipping scale of the caller's global gradient norm (ABI 1.2). */
 int32_t cpu_train_optimizer_step_range(orch_engine_ctx *ctx, const orch_adamw_params *p,

@@ -466,7 +466,8 @@ static void weight_bwd(orch_engine_ctx *ctx, size_t BT, int N, int K, const floa
 
 int32_t cpu_llama_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
                                    const int32_t *targets, uint32_t B, uint32_t T,
-                                   float grad_scale, int backward, float *out_loss) {
+                                   float grad_scale, int backward, float *out_loss,
+                                   const cpu_grad_notify *notify) {
     const size_t BT = (size_t)B * T;
     const int C = (int)ctx->C, M = (int)ctx->M, V = (int)ctx->V;
     const int QS = C + 2 * (int)ctx->KVD;
@@ -474,6 +475,7 @@ int32_t cpu_llama_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
     for (size_t i = 0; i < BT; i++) counted += targets[i] != -1;
     if (counted == 0) { /* nothing to learn from; no gradient */
         *out_loss = 0.0f;
+        if (backward) cpu_grad_notify_range(ctx, notify, 0, ctx->n_params);
         return ORCH_OK;
     }
     /* Under an adapter (ctx->lora_cur) the base is frozen: G is NULL and
@@ -598,6 +600,10 @@ int32_t cpu_llama_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
     memset(a.dres, 0, BT * C * sizeof(float));
     rmsnorm_backward(ctx, a.dx, a.res_out, a.rstdf, cpu_llama_norm(ctx, P), a.dres,
                      cpu_llama_norm(ctx, G), BT);
+    /* Flat offset of layer l's first gradient (l = L: model.norm). */
+#define LAYER_OFF(l) (ctx->tensors[1 + (size_t)(l)*LL_COUNT].offset)
+    cpu_grad_notify_range(ctx, notify, LAYER_OFF(ctx->L),
+                          ctx->n_params - LAYER_OFF(ctx->L));
     for (uint32_t li = ctx->L; li-- > 0;) {
         layer_acts *la = &a.layer[li];
         /* MLP: recompute n = RMSNorm(res_mid) and h = SwiGLU(gate|up). */
@@ -634,6 +640,8 @@ int32_t cpu_llama_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
         rmsnorm_backward(ctx, a.dx, la->res_in, la->rstd1,
                          cpu_llama_tensor(ctx, P, li, LL_IN_NORM), a.dres,
                          cpu_llama_tensor(ctx, G, li, LL_IN_NORM), BT);
+        cpu_grad_notify_range(ctx, notify, LAYER_OFF(li),
+                              LAYER_OFF(li + 1) - LAYER_OFF(li));
     }
     rows_job eb = { .op = OP_EMBED_BWD,
                     .rows = BT,
@@ -641,6 +649,8 @@ int32_t cpu_llama_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
                     .dw = cpu_llama_embed(ctx, G),
                     .tokens = tokens };
     if (G) run_rows(ctx, &eb);
+    cpu_grad_notify_range(ctx, notify, 0, LAYER_OFF(0));
+#undef LAYER_OFF
     free(a.layer);
     return ORCH_OK;
 }

@@ -487,15 +487,22 @@ void cpu_train_ce_rows(orch_engine_ctx *ctx, float *logits, const int32_t *targe
 /* Forward / backward                                                         */
 /* ------------------------------------------------------------------------- */
 
+/* Flat offset of layer l's first gradient (l = L: ln_f.weight). */
+static uint64_t layer_offset(const orch_engine_ctx *ctx, uint32_t l) {
+    return ctx->tensors[2 + (size_t)l * L_COUNT].offset;
+}
+
 int32_t cpu_train_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
                                    const int32_t *targets, uint32_t B, uint32_t T,
-                                   float grad_scale, int backward, float *out_loss) {
+                                   float grad_scale, int backward, float *out_loss,
+                                   const cpu_grad_notify *notify) {
     const size_t BT = (size_t)B * T;
     const int C = (int)ctx->C, M = (int)ctx->M, V = (int)ctx->V;
     size_t counted = 0;
     for (size_t i = 0; i < BT; i++) counted += targets[i] != -1;
     if (counted == 0) { /* nothing to learn from; no gradient */
         *out_loss = 0.0f;
+        if (backward) cpu_grad_notify_range(ctx, notify, 0, ctx->n_params);
         return ORCH_OK;
     }
     /* Under an adapter (ctx->lora_cur) the base is frozen: no base gradients. */
@@ -632,6 +639,8 @@ int32_t cpu_train_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
     memset(a->dres, 0, BT * C * sizeof(float));
     layernorm_backward(ctx, a->dtmp, a->res_out, a->lnf_mean, a->lnf_rstd, P->lnf_w,
                        a->dres, G->lnf_w, G->lnf_b, BT);
+    cpu_grad_notify_range(ctx, notify, layer_offset(ctx, ctx->L),
+                          ctx->n_params - layer_offset(ctx, ctx->L));
     for (uint32_t li = ctx->L; li-- > 0;) {
         cpu_layer_acts *la = &a->layer[li];
         const cpu_layer_view *w = &P->layer[li];
@@ -722,8 +731,11 @@ int32_t cpu_train_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
         cpu_linear_backward(ctx, &b);
         layernorm_backward(ctx, a->dtmp, la->res_in, la->ln1_mean, la->ln1_rstd, w->ln1_w,
                            a->dres, g->ln1_w, g->ln1_b, BT);
+        cpu_grad_notify_range(ctx, notify, layer_offset(ctx, li),
+                              layer_offset(ctx, li + 1) - layer_offset(ctx, li));
     }
     if (!lo) embed(ctx, tokens, T, BT, NULL, a->dres);
+    cpu_grad_notify_range(ctx, notify, 0, layer_offset(ctx, 0));
     return ORCH_OK;
 }
 

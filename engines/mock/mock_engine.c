@@ -93,6 +93,10 @@
  *   kv_copy_blocks. Unknown keys or bad values -> ORCH_ERR_INVALID_ARGUMENT.
  *   (The ABI 1.2 calls take no faults.)
  *
+ * ABI 1.3: forward_backward_notify is forward_backward (its fault counter
+ * "forward_backward", sleep and checks) followed by one ready() per tensor
+ * in reverse table order (ranges disjoint, covering the flat buffer).
+ *
  * ABI 1.2 (ZeRO-1): param_read/param_write of the flat parameters (lazy
  * tensors are initialised first); optimizer_shard reallocates the moments to
  * the shard (optimizer_bytes = 8 bytes x shard elements); optimizer_step_range
@@ -759,6 +763,23 @@ static int32_t mock_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens
         return st;
     *out_loss =
         loss_compute(ctx, tokens, targets, batch, seq_len, ctx->grads, grad_scale);
+    return ORCH_OK;
+}
+
+/* ABI 1.3: forward_backward (same fault counter, sleep and checks), then
+ * every tensor's gradient range reported in reverse table order (the mock
+ * has no backward pass to interleave with). */
+static int32_t mock_forward_backward_notify(orch_engine_ctx *ctx, const int32_t *tokens,
+                                            const int32_t *targets, uint32_t batch,
+                                            uint32_t seq_len, float grad_scale,
+                                            float *out_loss, orch_grad_ready_fn ready,
+                                            void *user) {
+    int32_t st =
+        mock_forward_backward(ctx, tokens, targets, batch, seq_len, grad_scale, out_loss);
+    if (st != ORCH_OK || !ready) return st;
+    for (uint32_t i = ctx->n_tensors; i-- > 0;)
+        if (ctx->tensors[i].numel)
+            ready(user, ctx->tensors[i].offset, ctx->tensors[i].numel);
     return ORCH_OK;
 }
 
@@ -1520,6 +1541,7 @@ static const orch_engine_api mock_api = {
     .moments_write = mock_moments_write,
     .optimizer_step_range = mock_optimizer_step_range,
     .optimizer_bytes = mock_optimizer_bytes,
+    .forward_backward_notify = mock_forward_backward_notify,
     .adapter_create = mock_adapter_create,
     .adapter_destroy = mock_adapter_destroy,
     .adapter_tensor_count = mock_adapter_tensor_count,

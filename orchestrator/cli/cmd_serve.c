@@ -112,6 +112,16 @@ static int parse_args(int argc, char **argv, serve_options *o, int *st) {
           .min = 1, .max = INT32_MAX },
         { "--kv-memory", FLAG_U64, &o->kv_memory_mib, "MIB",
           .help = "KV pool memory budget (default 1024)", .min = 1, .max = 1 << 24 },
+        { "--lora", FLAG_LIST, o->loras, "NAME=DIR",
+          .help = "serve the LoRA adapter in DIR (a PEFT directory:\n"
+                  "adapter_config.json, adapter_model.safetensors)\n"
+                  "as model NAME, next to the base (repeatable)",
+          .max = SERVE_MAX_LIST, .count = &o->n_loras },
+        { "--enable-lora-loading", FLAG_TRUE, &o->enable_lora_loading, NULL,
+          .help = "allow POST /v1/load_lora_adapter and\n"
+                  "/v1/unload_lora_adapter (they read server paths)" },
+        { "--max-loras", FLAG_U64, &o->max_loras, "N",
+          .help = "adapters loaded at once (default 64)", .min = 1, .max = 64 },
         { "--state-dir", FLAG_STRING, &o->state_dir, "DIR",
           .help = "keep uploaded files (OpenAI's /v1/files) in DIR,\n"
                   "across restarts (default: none; the files API is\n"

@@ -21,14 +21,20 @@
 #include "orchestrator/core/util.h"
 #include "orchestrator/serve/http_internal.h"
 
-static const char *const route_label[R_COUNT] = {
-    "other",           "/health",
-    "/v1/models",      "/v1/models/{model}",
-    "/v1/completions", "/v1/chat/completions",
-    "/metrics",        "/tokenize",
-    "/detokenize",     "/v1/files",
-    "/v1/files/{id}",  "/v1/files/{id}/content"
-};
+static const char *const route_label[R_COUNT] = { "other",
+                                                  "/health",
+                                                  "/v1/models",
+                                                  "/v1/models/{model}",
+                                                  "/v1/completions",
+                                                  "/v1/chat/completions",
+                                                  "/metrics",
+                                                  "/tokenize",
+                                                  "/detokenize",
+                                                  "/v1/files",
+                                                  "/v1/files/{id}",
+                                                  "/v1/files/{id}/content",
+                                                  "/v1/load_lora_adapter",
+                                                  "/v1/unload_lora_adapter" };
 
 /* The Allow header of a 405 on `route`. */
 static const char *route_allow(int route) {
@@ -125,6 +131,8 @@ void http_req_free(http_req *hr) {
     free(hr->seqs);
     render_stream_free(&hr->rs);
     gen_request_free(&hr->req);
+    if (hr->adapter && hr->srv->cfg.coserve)
+        coserve_release(hr->srv->cfg.coserve, hr->adapter);
     http_body_release(hr);
     free(hr->obuf);
     free(hr->final.p);
@@ -212,6 +220,8 @@ static int match_route(const char *url) {
     if (strcmp(url, "/tokenize") == 0) return R_TOKENIZE;
     if (strcmp(url, "/detokenize") == 0) return R_DETOKENIZE;
     if (strcmp(url, "/v1/files") == 0) return R_FILES;
+    if (strcmp(url, "/v1/load_lora_adapter") == 0) return R_LORA_LOAD;
+    if (strcmp(url, "/v1/unload_lora_adapter") == 0) return R_LORA_UNLOAD;
     if (strncmp(url, "/v1/files/", 10) == 0 && url[10]) {
         size_t n = strlen(url);
         if (n > 18 && strcmp(url + n - 8, "/content") == 0) return R_FILE_CONTENT;
@@ -238,9 +248,13 @@ static enum MHD_Result answer_get(http_req *hr, const char *url) {
     case R_MODELS:
         strbuf_puts(&b, "{\"object\":\"list\",\"data\":[");
         render_model_object(&b, s->model_name, s->created, context, arch);
+        if (s->cfg.coserve) coserve_models_json(s->cfg.coserve, &b, context);
         strbuf_puts(&b, "]}");
         return http_queue_json(hr, 200, &b);
     case R_MODEL:
+        if (strcmp(url + 11, s->model_name) != 0 && s->cfg.coserve &&
+            coserve_model_json(s->cfg.coserve, url + 11, &b, context) == 0)
+            return http_queue_json(hr, 200, &b);
         if (strcmp(url + 11, s->model_name) != 0) {
             api_error e;
             api_error_set(&e, 404, "model", "model_not_found",
@@ -626,6 +640,8 @@ void http_server_set_chat_template(http_server *s, const chat_template *t,
     s->chat_template = t;
     s->chat_error = error;
 }
+
+void http_server_set_coserve(http_server *s, coserve *c) { s->cfg.coserve = c; }
 
 void http_server_drain_begin(http_server *s) {
     if (!s) return;

@@ -16,6 +16,9 @@
  *   GET  /metrics              Prometheus text (metrics.h)
  *   /v1/files...               OpenAI's files API (http_files.c), with a
  *                              file store (--state-dir)
+ *   POST /v1/load_lora_adapter, /v1/unload_lora_adapter  vLLM's (coserve.h);
+ *                              /v1/models lists the adapters with "parent";
+ *                              "model" may name an adapter
  *   OPTIONS (any route)        CORS preflight, for an allowed origin only
  * Checks, in order, before a body is read: Host (http_policy.h), route,
  * method, API key (routes under /v1/), Content-Type of POST routes, the
@@ -64,6 +67,7 @@
 #include "orchestrator/core/metrics.h"
 #include "orchestrator/data/tokenizer.h"
 #include "orchestrator/serve/chat_template.h"
+#include "orchestrator/serve/coserve.h"
 #include "orchestrator/serve/file_store.h"
 #include "orchestrator/serve/scheduler.h"
 
@@ -98,6 +102,7 @@ typedef struct http_server_config {
     size_t n_cors_origins;
     metrics_registry *metrics; /* required */
     file_store *files;         /* /v1/files (borrowed); NULL = those routes 404 */
+    coserve *coserve;          /* served adapters (borrowed); NULL = none */
 } http_server_config;
 
 typedef struct http_server http_server;
@@ -118,6 +123,10 @@ void http_server_set_ready(http_server *s, scheduler *sched, const tokenizer *to
  * and must outlive the server. Call before http_server_set_ready. */
 void http_server_set_chat_template(http_server *s, const chat_template *t,
                                    const char *error);
+
+/* The served adapters (borrowed; must outlive the server). Call before
+ * http_server_set_ready. */
+void http_server_set_coserve(http_server *s, coserve *c);
 
 /* Scheduler poll hook (arg = http_server *): cancel the sequences of clients
  * that closed their connection. Cheap (one non-blocking epoll_wait). */

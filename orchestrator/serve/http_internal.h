@@ -50,6 +50,8 @@ enum route {
     R_FILES,        /* GET list, POST upload (http_files.c) */
     R_FILE,         /* GET, DELETE */
     R_FILE_CONTENT, /* GET */
+    R_LORA_LOAD,    /* POST /v1/load_lora_adapter */
+    R_LORA_UNLOAD,  /* POST /v1/unload_lora_adapter */
     R_COUNT
 };
 
@@ -64,7 +66,7 @@ static inline int route_is_files(int route) {
 /* Routes answered to POST with a JSON body (the rest: GET / HEAD). */
 static inline int route_is_post(int route) {
     return route == R_COMPLETIONS || route == R_CHAT || route == R_TOKENIZE ||
-           route == R_DETOKENIZE;
+           route == R_DETOKENIZE || route == R_LORA_LOAD || route == R_LORA_UNLOAD;
 }
 
 enum { ST_LOADING = 0, ST_READY = 1, ST_DRAINING = 2 };
@@ -120,6 +122,7 @@ typedef struct http_req {
     struct http_upload *upload; /* POST /v1/files (http_files.c) */
     work_item job;
 
+    uint32_t adapter; /* held LoRA adapter (coserve_resolve), released at free */
     /* generation request */
     pthread_mutex_t lock; /* guards what follows and the sequences' outputs */
     int lock_init;
@@ -174,6 +177,8 @@ enum MHD_Result http_files_answer(http_req *hr, const char *url);
 void http_files_done(http_req *hr);
 
 /* ---- http_gen.c ---- */
+/* request_limits.model_known over the server's adapters. */
+int http_model_known(void *arg, const char *name);
 /* The final handler call of a POST route (the body is complete). */
 enum MHD_Result http_gen_step(http_req *hr);
 /* Cancel hr's sequences (the request completed early or the client left);

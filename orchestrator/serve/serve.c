@@ -221,6 +221,7 @@ typedef struct serve_state {
     serve_model m;
     chat_template_choice chat; /* borrowed by the HTTP server */
     file_store *files;         /* --state-dir; borrowed by the HTTP server */
+    coserve *cs;               /* adapters; borrowed by the HTTP server */
 } serve_state;
 
 /* Listen, load, size, start the scheduler, set ready. Returns 0 when ready,
@@ -269,6 +270,41 @@ static int serve_start(const serve_options *o, const serve_hooks *h, const char 
         kv_blocks(o, m, &blocks, err, err_cap) != 0)
         return -1;
     if (h->wait_stop(h->arg, 0)) return 1;
+    if (o->n_loras || o->enable_lora_loading) {
+        coserve_config cc = { .engine = m->eh,
+                              .ctx = m->ctx,
+                              .model = &m->desc,
+                              .base_name = name,
+                              .allow_runtime_load = o->enable_lora_loading,
+                              .max_adapters = (uint32_t)o->max_loras };
+        if (!(m->eh->api->capabilities & ORCH_CAP_LORA)) {
+            util_set_err(err, err_cap,
+                         "--lora/--enable-lora-loading: engine '%s' (ABI %u.%u) has no "
+                         "LoRA adapters (capability lora)",
+                         m->eh->api->name, m->eh->api->abi_major, m->eh->api->abi_minor);
+            return -1;
+        }
+        char cerr[1024];
+        st->cs = coserve_create(&cc, cerr, sizeof cerr);
+        if (!st->cs) {
+            util_set_err(err, err_cap, "adapters: %s", cerr);
+            return -1;
+        }
+        for (size_t i = 0; i < o->n_loras; i++) {
+            const char *eq = strchr(o->loras[i], '=');
+            if (!eq || eq == o->loras[i] || !eq[1]) {
+                util_set_err(err, err_cap, "--lora '%s': expected NAME=DIR", o->loras[i]);
+                return -1;
+            }
+            char lname[COSERVE_NAME_MAX];
+            snprintf(lname, sizeof lname, "%.*s", (int)(eq - o->loras[i]), o->loras[i]);
+            if (coserve_add_now(st->cs, lname, eq + 1, cerr, sizeof cerr) != 0) {
+                util_set_err(err, err_cap, "--lora %s: %s", o->loras[i], cerr);
+                return -1;
+            }
+            say(h, 0, "adapter %s from %s", lname, eq + 1);
+        }
+    }
     scheduler_config scfg = {
         .engine = m->eh,
         .ctx = m->ctx,
@@ -284,8 +320,13 @@ static int serve_start(const serve_options *o, const serve_hooks *h, const char 
         .metrics = st->reg,
         .poll = http_server_poll_disconnects,
         .poll_arg = st->srv,
+        .coserve = st->cs ? coserve_hooks(st->cs) : NULL,
     };
     if (scheduler_create(&scfg, &st->sched, err, err_cap) != 0) return -1;
+    if (st->cs) {
+        coserve_attach(st->cs, st->sched);
+        http_server_set_coserve(st->srv, st->cs);
+    }
     /* The template directories: the checkpoint used (an imported MODEL's
      * temporary checkpoint holds the copied tokenizer_config.json), then the
      * directory given (not a GGUF file). */
@@ -346,6 +387,7 @@ static void serve_shutdown(serve_state *st, const serve_hooks *h) {
         nanosleep(&ts, NULL);
     }
     http_server_stop(st->srv);
+    coserve_destroy(st->cs); /* the scheduler is gone: engine calls are ours */
     model_close(&st->m, h);
     chat_template_choice_free(&st->chat);
     file_store_close(st->files);

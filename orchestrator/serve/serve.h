@@ -103,6 +103,11 @@ typedef struct serve_options {
      * adapters) persist; NULL = the files API is off */
     const char *state_dir;
     uint64_t max_upload_mib; /* --max-upload-mib: one uploaded file */
+    /* --lora NAME=DIR: LoRA adapters (PEFT directories) served as models */
+    const char *loras[SERVE_MAX_LIST];
+    size_t n_loras;
+    int enable_lora_loading; /* --enable-lora-loading: load/unload at run time */
+    uint64_t max_loras;      /* --max-loras: adapters loaded at once */
 } serve_options;
 
 /* The defaults of `orch serve` (port 8080, 64 sequences, 2048 tokens per
