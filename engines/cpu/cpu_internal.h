@@ -255,8 +255,8 @@ void cpu_linear_forward(orch_engine_ctx *ctx, const cpu_linear_fwd *op);
 void cpu_linear_forward_solo(orch_engine_ctx *ctx, const cpu_linear_fwd *op);
 /* Two products of one weight (same W, N, K, bias; each its own rows, input,
  * residual, output, GELU) in one pass over W (coserve_forward; precision=
- * bf16 runs them one after the other). Both parts run on sgemm against W
- * (the packed copies would be a second stream of the weights). */
+ * bf16 runs them one after the other). A part of at most skinny_max rows
+ * takes the packed kernel when either op carries the packed copy of W. */
 int cpu_linear_forward_pair_ok(const cpu_linear_fwd *a, const cpu_linear_fwd *b);
 void cpu_linear_forward_pair(orch_engine_ctx *ctx, const cpu_linear_fwd *a,
                              const cpu_linear_fwd *b);

@@ -137,23 +137,46 @@ void cpu_linear_forward_solo(orch_engine_ctx *ctx, const cpu_linear_fwd *op) {
 
 /* Two products of the same weight (coserve_forward): each pool chunk takes a
  * range of output columns and walks it in blocks of PAIR_BLOCK_BYTES of W
- * (half of this machine's 2 MB L2 per core), running a's rows and then b's
- * rows on the block while it is in the core's cache, so W streams from
- * memory once for both. Both parts run on sgemm against W itself: the packed
- * decode kernel reads a separate copy of the weights, a second stream, which
- * is what pairing avoids. Bias, residual and GELU of each op as
- * cpu_linear_forward does them, per block. */
+ * (half of the 2 MB L2 per core), running a's rows and then b's rows on the
+ * block while it is in the core's cache. A part of at most skinny_max rows
+ * runs on the packed kernel when a packed copy of W exists (the decoding
+ * rows; also the fine-tuning rows when they are that few, so both read the
+ * one packed copy), a larger part on sgemm against W (then the weights are
+ * read from two copies, each by the kernel that is fastest for its rows, so
+ * the two products simply run one after the other: measured here, sgemm on
+ * 16 decoding rows and short sgemm blocks of the large part cost more than
+ * the second read).
+ * Bias, residual and GELU of each op as cpu_linear_forward does them. */
 #define PAIR_BLOCK_BYTES ((size_t)1 << 20)
 
 typedef struct pair_job {
     orch_engine_ctx *ctx;
     const cpu_linear_fwd *op[2];
+    const float *packed; /* the packed copy of W, if either op has it */
     size_t chunks, block_cols;
 } pair_job;
 
-static void pair_part(int isa, const cpu_linear_fwd *op, size_t c0, size_t c1) {
+static void pair_part(const orch_engine_ctx *ctx, const cpu_linear_fwd *op,
+                      const float *packed, size_t c0, size_t c1) {
+    const int isa = ctx->isa;
     float beta = 0.0f;
     if (op->R == 0) return;
+    if (packed && (uint32_t)op->R <= ctx->skinny_max) { /* few rows: packed kernel */
+        int acc = 0;
+        if (op->resid) {
+            if (op->resid != op->out)
+                for (int r = 0; r < op->R; r++)
+                    memcpy(op->out + (size_t)r * op->ldout + c0,
+                           op->resid + (size_t)r * op->ldresid + c0,
+                           (c1 - c0) * sizeof(float));
+            acc = 1;
+        }
+        cpu_packed_matmul(isa, op->R, (size_t)op->N, (size_t)op->K, op->in,
+                          (size_t)op->ldin, packed, op->bias, op->out, (size_t)op->ldout,
+                          acc, c0 / CPU_PANEL, (c1 + CPU_PANEL - 1) / CPU_PANEL);
+        if (op->gelu_inplace || op->gelu_out) gelu_cols(isa, op, c0, c1);
+        return;
+    }
     if (op->bias || op->resid) {
         for (int r = 0; r < op->R; r++) {
             float *o = op->out + (size_t)r * op->ldout + c0;
@@ -178,8 +201,8 @@ static void pair_chunk(void *arg, size_t chunk, int tid) {
     cpu_pool_range(N, (int)chunk, (int)j->chunks, 16, &c0, &c1);
     for (size_t a = c0; a < c1; a += j->block_cols) {
         const size_t b = a + j->block_cols < c1 ? a + j->block_cols : c1;
-        pair_part(j->ctx->isa, j->op[0], a, b);
-        pair_part(j->ctx->isa, j->op[1], a, b);
+        pair_part(j->ctx, j->op[0], j->packed, a, b);
+        pair_part(j->ctx, j->op[1], j->packed, a, b);
     }
 }
 
@@ -189,12 +212,17 @@ int cpu_linear_forward_pair_ok(const cpu_linear_fwd *a, const cpu_linear_fwd *b)
 
 void cpu_linear_forward_pair(orch_engine_ctx *ctx, const cpu_linear_fwd *a,
                              const cpu_linear_fwd *b) {
-    if (ctx->precision == CPU_PREC_BF16) { /* oneDNN products: one after the other */
+    /* Parts that would read different copies of W (the packed one for few
+     * rows, W itself for sgemm) share nothing: each runs as it would alone. */
+    const float *pk = a->packed ? a->packed : b->packed;
+    const int pa = pk && (uint32_t)a->R <= ctx->skinny_max;
+    const int pb = pk && (uint32_t)b->R <= ctx->skinny_max;
+    if (ctx->precision == CPU_PREC_BF16 || pa != pb) { /* one after the other */
         cpu_linear_forward_solo(ctx, a);
         cpu_linear_forward_solo(ctx, b);
         return;
     }
-    pair_job j = { ctx, { a, b }, 1, 16 };
+    pair_job j = { ctx, { a, b }, a->packed ? a->packed : b->packed, 1, 16 };
     size_t cols = PAIR_BLOCK_BYTES / ((size_t)a->K * sizeof(float));
     cols = cols < 16 ? 16 : cols / 16 * 16;
     j.block_cols = cols;
