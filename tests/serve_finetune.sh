@@ -185,7 +185,7 @@ else
 fi
 
 # an engine without LoRA adapters
-start_server old --engine "$ORCH_BUILD/tests/engines/abi11_mock.so" --state-dir "$T/O"
+start_server old --checkpoint run --engine "$ORCH_BUILD/tests/engines/abi11_mock.so" --state-dir "$T/O"
 r=$(curl -s -w ' %{http_code}' "http://127.0.0.1:$PORT/v1/fine_tuning/jobs")
 [[ $r == *"has no LoRA adapters"*" 404" ]] || fail "jobs on an engine without adapters: $r"
 stop_server "$PID" || fail "exit (old)"
