@@ -63,8 +63,9 @@ static enum MHD_Result create(http_req *hr) {
         return http_queue_err(hr, 413, NULL, "request_too_large", msg);
     }
     if (hr->over_budget)
-        return http_queue_err(hr, 503, NULL, "server_busy",
-                              "too many request bodies are being received; retry shortly");
+        return http_queue_err(
+            hr, 503, NULL, "server_busy",
+            "too many request bodies are being received; retry shortly");
     cJSON *req = cJSON_ParseWithLength(hr->body ? hr->body : "", hr->body_len);
     http_body_release(hr);
     if (!req)
@@ -113,7 +114,8 @@ enum MHD_Result http_ft_answer(http_req *hr, const char *url) {
         ft_job_json(&b, &job);
         return http_queue_json(hr, 200, &b);
     case R_FT_CANCEL:
-        if (ft_jobs_cancel(s->cfg.jobs, id, &job, &e) != 0) return http_queue_error(hr, &e);
+        if (ft_jobs_cancel(s->cfg.jobs, id, &job, &e) != 0)
+            return http_queue_error(hr, &e);
         if (s->cfg.runner) ft_runner_notify(s->cfg.runner);
         ft_job_json(&b, &job);
         return http_queue_json(hr, 200, &b);

@@ -269,6 +269,7 @@ static int start_runner(const serve_options *o, const serve_model *m, const char
         .targets = targets,
         .seq_len = seq_len,
         .micro_batch = (uint32_t)o->ft_micro_batch,
+        .checkpoint_every = o->ft_checkpoint_every,
         .slo = { .slo_tpot_ms = o->slo_tpot_ms,
                  .slo_ttft_ms = o->slo_ttft_ms,
                  .max_tokens = (uint32_t)o->max_batch_tokens },
