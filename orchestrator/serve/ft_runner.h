@@ -83,6 +83,8 @@ typedef struct ft_runner_config {
     uint32_t micro_batch;      /* rows per micro-batch */
     uint64_t checkpoint_every; /* steps between checkpoints; 0 = once an epoch */
     ft_budget_config slo;      /* the token budget (granule = micro-batch tokens) */
+    int temporal;              /* --coserve-mode temporal: fine-tuning only in iterations
+                     without inference work (the time-sharing baseline) */
 } ft_runner_config;
 
 typedef struct ft_runner ft_runner;

@@ -118,6 +118,7 @@ typedef struct serve_options {
     uint64_t ft_checkpoint_every; /* --ft-checkpoint-every steps (0 = per epoch) */
     double slo_tpot_ms;           /* --slo-tpot-ms (0 = no target) */
     double slo_ttft_ms;           /* --slo-ttft-ms */
+    const char *coserve_mode;     /* --coserve-mode shared (default) | temporal */
 } serve_options;
 
 /* The defaults of `orch serve` (port 8080, 64 sequences, 2048 tokens per

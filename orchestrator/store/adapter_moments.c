@@ -27,8 +27,8 @@ int adapter_moments_save(const char *path, const engine_handle *h, orch_engine_c
     for (int k = 0; k < 2; k++)
         for (size_t i = 0; i < a->n; i++) {
             snprintf(name, sizeof name, "%c.%s", k ? 'v' : 'm', a->t[i].name);
-            if (safetensors_writer_declare(w, name, SAFETENSORS_F32, 2, a->t[i].shape, err,
-                                           err_cap) != 0)
+            if (safetensors_writer_declare(w, name, SAFETENSORS_F32, 2, a->t[i].shape,
+                                           err, err_cap) != 0)
                 goto fail;
         }
     if (safetensors_writer_add_metadata(w, "format", "orch-finetune-optimizer", err,
@@ -44,10 +44,12 @@ int adapter_moments_save(const char *path, const engine_handle *h, orch_engine_c
                 goto fail;
             }
             int32_t st = h->api->adapter_tensor_read(
-                ctx, id, k ? ORCH_TENSOR_ADAM_V : ORCH_TENSOR_ADAM_M, (uint32_t)i, buf, bytes);
+                ctx, id, k ? ORCH_TENSOR_ADAM_V : ORCH_TENSOR_ADAM_M, (uint32_t)i, buf,
+                bytes);
             int rc = st == ORCH_OK ? safetensors_writer_write(w, buf, bytes, err, err_cap)
                                    : -1;
-            if (st != ORCH_OK) engine_err(h, ctx, st, "adapter_tensor_read", err, err_cap);
+            if (st != ORCH_OK)
+                engine_err(h, ctx, st, "adapter_tensor_read", err, err_cap);
             free(buf);
             if (rc != 0) goto fail;
         }
@@ -68,13 +70,14 @@ int adapter_moments_load(const char *path, const engine_handle *h, orch_engine_c
             snprintf(name, sizeof name, "%c.%s", k ? 'v' : 'm', a->t[i].name);
             const safetensors_tensor *t = safetensors_find(f, name);
             if (!t || t->dtype != SAFETENSORS_F32 || t->numel != a->t[i].numel) {
-                util_set_err(err, err_cap, "%s: missing or mis-shaped tensor %s", path, name);
+                util_set_err(err, err_cap, "%s: missing or mis-shaped tensor %s", path,
+                             name);
                 rc = -1;
                 break;
             }
             int32_t st = h->api->adapter_tensor_write(
-                ctx, id, k ? ORCH_TENSOR_ADAM_V : ORCH_TENSOR_ADAM_M, (uint32_t)i, t->data,
-                t->nbytes);
+                ctx, id, k ? ORCH_TENSOR_ADAM_V : ORCH_TENSOR_ADAM_M, (uint32_t)i,
+                t->data, t->nbytes);
             if (st != ORCH_OK) {
                 engine_err(h, ctx, st, "adapter_tensor_write", err, err_cap);
                 rc = -1;
