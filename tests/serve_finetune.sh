@@ -259,4 +259,14 @@ start_server old --checkpoint run --engine "$ORCH_BUILD/tests/engines/abi11_mock
 r=$(curl -s -w ' %{http_code}' "http://127.0.0.1:$PORT/v1/fine_tuning/jobs")
 [[ $r == *"has no LoRA adapters"*" 404" ]] || fail "jobs on an engine without adapters: $r"
 stop_server "$PID" || fail "exit (old)"
+# bad co-serving settings are refused at start
+"$ORCH_BIN" serve --checkpoint run --engine cpu --port 0 --state-dir "$T/B" --coserve-mode bogus >bad.log 2>&1 &&
+  fail "--coserve-mode bogus accepted"
+grep -q "expected shared" bad.log || { cat bad.log; fail "--coserve-mode message"; }
+"$ORCH_BIN" serve --checkpoint run --engine cpu --port 0 --state-dir "$T/B" --ft-seq-len 999 >bad.log 2>&1 &&
+  fail "--ft-seq-len over the context accepted"
+grep -q "over the model's context (64)" bad.log || { cat bad.log; fail "--ft-seq-len message"; }
+"$ORCH_BIN" serve --checkpoint run --engine cpu --port 0 --state-dir "$T/B" --ft-targets q_proj >bad.log 2>&1 &&
+  fail "--ft-targets q_proj accepted on gpt2"
+grep -q -- "--ft-targets" bad.log || { cat bad.log; fail "--ft-targets message"; }
 echo "serve_finetune: ok"
