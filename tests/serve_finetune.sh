@@ -148,19 +148,8 @@ stop_server "$PID" || fail "exit (cpu)"
 "$ORCH_BIN" finetune --checkpoint run --data ft.jsonl --out off --batch 2 --grad-accum 2 --seq-len 48 \
   --lr 0.02 --epochs 2 --seed 3 --rank 8 --alpha 16 --targets all --engine cpu --threads 1 >off.log 2>&1 ||
   { tail -n 5 off.log; fail "orch finetune"; }
-"$PY" - "$T/S/adapters/$JOB/adapter_model.safetensors" off/adapter_model.safetensors <<'PY' || fail "the server's adapter differs from orch finetune's"
-import json, struct, sys
-def tensors(p):
-    b = open(p, "rb").read()
-    n = struct.unpack("<Q", b[:8])[0]
-    h = json.loads(b[8:8 + n])
-    return {k: b[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]]
-            for k, v in h.items() if k != "__metadata__"}
-a, b = tensors(sys.argv[1]), tensors(sys.argv[2])
-assert sorted(a) == sorted(b) and len(a) == 16, (sorted(a), sorted(b))
-diff = [k for k in a if a[k] != b[k]]
-assert not diff, "tensors differ: %s" % diff[:4]
-PY
+"$PY" "$SERVE_DIR/safetensors_equal.py" "$T/S/adapters/$JOB/adapter_model.safetensors" off/adapter_model.safetensors ||
+  fail "the server's adapter differs from orch finetune's"
 "$ORCH_BIN" generate --checkpoint run --engine cpu --threads 1 --prompt "$PROMPT" --max-tokens 24 \
   --temperature 0 --no-echo --lora "$T/S/adapters/$JOB" >gen_ft.txt 2>>gen.log || { cat gen.log; fail "generate --lora"; }
 [ "$(cat gen_ft.txt)" = "$FT_TEXT" ] || fail "served fine-tuned model '$FT_TEXT' != generate --lora '$(cat gen_ft.txt)'"
@@ -229,19 +218,8 @@ stop_server "$PID" || fail "exit (resumed)"
 "$ORCH_BIN" finetune --checkpoint run --data ft.jsonl --out off20 --batch 2 --grad-accum 2 --seq-len 48 \
   --lr 0.02 --epochs 20 --seed 5 --rank 8 --alpha 16 --targets all --engine cpu --threads 1 >off20.log 2>&1 ||
   { tail -n 5 off20.log; fail "orch finetune (20 epochs)"; }
-cmp -s "$T/S/adapters/$LONG/adapter_model.safetensors" off20/adapter_model.safetensors ||
-  "$PY" - "$T/S/adapters/$LONG/adapter_model.safetensors" off20/adapter_model.safetensors <<'PY' || fail "the resumed job's adapter differs from orch finetune's"
-import json, struct, sys
-def tensors(p):
-    b = open(p, "rb").read()
-    n = struct.unpack("<Q", b[:8])[0]
-    h = json.loads(b[8:8 + n])
-    return {k: b[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]]
-            for k, v in h.items() if k != "__metadata__"}
-a, b = tensors(sys.argv[1]), tensors(sys.argv[2])
-diff = [k for k in a if a[k] != b.get(k)]
-assert not diff and sorted(a) == sorted(b), "tensors differ: %s" % diff[:4]
-PY
+"$PY" "$SERVE_DIR/safetensors_equal.py" "$T/S/adapters/$LONG/adapter_model.safetensors" off20/adapter_model.safetensors ||
+  fail "the resumed job's adapter differs from orch finetune's"
 
 # the official Node client, on the mock engine
 if command -v node >/dev/null && [ -f "$MODULES/openai/package.json" ]; then

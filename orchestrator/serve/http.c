@@ -502,17 +502,19 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     }
     if (!route_is_post(hr->route)) return answer_get(hr, url);
     set_phase(hr, LISTENER_BUSY);
+    if (hr->too_big || hr->over_budget) return http_body_refused(hr);
+    return http_gen_step(hr);
+}
+
+enum MHD_Result http_body_refused(http_req *hr) {
     if (hr->too_big) {
         char msg[128];
         snprintf(msg, sizeof msg, "request body is over the limit of %zu bytes",
-                 s->cfg.max_body);
+                 hr->srv->cfg.max_body);
         return http_queue_err(hr, 413, NULL, "request_too_large", msg);
     }
-    if (hr->over_budget)
-        return http_queue_err(
-            hr, 503, NULL, "server_busy",
-            "too many request bodies are being received; retry shortly");
-    return http_gen_step(hr);
+    return http_queue_err(hr, 503, NULL, "server_busy",
+                          "too many request bodies are being received; retry shortly");
 }
 
 /* ------------------------------------------------------------------------- */

@@ -56,16 +56,7 @@ static int job_id(const char *url, char *id, size_t cap) {
 static enum MHD_Result create(http_req *hr) {
     http_server *s = hr->srv;
     api_error e;
-    if (hr->too_big) {
-        char msg[128];
-        snprintf(msg, sizeof msg, "request body is over the limit of %zu bytes",
-                 s->cfg.max_body);
-        return http_queue_err(hr, 413, NULL, "request_too_large", msg);
-    }
-    if (hr->over_budget)
-        return http_queue_err(
-            hr, 503, NULL, "server_busy",
-            "too many request bodies are being received; retry shortly");
+    if (hr->too_big || hr->over_budget) return http_body_refused(hr);
     cJSON *req = cJSON_ParseWithLength(hr->body ? hr->body : "", hr->body_len);
     http_body_release(hr);
     if (!req)

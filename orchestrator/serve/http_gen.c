@@ -154,6 +154,24 @@ static int submit(http_req *hr, api_error *e) {
     return api_error_set(e, 400, NULL, "invalid_value", "%s", err);
 }
 
+/* A pool job that rendered its whole answer (rc 0: b) or failed (e):
+ * hand it to the connection and drop the job's reference. */
+static void job_answered(http_req *hr, int rc, strbuf *b, const api_error *e) {
+    http_body_release(hr);
+    pthread_mutex_lock(&hr->lock);
+    if (rc == 0) {
+        hr->final = *b;
+        hr->gstate = G_RENDERED;
+    } else {
+        free(b->p);
+        hr->err = *e;
+        hr->gstate = G_ERROR;
+    }
+    pthread_mutex_unlock(&hr->lock);
+    http_req_resume(hr);
+    http_req_unref(hr); /* the job's reference */
+}
+
 /* /tokenize and /detokenize: the whole answer, rendered here. */
 static void tokenize_job(http_req *hr) {
     http_server *s = hr->srv;
@@ -165,19 +183,7 @@ static void tokenize_job(http_req *hr) {
     int rc = hr->route == R_TOKENIZE
                  ? tokenize_api_tokenize(&lim, hr->body, hr->body_len, &b, &e)
                  : tokenize_api_detokenize(&lim, hr->body, hr->body_len, &b, &e);
-    http_body_release(hr);
-    pthread_mutex_lock(&hr->lock);
-    if (rc == 0) {
-        hr->final = b;
-        hr->gstate = G_RENDERED;
-    } else {
-        free(b.p);
-        hr->err = e;
-        hr->gstate = G_ERROR;
-    }
-    pthread_mutex_unlock(&hr->lock);
-    http_req_resume(hr);
-    http_req_unref(hr); /* the job's reference */
+    job_answered(hr, rc, &b, &e);
 }
 
 int http_model_known(void *arg, const char *name) {
@@ -201,19 +207,7 @@ static void lora_job(http_req *hr) {
         rc = coserve_load_request(s->cfg.coserve, hr->body, hr->body_len, 60.0, &b, &e);
     else
         rc = coserve_unload_request(s->cfg.coserve, hr->body, hr->body_len, 60.0, &b, &e);
-    http_body_release(hr);
-    pthread_mutex_lock(&hr->lock);
-    if (rc == 0) {
-        hr->final = b;
-        hr->gstate = G_RENDERED;
-    } else {
-        free(b.p);
-        hr->err = e;
-        hr->gstate = G_ERROR;
-    }
-    pthread_mutex_unlock(&hr->lock);
-    http_req_resume(hr);
-    http_req_unref(hr); /* the job's reference */
+    job_answered(hr, rc, &b, &e);
 }
 
 static void parse_job(work_item *item) {

@@ -166,6 +166,9 @@ enum MHD_Result http_queue_err(http_req *hr, unsigned status, const char *param,
                                const char *code, const char *msg);
 /* CORS headers of hr on r. */
 void http_add_cors(const http_req *hr, struct MHD_Response *r);
+/* The answer to a body that went over the limit (413) or over the memory of
+ * bodies in flight (503): hr->too_big or hr->over_budget is set. */
+enum MHD_Result http_body_refused(http_req *hr);
 /* Give back the body's memory. */
 void http_body_release(http_req *hr);
 /* Drop one reference (frees at zero) / free (refs already at zero). */
