@@ -450,7 +450,10 @@ static int read_latest(const char *out_dir, char *dir, size_t dir_cap, cJSON **r
     }
     snprintf(dir, dir_cap, "%s/%s", out_dir, text);
     free(text);
-    snprintf(path, sizeof path, "%s/%s", dir, FT_STATE_FILE);
+    if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, FT_STATE_FILE) >= sizeof path) {
+        util_set_err(err, cap, "%s: path too long", dir);
+        return -1;
+    }
     if (fsio_read_file(path, (size_t)1 << 20, &text, NULL, err, cap) != 0) return -1;
     *root = cJSON_Parse(text);
     free(text);
@@ -773,8 +776,8 @@ static int restore_adapter(ft *t, const char *dir, const cJSON *root, int *kind,
         peft_adapter_to_engine(&a, &t->m.engine, t->m.ctx, &t->adapter, msg,
                                sizeof msg) != 0) {
         if (a.rank != t->set.rank || a.targets != t->targets)
-            snprintf(msg, sizeof msg,
-                     "%s: the adapter does not match state.json's settings", dir);
+            util_set_err(msg, sizeof msg,
+                         "%s: the adapter does not match state.json's settings", dir);
         peft_adapter_free(&a);
         return fail(kind, TRAIN_ERR_INPUT, err, cap, "--resume: %s", msg);
     }
