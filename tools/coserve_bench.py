@@ -16,7 +16,7 @@ For each concurrency c (default 1, 4, 16):
 plus fine-tuning alone (no clients): the reference tokens/s.
 
 usage: tools/coserve_bench.py [--orch build/orch] [--checkpoint DIR]
-       [--seconds 8] [--concurrency 1,4,16] [--threads N]
+       [--seconds 8] [--concurrency 1,4,16] [--threads N] [--slo-ms MS]
 Without --checkpoint it trains configs/default.json for a few steps (the
 numbers do not depend on the weights) into a temporary directory.
 """
@@ -170,6 +170,9 @@ def main():
     ap.add_argument("--seconds", type=float, default=8)
     ap.add_argument("--concurrency", default="1,4,16")
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--slo-ms", type=float, default=0,
+                    help="TPOT target of the co-served runs (default: 1.1x the "
+                         "inference-alone p99 at each concurrency)")
     a = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="coserve-bench-")
     try:
@@ -205,8 +208,8 @@ def main():
         alone = phase([], 0, True)["ft"]
         for c in [int(x) for x in a.concurrency.split(",")]:
             inf = phase([], c, False)
-            slo = 1.1 * inf["p99"]
-            co = phase(["--slo-tpot-ms", "%.3f" % slo], c, True)
+            slo = a.slo_ms if a.slo_ms > 0 else 1.1 * inf["p99"]
+            co = phase(["--slo-tpot-ms", "%.3f" % slo, "--slo-ttft-ms", "50"], c, True)
             tmpo = phase(["--coserve-mode", "temporal"], c, True)
             rows.append((c, inf, slo, co, tmpo))
         cpu = "unknown CPU"
