@@ -35,7 +35,8 @@ for i in $(seq 1 32); do
   echo '{"prompt": "And God said, ", "completion": "the day of the day of the day."}'
   echo '{"text": "Verse 7 of the light. Verse 8 of the light."}'
 done >ft.jsonl
-printf '%s\n' '{"text": "fine"}' '{"prompt": "a", "completion": "b", "weight": 1}' >odd.jsonl
+printf '%s\n' '{"text": "fine"}' \
+  '{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "weight": 2}]}' >odd.jsonl
 PROMPT="And God said, "
 "$ORCH_BIN" generate --checkpoint run --engine cpu --threads 1 --prompt "$PROMPT" --max-tokens 24 \
   --temperature 0 --no-echo >gen_base.txt 2>gen.log || { cat gen.log; fail "generate"; }
@@ -133,7 +134,8 @@ assert job(long_id)["status"] == "cancelled" and job(long_id)["fine_tuned_model"
 oid = upload(odd)
 st, js, _ = post(port, "/v1/fine_tuning/jobs", {"model": "tiny", "training_file": oid})
 bad = wait(js["id"], "failed")
-assert bad["error"]["code"] == "invalid_file" and "line 2: unknown key" in bad["error"]["message"], bad["error"]
+assert bad["error"]["code"] == "invalid_file" and "line 2: " in bad["error"]["message"] and \
+    '"weight" must be 0 or 1' in bad["error"]["message"], bad["error"]
 st, _, m = request(port, "GET", "/metrics")
 m = m.decode()
 assert 'orch_finetune_jobs{status="succeeded"} 1' in m, m[-2000:]

@@ -227,6 +227,17 @@ static int check_example(const cJSON *j, char *why, size_t cap) {
         snprintf(why, cap, "not a JSON object");
         return -1;
     }
+    const cJSON *key;
+    cJSON_ArrayForEach(key, j) {
+        if (strcmp(key->string, "prompt") && strcmp(key->string, "completion") &&
+            strcmp(key->string, "messages") && strcmp(key->string, "text")) {
+            snprintf(why, cap,
+                     "unknown key \"%.64s\" (an example is {\"prompt\", \"completion\"}, "
+                     "{\"messages\"} or {\"text\"})",
+                     key->string);
+            return -1;
+        }
+    }
     const cJSON *prompt = cJSON_GetObjectItemCaseSensitive(j, "prompt");
     const cJSON *completion = cJSON_GetObjectItemCaseSensitive(j, "completion");
     const cJSON *messages = cJSON_GetObjectItemCaseSensitive(j, "messages");
@@ -281,6 +292,14 @@ static int check_example(const cJSON *j, char *why, size_t cap) {
         if (!cJSON_IsString(content)) {
             snprintf(why, cap, "messages[%d].content must be a string", k);
             return -1;
+        }
+        const cJSON *f;
+        cJSON_ArrayForEach(f, m) {
+            if (strcmp(f->string, "role") && strcmp(f->string, "content") &&
+                strcmp(f->string, "weight")) {
+                snprintf(why, cap, "messages[%d]: unknown key \"%.64s\"", k, f->string);
+                return -1;
+            }
         }
         if (strcmp(r, "assistant") == 0) assistant = 1;
         k++;
