@@ -410,6 +410,11 @@ static void attn_decode(const fwd_state *f, uint32_t si, uint32_t h0, uint32_t h
         const uint32_t valid = start + i + 1;
         for (uint32_t p0 = 0; p0 < valid; p0 += SCORE_CHUNK) {
             const uint32_t cnt = valid - p0 < SCORE_CHUNK ? valid - p0 : SCORE_CHUNK;
+            /* The next chunk's K rows (these heads) while this one runs. */
+            for (uint32_t j = p0 + SCORE_CHUNK; j < p0 + 2 * SCORE_CHUNK && j < valid;
+                 j++)
+                for (size_t o = h0 * HS * es; o < h1 * HS * es; o += 64)
+                    __builtin_prefetch((const uint8_t *)kr[j] + o);
             for (size_t h = 0; h < nh; h++) {
                 const void *kk[SCORE_CHUNK];
                 for (uint32_t j = 0; j < cnt; j++)

@@ -54,11 +54,12 @@ static inline float bf16_to_f32(uint16_t h) {
 AVX512 static inline __m256i round16_avx512(__m512 x) {
     const __m512i b = _mm512_castps_si512(x);
     const __m512i hi = _mm512_srli_epi32(b, 16);
-    const __mmask16 nan = _mm512_cmpgt_epu32_mask(
-        _mm512_and_si512(b, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
-    __m512i r = _mm512_add_epi32(
-        b, _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
-                            _mm512_and_si512(hi, _mm512_set1_epi32(1))));
+    const __mmask16 nan =
+        _mm512_cmpgt_epu32_mask(_mm512_and_si512(b, _mm512_set1_epi32(0x7fffffff)),
+                                _mm512_set1_epi32(0x7f800000));
+    __m512i r =
+        _mm512_add_epi32(b, _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
+                                             _mm512_and_si512(hi, _mm512_set1_epi32(1))));
     r = _mm512_srli_epi32(r, 16);
     r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
     return _mm512_cvtepi32_epi16(r);
@@ -127,7 +128,8 @@ AVX512 static inline __m512 hsum16_avx512(const __m512 *a) {
         _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]),
                       _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
     _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {
-        const __m512d x = _mm512_castps_pd(s1[2 * i]), y = _mm512_castps_pd(s1[2 * i + 1]);
+        const __m512d x = _mm512_castps_pd(s1[2 * i]),
+                      y = _mm512_castps_pd(s1[2 * i + 1]);
         s2[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
                               _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
     }
@@ -213,10 +215,10 @@ void cpu_kv_scores(int isa, int dtype, const float *q, const void *const *k, siz
 #if KVQ_X86
 /* Even/odd accumulators of 32 outputs back into order, stored at out. */
 AVX512 static inline void store_eo(__m512 e, __m512 o, float *out) {
-    const __m512i i0 = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
-                                        16, 0);
-    const __m512i i1 = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10,
-                                        25, 9, 24, 8);
+    const __m512i i0 =
+        _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    const __m512i i1 =
+        _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
     _mm512_storeu_ps(out, _mm512_permutex2var_ps(e, i0, o));
     _mm512_storeu_ps(out + 16, _mm512_permutex2var_ps(e, i1, o));
 }
@@ -225,9 +227,9 @@ AVX512 static inline void store_eo(__m512 e, __m512 o, float *out) {
  * position's values of those heads read once (contiguous). off: element
  * offset of the first head in every row. */
 #define MIX_HEADS 6
-AVX512 static void mix64_bf16_avx512(const float *sc, size_t ldsc,
-                                     const void *const *row, size_t n, size_t h0,
-                                     size_t nh, float *out) {
+#define MIX_AHEAD 4
+AVX512 static void mix64_bf16_avx512(const float *sc, size_t ldsc, const void *const *row,
+                                     size_t n, size_t h0, size_t nh, float *out) {
     const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
     for (size_t a = 0; a < nh; a += MIX_HEADS) {
         const size_t m = nh - a < MIX_HEADS ? nh - a : MIX_HEADS;
@@ -239,6 +241,11 @@ AVX512 static void mix64_bf16_avx512(const float *sc, size_t ldsc,
         }
         for (size_t p = 0; p < n; p++) {
             const uint16_t *src = (const uint16_t *)row[p] + off;
+            if (p + MIX_AHEAD < n)
+                for (size_t o = 0; o < m * 128; o += 64)
+                    _mm_prefetch(
+                        (const char *)((const uint16_t *)row[p + MIX_AHEAD] + off) + o,
+                        _MM_HINT_T0);
             _Pragma("GCC unroll 6") for (int h = 0; h < MIX_HEADS; h++) {
                 if ((size_t)h >= m) break;
                 const __m512 w = _mm512_set1_ps(sc[(a + (size_t)h) * ldsc + p]);
@@ -278,10 +285,10 @@ AVX512 static void mix_bf16_avx512(const float *w, const void *const *v, size_t 
             _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) {
                 if (c >= nc) break;
                 const __m512i x = _mm512_loadu_si512((const void *)(src + c * 32));
-                e[c] =
-                    _mm512_fmadd_ps(wp, _mm512_castsi512_ps(_mm512_slli_epi32(x, 16)), e[c]);
-                o[c] =
-                    _mm512_fmadd_ps(wp, _mm512_castsi512_ps(_mm512_and_si512(x, hi)), o[c]);
+                e[c] = _mm512_fmadd_ps(wp, _mm512_castsi512_ps(_mm512_slli_epi32(x, 16)),
+                                       e[c]);
+                o[c] = _mm512_fmadd_ps(wp, _mm512_castsi512_ps(_mm512_and_si512(x, hi)),
+                                       o[c]);
             }
         }
         _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) {
