@@ -75,7 +75,7 @@ START_TEST(test_round) {
     ck_assert_uint_eq(cpu_kv_bf16_round(INFINITY), 0x7f80);
     ck_assert_uint_eq(cpu_kv_bf16_round(-INFINITY), 0xff80);
     ck_assert_uint_eq(cpu_kv_bf16_round(f_of(0x7f7fffffu)), 0x7f80); /* overflow */
-    const uint16_t nan = cpu_kv_bf16_round(f_of(0x7f800001u)); /* signalling NaN */
+    const uint16_t nan = cpu_kv_bf16_round(f_of(0x7f800001u));       /* signalling NaN */
     ck_assert_msg((nan & 0x7f80) == 0x7f80 && (nan & 0x7f) != 0, "NaN -> %#x", nan);
     ck_assert_uint_eq(cpu_kv_bf16_round(-0.0f), 0x8000);
     /* Every version of put gives the scalar bits; get widens exactly. */
@@ -183,8 +183,8 @@ END_TEST
 /* ------------------------------------------------------------------------- */
 
 static const char *const variants[] = {
-    "kv=bf16",           "kv=bf16,isa=avx2",     "kv=bf16,isa=generic",
-    "kv=bf16,threads=1", "kv=bf16,skinny=0",     "kv=bf16,threads=3,skinny=4",
+    "kv=bf16",           "kv=bf16,isa=avx2", "kv=bf16,isa=generic",
+    "kv=bf16,threads=1", "kv=bf16,skinny=0", "kv=bf16,threads=3,skinny=4",
 };
 #define N_VARIANTS (int)(sizeof variants / sizeof variants[0])
 
@@ -207,7 +207,8 @@ static void fill_random_params(orch_engine_ctx *ctx, uint32_t seed) {
         int ln_w = strstr(ti->name, "ln_") && strstr(ti->name, ".weight");
         for (uint64_t k = 0; k < ti->numel; k++) {
             float u = unit(&s);
-            all[ti->offset + k] = ln_w ? 1.0f + 0.2f * u : (ti->ndim == 2 ? 0.4f * u : 0.2f * u);
+            all[ti->offset + k] =
+                ln_w ? 1.0f + 0.2f * u : (ti->ndim == 2 ? 0.4f * u : 0.2f * u);
         }
     }
     test_write_kind(A, ctx, ORCH_TENSOR_PARAM, &t, all);
@@ -226,7 +227,7 @@ START_TEST(test_block_bytes_and_options) {
     ck_assert_int_eq(A->kv_block_bytes(c, 16, &autoq), ORCH_OK);
     ck_assert_int_eq(A->kv_block_bytes(d, 16, &autof), ORCH_OK);
     const uint64_t values = 3ull * 2 * 64 * 16; /* layers * K,V * width * block */
-    ck_assert_uint_eq(f32 - bf, values * 2);   /* 4 bytes -> 2 bytes a value */
+    ck_assert_uint_eq(f32 - bf, values * 2);    /* 4 bytes -> 2 bytes a value */
     ck_assert_uint_ge(bf, values * 2);
     ck_assert_uint_le(bf, values * 2 + 64);
     ck_assert_uint_eq(autoq, bf); /* auto: bf16 with weights=int8 */
@@ -262,11 +263,14 @@ START_TEST(test_equivalence) {
     orch_engine_ctx *ctx = make_ctx(&m, 3, opt);
     fill_random_params(ctx, 5 + _i);
     static const uint32_t len[SEQS] = { 45, 23, 12 };
-    static const uint32_t chunks[SEQS][4] = { { 5, 12, 9, 0 }, { 1, 6, 0, 0 }, { 4, 0, 0, 0 } };
+    static const uint32_t chunks[SEQS][4] = { { 5, 12, 9, 0 },
+                                              { 1, 6, 0, 0 },
+                                              { 4, 0, 0, 0 } };
     int32_t tok[SEQS][T];
     uint64_t s = 77;
     for (int q = 0; q < SEQS; q++)
-        for (uint32_t k = 0; k < len[q]; k++) tok[q][k] = (int32_t)((test_lcg64(&s) >> 33) % V);
+        for (uint32_t k = 0; k < len[q]; k++)
+            tok[q][k] = (int32_t)((test_lcg64(&s) >> 33) % V);
     const uint32_t bs = 4, nb = 60;
     ck_assert_int_eq(A->kv_configure(ctx, bs, nb), ORCH_OK);
     float *ref[SEQS];
@@ -274,8 +278,10 @@ START_TEST(test_equivalence) {
     for (uint32_t b = 0; b < 12; b++) full_table[b] = (int32_t)b;
     for (int q = 0; q < SEQS; q++) {
         ref[q] = malloc((size_t)len[q] * V * sizeof(float));
-        orch_seq_input one = test_seq_input(tok[q], len[q], 0, full_table, 12, ORCH_LOGITS_ALL);
-        ck_assert_int_eq(test_infer(A, ctx, &one, 1, ref[q], (uint64_t)len[q] * V), ORCH_OK);
+        orch_seq_input one =
+            test_seq_input(tok[q], len[q], 0, full_table, 12, ORCH_LOGITS_ALL);
+        ck_assert_int_eq(test_infer(A, ctx, &one, 1, ref[q], (uint64_t)len[q] * V),
+                         ORCH_OK);
     }
     int32_t table[SEQS][16];
     for (int q = 0; q < SEQS; q++)
@@ -290,7 +296,8 @@ START_TEST(test_equivalence) {
             if (pos[q] >= len[q]) continue;
             uint32_t c = chunks[q][ci[q]] ? chunks[q][ci[q]++] : 1;
             if (pos[q] + c > len[q]) c = len[q] - pos[q];
-            in[n] = test_seq_input(tok[q] + pos[q], c, pos[q], table[q], (pos[q] + c + bs - 1) / bs,
+            in[n] = test_seq_input(tok[q] + pos[q], c, pos[q], table[q],
+                                   (pos[q] + c + bs - 1) / bs,
                                    c > 1 ? ORCH_LOGITS_ALL : ORCH_LOGITS_LAST);
             idx[n++] = q;
         }
@@ -310,10 +317,11 @@ START_TEST(test_equivalence) {
     }
     ck_assert_msg(mag > 0.5, "[%s C=%u] logits too small (%g)", opt, C, mag);
     if (_i % N_VARIANTS == 0)
-        printf("test_cpu_kvq: [%s C=%u] incremental vs full %.3g, max |logit| %.3g\n", opt,
-               C, worst, mag);
-    ck_assert_msg(worst <= EQUIV_REL * mag, "[%s C=%u] incremental vs full: %g (max |logit| %g)",
-                  opt, C, worst, mag);
+        printf("test_cpu_kvq: [%s C=%u] incremental vs full %.3g, max |logit| %.3g\n",
+               opt, C, worst, mag);
+    ck_assert_msg(worst <= EQUIV_REL * mag,
+                  "[%s C=%u] incremental vs full: %g (max |logit| %g)", opt, C, worst,
+                  mag);
     for (int q = 0; q < SEQS; q++) free(ref[q]);
     free(out);
     A->context_destroy(ctx);
@@ -359,16 +367,19 @@ START_TEST(test_copy_and_fork) {
     ck_assert_int_eq(test_infer(A, ctx, &fa, 1, ra, V), ORCH_OK);
     full[6] = b_tok;
     ck_assert_int_eq(test_infer(A, ctx, &fa, 1, rb, V), ORCH_OK);
-    ck_assert_msg(test_max_diff(both, ra, V) <= 1e-5 && test_max_diff(both + V, rb, V) <= 1e-5,
+    ck_assert_msg(test_max_diff(both, ra, V) <= 1e-5 &&
+                      test_max_diff(both + V, rb, V) <= 1e-5,
                   "[%s] forked branches differ from their full forwards", opt);
-    ck_assert_msg(memcmp(both, both + V, V * sizeof(float)) != 0, "branches should differ");
+    ck_assert_msg(memcmp(both, both + V, V * sizeof(float)) != 0,
+                  "branches should differ");
     A->context_destroy(ctx);
 }
 END_TEST
 
 /* The PyTorch fixtures decoded with kv=bf16: prefill of 5 (vector path) or
  * 9 (sgemm path), then one token at a time, every row against torch. */
-static double decode_fixture(const char *path, int llama, const char *opt, double *diff_f32) {
+static double decode_fixture(const char *path, int llama, const char *opt,
+                             double *diff_f32) {
     safetensors_file *f = test_fixture_open(path);
     orch_model_desc m;
     if (llama) {
@@ -397,12 +408,14 @@ static double decode_fixture(const char *path, int llama, const char *opt, doubl
         got[o] = malloc((size_t)2 * T * V * sizeof(float));
         for (uint32_t q = 0; q < 2; q++) { /* both sequences, one after the other */
             const uint32_t pre = q ? 9 : 5;
-            orch_seq_input s = test_seq_input(tokens + q * T, pre, 0, tab, 4, ORCH_LOGITS_ALL);
+            orch_seq_input s =
+                test_seq_input(tokens + q * T, pre, 0, tab, 4, ORCH_LOGITS_ALL);
             float *dst = got[o] + (size_t)q * T * V;
             ck_assert_int_eq(test_infer(A, ctx, &s, 1, dst, (uint64_t)pre * V), ORCH_OK);
             for (uint32_t p = pre; p < T; p++) {
                 s = test_seq_input(tokens + q * T + p, 1, p, tab, 4, ORCH_LOGITS_LAST);
-                ck_assert_int_eq(test_infer(A, ctx, &s, 1, dst + (size_t)p * V, V), ORCH_OK);
+                ck_assert_int_eq(test_infer(A, ctx, &s, 1, dst + (size_t)p * V, V),
+                                 ORCH_OK);
             }
         }
         if (o == 0)
@@ -432,8 +445,8 @@ START_TEST(test_torch_fixtures) {
             printf("test_cpu_kvq: %s kv=bf16 decode vs torch %.3g, vs kv=f32 %.3g\n",
                    fx[k] + 15, d, vs_f32);
         ck_assert_msg(d <= BF16_TOL, "[%s] %s: bf16 decode vs torch %g", opt, fx[k], d);
-        ck_assert_msg(vs_f32 > 0.0, "[%s] %s: kv=bf16 gave the f32 logits bit for bit", opt,
-                      fx[k]);
+        ck_assert_msg(vs_f32 > 0.0, "[%s] %s: kv=bf16 gave the f32 logits bit for bit",
+                      opt, fx[k]);
     }
 }
 END_TEST
