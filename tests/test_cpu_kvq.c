@@ -9,7 +9,8 @@
  *     (AVX-512, AVX2, portable) against an fp64 product of the widened
  *     values (1e-5 relative to the sum of |terms|: fp32 summation only), for
  *     head sizes on and off the AVX-512 fast path (64, 32, 96, 48, 8); the
- *     grouped-head mix equals the per-head mix bit for bit;
+ *     grouped-head mix equals the per-head mix bit for bit, the grouped-head
+ *     scores equal the per-head scores within 1e-5 of the sum of |terms|;
  *   - through the ABI, for kv=bf16 under every ISA cap and thread count:
  *     kv_block_bytes is half the f32 K/V bytes (plus the same bookkeeping);
  *     incremental decoding (uneven prefill chunks, the sgemm attention path
@@ -128,11 +129,12 @@ START_TEST(test_scores_mix) {
             float wsum = 0.0f;
             for (size_t p = 0; p < n; p++) wsum += (w[p] = unit(&s) + 0.6f);
             for (size_t p = 0; p < n; p++) w[p] /= wsum;
-            const void *kp[MAXP], *vp[MAXP], *rows[MAXP], *tmp[MAXP];
+            const void *kp[MAXP], *vp[MAXP], *rows[MAXP], *rows_k[MAXP], *tmp[MAXP];
             for (size_t p = 0; p < n; p++) {
                 kp[p] = kv[0][p] + 2 * hs; /* head 2 */
                 vp[p] = kv[1][p] + 2 * hs;
                 rows[p] = kv[1][p];
+                rows_k[p] = kv[0][p];
             }
             for (int isa = CPU_ISA_GENERIC; isa <= cpu_kernels_isa(); isa++) {
                 cpu_kv_scores(isa, CPU_KV_BF16, q, kp, n, hs, 0.5f, sc);
@@ -158,6 +160,29 @@ START_TEST(test_scores_mix) {
                     ck_assert_msg(fabs(out[i] - r) <= 1e-5 * mag + 1e-7,
                                   "isa %d hs %zu n %zu mix %zu: %g vs %g", isa, hs, n, i,
                                   out[i], r);
+                }
+                /* Scores of heads 1..4 grouped (one query of all heads) against
+                 * the per-head scores: the same products, summed in another
+                 * order on AVX-512. */
+                static float qall[HEADS * MAXH], scg[HEADS][MAXP], sc1[MAXP];
+                for (size_t i = 0; i < HEADS * hs; i++) qall[i] = unit(&s);
+                cpu_kv_scores_heads(isa, CPU_KV_BF16, qall, rows_k, n, 1, HEADS - 1, hs,
+                                    0.25f, &scg[0][0], MAXP, tmp);
+                for (size_t h = 1; h < HEADS; h++) {
+                    for (size_t p = 0; p < n; p++) tmp[p] = kv[0][p] + h * hs;
+                    cpu_kv_scores(isa, CPU_KV_BF16, qall + h * hs, tmp, n, hs, 0.25f,
+                                  sc1);
+                    for (size_t p = 0; p < n; p++) {
+                        double mag = 0;
+                        for (size_t i = 0; i < hs; i++)
+                            mag += fabs((double)qall[h * hs + i] *
+                                        bf16_to_f32(kv[0][p][h * hs + i]));
+                        ck_assert_msg(
+                            fabs(scg[h - 1][p] - sc1[p]) <= 0.25 * 1e-5 * mag + 1e-7,
+                            "isa %d hs %zu n %zu: grouped score head %zu pos %zu: "
+                            "%g vs %g",
+                            isa, hs, n, h, p, scg[h - 1][p], sc1[p]);
+                    }
                 }
                 /* Heads 1..4 grouped, with their own weights (ldsc = MAXP). */
                 static float scw[HEADS][MAXP], grouped[HEADS * MAXH], one[MAXH];

@@ -408,7 +408,9 @@ static void attn_decode(const fwd_state *f, uint32_t si, uint32_t h0, uint32_t h
         const float *q = qkv + (size_t)i * 3 * C;
         float *out = atty + (size_t)i * C;
         const uint32_t valid = start + i + 1;
-        for (uint32_t p0 = 0; p0 < valid; p0 += SCORE_CHUNK) {
+        if (dt != CPU_KV_F32) /* each K row read once for the group */
+            cpu_kv_scores_heads(isa, dt, q, kr, valid, h0, nh, HS, scale, sc, P, hp);
+        for (uint32_t p0 = 0; dt == CPU_KV_F32 && p0 < valid; p0 += SCORE_CHUNK) {
             const uint32_t cnt = valid - p0 < SCORE_CHUNK ? valid - p0 : SCORE_CHUNK;
             /* The next chunk's K rows (these heads) while this one runs. */
             for (uint32_t j = p0 + SCORE_CHUNK; j < p0 + 2 * SCORE_CHUNK && j < valid;

@@ -175,6 +175,61 @@ AVX512 static void scores_bf16_avx512(const float *q, const void *const *k, size
         _mm512_mask_storeu_ps(out + p0, (__mmask16)((1u << cnt) - 1u), r);
     }
 }
+
+/* Heads of 64 bf16 values, up to SC_HEADS per pass, 16 positions at a
+ * time: each position's keys of those heads read once, contiguously (the
+ * hardware prefetchers follow), one 16-lane partial sum per (head,
+ * position) kept in buf, then the same reduction as scores_bf16_avx512. */
+#define SC_HEADS 16
+AVX512 static void scores64_bf16_avx512(const float *q, const void *const *row, size_t n,
+                                        size_t h0, size_t nh, float scale, float *sc,
+                                        size_t ldsc) {
+    float qe[SC_HEADS][32] __attribute__((aligned(64)));
+    float qo[SC_HEADS][32] __attribute__((aligned(64)));
+    __m512 buf[SC_HEADS][16];
+    const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
+    const __m512 sv = _mm512_set1_ps(scale);
+    for (size_t a = 0; a < nh; a += SC_HEADS) {
+        const size_t m = nh - a < SC_HEADS ? nh - a : SC_HEADS;
+        for (size_t h = 0; h < m; h++)
+            for (size_t i = 0; i < 32; i++) {
+                qe[h][i] = q[(h0 + a + h) * 64 + 2 * i];
+                qo[h][i] = q[(h0 + a + h) * 64 + 2 * i + 1];
+            }
+        const size_t off = (h0 + a) * 64;
+        for (size_t p0 = 0; p0 < n; p0 += 16) {
+            const size_t cnt = n - p0 < 16 ? n - p0 : 16;
+            for (size_t j = 0; j < 16; j++) {
+                if (j >= cnt) {
+                    for (size_t h = 0; h < m; h++) buf[h][j] = _mm512_setzero_ps();
+                    continue;
+                }
+                const uint16_t *kr = (const uint16_t *)row[p0 + j] + off;
+                for (size_t h = 0; h < m; h++) {
+                    const __m512i x0 = _mm512_loadu_si512((const void *)(kr + h * 64));
+                    const __m512i x1 =
+                        _mm512_loadu_si512((const void *)(kr + h * 64 + 32));
+                    __m512 acc =
+                        _mm512_mul_ps(_mm512_load_ps(qe[h]),
+                                      _mm512_castsi512_ps(_mm512_slli_epi32(x0, 16)));
+                    acc = _mm512_fmadd_ps(_mm512_load_ps(qo[h]),
+                                          _mm512_castsi512_ps(_mm512_and_si512(x0, hi)),
+                                          acc);
+                    acc = _mm512_fmadd_ps(_mm512_load_ps(qe[h] + 16),
+                                          _mm512_castsi512_ps(_mm512_slli_epi32(x1, 16)),
+                                          acc);
+                    buf[h][j] = _mm512_fmadd_ps(
+                        _mm512_load_ps(qo[h] + 16),
+                        _mm512_castsi512_ps(_mm512_and_si512(x1, hi)), acc);
+                }
+            }
+            const __mmask16 km = (__mmask16)((1u << cnt) - 1u);
+            for (size_t h = 0; h < m; h++)
+                _mm512_mask_storeu_ps(sc + (a + h) * ldsc + p0, km,
+                                      _mm512_mul_ps(hsum16_avx512(buf[h]), sv));
+        }
+    }
+}
 #endif
 
 /* Portable bf16 scores: each key widened, then the isa's fp32 dot. */
@@ -311,6 +366,23 @@ static void mix_bf16_wide(int isa, const float *w, const void *const *v, size_t 
             for (size_t i = 0; i < m; i++) t[i] = bf16_to_f32(vr[c + i]);
             cpu_axpy(isa, w[p], t, out + c, m);
         }
+    }
+}
+
+void cpu_kv_scores_heads(int isa, int dtype, const float *q, const void *const *row,
+                         size_t n, size_t h0, size_t nh, size_t hs, float scale,
+                         float *sc, size_t ldsc, const void **tmp) {
+#if KVQ_X86
+    if (dtype == CPU_KV_BF16 && isa >= CPU_ISA_AVX512 && hs == 64) {
+        scores64_bf16_avx512(q, row, n, h0, nh, scale, sc, ldsc);
+        return;
+    }
+#endif
+    const size_t es = cpu_kv_elem_bytes(dtype);
+    for (size_t h = 0; h < nh; h++) {
+        for (size_t p = 0; p < n; p++)
+            tmp[p] = (const uint8_t *)row[p] + (h0 + h) * hs * es;
+        cpu_kv_scores(isa, dtype, q + (h0 + h) * hs, tmp, n, hs, scale, sc + h * ldsc);
     }
 }
 

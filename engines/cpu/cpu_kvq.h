@@ -43,6 +43,14 @@ void cpu_kv_get(int isa, int dtype, float *dst, const void *src, size_t n);
  * vector of hs values of dtype (f32: cpu_attn_scores). */
 void cpu_kv_scores(int isa, int dtype, const float *q, const void *const *k, size_t n,
                    size_t hs, float scale, float *out);
+/* Scores of nh heads h0..h0+nh-1 of one query q (all heads, hs floats
+ * each) against rows whose keys sit side by side (row[p]: position p's row,
+ * all heads): sc[h * ldsc + p] = scale * dot(q_(h0+h), k_(h0+h)[p]). Reads
+ * each row once for the group where the kernel allows (bf16, AVX-512, hs
+ * 64); else head by head with cpu_kv_scores. tmp: n pointers of scratch. */
+void cpu_kv_scores_heads(int isa, int dtype, const float *q, const void *const *row,
+                         size_t n, size_t h0, size_t nh, size_t hs, float scale,
+                         float *sc, size_t ldsc, const void **tmp);
 /* Mix of one head: out[d] = sum_p w[p] v[p][d], d < hs (f32: cpu_attn_mix). */
 void cpu_kv_mix(int isa, int dtype, const float *w, const void *const *v, size_t n,
                 size_t hs, float *out);
