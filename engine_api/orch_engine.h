@@ -566,8 +566,9 @@ typedef struct orch_engine_api {
      * the gradient buffer is unspecified. */
     int32_t (*forward_backward_notify)(orch_engine_ctx *ctx, const int32_t *tokens,
                                        const int32_t *targets, uint32_t batch,
-                                       uint32_t seq_len, float grad_scale, float *out_loss,
-                                       orch_grad_ready_fn ready, void *user);
+                                       uint32_t seq_len, float grad_scale,
+                                       float *out_loss, orch_grad_ready_fn ready,
+                                       void *user);
 
     /* ---- ABI 1.4: LoRA adapters (ORCH_CAP_LORA) ----
      * Errors: an unknown adapter id is ORCH_ERR_INVALID_ARGUMENT; every call
@@ -607,8 +608,8 @@ typedef struct orch_engine_api {
      * (grad_scale * mean loss) are ADDED to the adapter's gradients only. */
     int32_t (*adapter_forward_backward)(orch_engine_ctx *ctx, uint32_t adapter_id,
                                         const int32_t *tokens, const int32_t *targets,
-                                        uint32_t batch, uint32_t seq_len, float grad_scale,
-                                        float *out_loss);
+                                        uint32_t batch, uint32_t seq_len,
+                                        float grad_scale, float *out_loss);
 
     /* eval_loss through base + adapter. */
     int32_t (*adapter_eval_loss)(orch_engine_ctx *ctx, uint32_t adapter_id,

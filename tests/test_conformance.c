@@ -654,6 +654,88 @@ START_TEST(test_optimizer_nonfinite) {
 END_TEST
 
 /* ------------------------------------------------------------------------- */
+/* ABI 1.3: gradient-ready notification                                       */
+/* ------------------------------------------------------------------------- */
+
+static int need_notify(const conf_engine *e) {
+    const orch_engine_api *api = e->h.api;
+    if (ORCH_API_HAS(api, forward_backward_notify))
+        return need(e, ORCH_CAP_TRAIN, "train");
+    printf("%s: no forward_backward_notify (ABI %u.%u), test skipped\n", e->label,
+           api->abi_major, api->abi_minor);
+    return 0;
+}
+
+/* Two contexts from one seed: forward_backward on one, then a second
+ * micro-batch with forward_backward on one and forward_backward_notify on the
+ * other (so the notified gradients are accumulated ones). Ranges: disjoint,
+ * covering, each range final when reported (grads_read in the callback),
+ * reported last tensor first down to the embeddings (the tied head's wte is
+ * element 0, final only at the end), at least one per layer plus the final
+ * norm and the embeddings; loss and gradients bit-equal. Then ready NULL,
+ * a batch without counted targets (still covers everything once) and a
+ * rejected call. */
+START_TEST(test_forward_backward_notify) {
+    if (!need_notify(ENG)) return;
+    orch_engine_ctx *a = make_ctx(ENG), *b = make_ctx(ENG);
+    const uint64_t n = total_params(ENG, a);
+    int32_t tok[TB * TS], tgt[TB * TS];
+    train_batch(tok, tgt);
+    float la = 0, lb = 0;
+    ck_assert_int_eq(API->grads_zero(a), ORCH_OK);
+    ck_assert_int_eq(API->grads_zero(b), ORCH_OK);
+    ck_assert_int_eq(API->forward_backward(a, tok, tgt, TB, TS, 0.5f, &la), ORCH_OK);
+    ck_assert_int_eq(API->forward_backward(b, tok, tgt, TB, TS, 0.5f, &lb), ORCH_OK);
+    for (uint32_t j = 0; j < TB * TS; j++) tok[j] = (tok[j] + 7) % (int32_t)V;
+    test_notify_log *lg = malloc(sizeof *lg);
+    ck_assert_ptr_nonnull(lg);
+    uint32_t r = test_notify_check(API, a, b, tok, tgt, TB, TS, 0.5f, n, lg);
+    ck_assert_msg(r >= L + 2,
+                  "%s: %u ranges, expected at least one per layer, the final "
+                  "norm and the embeddings",
+                  ENAME, r);
+    test_notify_descending(API, lg);
+    ck_assert_msg(lg->off[0] + lg->cnt[0] == n,
+                  "%s: the first range does not hold the "
+                  "final norm (the end of the buffer)",
+                  ENAME);
+    ck_assert_msg(lg->off[r - 1] == 0, "%s: the last range does not hold wte", ENAME);
+
+    /* ready NULL: exactly forward_backward. */
+    float l1 = 0, l2 = 0;
+    ck_assert_int_eq(API->forward_backward(a, tok, tgt, TB, TS, 1.0f, &l1), ORCH_OK);
+    ck_assert_int_eq(
+        API->forward_backward_notify(b, tok, tgt, TB, TS, 1.0f, &l2, NULL, NULL),
+        ORCH_OK);
+    ck_assert_msg(memcmp(&l1, &l2, sizeof l1) == 0, "%s: ready NULL: loss %g vs %g",
+                  ENAME, (double)l2, (double)l1);
+    float *ga = test_read_grads(API, a, n), *gb = test_read_grads(API, b, n);
+    ck_assert_msg(memcmp(ga, gb, n * sizeof(float)) == 0,
+                  "%s: ready NULL gives other gradients than forward_backward", ENAME);
+    free(ga);
+    free(gb);
+
+    /* No counted target: no gradient, but every element is still reported. */
+    for (uint32_t j = 0; j < TB * TS; j++) tgt[j] = -1;
+    r = test_notify_check(API, a, b, tok, tgt, TB, TS, 1.0f, n, lg);
+    ck_assert_msg(r >= 1, "%s: no range for a batch without targets", ENAME);
+
+    /* A rejected call: an error with a message, no loss written. */
+    float keep = 5.0f;
+    tok[0] = (int32_t)V;
+    tgt[0] = 1;
+    expect_error(ENG, b,
+                 API->forward_backward_notify(b, tok, tgt, TB, TS, 1.0f, &keep,
+                                              test_notify_ready, lg),
+                 "forward_backward_notify with token == vocab");
+    ck_assert(keep == 5.0f);
+    free(lg);
+    API->context_destroy(a);
+    API->context_destroy(b);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------- */
 /* ABI 1.2: flat parameters, the optimizer shard, the ranged step             */
 /* ------------------------------------------------------------------------- */
 
@@ -1252,6 +1334,7 @@ int main(void) {
         tcase_add_loop_test(tc, test_optimizer_lowers_loss, 0, n_engines);
         tcase_add_loop_test(tc, test_optimizer_nonfinite, 0, n_engines);
         tcase_add_loop_test(tc, test_determinism, 0, n_engines);
+        tcase_add_loop_test(tc, test_forward_backward_notify, 0, n_engines);
         tcase_add_loop_test(tc, test_param_flat, 0, n_engines);
         tcase_add_loop_test(tc, test_optimizer_step_range, 0, n_engines);
         tcase_add_loop_test(tc, test_optimizer_shard_rules, 0, n_engines);

@@ -501,6 +501,52 @@ START_TEST(test_determinism) {
 END_TEST
 
 /* ------------------------------------------------------------------------- */
+/* ABI 1.3: forward_backward_notify                                           */
+/* ------------------------------------------------------------------------- */
+
+/* Fixture k = _i % 3 under 1 and 3 threads: a first micro-batch by
+ * forward_backward on both contexts, then the notified one. The ranges are
+ * model.norm (+ lm_head when untied) first, then each layer's contiguous
+ * tensors from the last layer to the first, then embed_tokens (tied: the
+ * head's gradient only final at the end); gradients and loss the same bits
+ * as forward_backward's (test_notify_check). */
+START_TEST(test_notify) {
+    const int k = _i % 3;
+    const char *opt = _i < 3 ? "threads=1" : "threads=3";
+    torch_run a, b;
+    torch_open(&a, k, opt);
+    torch_open(&b, k, opt);
+    test_table t;
+    test_read_table(A, a.ctx, ORCH_TENSOR_PARAM, &t);
+    const uint32_t L = a.m.layers;
+    float la, lb;
+    ck_assert_int_eq(A->grads_zero(a.ctx), ORCH_OK);
+    ck_assert_int_eq(A->grads_zero(b.ctx), ORCH_OK);
+    ck_assert_int_eq(A->forward_backward(a.ctx, a.tokens, a.targets, a.B, a.T, 0.5f, &la),
+                     ORCH_OK);
+    ck_assert_int_eq(A->forward_backward(b.ctx, b.tokens, b.targets, b.B, b.T, 0.5f, &lb),
+                     ORCH_OK);
+    test_notify_log *lg = malloc(sizeof *lg);
+    ck_assert_ptr_nonnull(lg);
+    uint32_t r = test_notify_check(A, a.ctx, b.ctx, a.tokens, a.targets, a.B, a.T, 0.5f,
+                                   t.total, lg);
+    test_notify_descending(A, lg);
+    ck_assert_uint_eq(r, L + 2);
+    const uint32_t norm = 1 + L * 9; /* model.norm.weight */
+    ck_assert_str_eq(t.info[norm].name, "model.norm.weight");
+    ck_assert_uint_eq(lg->off[0], t.info[norm].offset);
+    ck_assert_uint_eq(lg->off[0] + lg->cnt[0], t.total); /* + lm_head when untied */
+    for (uint32_t l = 0; l < L; l++)
+        ck_assert_uint_eq(lg->off[L - l], t.info[1 + l * 9].offset);
+    ck_assert_uint_eq(lg->off[L + 1], 0);
+    ck_assert_uint_eq(lg->cnt[L + 1], t.info[0].numel); /* model.embed_tokens */
+    free(lg);
+    torch_close(&a);
+    torch_close(&b);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------- */
 /* precision=bf16                                                             */
 /* ------------------------------------------------------------------------- */
 
@@ -638,6 +684,7 @@ static Suite *suite(void) {
     tcase_add_loop_test(tc, test_table_and_init, 0, 3);
     tcase_add_test(tc, test_bad_descriptions);
     tcase_add_loop_test(tc, test_determinism, 0, 3);
+    tcase_add_loop_test(tc, test_notify, 0, 6);
     tcase_add_loop_test(tc, test_bf16_steps, 0, 3);
     tcase_add_loop_test(tc, test_int8, 0, 3);
     suite_add_tcase(s, tc);

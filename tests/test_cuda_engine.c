@@ -1055,6 +1055,47 @@ START_TEST(test_llama_torch) {
 }
 END_TEST
 
+/* ABI 1.3: forward_backward_notify on the LLaMA fixture (tied and untied
+ * heads): after a first micro-batch, the ranges are model.norm (+ lm_head)
+ * first, each layer from the last to the first, then embed_tokens; loss and
+ * gradients the same bits as forward_backward's; each range final in the
+ * callback (test_notify_check). */
+START_TEST(test_llama_notify) {
+    llama_fx x;
+    llama_fx_open(&x, _i);
+    orch_engine_ctx *a = llama_ctx(&gpu, &x, NULL, NULL, NULL, 0);
+    orch_engine_ctx *b = llama_ctx(&gpu, &x, NULL, NULL, NULL, 0);
+    test_table tb, tb2;
+    llama_load(&gpu, a, &x, &tb);
+    llama_load(&gpu, b, &x, &tb2);
+    float la = 0, lb = 0;
+    CHECK_OK(&gpu, a, gpu.api->grads_zero(a));
+    CHECK_OK(&gpu, b, gpu.api->grads_zero(b));
+    CHECK_OK(&gpu, a,
+             gpu.api->forward_backward(a, x.tokens, x.targets, x.B, x.T, 0.5f, &la));
+    CHECK_OK(&gpu, b,
+             gpu.api->forward_backward(b, x.tokens, x.targets, x.B, x.T, 0.5f, &lb));
+    test_notify_log *lg = malloc(sizeof *lg);
+    ck_assert_ptr_nonnull(lg);
+    const uint32_t L = x.m.layers;
+    uint32_t r = test_notify_check(gpu.api, a, b, x.tokens, x.targets, x.B, x.T, 0.5f,
+                                   tb.total, lg);
+    test_notify_descending(gpu.api, lg);
+    ck_assert_uint_eq(r, L + 2);
+    ck_assert_str_eq(tb.info[1 + L * 9].name, "model.norm.weight");
+    ck_assert_uint_eq(lg->off[0], tb.info[1 + L * 9].offset);
+    ck_assert_uint_eq(lg->off[0] + lg->cnt[0], tb.total);
+    for (uint32_t l = 0; l < L; l++)
+        ck_assert_uint_eq(lg->off[L - l], tb.info[1 + l * 9].offset);
+    ck_assert_uint_eq(lg->off[L + 1], 0);
+    ck_assert_uint_eq(lg->cnt[L + 1], tb.info[0].numel);
+    free(lg);
+    gpu.api->context_destroy(a);
+    gpu.api->context_destroy(b);
+    llama_fx_close(&x);
+}
+END_TEST
+
 /* The fixture's AdamW hyper-parameters for `step`. */
 static orch_adamw_params llama_adam(const llama_fx *x, uint64_t step) {
     orch_adamw_params p =
@@ -1538,6 +1579,7 @@ int main(void) {
     TCase *tl = tcase_create("llama");
     tcase_set_timeout(tl, 120);
     tcase_add_loop_test(tl, test_llama_torch, 0, LLAMA_FIXTURES);
+    tcase_add_loop_test(tl, test_llama_notify, 0, LLAMA_FIXTURES);
     tcase_add_loop_test(tl, test_llama_adamw, 0, LLAMA_FIXTURES);
     tcase_add_loop_test(tl, test_llama_decode, 0, LLAMA_FIXTURES);
     tcase_add_loop_test(tl, test_llama_init, 0, LLAMA_FIXTURES);

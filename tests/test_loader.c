@@ -172,6 +172,20 @@ START_TEST(test_reject_null_member) {
     broken("null_cap_member", p, sizeof p);
     expect_reject(p,
                   (const char *const[]){ "required member 'grads_zero' is NULL", NULL });
+    broken("lora_null_member", p, sizeof p);
+    expect_reject(
+        p, (const char *const[]){ "required member 'adapter_create' is NULL", NULL });
+}
+END_TEST
+
+START_TEST(test_reject_capability_beyond_table) {
+    char p[PATH_MAX], want[64];
+    broken("lora_short_table", p, sizeof p);
+    snprintf(want, sizeof want, "(%zu bytes, ABI %u.2)",
+             offsetof(orch_engine_api, forward_backward_notify), ORCH_ENGINE_ABI_MAJOR);
+    expect_reject(p, (const char *const[]){ "member 'adapter_create' is beyond its "
+                                            "function table",
+                                            want, NULL });
 }
 END_TEST
 
@@ -366,6 +380,8 @@ START_TEST(test_caps_string) {
     ck_assert_str_eq(buf, "train,infer,kv-copy,eval,deterministic,gpu,fault-injection");
     engine_caps_string(ORCH_CAP_INFER | ORCH_CAP_GPU, buf, sizeof buf);
     ck_assert_str_eq(buf, "infer,gpu");
+    engine_caps_string(ORCH_CAP_LORA | ORCH_CAP_COSERVE, buf, sizeof buf);
+    ck_assert_str_eq(buf, "lora,coserve");
     char small[8];
     memset(small, 'z', sizeof small);
     engine_caps_string(ORCH_CAP_TRAIN | ORCH_CAP_INFER | ORCH_CAP_EVAL, small, 7);
@@ -392,6 +408,7 @@ int main(void) {
     tcase_add_test(tc, test_reject_wrong_major);
     tcase_add_test(tc, test_reject_short_table);
     tcase_add_test(tc, test_reject_null_member);
+    tcase_add_test(tc, test_reject_capability_beyond_table);
     tcase_add_test(tc, test_reject_probe);
     tcase_add_test(tc, test_reject_null_api);
     tcase_add_test(tc, test_reject_bad_files);

@@ -254,4 +254,103 @@ static inline uint64_t test_lcg64(uint64_t *s) {
     return *s;
 }
 
+/* ---- ABI 1.3 forward_backward_notify checks ---- */
+
+/* What test_notify_check saw: the ranges in report order. */
+#define TEST_NOTIFY_MAX_RANGES 4096
+typedef struct test_notify_log {
+    const orch_engine_api *api;
+    orch_engine_ctx *ctx;
+    float *seen;     /* [n]: grads_read of each range inside the callback */
+    uint32_t *count; /* [n]: how many reported ranges hold each element */
+    uint64_t n;
+    uint64_t off[TEST_NOTIFY_MAX_RANGES], cnt[TEST_NOTIFY_MAX_RANGES];
+    uint32_t ranges;
+    int bad; /* a range out of [0, n), too many ranges, or grads_read failed */
+} test_notify_log;
+
+static inline void test_notify_ready(void *user, uint64_t offset, uint64_t count) {
+    test_notify_log *lg = (test_notify_log *)user;
+    if (lg->ranges >= TEST_NOTIFY_MAX_RANGES || offset > lg->n ||
+        count > lg->n - offset) {
+        lg->bad = 1;
+        return;
+    }
+    lg->off[lg->ranges] = offset;
+    lg->cnt[lg->ranges] = count;
+    lg->ranges++;
+    for (uint64_t i = offset; i < offset + count; i++) lg->count[i]++;
+    if (lg->api->grads_read(lg->ctx, offset, count, lg->seen + offset) != ORCH_OK)
+        lg->bad = 1;
+}
+
+/* ref and ctx hold the same parameters and gradients. Runs forward_backward
+ * on ref and forward_backward_notify on ctx with the same batch, and checks
+ * the contract: the ranges are inside the buffer and cover each of the n
+ * elements exactly once, what grads_read returned inside the callback for a
+ * range is the range's final value, and loss and gradients are the same
+ * bits as forward_backward's. Fills *lg (the caller checks the order) and
+ * returns the number of ranges. */
+static inline uint32_t test_notify_check(const orch_engine_api *api, orch_engine_ctx *ref,
+                                         orch_engine_ctx *ctx, const int32_t *tok,
+                                         const int32_t *tgt, uint32_t B, uint32_t S,
+                                         float grad_scale, uint64_t n,
+                                         test_notify_log *lg) {
+    memset(lg, 0, sizeof *lg);
+    lg->api = api;
+    lg->ctx = ctx;
+    lg->n = n;
+    lg->seen = (float *)calloc(n ? n : 1, sizeof(float));
+    lg->count = (uint32_t *)calloc(n ? n : 1, sizeof(uint32_t));
+    ck_assert_ptr_nonnull(lg->seen);
+    ck_assert_ptr_nonnull(lg->count);
+    float l_ref = -1.0f, l = -2.0f;
+    int32_t st = api->forward_backward(ref, tok, tgt, B, S, grad_scale, &l_ref);
+    ck_assert_msg(st == ORCH_OK, "%s: forward_backward: %s", api->name,
+                  api->last_error(ref));
+    st = api->forward_backward_notify(ctx, tok, tgt, B, S, grad_scale, &l,
+                                      test_notify_ready, lg);
+    ck_assert_msg(st == ORCH_OK, "%s: forward_backward_notify: %s", api->name,
+                  api->last_error(ctx));
+    ck_assert_msg(!lg->bad,
+                  "%s: a range outside [0, %llu) or grads_read failed in the "
+                  "callback",
+                  api->name, (unsigned long long)n);
+    ck_assert_msg(memcmp(&l, &l_ref, sizeof l) == 0,
+                  "%s: loss %.9g, forward_backward %.9g", api->name, (double)l,
+                  (double)l_ref);
+    for (uint64_t i = 0; i < n; i++)
+        ck_assert_msg(lg->count[i] == 1, "%s: element %llu reported %u times", api->name,
+                      (unsigned long long)i, lg->count[i]);
+    float *g_ref = test_read_grads(api, ref, n), *g = test_read_grads(api, ctx, n);
+    for (uint64_t i = 0; i < n; i++) {
+        ck_assert_msg(memcmp(&g[i], &g_ref[i], sizeof(float)) == 0,
+                      "%s: gradient %llu is %.9g, forward_backward's %.9g", api->name,
+                      (unsigned long long)i, (double)g[i], (double)g_ref[i]);
+        ck_assert_msg(memcmp(&g[i], &lg->seen[i], sizeof(float)) == 0,
+                      "%s: gradient %llu read in the callback %.9g, final %.9g",
+                      api->name, (unsigned long long)i, (double)lg->seen[i],
+                      (double)g[i]);
+    }
+    free(g_ref);
+    free(g);
+    free(lg->seen);
+    free(lg->count);
+    lg->seen = NULL;
+    lg->count = NULL;
+    return lg->ranges;
+}
+
+/* The order the header calls typical: every range starts below the one
+ * reported before it (the reverse of the forward pass). */
+static inline void test_notify_descending(const orch_engine_api *api,
+                                          const test_notify_log *lg) {
+    for (uint32_t r = 1; r < lg->ranges; r++)
+        ck_assert_msg(
+            lg->off[r] + lg->cnt[r] <= lg->off[r - 1],
+            "%s: range %u [%llu, +%llu) is not below range %u [%llu, +%llu)", api->name,
+            r, (unsigned long long)lg->off[r], (unsigned long long)lg->cnt[r], r - 1,
+            (unsigned long long)lg->off[r - 1], (unsigned long long)lg->cnt[r - 1]);
+}
+
 #endif

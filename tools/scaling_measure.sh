@@ -11,7 +11,10 @@
 #    KJV corpus tokenized with GPT-2 BPE:
 #      1 rank  x 1 thread,  grad_accum 1   (one rank's compute, no all-reduce)
 #      1 rank  x 2 threads, grad_accum 2   (the global batch of 2 ranks)
-#      2 ranks x 1 thread,  grad_accum 1   (mpirun, vader; then tcp)
+#      2 ranks x 1 thread,  grad_accum 1   (mpirun, vader; then tcp; both with
+#                                           the all-reduce overlapped, the default)
+#      2 ranks x 1 thread, vader, train.overlap_allreduce=false
+#    with the all-reduce time each 2-rank run waited after the backward.
 # Prints the machine (CPU model, cores, load average) and a table. Needs
 # mpirun and an MPI build of orch; takes about 3 minutes on 2 cores.
 set -u
@@ -63,7 +66,8 @@ run() { # label, runner..., -- extra orch args
   if ! "${pre[@]}" "$ORCH" "${common[@]}" "$@" --out "$out" >"$out.log" 2>&1; then
     tail -n 5 "$out.log"; echo "scaling_measure: $label failed" >&2; exit 1
   fi
-  printf '%-34s %8s s/step\n' "$label" "$(median_step "$out/metrics.jsonl")"
+  printf '%-34s %8s s/step  %s\n' "$label" "$(median_step "$out/metrics.jsonl")" \
+    "$(sed -n 's/^train: gradient all-reduce (\(.*\)): \([0-9.]* ms\) per step waited.*/\1: \2 waited/p' "$out.log")"
 }
 echo
 echo "== GPT-2 124M shape, cpu engine, micro-batch 4 x 64 tokens, median of steps 3..$STEPS =="
@@ -71,4 +75,6 @@ run "1 rank x 1 thread, accum 1" -- --set engine.threads=1 --set train.grad_accu
 run "1 rank x 2 threads, accum 2" -- --set engine.threads=2 --set train.grad_accum=2
 run "2 ranks x 1 thread (vader)" "${MPI[@]}" "${VADER[@]}" -- --set engine.threads=1 --set train.grad_accum=1
 run "2 ranks x 1 thread (tcp)" "${MPI[@]}" "${TCP[@]}" -- --set engine.threads=1 --set train.grad_accum=1
+run "2 ranks, vader, overlap off" "${MPI[@]}" "${VADER[@]}" -- --set engine.threads=1 --set train.grad_accum=1 \
+  --set train.overlap_allreduce=false
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"

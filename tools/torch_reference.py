@@ -44,6 +44,23 @@ grouped-query attention with N of 4 heads, SwiGLU, no biases), kv2 with an
 untied head and linear rope scaling, kv1 with llama3 rope scaling, plus
 rope_inv_freq (the frequencies after scaling) and the model in the metadata.
 
+With --lora RANK,ALPHA,TARGETS (TARGETS: "all" or qkv, out, up, down joined
+by "+") it writes the LoRA fixture (ABI 1.4) of --arch gpt2 (the model and
+batch above) or llama (the kv_heads 2 model): default
+tests/fixtures/cpu_{gpt2,llama}_tiny_lora.safetensors. The base is frozen;
+every target matrix W [out,in] of every layer gets A [rank,in] (uniform in
+[-1/sqrt(in), 1/sqrt(in))) and B [out,rank] (N(0, 0.1): NOT zero, so every
+path carries a gradient), y = x W^T + (alpha/rank) (x A^T) B^T. Records:
+
+  param.<name>      the base weights; lora.<name> the adapter's initial A/B
+                    (the header's adapter tensor names and order)
+  tokens, targets   one [B, T] batch (three targets are -1)
+  logits, loss      through base + adapter
+  grad.<lora name>  d loss / d A, B (the base has no gradient)
+  train_losses, grad_norms   10 AdamW steps of the adapter only (weight decay
+                    on every adapter tensor, clipping at 0.3 x the first norm)
+  final.<lora name> the adapter after the 10 steps
+
 Run with Debian's python3-torch:  /usr/bin/python3 tools/torch_reference.py
 """
 import argparse
@@ -99,7 +116,16 @@ def no_autocast():
     return torch.autocast("cpu", enabled=False)
 
 
-def forward(cfg, P, tokens, fp32_attention=False):
+def lora_delta(lora, base, h):
+    """(alpha/rank) (h A^T) B^T of the adapter on base weight `base` (its name
+    minus ".weight"), or 0 when lora is None or does not target it."""
+    if lora is None or base + ".lora_A.weight" not in lora["P"]:
+        return 0.0
+    A, B = lora["P"][base + ".lora_A.weight"], lora["P"][base + ".lora_B.weight"]
+    return lora["scale"] * ((h @ A.T) @ B.T)
+
+
+def forward(cfg, P, tokens, fp32_attention=False, lora=None):
     B, T = tokens.shape
     C, NH = cfg["width"], cfg["heads"]
     hs = C // NH
@@ -110,6 +136,8 @@ def forward(cfg, P, tokens, fp32_attention=False):
         p = f"h.{i}."
         h = F.layer_norm(x, (C,), P[p + "ln_1.weight"], P[p + "ln_1.bias"], eps)
         qkv = h @ P[p + "attn.c_attn.weight"].T + P[p + "attn.c_attn.bias"]
+        if lora is not None:
+            qkv = qkv + lora_delta(lora, p + "attn.c_attn", h)
         q, k, v = qkv.split(C, dim=-1)
         q = q.view(B, T, NH, hs).transpose(1, 2)
         k = k.view(B, T, NH, hs).transpose(1, 2)
@@ -125,10 +153,18 @@ def forward(cfg, P, tokens, fp32_attention=False):
             att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
             y = (att @ v).transpose(1, 2).reshape(B, T, C)
         x = x + y @ P[p + "attn.c_proj.weight"].T + P[p + "attn.c_proj.bias"]
+        if lora is not None:
+            x = x + lora_delta(lora, p + "attn.c_proj", y)
         h = F.layer_norm(x, (C,), P[p + "ln_2.weight"], P[p + "ln_2.bias"], eps)
-        h = F.gelu(h @ P[p + "mlp.c_fc.weight"].T + P[p + "mlp.c_fc.bias"],
-                   approximate="tanh")
-        x = x + h @ P[p + "mlp.c_proj.weight"].T + P[p + "mlp.c_proj.bias"]
+        if lora is None:
+            h = F.gelu(h @ P[p + "mlp.c_fc.weight"].T + P[p + "mlp.c_fc.bias"],
+                       approximate="tanh")
+            x = x + h @ P[p + "mlp.c_proj.weight"].T + P[p + "mlp.c_proj.bias"]
+        else:
+            h = F.gelu(h @ P[p + "mlp.c_fc.weight"].T + P[p + "mlp.c_fc.bias"] +
+                       lora_delta(lora, p + "mlp.c_fc", h), approximate="tanh")
+            x = (x + h @ P[p + "mlp.c_proj.weight"].T + P[p + "mlp.c_proj.bias"] +
+                 lora_delta(lora, p + "mlp.c_proj", h))
     x = F.layer_norm(x, (C,), P["ln_f.weight"], P["ln_f.bias"], eps)
     return x @ P["wte.weight"].T
 
@@ -326,7 +362,7 @@ def rotate_half(x):
     return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
 
 
-def llama_forward(cfg, P, tokens):
+def llama_forward(cfg, P, tokens, lora=None):
     B, T = tokens.shape
     C, NH, NKV = cfg["width"], cfg["heads"], cfg["kv_heads"]
     D = C // NH
@@ -340,9 +376,12 @@ def llama_forward(cfg, P, tokens):
     for i in range(cfg["layers"]):
         p = f"model.layers.{i}."
         h = rms_norm(x, P[p + "input_layernorm.weight"], eps)
-        q = (h @ P[p + "self_attn.q_proj.weight"].T).view(B, T, NH, D).transpose(1, 2)
-        k = (h @ P[p + "self_attn.k_proj.weight"].T).view(B, T, NKV, D).transpose(1, 2)
-        v = (h @ P[p + "self_attn.v_proj.weight"].T).view(B, T, NKV, D).transpose(1, 2)
+        q = h @ P[p + "self_attn.q_proj.weight"].T + lora_delta(lora, p + "self_attn.q_proj", h)
+        k = h @ P[p + "self_attn.k_proj.weight"].T + lora_delta(lora, p + "self_attn.k_proj", h)
+        v = h @ P[p + "self_attn.v_proj.weight"].T + lora_delta(lora, p + "self_attn.v_proj", h)
+        q = q.view(B, T, NH, D).transpose(1, 2)
+        k = k.view(B, T, NKV, D).transpose(1, 2)
+        v = v.view(B, T, NKV, D).transpose(1, 2)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         k = k.repeat_interleave(NH // NKV, dim=1)
@@ -350,10 +389,11 @@ def llama_forward(cfg, P, tokens):
         att = (q @ k.transpose(-2, -1)) / math.sqrt(D)
         att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
         y = (att @ v).transpose(1, 2).reshape(B, T, C)
-        x = x + y @ P[p + "self_attn.o_proj.weight"].T
+        x = x + y @ P[p + "self_attn.o_proj.weight"].T + lora_delta(lora, p + "self_attn.o_proj", y)
         h = rms_norm(x, P[p + "post_attention_layernorm.weight"], eps)
-        g = F.silu(h @ P[p + "mlp.gate_proj.weight"].T) * (h @ P[p + "mlp.up_proj.weight"].T)
-        x = x + g @ P[p + "mlp.down_proj.weight"].T
+        g = F.silu(h @ P[p + "mlp.gate_proj.weight"].T + lora_delta(lora, p + "mlp.gate_proj", h)) * (
+            h @ P[p + "mlp.up_proj.weight"].T + lora_delta(lora, p + "mlp.up_proj", h))
+        x = x + g @ P[p + "mlp.down_proj.weight"].T + lora_delta(lora, p + "mlp.down_proj", g)
     x = rms_norm(x, P["model.norm.weight"], eps)
     head = P["lm_head.weight"] if cfg["untied"] else P["model.embed_tokens.weight"]
     return x @ head.T
@@ -410,6 +450,121 @@ def main_llama(args):
           f"clip {clip}, losses {losses[0]:.4f} -> {losses[-1]:.4f}, "
           f"clipped steps {sum(n > clip for n in norms)}/{STEPS}")
 
+# ---------------------------------------------------------------------------
+# LoRA adapters (ABI 1.4): the header's adapter table, base frozen.
+# ---------------------------------------------------------------------------
+LORA_TARGET_BITS = {"qkv": 1, "out": 2, "up": 4, "down": 8}
+
+
+def lora_targets(cfg, arch, targets):
+    """(base name minus .weight, out, in) of every targeted matrix, layer by
+    layer and target by target in the header's order."""
+    C, M = cfg["width"], cfg["mlp_width"]
+    out = []
+    for i in range(cfg["layers"]):
+        if arch == "gpt2":
+            p = f"h.{i}."
+            per = [("qkv", p + "attn.c_attn", 3 * C, C), ("out", p + "attn.c_proj", C, C),
+                   ("up", p + "mlp.c_fc", M, C), ("down", p + "mlp.c_proj", C, M)]
+        else:
+            p = f"model.layers.{i}."
+            KV = cfg["kv_heads"] * (C // cfg["heads"])
+            per = [("qkv", p + "self_attn.q_proj", C, C), ("qkv", p + "self_attn.k_proj", KV, C),
+                   ("qkv", p + "self_attn.v_proj", KV, C), ("out", p + "self_attn.o_proj", C, C),
+                   ("up", p + "mlp.gate_proj", M, C), ("up", p + "mlp.up_proj", M, C),
+                   ("down", p + "mlp.down_proj", C, M)]
+        out += [(n, o, k) for t, n, o, k in per if t in targets]
+    return out
+
+
+def main_lora(args):
+    rank_s, alpha_s, targets_s = args.lora.split(",")
+    rank, alpha = int(rank_s), float(alpha_s)
+    targets = set(LORA_TARGET_BITS) if targets_s == "all" else set(targets_s.split("+"))
+    if not targets or not targets <= set(LORA_TARGET_BITS):
+        raise SystemExit(f"--lora: unknown targets {targets_s!r}")
+    if args.arch == "gpt2":
+        cfg = dict(CFG)
+        gen = torch.Generator().manual_seed(SEED)
+        P = init_params(cfg, gen)  # the model of cpu_gpt2_tiny.safetensors
+        names = [n for n, _ in param_specs(cfg)]
+        fwd = forward
+    else:
+        cfg = dict(LLAMA_CFG)
+        cfg["kv_heads"] = 2
+        cfg.update(LLAMA_VARIANTS[2])
+        gen = torch.Generator().manual_seed(SEED + 2)
+        P = llama_init(cfg, gen)  # the model of cpu_llama_tiny_kv2.safetensors
+        names = [n for n, _ in llama_specs(cfg)]
+        fwd = llama_forward
+    V = cfg["vocab_size"]
+    tokens = torch.randint(0, V, (BATCH, SEQ), generator=gen)
+    targets_t = torch.randint(0, V, (BATCH, SEQ), generator=gen)
+    targets_t[1, 3] = -1
+    targets_t[0, 0] = -1
+    targets_t[0, 7] = -1
+    for n in names:
+        P[n].requires_grad_(False)
+    lgen = torch.Generator().manual_seed(SEED + 100)
+    LP, lnames = {}, []
+    for base, o, k in lora_targets(cfg, args.arch, targets):
+        bound = 1.0 / math.sqrt(k)
+        A = (torch.rand((rank, k), generator=lgen, dtype=torch.float64) * 2 - 1) * bound
+        B = torch.randn((o, rank), generator=lgen, dtype=torch.float64) * 0.1
+        for suffix, t in ((".lora_A.weight", A), (".lora_B.weight", B)):
+            LP[base + suffix] = t.float().double().requires_grad_(True)
+            lnames.append(base + suffix)
+    lora = {"P": LP, "scale": alpha / rank}
+    out = {f"param.{n}": P[n].detach().clone() for n in names}
+    out.update({f"lora.{n}": LP[n].detach().clone() for n in lnames})
+    out["tokens"] = tokens.to(torch.int32)
+    out["targets"] = targets_t.to(torch.int32)
+    logits = fwd(cfg, P, tokens, lora=lora)
+    loss = loss_of(logits, targets_t)
+    loss.backward()
+    out["logits"] = logits.detach().clone()
+    out["loss"] = loss.detach().reshape(1).clone()
+    for n in lnames:
+        out[f"grad.{n}"] = LP[n].grad.detach().clone()
+    first_norm = math.sqrt(sum(float((LP[n].grad ** 2).sum()) for n in lnames))
+    clip = float(f"{0.3 * first_norm:.3g}")
+    opt = torch.optim.AdamW([LP[n] for n in lnames], lr=ADAM["lr"],
+                            betas=(ADAM["beta1"], ADAM["beta2"]), eps=ADAM["eps"],
+                            weight_decay=ADAM["weight_decay"], foreach=False)
+    losses, norms = [], []
+    for _ in range(STEPS):
+        opt.zero_grad(set_to_none=False)
+        step_loss = loss_of(fwd(cfg, P, tokens, lora=lora), targets_t)
+        step_loss.backward()
+        norm = math.sqrt(sum(float((LP[n].grad ** 2).sum()) for n in lnames))
+        if norm > clip:
+            for n in lnames:
+                LP[n].grad.mul_(clip / norm)
+        opt.step()
+        losses.append(float(step_loss))
+        norms.append(norm)
+    out["train_losses"] = torch.tensor(losses, dtype=torch.float64)
+    out["grad_norms"] = torch.tensor(norms, dtype=torch.float64)
+    out.update({f"final.{n}": LP[n].detach().clone() for n in lnames})
+    meta = {k: str(v) for k, v in cfg.items() if k not in ("rope", "untied")}
+    meta["arch"] = args.arch
+    if args.arch == "llama":
+        meta.update({"untied_head": "1" if cfg["untied"] else "0",
+                     "rope_scaling": cfg["rope"]["rope_type"] if cfg["rope"] else "none"})
+        if cfg["rope"]:
+            meta["rope_factor"] = repr(cfg["rope"]["factor"])
+    bits = sum(LORA_TARGET_BITS[t] for t in targets)
+    meta.update({"batch": str(BATCH), "seq_len": str(SEQ), "steps": str(STEPS),
+                 "grad_clip": repr(clip), "lora_rank": str(rank), "lora_alpha": repr(alpha),
+                 "lora_targets": str(bits), "lora_tensors": str(len(lnames)),
+                 "generator": "tools/torch_reference.py --arch %s --lora %s (torch %s, "
+                              "float64)" % (args.arch, args.lora, torch.__version__)})
+    meta.update({k: repr(v) for k, v in ADAM.items()})
+    write_safetensors(args.out, out, meta)
+    print(f"wrote {args.out}: {len(lnames)} adapter tensors, loss {float(loss):.6f}, "
+          f"clip {clip}, losses {losses[0]:.4f} -> {losses[-1]:.4f}, "
+          f"clipped steps {sum(n > clip for n in norms)}/{STEPS}")
+
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -419,7 +574,14 @@ def main():
     ap.add_argument("--arch", choices=("gpt2", "llama"), default="gpt2")
     ap.add_argument("--kv-heads", type=int, choices=sorted(LLAMA_VARIANTS), default=4,
                     help="llama: which fixture (kv_heads 1, 2 or 4 of 4 heads)")
+    ap.add_argument("--lora", default=None, metavar="RANK,ALPHA,TARGETS",
+                    help="write the LoRA fixture (see the module comment)")
     args = ap.parse_args()
+    if args.lora:
+        torch.set_num_threads(1)
+        args.out = args.out or f"tests/fixtures/cpu_{args.arch}_tiny_lora.safetensors"
+        main_lora(args)
+        return
     if args.arch == "llama":
         torch.set_num_threads(1)
         args.out = args.out or f"tests/fixtures/cpu_llama_tiny_kv{args.kv_heads}.safetensors"

@@ -334,8 +334,11 @@ static int32_t infer_check_header(const orch_infer_batch *batch, char *err, size
 }
 
 /* Each sequence on its own; the counts of new tokens and logit rows. */
+typedef int (*adapter_known_fn)(const void *user, uint32_t id);
+
 static int32_t infer_check_seqs(const orch_infer_batch *batch, uint32_t V,
                                 uint32_t context, uint32_t bs, uint32_t num_blocks,
+                                adapter_known_fn known, const void *user,
                                 uint64_t *out_tokens, uint64_t *out_rows, char *err,
                                 size_t cap) {
     uint64_t tokens = 0, rows = 0;
@@ -352,7 +355,12 @@ static int32_t infer_check_seqs(const orch_infer_batch *batch, uint32_t V,
                                    "infer_forward: sequence %u: logits_mode %u is "
                                    "unknown",
                                    i, s->logits_mode);
-        if (s->adapter_id != 0)
+        if (s->adapter_id != 0 && known && !known(user, s->adapter_id))
+            return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+                                   "infer_forward: sequence %u: adapter_id %u is not an "
+                                   "adapter of this context",
+                                   i, s->adapter_id);
+        if (s->adapter_id != 0 && !known)
             return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
                                    "infer_forward: sequence %u: adapter_id %u "
                                    "(adapters are reserved; must be 0)",
@@ -483,14 +491,25 @@ int32_t engine_infer_check(const orch_infer_batch *batch, const float *logits,
                            uint64_t max_tokens, const char *limit_note,
                            const engine_kv_view *kv, uint64_t *out_tokens,
                            uint64_t *out_rows, char *err, size_t cap) {
+    return engine_infer_check_lora(batch, logits, logits_cap, vocab, context, max_tokens,
+                                   limit_note, kv, NULL, NULL, out_tokens, out_rows, err,
+                                   cap);
+}
+
+int32_t engine_infer_check_lora(const orch_infer_batch *batch, const float *logits,
+                                uint64_t logits_cap, uint32_t vocab, uint32_t context,
+                                uint64_t max_tokens, const char *limit_note,
+                                const engine_kv_view *kv, adapter_known_fn known,
+                                const void *user, uint64_t *out_tokens,
+                                uint64_t *out_rows, char *err, size_t cap) {
     int32_t st = infer_check_header(batch, err, cap);
     if (st != ORCH_OK) return st;
     if (kv->num_blocks == 0)
         return engine_fail_buf(err, cap, ORCH_ERR_STATE,
                                "infer_forward: no KV pool (call kv_configure first)");
     uint64_t tokens = 0, rows = 0;
-    st = infer_check_seqs(batch, vocab, context, kv->block_size, kv->num_blocks, &tokens,
-                          &rows, err, cap);
+    st = infer_check_seqs(batch, vocab, context, kv->block_size, kv->num_blocks, known,
+                          user, &tokens, &rows, err, cap);
     if (st != ORCH_OK) return st;
     if (max_tokens && tokens > max_tokens)
         return engine_fail_buf(err, cap, ORCH_ERR_CAPACITY,

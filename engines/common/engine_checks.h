@@ -160,6 +160,17 @@ int32_t engine_infer_check(const orch_infer_batch *batch, const float *logits,
                            const engine_kv_view *kv, uint64_t *out_tokens,
                            uint64_t *out_rows, char *err, size_t cap);
 
+/* engine_infer_check for an engine with ORCH_CAP_LORA (ABI 1.4): a
+ * sequence's adapter_id other than 0 must be one known(user, id) accepts
+ * (engine_infer_check refuses every id but 0). */
+int32_t engine_infer_check_lora(const orch_infer_batch *batch, const float *logits,
+                                uint64_t logits_cap, uint32_t vocab, uint32_t context,
+                                uint64_t max_tokens, const char *limit_note,
+                                const engine_kv_view *kv,
+                                int (*known)(const void *user, uint32_t id),
+                                const void *user, uint64_t *out_tokens,
+                                uint64_t *out_rows, char *err, size_t cap);
+
 /* For a batch engine_infer_check accepted (before or after its forward, as
  * the engine chooses): flag every position the batch writes. */
 void engine_kv_mark_written(const orch_infer_batch *batch, const engine_kv_view *kv);

@@ -12,7 +12,9 @@
  * both (llama: every 2-D tensor, embedding and head included, is int8).
  *
  * Capabilities: TRAIN | INFER | KV_COPY | EVAL | DETERMINISTIC (same inputs
- * and thread count give the same bits).
+ * and thread count give the same bits) | LORA (ABI 1.4 adapters, cpu_lora.c:
+ * adapter training with the base frozen, adapter_id in infer_forward) |
+ * COSERVE (coserve_forward, cpu_coserve.c).
  *
  * Engine options (orch_engine_options.options, "key=value" separated by ','
  * or ';'; unknown keys are ORCH_ERR_INVALID_ARGUMENT):
@@ -95,6 +97,8 @@
 #include "engines/cpu/cpu_internal.h"
 #include "engines/cpu/cpu_kvq.h"
 #include "engines/cpu/cpu_llama.h"
+#include "engines/cpu/cpu_coserve.h"
+#include "engines/cpu/cpu_lora.h"
 #include "engines/cpu/cpu_llama_infer.h"
 #include "engines/cpu/cpu_quant.h"
 
@@ -322,6 +326,7 @@ static void cpu_context_destroy(orch_engine_ctx *ctx) {
     cpu_infer_free(ctx);
     cpu_linear_bf16_free(ctx);
     cpu_llama_free(ctx);
+    cpu_lora_free_all(ctx);
     free(ctx->params);
     zfree(ctx->grads, ctx->n_params);
     zfree(ctx->adam_m, ctx->sh_count);
@@ -634,27 +639,41 @@ static int32_t cpu_grads_write(orch_engine_ctx *ctx, uint64_t offset, uint64_t c
 /* Training and evaluation                                                    */
 /* ------------------------------------------------------------------------- */
 
-static int32_t cpu_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
-                                    const int32_t *targets, uint32_t batch,
-                                    uint32_t seq_len, float grad_scale, float *out_loss) {
+/* forward_backward and (ABI 1.3) forward_backward_notify: ready NULL is
+ * plain forward_backward. */
+static int32_t cpu_forward_backward_notify(orch_engine_ctx *ctx, const int32_t *tokens,
+                                           const int32_t *targets, uint32_t batch,
+                                           uint32_t seq_len, float grad_scale,
+                                           float *out_loss, orch_grad_ready_fn ready,
+                                           void *user) {
     ENTER(ctx);
+    const char *fn = ready ? "forward_backward_notify" : "forward_backward";
     if (ctx->weights == CPU_WEIGHTS_INT8)
         return cpu_fail(ctx, ORCH_ERR_UNSUPPORTED,
                         "weights=int8 is an inference format; train with weights=fp32");
-    int32_t st = engine_check_train_call("forward_backward", tokens, targets, batch,
-                                         seq_len, grad_scale, out_loss, &ctx->train_lim,
-                                         NULL, ENGINE_ERRBUF(ctx));
+    int32_t st =
+        engine_check_train_call(fn, tokens, targets, batch, seq_len, grad_scale, out_loss,
+                                &ctx->train_lim, NULL, ENGINE_ERRBUF(ctx));
     if (st) return st;
+    const cpu_grad_notify n = { ready, user };
+    const cpu_grad_notify *np = ready ? &n : NULL;
     float loss = 0.0f;
     if (ctx->arch == ORCH_ARCH_LLAMA)
         st = cpu_llama_forward_backward(ctx, tokens, targets, batch, seq_len, grad_scale,
-                                        1, &loss);
+                                        1, &loss, np);
     else
         st = cpu_train_forward_backward(ctx, tokens, targets, batch, seq_len, grad_scale,
-                                        1, &loss);
+                                        1, &loss, np);
     cpu_pool_park(ctx->pool);
     if (st == ORCH_OK) *out_loss = loss;
     return st;
+}
+
+static int32_t cpu_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
+                                    const int32_t *targets, uint32_t batch,
+                                    uint32_t seq_len, float grad_scale, float *out_loss) {
+    return cpu_forward_backward_notify(ctx, tokens, targets, batch, seq_len, grad_scale,
+                                       out_loss, NULL, NULL);
 }
 
 static int32_t cpu_eval_loss(orch_engine_ctx *ctx, const int32_t *tokens,
@@ -668,10 +687,10 @@ static int32_t cpu_eval_loss(orch_engine_ctx *ctx, const int32_t *tokens,
     float loss = 0.0f;
     if (ctx->arch == ORCH_ARCH_LLAMA)
         st = cpu_llama_forward_backward(ctx, tokens, targets, batch, seq_len, 0.0f, 0,
-                                        &loss);
+                                        &loss, NULL);
     else
         st = cpu_train_forward_backward(ctx, tokens, targets, batch, seq_len, 0.0f, 0,
-                                        &loss);
+                                        &loss, NULL);
     cpu_pool_park(ctx->pool);
     if (st == ORCH_OK) *out_loss = loss;
     return st;
@@ -927,6 +946,184 @@ static int32_t cpu_infer_forward_abi(orch_engine_ctx *ctx, const orch_infer_batc
 }
 
 /* ------------------------------------------------------------------------- */
+/* ABI 1.4: LoRA adapters (cpu_lora.c)                                        */
+/* ------------------------------------------------------------------------- */
+
+static int32_t cpu_adapter_create(orch_engine_ctx *ctx, const orch_lora_desc *desc,
+                                  uint32_t *out_id) {
+    ENTER(ctx);
+    return cpu_lora_create(ctx, desc, out_id);
+}
+
+static int32_t cpu_adapter_destroy(orch_engine_ctx *ctx, uint32_t adapter_id) {
+    ENTER(ctx);
+    return cpu_lora_destroy(ctx, adapter_id);
+}
+
+static int32_t cpu_adapter_tensor_count(orch_engine_ctx *ctx, uint32_t adapter_id,
+                                        uint32_t kind, uint32_t *out_count) {
+    ENTER(ctx);
+    int32_t st = engine_check_tensor_count(kind, out_count, ENGINE_ERRBUF(ctx));
+    if (st != ORCH_OK) return st;
+    const cpu_lora *lo = cpu_lora_find(ctx, "adapter_tensor_count", adapter_id);
+    if (!lo) return ORCH_ERR_INVALID_ARGUMENT;
+    *out_count = lo->n_tensors;
+    return ORCH_OK;
+}
+
+static int32_t cpu_adapter_tensor_info(orch_engine_ctx *ctx, uint32_t adapter_id,
+                                       uint32_t kind, uint32_t index,
+                                       orch_tensor_info *out) {
+    ENTER(ctx);
+    const cpu_lora *lo = cpu_lora_find(ctx, "adapter_tensor_info", adapter_id);
+    if (!lo) return ORCH_ERR_INVALID_ARGUMENT;
+    int32_t st =
+        engine_check_tensor_info(kind, index, lo->n_tensors, out, ENGINE_ERRBUF(ctx));
+    if (st != ORCH_OK) return st;
+    engine_tensor_info_fill(&lo->tensors[index], out);
+    return ORCH_OK;
+}
+
+static float *adapter_kind_buffer(cpu_lora *lo, uint32_t kind) {
+    return kind == ORCH_TENSOR_PARAM    ? lo->params
+           : kind == ORCH_TENSOR_ADAM_M ? lo->adam_m
+                                        : lo->adam_v;
+}
+
+static int32_t cpu_adapter_tensor_read(orch_engine_ctx *ctx, uint32_t adapter_id,
+                                       uint32_t kind, uint32_t index, void *dst,
+                                       uint64_t dst_bytes) {
+    ENTER(ctx);
+    cpu_lora *lo = cpu_lora_find(ctx, "adapter_tensor_read", adapter_id);
+    if (!lo) return ORCH_ERR_INVALID_ARGUMENT;
+    int32_t st =
+        engine_check_tensor_io("adapter_tensor_read", kind, index, lo->tensors,
+                               lo->n_tensors, dst, dst_bytes, ENGINE_ERRBUF(ctx));
+    if (st != ORCH_OK) return st;
+    memcpy(dst, adapter_kind_buffer(lo, kind) + lo->tensors[index].offset,
+           (size_t)dst_bytes);
+    return ORCH_OK;
+}
+
+static int32_t cpu_adapter_tensor_write(orch_engine_ctx *ctx, uint32_t adapter_id,
+                                        uint32_t kind, uint32_t index, const void *src,
+                                        uint64_t src_bytes) {
+    ENTER(ctx);
+    cpu_lora *lo = cpu_lora_find(ctx, "adapter_tensor_write", adapter_id);
+    if (!lo) return ORCH_ERR_INVALID_ARGUMENT;
+    int32_t st =
+        engine_check_tensor_io("adapter_tensor_write", kind, index, lo->tensors,
+                               lo->n_tensors, src, src_bytes, ENGINE_ERRBUF(ctx));
+    if (st != ORCH_OK) return st;
+    /* Nothing is derived from an adapter's parameters: the products read them. */
+    memcpy(adapter_kind_buffer(lo, kind) + lo->tensors[index].offset, src,
+           (size_t)src_bytes);
+    return ORCH_OK;
+}
+
+static int32_t cpu_adapter_grads_zero(orch_engine_ctx *ctx, uint32_t adapter_id) {
+    ENTER(ctx);
+    cpu_lora *lo = cpu_lora_find(ctx, "adapter_grads_zero", adapter_id);
+    if (!lo) return ORCH_ERR_INVALID_ARGUMENT;
+    memset(lo->grads, 0, (size_t)lo->n_params * sizeof(float));
+    return ORCH_OK;
+}
+
+static int32_t cpu_adapter_grads_read(orch_engine_ctx *ctx, uint32_t adapter_id,
+                                      uint64_t offset, uint64_t count, float *dst) {
+    ENTER(ctx);
+    cpu_lora *lo = cpu_lora_find(ctx, "adapter_grads_read", adapter_id);
+    if (!lo) return ORCH_ERR_INVALID_ARGUMENT;
+    int32_t st = engine_check_grad_range("adapter_grads_read", offset, count,
+                                         lo->n_params, dst, ENGINE_ERRBUF(ctx));
+    if (st != ORCH_OK) return st;
+    if (count) memcpy(dst, lo->grads + offset, (size_t)count * sizeof(float));
+    return ORCH_OK;
+}
+
+static int32_t cpu_adapter_grads_write(orch_engine_ctx *ctx, uint32_t adapter_id,
+                                       uint64_t offset, uint64_t count,
+                                       const float *src) {
+    ENTER(ctx);
+    cpu_lora *lo = cpu_lora_find(ctx, "adapter_grads_write", adapter_id);
+    if (!lo) return ORCH_ERR_INVALID_ARGUMENT;
+    int32_t st = engine_check_grad_range("adapter_grads_write", offset, count,
+                                         lo->n_params, src, ENGINE_ERRBUF(ctx));
+    if (st != ORCH_OK) return st;
+    if (count) memcpy(lo->grads + offset, src, (size_t)count * sizeof(float));
+    return ORCH_OK;
+}
+
+/* forward_backward (backward 1) or eval_loss (0) through base + adapter. */
+static int32_t adapter_run(orch_engine_ctx *ctx, const char *fn, uint32_t adapter_id,
+                           const int32_t *tokens, const int32_t *targets, uint32_t batch,
+                           uint32_t seq_len, float grad_scale, int backward,
+                           float *out_loss) {
+    int32_t st =
+        engine_check_train_call(fn, tokens, targets, batch, seq_len, grad_scale, out_loss,
+                                &ctx->train_lim, NULL, ENGINE_ERRBUF(ctx));
+    if (st != ORCH_OK) return st;
+    cpu_lora *lo = cpu_lora_find(ctx, fn, adapter_id);
+    if (!lo) return ORCH_ERR_INVALID_ARGUMENT;
+    float loss = 0.0f;
+    ctx->lora_cur = lo;
+    if (ctx->arch == ORCH_ARCH_LLAMA)
+        st = cpu_llama_forward_backward(ctx, tokens, targets, batch, seq_len, grad_scale,
+                                        backward, &loss, NULL);
+    else
+        st = cpu_train_forward_backward(ctx, tokens, targets, batch, seq_len, grad_scale,
+                                        backward, &loss, NULL);
+    ctx->lora_cur = NULL;
+    cpu_pool_park(ctx->pool);
+    if (st == ORCH_OK) *out_loss = loss;
+    return st;
+}
+
+static int32_t cpu_adapter_forward_backward(orch_engine_ctx *ctx, uint32_t adapter_id,
+                                            const int32_t *tokens, const int32_t *targets,
+                                            uint32_t batch, uint32_t seq_len,
+                                            float grad_scale, float *out_loss) {
+    ENTER(ctx);
+    return adapter_run(ctx, "adapter_forward_backward", adapter_id, tokens, targets,
+                       batch, seq_len, grad_scale, 1, out_loss);
+}
+
+static int32_t cpu_adapter_eval_loss(orch_engine_ctx *ctx, uint32_t adapter_id,
+                                     const int32_t *tokens, const int32_t *targets,
+                                     uint32_t batch, uint32_t seq_len, float *out_loss) {
+    ENTER(ctx);
+    return adapter_run(ctx, "adapter_eval_loss", adapter_id, tokens, targets, batch,
+                       seq_len, 0.0f, 0, out_loss);
+}
+
+static int32_t cpu_adapter_optimizer_step(orch_engine_ctx *ctx, uint32_t adapter_id,
+                                          const orch_adamw_params *params,
+                                          float *out_grad_norm) {
+    ENTER(ctx);
+    orch_adamw_params p;
+    int32_t st = engine_check_adamw(params, &p, ENGINE_ERRBUF(ctx));
+    if (st != ORCH_OK) return st;
+    cpu_lora *lo = cpu_lora_find(ctx, "adapter_optimizer_step", adapter_id);
+    if (!lo) return ORCH_ERR_INVALID_ARGUMENT;
+    float norm = 0.0f;
+    st = cpu_lora_optimizer_step(ctx, lo, &p, &norm);
+    if (st == ORCH_OK && out_grad_norm) *out_grad_norm = norm;
+    return st;
+}
+
+static int32_t cpu_coserve_forward_abi(orch_engine_ctx *ctx,
+                                       const orch_infer_batch *batch, float *logits,
+                                       uint64_t logits_cap, const orch_finetune_batch *ft,
+                                       uint32_t n_finetune, uint32_t ft_stride,
+                                       float *out_losses) {
+    ENTER(ctx);
+    int32_t st = cpu_coserve_forward(ctx, batch, logits, logits_cap, ft, n_finetune,
+                                     ft_stride, out_losses);
+    cpu_pool_park(ctx->pool);
+    return st;
+}
+
+/* ------------------------------------------------------------------------- */
 /* Probe, status strings, the table                                           */
 /* ------------------------------------------------------------------------- */
 
@@ -970,7 +1167,7 @@ static const orch_engine_api cpu_api = {
     .name = "cpu",
     .version = CPU_VERSION,
     .capabilities = ORCH_CAP_TRAIN | ORCH_CAP_INFER | ORCH_CAP_KV_COPY | ORCH_CAP_EVAL |
-                    ORCH_CAP_DETERMINISTIC,
+                    ORCH_CAP_DETERMINISTIC | ORCH_CAP_LORA | ORCH_CAP_COSERVE,
     .probe = cpu_probe,
     .status_string = engine_status_string,
     .context_create = cpu_context_create,
@@ -997,6 +1194,20 @@ static const orch_engine_api cpu_api = {
     .moments_write = cpu_moments_write,
     .optimizer_step_range = cpu_optimizer_step_range,
     .optimizer_bytes = cpu_optimizer_bytes,
+    .forward_backward_notify = cpu_forward_backward_notify,
+    .adapter_create = cpu_adapter_create,
+    .adapter_destroy = cpu_adapter_destroy,
+    .adapter_tensor_count = cpu_adapter_tensor_count,
+    .adapter_tensor_info = cpu_adapter_tensor_info,
+    .adapter_tensor_read = cpu_adapter_tensor_read,
+    .adapter_tensor_write = cpu_adapter_tensor_write,
+    .adapter_grads_zero = cpu_adapter_grads_zero,
+    .adapter_grads_read = cpu_adapter_grads_read,
+    .adapter_grads_write = cpu_adapter_grads_write,
+    .adapter_forward_backward = cpu_adapter_forward_backward,
+    .adapter_eval_loss = cpu_adapter_eval_loss,
+    .adapter_optimizer_step = cpu_adapter_optimizer_step,
+    .coserve_forward = cpu_coserve_forward_abi,
 };
 
 ORCH_ENGINE_EXPORT const orch_engine_api *orch_engine_get_api(uint32_t abi_major);

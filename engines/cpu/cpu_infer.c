@@ -32,6 +32,7 @@
 
 #include "engines/cpu/cpu_internal.h"
 #include "engines/cpu/cpu_kvq.h"
+#include "engines/cpu/cpu_lora.h"
 #include "engines/cpu/cpu_quant.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -77,9 +78,10 @@ static int32_t validate(orch_engine_ctx *ctx, const orch_infer_batch *batch,
                         const float *logits, uint64_t logits_cap, uint64_t *out_tokens,
                         uint64_t *out_rows) {
     const engine_kv_view kv = cpu_kv_view(ctx);
-    return engine_infer_check(batch, logits, logits_cap, ctx->V, ctx->T,
-                              ctx->max_batch_tokens, "engine option max_batch_tokens",
-                              &kv, out_tokens, out_rows, ENGINE_ERRBUF(ctx));
+    return engine_infer_check_lora(batch, logits, logits_cap, ctx->V, ctx->T,
+                                   ctx->max_batch_tokens,
+                                   "engine option max_batch_tokens", &kv, cpu_lora_known,
+                                   ctx, out_tokens, out_rows, ENGINE_ERRBUF(ctx));
 }
 
 /* ------------------------------------------------------------------------- */
@@ -539,12 +541,15 @@ int32_t cpu_infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *batch,
 
     /* Per-token tables (token ids, positions, first row of each sequence),
      * and the attention tasks' order. */
+    cpu_lora_batch lb; /* the sequences' adapters (ABI 1.4) */
+    if ((st = cpu_lora_batch_begin(ctx, batch, &lb)) != ORCH_OK) return st;
     uint32_t *tok0 = malloc(batch->n_seqs * sizeof(uint32_t));
     uint32_t *order = malloc(batch->n_seqs * sizeof(uint32_t));
     task_key *keys = malloc(batch->n_seqs * sizeof(task_key));
     int32_t *toks = malloc(N * sizeof(int32_t));
     uint32_t *pos = malloc(N * sizeof(uint32_t));
     if (!tok0 || !order || !keys || !toks || !pos) {
+        cpu_lora_batch_end(&lb);
         free(tok0);
         free(order);
         free(keys);
@@ -594,6 +599,8 @@ int32_t cpu_infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *batch,
                               .out = sc->qkv,
                               .ldout = (int)(3 * C) };
         linear(ctx, &op, qk ? qk[0] : NULL);
+        cpu_lora_batch_forward(ctx, &lb, l, ORCH_LORA_TARGET_ATTN_QKV, sc->ln, C, sc->qkv,
+                               3 * C);
         cpu_pool_for(ctx->pool, (size_t)batch->n_seqs * head_groups, attn_chunk, &f);
         op = (cpu_linear_fwd){ .R = (int)N,
                                .N = (int)C,
@@ -608,6 +615,8 @@ int32_t cpu_infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *batch,
                                .out = sc->x,
                                .ldout = (int)C };
         linear(ctx, &op, qk ? qk[1] : NULL);
+        cpu_lora_batch_forward(ctx, &lb, l, ORCH_LORA_TARGET_ATTN_OUT, sc->atty, C, sc->x,
+                               C);
         lj = (rows_ln_job){ ctx, sc->x, sc->ln, NULL, N, w->ln2_w, w->ln2_b, row_chunks };
         cpu_pool_for(ctx->pool, row_chunks, rows_ln_chunk, &lj);
         op = (cpu_linear_fwd){ .R = (int)N,
@@ -620,8 +629,11 @@ int32_t cpu_infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *batch,
                                .bias = w->fc_b,
                                .out = sc->fc,
                                .ldout = (int)M,
-                               .gelu_inplace = 1 };
+                               .gelu_inplace = !(lb.targets & ORCH_LORA_TARGET_MLP_UP) };
         linear(ctx, &op, qk ? qk[2] : NULL);
+        if (cpu_lora_batch_forward(ctx, &lb, l, ORCH_LORA_TARGET_MLP_UP, sc->ln, C,
+                                   sc->fc, M)) /* GELU after the adapters' term */
+            cpu_lora_gelu_rows(ctx, sc->fc, N, M);
         op = (cpu_linear_fwd){ .R = (int)N,
                                .N = (int)C,
                                .K = (int)M,
@@ -635,6 +647,8 @@ int32_t cpu_infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *batch,
                                .out = sc->x,
                                .ldout = (int)C };
         linear(ctx, &op, qk ? qk[3] : NULL);
+        cpu_lora_batch_forward(ctx, &lb, l, ORCH_LORA_TARGET_MLP_DOWN, sc->fc, M, sc->x,
+                               C);
     }
     if (R > 0) {
         rows_ln_job lj = { ctx,
@@ -657,6 +671,7 @@ int32_t cpu_infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *batch,
                               .ldout = (int)ctx->V };
         linear(ctx, &op, skinny_head && q8 ? ctx->q8_wte : NULL);
     }
+    cpu_lora_batch_end(&lb);
     free(tok0);
     free(order);
     free(toks);

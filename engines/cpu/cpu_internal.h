@@ -2,8 +2,9 @@
  * cpu_internal.h - the CPU engine's context and the functions its modules
  * share: cpu_engine.c (the ABI: validation, tensor tables, KV pool, options),
  * cpu_train.c (GPT-2 training forward/backward, AdamW), cpu_infer.c
- * (GPT-2 paged-KV inference), cpu_llama.c (LLaMA training and inference)
- * and cpu_linear.c (threaded matrix products).
+ * (GPT-2 paged-KV inference), cpu_llama.c (LLaMA training and inference),
+ * cpu_linear.c (threaded matrix products), cpu_lora.c (LoRA adapters, ABI
+ * 1.4) and cpu_coserve.c (coserve_forward).
  * Private to engines/cpu; the orchestrator never includes it.
  *
  * Memory layout: parameters, gradients and the two AdamW moments are each ONE
@@ -178,6 +179,15 @@ struct orch_engine_ctx {
     /* bf16 (cpu_bf16.c): precision=bf16 products (cpu_linear.c); NULL until
      * the first one. Freed by cpu_linear_bf16_free. */
     struct cpu_bf16_state *bf16;
+    /* LoRA adapters (cpu_lora.c, ABI 1.4): the set (NULL until the first
+     * adapter_create; freed by cpu_lora_free_all) and the adapter the
+     * running training/eval call goes through (NULL: the base model; set:
+     * the base is frozen, no base gradients are touched). */
+    struct cpu_lora_set *lora;
+    struct cpu_lora *lora_cur;
+    /* coserve_forward in progress (cpu_coserve.c): the two passes' hand-over
+     * state; NULL otherwise. */
+    struct cpu_coserve *coserve;
 };
 
 /* Record a failure on ctx and return status: cpu_fail(ctx, status, fmt, ...). */
@@ -189,6 +199,10 @@ static inline engine_kv_view cpu_kv_view(orch_engine_ctx *ctx) {
                          ctx->kv_marks, &ctx->kv_epoch, ctx->kv_written };
     return v;
 }
+
+/* (cpu_lora.c) Whether adapter `id` exists on the context `c` (ABI 1.4;
+ * engine_infer_check_lora's callback). */
+int cpu_lora_known(const void *c, uint32_t id);
 
 /* The parameters changed (tensor_write, optimizer step): every derived copy
  * of the weights (packed, bf16, int8) is stale. Derived copies compare
@@ -239,12 +253,25 @@ typedef struct cpu_linear_fwd {
     int gelu_inplace;
 } cpu_linear_fwd;
 void cpu_linear_forward(orch_engine_ctx *ctx, const cpu_linear_fwd *op);
+/* cpu_linear_forward without the coserve_forward pairing. */
+void cpu_linear_forward_solo(orch_engine_ctx *ctx, const cpu_linear_fwd *op);
+/* Two products of one weight (same W, N, K, bias; each its own rows, input,
+ * residual, output, GELU) in one pass over W (coserve_forward; precision=
+ * bf16 runs them one after the other). A part of at most skinny_max rows
+ * takes the packed kernel when either op carries the packed copy of W. */
+int cpu_linear_forward_pair_ok(const cpu_linear_fwd *a, const cpu_linear_fwd *b);
+void cpu_linear_forward_pair(orch_engine_ctx *ctx, const cpu_linear_fwd *a,
+                             const cpu_linear_fwd *b);
+/* (cpu_coserve.c) Inside coserve_forward: pair op with the other pass's
+ * product of the same weight, or hand it over; 1 when op was computed. */
+int cpu_coserve_linear(orch_engine_ctx *ctx, const cpu_linear_fwd *op);
 
 /* Backward of out = in*W^T + bias over R rows:
  *   din[R,K] = (din_accumulate ? din : 0) + dout * W    (if din != NULL)
- *   dW[N,K] += dout^T * in ;  dbias[N] += column sums of dout (if dbias)
- * With gelu_x/gelu_tanh set, din is then multiplied elementwise by GELU'(x)
- * (din_accumulate must be 0). */
+ *   dW[N,K] += dout^T * in (if dW);  dbias[N] += column sums of dout (if dW
+ *   and dbias; a frozen base passes neither)
+ * With gelu_x/gelu_tanh set, din (the sum, with din_accumulate) is then
+ * multiplied elementwise by GELU'(x). */
 typedef struct cpu_linear_bwd {
     int R, N, K;
     const float *dout;
@@ -270,10 +297,31 @@ void cpu_sgemm1(int trans_a, int trans_b, int M, int N, int K, float alpha,
                 const float *A, int lda, const float *B, int ldb, float beta, float *C,
                 int ldc);
 
+/* ---- gradient-ready reporting (ABI 1.3 forward_backward_notify) ----
+ * The training backward passes take a cpu_grad_notify (NULL for plain
+ * forward_backward and eval_loss) and call cpu_grad_notify_range as a flat
+ * range of the gradient buffer becomes final: GPT-2 ln_f, each layer from
+ * the last to the first, then wte+wpe (the tied head's gradient is only
+ * final after the embedding backward); LLaMA model.norm (+ an untied
+ * lm_head), the layers, then embed_tokens. The pool is parked first, so its
+ * workers sleep while the caller's callback runs on the caller's thread. */
+typedef struct cpu_grad_notify {
+    orch_grad_ready_fn ready;
+    void *user;
+} cpu_grad_notify;
+
+static inline void cpu_grad_notify_range(orch_engine_ctx *ctx, const cpu_grad_notify *n,
+                                         uint64_t offset, uint64_t count) {
+    if (!n || !n->ready || count == 0) return;
+    cpu_pool_park(ctx->pool);
+    n->ready(n->user, offset, count);
+}
+
 /* ---- cpu_train.c ---- */
 int32_t cpu_train_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
                                    const int32_t *targets, uint32_t B, uint32_t T,
-                                   float grad_scale, int backward, float *out_loss);
+                                   float grad_scale, int backward, float *out_loss,
+                                   const cpu_grad_notify *notify);
 /* AdamW over flat elements [off, off+count) (inside the shard) with the
  * clipping scale of the caller's global gradient norm (ABI 1.2). */
 int32_t cpu_train_optimizer_step_range(orch_engine_ctx *ctx, const orch_adamw_params *p,

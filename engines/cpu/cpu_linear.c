@@ -111,6 +111,12 @@ static int bf16_forward(orch_engine_ctx *ctx, const cpu_linear_fwd *op);
 static int bf16_backward(orch_engine_ctx *ctx, const cpu_linear_bwd *op);
 
 void cpu_linear_forward(orch_engine_ctx *ctx, const cpu_linear_fwd *op) {
+    /* coserve_forward: the product may be shared with the other pass. */
+    if (ctx->coserve && cpu_coserve_linear(ctx, op)) return;
+    cpu_linear_forward_solo(ctx, op);
+}
+
+void cpu_linear_forward_solo(orch_engine_ctx *ctx, const cpu_linear_fwd *op) {
     if (ctx->precision == CPU_PREC_BF16 &&
         !(op->packed != NULL && (uint32_t)op->R <= ctx->skinny_max) &&
         bf16_forward(ctx, op))
@@ -127,6 +133,102 @@ void cpu_linear_forward(orch_engine_ctx *ctx, const cpu_linear_fwd *op) {
         j.chunks = cpu_pool_chunks(ctx->pool, cpu_panel_count((size_t)op->N),
                                    PACKED_MIN_PANELS, PACKED_CHUNKS_PER_THREAD);
     cpu_pool_for(ctx->pool, j.chunks, linfwd_chunk, &j);
+}
+
+/* Two products of the same weight (coserve_forward): each pool chunk takes a
+ * range of output columns and walks it in blocks of PAIR_BLOCK_BYTES of W
+ * (half of the 2 MB L2 per core), running a's rows and then b's rows on the
+ * block while it is in the core's cache. A part of at most skinny_max rows
+ * runs on the packed kernel when a packed copy of W exists (the decoding
+ * rows; also the fine-tuning rows when they are that few, so both read the
+ * one packed copy), a larger part on sgemm against W (then the weights are
+ * read from two copies, each by the kernel that is fastest for its rows, so
+ * the two products simply run one after the other: measured here, sgemm on
+ * 16 decoding rows and short sgemm blocks of the large part cost more than
+ * the second read).
+ * Bias, residual and GELU of each op as cpu_linear_forward does them. */
+#define PAIR_BLOCK_BYTES ((size_t)1 << 20)
+
+typedef struct pair_job {
+    orch_engine_ctx *ctx;
+    const cpu_linear_fwd *op[2];
+    const float *packed; /* the packed copy of W, if either op has it */
+    size_t chunks, block_cols;
+} pair_job;
+
+static void pair_part(const orch_engine_ctx *ctx, const cpu_linear_fwd *op,
+                      const float *packed, size_t c0, size_t c1) {
+    const int isa = ctx->isa;
+    float beta = 0.0f;
+    if (op->R == 0) return;
+    if (packed && (uint32_t)op->R <= ctx->skinny_max) { /* few rows: packed kernel */
+        int acc = 0;
+        if (op->resid) {
+            if (op->resid != op->out)
+                for (int r = 0; r < op->R; r++)
+                    memcpy(op->out + (size_t)r * op->ldout + c0,
+                           op->resid + (size_t)r * op->ldresid + c0,
+                           (c1 - c0) * sizeof(float));
+            acc = 1;
+        }
+        cpu_packed_matmul(isa, op->R, (size_t)op->N, (size_t)op->K, op->in,
+                          (size_t)op->ldin, packed, op->bias, op->out, (size_t)op->ldout,
+                          acc, c0 / CPU_PANEL, (c1 + CPU_PANEL - 1) / CPU_PANEL);
+        if (op->gelu_inplace || op->gelu_out) gelu_cols(isa, op, c0, c1);
+        return;
+    }
+    if (op->bias || op->resid) {
+        for (int r = 0; r < op->R; r++) {
+            float *o = op->out + (size_t)r * op->ldout + c0;
+            if (op->resid)
+                cpu_add(isa, op->resid + (size_t)r * op->ldresid + c0,
+                        op->bias ? op->bias + c0 : NULL, o, c1 - c0);
+            else
+                memcpy(o, op->bias + c0, (c1 - c0) * sizeof(float));
+        }
+        beta = 1.0f;
+    }
+    cpu_sgemm1(0, 1, op->R, (int)(c1 - c0), op->K, 1.0f, op->in, op->ldin,
+               op->W + c0 * (size_t)op->K, op->K, beta, op->out + c0, op->ldout);
+    if (op->gelu_inplace || op->gelu_out) gelu_cols(isa, op, c0, c1);
+}
+
+static void pair_chunk(void *arg, size_t chunk, int tid) {
+    (void)tid;
+    const pair_job *j = arg;
+    const size_t N = (size_t)j->op[0]->N;
+    size_t c0, c1;
+    cpu_pool_range(N, (int)chunk, (int)j->chunks, 16, &c0, &c1);
+    for (size_t a = c0; a < c1; a += j->block_cols) {
+        const size_t b = a + j->block_cols < c1 ? a + j->block_cols : c1;
+        pair_part(j->ctx, j->op[0], j->packed, a, b);
+        pair_part(j->ctx, j->op[1], j->packed, a, b);
+    }
+}
+
+int cpu_linear_forward_pair_ok(const cpu_linear_fwd *a, const cpu_linear_fwd *b) {
+    return a->W == b->W && a->N == b->N && a->K == b->K && a->bias == b->bias;
+}
+
+void cpu_linear_forward_pair(orch_engine_ctx *ctx, const cpu_linear_fwd *a,
+                             const cpu_linear_fwd *b) {
+    /* Parts that would read different copies of W (the packed one for few
+     * rows, W itself for sgemm) share nothing: each runs as it would alone. */
+    const float *pk = a->packed ? a->packed : b->packed;
+    const int pa = pk && (uint32_t)a->R <= ctx->skinny_max;
+    const int pb = pk && (uint32_t)b->R <= ctx->skinny_max;
+    if (ctx->precision == CPU_PREC_BF16 || pa != pb) { /* one after the other */
+        cpu_linear_forward_solo(ctx, a);
+        cpu_linear_forward_solo(ctx, b);
+        return;
+    }
+    pair_job j = { ctx, { a, b }, a->packed ? a->packed : b->packed, 1, 16 };
+    size_t cols = PAIR_BLOCK_BYTES / ((size_t)a->K * sizeof(float));
+    cols = cols < 16 ? 16 : cols / 16 * 16;
+    j.block_cols = cols;
+    j.chunks =
+        cpu_pool_chunks(ctx->pool, (size_t)a->N, SGEMM_MIN_COLS, SGEMM_CHUNKS_PER_THREAD);
+    cpu_pool_for(ctx->pool, j.chunks, pair_chunk, &j);
 }
 
 typedef struct linbwd_job {
@@ -171,8 +273,9 @@ void cpu_linear_backward(orch_engine_ctx *ctx, const cpu_linear_bwd *op) {
     if (op->din)
         j.kx = cpu_pool_chunks(ctx->pool, (size_t)op->K, SGEMM_MIN_COLS,
                                SGEMM_CHUNKS_PER_THREAD);
-    j.kw = cpu_pool_chunks(ctx->pool, (size_t)op->N, SGEMM_MIN_COLS,
-                           SGEMM_CHUNKS_PER_THREAD);
+    if (op->dW)
+        j.kw = cpu_pool_chunks(ctx->pool, (size_t)op->N, SGEMM_MIN_COLS,
+                               SGEMM_CHUNKS_PER_THREAD);
     cpu_pool_for(ctx->pool, j.kx + j.kw, linbwd_chunk, &j);
 }
 
@@ -459,9 +562,9 @@ static int bf16_backward(orch_engine_ctx *ctx, const cpu_linear_bwd *op) {
     cpu_bf16_shape sw = { op->N, op->K, op->R, 1, op->N, op->K,       1,
                           0,     op->K, 1,     0, 0,     ctx->threads };
     const cpu_bf16_plan *px = op->din ? bf16_plan(st, &sx) : NULL;
-    const cpu_bf16_plan *pw = bf16_plan(st, &sw);
+    const cpu_bf16_plan *pw = op->dW ? bf16_plan(st, &sw) : NULL;
     const uint16_t *w = op->din && px ? bf16_weights(ctx, st, op->W, N * K) : NULL;
-    if (!pw || (op->din && !w) ||
+    if ((op->dW && !pw) || (op->din && !w) ||
         !grow((void **)&st->a, &st->a_cap, R * N * sizeof(uint16_t)) ||
         !grow((void **)&st->b, &st->b_cap, R * K * sizeof(uint16_t))) {
         bf16_fail(st);
@@ -475,7 +578,7 @@ static int bf16_backward(orch_engine_ctx *ctx, const cpu_linear_bwd *op) {
     if (op->din && !bf16_run(st, px, st->a, w, op->din, NULL, NULL))
         cpu_sgemm1(0, 0, op->R, op->K, op->N, 1.0f, op->dout, op->lddout, op->W, op->K,
                    op->din_accumulate ? 1.0f : 0.0f, op->din, op->lddin);
-    if (!bf16_run(st, pw, st->a, st->b, op->dW, NULL, NULL))
+    if (op->dW && !bf16_run(st, pw, st->a, st->b, op->dW, NULL, NULL))
         cpu_sgemm1(1, 0, op->N, op->K, op->R, 1.0f, op->dout, op->lddout, op->in,
                    op->ldin, 1.0f, op->dW, op->K);
     if (op->din && op->gelu_x) {

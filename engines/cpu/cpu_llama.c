@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "engines/cpu/cpu_llama.h"
+#include "engines/cpu/cpu_lora.h"
 
 /* Query rows per attention block (as cpu_train.c) and logits rows per loss
  * chunk. */
@@ -81,14 +82,17 @@ void cpu_llama_free(orch_engine_ctx *ctx) {
 }
 
 float *cpu_llama_tensor(const orch_engine_ctx *ctx, float *base, uint32_t l, int k) {
+    if (!base) return NULL; /* a frozen base has no gradient table */
     return base + ctx->tensors[1 + (size_t)l * LL_COUNT + (size_t)k].offset;
 }
 
 float *cpu_llama_embed(const orch_engine_ctx *ctx, float *base) {
+    if (!base) return NULL;
     return base + ctx->tensors[0].offset;
 }
 
 float *cpu_llama_norm(const orch_engine_ctx *ctx, float *base) {
+    if (!base) return NULL;
     return base + ctx->tensors[1 + (size_t)ctx->L * LL_COUNT].offset;
 }
 
@@ -316,7 +320,7 @@ static void run_rows(orch_engine_ctx *ctx, rows_job *j) {
         return;
     }
     j->chunks = cpu_pool_chunks(ctx->pool, j->rows, ROW_MIN, ROW_CHUNKS);
-    j->kc = j->op == OP_RMS_BWD ? cpu_pool_chunks(ctx->pool, ctx->C, 64, 2) : 0;
+    j->kc = j->op == OP_RMS_BWD && j->dw ? cpu_pool_chunks(ctx->pool, ctx->C, 64, 2) : 0;
     cpu_pool_for(ctx->pool, j->chunks + j->kc, rows_chunk, j);
 }
 
@@ -444,7 +448,7 @@ static void attn_chunk(void *arg, size_t t, int tid) {
  * gradient table G. */
 static void weight_bwd(orch_engine_ctx *ctx, size_t BT, int N, int K, const float *dout,
                        const float *in, float *din, float *P, float *G, uint32_t li,
-                       int w) {
+                       int w, int din_accumulate) {
     cpu_linear_bwd b = { .R = (int)BT,
                          .N = N,
                          .K = K,
@@ -455,13 +459,15 @@ static void weight_bwd(orch_engine_ctx *ctx, size_t BT, int N, int K, const floa
                          .W = cpu_llama_tensor(ctx, P, li, w),
                          .din = din,
                          .lddin = K,
+                         .din_accumulate = din_accumulate,
                          .dW = cpu_llama_tensor(ctx, G, li, w) };
     cpu_linear_backward(ctx, &b);
 }
 
 int32_t cpu_llama_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
                                    const int32_t *targets, uint32_t B, uint32_t T,
-                                   float grad_scale, int backward, float *out_loss) {
+                                   float grad_scale, int backward, float *out_loss,
+                                   const cpu_grad_notify *notify) {
     const size_t BT = (size_t)B * T;
     const int C = (int)ctx->C, M = (int)ctx->M, V = (int)ctx->V;
     const int QS = C + 2 * (int)ctx->KVD;
@@ -469,16 +475,21 @@ int32_t cpu_llama_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
     for (size_t i = 0; i < BT; i++) counted += targets[i] != -1;
     if (counted == 0) { /* nothing to learn from; no gradient */
         *out_loss = 0.0f;
+        if (backward) cpu_grad_notify_range(ctx, notify, 0, ctx->n_params);
         return ORCH_OK;
     }
+    /* Under an adapter (ctx->lora_cur) the base is frozen: G is NULL and
+     * every base gradient pointer with it. */
+    cpu_lora *lo = ctx->lora_cur;
     acts a;
     int32_t st = acts_ensure(ctx, &a, B, T);
     if (st != ORCH_OK) return st;
-    if (backward && (st = cpu_ensure_train_state(ctx)) != ORCH_OK) {
+    if ((st = cpu_lora_prepare(ctx, lo, BT)) != ORCH_OK ||
+        (backward && !lo && (st = cpu_ensure_train_state(ctx)) != ORCH_OK)) {
         free(a.layer);
         return st;
     }
-    float *P = ctx->params, *G = ctx->grads;
+    float *P = ctx->params, *G = lo ? NULL : ctx->grads;
 
     rows_job ej = { .op = OP_EMBED,
                     .rows = BT,
@@ -500,6 +511,7 @@ int32_t cpu_llama_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
                              .out = la->qkv,
                              .ldout = QS };
         cpu_linear_forward(ctx, &f);
+        cpu_lora_forward(ctx, lo, l, ORCH_LORA_TARGET_ATTN_QKV, BT, a.xn, C, la->qkv, QS);
         rows_job rj = { .op = OP_ROPE, .rows = BT, .out = la->qkv, .T = T };
         run_rows(ctx, &rj);
         attn_job aj = { ctx, la, B, T, NULL, NULL, a.att_scratch };
@@ -515,6 +527,8 @@ int32_t cpu_llama_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
                               .out = la->res_mid,
                               .ldout = C };
         cpu_linear_forward(ctx, &f);
+        cpu_lora_forward(ctx, lo, l, ORCH_LORA_TARGET_ATTN_OUT, BT, la->atty, C,
+                         la->res_mid, C);
         rmsnorm(ctx, la->res_mid, a.xn, la->rstd2,
                 cpu_llama_tensor(ctx, P, l, LL_POST_NORM), BT);
         f = (cpu_linear_fwd){ .R = (int)BT,
@@ -526,6 +540,7 @@ int32_t cpu_llama_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
                               .out = la->gu,
                               .ldout = 2 * M };
         cpu_linear_forward(ctx, &f);
+        cpu_lora_forward(ctx, lo, l, ORCH_LORA_TARGET_MLP_UP, BT, a.xn, C, la->gu, 2 * M);
         rows_job sj = { .op = OP_SWIGLU, .rows = BT, .x = la->gu, .out = a.h };
         run_rows(ctx, &sj);
         f = (cpu_linear_fwd){ .R = (int)BT,
@@ -539,6 +554,7 @@ int32_t cpu_llama_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
                               .out = res_out,
                               .ldout = C };
         cpu_linear_forward(ctx, &f);
+        cpu_lora_forward(ctx, lo, l, ORCH_LORA_TARGET_MLP_DOWN, BT, a.h, M, res_out, C);
     }
     rmsnorm(ctx, a.res_out, a.lnf, a.rstdf, cpu_llama_norm(ctx, P), BT);
 
@@ -569,7 +585,7 @@ int32_t cpu_llama_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
                               .W = cpu_llama_head(ctx, P),
                               .din = a.dx + r0 * C,
                               .lddin = C,
-                              .dW = cpu_llama_head(ctx, G) };
+                              .dW = G ? cpu_llama_head(ctx, G) : NULL };
         cpu_linear_backward(ctx, &hb);
     }
     double total = 0.0;
@@ -584,6 +600,10 @@ int32_t cpu_llama_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
     memset(a.dres, 0, BT * C * sizeof(float));
     rmsnorm_backward(ctx, a.dx, a.res_out, a.rstdf, cpu_llama_norm(ctx, P), a.dres,
                      cpu_llama_norm(ctx, G), BT);
+    /* Flat offset of layer l's first gradient (l = L: model.norm). */
+#define LAYER_OFF(l) (ctx->tensors[1 + (size_t)(l)*LL_COUNT].offset)
+    cpu_grad_notify_range(ctx, notify, LAYER_OFF(ctx->L),
+                          ctx->n_params - LAYER_OFF(ctx->L));
     for (uint32_t li = ctx->L; li-- > 0;) {
         layer_acts *la = &a.layer[li];
         /* MLP: recompute n = RMSNorm(res_mid) and h = SwiGLU(gate|up). */
@@ -591,34 +611,46 @@ int32_t cpu_llama_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
                 BT);
         rows_job sj = { .op = OP_SWIGLU, .rows = BT, .x = la->gu, .out = a.h };
         run_rows(ctx, &sj);
-        weight_bwd(ctx, BT, C, M, a.dres, a.h, a.dh, P, G, li, LL_DOWN);
+        int acc = cpu_lora_backward(ctx, lo, li, ORCH_LORA_TARGET_MLP_DOWN, BT, a.h, M,
+                                    a.dres, C, a.dh, M);
+        weight_bwd(ctx, BT, C, M, a.dres, a.h, a.dh, P, G, li, LL_DOWN, acc);
         rows_job sb = {
             .op = OP_SWIGLU_BWD, .rows = BT, .x = la->gu, .dy = a.dh, .out = a.dgu
         };
         run_rows(ctx, &sb);
-        weight_bwd(ctx, BT, 2 * M, C, a.dgu, a.xn, a.dx, P, G, li, LL_GATE);
+        acc = cpu_lora_backward(ctx, lo, li, ORCH_LORA_TARGET_MLP_UP, BT, a.xn, C, a.dgu,
+                                2 * M, a.dx, C);
+        weight_bwd(ctx, BT, 2 * M, C, a.dgu, a.xn, a.dx, P, G, li, LL_GATE, acc);
         rmsnorm_backward(ctx, a.dx, la->res_mid, la->rstd2,
                          cpu_llama_tensor(ctx, P, li, LL_POST_NORM), a.dres,
                          cpu_llama_tensor(ctx, G, li, LL_POST_NORM), BT);
         /* Attention: dres is now the gradient of res_mid. */
-        weight_bwd(ctx, BT, C, C, a.dres, la->atty, a.datty, P, G, li, LL_O);
+        acc = cpu_lora_backward(ctx, lo, li, ORCH_LORA_TARGET_ATTN_OUT, BT, la->atty, C,
+                                a.dres, C, a.datty, C);
+        weight_bwd(ctx, BT, C, C, a.dres, la->atty, a.datty, P, G, li, LL_O, acc);
         attn_job aj = { ctx, la, B, T, a.datty, a.dqkv, a.att_scratch };
         cpu_pool_for(ctx->pool, (size_t)B * ctx->KVH, attn_chunk, &aj);
         rows_job rj = { .op = OP_ROPE, .rows = BT, .out = a.dqkv, .T = T, .inverse = 1 };
         run_rows(ctx, &rj);
         rmsnorm(ctx, la->res_in, a.xn, NULL, cpu_llama_tensor(ctx, P, li, LL_IN_NORM),
                 BT);
-        weight_bwd(ctx, BT, QS, C, a.dqkv, a.xn, a.dx, P, G, li, LL_Q);
+        acc = cpu_lora_backward(ctx, lo, li, ORCH_LORA_TARGET_ATTN_QKV, BT, a.xn, C,
+                                a.dqkv, QS, a.dx, C);
+        weight_bwd(ctx, BT, QS, C, a.dqkv, a.xn, a.dx, P, G, li, LL_Q, acc);
         rmsnorm_backward(ctx, a.dx, la->res_in, la->rstd1,
                          cpu_llama_tensor(ctx, P, li, LL_IN_NORM), a.dres,
                          cpu_llama_tensor(ctx, G, li, LL_IN_NORM), BT);
+        cpu_grad_notify_range(ctx, notify, LAYER_OFF(li),
+                              LAYER_OFF(li + 1) - LAYER_OFF(li));
     }
     rows_job eb = { .op = OP_EMBED_BWD,
                     .rows = BT,
                     .dy = a.dres,
                     .dw = cpu_llama_embed(ctx, G),
                     .tokens = tokens };
-    run_rows(ctx, &eb);
+    if (G) run_rows(ctx, &eb);
+    cpu_grad_notify_range(ctx, notify, 0, LAYER_OFF(0));
+#undef LAYER_OFF
     free(a.layer);
     return ORCH_OK;
 }

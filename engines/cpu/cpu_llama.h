@@ -83,6 +83,7 @@ void cpu_llama_rope(const cpu_llama_state *st, float *x, size_t nh, size_t hs,
 /* Training: the contract of cpu_train_forward_backward, for llama. */
 int32_t cpu_llama_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
                                    const int32_t *targets, uint32_t B, uint32_t T,
-                                   float grad_scale, int backward, float *out_loss);
+                                   float grad_scale, int backward, float *out_loss,
+                                   const cpu_grad_notify *notify);
 
 #endif

@@ -24,6 +24,7 @@
 #include "engines/cpu/cpu_llama.h"
 #include "engines/cpu/cpu_llama_infer.h"
 #include "engines/cpu/cpu_kvq.h"
+#include "engines/cpu/cpu_lora.h"
 #include "engines/cpu/cpu_quant.h"
 
 #define ATTN_GEMM_MIN  8
@@ -270,9 +271,10 @@ int32_t cpu_llama_infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *ba
                                 float *logits, uint64_t logits_cap) {
     uint64_t n_tok = 0, n_rows = 0;
     const engine_kv_view kv = cpu_kv_view(ctx);
-    int32_t st = engine_infer_check(
+    int32_t st = engine_infer_check_lora(
         batch, logits, logits_cap, ctx->V, ctx->T, ctx->max_batch_tokens,
-        "engine option max_batch_tokens", &kv, &n_tok, &n_rows, ENGINE_ERRBUF(ctx));
+        "engine option max_batch_tokens", &kv, cpu_lora_known, ctx, &n_tok, &n_rows,
+        ENGINE_ERRBUF(ctx));
     if (st != ORCH_OK) return st;
     fwd f;
     memset(&f, 0, sizeof f);
@@ -301,6 +303,8 @@ int32_t cpu_llama_infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *ba
         if (st != ORCH_OK) return st;
     }
 
+    cpu_lora_batch lb; /* the sequences' adapters (ABI 1.4) */
+    if ((st = cpu_lora_batch_begin(ctx, batch, &lb)) != ORCH_OK) return st;
     uint32_t *tok0 = malloc(batch->n_seqs * sizeof(uint32_t));
     uint32_t *order = malloc(batch->n_seqs * sizeof(uint32_t));
     task_key *keys = malloc(batch->n_seqs * sizeof(task_key));
@@ -309,6 +313,7 @@ int32_t cpu_llama_infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *ba
     uint32_t *seq = malloc(N * sizeof(uint32_t));
     int32_t *row_index = malloc((R ? R : 1) * sizeof(int32_t));
     if (!tok0 || !order || !keys || !toks || !pos || !seq || !row_index) {
+        cpu_lora_batch_end(&lb);
         free(tok0);
         free(order);
         free(keys);
@@ -363,6 +368,8 @@ int32_t cpu_llama_infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *ba
                               .out = f.qkv,
                               .ldout = (int)QS };
         linear(ctx, &op, qk ? qk[0] : NULL);
+        cpu_lora_batch_forward(ctx, &lb, l, ORCH_LORA_TARGET_ATTN_QKV, f.ln, C, f.qkv,
+                               QS);
         run_rows(&f, F_ROPE_STORE);
         cpu_pool_for(ctx->pool, (size_t)batch->n_seqs * ctx->NH, attn_chunk, &f);
         op = (cpu_linear_fwd){ .R = (int)N,
@@ -377,6 +384,7 @@ int32_t cpu_llama_infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *ba
                                .out = f.x,
                                .ldout = (int)C };
         linear(ctx, &op, qk ? qk[1] : NULL);
+        cpu_lora_batch_forward(ctx, &lb, l, ORCH_LORA_TARGET_ATTN_OUT, f.atty, C, f.x, C);
         f.w = cpu_llama_tensor(ctx, P, l, LL_POST_NORM);
         run_rows(&f, F_RMS);
         op = (cpu_linear_fwd){ .R = (int)N,
@@ -389,6 +397,8 @@ int32_t cpu_llama_infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *ba
                                .out = f.gu,
                                .ldout = (int)(2 * M) };
         linear(ctx, &op, qk ? qk[2] : NULL);
+        cpu_lora_batch_forward(ctx, &lb, l, ORCH_LORA_TARGET_MLP_UP, f.ln, C, f.gu,
+                               2 * M);
         run_rows(&f, F_SWIGLU);
         op = (cpu_linear_fwd){ .R = (int)N,
                                .N = (int)C,
@@ -402,6 +412,8 @@ int32_t cpu_llama_infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *ba
                                .out = f.x,
                                .ldout = (int)C };
         linear(ctx, &op, qk ? qk[3] : NULL);
+        cpu_lora_batch_forward(ctx, &lb, l, ORCH_LORA_TARGET_MLP_DOWN, f.gu, 2 * M, f.x,
+                               C);
     }
     if (R > 0) {
         f.w = cpu_llama_norm(ctx, P);
@@ -417,6 +429,7 @@ int32_t cpu_llama_infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *ba
                               .ldout = (int)ctx->V };
         linear(ctx, &op, skinny_head && q8 ? ctx->q8_wte : NULL);
     }
+    cpu_lora_batch_end(&lb);
     free(tok0);
     free(order);
     free(toks);

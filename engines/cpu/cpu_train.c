@@ -32,6 +32,7 @@
 #include <string.h>
 
 #include "engines/cpu/cpu_internal.h"
+#include "engines/cpu/cpu_lora.h"
 
 /* ------------------------------------------------------------------------- */
 /* Activation buffers                                                         */
@@ -249,7 +250,7 @@ static void layernorm_backward(orch_engine_ctx *ctx, const float *dy, const floa
                   ctx->C,
                   ctx->isa,
                   cpu_pool_chunks(ctx->pool, rows, ROW_MIN, ROW_CHUNKS),
-                  cpu_pool_chunks(ctx->pool, ctx->C, 64, 2) };
+                  dw ? cpu_pool_chunks(ctx->pool, ctx->C, 64, 2) : 0 };
     cpu_pool_for(ctx->pool, j.kr + j.kc, lnb_chunk, &j);
 }
 
@@ -486,20 +487,30 @@ void cpu_train_ce_rows(orch_engine_ctx *ctx, float *logits, const int32_t *targe
 /* Forward / backward                                                         */
 /* ------------------------------------------------------------------------- */
 
+/* Flat offset of layer l's first gradient (l = L: ln_f.weight). */
+static uint64_t layer_offset(const orch_engine_ctx *ctx, uint32_t l) {
+    return ctx->tensors[2 + (size_t)l * L_COUNT].offset;
+}
+
 int32_t cpu_train_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
                                    const int32_t *targets, uint32_t B, uint32_t T,
-                                   float grad_scale, int backward, float *out_loss) {
+                                   float grad_scale, int backward, float *out_loss,
+                                   const cpu_grad_notify *notify) {
     const size_t BT = (size_t)B * T;
     const int C = (int)ctx->C, M = (int)ctx->M, V = (int)ctx->V;
     size_t counted = 0;
     for (size_t i = 0; i < BT; i++) counted += targets[i] != -1;
     if (counted == 0) { /* nothing to learn from; no gradient */
         *out_loss = 0.0f;
+        if (backward) cpu_grad_notify_range(ctx, notify, 0, ctx->n_params);
         return ORCH_OK;
     }
+    /* Under an adapter (ctx->lora_cur) the base is frozen: no base gradients. */
+    cpu_lora *lo = ctx->lora_cur;
     int32_t st = acts_ensure(ctx, B, T);
     if (st != ORCH_OK) return st;
-    if (backward && (st = cpu_ensure_train_state(ctx)) != ORCH_OK) return st;
+    if ((st = cpu_lora_prepare(ctx, lo, BT)) != ORCH_OK) return st;
+    if (backward && !lo && (st = cpu_ensure_train_state(ctx)) != ORCH_OK) return st;
     cpu_train_acts *a = &ctx->acts;
     const cpu_view *P = &ctx->pv;
 
@@ -522,6 +533,8 @@ int32_t cpu_train_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
                              .out = la->qkv,
                              .ldout = 3 * C };
         cpu_linear_forward(ctx, &f);
+        cpu_lora_forward(ctx, lo, l, ORCH_LORA_TARGET_ATTN_QKV, BT, a->dtmp, C, la->qkv,
+                         3 * C);
         attn_job aj = { ctx, la, B, T, NULL, NULL, a->att_scratch };
         cpu_pool_for(ctx->pool, (size_t)B * ctx->NH, attn_chunk, &aj);
         f = (cpu_linear_fwd){ .R = (int)BT,
@@ -536,6 +549,8 @@ int32_t cpu_train_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
                               .out = la->res_mid,
                               .ldout = C };
         cpu_linear_forward(ctx, &f);
+        cpu_lora_forward(ctx, lo, l, ORCH_LORA_TARGET_ATTN_OUT, BT, la->atty, C,
+                         la->res_mid, C);
         layernorm(ctx, la->res_mid, a->dtmp, la->ln2_mean, la->ln2_rstd, w->ln2_w,
                   w->ln2_b, BT);
         f = (cpu_linear_fwd){ .R = (int)BT,
@@ -550,6 +565,17 @@ int32_t cpu_train_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
                               .gelu_tanh = a->gelu_tanh,
                               .gelu_out = a->gelu };
         cpu_linear_forward(ctx, &f);
+        if (cpu_lora_forward(ctx, lo, l, ORCH_LORA_TARGET_MLP_UP, BT, a->dtmp, C, la->fc,
+                             M)) { /* GELU again, of the adapted pre-activation */
+            gelu_job gj = { la->fc,
+                            a->gelu_tanh,
+                            a->gelu,
+                            BT,
+                            cpu_pool_chunks(ctx->pool, BT, ROW_MIN, ROW_CHUNKS),
+                            ctx->M,
+                            ctx->isa };
+            cpu_pool_for(ctx->pool, gj.chunks, gelu_chunk, &gj);
+        }
         f = (cpu_linear_fwd){ .R = (int)BT,
                               .N = C,
                               .K = M,
@@ -562,6 +588,8 @@ int32_t cpu_train_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
                               .out = res_out,
                               .ldout = C };
         cpu_linear_forward(ctx, &f);
+        cpu_lora_forward(ctx, lo, l, ORCH_LORA_TARGET_MLP_DOWN, BT, a->gelu, M, res_out,
+                         C);
     }
     layernorm(ctx, a->res_out, a->lnf, a->lnf_mean, a->lnf_rstd, P->lnf_w, P->lnf_b, BT);
 
@@ -569,7 +597,7 @@ int32_t cpu_train_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
      * at a time: logits of the chunk, its row losses and dlogits in place,
      * then at once d(lnf) of its rows and its part of dwte (chunks added in
      * row order). */
-    const cpu_view *G = &ctx->gv;
+    const cpu_view *G = lo ? cpu_lora_frozen_grads(ctx) : &ctx->gv;
     const float dscale = grad_scale / (float)counted;
     for (size_t r0 = 0; r0 < BT; r0 += LOSS_ROWS) {
         const size_t R = BT - r0 < LOSS_ROWS ? BT - r0 : LOSS_ROWS;
@@ -611,6 +639,8 @@ int32_t cpu_train_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
     memset(a->dres, 0, BT * C * sizeof(float));
     layernorm_backward(ctx, a->dtmp, a->res_out, a->lnf_mean, a->lnf_rstd, P->lnf_w,
                        a->dres, G->lnf_w, G->lnf_b, BT);
+    cpu_grad_notify_range(ctx, notify, layer_offset(ctx, ctx->L),
+                          ctx->n_params - layer_offset(ctx, ctx->L));
     for (uint32_t li = ctx->L; li-- > 0;) {
         cpu_layer_acts *la = &a->layer[li];
         const cpu_layer_view *w = &P->layer[li];
@@ -624,6 +654,8 @@ int32_t cpu_train_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
                         ctx->M,
                         ctx->isa };
         cpu_pool_for(ctx->pool, gj.chunks, gelu_chunk, &gj);
+        int acc = cpu_lora_backward(ctx, lo, li, ORCH_LORA_TARGET_MLP_DOWN, BT, a->gelu,
+                                    M, a->dres, C, a->dfc, M);
         cpu_linear_bwd b = { .R = (int)BT,
                              .N = C,
                              .K = M,
@@ -634,6 +666,7 @@ int32_t cpu_train_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
                              .W = w->mp_w,
                              .din = a->dfc,
                              .lddin = M,
+                             .din_accumulate = acc,
                              .gelu_x = la->fc,
                              .gelu_tanh = a->gelu_tanh,
                              .dW = g->mp_w,
@@ -641,6 +674,8 @@ int32_t cpu_train_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
         cpu_linear_backward(ctx, &b);
         /* ln_2 again, into work (GELU is no longer needed). */
         layernorm(ctx, la->res_mid, a->ln, NULL, NULL, w->ln2_w, w->ln2_b, BT);
+        acc = cpu_lora_backward(ctx, lo, li, ORCH_LORA_TARGET_MLP_UP, BT, a->ln, C,
+                                a->dfc, M, a->dtmp, C);
         b = (cpu_linear_bwd){ .R = (int)BT,
                               .N = M,
                               .K = C,
@@ -651,12 +686,15 @@ int32_t cpu_train_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
                               .W = w->fc_w,
                               .din = a->dtmp,
                               .lddin = C,
+                              .din_accumulate = acc,
                               .dW = g->fc_w,
                               .dbias = g->fc_b };
         cpu_linear_backward(ctx, &b);
         layernorm_backward(ctx, a->dtmp, la->res_mid, la->ln2_mean, la->ln2_rstd,
                            w->ln2_w, a->dres, g->ln2_w, g->ln2_b, BT);
         /* Attention: dres is now the gradient of res_mid. */
+        acc = cpu_lora_backward(ctx, lo, li, ORCH_LORA_TARGET_ATTN_OUT, BT, la->atty, C,
+                                a->dres, C, a->datty, C);
         b = (cpu_linear_bwd){ .R = (int)BT,
                               .N = C,
                               .K = C,
@@ -667,6 +705,7 @@ int32_t cpu_train_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
                               .W = w->ap_w,
                               .din = a->datty,
                               .lddin = C,
+                              .din_accumulate = acc,
                               .dW = g->ap_w,
                               .dbias = g->ap_b };
         cpu_linear_backward(ctx, &b);
@@ -674,6 +713,8 @@ int32_t cpu_train_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
         cpu_pool_for(ctx->pool, (size_t)B * ctx->NH, attn_chunk, &aj);
         /* ln_1 again, where datty was. */
         layernorm(ctx, la->res_in, a->ln, NULL, NULL, w->ln1_w, w->ln1_b, BT);
+        acc = cpu_lora_backward(ctx, lo, li, ORCH_LORA_TARGET_ATTN_QKV, BT, a->ln, C,
+                                a->dqkv, 3 * C, a->dtmp, C);
         b = (cpu_linear_bwd){ .R = (int)BT,
                               .N = 3 * C,
                               .K = C,
@@ -684,13 +725,17 @@ int32_t cpu_train_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
                               .W = w->qkv_w,
                               .din = a->dtmp,
                               .lddin = C,
+                              .din_accumulate = acc,
                               .dW = g->qkv_w,
                               .dbias = g->qkv_b };
         cpu_linear_backward(ctx, &b);
         layernorm_backward(ctx, a->dtmp, la->res_in, la->ln1_mean, la->ln1_rstd, w->ln1_w,
                            a->dres, g->ln1_w, g->ln1_b, BT);
+        cpu_grad_notify_range(ctx, notify, layer_offset(ctx, li),
+                              layer_offset(ctx, li + 1) - layer_offset(ctx, li));
     }
-    embed(ctx, tokens, T, BT, NULL, a->dres);
+    if (!lo) embed(ctx, tokens, T, BT, NULL, a->dres);
+    cpu_grad_notify_range(ctx, notify, 0, layer_offset(ctx, 0));
     return ORCH_OK;
 }
 

@@ -634,19 +634,32 @@ static int32_t grads_write(orch_engine_ctx *ctx, uint64_t offset, uint64_t count
 /* Training and evaluation                                                    */
 /* ------------------------------------------------------------------------- */
 
+/* forward_backward and (ABI 1.3) forward_backward_notify: ready NULL is
+ * plain forward_backward; each reported range is final on the device (the
+ * stream was synchronised) when ready runs. */
+static int32_t forward_backward_notify(orch_engine_ctx *ctx, const int32_t *tokens,
+                                       const int32_t *targets, uint32_t batch,
+                                       uint32_t seq_len, float grad_scale,
+                                       float *out_loss, orch_grad_ready_fn ready,
+                                       void *user) {
+    ENTER(ctx);
+    uint64_t n_valid = 0;
+    CU_TRY(engine_check_train_call(ready ? "forward_backward_notify" : "forward_backward",
+                                   tokens, targets, batch, seq_len, grad_scale, out_loss,
+                                   &ctx->train_lim, &n_valid, ENGINE_ERRBUF(ctx)));
+    const cu_grad_notify n = { ready, user };
+    float loss = 0.0f;
+    CU_TRY(cu_model_train_step(ctx, tokens, targets, batch, seq_len, n_valid, grad_scale,
+                               1, &loss, ready ? &n : NULL));
+    *out_loss = loss;
+    return ORCH_OK;
+}
+
 static int32_t forward_backward(orch_engine_ctx *ctx, const int32_t *tokens,
                                 const int32_t *targets, uint32_t batch, uint32_t seq_len,
                                 float grad_scale, float *out_loss) {
-    ENTER(ctx);
-    uint64_t n_valid = 0;
-    CU_TRY(engine_check_train_call("forward_backward", tokens, targets, batch, seq_len,
-                                   grad_scale, out_loss, &ctx->train_lim, &n_valid,
-                                   ENGINE_ERRBUF(ctx)));
-    float loss = 0.0f;
-    CU_TRY(cu_model_train_step(ctx, tokens, targets, batch, seq_len, n_valid, grad_scale,
-                               1, &loss));
-    *out_loss = loss;
-    return ORCH_OK;
+    return forward_backward_notify(ctx, tokens, targets, batch, seq_len, grad_scale,
+                                   out_loss, NULL, NULL);
 }
 
 static int32_t eval_loss(orch_engine_ctx *ctx, const int32_t *tokens,
@@ -659,7 +672,7 @@ static int32_t eval_loss(orch_engine_ctx *ctx, const int32_t *tokens,
                                    ENGINE_ERRBUF(ctx)));
     float loss = 0.0f;
     CU_TRY(cu_model_train_step(ctx, tokens, targets, batch, seq_len, n_valid, 0.0f, 0,
-                               &loss));
+                               &loss, NULL));
     *out_loss = loss;
     return ORCH_OK;
 }
@@ -984,7 +997,7 @@ static const orch_engine_api cuda_api = {
     moments_write,
     optimizer_step_range,
     optimizer_bytes,
-    NULL, /* 1.3 forward_backward_notify: not yet */
+    forward_backward_notify,
     /* 1.4 LoRA and co-serving: not provided (ORCH_CAP_LORA unset) */
     NULL,
     NULL,

@@ -245,6 +245,19 @@ static inline float *cu_tp(const orch_engine_ctx *ctx, float *base, uint32_t ind
     return base + ctx->tensors[index].offset;
 }
 
+/* Gradient-ready reporting of forward_backward_notify (ABI 1.3); NULL for
+ * forward_backward and eval_loss. The training passes call cu_grad_ready as
+ * a flat range becomes final (GPT-2: ln_f, layers last to first, wte+wpe;
+ * LLaMA: model.norm (+ untied lm_head), layers, embed_tokens): it waits for
+ * the stream (the range's kernels are done), then calls ready on the
+ * caller's thread. */
+typedef struct cu_grad_notify {
+    orch_grad_ready_fn ready;
+    void *user;
+} cu_grad_notify;
+int32_t cu_grad_ready(orch_engine_ctx *ctx, const cu_grad_notify *n, uint64_t offset,
+                      uint64_t count);
+
 /* Fill d_params with the GPT-2 initialisation from `seed`; zero grads and
  * moments. Synchronous. */
 int32_t cu_model_init(orch_engine_ctx *ctx, uint64_t seed);
@@ -254,8 +267,8 @@ int32_t cu_model_init(orch_engine_ctx *ctx, uint64_t seed);
  * that are not -1. Writes the mean loss. Synchronises once at the end. */
 int32_t cu_model_train_step(orch_engine_ctx *ctx, const int32_t *tokens,
                             const int32_t *targets, uint32_t B, uint32_t T,
-                            uint64_t n_valid, float grad_scale, int grad,
-                            float *out_loss);
+                            uint64_t n_valid, float grad_scale, int grad, float *out_loss,
+                            const cu_grad_notify *notify);
 
 /* Global grad norm, clipping and AdamW over every tensor. Inputs validated.
  * Returns ORCH_ERR_NUMERIC (and changes nothing) for a non-finite norm. */
@@ -280,8 +293,8 @@ int32_t cu_model_infer(orch_engine_ctx *ctx, const cu_infer_plan *plan,
  * which dispatch to them (cu_model_adamw serves both architectures). */
 int32_t cu_llama_train_step(orch_engine_ctx *ctx, const int32_t *tokens,
                             const int32_t *targets, uint32_t B, uint32_t T,
-                            uint64_t n_valid, float grad_scale, int grad,
-                            float *out_loss);
+                            uint64_t n_valid, float grad_scale, int grad, float *out_loss,
+                            const cu_grad_notify *notify);
 int32_t cu_llama_infer(orch_engine_ctx *ctx, const cu_infer_plan *plan,
                        float *logits_out);
 

@@ -50,8 +50,8 @@ static uint32_t norm_index(const orch_engine_ctx *ctx) {
 
 int32_t cu_llama_train_step(orch_engine_ctx *ctx, const int32_t *tokens,
                             const int32_t *targets, uint32_t B, uint32_t T,
-                            uint64_t n_valid, float grad_scale, int grad,
-                            float *out_loss) {
+                            uint64_t n_valid, float grad_scale, int grad, float *out_loss,
+                            const cu_grad_notify *notify) {
     cudaStream_t s = ctx->stream;
     const uint32_t C = ctx->C, L = ctx->L, H = ctx->H, D = ctx->hs, M = ctx->M,
                    V = ctx->V, KVH = ctx->KVH;
@@ -71,8 +71,10 @@ int32_t cu_llama_train_step(orch_engine_ctx *ctx, const int32_t *tokens,
 
     if (n_valid == 0) { /* nothing to learn from (as the GPT-2 path): no work */
         *out_loss = 0.0f;
-        return ORCH_OK;
+        return grad ? cu_grad_ready(ctx, notify, 0, ctx->n_params) : ORCH_OK;
     }
+    /* flat offset of layer l's first gradient (l = L: model.norm.weight) */
+#define LOFF(l) (ctx->tensors[1u + (uint32_t)(l)*CL_PER_LAYER].offset)
     CU_TRY(cu_acts_reserve(ctx, N, A));
     CU_TRY(cu_stage_reserve(ctx, (6 * (size_t)N + 1) * sizeof(int32_t)));
     cu_acts *a = &ctx->acts;
@@ -170,6 +172,8 @@ int32_t cu_llama_train_step(orch_engine_ctx *ctx, const int32_t *tokens,
         KCHECK(ctx, k_rmsnorm_bwd_dx(s, dln, RES(L), a->lnf_rstd, norm_w, dres, N, C, 0));
         KCHECK(ctx, k_rmsnorm_bwd_w(s, dln, RES(L), a->lnf_rstd,
                                     cu_tp(ctx, Gr, norm_index(ctx)), N, C, part));
+        /* model.norm and an untied lm_head end the buffer */
+        CU_TRY(cu_grad_ready(ctx, notify, LOFF(L), ctx->n_params - LOFF(L)));
         for (uint32_t li = L; li-- > 0;) {
             const uint32_t l = li;
             float *dgu = a->s_big;    /* [N, 2M] */
@@ -225,11 +229,14 @@ int32_t cu_llama_train_step(orch_engine_ctx *ctx, const int32_t *tokens,
                                          N, C, 1));
             KCHECK(ctx, k_rmsnorm_bwd_w(s, dln, RES(l), LN1R(l), GW(l, CL_IN_NORM), N, C,
                                         part));
+            CU_TRY(cu_grad_ready(ctx, notify, LOFF(l), LOFF(l + 1) - LOFF(l)));
         }
         /* the embedding (rows grouped by token: no atomics) */
         KCHECK(ctx, k_embed_bwd_wte(s, dres, cu_tp(ctx, Gr, 0), d_uniq, d_start, d_rows,
                                     n_uniq, C));
+        CU_TRY(cu_grad_ready(ctx, notify, 0, LOFF(0)));
     }
+#undef LOFF
 #undef PW
 #undef GW
 #undef RES

@@ -316,13 +316,21 @@ static uint32_t attn_chunk(uint32_t T) {
     return tc < T ? tc : T;
 }
 
+int32_t cu_grad_ready(orch_engine_ctx *ctx, const cu_grad_notify *n, uint64_t offset,
+                      uint64_t count) {
+    if (!n || !n->ready || count == 0) return ORCH_OK;
+    KCHECK(ctx, cudaStreamSynchronize(ctx->stream));
+    n->ready(n->user, offset, count);
+    return ORCH_OK;
+}
+
 int32_t cu_model_train_step(orch_engine_ctx *ctx, const int32_t *tokens,
                             const int32_t *targets, uint32_t B, uint32_t T,
-                            uint64_t n_valid, float grad_scale, int grad,
-                            float *out_loss) {
+                            uint64_t n_valid, float grad_scale, int grad, float *out_loss,
+                            const cu_grad_notify *notify) {
     if (ctx->arch == ORCH_ARCH_LLAMA)
         return cu_llama_train_step(ctx, tokens, targets, B, T, n_valid, grad_scale, grad,
-                                   out_loss);
+                                   out_loss, notify);
     cudaStream_t s = ctx->stream;
     const uint32_t C = ctx->C, L = ctx->L, H = ctx->H, hs = ctx->hs, M = ctx->M,
                    V = ctx->V;
@@ -337,8 +345,10 @@ int32_t cu_model_train_step(orch_engine_ctx *ctx, const int32_t *tokens,
 
     if (n_valid == 0) { /* nothing to learn from (as the CPU engine): no work */
         *out_loss = 0.0f;
-        return ORCH_OK;
+        return grad ? cu_grad_ready(ctx, notify, 0, ctx->n_params) : ORCH_OK;
     }
+    /* flat offset of layer l's first gradient (l = L: ln_f.weight) */
+#define LOFF(l) (ctx->tensors[CU_LAYER_TENSOR(l, 0)].offset)
     CU_TRY(cu_acts_reserve(ctx, N, A));
     CU_TRY(cu_stage_reserve(ctx, (6 * (size_t)N + 1) * sizeof(int32_t)));
     cu_acts *a = &ctx->acts;
@@ -456,6 +466,7 @@ int32_t cu_model_train_step(orch_engine_ctx *ctx, const int32_t *tokens,
                k_layernorm_bwd_params(s, dln, RES(L), a->lnf_mean, a->lnf_rstd,
                                       cu_tp(ctx, G, ctx->n_tensors - 2),
                                       cu_tp(ctx, G, ctx->n_tensors - 1), N, C, part));
+        CU_TRY(cu_grad_ready(ctx, notify, LOFF(L), ctx->n_params - LOFF(L)));
         for (uint32_t li = L; li-- > 0;) {
             const uint32_t l = li;
             float *dfc = a->s_big;
@@ -529,12 +540,15 @@ int32_t cu_model_train_step(orch_engine_ctx *ctx, const int32_t *tokens,
             KCHECK(ctx,
                    k_layernorm_bwd_params(s, dln, RES(l), LN1M(l), LN1R(l),
                                           GW(l, CU_LN1_W), GW(l, CU_LN1_B), N, C, part));
+            CU_TRY(cu_grad_ready(ctx, notify, LOFF(l), LOFF(l + 1) - LOFF(l)));
         }
         /* embeddings */
         KCHECK(ctx, k_embed_bwd_wpe(s, dres, cu_tp(ctx, G, 1), B, T, C));
         KCHECK(ctx, k_embed_bwd_wte(s, dres, cu_tp(ctx, G, 0), d_uniq, d_start, d_rows,
                                     n_uniq, C));
+        CU_TRY(cu_grad_ready(ctx, notify, 0, LOFF(0)));
     }
+#undef LOFF
 #undef PW
 #undef GW
 #undef RES

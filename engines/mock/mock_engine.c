@@ -5,7 +5,8 @@
  * serving paths can be tested fast and exactly. engines/mock/README.md repeats
  * the rules below for test writers.
  *
- * Capabilities: TRAIN | INFER | KV_COPY | EVAL | DETERMINISTIC | FAULT_INJECTION.
+ * Capabilities: TRAIN | INFER | KV_COPY | EVAL | DETERMINISTIC | FAULT_INJECTION |
+ * LORA.
  *
  * Architectures: gpt2 and llama (ABI 1.1: grouped-query kv_heads, untied
  *   head flag, RoPE members validated by engine_model_normalise; the mock has
@@ -57,8 +58,9 @@
  *   (4 * entries + 1) plus a small per-block mark.
  *   infer_forward validates the whole batch first (token range, start_pos +
  *   n_tokens <= context, block ids in the pool, enough blocks, logits_cap,
- *   adapter_id == 0, no block written by one sequence and used by another,
- *   every earlier position 0..start_pos-1 already written), then writes the
+ *   adapter_id 0 or an adapter of the context (see LoRA below), no block
+ *   written by one sequence and used by another, every earlier position
+ *   0..start_pos-1 already written), then writes the
  *   new token ids into their slots through the block table, then computes
  *   logits from token ids READ BACK through the block table:
  *     S(p)  = sum of the token ids at positions 0..p (inclusive)
@@ -92,6 +94,10 @@
  *   kv_copy_blocks. Unknown keys or bad values -> ORCH_ERR_INVALID_ARGUMENT.
  *   (The ABI 1.2 calls take no faults.)
  *
+ * ABI 1.3: forward_backward_notify is forward_backward (its fault counter
+ * "forward_backward", sleep and checks) followed by one ready() per tensor
+ * in reverse table order (ranges disjoint, covering the flat buffer).
+ *
  * ABI 1.2 (ZeRO-1): param_read/param_write of the flat parameters (lazy
  * tensors are initialised first); optimizer_shard reallocates the moments to
  * the shard (optimizer_bytes = 8 bytes x shard elements); optimizer_step_range
@@ -99,6 +105,28 @@
  * computed per element (the same f32 product optimizer_step gets by scaling
  * the buffer first), so a 2-way sharded step gives optimizer_step's bits
  * when handed the same norm.
+ *
+ * LoRA adapters (ABI 1.4, ORCH_CAP_LORA; not coserve_forward): an
+ *   adapter's table follows the header (layer by layer, targets in the
+ *   order qkv, attn out, mlp up, mlp down; per base matrix W [out,in]
+ *   "<W minus .weight>.lora_A.weight" [rank,in] then ".lora_B.weight"
+ *   [out,rank], f32, no flags). A: the element at flat offset k of the
+ *   adapter's buffer is (2u - 1)/sqrt(in), u = (splitmix64(seed, k) >> 11)
+ *   / 2^53 in [0, 1) (the CPU engine's stream: one seed, one A); B starts
+ *   at zero.
+ *   Loss through an adapter (adapter_forward_backward, adapter_eval_loss):
+ *   the base z above plus, for every (A, B) pair of the table,
+ *   (alpha/rank) * sum_k B[y mod out, k] A[k, x mod in] (0 at init, since
+ *   B = 0); gradients go to the adapter only (B first moves along A, then
+ *   A along B), the base's gradients, moments and weights are never
+ *   touched. adapter_optimizer_step is optimizer_step's AdamW over the
+ *   adapter's buffers (A and B have no NO_DECAY flag). rank must be
+ *   1..min(in, out) of every target matrix, alpha finite > 0, targets a
+ *   non-empty subset of ORCH_LORA_TARGET_ALL; each error names the field.
+ *   Inference: a sequence may name an adapter of the context (an unknown
+ *   id is ORCH_ERR_INVALID_ARGUMENT); the logits (below) do not read
+ *   weights, so they are the base's, which are those of the merged
+ *   weight. The adapter calls take no faults.
  *
  * Errors: every call validates its arguments (NULL pointers, sizes, ranges)
  * and returns a status with a last_error message; out-parameters and state are
@@ -166,6 +194,17 @@ typedef struct mock_config {
 
 typedef engine_tensor mock_tensor;
 
+/* One LoRA adapter (ABI 1.4): its table (same for PARAM, ADAM_M, ADAM_V)
+ * and the four flat buffers of its parameters. */
+typedef struct mock_adapter {
+    uint32_t id, rank, targets;
+    float alpha;
+    uint32_t n_tensors;
+    engine_tensor *tensors;
+    uint64_t n_params;
+    float *params, *grads, *adam_m, *adam_v;
+} mock_adapter;
+
 /* Per-block marks used to validate one infer_forward / kv_copy_blocks. */
 typedef engine_kv_mark mock_mark;
 
@@ -198,6 +237,11 @@ struct orch_engine_ctx {
     uint8_t *kv_written;
     mock_mark *kv_marks;
     uint32_t kv_epoch;
+
+    /* ABI 1.4 LoRA adapters (see the top), in creation order. */
+    struct mock_adapter **adapters;
+    uint32_t n_adapters;
+    uint32_t next_adapter_id; /* ids are never reused */
 
     char last_error[512];
 };
@@ -478,9 +522,12 @@ static engine_kv_view kv_view(orch_engine_ctx *ctx) {
     return v;
 }
 
+static void adapters_free(orch_engine_ctx *ctx);
+
 static void mock_context_destroy(orch_engine_ctx *ctx) {
     if (!ctx) return;
     kv_free(ctx);
+    adapters_free(ctx);
     free(ctx->tensors);
     free(ctx->param_ready);
     free(ctx->params);
@@ -719,6 +766,23 @@ static int32_t mock_forward_backward(orch_engine_ctx *ctx, const int32_t *tokens
         return st;
     *out_loss =
         loss_compute(ctx, tokens, targets, batch, seq_len, ctx->grads, grad_scale);
+    return ORCH_OK;
+}
+
+/* ABI 1.3: forward_backward (same fault counter, sleep and checks), then
+ * every tensor's gradient range reported in reverse table order (the mock
+ * has no backward pass to interleave with). */
+static int32_t mock_forward_backward_notify(orch_engine_ctx *ctx, const int32_t *tokens,
+                                            const int32_t *targets, uint32_t batch,
+                                            uint32_t seq_len, float grad_scale,
+                                            float *out_loss, orch_grad_ready_fn ready,
+                                            void *user) {
+    int32_t st =
+        mock_forward_backward(ctx, tokens, targets, batch, seq_len, grad_scale, out_loss);
+    if (st != ORCH_OK || !ready) return st;
+    for (uint32_t i = ctx->n_tensors; i-- > 0;)
+        if (ctx->tensors[i].numel)
+            ready(user, ctx->tensors[i].offset, ctx->tensors[i].numel);
     return ORCH_OK;
 }
 
@@ -973,9 +1037,8 @@ static uint32_t next_token(uint64_t S, uint32_t vocab) {
     return vocab >= 123u ? 97u + (uint32_t)(S % 26u) : (uint32_t)(S % vocab);
 }
 
-static int32_t mock_infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *batch,
+static int32_t infer_forward_base(orch_engine_ctx *ctx, const orch_infer_batch *batch,
                                   float *logits, uint64_t logits_cap) {
-    if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
     int32_t st = enter(ctx, CALL_INFER_FORWARD);
     if (st) return st;
     sleep_ms(ctx->cfg.sleep_ms);
@@ -1023,6 +1086,43 @@ static int32_t mock_infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *
     return ORCH_OK;
 }
 
+static mock_adapter *adapter_find(orch_engine_ctx *ctx, uint32_t id, const char *fn);
+
+/* infer_forward: sequences may name adapters of this context (ABI 1.4). The
+ * mock's logits do not read weights, so they already equal those of the
+ * merged weight W + (alpha/rank) B A: an adapter is checked to exist, then
+ * the batch runs as on the base. */
+static int32_t mock_infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *batch,
+                                  float *logits, uint64_t logits_cap) {
+    if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
+    const size_t need = offsetof(orch_seq_input, adapter_id) + sizeof(uint32_t);
+    int named = 0;
+    if (batch && batch->seqs && batch->struct_size >= sizeof *batch &&
+        batch->seq_stride >= need && batch->seq_stride % 8 == 0)
+        for (uint32_t i = 0; i < batch->n_seqs; i++)
+            named |= engine_batch_seq(batch, i)->adapter_id != 0;
+    if (!named) return infer_forward_base(ctx, batch, logits, logits_cap);
+    orch_seq_input *copy = calloc(batch->n_seqs, sizeof *copy);
+    if (!copy) return fail(ctx, ORCH_ERR_OUT_OF_MEMORY, "infer_forward: out of memory");
+    for (uint32_t i = 0; i < batch->n_seqs; i++) {
+        const orch_seq_input *q = engine_batch_seq(batch, i);
+        memcpy(&copy[i], q, need);
+        if (q->adapter_id && !adapter_find(ctx, q->adapter_id, "infer_forward")) {
+            free(copy);
+            return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                        "infer_forward: sequence %u: adapter_id %u: no such adapter", i,
+                        q->adapter_id);
+        }
+        copy[i].adapter_id = 0;
+    }
+    orch_infer_batch b = *batch;
+    b.seqs = copy;
+    b.seq_stride = sizeof *copy;
+    int32_t st = infer_forward_base(ctx, &b, logits, logits_cap);
+    free(copy);
+    return st;
+}
+
 static int32_t mock_kv_copy_blocks(orch_engine_ctx *ctx, const int32_t *src,
                                    const int32_t *dst, uint32_t n) {
     if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
@@ -1037,6 +1137,405 @@ static int32_t mock_kv_copy_blocks(orch_engine_ctx *ctx, const int32_t *src,
                ctx->kv_tokens + (size_t)src[i] * per_block, per_block * sizeof(int32_t));
     }
     engine_kv_copy_written(src, dst, n, &kv);
+    return ORCH_OK;
+}
+
+/* ------------------------------------------------------------------------- */
+/* ABI 1.4: LoRA adapters (see "LoRA adapters" at the top)                    */
+/* ------------------------------------------------------------------------- */
+
+/* Release one adapter (NULL is a no-op). */
+static void adapter_free(mock_adapter *a) {
+    if (!a) return;
+    free(a->tensors);
+    free(a->params);
+    free(a->grads);
+    free(a->adam_m);
+    free(a->adam_v);
+    free(a);
+}
+
+static void adapters_free(orch_engine_ctx *ctx) {
+    for (uint32_t i = 0; i < ctx->n_adapters; i++) adapter_free(ctx->adapters[i]);
+    free(ctx->adapters);
+    ctx->adapters = NULL;
+    ctx->n_adapters = 0;
+}
+
+/* The adapter called id, or NULL with last_error set (fn names the call). */
+static mock_adapter *adapter_find(orch_engine_ctx *ctx, uint32_t id, const char *fn) {
+    for (uint32_t i = 0; i < ctx->n_adapters; i++)
+        if (ctx->adapters[i]->id == id) return ctx->adapters[i];
+    fail(ctx, ORCH_ERR_INVALID_ARGUMENT, "%s: adapter_id %u: no such adapter", fn, id);
+    return NULL;
+}
+
+/* The base weights a target bit adapts, per layer, in table order. */
+static uint32_t target_suffixes(const orch_engine_ctx *ctx, uint32_t bit,
+                                const char *out[3]) {
+    int llama = ctx->model.arch == ORCH_ARCH_LLAMA;
+    switch (bit) {
+    case ORCH_LORA_TARGET_ATTN_QKV:
+        if (!llama) {
+            out[0] = "attn.c_attn";
+            return 1;
+        }
+        out[0] = "self_attn.q_proj";
+        out[1] = "self_attn.k_proj";
+        out[2] = "self_attn.v_proj";
+        return 3;
+    case ORCH_LORA_TARGET_ATTN_OUT:
+        out[0] = llama ? "self_attn.o_proj" : "attn.c_proj";
+        return 1;
+    case ORCH_LORA_TARGET_MLP_UP:
+        if (!llama) {
+            out[0] = "mlp.c_fc";
+            return 1;
+        }
+        out[0] = "mlp.gate_proj";
+        out[1] = "mlp.up_proj";
+        return 2;
+    default: out[0] = llama ? "mlp.down_proj" : "mlp.c_proj"; return 1;
+    }
+}
+
+static int32_t mock_adapter_create(orch_engine_ctx *ctx, const orch_lora_desc *desc,
+                                   uint32_t *out_id) {
+    if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
+    if (!desc)
+        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT, "adapter_create: desc is NULL");
+    if (!out_id)
+        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT, "adapter_create: out_id is NULL");
+    if (desc->struct_size < offsetof(orch_lora_desc, reserved))
+        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                    "adapter_create: desc struct_size %u is below the %u bytes of "
+                    "ABI 1.4",
+                    desc->struct_size, (unsigned)offsetof(orch_lora_desc, reserved));
+    if (desc->targets == 0 || (desc->targets & ~ORCH_LORA_TARGET_ALL))
+        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                    "adapter_create: targets 0x%x: must be a non-empty set of "
+                    "ORCH_LORA_TARGET_* bits (0x1..0xf)",
+                    desc->targets);
+    if (!(desc->alpha > 0.0f) || !isfinite(desc->alpha))
+        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                    "adapter_create: alpha %g must be a finite number > 0",
+                    (double)desc->alpha);
+    if (ctx->next_adapter_id == UINT32_MAX)
+        return fail(ctx, ORCH_ERR_CAPACITY, "adapter_create: adapter ids used up");
+    /* The table: layer by layer, target by target, A then B. */
+    uint32_t per_layer = 0;
+    for (uint32_t bit = 1; bit <= ORCH_LORA_TARGET_MLP_DOWN; bit <<= 1) {
+        const char *sfx[3];
+        if (desc->targets & bit) per_layer += 2 * target_suffixes(ctx, bit, sfx);
+    }
+    uint64_t n_tensors = (uint64_t)per_layer * ctx->model.layers;
+    mock_adapter *a = calloc(1, sizeof *a);
+    engine_tensor *t = a ? calloc((size_t)n_tensors, sizeof *t) : NULL;
+    if (!t) {
+        free(a);
+        return fail(ctx, ORCH_ERR_OUT_OF_MEMORY, "adapter_create: out of memory");
+    }
+    a->tensors = t;
+    uint64_t off = 0;
+    uint32_t k = 0;
+    for (uint32_t l = 0; l < ctx->model.layers; l++) {
+        for (uint32_t bit = 1; bit <= ORCH_LORA_TARGET_MLP_DOWN; bit <<= 1) {
+            if (!(desc->targets & bit)) continue;
+            const char *sfx[3];
+            uint32_t ns = target_suffixes(ctx, bit, sfx);
+            for (uint32_t s = 0; s < ns; s++) {
+                char base[ORCH_TENSOR_NAME_MAX];
+                snprintf(base, sizeof base, "%s.%u.%s.weight",
+                         ctx->model.arch == ORCH_ARCH_LLAMA ? "model.layers" : "h", l,
+                         sfx[s]);
+                const mock_tensor *w = &ctx->tensors[tensor_index(ctx, base)];
+                uint64_t out = w->shape[0], in = w->shape[1];
+                uint64_t lim = in < out ? in : out;
+                if (desc->rank == 0 || desc->rank > lim) {
+                    adapter_free(a);
+                    return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                                "adapter_create: rank %u: must be 1..%llu (min(in, out) "
+                                "of %s [%llu,%llu])",
+                                desc->rank, (unsigned long long)lim, base,
+                                (unsigned long long)out, (unsigned long long)in);
+                }
+                size_t stem = strlen(base) - strlen(".weight");
+                for (int ab = 0; ab < 2; ab++) {
+                    engine_tensor *e = &t[k++];
+                    snprintf(e->name, sizeof e->name, "%.*s.lora_%c.weight", (int)stem,
+                             base, ab ? 'B' : 'A');
+                    e->ndim = 2;
+                    e->shape[0] = ab ? out : desc->rank;
+                    e->shape[1] = ab ? desc->rank : in;
+                    e->numel = e->shape[0] * e->shape[1];
+                    e->offset = off;
+                    off += e->numel;
+                }
+            }
+        }
+    }
+    a->n_tensors = k;
+    a->n_params = off;
+    a->rank = desc->rank;
+    a->alpha = desc->alpha;
+    a->targets = desc->targets;
+    a->params = calloc((size_t)off, sizeof(float));
+    a->grads = calloc((size_t)off, sizeof(float));
+    a->adam_m = calloc((size_t)off, sizeof(float));
+    a->adam_v = calloc((size_t)off, sizeof(float));
+    mock_adapter **list = realloc(ctx->adapters, (ctx->n_adapters + 1) * sizeof *list);
+    if (list) ctx->adapters = list;
+    if (!a->params || !a->grads || !a->adam_m || !a->adam_v || !list) {
+        adapter_free(a);
+        return fail(ctx, ORCH_ERR_OUT_OF_MEMORY,
+                    "adapter_create: cannot allocate %llu adapter parameters",
+                    (unsigned long long)off);
+    }
+    /* A uniform in [-1/sqrt(in), 1/sqrt(in)): the element at flat offset k
+     * of the adapter's buffer is (2u - 1)/sqrt(in), u = (splitmix64(seed, k)
+     * >> 11) / 2^53 (the CPU engine's stream: the same seed gives the same
+     * A); B stays zero. */
+    for (uint32_t i = 0; i < a->n_tensors; i += 2) {
+        const engine_tensor *e = &t[i];
+        double bound = 1.0 / sqrt((double)e->shape[1]);
+        for (uint64_t j = 0; j < e->numel; j++) {
+            uint64_t x = engine_splitmix64_at(desc->seed, e->offset + j);
+            double u = (double)(x >> 11) * (1.0 / 9007199254740992.0);
+            a->params[e->offset + j] = (float)((2.0 * u - 1.0) * bound);
+        }
+    }
+    a->id = ++ctx->next_adapter_id;
+    ctx->adapters[ctx->n_adapters++] = a;
+    *out_id = a->id;
+    return ORCH_OK;
+}
+
+static int32_t mock_adapter_destroy(orch_engine_ctx *ctx, uint32_t adapter_id) {
+    if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
+    for (uint32_t i = 0; i < ctx->n_adapters; i++) {
+        if (ctx->adapters[i]->id != adapter_id) continue;
+        adapter_free(ctx->adapters[i]);
+        memmove(ctx->adapters + i, ctx->adapters + i + 1,
+                (ctx->n_adapters - i - 1) * sizeof *ctx->adapters);
+        ctx->n_adapters--;
+        return ORCH_OK;
+    }
+    return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                "adapter_destroy: adapter_id %u: no such adapter", adapter_id);
+}
+
+static float *adapter_kind_buffer(mock_adapter *a, uint32_t kind) {
+    return kind == ORCH_TENSOR_PARAM    ? a->params
+           : kind == ORCH_TENSOR_ADAM_M ? a->adam_m
+                                        : a->adam_v;
+}
+
+static int32_t mock_adapter_tensor_count(orch_engine_ctx *ctx, uint32_t adapter_id,
+                                         uint32_t kind, uint32_t *out_count) {
+    if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
+    mock_adapter *a = adapter_find(ctx, adapter_id, "adapter_tensor_count");
+    if (!a) return ORCH_ERR_INVALID_ARGUMENT;
+    int32_t st = engine_check_tensor_count(kind, out_count, ENGINE_ERRBUF(ctx));
+    if (st) return st;
+    *out_count = a->n_tensors;
+    return ORCH_OK;
+}
+
+static int32_t mock_adapter_tensor_info(orch_engine_ctx *ctx, uint32_t adapter_id,
+                                        uint32_t kind, uint32_t index,
+                                        orch_tensor_info *out) {
+    if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
+    mock_adapter *a = adapter_find(ctx, adapter_id, "adapter_tensor_info");
+    if (!a) return ORCH_ERR_INVALID_ARGUMENT;
+    int32_t st =
+        engine_check_tensor_info(kind, index, a->n_tensors, out, ENGINE_ERRBUF(ctx));
+    if (st) return st;
+    engine_tensor_info_fill(&a->tensors[index], out);
+    return ORCH_OK;
+}
+
+static int32_t mock_adapter_tensor_read(orch_engine_ctx *ctx, uint32_t adapter_id,
+                                        uint32_t kind, uint32_t index, void *dst,
+                                        uint64_t dst_bytes) {
+    if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
+    mock_adapter *a = adapter_find(ctx, adapter_id, "adapter_tensor_read");
+    if (!a) return ORCH_ERR_INVALID_ARGUMENT;
+    int32_t st = engine_check_tensor_io("adapter_tensor_read", kind, index, a->tensors,
+                                        a->n_tensors, dst, dst_bytes, ENGINE_ERRBUF(ctx));
+    if (st) return st;
+    memcpy(dst, adapter_kind_buffer(a, kind) + a->tensors[index].offset,
+           (size_t)dst_bytes);
+    return ORCH_OK;
+}
+
+static int32_t mock_adapter_tensor_write(orch_engine_ctx *ctx, uint32_t adapter_id,
+                                         uint32_t kind, uint32_t index, const void *src,
+                                         uint64_t src_bytes) {
+    if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
+    mock_adapter *a = adapter_find(ctx, adapter_id, "adapter_tensor_write");
+    if (!a) return ORCH_ERR_INVALID_ARGUMENT;
+    int32_t st = engine_check_tensor_io("adapter_tensor_write", kind, index, a->tensors,
+                                        a->n_tensors, src, src_bytes, ENGINE_ERRBUF(ctx));
+    if (st) return st;
+    memcpy(adapter_kind_buffer(a, kind) + a->tensors[index].offset, src,
+           (size_t)src_bytes);
+    return ORCH_OK;
+}
+
+static int32_t mock_adapter_grads_zero(orch_engine_ctx *ctx, uint32_t adapter_id) {
+    if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
+    mock_adapter *a = adapter_find(ctx, adapter_id, "adapter_grads_zero");
+    if (!a) return ORCH_ERR_INVALID_ARGUMENT;
+    memset(a->grads, 0, (size_t)a->n_params * sizeof(float));
+    return ORCH_OK;
+}
+
+static int32_t mock_adapter_grads_io(orch_engine_ctx *ctx, const char *fn,
+                                     uint32_t adapter_id, uint64_t offset, uint64_t count,
+                                     float *buf, int to_engine) {
+    if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
+    mock_adapter *a = adapter_find(ctx, adapter_id, fn);
+    if (!a) return ORCH_ERR_INVALID_ARGUMENT;
+    int32_t st =
+        engine_check_grad_range(fn, offset, count, a->n_params, buf, ENGINE_ERRBUF(ctx));
+    if (st) return st;
+    if (!count) return ORCH_OK;
+    if (to_engine)
+        memcpy(a->grads + offset, buf, (size_t)count * sizeof(float));
+    else
+        memcpy(buf, a->grads + offset, (size_t)count * sizeof(float));
+    return ORCH_OK;
+}
+
+static int32_t mock_adapter_grads_read(orch_engine_ctx *ctx, uint32_t adapter_id,
+                                       uint64_t offset, uint64_t count, float *dst) {
+    return mock_adapter_grads_io(ctx, "adapter_grads_read", adapter_id, offset, count,
+                                 dst, 0);
+}
+
+static int32_t mock_adapter_grads_write(orch_engine_ctx *ctx, uint32_t adapter_id,
+                                        uint64_t offset, uint64_t count,
+                                        const float *src) {
+    /* the buffer is only read on this path */
+    return mock_adapter_grads_io(ctx, "adapter_grads_write", adapter_id, offset, count,
+                                 (float *)src, 1);
+}
+
+/* loss_compute through base + adapter a: z gains, per pair (A, B) of the
+ * table, (alpha/rank) * sum_k B[y mod out, k] A[k, x mod in]. With grads
+ * set, grad_scale * dloss/d(adapter) is added to a->grads (never the base's). */
+static float adapter_loss(orch_engine_ctx *ctx, mock_adapter *a, const int32_t *tokens,
+                          const int32_t *targets, uint32_t batch, uint32_t seq_len,
+                          int with_grads, float grad_scale) {
+    const double two_log_v = 2.0 * log((double)ctx->model.vocab_size);
+    const double scale = (double)a->alpha / (double)a->rank;
+    const uint64_t r = a->rank;
+    for (int k = 0; k < 4; k++) param_ensure(ctx, ctx->loss_tensor[k]);
+    uint64_t n = (uint64_t)batch * seq_len, counted = 0;
+    for (uint64_t i = 0; i < n; i++) counted += targets[i] != -1;
+    if (counted == 0) return 0.0f;
+    double sum = 0.0;
+    for (uint64_t i = 0; i < n; i++) {
+        if (targets[i] == -1) continue;
+        uint64_t x = (uint64_t)tokens[i], y = (uint64_t)targets[i], idx[4];
+        term_entries(ctx, x, y, i % seq_len, idx);
+        const float *p = ctx->params;
+        double z = (double)p[idx[0]] + (double)p[idx[1]] + (double)p[idx[2]] +
+                   (double)p[idx[3]] + ctx->z_bias;
+        for (uint32_t ti = 0; ti + 1 < a->n_tensors; ti += 2) {
+            const engine_tensor *ta = &a->tensors[ti], *tb = &a->tensors[ti + 1];
+            const float *A = a->params + ta->offset + x % ta->shape[1];
+            const float *B = a->params + tb->offset + (y % tb->shape[0]) * r;
+            double d = 0.0;
+            for (uint64_t k = 0; k < r; k++)
+                d += (double)B[k] * (double)A[k * ta->shape[1]];
+            z += scale * d;
+        }
+        double s = 1.0 / (1.0 + exp(-z));
+        sum += two_log_v * s;
+        if (!with_grads) continue;
+        double g = (double)grad_scale * two_log_v * s * (1.0 - s) / (double)counted;
+        for (uint32_t ti = 0; ti + 1 < a->n_tensors; ti += 2) {
+            const engine_tensor *ta = &a->tensors[ti], *tb = &a->tensors[ti + 1];
+            uint64_t ja = ta->offset + x % ta->shape[1];
+            uint64_t jb = tb->offset + (y % tb->shape[0]) * r;
+            for (uint64_t k = 0; k < r; k++) {
+                float gb = (float)(g * scale * (double)a->params[ja + k * ta->shape[1]]);
+                float ga = (float)(g * scale * (double)a->params[jb + k]);
+                a->grads[jb + k] += gb;
+                a->grads[ja + k * ta->shape[1]] += ga;
+            }
+        }
+    }
+    return (float)(sum / (double)counted);
+}
+
+static int32_t mock_adapter_forward_backward(orch_engine_ctx *ctx, uint32_t adapter_id,
+                                             const int32_t *tokens,
+                                             const int32_t *targets, uint32_t batch,
+                                             uint32_t seq_len, float grad_scale,
+                                             float *out_loss) {
+    if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
+    mock_adapter *a = adapter_find(ctx, adapter_id, "adapter_forward_backward");
+    if (!a) return ORCH_ERR_INVALID_ARGUMENT;
+    sleep_ms(ctx->cfg.sleep_ms);
+    int32_t st = engine_check_train_call("adapter_forward_backward", tokens, targets,
+                                         batch, seq_len, grad_scale, out_loss,
+                                         &ctx->train_lim, NULL, ENGINE_ERRBUF(ctx));
+    if (st) return st;
+    *out_loss = adapter_loss(ctx, a, tokens, targets, batch, seq_len, 1, grad_scale);
+    return ORCH_OK;
+}
+
+static int32_t mock_adapter_eval_loss(orch_engine_ctx *ctx, uint32_t adapter_id,
+                                      const int32_t *tokens, const int32_t *targets,
+                                      uint32_t batch, uint32_t seq_len, float *out_loss) {
+    if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
+    mock_adapter *a = adapter_find(ctx, adapter_id, "adapter_eval_loss");
+    if (!a) return ORCH_ERR_INVALID_ARGUMENT;
+    int32_t st = engine_check_train_call("adapter_eval_loss", tokens, targets, batch,
+                                         seq_len, 0.0f, out_loss, &ctx->train_lim, NULL,
+                                         ENGINE_ERRBUF(ctx));
+    if (st) return st;
+    *out_loss = adapter_loss(ctx, a, tokens, targets, batch, seq_len, 0, 0.0f);
+    return ORCH_OK;
+}
+
+/* optimizer_step's AdamW (same order and arithmetic) over one adapter. */
+static int32_t mock_adapter_optimizer_step(orch_engine_ctx *ctx, uint32_t adapter_id,
+                                           const orch_adamw_params *params,
+                                           float *out_grad_norm) {
+    if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
+    mock_adapter *a = adapter_find(ctx, adapter_id, "adapter_optimizer_step");
+    if (!a) return ORCH_ERR_INVALID_ARGUMENT;
+    orch_adamw_params p;
+    int32_t st = engine_check_adamw(params, &p, ENGINE_ERRBUF(ctx));
+    if (st != ORCH_OK) return st;
+    double sq = 0.0;
+    for (uint64_t i = 0; i < a->n_params; i++)
+        sq += (double)a->grads[i] * (double)a->grads[i];
+    double norm = sqrt(sq);
+    if (!isfinite(norm)) return engine_fail_nonfinite_norm(ENGINE_ERRBUF(ctx));
+    const float scale = engine_grad_clip_scale(&p, norm);
+    if (scale != 1.0f)
+        for (uint64_t i = 0; i < a->n_params; i++) a->grads[i] *= scale;
+    const float b1 = p.beta1, b2 = p.beta2;
+    const float bc1 = (float)(1.0 - pow((double)b1, (double)p.step));
+    const float bc2 = (float)(1.0 - pow((double)b2, (double)p.step));
+    for (uint32_t ti = 0; ti < a->n_tensors; ti++) {
+        const engine_tensor *t = &a->tensors[ti];
+        const float decay = engine_adamw_decay(&p, t->flags);
+        float *w = a->params + t->offset, *g = a->grads + t->offset;
+        float *m = a->adam_m + t->offset, *v = a->adam_v + t->offset;
+        for (uint64_t i = 0; i < t->numel; i++) {
+            m[i] = b1 * m[i] + (1.0f - b1) * g[i];
+            v[i] = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
+            float mhat = m[i] / bc1, vhat = v[i] / bc2;
+            w[i] *= decay;
+            w[i] -= p.lr * mhat / (sqrtf(vhat) + p.eps);
+        }
+    }
+    if (out_grad_norm) *out_grad_norm = (float)norm;
     return ORCH_OK;
 }
 
@@ -1056,7 +1555,7 @@ static const orch_engine_api mock_api = {
     .name = "mock",
     .version = MOCK_VERSION,
     .capabilities = ORCH_CAP_TRAIN | ORCH_CAP_INFER | ORCH_CAP_KV_COPY | ORCH_CAP_EVAL |
-                    ORCH_CAP_DETERMINISTIC | ORCH_CAP_FAULT_INJECTION,
+                    ORCH_CAP_DETERMINISTIC | ORCH_CAP_FAULT_INJECTION | ORCH_CAP_LORA,
     .probe = mock_probe,
     .status_string = engine_status_string,
     .context_create = mock_context_create,
@@ -1083,6 +1582,19 @@ static const orch_engine_api mock_api = {
     .moments_write = mock_moments_write,
     .optimizer_step_range = mock_optimizer_step_range,
     .optimizer_bytes = mock_optimizer_bytes,
+    .forward_backward_notify = mock_forward_backward_notify,
+    .adapter_create = mock_adapter_create,
+    .adapter_destroy = mock_adapter_destroy,
+    .adapter_tensor_count = mock_adapter_tensor_count,
+    .adapter_tensor_info = mock_adapter_tensor_info,
+    .adapter_tensor_read = mock_adapter_tensor_read,
+    .adapter_tensor_write = mock_adapter_tensor_write,
+    .adapter_grads_zero = mock_adapter_grads_zero,
+    .adapter_grads_read = mock_adapter_grads_read,
+    .adapter_grads_write = mock_adapter_grads_write,
+    .adapter_forward_backward = mock_adapter_forward_backward,
+    .adapter_eval_loss = mock_adapter_eval_loss,
+    .adapter_optimizer_step = mock_adapter_optimizer_step,
 };
 
 ORCH_ENGINE_EXPORT const orch_engine_api *orch_engine_get_api(uint32_t abi_major);

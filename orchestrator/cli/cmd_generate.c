@@ -13,6 +13,7 @@
 #include "orchestrator/cli/commands.h"
 #include "orchestrator/cli/flags.h"
 #include "orchestrator/infer/generate.h"
+#include "orchestrator/store/peft_adapter.h"
 #include "orchestrator/infer/inference_model.h"
 #include "orchestrator/serve/sampler.h"
 #include "orchestrator/core/util.h"
@@ -34,13 +35,36 @@ static const char footer_text[] =
     "exit status: 0 ok, 1 runtime failure, 2 bad usage/checkpoint/engine\n";
 
 typedef struct gen_args {
-    const char *ckpt, *prompt, *prompt_file, *engine, *quantize, *kv_dtype;
+    const char *ckpt, *prompt, *prompt_file, *engine, *quantize, *lora, *kv_dtype;
     const char *options; /* engine options for --quantize (NULL: the config's) */
     char options_buf[96];
     uint64_t max_tokens, seed;
     int have_seed, echo, threads, context_shift, trust_engine;
     sampler_params sp;
 } gen_args;
+
+/* The PEFT adapter in dir into m's engine (checked against the base's
+ * fingerprint); *id receives the engine's adapter id. */
+static int load_lora(inference_model *m, const char *dir, uint32_t *id, char *err,
+                     size_t err_cap) {
+    if (!(m->engine.api->capabilities & ORCH_CAP_LORA)) {
+        util_set_err(err, err_cap, "engine '%s' (ABI %u.%u) has no LoRA adapters",
+                     m->engine.api->name, m->engine.api->abi_major,
+                     m->engine.api->abi_minor);
+        return -1;
+    }
+    char fp[PEFT_FP_MAX];
+    peft_adapter a;
+    memset(&a, 0, sizeof a);
+    int rc = -1;
+    if (peft_adapter_load(dir, &m->desc, &a, err, err_cap) == 0 &&
+        peft_base_fingerprint(&m->engine, m->ctx, fp, err, err_cap) == 0 &&
+        peft_adapter_check_base(&a, dir, fp, err, err_cap) == 0 &&
+        peft_adapter_to_engine(&a, &m->engine, m->ctx, id, err, err_cap) == 0)
+        rc = 0;
+    peft_adapter_free(&a);
+    return rc;
+}
 
 /* Flags into a; 0, or 1 with the exit status in *st. */
 static int parse_args(int argc, char **argv, gen_args *a, int *st) {
@@ -79,6 +103,9 @@ static int parse_args(int argc, char **argv, gen_args *a, int *st) {
                   "cpu and cuda)" },
         { "--threads", FLAG_INT, &a->threads, "N",
           .help = "engine threads (default: the config's)", .min = 0, .max = 4096 },
+        { "--lora", FLAG_STRING, &a->lora, "DIR",
+          .help = "generate through the LoRA adapter in DIR (a PEFT\n"
+                  "directory made for this checkpoint)" },
         { "--quantize", FLAG_STRING, &a->quantize, "FMT",
           .help = "weights as FMT for inference: int8 (engine option\n"
                   "weights=int8: int8 blocks of 32, fp32 scales) or\n"
@@ -312,6 +339,14 @@ int cmd_generate(int argc, char **argv) {
                                 &s, err, sizeof err) != 0) {
         util_error("generate: %s", err);
         goto out;
+    }
+    if (a.lora) {
+        uint32_t adapter = 0;
+        if (load_lora(&m, a.lora, &adapter, err, sizeof err) != 0) {
+            util_error("generate: --lora %s: %s", a.lora, err);
+            goto out;
+        }
+        generate_set_adapter(s, adapter);
     }
     if (a.echo) {
         fwrite(prompt, 1, prompt_len, stdout);

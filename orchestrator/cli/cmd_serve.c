@@ -116,6 +116,54 @@ static int parse_args(int argc, char **argv, serve_options *o, int *st) {
           .min = 1, .max = INT32_MAX },
         { "--kv-memory", FLAG_U64, &o->kv_memory_mib, "MIB",
           .help = "KV pool memory budget (default 1024)", .min = 1, .max = 1 << 24 },
+        { "--lora", FLAG_LIST, o->loras, "NAME=DIR",
+          .help = "serve the LoRA adapter in DIR (a PEFT directory:\n"
+                  "adapter_config.json, adapter_model.safetensors)\n"
+                  "as model NAME, next to the base (repeatable)",
+          .max = SERVE_MAX_LIST, .count = &o->n_loras },
+        { "--enable-lora-loading", FLAG_TRUE, &o->enable_lora_loading, NULL,
+          .help = "allow POST /v1/load_lora_adapter and\n"
+                  "/v1/unload_lora_adapter (they read server paths)" },
+        { "--max-loras", FLAG_U64, &o->max_loras, "N",
+          .help = "adapters loaded at once (default 64)", .min = 1, .max = 64 },
+        { "--ft-lr", FLAG_DOUBLE, &o->ft_lr, "X",
+          .help = "fine-tuning jobs: base learning rate (times the\n"
+                  "job's learning_rate_multiplier; default 2e-4)",
+          .dmin = 1e-9, .dmax = 1.0 },
+        { "--ft-rank", FLAG_U64, &o->ft_rank, "R",
+          .help = "fine-tuning jobs: LoRA rank (default 8)", .min = 1, .max = 4096 },
+        { "--ft-alpha", FLAG_DOUBLE, &o->ft_alpha, "A",
+          .help = "fine-tuning jobs: LoRA alpha (default 16)", .dmin = 1e-6,
+          .dmax = 1e6 },
+        { "--ft-targets", FLAG_STRING, &o->ft_targets, "LIST",
+          .help = "fine-tuning jobs: adapted matrices (orch finetune's\n"
+                  "--targets; default qkv)" },
+        { "--ft-seq-len", FLAG_U64, &o->ft_seq_len, "T",
+          .help = "fine-tuning jobs: positions per row (default: the\n"
+                  "model's context)",
+          .min = 1, .max = 1 << 20 },
+        { "--ft-micro-batch", FLAG_U64, &o->ft_micro_batch, "N",
+          .help = "fine-tuning jobs: rows per micro-batch, the unit\n"
+                  "that rides in an iteration (default 1); a job's\n"
+                  "batch_size must be a multiple",
+          .min = 1, .max = 256 },
+        { "--slo-tpot-ms", FLAG_DOUBLE, &o->slo_tpot_ms, "MS",
+          .help = "co-serving: p99 time per output token to keep;\n"
+                  "fine-tuning gets what is left, and pauses when\n"
+                  "inference alone needs it all (default 0: no\n"
+                  "target, fine-tuning takes the whole budget)",
+          .dmin = 0, .dmax = 1e6 },
+        { "--slo-ttft-ms", FLAG_DOUBLE, &o->slo_ttft_ms, "MS",
+          .help = "co-serving: time to first token to keep (default\n"
+                  "0: none)",
+          .dmin = 0, .dmax = 1e7 },
+        { "--state-dir", FLAG_STRING, &o->state_dir, "DIR",
+          .help = "keep uploaded files (OpenAI's /v1/files) in DIR,\n"
+                  "across restarts (default: none; the files API is\n"
+                  "off)" },
+        { "--max-upload-mib", FLAG_U64, &o->max_upload_mib, "MIB",
+          .help = "size limit of one uploaded file (default 512)", .min = 1,
+          .max = 1 << 20 },
         { "--max-body", FLAG_U64, &o->max_body, "BYTES",
           .help = "request body limit (default 4194304)", .min = 64,
           .max = (int64_t)1 << 32 },

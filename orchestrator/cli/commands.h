@@ -14,6 +14,7 @@
 
 int cmd_info(int argc, char **argv);
 int cmd_train(int argc, char **argv);
+int cmd_finetune(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_serve(int argc, char **argv);

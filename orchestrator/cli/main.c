@@ -17,6 +17,8 @@ typedef struct command {
 
 static const command commands[] = {
     { "train", cmd_train, "train a model from a config (default: built-in)" },
+    { "finetune", cmd_finetune,
+      "LoRA fine-tuning of a checkpoint on JSONL (PEFT adapter)" },
     { "generate", cmd_generate, "generate text from a checkpoint" },
     { "eval", cmd_eval, "validation loss and perplexity of a checkpoint" },
     { "serve", cmd_serve, "OpenAI-compatible HTTP server" },

@@ -28,7 +28,11 @@
  *           seed 1337, eval_every 100 (0 = only at the end), eval_batches 8,
  *           checkpoint_every 0 (0 = only at the end), keep_checkpoints 3,
  *           early_stop_patience 0 (0 = off; counted in evaluations),
- *           zero 0 (0|1: ZeRO-1 sharded optimizer state, see dist.h)
+ *           zero 0 (0|1: ZeRO-1 sharded optimizer state, see dist.h),
+ *           overlap_allreduce true (data parallel: reduce gradients during
+ *             the last micro-batch's backward; ignored with zero 1),
+ *           allreduce_bucket_mb 25 (0 < MiB <= 1024; gradient all-reduce
+ *             bucket, see dist.h)
  *   data:   tokenizer R (byte|gpt2), train R (shard glob), val R (shard glob)
  *           Relative paths are relative to the current directory of the
  *           process reading the config. `orch train` makes them absolute
@@ -113,7 +117,9 @@ typedef struct config_train {
     uint64_t checkpoint_every;
     uint32_t keep_checkpoints;
     uint32_t early_stop_patience;
-    uint32_t zero; /* 1: ZeRO-1, AdamW moments sharded over the ranks (dist.h) */
+    uint32_t zero;         /* 1: ZeRO-1, AdamW moments sharded over the ranks (dist.h) */
+    int overlap_allreduce; /* all-reduce during the last backward (dist.h) */
+    double allreduce_bucket_mb; /* MiB of f32 per all-reduce bucket (dist.h) */
 } config_train;
 
 typedef struct config_data {

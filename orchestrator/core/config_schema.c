@@ -89,6 +89,10 @@ static const config_key_spec train_keys[] = {
     { "early_stop_patience", KT_U32, 0, 0, 1000000, 0, 0, NULL,
       OFF(config_train, early_stop_patience), 0, 0, NULL },
     { "zero", KT_U32, 0, 0, 1, 0, 0, NULL, OFF(config_train, zero), 0, 0, NULL },
+    { "overlap_allreduce", KT_BOOL, 0, 0, 0, 0, 0, NULL,
+      OFF(config_train, overlap_allreduce), 0, 1, NULL },
+    { "allreduce_bucket_mb", KT_F64, 0, 0, 1024, 1, 0, NULL,
+      OFF(config_train, allreduce_bucket_mb), 0, 25, NULL },
 };
 
 static const config_key_spec data_keys[] = {

@@ -142,6 +142,20 @@ static const struct member_req required_members[] = {
     MEMBER(kv_configure, ORCH_CAP_INFER),
     MEMBER(infer_forward, ORCH_CAP_INFER),
     MEMBER(kv_copy_blocks, ORCH_CAP_KV_COPY),
+    /* ABI 1.4: an engine that claims adapters must provide all their calls. */
+    MEMBER(adapter_create, ORCH_CAP_LORA),
+    MEMBER(adapter_destroy, ORCH_CAP_LORA),
+    MEMBER(adapter_tensor_count, ORCH_CAP_LORA),
+    MEMBER(adapter_tensor_info, ORCH_CAP_LORA),
+    MEMBER(adapter_tensor_read, ORCH_CAP_LORA),
+    MEMBER(adapter_tensor_write, ORCH_CAP_LORA),
+    MEMBER(adapter_grads_zero, ORCH_CAP_LORA),
+    MEMBER(adapter_grads_read, ORCH_CAP_LORA),
+    MEMBER(adapter_grads_write, ORCH_CAP_LORA),
+    MEMBER(adapter_forward_backward, ORCH_CAP_LORA),
+    MEMBER(adapter_eval_loss, ORCH_CAP_LORA),
+    MEMBER(adapter_optimizer_step, ORCH_CAP_LORA),
+    MEMBER(coserve_forward, ORCH_CAP_COSERVE),
 };
 #undef MEMBER
 
@@ -222,6 +236,16 @@ int engine_load(const char *value, engine_handle *out, char *err, size_t err_cap
     for (size_t i = 0; i < sizeof required_members / sizeof required_members[0]; i++) {
         const struct member_req *r = &required_members[i];
         if (r->cap && !(api->capabilities & r->cap)) continue;
+        if (api->struct_size < r->offset + sizeof(void (*)(void))) {
+            /* A capability of a later minor claimed by a table too short
+             * to hold its calls. */
+            util_set_err(err, err_cap,
+                         "engine '%s': claims a capability whose member '%s' is "
+                         "beyond its function table (%u bytes, ABI %u.%u)",
+                         path, r->name, api->struct_size, api->abi_major, api->abi_minor);
+            dlclose(dl);
+            return -1;
+        }
         const void *fn;
         memcpy(&fn, (const char *)api + r->offset, sizeof fn);
         if (!fn) {
@@ -306,7 +330,9 @@ void engine_caps_string(uint64_t caps, char *buf, size_t cap) {
                   { ORCH_CAP_EVAL, "eval" },
                   { ORCH_CAP_DETERMINISTIC, "deterministic" },
                   { ORCH_CAP_GPU, "gpu" },
-                  { ORCH_CAP_FAULT_INJECTION, "fault-injection" } };
+                  { ORCH_CAP_FAULT_INJECTION, "fault-injection" },
+                  { ORCH_CAP_LORA, "lora" },
+                  { ORCH_CAP_COSERVE, "coserve" } };
     size_t used = 0;
     if (cap) buf[0] = '\0';
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {

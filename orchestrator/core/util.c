@@ -11,6 +11,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -45,6 +46,29 @@ void util_set_err(char *buf, size_t cap, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(buf, cap, fmt, ap);
     va_end(ap);
+}
+
+int util_random_id(char *out, size_t cap, const char *prefix, size_t n_bytes) {
+    size_t plen = strlen(prefix);
+    if (n_bytes > 64 || plen + 2 * n_bytes + 1 > cap) return -1;
+    unsigned char r[64];
+    size_t got = 0;
+    while (got < n_bytes) {
+        ssize_t n = getrandom(r + got, n_bytes - got, 0);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        got += (size_t)n;
+    }
+    memcpy(out, prefix, plen);
+    static const char hex[] = "0123456789abcdef";
+    for (size_t i = 0; i < n_bytes; i++) {
+        out[plen + 2 * i] = hex[r[i] >> 4];
+        out[plen + 2 * i + 1] = hex[r[i] & 15];
+    }
+    out[plen + 2 * n_bytes] = '\0';
+    return 0;
 }
 
 double util_now(void) {

@@ -28,6 +28,12 @@ void util_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void util_set_err(char *buf, size_t cap, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* prefix followed by 2*n_bytes lowercase hex digits from the kernel's
+ * random source (getrandom), into out (cap must hold them and the NUL), for
+ * object ids ("file-...", "ftjob-..."). Returns 0, or -1 when no random
+ * bytes can be had. Thread-safe. */
+int util_random_id(char *out, size_t cap, const char *prefix, size_t n_bytes);
+
 /* Seconds from a monotonic clock. */
 double util_now(void);
 

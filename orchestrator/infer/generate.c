@@ -23,6 +23,7 @@ struct generate_session {
     int32_t *blocks; /* block i of the sequence = pool block i */
     uint32_t n_blocks;
     float *logits;
+    uint32_t adapter; /* LoRA adapter of every feed (0 = the base) */
 };
 
 int generate_session_create(const engine_handle *h, orch_engine_ctx *ctx,
@@ -108,6 +109,7 @@ int generate_feed(generate_session *s, const int32_t *ids, size_t n, char *err,
         seq.block_table = s->blocks;
         seq.n_blocks = (end + ORCH_KV_BLOCK_TOKENS - 1) / ORCH_KV_BLOCK_TOKENS;
         seq.logits_mode = last ? ORCH_LOGITS_LAST : ORCH_LOGITS_NONE;
+        seq.adapter_id = s->adapter;
         orch_infer_batch b;
         memset(&b, 0, sizeof b);
         b.struct_size = sizeof b;
@@ -132,6 +134,10 @@ int generate_feed(generate_session *s, const int32_t *ids, size_t n, char *err,
 
 const float *generate_logits(const generate_session *s) {
     return s && s->have_logits ? s->logits : NULL;
+}
+
+void generate_set_adapter(generate_session *s, uint32_t adapter_id) {
+    s->adapter = adapter_id;
 }
 
 uint32_t generate_position(const generate_session *s) { return s->pos; }

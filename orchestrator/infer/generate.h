@@ -43,6 +43,10 @@ int generate_feed(generate_session *s, const int32_t *ids, size_t n, char *err,
  * until the next feed/reset/free. */
 const float *generate_logits(const generate_session *s);
 
+/* Run every later feed through LoRA adapter adapter_id of the context (0
+ * = the base model); set it before the first feed (or after a reset). */
+void generate_set_adapter(generate_session *s, uint32_t adapter_id);
+
 /* Tokens fed so far (= position of the next token), and the limit. */
 uint32_t generate_position(const generate_session *s);
 uint32_t generate_context(const generate_session *s);

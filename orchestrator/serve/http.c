@@ -21,13 +21,29 @@
 #include "orchestrator/core/util.h"
 #include "orchestrator/serve/http_internal.h"
 
-static const char *const route_label[R_COUNT] = {
-    "other",           "/health",
-    "/v1/models",      "/v1/models/{model}",
-    "/v1/completions", "/v1/chat/completions",
-    "/metrics",        "/tokenize",
-    "/detokenize"
-};
+static const char *const route_label[R_COUNT] = { "other",
+                                                  "/health",
+                                                  "/v1/models",
+                                                  "/v1/models/{model}",
+                                                  "/v1/completions",
+                                                  "/v1/chat/completions",
+                                                  "/metrics",
+                                                  "/tokenize",
+                                                  "/detokenize",
+                                                  "/v1/files",
+                                                  "/v1/files/{id}",
+                                                  "/v1/files/{id}/content",
+                                                  "/v1/load_lora_adapter",
+                                                  "/v1/unload_lora_adapter" };
+
+/* The Allow header of a 405 on `route`. */
+static const char *route_allow(int route) {
+    if (route == R_FILES) return "GET, HEAD, POST";
+    if (route == R_FILE) return "GET, HEAD, DELETE";
+    if (route == R_FT_JOBS) return "GET, HEAD, POST";
+    if (route == R_FT_CANCEL) return "POST";
+    return route_is_post(route) ? "POST" : "GET, HEAD";
+}
 
 /* ------------------------------------------------------------------------- */
 /* Responses                                                                  */
@@ -55,7 +71,7 @@ enum MHD_Result http_queue_body(http_req *hr, unsigned status, char *body, size_
     }
     if (ctype) MHD_add_response_header(r, "Content-Type", ctype);
     if (status == 405) {
-        const char *allow = route_is_post(hr->route) ? "POST" : "GET, HEAD";
+        const char *allow = route_allow(hr->route);
         MHD_add_response_header(r, "Allow", allow);
     }
     if (status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
@@ -117,6 +133,8 @@ void http_req_free(http_req *hr) {
     free(hr->seqs);
     render_stream_free(&hr->rs);
     gen_request_free(&hr->req);
+    if (hr->adapter && hr->srv->cfg.coserve)
+        coserve_release(hr->srv->cfg.coserve, hr->adapter);
     http_body_release(hr);
     free(hr->obuf);
     free(hr->final.p);
@@ -178,6 +196,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
     if (!hr) return;
     *req_cls = NULL;
     set_phase(hr, LISTENER_IDLE); /* kept alive: the next head has a deadline */
+    http_files_done(hr);
     conn_watch_clear_request(s->front.watch, hr->hc ? hr->hc->cc : NULL, hr);
     pthread_mutex_lock(&hr->lock);
     int wake = http_gen_cancel_locked(hr);
@@ -202,6 +221,23 @@ static int match_route(const char *url) {
     if (strcmp(url, "/metrics") == 0) return R_METRICS;
     if (strcmp(url, "/tokenize") == 0) return R_TOKENIZE;
     if (strcmp(url, "/detokenize") == 0) return R_DETOKENIZE;
+    if (strcmp(url, "/v1/files") == 0) return R_FILES;
+    if (strcmp(url, "/v1/fine_tuning/jobs") == 0) return R_FT_JOBS;
+    if (strncmp(url, "/v1/fine_tuning/jobs/", 21) == 0 && url[21]) {
+        const char *slash = strchr(url + 21, '/');
+        if (!slash) return R_FT_JOB;
+        if (strcmp(slash, "/cancel") == 0) return R_FT_CANCEL;
+        if (strcmp(slash, "/events") == 0) return R_FT_EVENTS;
+        if (strcmp(slash, "/checkpoints") == 0) return R_FT_CKPTS;
+        return R_OTHER;
+    }
+    if (strcmp(url, "/v1/load_lora_adapter") == 0) return R_LORA_LOAD;
+    if (strcmp(url, "/v1/unload_lora_adapter") == 0) return R_LORA_UNLOAD;
+    if (strncmp(url, "/v1/files/", 10) == 0 && url[10]) {
+        size_t n = strlen(url);
+        if (n > 18 && strcmp(url + n - 8, "/content") == 0) return R_FILE_CONTENT;
+        return R_FILE;
+    }
     return R_OTHER;
 }
 
@@ -223,9 +259,13 @@ static enum MHD_Result answer_get(http_req *hr, const char *url) {
     case R_MODELS:
         strbuf_puts(&b, "{\"object\":\"list\",\"data\":[");
         render_model_object(&b, s->model_name, s->created, context, arch);
+        if (s->cfg.coserve) coserve_models_json(s->cfg.coserve, &b, context);
         strbuf_puts(&b, "]}");
         return http_queue_json(hr, 200, &b);
     case R_MODEL:
+        if (strcmp(url + 11, s->model_name) != 0 && s->cfg.coserve &&
+            coserve_model_json(s->cfg.coserve, url + 11, &b, context) == 0)
+            return http_queue_json(hr, 200, &b);
         if (strcmp(url + 11, s->model_name) != 0) {
             api_error e;
             api_error_set(&e, 404, "model", "model_not_found",
@@ -250,7 +290,8 @@ static enum MHD_Result answer_preflight(http_req *hr) {
         MHD_create_response_from_buffer(0, NULL, MHD_RESPMEM_PERSISTENT);
     if (!r) return MHD_NO;
     http_add_cors(hr, r);
-    MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+    MHD_add_response_header(r, "Access-Control-Allow-Methods",
+                            "GET, POST, DELETE, OPTIONS");
     MHD_add_response_header(r, "Access-Control-Allow-Headers",
                             "Authorization, Content-Type");
     MHD_add_response_header(r, "Access-Control-Max-Age", "600");
@@ -337,8 +378,17 @@ static enum MHD_Result begin_request(http_server *s, struct MHD_Connection *conn
     *req_cls = hr;
     if (pthread_mutex_init(&hr->lock, NULL) != 0) return MHD_NO;
     hr->lock_init = 1;
+    int is_get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
+    int is_post = strcmp(method, "POST") == 0;
+    int is_delete = strcmp(method, "DELETE") == 0;
+    hr->method = is_get      ? HTTP_M_GET
+                 : is_post   ? HTTP_M_POST
+                 : is_delete ? HTTP_M_DELETE
+                             : HTTP_M_OTHER;
     int post_route = route_is_post(hr->route);
-    set_phase(hr, post_route ? LISTENER_BODY : LISTENER_BUSY);
+    hr->has_body = post_route || (hr->route == R_FILES && is_post) ||
+                   (hr->route == R_FT_JOBS && is_post);
+    set_phase(hr, hr->has_body ? LISTENER_BODY : LISTENER_BUSY);
     hr->cors = http_policy_cors(
         &s->policy, MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Origin"));
 
@@ -354,18 +404,22 @@ static enum MHD_Result begin_request(http_server *s, struct MHD_Connection *conn
                  host);
         return http_queue_err(hr, 403, NULL, "host_not_allowed", msg);
     }
-    int is_get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
-    int is_post = strcmp(method, "POST") == 0;
     if (hr->route == R_OTHER)
         return http_queue_err(hr, 404, NULL, "not_found", "no such route");
     if (strcmp(method, "OPTIONS") == 0 && hr->cors) {
         hr->preflight = 1; /* answered once the request is complete */
         return MHD_YES;
     }
-    if (post_route ? !is_post : !is_get) {
+    int allowed = route_is_files(hr->route)
+                      ? (is_get || (hr->route == R_FILES && is_post) ||
+                         (hr->route == R_FILE && is_delete))
+                  : hr->route == R_FT_CANCEL ? is_post
+                  : hr->route == R_FT_JOBS   ? (is_get || is_post)
+                                             : (post_route ? is_post : is_get);
+    if (!allowed) {
         char msg[128];
         snprintf(msg, sizeof msg, "method %.16s is not allowed here (use %s)", method,
-                 post_route ? "POST" : "GET");
+                 route_allow(hr->route));
         return http_queue_err(hr, 405, NULL, "method_not_allowed", msg);
     }
     if ((strncmp(url, "/v1/", 4) == 0 || post_route) &&
@@ -377,6 +431,8 @@ static enum MHD_Result begin_request(http_server *s, struct MHD_Connection *conn
     /* GET routes answer on the next call, once the request is complete: a
      * response queued now would make libmicrohttpd close the connection (no
      * keep-alive). */
+    if (route_is_files(hr->route)) return http_files_begin(hr);
+    if (hr->route == R_FT_JOBS && is_post) return check_body_headers(hr);
     if (!post_route) return MHD_YES;
     return check_body_headers(hr);
 }
@@ -422,8 +478,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         enum MHD_Result r = begin_request(s, conn, url, method, version, req_cls);
         hr = *req_cls;
         /* an answer queued before the body: no 408 over it */
-        if (hr && hr->responded && route_is_post(hr->route))
-            set_phase(hr, LISTENER_BODY_ANSWERED);
+        if (hr && hr->responded && hr->has_body) set_phase(hr, LISTENER_BODY_ANSWERED);
         return r;
     }
     if (hr->responded) { /* an early answer was queued: discard the body */
@@ -433,9 +488,18 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     if (*upload_data_size) {
         size_t n = *upload_data_size;
         *upload_data_size = 0;
+        if (hr->upload) return http_files_take(hr, upload_data, n);
         return take_upload(hr, upload_data, n);
     }
     if (hr->preflight) return answer_preflight(hr);
+    if (route_is_files(hr->route)) {
+        set_phase(hr, LISTENER_BUSY);
+        return http_files_answer(hr, url);
+    }
+    if (route_is_ft(hr->route)) {
+        set_phase(hr, LISTENER_BUSY);
+        return http_ft_answer(hr, url);
+    }
     if (!route_is_post(hr->route)) return answer_get(hr, url);
     set_phase(hr, LISTENER_BUSY);
     if (hr->too_big) {
@@ -594,6 +658,15 @@ void http_server_set_chat_template(http_server *s, const chat_template *t,
                                    const char *error) {
     s->chat_template = t;
     s->chat_error = error;
+}
+
+void http_server_set_coserve(http_server *s, coserve *c) { s->cfg.coserve = c; }
+
+void http_server_set_finetune(http_server *s, ft_jobs *jobs, struct ft_runner *runner,
+                              const char *disabled) {
+    s->cfg.jobs = jobs;
+    s->cfg.runner = runner;
+    s->cfg.ft_disabled = disabled;
 }
 
 void http_server_drain_begin(http_server *s) {

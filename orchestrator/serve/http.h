@@ -14,6 +14,13 @@
  *   POST /v1/completions       prompt: string | token ids | list of either
  *   POST /v1/chat/completions  messages through chat_template.h
  *   GET  /metrics              Prometheus text (metrics.h)
+ *   /v1/files...               OpenAI's files API (http_files.c), with a
+ *                              file store (--state-dir)
+ *   /v1/fine_tuning/jobs...    OpenAI's fine-tuning API (http_ft.c), jobs
+ *                              run inside the server (ft_runner.h)
+ *   POST /v1/load_lora_adapter, /v1/unload_lora_adapter  vLLM's (coserve.h);
+ *                              /v1/models lists the adapters with "parent";
+ *                              "model" may name an adapter
  *   OPTIONS (any route)        CORS preflight, for an allowed origin only
  * Checks, in order, before a body is read: Host (http_policy.h), route,
  * method, API key (routes under /v1/), Content-Type of POST routes, the
@@ -62,6 +69,9 @@
 #include "orchestrator/core/metrics.h"
 #include "orchestrator/data/tokenizer.h"
 #include "orchestrator/serve/chat_template.h"
+#include "orchestrator/serve/coserve.h"
+#include "orchestrator/serve/file_store.h"
+#include "orchestrator/serve/ft_jobs.h"
 #include "orchestrator/serve/scheduler.h"
 
 #define HTTP_DEFAULT_MAX_BODY             (4u << 20)
@@ -94,6 +104,11 @@ typedef struct http_server_config {
     const char *const *cors_origins; /* --cors-origin */
     size_t n_cors_origins;
     metrics_registry *metrics; /* required */
+    file_store *files;         /* /v1/files (borrowed); NULL = those routes 404 */
+    coserve *coserve;          /* served adapters (borrowed); NULL = none */
+    ft_jobs *jobs;             /* /v1/fine_tuning/jobs (borrowed); NULL = 404 */
+    struct ft_runner *runner;  /* told about new and cancelled jobs */
+    const char *ft_disabled;   /* why jobs is NULL (for the 404), or NULL */
 } http_server_config;
 
 typedef struct http_server http_server;
@@ -114,6 +129,15 @@ void http_server_set_ready(http_server *s, scheduler *sched, const tokenizer *to
  * and must outlive the server. Call before http_server_set_ready. */
 void http_server_set_chat_template(http_server *s, const chat_template *t,
                                    const char *error);
+
+/* The served adapters (borrowed; must outlive the server). Call before
+ * http_server_set_ready. */
+void http_server_set_coserve(http_server *s, coserve *c);
+/* The fine-tuning jobs and their runner (borrowed), or why there are none
+ * (disabled: a message for the 404; copied by reference, static or
+ * outliving the server). Call before http_server_set_ready. */
+void http_server_set_finetune(http_server *s, ft_jobs *jobs, struct ft_runner *runner,
+                              const char *disabled);
 
 /* Scheduler poll hook (arg = http_server *): cancel the sequences of clients
  * that closed their connection. Cheap (one non-blocking epoll_wait). */

@@ -36,7 +36,7 @@ static gen_response response_of(const http_req *hr) {
     gen_response r = { .req = &hr->req,
                        .seqs = hr->seqs,
                        .tok = hr->srv->tok,
-                       .model = hr->srv->model_name,
+                       .model = hr->req.model[0] ? hr->req.model : hr->srv->model_name,
                        .id = hr->id,
                        .created = hr->created };
     return r;
@@ -78,10 +78,19 @@ static int setup_generation(http_req *hr, api_error *e) {
                            .max_token_bytes = s->max_token_bytes,
                            .grammars = s->grammars,
                            .chat_template = s->chat_template,
-                           .chat_error = s->chat_error };
+                           .chat_error = s->chat_error,
+                           .model_known = s->cfg.coserve ? http_model_known : NULL,
+                           .model_known_arg = s };
     if (gen_request_parse(&lim, hr->route == R_CHAT, hr->body, hr->body_len, &hr->req,
                           e) != 0)
         return -1;
+    if (hr->req.model[0] && strcmp(hr->req.model, s->model_name) != 0 &&
+        coserve_resolve(s->cfg.coserve, hr->req.model, &hr->adapter) != 0) {
+        api_error_set(e, 404, "model", "model_not_found",
+                      "the model '%.128s' does not exist (unloaded)", hr->req.model);
+        e->type = "invalid_request_error";
+        return -1;
+    }
     uint32_t n = gen_request_n_seqs(&hr->req);
     hr->seqs = util_calloc(n, sizeof *hr->seqs);
     if (!hr->seqs || render_stream_init(&hr->rs, n) != 0)
@@ -96,6 +105,7 @@ static int setup_generation(http_req *hr, api_error *e) {
         q->lock = &hr->lock;
         q->notify = on_seq_notify;
         q->user = hr;
+        q->adapter_id = hr->adapter;
         atomic_init(&q->cancel, 0);
     }
     snprintf(hr->id, sizeof hr->id, "%s-%016" PRIx64, hr->req.chat ? "chatcmpl" : "cmpl",
@@ -170,10 +180,50 @@ static void tokenize_job(http_req *hr) {
     http_req_unref(hr); /* the job's reference */
 }
 
+int http_model_known(void *arg, const char *name) {
+    http_server *s = arg;
+    uint32_t id = 0;
+    if (!s->cfg.coserve || coserve_resolve(s->cfg.coserve, name, &id) != 0) return 0;
+    coserve_release(s->cfg.coserve, id);
+    return 1;
+}
+
+/* POST /v1/load_lora_adapter, /v1/unload_lora_adapter: the answer, after
+ * the scheduler thread ran the task. */
+static void lora_job(http_req *hr) {
+    http_server *s = hr->srv;
+    api_error e;
+    strbuf b = { 0 };
+    int rc;
+    if (!s->cfg.coserve)
+        rc = api_error_set(&e, 404, NULL, "not_found", "this server serves no adapters");
+    else if (hr->route == R_LORA_LOAD)
+        rc = coserve_load_request(s->cfg.coserve, hr->body, hr->body_len, 60.0, &b, &e);
+    else
+        rc = coserve_unload_request(s->cfg.coserve, hr->body, hr->body_len, 60.0, &b, &e);
+    http_body_release(hr);
+    pthread_mutex_lock(&hr->lock);
+    if (rc == 0) {
+        hr->final = b;
+        hr->gstate = G_RENDERED;
+    } else {
+        free(b.p);
+        hr->err = e;
+        hr->gstate = G_ERROR;
+    }
+    pthread_mutex_unlock(&hr->lock);
+    http_req_resume(hr);
+    http_req_unref(hr); /* the job's reference */
+}
+
 static void parse_job(work_item *item) {
     http_req *hr = HR_OF(item);
     if (hr->route == R_TOKENIZE || hr->route == R_DETOKENIZE) {
         tokenize_job(hr);
+        return;
+    }
+    if (hr->route == R_LORA_LOAD || hr->route == R_LORA_UNLOAD) {
+        lora_job(hr);
         return;
     }
     api_error e;

@@ -47,13 +47,36 @@ enum route {
     R_METRICS,
     R_TOKENIZE,
     R_DETOKENIZE,
+    R_FILES,        /* GET list, POST upload (http_files.c) */
+    R_FILE,         /* GET, DELETE */
+    R_FILE_CONTENT, /* GET */
+    R_LORA_LOAD,    /* POST /v1/load_lora_adapter */
+    R_LORA_UNLOAD,  /* POST /v1/unload_lora_adapter */
+    R_FT_JOBS,      /* GET list, POST create (http_ft.c) */
+    R_FT_JOB,       /* GET */
+    R_FT_CANCEL,    /* POST */
+    R_FT_EVENTS,    /* GET */
+    R_FT_CKPTS,     /* GET */
     R_COUNT
 };
+
+/* Request methods the routes take. */
+enum { HTTP_M_GET = 0, HTTP_M_POST, HTTP_M_DELETE, HTTP_M_OTHER };
+
+/* The fine-tuning routes (http_ft.c). */
+static inline int route_is_ft(int route) {
+    return route >= R_FT_JOBS && route <= R_FT_CKPTS;
+}
+
+/* The files routes (http_files.c). */
+static inline int route_is_files(int route) {
+    return route == R_FILES || route == R_FILE || route == R_FILE_CONTENT;
+}
 
 /* Routes answered to POST with a JSON body (the rest: GET / HEAD). */
 static inline int route_is_post(int route) {
     return route == R_COMPLETIONS || route == R_CHAT || route == R_TOKENIZE ||
-           route == R_DETOKENIZE;
+           route == R_DETOKENIZE || route == R_LORA_LOAD || route == R_LORA_UNLOAD;
 }
 
 enum { ST_LOADING = 0, ST_READY = 1, ST_DRAINING = 2 };
@@ -104,8 +127,12 @@ typedef struct http_req {
     int too_big;     /* the body went over the limit: 413 after the upload */
     int over_budget; /* the bodies in flight went over their memory cap: 503 */
     int responded;
+    int method;                 /* HTTP_M_* */
+    int has_body;               /* a POST route whose body is read (JSON, or an upload) */
+    struct http_upload *upload; /* POST /v1/files (http_files.c) */
     work_item job;
 
+    uint32_t adapter; /* held LoRA adapter (coserve_resolve), released at free */
     /* generation request */
     pthread_mutex_t lock; /* guards what follows and the sequences' outputs */
     int lock_init;
@@ -149,7 +176,23 @@ void http_req_resume(http_req *hr);
 /* Suspend hr's connection (under hr->lock). */
 void http_req_suspend_locked(http_req *hr);
 
+/* ---- http_files.c ---- */
+/* First call of a files route (headers checked): start an upload. */
+enum MHD_Result http_files_begin(http_req *hr);
+/* A piece of an upload's body. */
+enum MHD_Result http_files_take(http_req *hr, const char *data, size_t n);
+/* The request is complete: answer it. */
+enum MHD_Result http_files_answer(http_req *hr, const char *url);
+/* The request is over (any outcome): drop an unfinished upload. */
+void http_files_done(http_req *hr);
+
+/* ---- http_ft.c ---- */
+/* A fine-tuning route, the request complete (the create body read). */
+enum MHD_Result http_ft_answer(http_req *hr, const char *url);
+
 /* ---- http_gen.c ---- */
+/* request_limits.model_known over the server's adapters. */
+int http_model_known(void *arg, const char *name);
 /* The final handler call of a POST route (the body is complete). */
 enum MHD_Result http_gen_step(http_req *hr);
 /* Cancel hr's sequences (the request completed early or the client left);

@@ -492,12 +492,18 @@ static int parse_stop(const request_limits *lim, gen_request *r, const cJSON *ro
 /* ------------------------------------------------------------------------- */
 /* The request                                                                */
 /* ------------------------------------------------------------------------- */
-/* 'model', when given, names the served model. */
-static int check_model(const request_limits *lim, const cJSON *root, api_error *e) {
+/* 'model', when given, names the served model (or another served model:
+ * an adapter). */
+static int check_model(const request_limits *lim, const cJSON *root, gen_request *r,
+                       api_error *e) {
     const cJSON *model = field(root, "model");
     if (model && !cJSON_IsString(model))
         return api_error_set(e, 400, "model", "invalid_type", "'model' must be a string");
-    if (model && strcmp(model->valuestring, lim->model_name) != 0) {
+    if (model && strlen(model->valuestring) < sizeof r->model)
+        snprintf(r->model, sizeof r->model, "%s", model->valuestring);
+    if (model && strcmp(model->valuestring, lim->model_name) != 0 &&
+        !(lim->model_known && strlen(model->valuestring) < sizeof r->model &&
+          lim->model_known(lim->model_known_arg, model->valuestring))) {
         api_error_set(e, 404, "model", "model_not_found",
                       "the model '%.128s' does not exist; this server serves '%.128s'",
                       model->valuestring, lim->model_name);
@@ -974,10 +980,11 @@ static int parse_fields(const request_limits *lim, gen_request *r, const cJSON *
         return api_error_set(e, 400, NULL, "invalid_json",
                              "the request body must be a JSON object");
     max_tokens_arg mt;
-    if (check_known(root, e) || check_model(lim, root, e) || check_template(lim, r, e) ||
-        check_unsupported(r, root, e) || parse_sampling(r, root, &mt, e) ||
-        parse_output(r, root, e) || parse_stop(lim, r, root, e) ||
-        parse_token_controls(lim, r, root, e) || parse_structured(lim, r, root, e))
+    if (check_known(root, e) || check_model(lim, root, r, e) ||
+        check_template(lim, r, e) || check_unsupported(r, root, e) ||
+        parse_sampling(r, root, &mt, e) || parse_output(r, root, e) ||
+        parse_stop(lim, r, root, e) || parse_token_controls(lim, r, root, e) ||
+        parse_structured(lim, r, root, e))
         return -1;
     if (r->chat ? parse_messages(lim, r, root, e) : parse_prompt(lim, r, root, e))
         return -1;

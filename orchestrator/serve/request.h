@@ -62,14 +62,19 @@
 #define REQUEST_MAX_STOP_LEN       256u  /* bytes per stop string */
 #define REQUEST_DEFAULT_MAX_TOKENS 16u   /* /v1/completions without max_tokens */
 #define REQUEST_MAX_LOGIT_BIAS     1024u /* logit_bias entries */
+#define REQUEST_MODEL_MAX          320u  /* bytes of a 'model' name */
 
 /* What parsing is checked against. */
 typedef struct request_limits {
     const tokenizer *tok;   /* encodes text prompts, decodes token prompts */
-    const char *model_name; /* a given 'model' must equal it */
-    uint32_t vocab;         /* token ids must be below it */
-    uint32_t context;       /* prompt + max_tokens must fit in it */
-    uint32_t max_seqs;      /* prompts x n per request */
+    const char *model_name; /* a given 'model' must equal it, or be known: */
+    /* other served models (LoRA adapters, coserve.h): 1 when NAME is one;
+     * NULL = only model_name */
+    int (*model_known)(void *arg, const char *name);
+    void *model_known_arg;
+    uint32_t vocab;    /* token ids must be below it */
+    uint32_t context;  /* prompt + max_tokens must fit in it */
+    uint32_t max_seqs; /* prompts x n per request */
     /* Bytes of the longest token (request_max_token_bytes); 0 = unknown. A
      * text prompt of at least context x this many bytes is refused unread. */
     uint32_t max_token_bytes;
@@ -123,6 +128,8 @@ typedef struct gen_request {
     grammar *grammar;
     grammar_matcher *matchers; /* [gen_request_n_seqs] */
     int tool_mode;
+    /* the 'model' given ("" = none: the base model); answers echo it */
+    char model[REQUEST_MODEL_MAX];
 } gen_request;
 
 int gen_request_parse(const request_limits *lim, int chat, const char *body, size_t len,

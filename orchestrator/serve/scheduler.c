@@ -72,6 +72,11 @@ struct scheduler {
     metrics_series *m_pc_hits, *m_pc_misses, *m_pc_hit_tokens, *m_pc_evictions;
     metrics_series *m_pc_blocks, *m_pc_evictable;
     metrics_series *m_forced; /* jump-forward tokens (structured output) */
+
+    /* co-serving (cfg.coserve), scheduler thread only */
+    orch_finetune_batch ft[SCHED_MAX_FINETUNE_BATCHES];
+    float ft_losses[SCHED_MAX_FINETUNE_BATCHES];
+    int ft_pending; /* the last tasks() said fine-tuning work is pending */
 };
 
 /* ------------------------------------------------------------------------- */
@@ -416,6 +421,13 @@ int scheduler_submit(scheduler *s, sched_seq *const *seqs, uint32_t n, char *err
                          i);
             return SCHED_BAD;
         }
+        if (q->adapter_id && !(s->cfg.engine->api->capabilities & ORCH_CAP_LORA)) {
+            util_set_err(err, err_cap,
+                         "sequence %u: adapter %u on engine '%s', which has no LoRA "
+                         "adapters",
+                         i, q->adapter_id, s->cfg.engine->api->name);
+            return SCHED_BAD;
+        }
         char perr[128];
         if (sampler_params_check(&q->sampling, perr, sizeof perr) != 0) {
             util_set_err(err, err_cap, "sequence %u: %s", i, perr);
@@ -692,6 +704,7 @@ static void plan_add(scheduler *s, plan *p, sched_seq *q, uint32_t chunk, uint32
     in->block_table = q->priv.blocks.ids;
     in->n_blocks = q->priv.blocks.n;
     in->logits_mode = mode;
+    in->adapter_id = q->adapter_id;
     uint32_t rows = mode == ORCH_LOGITS_ALL ? chunk : mode == ORCH_LOGITS_LAST ? 1 : 0;
     s->batch[p->n] = q;
     s->batch_rows[p->n] = rows;
@@ -727,15 +740,16 @@ static uint32_t cache_match(scheduler *s, const sched_seq *q, uint32_t *n_idle) 
     if (!s->pc || q->priv.blocks.n != 0 || q->priv.n_all == 0) return 0;
     if (q->want_prompt_logprobs && !q->priv.prompt_lp_done) return 0;
     uint32_t max = (q->priv.n_all - 1) / s->cfg.block_size;
-    return prefix_cache_lookup(s->pc, 0, q->priv.all, max, s->match, n_idle);
+    return prefix_cache_lookup(s->pc, q->adapter_id, q->priv.all, max, s->match, n_idle);
 }
 
 /* q is another choice of r's prompt that has not started (fork_siblings may
  * give it r's blocks and first logits). */
 static int is_sibling(const sched_seq *r, const sched_seq *q) {
     return q != r && q->prompt == r->prompt && q->n_prompt == r->n_prompt &&
-           q->priv.n_all == q->n_prompt && !q->priv.preempted && q->priv.blocks.n == 0 &&
-           !q->want_prompt_logprobs && q->max_tokens > 0 && q->priv.state == ST_WAITING;
+           q->adapter_id == r->adapter_id && q->priv.n_all == q->n_prompt &&
+           !q->priv.preempted && q->priv.blocks.n == 0 && !q->want_prompt_logprobs &&
+           q->max_tokens > 0 && q->priv.state == ST_WAITING;
 }
 
 /* 1 when a running sequence with the same tokens is about to compute block m
@@ -746,7 +760,7 @@ static int wait_for_running(const scheduler *s, const sched_seq *q, uint32_t m) 
     uint64_t end = (uint64_t)(m + 1) * s->cfg.block_size;
     for (uint32_t i = 0; i < s->n_running; i++) {
         const sched_seq *r = s->running[i];
-        if (r->priv.state != ST_RUNNING) continue;
+        if (r->priv.state != ST_RUNNING || r->adapter_id != q->adapter_id) continue;
         if (s->can_fork && r->priv.n_all == r->n_prompt && !r->want_prompt_logprobs &&
             r->priv.n_computed < r->n_prompt && is_sibling(r, q))
             return 1;
@@ -820,8 +834,8 @@ static void cache_blocks(scheduler *s, sched_seq *q) {
     while (q->priv.n_hashed < full && q->priv.n_hashed < t->n) {
         uint32_t j = q->priv.n_hashed;
         int32_t parent = j ? t->ids[j - 1] : -1;
-        int32_t got = prefix_cache_insert(s->pc, 0, parent, q->priv.all + (size_t)j * bs,
-                                          t->ids[j]);
+        int32_t got = prefix_cache_insert(s->pc, q->adapter_id, parent,
+                                          q->priv.all + (size_t)j * bs, t->ids[j]);
         if (got < 0) break;
         if (got != t->ids[j] && prefix_cache_adopt(s->pc, t, j, got) != 0) break;
         q->priv.n_hashed++;
@@ -1040,7 +1054,86 @@ static void fork_siblings(scheduler *s, sched_seq *r, const float *last, double 
     }
 }
 
-static void run_batch(scheduler *s, const plan *p) {
+/* Decode and prefill tokens of the batch in s->inputs (for the co-serving
+ * budget), and how long the oldest waiting sequence has waited. */
+static void batch_kinds(const scheduler *s, const plan *p, uint32_t *decode,
+                        uint32_t *prefill, double *oldest_wait_ms) {
+    *decode = *prefill = 0;
+    for (uint32_t i = 0; i < p->n; i++) {
+        const sched_seq *q = s->batch[i];
+        if (s->inputs[i].start_pos >= q->n_prompt)
+            *decode += s->inputs[i].n_tokens;
+        else
+            *prefill += s->inputs[i].n_tokens;
+    }
+    *oldest_wait_ms = s->wait_head ? (util_now() - s->wait_head->t_submit) * 1e3 : 0;
+}
+
+/* The fine-tuning micro-batches of one iteration, without coserve_forward:
+ * one adapter_forward_backward each. */
+static int32_t finetune_alone(scheduler *s, uint32_t n_ft) {
+    const orch_engine_api *api = s->cfg.engine->api;
+    for (uint32_t i = 0; i < n_ft; i++) {
+        const orch_finetune_batch *f = &s->ft[i];
+        int32_t st = api->adapter_forward_backward(s->cfg.ctx, f->adapter_id, f->tokens,
+                                                   f->targets, f->batch, f->seq_len,
+                                                   f->grad_scale, &s->ft_losses[i]);
+        if (st != ORCH_OK) return st;
+    }
+    return ORCH_OK;
+}
+
+/* One engine pass for the batch (and the co-serving micro-batches the hooks
+ * hand over): infer status into *st_infer; the hooks hear the fine-tuning
+ * part's outcome. */
+static uint32_t engine_pass(scheduler *s, const plan *p, orch_infer_batch *b,
+                            int32_t *st_infer) {
+    const orch_engine_api *api = s->cfg.engine->api;
+    const sched_coserve *cs = s->cfg.coserve;
+    uint32_t n_ft = 0, decode = 0, prefill = 0;
+    double wait_ms = 0, t0 = util_now();
+    if (cs && cs->take) {
+        batch_kinds(s, p, &decode, &prefill, &wait_ms);
+        n_ft = cs->take(cs->arg, decode, prefill, wait_ms, s->ft,
+                        SCHED_MAX_FINETUNE_BATCHES);
+        if (n_ft > SCHED_MAX_FINETUNE_BATCHES) n_ft = SCHED_MAX_FINETUNE_BATCHES;
+    }
+    int32_t st_ft = ORCH_OK;
+    char ft_err[512] = "";
+    if (n_ft && (api->capabilities & ORCH_CAP_COSERVE)) {
+        int32_t st =
+            api->coserve_forward(s->cfg.ctx, p->n ? b : NULL, s->logits, s->logits_cap,
+                                 s->ft, n_ft, sizeof s->ft[0], s->ft_losses);
+        if (st == ORCH_OK) {
+            *st_infer = ORCH_OK;
+        } else {
+            /* which part failed is not known: the inference batch again,
+             * alone (its KV positions are rewritten with the same values) */
+            st_ft = st;
+            engine_format_error(s->cfg.engine, s->cfg.ctx, st, ft_err, sizeof ft_err);
+            *st_infer = p->n ? api->infer_forward(s->cfg.ctx, b, s->logits, s->logits_cap)
+                             : ORCH_OK;
+        }
+    } else {
+        *st_infer =
+            p->n ? api->infer_forward(s->cfg.ctx, b, s->logits, s->logits_cap) : ORCH_OK;
+        if (n_ft) {
+            st_ft = finetune_alone(s, n_ft);
+            if (st_ft != ORCH_OK)
+                engine_format_error(s->cfg.engine, s->cfg.ctx, st_ft, ft_err,
+                                    sizeof ft_err);
+        }
+    }
+    if (cs && cs->done && n_ft)
+        cs->done(cs->arg, st_ft, ft_err, s->ft_losses, n_ft, decode, prefill,
+                 util_now() - t0);
+    else if (cs && cs->done && p->n)
+        cs->done(cs->arg, ORCH_OK, "", NULL, 0, decode, prefill, util_now() - t0);
+    return n_ft;
+}
+
+/* Returns the fine-tuning micro-batches that rode along. */
+static uint32_t run_batch(scheduler *s, const plan *p) {
     const orch_engine_api *api = s->cfg.engine->api;
     orch_infer_batch b;
     memset(&b, 0, sizeof b);
@@ -1053,7 +1146,9 @@ static void run_batch(scheduler *s, const plan *p) {
     if (s->n_copies) /* copy-on-write of shared blocks written in this batch */
         st = api->kv_copy_blocks(s->cfg.ctx, s->copy_src, s->copy_dst, s->n_copies);
     s->n_copies = 0;
-    if (st == ORCH_OK) st = api->infer_forward(s->cfg.ctx, &b, s->logits, s->logits_cap);
+    uint32_t n_ft = 0;
+    if (st == ORCH_OK) n_ft = engine_pass(s, p, &b, &st);
+    if (p->n == 0) return n_ft; /* fine-tuning only */
     double now = util_now();
     metrics_histogram_observe(s->m_iter_seconds, now - t0);
     metrics_histogram_observe(s->m_batch_seqs, p->n);
@@ -1065,7 +1160,7 @@ static void run_batch(scheduler *s, const plan *p) {
         atomic_fetch_add(&s->st_errors, 1);
         metrics_counter_add(s->m_errors, 1);
         fail_batch(s, p, full);
-        return;
+        return n_ft;
     }
     uint32_t V = s->cfg.vocab_size;
     const float *row = s->logits;
@@ -1097,6 +1192,7 @@ static void run_batch(scheduler *s, const plan *p) {
     }
     if (generated) metrics_counter_add(s->m_gen_tokens, (double)generated);
     if (any_done) compact_running(s);
+    return n_ft;
 }
 
 static void update_gauges(scheduler *s) {
@@ -1123,7 +1219,7 @@ static void *sched_main(void *arg) {
     for (;;) {
         pthread_mutex_lock(&s->mu);
         while (!s->stop && !s->inbox_head && !s->wake_flag && !s->cancel_all &&
-               s->n_running == 0 && !s->wait_head) {
+               s->n_running == 0 && !s->wait_head && !s->ft_pending) {
             s->sleeping = 1;
             pthread_cond_wait(&s->cv, &s->mu);
             s->sleeping = 0;
@@ -1156,8 +1252,17 @@ static void *sched_main(void *arg) {
         update_gauges(s);
         flush_finished(s);
         if (stop) break;
+        const sched_coserve *cs = s->cfg.coserve;
+        s->ft_pending = cs && cs->tasks ? cs->tasks(cs->arg) : 0;
         if (s->n_running == 0 && !s->wait_head) {
             update_gauges(s);
+            if (s->ft_pending) { /* nothing to infer: fine-tuning alone */
+                plan none = { 0, 0, 0 };
+                if (run_batch(s, &none) == 0) { /* not ready after all: no spin */
+                    struct timespec ts = { 0, 1000000 };
+                    nanosleep(&ts, NULL);
+                }
+            }
             continue;
         }
         plan p;

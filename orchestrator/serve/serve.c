@@ -17,9 +17,11 @@
 #include "orchestrator/infer/inference_model.h"
 #include "orchestrator/serve/block_manager.h"
 #include "orchestrator/serve/chat_template.h"
+#include "orchestrator/serve/ft_runner.h"
 #include "orchestrator/serve/http.h"
 #include "orchestrator/serve/scheduler.h"
 #include "orchestrator/store/model_source.h"
+#include "orchestrator/store/peft_adapter.h"
 
 void serve_options_default(serve_options *o) {
     memset(o, 0, sizeof *o);
@@ -31,6 +33,11 @@ void serve_options_default(serve_options *o) {
     o->kv_memory_mib = 1024;
     o->max_body = HTTP_DEFAULT_MAX_BODY;
     o->max_body_memory_mib = HTTP_DEFAULT_MAX_BODY_MEMORY >> 20;
+    o->max_upload_mib = FILE_STORE_DEFAULT_MAX >> 20;
+    o->ft_lr = 2e-4;
+    o->ft_rank = 8;
+    o->ft_alpha = 16;
+    o->ft_micro_batch = 1;
     o->http_threads = 1;
     o->http_workers = HTTP_DEFAULT_WORKERS;
     o->drain_timeout = 30;
@@ -219,7 +226,74 @@ typedef struct serve_state {
     scheduler *sched;
     serve_model m;
     chat_template_choice chat; /* borrowed by the HTTP server */
+    file_store *files;         /* --state-dir; borrowed by the HTTP server */
+    coserve *cs;               /* adapters; borrowed by the HTTP server */
+    ft_jobs *jobs;             /* --state-dir fine-tuning jobs */
+    ft_runner *runner;         /* runs them (an engine with LoRA adapters) */
+    char ft_disabled[256];     /* why there is no runner */
 } serve_state;
+
+/* The fine-tuning runner of --state-dir jobs (fine-tuning inside the
+ * server), its hooks shared through coserve. */
+static int start_runner(const serve_options *o, const serve_model *m, const char *name,
+                        serve_state *st, char *err, size_t err_cap) {
+    uint32_t targets = 0;
+    char terr[512];
+    if (peft_targets_parse(m->desc.arch, o->ft_targets ? o->ft_targets : "qkv", &targets,
+                           terr, sizeof terr) != 0) {
+        util_set_err(err, err_cap, "--ft-targets: %s", terr);
+        return -1;
+    }
+    uint32_t seq_len = o->ft_seq_len ? (uint32_t)o->ft_seq_len : m->context;
+    if (seq_len > m->context) {
+        util_set_err(err, err_cap, "--ft-seq-len %u is over the model's context (%u)",
+                     seq_len, m->context);
+        return -1;
+    }
+    ft_runner_config rc = {
+        .engine = m->eh,
+        .ctx = m->ctx,
+        .model = &m->desc,
+        .base_name = name,
+        .tok = m->tok,
+        .tmpl = st->chat.tmpl,
+        .tmpl_error = st->chat.error,
+        .jobs = st->jobs,
+        .files = st->files,
+        .cs = st->cs,
+        .metrics = st->reg,
+        .state_dir = o->state_dir,
+        .lr = o->ft_lr,
+        .rank = (uint32_t)o->ft_rank,
+        .alpha = o->ft_alpha,
+        .targets = targets,
+        .seq_len = seq_len,
+        .micro_batch = (uint32_t)o->ft_micro_batch,
+        .slo = { .slo_tpot_ms = o->slo_tpot_ms,
+                 .slo_ttft_ms = o->slo_ttft_ms,
+                 .max_tokens = (uint32_t)o->max_batch_tokens },
+    };
+    char rerr[1024];
+    st->runner = ft_runner_create(&rc, rerr, sizeof rerr);
+    if (!st->runner) {
+        util_set_err(err, err_cap, "fine-tuning: %s", rerr);
+        return -1;
+    }
+    coserve_set_runner(st->cs, st->runner);
+    /* the adapters of jobs that succeeded before a restart are served again */
+    ft_job done[COSERVE_MAX_ADAPTERS];
+    size_t n = ft_jobs_in_status(st->jobs, FT_JOB_SUCCEEDED, done, COSERVE_MAX_ADAPTERS);
+    for (size_t i = 0; i < n; i++) {
+        char dir[4200], aerr[1024] = "no name recorded";
+        snprintf(dir, sizeof dir, "%s/adapters/%s", o->state_dir, done[i].id);
+        if (!done[i].fine_tuned_model[0] ||
+            coserve_add_now(st->cs, done[i].fine_tuned_model, dir, aerr, sizeof aerr) !=
+                0)
+            util_warn("serve: fine-tuned model %s (job %s) is not served: %s",
+                      done[i].fine_tuned_model, done[i].id, aerr);
+    }
+    return 0;
+}
 
 /* Listen, load, size, start the scheduler, set ready. Returns 0 when ready,
  * 1 when a stop request came before the scheduler started, -1 on failure. */
@@ -245,6 +319,16 @@ static int serve_start(const serve_options *o, const serve_hooks *h, const char 
         .n_cors_origins = o->n_cors_origins,
         .metrics = st->reg,
     };
+    if (o->state_dir) {
+        char ferr[1024];
+        st->files =
+            file_store_open(o->state_dir, o->max_upload_mib << 20, ferr, sizeof ferr);
+        if (!st->files) {
+            util_set_err(err, err_cap, "--state-dir %s: %s", o->state_dir, ferr);
+            return -1;
+        }
+        sc.files = st->files;
+    }
     if (o->chat_template && /* a bad name fails before anything starts */
         chat_template_choose(o->chat_template, NULL, 0, &st->chat, err, err_cap) != 0)
         return -1;
@@ -257,23 +341,6 @@ static int serve_start(const serve_options *o, const serve_hooks *h, const char 
         kv_blocks(o, m, &blocks, err, err_cap) != 0)
         return -1;
     if (h->wait_stop(h->arg, 0)) return 1;
-    scheduler_config scfg = {
-        .engine = m->eh,
-        .ctx = m->ctx,
-        .tok = m->tok,
-        .vocab_size = m->desc.vocab_size,
-        .context = m->context,
-        .block_size = ORCH_KV_BLOCK_TOKENS,
-        .num_blocks = (uint32_t)blocks,
-        .max_seqs = (uint32_t)o->max_seqs,
-        .max_batch_tokens = (uint32_t)o->max_batch_tokens,
-        .max_waiting = (uint32_t)o->max_waiting,
-        .no_prefix_cache = o->no_prefix_cache,
-        .metrics = st->reg,
-        .poll = http_server_poll_disconnects,
-        .poll_arg = st->srv,
-    };
-    if (scheduler_create(&scfg, &st->sched, err, err_cap) != 0) return -1;
     /* The template directories: the checkpoint used (an imported MODEL's
      * temporary checkpoint holds the copied tokenizer_config.json), then the
      * directory given (not a GGUF file). */
@@ -289,6 +356,83 @@ static int serve_start(const serve_options *o, const serve_hooks *h, const char 
         say(h, 0, "chat template %s (%s)", st->chat.tmpl->name, st->chat.source);
     else
         say(h, 1, "%s; /v1/chat/completions is refused", st->chat.error);
+    int lora_engine = (m->eh->api->capabilities & ORCH_CAP_LORA) != 0;
+    if (o->state_dir) {
+        char jerr[1024];
+        st->jobs = ft_jobs_open(o->state_dir, jerr, sizeof jerr);
+        if (!st->jobs) {
+            util_set_err(err, err_cap, "--state-dir %s: %s", o->state_dir, jerr);
+            return -1;
+        }
+    }
+    int runner = st->jobs && lora_engine;
+    if (o->n_loras || o->enable_lora_loading || runner) {
+        coserve_config cc = { .engine = m->eh,
+                              .ctx = m->ctx,
+                              .model = &m->desc,
+                              .base_name = name,
+                              .allow_runtime_load = o->enable_lora_loading,
+                              .max_adapters = (uint32_t)o->max_loras,
+                              .fingerprint_now = runner };
+        if (!lora_engine) {
+            util_set_err(err, err_cap,
+                         "--lora/--enable-lora-loading: engine '%s' (ABI %u.%u) has no "
+                         "LoRA adapters (capability lora)",
+                         m->eh->api->name, m->eh->api->abi_major, m->eh->api->abi_minor);
+            return -1;
+        }
+        char cerr[1024];
+        st->cs = coserve_create(&cc, cerr, sizeof cerr);
+        if (!st->cs) {
+            util_set_err(err, err_cap, "adapters: %s", cerr);
+            return -1;
+        }
+        for (size_t i = 0; i < o->n_loras; i++) {
+            const char *eq = strchr(o->loras[i], '=');
+            if (!eq || eq == o->loras[i] || !eq[1]) {
+                util_set_err(err, err_cap, "--lora '%s': expected NAME=DIR", o->loras[i]);
+                return -1;
+            }
+            char lname[COSERVE_NAME_MAX];
+            snprintf(lname, sizeof lname, "%.*s", (int)(eq - o->loras[i]), o->loras[i]);
+            if (coserve_add_now(st->cs, lname, eq + 1, cerr, sizeof cerr) != 0) {
+                util_set_err(err, err_cap, "--lora %s: %s", o->loras[i], cerr);
+                return -1;
+            }
+            say(h, 0, "adapter %s from %s", lname, eq + 1);
+        }
+    }
+    if (runner && start_runner(o, m, name, st, err, err_cap) != 0) return -1;
+    if (st->jobs && !runner)
+        snprintf(st->ft_disabled, sizeof st->ft_disabled,
+                 "engine '%s' (ABI %u.%u) has no LoRA adapters (capability lora)",
+                 m->eh->api->name, m->eh->api->abi_major, m->eh->api->abi_minor);
+    scheduler_config scfg = {
+        .engine = m->eh,
+        .ctx = m->ctx,
+        .tok = m->tok,
+        .vocab_size = m->desc.vocab_size,
+        .context = m->context,
+        .block_size = ORCH_KV_BLOCK_TOKENS,
+        .num_blocks = (uint32_t)blocks,
+        .max_seqs = (uint32_t)o->max_seqs,
+        .max_batch_tokens = (uint32_t)o->max_batch_tokens,
+        .max_waiting = (uint32_t)o->max_waiting,
+        .no_prefix_cache = o->no_prefix_cache,
+        .metrics = st->reg,
+        .poll = http_server_poll_disconnects,
+        .poll_arg = st->srv,
+        .coserve = st->cs ? coserve_hooks(st->cs) : NULL,
+    };
+    if (scheduler_create(&scfg, &st->sched, err, err_cap) != 0) return -1;
+    if (st->cs) {
+        coserve_attach(st->cs, st->sched);
+        http_server_set_coserve(st->srv, st->cs);
+    }
+    if (st->runner) ft_runner_attach(st->runner, st->sched);
+    if (st->jobs)
+        http_server_set_finetune(st->srv, st->runner ? st->jobs : NULL, st->runner,
+                                 st->runner ? NULL : st->ft_disabled);
     http_server_set_chat_template(st->srv, st->chat.tmpl,
                                   st->chat.tmpl ? NULL : st->chat.error);
     http_server_set_ready(st->srv, st->sched, m->tok, m->desc.vocab_size, m->context,
@@ -334,8 +478,12 @@ static void serve_shutdown(serve_state *st, const serve_hooks *h) {
         nanosleep(&ts, NULL);
     }
     http_server_stop(st->srv);
+    ft_runner_destroy(st->runner); /* the scheduler is gone: engine calls are ours */
+    coserve_destroy(st->cs);
+    ft_jobs_close(st->jobs);
     model_close(&st->m, h);
     chat_template_choice_free(&st->chat);
+    file_store_close(st->files);
     metrics_registry_free(st->reg);
 }
 

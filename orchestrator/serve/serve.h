@@ -99,11 +99,29 @@ typedef struct serve_options {
      * NULL = the checkpoint's tokenizer_config.json template, else
      * orch-plain-v1 */
     const char *chat_template;
+    /* --state-dir: where uploaded files (and later fine-tuning jobs and
+     * adapters) persist; NULL = the files API is off */
+    const char *state_dir;
+    uint64_t max_upload_mib; /* --max-upload-mib: one uploaded file */
+    /* --lora NAME=DIR: LoRA adapters (PEFT directories) served as models */
+    const char *loras[SERVE_MAX_LIST];
+    size_t n_loras;
+    int enable_lora_loading; /* --enable-lora-loading: load/unload at run time */
+    uint64_t max_loras;      /* --max-loras: adapters loaded at once */
+    /* fine-tuning jobs inside the server (--state-dir, a LoRA engine) */
+    double ft_lr;            /* --ft-lr: base learning rate */
+    uint64_t ft_rank;        /* --ft-rank */
+    double ft_alpha;         /* --ft-alpha */
+    const char *ft_targets;  /* --ft-targets (peft_targets_parse) */
+    uint64_t ft_seq_len;     /* --ft-seq-len (0 = the model's context) */
+    uint64_t ft_micro_batch; /* --ft-micro-batch rows */
+    double slo_tpot_ms;      /* --slo-tpot-ms (0 = no target) */
+    double slo_ttft_ms;      /* --slo-ttft-ms */
 } serve_options;
 
 /* The defaults of `orch serve` (port 8080, 64 sequences, 2048 tokens per
  * iteration, 1024 waiting, 1024 MiB of KV, 4 MiB bodies, 256 MiB of bodies
- * in flight, 1 HTTP thread, 2 workers, 30 s drain, 4096 connections, 1024
+ * in flight, 512 MiB per uploaded file, 1 HTTP thread, 2 workers, 30 s drain, 4096 connections, 1024
  * per address, deadlines 10 s head, 60 s body, 15 s keep-alive idle, threads
  * -1, no API key, no extra Host names, no CORS). */
 void serve_options_default(serve_options *o);

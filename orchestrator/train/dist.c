@@ -6,6 +6,7 @@
 #include "orchestrator/train/dist.h"
 
 #include <limits.h>
+#include <stdarg.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,7 +26,7 @@
 #endif
 
 #define DIST_DEFAULT_TIMEOUT_S 60.0
-#define DIST_DEFAULT_BUCKET_MB 8.0
+#define DIST_DEFAULT_BUCKET_MB 25.0 /* train.allreduce_bucket_mb's default */
 #define DIST_MIN_BUCKET_FLOATS 256u
 #define DIST_COPY_CHUNK        (1u << 16) /* floats per grads_read between polls */
 #define DIST_N_BUCKET_BUFS     3          /* buckets in flight at most */
@@ -65,6 +66,9 @@ static struct {
     double timeout_s;      /* step collectives */
     double slow_timeout_s; /* start-up, checkpoint hand-over, finalize */
     size_t bucket_floats;
+    int bucket_env; /* ORCH_DIST_BUCKET_MB set: it wins over the config */
+    int overlap;    /* train.overlap_allreduce (dist_set_allreduce) */
+    dist_allreduce_stats stats;
     float *bufs[DIST_N_BUCKET_BUFS];
     size_t buf_floats;
     /* ZeRO-1 (dist_zero_setup): n flat elements, this rank's shard, every
@@ -88,9 +92,58 @@ static struct {
 #endif
 } g = { .rank = 0, .world = 1 };
 
+/* The overlapped all-reduce of one step (dist_overlap_forward_backward and
+ * dist_overlap_finish): a host copy of the whole flat gradient, the copied
+ * range not yet handed to MPI ([lo, hi), contiguous), the requests started
+ * this step, and the first failure inside the engine's callback. */
+static struct {
+    const engine_handle *h;
+    orch_engine_ctx *ctx;
+    float *buf;
+    uint64_t n, buf_cap; /* elements this step / allocated */
+    uint64_t lo, hi;     /* pending bucket */
+    uint64_t reported;   /* elements reported by the engine this step */
+    uint64_t step;
+    int failed;
+    int in_call; /* inside forward_backward_notify */
+    char err[1024];
+#if DIST_MPI
+    MPI_Request *req;
+    size_t n_req, req_cap;
+#endif
+} ov;
+
+static void overlap_free(void) {
+    free(ov.buf);
+#if DIST_MPI
+    free(ov.req);
+#endif
+    memset(&ov, 0, sizeof ov);
+}
+
 int dist_rank(void) { return g.rank; }
 int dist_world(void) { return g.world; }
 int dist_is_root(void) { return g.rank == 0; }
+
+static size_t bucket_floats_of(double mb) {
+    size_t n = (size_t)(mb * 1048576.0 / sizeof(float));
+    return n < DIST_MIN_BUCKET_FLOATS ? DIST_MIN_BUCKET_FLOATS : n;
+}
+
+void dist_set_allreduce(double bucket_mb, int overlap) {
+    if (!g.bucket_env && bucket_mb > 0 && bucket_mb <= 1024)
+        g.bucket_floats = bucket_floats_of(bucket_mb);
+    g.overlap = overlap != 0;
+}
+
+int dist_overlap_enabled(const orch_engine_api *api) {
+    return g.active && g.world > 1 && g.overlap && !g.zero &&
+           ORCH_API_HAS(api, forward_backward_notify);
+}
+
+size_t dist_bucket_floats(void) { return g.bucket_floats; }
+
+void dist_get_allreduce_stats(dist_allreduce_stats *out) { *out = g.stats; }
 
 #if DIST_MPI
 static int parse_seconds(const char *name, double def, double *out, char *err,
@@ -124,8 +177,8 @@ static int read_settings(char *err, size_t cap) {
                      v);
         return -1;
     }
-    size_t n = (size_t)(mb * 1048576.0 / sizeof(float));
-    g.bucket_floats = n < DIST_MIN_BUCKET_FLOATS ? DIST_MIN_BUCKET_FLOATS : n;
+    g.bucket_env = v && *v;
+    g.bucket_floats = bucket_floats_of(mb);
     return 0;
 }
 
@@ -305,6 +358,7 @@ int dist_finish(int rc, int agreed) {
     g.zero_counts = g.zero_displs = NULL;
     g.zero_buf = NULL;
     g.zero = 0;
+    overlap_free();
     return rc;
 }
 
@@ -597,6 +651,7 @@ int dist_allreduce_grads(const engine_handle *h, orch_engine_ctx *ctx, double *s
     const int n_req = DIST_N_BUCKET_BUFS + 1;
     int rc;
 
+    const double t0 = util_now();
     wd_arm("gradient all-reduce", step, 0);
     if (n_scalars) {
         rc = MPI_Iallreduce(MPI_IN_PLACE, scalars, (int)n_scalars, MPI_DOUBLE, MPI_SUM,
@@ -628,6 +683,9 @@ int dist_allreduce_grads(const engine_handle *h, orch_engine_ctx *ctx, double *s
     rc = MPI_Wait(&req[DIST_N_BUCKET_BUFS], MPI_STATUS_IGNORE);
     if (rc != MPI_SUCCESS) goto mpi_error;
     wd_disarm();
+    g.stats.steps++;
+    g.stats.buckets += n_buckets;
+    g.stats.wait_s += util_now() - t0;
     return 0;
 mpi_error:
     mpi_fail(rc, "gradient all-reduce", err, err_cap);
@@ -640,6 +698,220 @@ fail:
     (void)h, (void)ctx, (void)scalars, (void)n_scalars, (void)step, (void)err,
         (void)err_cap;
     return 0;
+#endif
+}
+
+/* ------------------------------------------------------------------------- */
+/* Overlapped gradient all-reduce (forward_backward_notify, ABI 1.3)          */
+/* ------------------------------------------------------------------------- */
+#if DIST_MPI
+static void ov_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void ov_fail(const char *fmt, ...) {
+    if (ov.failed) return;
+    ov.failed = 1;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(ov.err, sizeof ov.err, fmt, ap);
+    va_end(ap);
+}
+
+/* MPI_Testall over this step's requests: lets MPI progress them (libnbc
+ * moves only inside MPI calls); finished ones become MPI_REQUEST_NULL. */
+static void ov_progress(void) {
+    if (ov.failed || ov.n_req == 0) return;
+    int done = 0;
+    int rc = MPI_Testall((int)ov.n_req, ov.req, &done, MPI_STATUSES_IGNORE);
+    if (rc != MPI_SUCCESS) {
+        char m[512];
+        mpi_fail(rc, "gradient all-reduce (MPI_Testall)", m, sizeof m);
+        ov_fail("%s", m);
+    }
+}
+
+/* Start the all-reduce (SUM, in place) of buf[off, off+count). */
+static void ov_launch(uint64_t off, uint64_t count) {
+    if (ov.failed || count == 0) return;
+    if (ov.n_req == ov.req_cap) {
+        size_t cap = ov.req_cap ? 2 * ov.req_cap : 64;
+        MPI_Request *r = realloc(ov.req, cap * sizeof *r);
+        if (!r) {
+            ov_fail("gradient all-reduce: out of memory (%zu requests)", cap);
+            return;
+        }
+        ov.req = r;
+        ov.req_cap = cap;
+    }
+    int rc = MPI_Iallreduce(MPI_IN_PLACE, ov.buf + off, (int)count, MPI_FLOAT, MPI_SUM,
+                            g.comm, &ov.req[ov.n_req]);
+    if (rc != MPI_SUCCESS) {
+        char m[512];
+        mpi_fail(rc, "gradient all-reduce (MPI_Iallreduce)", m, sizeof m);
+        ov_fail("%s", m);
+        return;
+    }
+    ov.n_req++;
+    g.stats.buckets++;
+    if (ov.in_call) g.stats.buckets_early++;
+}
+
+/* Hand the pending bucket [lo, hi) to MPI in pieces of at most a bucket:
+ * all of it (flush) or only whole buckets, cut from the end that will not
+ * grow (from the top when the ranges come in descending order, as the
+ * header's typical order is; from the bottom otherwise). */
+static void ov_launch_pending(int flush, int descending) {
+    const uint64_t b = g.bucket_floats;
+    while (!ov.failed && ov.hi - ov.lo >= (flush ? 1 : b)) {
+        uint64_t c = ov.hi - ov.lo < b ? ov.hi - ov.lo : b;
+        if (descending) {
+            ov_launch(ov.hi - c, c);
+            ov.hi -= c;
+        } else {
+            ov_launch(ov.lo, c);
+            ov.lo += c;
+        }
+    }
+}
+
+/* The engine's orch_grad_ready_fn: copy the final range out (grads_read,
+ * in chunks with MPI progress between), merge it into the pending bucket
+ * when adjacent (else send the pending one first), start whole buckets. */
+static void ov_ready(void *user, uint64_t offset, uint64_t count) {
+    (void)user;
+    if (ov.failed || count == 0) return;
+    if (offset > ov.n || count > ov.n - offset) {
+        ov_fail("engine %s: forward_backward_notify reported [%llu, %llu), outside "
+                "the %llu gradient elements",
+                ov.h->api->name, (unsigned long long)offset,
+                (unsigned long long)(offset + count), (unsigned long long)ov.n);
+        return;
+    }
+    const int below = ov.hi > ov.lo && offset + count == ov.lo;
+    const int above = ov.hi > ov.lo && offset == ov.hi;
+    if (ov.hi > ov.lo && !below && !above) ov_launch_pending(1, 1);
+    for (uint64_t c = 0; c < count && !ov.failed; c += DIST_COPY_CHUNK) {
+        uint64_t k = count - c < DIST_COPY_CHUNK ? count - c : DIST_COPY_CHUNK;
+        int32_t st = ov.h->api->grads_read(ov.ctx, offset + c, k, ov.buf + offset + c);
+        if (st != ORCH_OK) {
+            char m[512];
+            engine_err(ov.h, ov.ctx, st, "grads_read (in the gradient-ready callback)", m,
+                       sizeof m);
+            ov_fail("%s", m);
+            return;
+        }
+        ov_progress();
+    }
+    if (ov.hi == ov.lo) {
+        ov.lo = offset;
+        ov.hi = offset + count;
+    } else if (below) {
+        ov.lo = offset;
+    } else {
+        ov.hi = offset + count;
+    }
+    ov.reported += count;
+    ov_launch_pending(0, !above);
+    ov_progress();
+}
+#endif
+
+int dist_overlap_forward_backward(const engine_handle *h, orch_engine_ctx *ctx,
+                                  const int32_t *tokens, const int32_t *targets,
+                                  uint32_t batch, uint32_t seq_len, float grad_scale,
+                                  float *out_loss, int32_t *engine_status, uint64_t step,
+                                  char *err, size_t err_cap) {
+    *engine_status = ORCH_OK;
+#if DIST_MPI
+    if (!dist_overlap_enabled(h->api)) {
+        util_set_err(err, err_cap, "overlapped all-reduce is not enabled");
+        return -1;
+    }
+    uint64_t n = 0;
+    if (param_count(h, ctx, &n, err, err_cap) != 0) return -1;
+    if (n > ov.buf_cap) {
+        free(ov.buf);
+        ov.buf_cap = 0;
+        ov.buf = malloc((size_t)(n ? n : 1) * sizeof(float));
+        if (!ov.buf) {
+            util_set_err(err, err_cap,
+                         "overlapped gradient all-reduce: out of memory (%llu bytes)",
+                         (unsigned long long)(n * sizeof(float)));
+            return -1;
+        }
+        ov.buf_cap = n;
+    }
+    ov.h = h;
+    ov.ctx = ctx;
+    ov.n = n;
+    ov.lo = ov.hi = 0;
+    ov.reported = 0;
+    ov.n_req = 0;
+    ov.step = step;
+    ov.failed = 0;
+    ov.err[0] = '\0';
+    g.step = step;
+    ov.in_call = 1;
+    int32_t st = h->api->forward_backward_notify(ctx, tokens, targets, batch, seq_len,
+                                                 grad_scale, out_loss, ov_ready, NULL);
+    ov.in_call = 0;
+    if (st != ORCH_OK) {
+        *engine_status = st;
+        return -1;
+    }
+    if (ov.failed) {
+        util_set_err(err, err_cap, "%s", ov.err);
+        return -1;
+    }
+    return 0;
+#else
+    (void)h, (void)ctx, (void)tokens, (void)targets, (void)batch, (void)seq_len,
+        (void)grad_scale, (void)out_loss, (void)step;
+    util_set_err(err, err_cap, "overlapped all-reduce needs an MPI build");
+    return -1;
+#endif
+}
+
+int dist_overlap_finish(const engine_handle *h, orch_engine_ctx *ctx, double *scalars,
+                        uint32_t n_scalars, uint64_t step, char *err, size_t err_cap) {
+#if DIST_MPI
+    if (ov.h != h || ov.ctx != ctx || ov.step != step) {
+        util_set_err(err, err_cap, "dist_overlap_finish without its forward_backward");
+        return -1;
+    }
+    const double t0 = util_now();
+    ov_launch_pending(1, 1);
+    if (!ov.failed && ov.reported != ov.n)
+        ov_fail("engine %s: forward_backward_notify reported %llu of %llu gradient "
+                "elements (the ranges must cover the buffer exactly once)",
+                h->api->name, (unsigned long long)ov.reported, (unsigned long long)ov.n);
+    MPI_Request sreq = MPI_REQUEST_NULL;
+    int rc = MPI_SUCCESS;
+    if (!ov.failed && n_scalars)
+        rc = MPI_Iallreduce(MPI_IN_PLACE, scalars, (int)n_scalars, MPI_DOUBLE, MPI_SUM,
+                            g.comm, &sreq);
+    if (ov.failed) { /* requests may be in flight: the caller ends the job */
+        util_set_err(err, err_cap, "%s", ov.err);
+        return -1;
+    }
+    wd_arm("gradient all-reduce", step, 0);
+    if (rc == MPI_SUCCESS && ov.n_req)
+        rc = MPI_Waitall((int)ov.n_req, ov.req, MPI_STATUSES_IGNORE);
+    if (rc == MPI_SUCCESS) rc = MPI_Wait(&sreq, MPI_STATUS_IGNORE);
+    wd_disarm();
+    ov.h = NULL;
+    if (rc != MPI_SUCCESS) return mpi_fail(rc, "gradient all-reduce", err, err_cap);
+    /* The summed gradient back into the engine, as dist_allreduce_grads. */
+    for (uint64_t c = 0; c < ov.n; c += DIST_COPY_CHUNK) {
+        uint64_t k = ov.n - c < DIST_COPY_CHUNK ? ov.n - c : DIST_COPY_CHUNK;
+        int32_t st = h->api->grads_write(ctx, c, k, ov.buf + c);
+        if (st != ORCH_OK) return engine_err(h, ctx, st, "grads_write", err, err_cap);
+    }
+    g.stats.steps++;
+    g.stats.wait_s += util_now() - t0;
+    return 0;
+#else
+    (void)h, (void)ctx, (void)scalars, (void)n_scalars, (void)step;
+    util_set_err(err, err_cap, "overlapped all-reduce needs an MPI build");
+    return -1;
 #endif
 }
 

@@ -27,11 +27,34 @@
  * start (dist_bcast_model), so ranks cannot drift.
  *
  * Gradient all-reduce: the flat buffer is cut into buckets
- * (ORCH_DIST_BUCKET_MB, default 8 MiB of f32). Each bucket is copied out of
- * the engine (grads_read) in chunks into one of a few rotating host buffers
- * and handed to MPI_Iallreduce; while it reduces, the next bucket is copied,
- * and MPI_Test on the requests in flight between chunks lets MPI progress
- * them. A finished bucket is written back (grads_write).
+ * (train.allreduce_bucket_mb, default 25 MiB of f32 as PyTorch DDP's
+ * bucket_cap_mb; the variable ORCH_DIST_BUCKET_MB, when set, wins). Each
+ * bucket is copied out of the engine (grads_read) in chunks into one of a
+ * few rotating host buffers and handed to MPI_Iallreduce; while it reduces,
+ * the next bucket is copied, and MPI_Test on the requests in flight between
+ * chunks lets MPI progress them. A finished bucket is written back
+ * (grads_write).
+ *
+ * Overlapped with the backward (train.overlap_allreduce, default true; with
+ * world > 1, ZeRO-1 off and an engine of ABI 1.3 forward_backward_notify):
+ * the step's LAST micro-batch runs forward_backward_notify. As the engine
+ * reports a range of the flat gradient final (final norm and head, layers
+ * last to first, embeddings), the callback copies it (grads_read) into a
+ * host buffer of the whole gradient, merges adjacent ranges into a pending
+ * bucket and starts MPI_Iallreduce on each whole bucket (MPI_Testall on the
+ * requests in flight between copies lets MPI progress them while the engine
+ * computes the next layer). After the call the rest is started, the scalars
+ * too, MPI_Waitall waits (watchdog armed) and the sum is written back.
+ * Collectives are matched by order, so every rank must see the same ranges
+ * in the same order: the same engine, model and bucket size (an engine's
+ * ranges depend only on the model). Result: each element is the same SUM of
+ * the same per-rank values as without overlap; only the cut into buckets
+ * differs. With 2 ranks that is bit-identical (a + b is a + b whatever the
+ * algorithm or the bucket; tests/dist_overlap.sh checks it); with more ranks
+ * OpenMPI's algorithms may pick a different summation order per element for
+ * a different bucket size or offset (the non-overlapped path already
+ * depends on the bucket size in the same way), so results agree to rounding.
+ * Host memory: one buffer of n floats (kept until dist_finish).
  *
  * Failure: every collective runs under a watchdog thread. When one has not
  * completed after ORCH_DIST_TIMEOUT seconds (default 60; the start-up
@@ -122,6 +145,52 @@ int dist_bcast_model(const engine_handle *h, orch_engine_ctx *ctx, char *err,
  * place). step is used in messages only. */
 int dist_allreduce_grads(const engine_handle *h, orch_engine_ctx *ctx, double *scalars,
                          uint32_t n_scalars, uint64_t step, char *err, size_t err_cap);
+
+/* ---- Overlapped all-reduce (see above) ---- */
+
+/* The config's all-reduce settings: train.allreduce_bucket_mb (MiB of f32
+ * per bucket, both paths; ORCH_DIST_BUCKET_MB, when set, wins) and
+ * train.overlap_allreduce. Call after dist_init; harmless with one rank. */
+void dist_set_allreduce(double bucket_mb, int overlap);
+
+/* Floats per all-reduce bucket (0 before dist_init set up MPI). */
+size_t dist_bucket_floats(void);
+
+/* What the gradient all-reduces of this process did so far (both paths):
+ * steps reduced, buckets started (of them during the backward), and the
+ * seconds the training loop waited for them after the backward (the whole
+ * dist_allreduce_grads; dist_overlap_finish: the rest of the buckets, the
+ * wait and the write-back), i.e. the all-reduce time not hidden. */
+typedef struct dist_allreduce_stats {
+    uint64_t steps, buckets, buckets_early;
+    double wait_s;
+} dist_allreduce_stats;
+void dist_get_allreduce_stats(dist_allreduce_stats *out);
+
+/* 1 when a step's last micro-batch goes through dist_overlap_forward_backward:
+ * world > 1, train.overlap_allreduce on, ZeRO-1 off and api has
+ * forward_backward_notify (ABI 1.3). */
+int dist_overlap_enabled(const orch_engine_api *api);
+
+/* The step's last micro-batch: forward_backward_notify with a callback that
+ * copies each ready range into the host buffer (grads_read), merges adjacent
+ * ranges into buckets and starts their MPI_Iallreduce (SUM), calling
+ * MPI_Testall between copies. On an engine failure returns -1 with the
+ * status in *engine_status (err untouched; the caller formats it); other
+ * failures return -1 with a message and *engine_status ORCH_OK. After a
+ * failure requests may be in flight: the caller ends the job. */
+int dist_overlap_forward_backward(const engine_handle *h, orch_engine_ctx *ctx,
+                                  const int32_t *tokens, const int32_t *targets,
+                                  uint32_t batch, uint32_t seq_len, float grad_scale,
+                                  float *out_loss, int32_t *engine_status, uint64_t step,
+                                  char *err, size_t err_cap);
+
+/* After dist_overlap_forward_backward: checks the ranges covered the buffer,
+ * SUMs the n_scalars doubles in scalars, waits for every bucket
+ * (MPI_Waitall under the watchdog) and writes the summed gradient back
+ * (grads_write): the same result as dist_allreduce_grads. */
+int dist_overlap_finish(const engine_handle *h, orch_engine_ctx *ctx, double *scalars,
+                        uint32_t n_scalars, uint64_t step, char *err, size_t err_cap);
 
 /* ---- ZeRO-1 (see above) ---- */
 

@@ -44,6 +44,7 @@ typedef struct trainer {
     uint64_t ckpt_step; /* step of the newest checkpoint (saved or resumed) */
     int have_ckpt;
     int zero;                    /* train.zero = 1: ZeRO-1 (dist.h) */
+    int overlap;                 /* all-reduce overlapped with the backward (dist.h) */
     uint64_t n_params;           /* flat parameter count */
     uint64_t zero_off, zero_cnt; /* this rank's moment shard */
     char elastic_note[512];      /* the elastic-resume line, printed after the banner */
@@ -509,14 +510,28 @@ static int train_loop(trainer *t, train_result *res, int *kind, char *err, size_
                 return fail(kind, TRAIN_ERR_RUNTIME, err, cap, "step %llu: %s",
                             (unsigned long long)step, msg);
             float l = 0;
-            st = api->forward_backward(t->ctx, tok, tgt, B, T, grad_scale, &l);
-            if (st != ORCH_OK)
-                return engine_fail(t, st, "forward_backward", step, kind, err, cap);
+            if (t->overlap && m + 1 == c->grad_accum) {
+                /* the gradient all-reduce starts during this backward */
+                if (dist_overlap_forward_backward(&t->eng, t->ctx, tok, tgt, B, T,
+                                                  grad_scale, &l, &st, step, msg,
+                                                  sizeof msg) != 0)
+                    return st != ORCH_OK
+                               ? engine_fail(t, st, "forward_backward_notify", step, kind,
+                                             err, cap)
+                               : fail(kind, TRAIN_ERR_RUNTIME, err, cap, "step %llu: %s",
+                                      (unsigned long long)step, msg);
+            } else {
+                st = api->forward_backward(t->ctx, tok, tgt, B, T, grad_scale, &l);
+                if (st != ORCH_OK)
+                    return engine_fail(t, st, "forward_backward", step, kind, err, cap);
+            }
             loss_sum += (double)l;
         }
         double shared[2] = { loss_sum, o->stop_flag && *o->stop_flag };
-        if (!t->zero &&
-            dist_allreduce_grads(&t->eng, t->ctx, shared, 2, step, msg, sizeof msg) != 0)
+        if (!t->zero && (t->overlap ? dist_overlap_finish(&t->eng, t->ctx, shared, 2,
+                                                          step, msg, sizeof msg)
+                                    : dist_allreduce_grads(&t->eng, t->ctx, shared, 2,
+                                                           step, msg, sizeof msg)) != 0)
             return fail(kind, TRAIN_ERR_RUNTIME, err, cap, "step %llu: %s",
                         (unsigned long long)step, msg);
         double lr = lr_schedule_at(&t->sched, step);
@@ -740,6 +755,8 @@ int train_run(const train_opts *o, train_result *res, int *err_kind, char *err,
         }
         t.zero = 1;
     }
+    dist_set_allreduce(c->allreduce_bucket_mb, c->overlap_allreduce);
+    t.overlap = dist_overlap_enabled(t.eng.api);
 
     lr_schedule_kind kind = LR_SCHEDULE_COSINE;
     lr_schedule_parse_kind(c->schedule, &kind);
@@ -795,7 +812,36 @@ int train_run(const train_opts *o, train_result *res, int *err_kind, char *err,
                 (unsigned long long)t.n_params);
         fflush(o->out);
     }
+    if (dist_world() > 1 && t.zero && c->overlap_allreduce && o->out) {
+        fprintf(o->out, "train: ZeRO-1 reduce-scatters the gradients after the backward "
+                        "(train.overlap_allreduce applies to zero = 0)\n");
+        fflush(o->out);
+    }
+    if (dist_world() > 1 && !t.zero && o->out) {
+        if (t.overlap)
+            fprintf(o->out,
+                    "train: gradient all-reduce overlapped with the backward "
+                    "(buckets of %.3g MiB)\n",
+                    (double)dist_bucket_floats() * sizeof(float) / 1048576.0);
+        else if (c->overlap_allreduce)
+            fprintf(o->out,
+                    "train: gradient all-reduce after the backward: engine %s (ABI "
+                    "%u.%u) has no forward_backward_notify (ABI 1.3)\n",
+                    t.eng.api->name, t.eng.api->abi_major, t.eng.api->abi_minor);
+        fflush(o->out);
+    }
     rc = train_loop(&t, res, err_kind, err, err_cap);
+    dist_allreduce_stats ar;
+    dist_get_allreduce_stats(&ar);
+    if (rc == 0 && ar.steps && o->out) {
+        fprintf(o->out,
+                "train: gradient all-reduce (%s): %.2f ms per step waited after the "
+                "backward, %.1f buckets per step (%.1f started during it)\n",
+                t.overlap ? "overlapped" : "not overlapped",
+                1e3 * ar.wait_s / (double)ar.steps, (double)ar.buckets / (double)ar.steps,
+                (double)ar.buckets_early / (double)ar.steps);
+        fflush(o->out);
+    }
 out:
     progress_break(&t);
     trainer_close(&t);

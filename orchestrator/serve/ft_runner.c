@@ -1,0 +1,577 @@
+/*
+ * ft_runner.c - fine-tuning jobs run inside `orch serve` (see ft_runner.h).
+ */
+#include "orchestrator/serve/ft_runner.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "orchestrator/core/fsio.h"
+#include "orchestrator/core/util.h"
+#include "orchestrator/data/finetune_data.h"
+#include "orchestrator/data/ft_order.h"
+#include "orchestrator/store/peft_adapter.h"
+#include "orchestrator/train/lr_schedule.h"
+
+#define PREPARED_MAX 4 /* jobs tokenized ahead */
+
+typedef struct prepared {
+    char id[FT_JOB_ID_MAX];
+    ft_dataset train;
+    ft_job_hparams hp; /* resolved */
+} prepared;
+
+/* The job on the scheduler thread. */
+typedef struct active {
+    int on;
+    ft_job job;
+    prepared p;
+    uint32_t adapter;
+    orch_lora_desc desc;
+    ft_order order;
+    lr_schedule sched;
+    uint64_t step, total_steps;
+    uint32_t accum, accum_done; /* micro-batches per step, done in this one */
+    double loss_sum;
+    uint64_t trained_tokens;
+    int32_t *tok, *tgt; /* SCHED_MAX_FINETUNE_BATCHES micro-batches */
+    uint32_t in_flight; /* micro-batches handed to the scheduler */
+} active;
+
+struct ft_runner {
+    ft_runner_config cfg;
+    ft_budget *budget;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    pthread_t thread;
+    int thread_started, stop, kick;
+    scheduler *sched;
+    prepared ready[PREPARED_MAX]; /* under mu */
+    uint32_t n_ready;
+    char running_id[FT_JOB_ID_MAX]; /* under mu: the active job ("" = none) */
+    active a;                       /* scheduler thread only */
+    metrics_series *m_tokens, *m_share, *m_attain, *m_p99;
+    metrics_family *m_jobs;
+};
+
+static uint32_t granule(const ft_runner *r) {
+    return r->cfg.micro_batch * r->cfg.seq_len;
+}
+
+/* ------------------------------------------------------------------------- */
+/* The preparer thread                                                        */
+/* ------------------------------------------------------------------------- */
+
+static void fail_job(ft_runner *r, const char *id, const char *code, const char *msg) {
+    ft_jobs_event(r->cfg.jobs, id, "error", msg, NULL);
+    ft_jobs_finish(r->cfg.jobs, id, FT_JOB_FAILED, NULL, code, msg);
+}
+
+/* Tokenize job's training file (and check the validation file) and
+ * resolve the hyper-parameters. */
+static int prepare(ft_runner *r, const ft_job *job, prepared *out, char *err,
+                   size_t err_cap) {
+    memset(out, 0, sizeof *out);
+    snprintf(out->id, sizeof out->id, "%s", job->id);
+    ft_data_opts o = { .tok = r->cfg.tok,
+                       .tmpl = r->cfg.tmpl,
+                       .tmpl_error = r->cfg.tmpl_error,
+                       .seq_len = r->cfg.seq_len,
+                       .vocab_size = r->cfg.model->vocab_size };
+    char path[4200];
+    if (file_store_data_path(r->cfg.files, job->training_file, path, sizeof path) != 0) {
+        util_set_err(err, err_cap, "training_file %s was deleted", job->training_file);
+        return -1;
+    }
+    char msg[1024];
+    if (ft_data_load(path, &o, &out->train, msg, sizeof msg) != 0) {
+        /* the store's path means nothing to the client: name the file id */
+        const char *colon = strstr(msg, ".data:");
+        if (colon)
+            util_set_err(err, err_cap, "training_file %s: line %s", job->training_file,
+                         colon + 6);
+        else
+            util_set_err(err, err_cap, "training_file %s: %s", job->training_file, msg);
+        return -1;
+    }
+    if (job->validation_file[0]) {
+        ft_dataset v;
+        if (file_store_data_path(r->cfg.files, job->validation_file, path, sizeof path) !=
+                0 ||
+            ft_data_load(path, &o, &v, msg, sizeof msg) != 0) {
+            const char *colon = strstr(msg, ".data:");
+            util_set_err(err, err_cap, "validation_file %s: %s%s", job->validation_file,
+                         colon ? "line " : "", colon ? colon + 6 : "deleted");
+            ft_dataset_free(&out->train);
+            return -1;
+        }
+        ft_dataset_free(&v); /* checked; evaluation is not run in the server yet */
+    }
+    ft_job_hparams hp = job->hp;
+    uint32_t mb = r->cfg.micro_batch;
+    if (!hp.n_epochs) hp.n_epochs = 3;
+    if (!hp.lr_multiplier) hp.lr_multiplier = 1.0;
+    if (!hp.lora_rank) hp.lora_rank = r->cfg.rank;
+    if (!(hp.lora_alpha > 0)) hp.lora_alpha = r->cfg.alpha;
+    if (!hp.batch_size) {
+        uint64_t rows = out->train.n_rows;
+        uint32_t b = 8;
+        while (b > mb && b > rows) b /= 2;
+        hp.batch_size = b < mb ? mb : b - b % mb;
+    }
+    if (hp.batch_size % mb != 0) {
+        util_set_err(err, err_cap,
+                     "hyperparameters.batch_size %u is not a multiple of this server's "
+                     "fine-tuning micro-batch (%u rows, --ft-micro-batch)",
+                     hp.batch_size, mb);
+        ft_dataset_free(&out->train);
+        return -1;
+    }
+    out->hp = hp;
+    return 0;
+}
+
+static int is_ready_locked(const ft_runner *r, const char *id) {
+    for (uint32_t i = 0; i < r->n_ready; i++)
+        if (strcmp(r->ready[i].id, id) == 0) return 1;
+    return 0;
+}
+
+static void *preparer_main(void *arg) {
+    ft_runner *r = arg;
+    for (;;) {
+        pthread_mutex_lock(&r->mu);
+        while (!r->stop && !r->kick) {
+            struct timespec until;
+            clock_gettime(CLOCK_REALTIME, &until);
+            until.tv_sec += 1;
+            pthread_cond_timedwait(&r->cv, &r->mu, &until);
+            break; /* look every second too (a restart's queued jobs) */
+        }
+        r->kick = 0;
+        int stop = r->stop, room = r->n_ready < PREPARED_MAX;
+        pthread_mutex_unlock(&r->mu);
+        if (stop) break;
+        if (!room) continue;
+        ft_job job;
+        int validating = ft_jobs_oldest(r->cfg.jobs, FT_JOB_VALIDATING, &job) == 0;
+        if (!validating) {
+            /* a queued job without data: read back after a restart */
+            if (ft_jobs_oldest(r->cfg.jobs, FT_JOB_QUEUED, &job) != 0) continue;
+            pthread_mutex_lock(&r->mu);
+            int have = is_ready_locked(r, job.id) || strcmp(r->running_id, job.id) == 0;
+            pthread_mutex_unlock(&r->mu);
+            if (have) continue;
+        }
+        prepared p;
+        char err[1024];
+        if (prepare(r, &job, &p, err, sizeof err) != 0) {
+            fail_job(r, job.id, "invalid_file", err);
+            continue;
+        }
+        if (validating) {
+            if (ft_jobs_transition(r->cfg.jobs, job.id, FT_JOB_VALIDATING, FT_JOB_QUEUED,
+                                   &p.hp) != 0) { /* cancelled meanwhile */
+                ft_dataset_free(&p.train);
+                continue;
+            }
+            char msg[256];
+            snprintf(msg, sizeof msg,
+                     "Files validated: %" PRIu64 " examples in %" PRIu64
+                     " rows of %u tokens; queued",
+                     p.train.n_examples, p.train.n_rows, r->cfg.seq_len);
+            ft_jobs_event(r->cfg.jobs, job.id, "info", msg, NULL);
+        }
+        pthread_mutex_lock(&r->mu);
+        r->ready[r->n_ready++] = p;
+        scheduler *s = r->sched;
+        pthread_mutex_unlock(&r->mu);
+        if (s) scheduler_wake(s);
+    }
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------- */
+/* Life cycle                                                                 */
+/* ------------------------------------------------------------------------- */
+
+ft_runner *ft_runner_create(const ft_runner_config *cfg, char *err, size_t err_cap) {
+    if (!(cfg->engine->api->capabilities & ORCH_CAP_LORA)) {
+        util_set_err(err, err_cap,
+                     "engine '%s' (ABI %u.%u) has no LoRA adapters: fine-tuning jobs "
+                     "cannot run on it",
+                     cfg->engine->api->name, cfg->engine->api->abi_major,
+                     cfg->engine->api->abi_minor);
+        return NULL;
+    }
+    if (!cfg->micro_batch || !cfg->seq_len || cfg->seq_len > cfg->model->context) {
+        util_set_err(
+            err, err_cap,
+            "fine-tuning rows of %u positions do not fit the model's context (%u)",
+            cfg->seq_len, cfg->model->context);
+        return NULL;
+    }
+    ft_runner *r = util_calloc(1, sizeof *r);
+    if (!r) {
+        util_set_err(err, err_cap, "out of memory");
+        return NULL;
+    }
+    r->cfg = *cfg;
+    ft_budget_config bc = cfg->slo;
+    bc.granule = granule(r);
+    if (bc.max_tokens < bc.granule) bc.max_tokens = bc.granule;
+    r->budget = ft_budget_create(&bc, err, err_cap);
+    size_t slot = (size_t)granule(r) * SCHED_MAX_FINETUNE_BATCHES;
+    r->a.tok = malloc(slot * sizeof(int32_t));
+    r->a.tgt = malloc(slot * sizeof(int32_t));
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->cv, NULL);
+    if (!r->budget || !r->a.tok || !r->a.tgt) {
+        if (r->budget) util_set_err(err, err_cap, "out of memory");
+        ft_runner_destroy(r);
+        return NULL;
+    }
+    metrics_registry *m = cfg->metrics;
+    r->m_tokens = metrics_series_get(
+        metrics_counter(m, "orch_finetune_tokens_total",
+                        "Fine-tuning tokens trained inside the server (co-serving).", 0,
+                        NULL),
+        NULL);
+    r->m_share = metrics_series_get(
+        metrics_gauge(
+            m, "orch_coserve_finetune_share",
+            "Share of the last iteration's tokens that were fine-tuning tokens.", 0,
+            NULL),
+        NULL);
+    r->m_attain = metrics_series_get(
+        metrics_gauge(
+            m, "orch_coserve_slo_attainment",
+            "Share of decode iterations within the TPOT target (--slo-tpot-ms).", 0,
+            NULL),
+        NULL);
+    r->m_p99 = metrics_series_get(
+        metrics_gauge(m, "orch_coserve_tpot_p99_seconds",
+                      "p99 time per output token over the recent decode iterations.", 0,
+                      NULL),
+        NULL);
+    static const char *const job_labels[1] = { "status" };
+    r->m_jobs = metrics_gauge(m, "orch_finetune_jobs", "Fine-tuning jobs by status.", 1,
+                              job_labels);
+    if (util_thread_start_nosignals(&r->thread, preparer_main, r) != 0) {
+        util_set_err(err, err_cap, "cannot start the fine-tuning preparer thread");
+        ft_runner_destroy(r);
+        return NULL;
+    }
+    r->thread_started = 1;
+    return r;
+}
+
+static void drop_active(ft_runner *r) {
+    active *a = &r->a;
+    if (!a->on) return;
+    pthread_mutex_lock(&r->mu);
+    r->running_id[0] = '\0';
+    pthread_mutex_unlock(&r->mu);
+    if (a->adapter) r->cfg.engine->api->adapter_destroy(r->cfg.ctx, a->adapter);
+    ft_order_free(&a->order);
+    ft_dataset_free(&a->p.train);
+    int32_t *tok = a->tok, *tgt = a->tgt;
+    memset(a, 0, sizeof *a);
+    a->tok = tok;
+    a->tgt = tgt;
+}
+
+void ft_runner_destroy(ft_runner *r) {
+    if (!r) return;
+    if (r->thread_started) {
+        pthread_mutex_lock(&r->mu);
+        r->stop = 1;
+        pthread_cond_broadcast(&r->cv);
+        pthread_mutex_unlock(&r->mu);
+        pthread_join(r->thread, NULL);
+    }
+    drop_active(r);
+    for (uint32_t i = 0; i < r->n_ready; i++) ft_dataset_free(&r->ready[i].train);
+    free(r->a.tok);
+    free(r->a.tgt);
+    ft_budget_free(r->budget);
+    pthread_cond_destroy(&r->cv);
+    pthread_mutex_destroy(&r->mu);
+    free(r);
+}
+
+void ft_runner_attach(ft_runner *r, scheduler *s) {
+    pthread_mutex_lock(&r->mu);
+    r->sched = s;
+    pthread_mutex_unlock(&r->mu);
+}
+
+void ft_runner_notify(ft_runner *r) {
+    pthread_mutex_lock(&r->mu);
+    r->kick = 1;
+    pthread_cond_broadcast(&r->cv);
+    scheduler *s = r->sched;
+    pthread_mutex_unlock(&r->mu);
+    if (s) scheduler_wake(s);
+}
+
+/* ------------------------------------------------------------------------- */
+/* The scheduler thread                                                       */
+/* ------------------------------------------------------------------------- */
+
+static void update_job_gauges(ft_runner *r) {
+    uint64_t counts[FT_JOB_CANCELLED + 1];
+    ft_jobs_counts(r->cfg.jobs, counts);
+    for (int i = 0; i <= FT_JOB_CANCELLED; i++) {
+        const char *lv[1] = { ft_job_status_name(i) };
+        metrics_gauge_set(metrics_series_get(r->m_jobs, lv), (double)counts[i]);
+    }
+}
+
+static void engine_msg(ft_runner *r, int32_t st, const char *what, char *buf,
+                       size_t cap) {
+    char m[512];
+    engine_format_error(r->cfg.engine, r->cfg.ctx, st, m, sizeof m);
+    snprintf(buf, cap, "%s: %s", what, m);
+}
+
+/* Start the oldest queued job that has its data. */
+static void start_next(ft_runner *r) {
+    ft_job job;
+    if (ft_jobs_oldest(r->cfg.jobs, FT_JOB_QUEUED, &job) != 0) return;
+    pthread_mutex_lock(&r->mu);
+    int found = -1;
+    for (uint32_t i = 0; i < r->n_ready; i++)
+        if (strcmp(r->ready[i].id, job.id) == 0) found = (int)i;
+    prepared p;
+    if (found >= 0) {
+        p = r->ready[found];
+        r->ready[found] = r->ready[--r->n_ready];
+        snprintf(r->running_id, sizeof r->running_id, "%s", job.id);
+    }
+    pthread_mutex_unlock(&r->mu);
+    if (found < 0) return;
+    if (ft_jobs_transition(r->cfg.jobs, job.id, FT_JOB_QUEUED, FT_JOB_RUNNING, &p.hp) !=
+        0) {
+        ft_dataset_free(&p.train);
+        pthread_mutex_lock(&r->mu);
+        r->running_id[0] = '\0';
+        pthread_mutex_unlock(&r->mu);
+        return;
+    }
+    active *a = &r->a;
+    a->on = 1;
+    a->job = job;
+    a->job.hp = p.hp;
+    a->p = p;
+    memset(&a->desc, 0, sizeof a->desc);
+    a->desc.struct_size = sizeof a->desc;
+    a->desc.rank = p.hp.lora_rank;
+    a->desc.alpha = (float)p.hp.lora_alpha;
+    a->desc.targets = r->cfg.targets;
+    a->desc.seed = job.seed;
+    char msg[1024];
+    int32_t st = r->cfg.engine->api->adapter_create(r->cfg.ctx, &a->desc, &a->adapter);
+    if (st != ORCH_OK) {
+        engine_msg(r, st, "adapter_create", msg, sizeof msg);
+        a->adapter = 0;
+        fail_job(r, job.id, "invalid_hyperparameters", msg);
+        drop_active(r);
+        return;
+    }
+    if (ft_order_init(&a->order, p.train.n_rows, job.seed) != 0) {
+        fail_job(r, job.id, "server_error", "out of memory");
+        drop_active(r);
+        return;
+    }
+    a->accum = p.hp.batch_size / r->cfg.micro_batch;
+    a->total_steps =
+        (uint64_t)ceil((double)p.hp.n_epochs * (double)p.train.n_rows / p.hp.batch_size);
+    if (!a->total_steps) a->total_steps = 1;
+    a->sched = (lr_schedule){ LR_SCHEDULE_LINEAR, r->cfg.lr * p.hp.lr_multiplier, 0.0, 0,
+                              a->total_steps };
+    snprintf(msg, sizeof msg,
+             "Fine-tuning job started: %" PRIu64 " steps of %u rows (%u micro-batches of "
+             "%u), LoRA rank %u alpha %g",
+             a->total_steps, p.hp.batch_size, a->accum, r->cfg.micro_batch, a->desc.rank,
+             (double)a->desc.alpha);
+    ft_jobs_event(r->cfg.jobs, job.id, "info", msg, NULL);
+}
+
+int ft_runner_tasks(ft_runner *r) {
+    active *a = &r->a;
+    if (a->on && a->in_flight == 0) {
+        ft_job now;
+        if (ft_jobs_get(r->cfg.jobs, a->job.id, &now) != 0 ||
+            now.status != FT_JOB_RUNNING)
+            drop_active(r); /* cancelled */
+    }
+    if (!a->on) start_next(r);
+    update_job_gauges(r);
+    return a->on;
+}
+
+uint32_t ft_runner_take(ft_runner *r, uint32_t decode_tokens, uint32_t prefill_tokens,
+                        double oldest_wait_ms, orch_finetune_batch *ft, uint32_t cap) {
+    active *a = &r->a;
+    if (!a->on || a->step >= a->total_steps) return 0;
+    uint32_t budget =
+        ft_budget_next(r->budget, decode_tokens, prefill_tokens, oldest_wait_ms);
+    uint32_t k = budget / granule(r);
+    uint32_t left = a->accum - a->accum_done;
+    if (k > left) k = left;
+    if (k > cap) k = cap;
+    if (k > SCHED_MAX_FINETUNE_BATCHES) k = SCHED_MAX_FINETUNE_BATCHES;
+    if (k == 0) return 0;
+    if (a->accum_done == 0) {
+        int32_t st = r->cfg.engine->api->adapter_grads_zero(r->cfg.ctx, a->adapter);
+        if (st != ORCH_OK) {
+            char msg[1024];
+            engine_msg(r, st, "adapter_grads_zero", msg, sizeof msg);
+            fail_job(r, a->job.id, "server_error", msg);
+            drop_active(r);
+            return 0;
+        }
+    }
+    const uint32_t T = r->cfg.seq_len, B = r->cfg.micro_batch;
+    for (uint32_t i = 0; i < k; i++) {
+        int32_t *tok = a->tok + (size_t)i * B * T, *tgt = a->tgt + (size_t)i * B * T;
+        ft_order_next(&a->order, &a->p.train, B, tok, tgt);
+        memset(&ft[i], 0, sizeof ft[i]);
+        ft[i].struct_size = sizeof ft[i];
+        ft[i].adapter_id = a->adapter;
+        ft[i].tokens = tok;
+        ft[i].targets = tgt;
+        ft[i].batch = B;
+        ft[i].seq_len = T;
+        ft[i].grad_scale = 1.0f / (float)a->accum;
+    }
+    a->in_flight = k;
+    return k;
+}
+
+static void fine_tuned_name(const ft_runner *r, const ft_job *job, char *buf,
+                            size_t cap) {
+    snprintf(buf, cap, "ft:%s:%s:%.8s", r->cfg.base_name,
+             job->suffix[0] ? job->suffix : "orch", job->id + 6);
+}
+
+/* The last step is done: save the adapter, serve it, succeed. */
+static void finish(ft_runner *r) {
+    active *a = &r->a;
+    char name[FT_JOB_NAME_MAX], dir[4096], msg[1024];
+    fine_tuned_name(r, &a->job, name, sizeof name);
+    snprintf(dir, sizeof dir, "%s/adapters/%.40s", r->cfg.state_dir, a->job.id);
+    peft_adapter pa;
+    memset(&pa, 0, sizeof pa);
+    const char *fp = coserve_fingerprint(r->cfg.cs);
+    if (fsio_mkdir_p(dir, msg, sizeof msg) != 0 ||
+        peft_adapter_from_engine(r->cfg.engine, r->cfg.ctx, a->adapter, r->cfg.model,
+                                 &a->desc, r->cfg.base_name, fp, &pa, msg,
+                                 sizeof msg) != 0 ||
+        peft_adapter_save(dir, &pa, msg, sizeof msg) != 0) {
+        peft_adapter_free(&pa);
+        char full[1200];
+        snprintf(full, sizeof full, "saving the adapter: %s", msg);
+        fail_job(r, a->job.id, "server_error", full);
+        drop_active(r);
+        return;
+    }
+    peft_adapter_free(&pa);
+    /* the engine adapter becomes the served model (no copy, no reload) */
+    if (coserve_register(r->cfg.cs, name, dir, a->adapter, msg, sizeof msg) != 0) {
+        char full[1200];
+        snprintf(full, sizeof full, "serving the adapter: %s", msg);
+        fail_job(r, a->job.id, "server_error", full);
+        drop_active(r);
+        return;
+    }
+    a->adapter = 0; /* coserve's now */
+    char metrics[128];
+    snprintf(metrics, sizeof metrics, "{\"step\":%" PRIu64 ",\"train_loss\":%.6g}",
+             a->step, a->loss_sum);
+    ft_jobs_checkpoint(r->cfg.jobs, a->job.id, a->step, name, metrics);
+    ft_jobs_progress(r->cfg.jobs, a->job.id, a->trained_tokens);
+    snprintf(msg, sizeof msg, "The job has successfully completed: model %s", name);
+    ft_jobs_event(r->cfg.jobs, a->job.id, "info", msg, NULL);
+    ft_jobs_finish(r->cfg.jobs, a->job.id, FT_JOB_SUCCEEDED, name, NULL, NULL);
+    drop_active(r);
+}
+
+void ft_runner_done(ft_runner *r, int32_t st, const char *err, const float *losses,
+                    uint32_t n, uint32_t decode_tokens, uint32_t prefill_tokens,
+                    double seconds) {
+    active *a = &r->a;
+    uint32_t ft_tokens = n * granule(r);
+    ft_budget_observe(r->budget, decode_tokens, prefill_tokens, ft_tokens, seconds);
+    ft_budget_stats bs;
+    ft_budget_get_stats(r->budget, &bs);
+    metrics_gauge_set(r->m_attain, bs.attainment);
+    metrics_gauge_set(r->m_p99, bs.p99_tpot_ms / 1e3);
+    uint32_t all = decode_tokens + prefill_tokens + ft_tokens;
+    metrics_gauge_set(r->m_share, all ? (double)ft_tokens / all : 0);
+    if (n == 0 || !a->on) return;
+    a->in_flight = 0;
+    ft_job now;
+    if (ft_jobs_get(r->cfg.jobs, a->job.id, &now) != 0 || now.status != FT_JOB_RUNNING) {
+        drop_active(r); /* cancelled while its micro-batches ran */
+        return;
+    }
+    if (st != ORCH_OK) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "engine error: %s", err && *err ? err : "unknown");
+        fail_job(r, a->job.id, "server_error", msg);
+        drop_active(r);
+        return;
+    }
+    for (uint32_t i = 0; i < n; i++) a->loss_sum += (double)losses[i];
+    a->accum_done += n;
+    a->trained_tokens += ft_tokens;
+    metrics_counter_add(r->m_tokens, ft_tokens);
+    if (a->accum_done < a->accum) return;
+    uint64_t step = a->step + 1;
+    double lr = lr_schedule_at(&a->sched, step);
+    orch_adamw_params ap;
+    memset(&ap, 0, sizeof ap);
+    ap.struct_size = sizeof ap;
+    ap.step = step;
+    ap.lr = (float)lr;
+    ap.beta1 = 0.9f;
+    ap.beta2 = 0.999f;
+    ap.eps = 1e-8f;
+    ap.weight_decay = 0.0f;
+    ap.grad_clip = 1.0f;
+    float gnorm = 0;
+    int32_t s2 =
+        r->cfg.engine->api->adapter_optimizer_step(r->cfg.ctx, a->adapter, &ap, &gnorm);
+    if (s2 != ORCH_OK) {
+        char msg[1024];
+        engine_msg(r, s2, "adapter_optimizer_step", msg, sizeof msg);
+        fail_job(r, a->job.id, "server_error", msg);
+        drop_active(r);
+        return;
+    }
+    double loss = a->loss_sum / a->accum;
+    a->step = step;
+    a->accum_done = 0;
+    a->loss_sum = 0;
+    char msg[256], data[256];
+    snprintf(msg, sizeof msg, "Step %" PRIu64 "/%" PRIu64 ": training loss=%.4f", step,
+             a->total_steps, loss);
+    snprintf(data, sizeof data,
+             "{\"step\":%" PRIu64 ",\"train_loss\":%.8g,\"learning_rate\":%.8g,"
+             "\"grad_norm\":%.8g,\"total_steps\":%" PRIu64 "}",
+             step, loss, lr, (double)gnorm, a->total_steps);
+    ft_jobs_event(r->cfg.jobs, a->job.id, "info", msg, data);
+    ft_jobs_progress(r->cfg.jobs, a->job.id, a->trained_tokens);
+    if (step == a->total_steps) {
+        a->loss_sum = loss; /* the final loss, for the checkpoint's metrics */
+        finish(r);
+    }
+}

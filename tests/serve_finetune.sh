@@ -1,0 +1,192 @@
+#!/usr/bin/env bash
+# serve_finetune.sh - fine-tuning jobs inside orch serve (co-serving):
+#  - cpu engine: a job created through /v1/files + /v1/fine_tuning/jobs
+#    trains while greedy base requests keep being answered, and those answers
+#    stay exactly the base model's; the adapter it produces is bit for bit
+#    the one `orch finetune` makes from the same data, seed and settings; the
+#    fine-tuned model is served at once (its output equals `orch generate
+#    --lora` of the saved adapter) and again after a restart; events,
+#    checkpoints, trained_tokens and the Prometheus series; a cancelled job;
+#    a job whose data the trainer refuses fails with the line number;
+#  - mock engine: the official OpenAI Node client drives the same API;
+#  - an engine without LoRA adapters: the API says so (404).
+source "$(dirname "$0")/serve/common.sh"
+ROOT=$(cd "$SERVE_DIR/../.." && pwd)
+MODULES="$ROOT/data/node/node_modules"
+[ -f "${ORCH_BUILD:-$(dirname "$ORCH_BIN")}/libengine_cpu.so" ] || { echo "skip: libengine_cpu.so is not built"; exit 77; }
+cd "$T" || exit 1
+for i in $(seq 1 200); do echo "And God said, Let there be light: and there was light. Verse $i of the day."; done >corpus.txt
+"$ORCH_BIN" prepare --tokenizer byte --input corpus.txt --out data --val-fraction 0.1 >prep.log 2>&1 ||
+  { cat prep.log; fail "orch prepare"; }
+cat >cfg.json <<'JSON'
+{
+  "model": {"arch": "gpt2", "vocab_size": 256, "context": 64, "layers": 2,
+            "heads": 2, "width": 32, "mlp_width": 128},
+  "train": {"micro_batch": 8, "seq_len": 32, "max_steps": 120, "lr": 3e-3, "seed": 1,
+            "warmup_steps": 5, "eval_every": 0, "eval_batches": 1, "checkpoint_every": 0},
+  "data": {"tokenizer": "byte", "train": "data/train_*.bin", "val": "data/val_*.bin"},
+  "engine": {"name": "cpu", "threads": 1}
+}
+JSON
+"$ORCH_BIN" train --config cfg.json --out run >train.log 2>&1 || { tail -n 5 train.log; fail "orch train"; }
+for i in $(seq 1 32); do
+  echo '{"prompt": "And God said, ", "completion": "the day of the day of the day."}'
+  echo '{"text": "Verse 7 of the light. Verse 8 of the light."}'
+done >ft.jsonl
+printf '%s\n' '{"text": "fine"}' '{"prompt": "a", "completion": "b", "weight": 1}' >odd.jsonl
+PROMPT="And God said, "
+"$ORCH_BIN" generate --checkpoint run --engine cpu --threads 1 --prompt "$PROMPT" --max-tokens 24 \
+  --temperature 0 --no-echo >gen_base.txt 2>gen.log || { cat gen.log; fail "generate"; }
+FT=(--state-dir "$T/S" --ft-seq-len 48 --ft-micro-batch 2 --ft-lr 0.02 --ft-targets all --ft-rank 8 --ft-alpha 16)
+
+start_server cpu --checkpoint run --engine cpu --threads 1 --model-name tiny "${FT[@]}"
+"$PY" - "$PORT" "$T/ft.jsonl" "$T/odd.jsonl" "$(cat gen_base.txt)" >job.out <<'PY' || { cat job.out; fail "jobs on the cpu engine"; }
+import json, sys, threading, time, uuid
+from client import post, request
+port, train, odd, gen_base = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+
+def upload(path):
+    b = uuid.uuid4().hex
+    data = open(path, "rb").read()
+    body = (("--%s\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nfine-tune\r\n"
+             "--%s\r\nContent-Disposition: form-data; name=\"file\"; filename=\"t.jsonl\"\r\n"
+             "Content-Type: application/jsonl\r\n\r\n") % (b, b)).encode() + data + \
+           ("\r\n--%s--\r\n" % b).encode()
+    st, _, out = request(port, "POST", "/v1/files", body,
+                         {"Content-Type": "multipart/form-data; boundary=" + b})
+    assert st == 200, out
+    return json.loads(out)["id"]
+
+def job(jid):
+    st, _, out = request(port, "GET", "/v1/fine_tuning/jobs/" + jid)
+    assert st == 200, out
+    return json.loads(out)
+
+def wait(jid, want, timeout=120):
+    end = time.time() + timeout
+    while time.time() < end:
+        j = job(jid)
+        if j["status"] in ("succeeded", "failed", "cancelled"):
+            assert j["status"] == want, j
+            return j
+        time.sleep(0.05)
+    raise AssertionError("job %s still %s" % (jid, job(jid)["status"]))
+
+def base_text(model="tiny"):
+    st, js, _ = post(port, "/v1/completions",
+                     {"model": model, "prompt": "And God said, ", "max_tokens": 24, "temperature": 0})
+    assert st == 200, js
+    return js["choices"][0]["text"]
+
+fid = upload(train)
+st, js, _ = post(port, "/v1/fine_tuning/jobs",
+                 {"model": "tiny", "training_file": fid, "seed": 3,
+                  "hyperparameters": {"n_epochs": 2, "batch_size": 4}})
+assert st == 200 and js["status"] == "validating_files", js
+jid = js["id"]
+# inference keeps going, unchanged, while the job trains
+seen, stop = [], threading.Event()
+def infer():
+    while not stop.is_set():
+        seen.append(base_text())
+t = threading.Thread(target=infer)
+t.start()
+done = wait(jid, "succeeded")
+stop.set()
+t.join()
+assert seen and all(x == gen_base for x in seen), "base output changed during the job: %r" % seen[:3]
+name = done["fine_tuned_model"]
+assert name.startswith("ft:tiny:orch:") and done["trained_tokens"] > 0, done
+assert done["hyperparameters"] == {"n_epochs": 2, "batch_size": 4, "learning_rate_multiplier": 1,
+                                   "lora_rank": 8, "lora_alpha": 16}, done["hyperparameters"]
+ev = json.loads(request(port, "GET", "/v1/fine_tuning/jobs/%s/events?limit=100" % jid)[2])["data"]
+msgs = [e["message"] for e in ev]
+assert any(m.startswith("Step 32/32: training loss=") for m in msgs), msgs[:5]
+assert msgs[0].startswith("The job has successfully completed"), msgs[0]
+ck = json.loads(request(port, "GET", "/v1/fine_tuning/jobs/%s/checkpoints" % jid)[2])["data"]
+assert len(ck) == 1 and ck[0]["fine_tuned_model_checkpoint"] == name and ck[0]["step_number"] == 32, ck
+models = [m["id"] for m in json.loads(request(port, "GET", "/v1/models")[2])["data"]]
+assert models == ["tiny", name], models
+print("NAME", name)
+print("JOB", jid)
+print("FT", base_text(name))
+# cancel a long job once it runs; nothing is served for it
+st, js, _ = post(port, "/v1/fine_tuning/jobs",
+                 {"model": "tiny", "training_file": fid, "hyperparameters": {"n_epochs": 50}})
+long_id = js["id"]
+end = time.time() + 60
+while job(long_id)["status"] != "running" and time.time() < end:
+    time.sleep(0.02)
+st, js, _ = post(port, "/v1/fine_tuning/jobs/%s/cancel" % long_id, {})
+assert st == 200 and js["status"] == "cancelled", js
+st, js, _ = post(port, "/v1/fine_tuning/jobs/%s/cancel" % long_id, {})
+assert st == 400 and "already ended (cancelled)" in js["error"]["message"], js
+time.sleep(0.3)
+assert job(long_id)["status"] == "cancelled" and job(long_id)["fine_tuned_model"] is None
+# data the trainer refuses: the job fails naming the line
+oid = upload(odd)
+st, js, _ = post(port, "/v1/fine_tuning/jobs", {"model": "tiny", "training_file": oid})
+bad = wait(js["id"], "failed")
+assert bad["error"]["code"] == "invalid_file" and "line 2: unknown key" in bad["error"]["message"], bad["error"]
+st, _, m = request(port, "GET", "/metrics")
+m = m.decode()
+assert 'orch_finetune_jobs{status="succeeded"} 1' in m, m[-2000:]
+tok = [l for l in m.splitlines() if l.startswith("orch_finetune_tokens_total ")]
+assert tok and float(tok[0].split()[1]) > 0, tok
+PY
+NAME=$(sed -n 's/^NAME //p' job.out); JOB=$(sed -n 's/^JOB //p' job.out); FT_TEXT=$(sed -n 's/^FT //p' job.out)
+stop_server "$PID" || fail "exit (cpu)"
+
+# the same adapter as orch finetune (same data, seed, micro-batches, schedule)
+"$ORCH_BIN" finetune --checkpoint run --data ft.jsonl --out off --batch 2 --grad-accum 2 --seq-len 48 \
+  --lr 0.02 --epochs 2 --seed 3 --rank 8 --alpha 16 --targets all --engine cpu --threads 1 >off.log 2>&1 ||
+  { tail -n 5 off.log; fail "orch finetune"; }
+"$PY" - "$T/S/adapters/$JOB/adapter_model.safetensors" off/adapter_model.safetensors <<'PY' || fail "the server's adapter differs from orch finetune's"
+import json, struct, sys
+def tensors(p):
+    b = open(p, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    h = json.loads(b[8:8 + n])
+    return {k: b[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]]
+            for k, v in h.items() if k != "__metadata__"}
+a, b = tensors(sys.argv[1]), tensors(sys.argv[2])
+assert sorted(a) == sorted(b) and len(a) == 16, (sorted(a), sorted(b))
+diff = [k for k in a if a[k] != b[k]]
+assert not diff, "tensors differ: %s" % diff[:4]
+PY
+"$ORCH_BIN" generate --checkpoint run --engine cpu --threads 1 --prompt "$PROMPT" --max-tokens 24 \
+  --temperature 0 --no-echo --lora "$T/S/adapters/$JOB" >gen_ft.txt 2>>gen.log || { cat gen.log; fail "generate --lora"; }
+[ "$(cat gen_ft.txt)" = "$FT_TEXT" ] || fail "served fine-tuned model '$FT_TEXT' != generate --lora '$(cat gen_ft.txt)'"
+[ "$FT_TEXT" != "$(cat gen_base.txt)" ] || fail "the fine-tuned model answers as the base"
+
+# a restart serves the fine-tuned model again
+start_server again --checkpoint run --engine cpu --threads 1 --model-name tiny "${FT[@]}"
+"$PY" - "$PORT" "$NAME" "$FT_TEXT" "$JOB" <<'PY' || fail "after a restart"
+import json, sys
+from client import post, request
+port, name, ft_text, jid = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+j = json.loads(request(port, "GET", "/v1/fine_tuning/jobs/" + jid)[2])
+assert j["status"] == "succeeded" and j["fine_tuned_model"] == name, j
+st, js, _ = post(port, "/v1/completions",
+                 {"model": name, "prompt": "And God said, ", "max_tokens": 24, "temperature": 0})
+assert st == 200 and js["choices"][0]["text"] == ft_text, js
+PY
+stop_server "$PID" || fail "exit (again)"
+
+# the official Node client, on the mock engine
+if command -v node >/dev/null && [ -f "$MODULES/openai/package.json" ]; then
+  printf '%s\n' '{"prompt":"Hi ","completion":"there"}' '{"text":"abcabc"}' '{"prompt":"x","completion":"yz"}' >mock.jsonl
+  start_server node --state-dir "$T/M" --api-key sekret --ft-seq-len 32
+  node "$ROOT/tests/openai_client/finetune_test.mjs" "http://127.0.0.1:$PORT/v1" "$MODULES" "$T/mock.jsonl" \
+    >node.out 2>&1 || { cat node.out; fail "openai node client"; }
+  stop_server "$PID" || fail "exit (node)"
+else
+  echo "note: node or npm openai absent: the Node client part is skipped"
+fi
+
+# an engine without LoRA adapters
+start_server old --checkpoint run --engine "$ORCH_BUILD/tests/engines/abi11_mock.so" --state-dir "$T/O"
+r=$(curl -s -w ' %{http_code}' "http://127.0.0.1:$PORT/v1/fine_tuning/jobs")
+[[ $r == *"has no LoRA adapters"*" 404" ]] || fail "jobs on an engine without adapters: $r"
+stop_server "$PID" || fail "exit (old)"
+echo "serve_finetune: ok"
