@@ -205,6 +205,11 @@ AVX512 static void scores64_bf16_avx512(const float *q, const void *const *row, 
                     continue;
                 }
                 const uint16_t *kr = (const uint16_t *)row[p0 + j] + off;
+                if (p0 + j + 8 < n)
+                    for (size_t o = 0; o < m * 128; o += 64)
+                        _mm_prefetch(
+                            (const char *)((const uint16_t *)row[p0 + j + 8] + off) + o,
+                            _MM_HINT_T0);
                 for (size_t h = 0; h < m; h++) {
                     const __m512i x0 = _mm512_loadu_si512((const void *)(kr + h * 64));
                     const __m512i x1 =
@@ -282,7 +287,7 @@ AVX512 static inline void store_eo(__m512 e, __m512 o, float *out) {
  * position's values of those heads read once (contiguous). off: element
  * offset of the first head in every row. */
 #define MIX_HEADS 6
-#define MIX_AHEAD 4
+#define MIX_AHEAD 8
 AVX512 static void mix64_bf16_avx512(const float *sc, size_t ldsc, const void *const *row,
                                      size_t n, size_t h0, size_t nh, float *out) {
     const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
