@@ -5,7 +5,9 @@
 #    stay exactly the base model's; the adapter it produces is bit for bit
 #    the one `orch finetune` makes from the same data, seed and settings; the
 #    fine-tuned model is served at once (its output equals `orch generate
-#    --lora` of the saved adapter) and again after a restart; events,
+#    --lora` of the saved adapter) and again after a restart; a job killed
+#    (SIGKILL) after a checkpoint continues from it and ends with the same
+#    adapter as an uninterrupted `orch finetune`; events,
 #    checkpoints, trained_tokens and the Prometheus series; a cancelled job;
 #    a job whose data the trainer refuses fails with the line number;
 #  - mock engine: the official OpenAI Node client drives the same API;
@@ -37,7 +39,8 @@ printf '%s\n' '{"text": "fine"}' '{"prompt": "a", "completion": "b", "weight": 1
 PROMPT="And God said, "
 "$ORCH_BIN" generate --checkpoint run --engine cpu --threads 1 --prompt "$PROMPT" --max-tokens 24 \
   --temperature 0 --no-echo >gen_base.txt 2>gen.log || { cat gen.log; fail "generate"; }
-FT=(--state-dir "$T/S" --ft-seq-len 48 --ft-micro-batch 2 --ft-lr 0.02 --ft-targets all --ft-rank 8 --ft-alpha 16)
+FT=(--state-dir "$T/S" --ft-seq-len 48 --ft-micro-batch 2 --ft-lr 0.02 --ft-targets all --ft-rank 8 --ft-alpha 16
+    --ft-checkpoint-every 8)
 
 start_server cpu --checkpoint run --engine cpu --threads 1 --model-name tiny "${FT[@]}"
 "$PY" - "$PORT" "$T/ft.jsonl" "$T/odd.jsonl" "$(cat gen_base.txt)" >job.out <<'PY' || { cat job.out; fail "jobs on the cpu engine"; }
@@ -104,11 +107,14 @@ msgs = [e["message"] for e in ev]
 assert any(m.startswith("Step 32/32: training loss=") for m in msgs), msgs[:5]
 assert msgs[0].startswith("The job has successfully completed"), msgs[0]
 ck = json.loads(request(port, "GET", "/v1/fine_tuning/jobs/%s/checkpoints" % jid)[2])["data"]
-assert len(ck) == 1 and ck[0]["fine_tuned_model_checkpoint"] == name and ck[0]["step_number"] == 32, ck
+assert [c["step_number"] for c in ck] == [32, 24, 16, 8], ck
+assert ck[0]["fine_tuned_model_checkpoint"] == name, ck[0]
+assert ck[1]["fine_tuned_model_checkpoint"] == name + ":ckpt-step-24", ck[1]
 models = [m["id"] for m in json.loads(request(port, "GET", "/v1/models")[2])["data"]]
 assert models == ["tiny", name], models
 print("NAME", name)
 print("JOB", jid)
+print("FID", fid)
 print("FT", base_text(name))
 # cancel a long job once it runs; nothing is served for it
 st, js, _ = post(port, "/v1/fine_tuning/jobs",
@@ -135,25 +141,15 @@ tok = [l for l in m.splitlines() if l.startswith("orch_finetune_tokens_total ")]
 assert tok and float(tok[0].split()[1]) > 0, tok
 PY
 NAME=$(sed -n 's/^NAME //p' job.out); JOB=$(sed -n 's/^JOB //p' job.out); FT_TEXT=$(sed -n 's/^FT //p' job.out)
+FID=$(sed -n 's/^FID //p' job.out)
 stop_server "$PID" || fail "exit (cpu)"
 
 # the same adapter as orch finetune (same data, seed, micro-batches, schedule)
 "$ORCH_BIN" finetune --checkpoint run --data ft.jsonl --out off --batch 2 --grad-accum 2 --seq-len 48 \
   --lr 0.02 --epochs 2 --seed 3 --rank 8 --alpha 16 --targets all --engine cpu --threads 1 >off.log 2>&1 ||
   { tail -n 5 off.log; fail "orch finetune"; }
-"$PY" - "$T/S/adapters/$JOB/adapter_model.safetensors" off/adapter_model.safetensors <<'PY' || fail "the server's adapter differs from orch finetune's"
-import json, struct, sys
-def tensors(p):
-    b = open(p, "rb").read()
-    n = struct.unpack("<Q", b[:8])[0]
-    h = json.loads(b[8:8 + n])
-    return {k: b[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]]
-            for k, v in h.items() if k != "__metadata__"}
-a, b = tensors(sys.argv[1]), tensors(sys.argv[2])
-assert sorted(a) == sorted(b) and len(a) == 16, (sorted(a), sorted(b))
-diff = [k for k in a if a[k] != b[k]]
-assert not diff, "tensors differ: %s" % diff[:4]
-PY
+"$PY" "$SERVE_DIR/safetensors_equal.py" "$T/S/adapters/$JOB/adapter_model.safetensors" off/adapter_model.safetensors ||
+  fail "the server's adapter differs from orch finetune's"
 "$ORCH_BIN" generate --checkpoint run --engine cpu --threads 1 --prompt "$PROMPT" --max-tokens 24 \
   --temperature 0 --no-echo --lora "$T/S/adapters/$JOB" >gen_ft.txt 2>>gen.log || { cat gen.log; fail "generate --lora"; }
 [ "$(cat gen_ft.txt)" = "$FT_TEXT" ] || fail "served fine-tuned model '$FT_TEXT' != generate --lora '$(cat gen_ft.txt)'"
@@ -171,7 +167,59 @@ st, js, _ = post(port, "/v1/completions",
                  {"model": name, "prompt": "And God said, ", "max_tokens": 24, "temperature": 0})
 assert st == 200 and js["choices"][0]["text"] == ft_text, js
 PY
-stop_server "$PID" || fail "exit (again)"
+# a long job killed (SIGKILL) after a checkpoint continues from it
+"$PY" - "$PORT" "$FID" <<'PY' >long.out || { cat long.out; fail "long job"; }
+import json, sys, time
+from client import post, request
+port, fid = int(sys.argv[1]), sys.argv[2]
+st, js, _ = post(port, "/v1/fine_tuning/jobs",
+                 {"model": "tiny", "training_file": fid, "seed": 5,
+                  "hyperparameters": {"n_epochs": 20, "batch_size": 4}})
+assert st == 200, js
+jid = js["id"]
+end = time.time() + 60
+while time.time() < end:
+    ck = json.loads(request(port, "GET", "/v1/fine_tuning/jobs/%s/checkpoints" % jid)[2])["data"]
+    if ck:
+        break
+    time.sleep(0.01)
+assert ck, "no checkpoint within 60 s: %s" % request(port, "GET", "/v1/fine_tuning/jobs/" + jid)[2]
+j = json.loads(request(port, "GET", "/v1/fine_tuning/jobs/" + jid)[2])
+assert j["status"] == "running", j
+print(jid)
+PY
+LONG=$(cat long.out)
+kill -9 "$PID"; wait "$PID" 2>/dev/null
+start_server resumed --checkpoint run --engine cpu --threads 1 --model-name tiny "${FT[@]}"
+"$PY" - "$PORT" "$LONG" <<'PY' || fail "resumed job"
+import json, sys, time
+from client import request
+port, jid = int(sys.argv[1]), sys.argv[2]
+end = time.time() + 120
+while time.time() < end:
+    j = json.loads(request(port, "GET", "/v1/fine_tuning/jobs/" + jid)[2])
+    if j["status"] in ("succeeded", "failed", "cancelled"):
+        break
+    time.sleep(0.05)
+assert j["status"] == "succeeded", j
+ev, after = [], ""
+while True:  # every page, newest first
+    page = json.loads(request(port, "GET", "/v1/fine_tuning/jobs/%s/events?limit=100%s"
+                              % (jid, "&after=" + after if after else ""))[2])
+    ev += [e["message"] for e in page["data"]]
+    if not page["has_more"]:
+        break
+    after = page["data"][-1]["id"]
+assert any(m.startswith("Resumed from the checkpoint of step ") for m in ev), ev[-8:]
+assert sum(m.startswith("Step 320/320") for m in ev) == 1, "steps twice?"
+
+PY
+stop_server "$PID" || fail "exit (resumed)"
+"$ORCH_BIN" finetune --checkpoint run --data ft.jsonl --out off20 --batch 2 --grad-accum 2 --seq-len 48 \
+  --lr 0.02 --epochs 20 --seed 5 --rank 8 --alpha 16 --targets all --engine cpu --threads 1 >off20.log 2>&1 ||
+  { tail -n 5 off20.log; fail "orch finetune (20 epochs)"; }
+"$PY" "$SERVE_DIR/safetensors_equal.py" "$T/S/adapters/$LONG/adapter_model.safetensors" off20/adapter_model.safetensors ||
+  fail "the resumed job's adapter differs from orch finetune's"
 
 # the official Node client, on the mock engine
 if command -v node >/dev/null && [ -f "$MODULES/openai/package.json" ]; then
@@ -189,4 +237,14 @@ start_server old --checkpoint run --engine "$ORCH_BUILD/tests/engines/abi11_mock
 r=$(curl -s -w ' %{http_code}' "http://127.0.0.1:$PORT/v1/fine_tuning/jobs")
 [[ $r == *"has no LoRA adapters"*" 404" ]] || fail "jobs on an engine without adapters: $r"
 stop_server "$PID" || fail "exit (old)"
+# bad co-serving settings are refused at start
+"$ORCH_BIN" serve --checkpoint run --engine cpu --port 0 --state-dir "$T/B" --coserve-mode bogus >bad.log 2>&1 &&
+  fail "--coserve-mode bogus accepted"
+grep -q "expected shared" bad.log || { cat bad.log; fail "--coserve-mode message"; }
+"$ORCH_BIN" serve --checkpoint run --engine cpu --port 0 --state-dir "$T/B" --ft-seq-len 999 >bad.log 2>&1 &&
+  fail "--ft-seq-len over the context accepted"
+grep -q "over the model's context (64)" bad.log || { cat bad.log; fail "--ft-seq-len message"; }
+"$ORCH_BIN" serve --checkpoint run --engine cpu --port 0 --state-dir "$T/B" --ft-targets q_proj >bad.log 2>&1 &&
+  fail "--ft-targets q_proj accepted on gpt2"
+grep -q -- "--ft-targets" bad.log || { cat bad.log; fail "--ft-targets message"; }
 echo "serve_finetune: ok"

@@ -167,6 +167,17 @@ START_TEST(test_ttft_guard) {
     ck_assert_uint_eq(ft_budget_next(b, 0, 64, 99.0), 256);
     ck_assert_uint_eq(ft_budget_next(b, 0, 64, 100.0), 0); /* half the TTFT target */
     ft_budget_free(b);
+    /* idle iterations (no decode) are kept within half the TTFT target too:
+     * 2 ms + 0.5 ms per fine-tuning token, TTFT 40 ms: (20 - 2) / 0.5 = 36 */
+    machine m = { 2.0, 0.3, 0.1, 0.5, 0.0, 9 };
+    b = make(0, 40.0, 1024, 4);
+    uint32_t f = 0;
+    for (int i = 0; i < 400; i++) {
+        f = ft_budget_next(b, 0, 0, 0);
+        ft_budget_observe(b, 0, 0, f, run_iter(&m, 0, 0, f));
+    }
+    ck_assert_msg(f >= 28 && f <= 36, "idle budget %u (36 fit in 20 ms)", f);
+    ft_budget_free(b);
 }
 END_TEST
 

@@ -147,6 +147,14 @@ static int parse_args(int argc, char **argv, serve_options *o, int *st) {
                   "that rides in an iteration (default 1); a job's\n"
                   "batch_size must be a multiple",
           .min = 1, .max = 256 },
+        { "--ft-checkpoint-every", FLAG_U64, &o->ft_checkpoint_every, "N",
+          .help = "fine-tuning jobs: checkpoint every N steps, to\n"
+                  "resume after a restart (default: once an epoch)",
+          .min = 1, .max = 1 << 30 },
+        { "--coserve-mode", FLAG_STRING, &o->coserve_mode, "MODE",
+          .help = "shared (default): fine-tuning tokens ride in the\n"
+                  "inference iterations; temporal: only in iterations\n"
+                  "without inference (time sharing, the baseline)" },
         { "--slo-tpot-ms", FLAG_DOUBLE, &o->slo_tpot_ms, "MS",
           .help = "co-serving: p99 time per output token to keep;\n"
                   "fine-tuning gets what is left, and pauses when\n"

@@ -103,7 +103,7 @@ static int load_index(file_store *fs, char *err, size_t err_cap) {
     DIR *d = fsio_opendir(fs->dir, err, err_cap);
     if (!d) return -1;
     struct dirent *e;
-    char path[4200];
+    char path[4352];
     while ((e = readdir(d)) != NULL) {
         const char *name = e->d_name;
         size_t nl = strlen(name);

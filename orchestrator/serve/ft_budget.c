@@ -118,6 +118,18 @@ uint32_t ft_budget_next(ft_budget *b, uint32_t decode_tokens, uint32_t prefill_t
     const ft_budget_config *c = &b->cfg;
     if (c->slo_ttft_ms > 0 && oldest_wait_ms >= FT_BUDGET_TTFT_GUARD * c->slo_ttft_ms)
         return 0;
+    if (decode_tokens == 0 && c->slo_ttft_ms > 0 && b->n_obs >= MIN_OBS) {
+        /* no TPOT to protect, but a request arriving now waits for this
+         * iteration: keep it within the TTFT guard */
+        double k[NP];
+        coeffs(b, k);
+        double room =
+            FT_BUDGET_TTFT_GUARD * c->slo_ttft_ms - (k[0] + k[2] * prefill_tokens);
+        double n = room > 0 ? room / k[3] : 0;
+        if (n > c->max_tokens) n = c->max_tokens;
+        uint32_t rows = (uint32_t)(n / c->granule);
+        return (rows ? rows : 1) * c->granule; /* progress even when tight */
+    }
     if (c->slo_tpot_ms <= 0 || decode_tokens == 0) return c->max_tokens;
     if (b->n_obs < MIN_OBS) return c->granule; /* learn with one row */
     double k[NP];

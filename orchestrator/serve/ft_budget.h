@@ -29,7 +29,10 @@
  *   - paused (0 tokens) while inference alone is predicted to miss the
  *     target, and while the oldest waiting request has used
  *     FT_BUDGET_TTFT_GUARD of its TTFT target;
- *   - without running decodes (no TPOT to protect) the whole max_tokens.
+ *   - without running decodes (no TPOT to protect) the whole max_tokens,
+ *     or with a TTFT target as many as keep the iteration (which a request
+ *     arriving now waits for) under FT_BUDGET_TTFT_GUARD of it, at least
+ *     one row.
  * Threads: one ft_budget is used by one thread (the scheduler's).
  * Memory: the caller owns it (ft_budget_create / ft_budget_free).
  * Errors: ft_budget_create returns NULL on a bad configuration (message in

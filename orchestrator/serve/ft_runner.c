@@ -10,12 +10,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+
+#include <cJSON.h>
 
 #include "orchestrator/core/fsio.h"
 #include "orchestrator/core/util.h"
+#include "orchestrator/data/data_loader.h"
 #include "orchestrator/data/finetune_data.h"
 #include "orchestrator/data/ft_order.h"
+#include "orchestrator/store/adapter_moments.h"
 #include "orchestrator/store/peft_adapter.h"
 #include "orchestrator/train/lr_schedule.h"
 
@@ -40,8 +45,9 @@ typedef struct active {
     uint32_t accum, accum_done; /* micro-batches per step, done in this one */
     double loss_sum;
     uint64_t trained_tokens;
-    int32_t *tok, *tgt; /* SCHED_MAX_FINETUNE_BATCHES micro-batches */
-    uint32_t in_flight; /* micro-batches handed to the scheduler */
+    uint64_t ckpt_every; /* steps between checkpoints */
+    int32_t *tok, *tgt;  /* SCHED_MAX_FINETUNE_BATCHES micro-batches */
+    uint32_t in_flight;  /* micro-batches handed to the scheduler */
 } active;
 
 struct ft_runner {
@@ -57,6 +63,7 @@ struct ft_runner {
     char running_id[FT_JOB_ID_MAX]; /* under mu: the active job ("" = none) */
     active a;                       /* scheduler thread only */
     metrics_series *m_tokens, *m_share, *m_attain, *m_p99;
+    metrics_series *m_kind[3]; /* tokens by kind: decode, prefill, finetune */
     metrics_family *m_jobs;
 };
 
@@ -260,6 +267,13 @@ ft_runner *ft_runner_create(const ft_runner_config *cfg, char *err, size_t err_c
                       "p99 time per output token over the recent decode iterations.", 0,
                       NULL),
         NULL);
+    static const char *const kind_label[1] = { "kind" };
+    metrics_family *kinds = metrics_counter(
+        m, "orch_coserve_tokens_total",
+        "Tokens through the scheduler's iterations by kind (decode, prefill, finetune).",
+        1, kind_label);
+    static const char *const kind_names[3] = { "decode", "prefill", "finetune" };
+    for (int i = 0; i < 3; i++) r->m_kind[i] = metrics_series_get(kinds, &kind_names[i]);
     static const char *const job_labels[1] = { "status" };
     r->m_jobs = metrics_gauge(m, "orch_finetune_jobs", "Fine-tuning jobs by status.", 1,
                               job_labels);
@@ -341,6 +355,136 @@ static void engine_msg(ft_runner *r, int32_t st, const char *what, char *buf,
     snprintf(buf, cap, "%s: %s", what, m);
 }
 
+/* ---- checkpoints: STATE/jobs/ID/ckpt (PEFT files, optimizer.safetensors,
+ * state.json), replaced whole ---- */
+
+static void ckpt_dir(const ft_runner *r, const char *id, const char *suffix, char *buf,
+                     size_t cap) {
+    snprintf(buf, cap, "%s/jobs/%.40s/ckpt%s", r->cfg.state_dir, id, suffix);
+}
+
+static int save_checkpoint(ft_runner *r, char *err, size_t err_cap) {
+    active *a = &r->a;
+    char dir[4200], tmp[4200], path[4300];
+    ckpt_dir(r, a->job.id, "", dir, sizeof dir);
+    ckpt_dir(r, a->job.id, ".tmp", tmp, sizeof tmp);
+    char e2[256];
+    fsio_rm_rf(tmp, e2, sizeof e2);
+    peft_adapter pa;
+    memset(&pa, 0, sizeof pa);
+    int rc = -1;
+    char *state = NULL;
+    if (fsio_mkdir(tmp, err, err_cap) != 0 ||
+        peft_adapter_from_engine(
+            r->cfg.engine, r->cfg.ctx, a->adapter, r->cfg.model, &a->desc,
+            r->cfg.base_name, coserve_fingerprint(r->cfg.cs), &pa, err, err_cap) != 0 ||
+        peft_adapter_save(tmp, &pa, err, err_cap) != 0)
+        goto out;
+    snprintf(path, sizeof path, "%s/optimizer.safetensors", tmp);
+    if (adapter_moments_save(path, r->cfg.engine, r->cfg.ctx, a->adapter, &pa, NULL, err,
+                             err_cap) != 0)
+        goto out;
+    char hex[65];
+    data_rng_to_hex(&a->order.epoch_rng, hex);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "step", (double)a->step);
+    cJSON_AddNumberToObject(o, "epoch", (double)a->order.epoch);
+    cJSON_AddNumberToObject(o, "cursor", (double)a->order.cursor);
+    cJSON_AddStringToObject(o, "epoch_rng", hex);
+    cJSON_AddNumberToObject(o, "trained_tokens", (double)a->trained_tokens);
+    cJSON_AddNumberToObject(o, "total_steps", (double)a->total_steps);
+    cJSON_AddNumberToObject(o, "seq_len", r->cfg.seq_len);
+    cJSON_AddNumberToObject(o, "micro_batch", r->cfg.micro_batch);
+    cJSON_AddNumberToObject(o, "rows", (double)a->p.train.n_rows);
+    state = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    snprintf(path, sizeof path, "%s/state.json", tmp);
+    if (!state) {
+        util_set_err(err, err_cap, "out of memory");
+        goto out;
+    }
+    if (fsio_write_file(path, state, strlen(state), err, err_cap) != 0 ||
+        fsio_fsync_path(tmp, 1, err, err_cap) != 0)
+        goto out;
+    struct stat sb;
+    if (stat(dir, &sb) == 0) {
+        if (fsio_exchange(tmp, dir, err, err_cap) != 0) goto out;
+        fsio_rm_rf(tmp, e2, sizeof e2); /* the previous checkpoint */
+    } else if (fsio_rename(tmp, dir, err, err_cap) != 0) {
+        goto out;
+    }
+    rc = fsio_fsync_parent(dir, err, err_cap);
+out:
+    if (rc != 0) fsio_rm_rf(tmp, e2, sizeof e2);
+    free(state);
+    peft_adapter_free(&pa);
+    return rc;
+}
+
+static double num(const cJSON *o, const char *k) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    return cJSON_IsNumber(v) ? v->valuedouble : -1;
+}
+
+/* Continue a from its job's checkpoint when there is one that fits; 1 =
+ * resumed, 0 = none (start from step 0), -1 = error (message). */
+static int resume(ft_runner *r, char *err, size_t err_cap) {
+    active *a = &r->a;
+    char dir[4200], path[4300];
+    ckpt_dir(r, a->job.id, "", dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/state.json", dir);
+    char *text = NULL;
+    size_t len = 0;
+    if (fsio_read_file(path, 1 << 16, &text, &len, err, err_cap) != 0) return 0;
+    cJSON *o = cJSON_ParseWithLength(text, len);
+    free(text);
+    const cJSON *rng = cJSON_GetObjectItemCaseSensitive(o, "epoch_rng");
+    orch_rng er;
+    int fits = o && cJSON_IsString(rng) &&
+               data_rng_from_hex(rng->valuestring, &er) == 0 &&
+               num(o, "seq_len") == r->cfg.seq_len &&
+               num(o, "micro_batch") == r->cfg.micro_batch &&
+               num(o, "rows") == (double)a->p.train.n_rows &&
+               num(o, "total_steps") == (double)a->total_steps && num(o, "step") >= 1;
+    uint64_t step = fits ? (uint64_t)num(o, "step") : 0;
+    uint64_t epoch = fits ? (uint64_t)num(o, "epoch") : 0;
+    uint64_t cursor = fits ? (uint64_t)num(o, "cursor") : 0;
+    uint64_t tokens = fits ? (uint64_t)num(o, "trained_tokens") : 0;
+    cJSON_Delete(o);
+    if (!fits) {
+        ft_jobs_event(r->cfg.jobs, a->job.id, "warn",
+                      "The checkpoint does not fit the server's settings now: starting "
+                      "from step 0",
+                      NULL);
+        return 0;
+    }
+    peft_adapter pa;
+    memset(&pa, 0, sizeof pa);
+    uint32_t id = 0;
+    int rc = -1;
+    snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
+    if (peft_adapter_load(dir, r->cfg.model, &pa, err, err_cap) == 0 &&
+        peft_adapter_check_base(&pa, dir, coserve_fingerprint(r->cfg.cs), err, err_cap) ==
+            0 &&
+        pa.rank == a->desc.rank && pa.targets == a->desc.targets &&
+        peft_adapter_to_engine(&pa, r->cfg.engine, r->cfg.ctx, &id, err, err_cap) == 0) {
+        if (adapter_moments_load(path, r->cfg.engine, r->cfg.ctx, id, &pa, err,
+                                 err_cap) == 0 &&
+            ft_order_restore(&a->order, a->p.train.n_rows, epoch, cursor, &er) == 0)
+            rc = 1;
+        else
+            r->cfg.engine->api->adapter_destroy(r->cfg.ctx, id);
+    } else if (pa.rank != a->desc.rank || pa.targets != a->desc.targets) {
+        util_set_err(err, err_cap, "%s: the adapter does not match the job", dir);
+    }
+    peft_adapter_free(&pa);
+    if (rc != 1) return -1;
+    a->adapter = id;
+    a->step = step;
+    a->trained_tokens = tokens;
+    return 1;
+}
+
 /* Start the oldest queued job that has its data. */
 static void start_next(ft_runner *r) {
     ft_job job;
@@ -377,23 +521,41 @@ static void start_next(ft_runner *r) {
     a->desc.targets = r->cfg.targets;
     a->desc.seed = job.seed;
     char msg[1024];
-    int32_t st = r->cfg.engine->api->adapter_create(r->cfg.ctx, &a->desc, &a->adapter);
-    if (st != ORCH_OK) {
-        engine_msg(r, st, "adapter_create", msg, sizeof msg);
-        a->adapter = 0;
-        fail_job(r, job.id, "invalid_hyperparameters", msg);
-        drop_active(r);
-        return;
-    }
-    if (ft_order_init(&a->order, p.train.n_rows, job.seed) != 0) {
-        fail_job(r, job.id, "server_error", "out of memory");
-        drop_active(r);
-        return;
-    }
     a->accum = p.hp.batch_size / r->cfg.micro_batch;
     a->total_steps =
         (uint64_t)ceil((double)p.hp.n_epochs * (double)p.train.n_rows / p.hp.batch_size);
     if (!a->total_steps) a->total_steps = 1;
+    uint64_t per_epoch = (p.train.n_rows + p.hp.batch_size - 1) / p.hp.batch_size;
+    a->ckpt_every = r->cfg.checkpoint_every ? r->cfg.checkpoint_every : per_epoch;
+    if (!a->ckpt_every) a->ckpt_every = 1;
+    int resumed = resume(r, msg, sizeof msg);
+    if (resumed < 0) {
+        char full[1200];
+        snprintf(full, sizeof full, "resuming from the checkpoint: %s", msg);
+        fail_job(r, job.id, "server_error", full);
+        drop_active(r);
+        return;
+    }
+    if (!resumed) {
+        int32_t st =
+            r->cfg.engine->api->adapter_create(r->cfg.ctx, &a->desc, &a->adapter);
+        if (st != ORCH_OK) {
+            engine_msg(r, st, "adapter_create", msg, sizeof msg);
+            a->adapter = 0;
+            fail_job(r, job.id, "invalid_hyperparameters", msg);
+            drop_active(r);
+            return;
+        }
+        if (ft_order_init(&a->order, p.train.n_rows, job.seed) != 0) {
+            fail_job(r, job.id, "server_error", "out of memory");
+            drop_active(r);
+            return;
+        }
+    } else {
+        snprintf(msg, sizeof msg, "Resumed from the checkpoint of step %" PRIu64,
+                 a->step);
+        ft_jobs_event(r->cfg.jobs, job.id, "info", msg, NULL);
+    }
     a->sched = (lr_schedule){ LR_SCHEDULE_LINEAR, r->cfg.lr * p.hp.lr_multiplier, 0.0, 0,
                               a->total_steps };
     snprintf(msg, sizeof msg,
@@ -515,6 +677,9 @@ void ft_runner_done(ft_runner *r, int32_t st, const char *err, const float *loss
     metrics_gauge_set(r->m_attain, bs.attainment);
     metrics_gauge_set(r->m_p99, bs.p99_tpot_ms / 1e3);
     uint32_t all = decode_tokens + prefill_tokens + ft_tokens;
+    metrics_counter_add(r->m_kind[0], decode_tokens);
+    metrics_counter_add(r->m_kind[1], prefill_tokens);
+    metrics_counter_add(r->m_kind[2], ft_tokens);
     metrics_gauge_set(r->m_share, all ? (double)ft_tokens / all : 0);
     if (n == 0 || !a->on) return;
     a->in_flight = 0;
@@ -573,5 +738,23 @@ void ft_runner_done(ft_runner *r, int32_t st, const char *err, const float *loss
     if (step == a->total_steps) {
         a->loss_sum = loss; /* the final loss, for the checkpoint's metrics */
         finish(r);
+        return;
+    }
+    if (step % a->ckpt_every == 0) {
+        char cerr[1024];
+        if (save_checkpoint(r, cerr, sizeof cerr) != 0) {
+            char m[1200];
+            snprintf(m, sizeof m, "Checkpoint of step %" PRIu64 " not written: %s", step,
+                     cerr);
+            ft_jobs_event(r->cfg.jobs, a->job.id, "warn", m, NULL);
+        } else {
+            char cname[FT_JOB_NAME_MAX + 32], metrics[128];
+            fine_tuned_name(r, &a->job, cname, sizeof cname);
+            size_t l = strlen(cname);
+            snprintf(cname + l, sizeof cname - l, ":ckpt-step-%" PRIu64, step);
+            snprintf(metrics, sizeof metrics,
+                     "{\"step\":%" PRIu64 ",\"train_loss\":%.6g}", step, loss);
+            ft_jobs_checkpoint(r->cfg.jobs, a->job.id, step, cname, metrics);
+        }
     }
 }

@@ -31,9 +31,14 @@
  *                     STATE/adapters/NAME and served at once as model NAME
  *                     ("ft:BASE:SUFFIX:ID8", fine_tuned_model);
  *   failed / cancelled  the adapter is dropped.
- * A job that was running when the server stopped starts again from its
- * first step (queued again by ft_jobs_open): mid-job checkpoints are not
- * kept yet.
+ * Checkpoints: every checkpoint_every steps (default once an epoch) the
+ * adapter (PEFT), its AdamW moments and the data position go to
+ * STATE/jobs/ID/ckpt (replaced whole: written beside it, then exchanged),
+ * and a checkpoint object is recorded. A job that was running when the
+ * server stopped is queued again (ft_jobs_open) and continues from its
+ * checkpoint: the finished adapter is the same, bit for bit, as without the
+ * interruption. A checkpoint that does not fit the server's settings now
+ * (--ft-seq-len, --ft-micro-batch) is ignored with a warning event.
  *
  * Threads: ft_runner_notify and ft_runner_destroy from any thread; the
  * hook functions only on the scheduler thread (they use the engine
@@ -70,13 +75,16 @@ typedef struct ft_runner_config {
     metrics_registry *metrics;
     const char *state_dir;
     /* defaults and shape of the work */
-    double lr;            /* base learning rate (x the job's multiplier) */
-    uint32_t rank;        /* LoRA rank when the job does not say */
-    double alpha;         /* LoRA alpha when the job does not say */
-    uint32_t targets;     /* ORCH_LORA_TARGET_* */
-    uint32_t seq_len;     /* positions per row */
-    uint32_t micro_batch; /* rows per micro-batch */
-    ft_budget_config slo; /* the token budget (granule = micro-batch tokens) */
+    double lr;                 /* base learning rate (x the job's multiplier) */
+    uint32_t rank;             /* LoRA rank when the job does not say */
+    double alpha;              /* LoRA alpha when the job does not say */
+    uint32_t targets;          /* ORCH_LORA_TARGET_* */
+    uint32_t seq_len;          /* positions per row */
+    uint32_t micro_batch;      /* rows per micro-batch */
+    uint64_t checkpoint_every; /* steps between checkpoints; 0 = once an epoch */
+    ft_budget_config slo;      /* the token budget (granule = micro-batch tokens) */
+    int temporal;              /* --coserve-mode temporal: fine-tuning only in iterations
+                     without inference work (the time-sharing baseline) */
 } ft_runner_config;
 
 typedef struct ft_runner ft_runner;

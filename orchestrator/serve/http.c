@@ -133,8 +133,8 @@ void http_req_free(http_req *hr) {
     free(hr->seqs);
     render_stream_free(&hr->rs);
     gen_request_free(&hr->req);
-    if (hr->adapter && hr->srv->cfg.coserve)
-        coserve_release(hr->srv->cfg.coserve, hr->adapter);
+    if (hr->adapter && srv_coserve(hr->srv))
+        coserve_release(srv_coserve(hr->srv), hr->adapter);
     http_body_release(hr);
     free(hr->obuf);
     free(hr->final.p);
@@ -259,12 +259,12 @@ static enum MHD_Result answer_get(http_req *hr, const char *url) {
     case R_MODELS:
         strbuf_puts(&b, "{\"object\":\"list\",\"data\":[");
         render_model_object(&b, s->model_name, s->created, context, arch);
-        if (s->cfg.coserve) coserve_models_json(s->cfg.coserve, &b, context);
+        if (srv_coserve(s)) coserve_models_json(srv_coserve(s), &b, context);
         strbuf_puts(&b, "]}");
         return http_queue_json(hr, 200, &b);
     case R_MODEL:
-        if (strcmp(url + 11, s->model_name) != 0 && s->cfg.coserve &&
-            coserve_model_json(s->cfg.coserve, url + 11, &b, context) == 0)
+        if (strcmp(url + 11, s->model_name) != 0 && srv_coserve(s) &&
+            coserve_model_json(srv_coserve(s), url + 11, &b, context) == 0)
             return http_queue_json(hr, 200, &b);
         if (strcmp(url + 11, s->model_name) != 0) {
             api_error e;
@@ -502,17 +502,19 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     }
     if (!route_is_post(hr->route)) return answer_get(hr, url);
     set_phase(hr, LISTENER_BUSY);
+    if (hr->too_big || hr->over_budget) return http_body_refused(hr);
+    return http_gen_step(hr);
+}
+
+enum MHD_Result http_body_refused(http_req *hr) {
     if (hr->too_big) {
         char msg[128];
         snprintf(msg, sizeof msg, "request body is over the limit of %zu bytes",
-                 s->cfg.max_body);
+                 hr->srv->cfg.max_body);
         return http_queue_err(hr, 413, NULL, "request_too_large", msg);
     }
-    if (hr->over_budget)
-        return http_queue_err(
-            hr, 503, NULL, "server_busy",
-            "too many request bodies are being received; retry shortly");
-    return http_gen_step(hr);
+    return http_queue_err(hr, 503, NULL, "server_busy",
+                          "too many request bodies are being received; retry shortly");
 }
 
 /* ------------------------------------------------------------------------- */
@@ -660,13 +662,15 @@ void http_server_set_chat_template(http_server *s, const chat_template *t,
     s->chat_error = error;
 }
 
-void http_server_set_coserve(http_server *s, coserve *c) { s->cfg.coserve = c; }
+void http_server_set_coserve(http_server *s, coserve *c) {
+    atomic_store(&s->coserve_p, c);
+}
 
 void http_server_set_finetune(http_server *s, ft_jobs *jobs, struct ft_runner *runner,
                               const char *disabled) {
-    s->cfg.jobs = jobs;
-    s->cfg.runner = runner;
-    s->cfg.ft_disabled = disabled;
+    atomic_store(&s->ft_disabled_p, disabled);
+    atomic_store(&s->runner_p, runner);
+    atomic_store(&s->jobs_p, jobs);
 }
 
 void http_server_drain_begin(http_server *s) {

@@ -105,10 +105,7 @@ typedef struct http_server_config {
     size_t n_cors_origins;
     metrics_registry *metrics; /* required */
     file_store *files;         /* /v1/files (borrowed); NULL = those routes 404 */
-    coserve *coserve;          /* served adapters (borrowed); NULL = none */
-    ft_jobs *jobs;             /* /v1/fine_tuning/jobs (borrowed); NULL = 404 */
-    struct ft_runner *runner;  /* told about new and cancelled jobs */
-    const char *ft_disabled;   /* why jobs is NULL (for the 404), or NULL */
+
 } http_server_config;
 
 typedef struct http_server http_server;

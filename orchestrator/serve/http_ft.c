@@ -20,8 +20,8 @@
 #include "orchestrator/serve/http_internal.h"
 
 static enum MHD_Result disabled(http_req *hr) {
-    const char *why = hr->srv->cfg.ft_disabled ? hr->srv->cfg.ft_disabled
-                                               : "start orch serve with --state-dir DIR";
+    const char *why = atomic_load(&hr->srv->ft_disabled_p);
+    if (!why) why = "start orch serve with --state-dir DIR";
     char msg[512];
     snprintf(msg, sizeof msg, "the fine-tuning API is off: %s", why);
     return http_queue_err(hr, 404, NULL, "not_found", msg);
@@ -56,15 +56,7 @@ static int job_id(const char *url, char *id, size_t cap) {
 static enum MHD_Result create(http_req *hr) {
     http_server *s = hr->srv;
     api_error e;
-    if (hr->too_big) {
-        char msg[128];
-        snprintf(msg, sizeof msg, "request body is over the limit of %zu bytes",
-                 s->cfg.max_body);
-        return http_queue_err(hr, 413, NULL, "request_too_large", msg);
-    }
-    if (hr->over_budget)
-        return http_queue_err(hr, 503, NULL, "server_busy",
-                              "too many request bodies are being received; retry shortly");
+    if (hr->too_big || hr->over_budget) return http_body_refused(hr);
     cJSON *req = cJSON_ParseWithLength(hr->body ? hr->body : "", hr->body_len);
     http_body_release(hr);
     if (!req)
@@ -72,11 +64,11 @@ static enum MHD_Result create(http_req *hr) {
                               "the request body is not valid JSON");
     const char *models[1] = { s->model_name };
     ft_job job;
-    int rc = ft_jobs_create(s->cfg.jobs, req, models, 1, s->cfg.files, &job, &e);
+    int rc = ft_jobs_create(srv_jobs(s), req, models, 1, s->cfg.files, &job, &e);
     cJSON_Delete(req);
     if (rc != 0) return http_queue_error(hr, &e);
-    ft_jobs_event(s->cfg.jobs, job.id, "info", "Validating training file", NULL);
-    if (s->cfg.runner) ft_runner_notify(s->cfg.runner);
+    ft_jobs_event(srv_jobs(s), job.id, "info", "Validating training file", NULL);
+    if (srv_runner(s)) ft_runner_notify(srv_runner(s));
     strbuf b = { 0 };
     ft_job_json(&b, &job);
     return http_queue_json(hr, 200, &b);
@@ -84,7 +76,10 @@ static enum MHD_Result create(http_req *hr) {
 
 enum MHD_Result http_ft_answer(http_req *hr, const char *url) {
     http_server *s = hr->srv;
-    if (!s->cfg.jobs) return disabled(hr);
+    if (atomic_load(&s->state) == ST_LOADING)
+        return http_queue_err(hr, 503, NULL, "server_loading",
+                              "the model is still loading; retry shortly");
+    if (!srv_jobs(s)) return disabled(hr);
     api_error e;
     strbuf b = { 0 };
     const char *after;
@@ -92,7 +87,7 @@ enum MHD_Result http_ft_answer(http_req *hr, const char *url) {
     if (hr->route == R_FT_JOBS) {
         if (hr->method == HTTP_M_POST) return create(hr);
         if (paging(hr, &after, &limit, &e) != 0 ||
-            ft_jobs_list_json(s->cfg.jobs, &b, after, limit, &e) != 0) {
+            ft_jobs_list_json(srv_jobs(s), &b, after, limit, &e) != 0) {
             free(b.p);
             return http_queue_error(hr, &e);
         }
@@ -105,7 +100,7 @@ enum MHD_Result http_ft_answer(http_req *hr, const char *url) {
     int rc = 0;
     switch (hr->route) {
     case R_FT_JOB:
-        if (ft_jobs_get(s->cfg.jobs, id, &job) != 0) {
+        if (ft_jobs_get(srv_jobs(s), id, &job) != 0) {
             api_error_set(&e, 404, "fine_tuning_job_id", "not_found",
                           "no fine-tuning job '%.64s'", id);
             return http_queue_error(hr, &e);
@@ -113,8 +108,9 @@ enum MHD_Result http_ft_answer(http_req *hr, const char *url) {
         ft_job_json(&b, &job);
         return http_queue_json(hr, 200, &b);
     case R_FT_CANCEL:
-        if (ft_jobs_cancel(s->cfg.jobs, id, &job, &e) != 0) return http_queue_error(hr, &e);
-        if (s->cfg.runner) ft_runner_notify(s->cfg.runner);
+        if (ft_jobs_cancel(srv_jobs(s), id, &job, &e) != 0)
+            return http_queue_error(hr, &e);
+        if (srv_runner(s)) ft_runner_notify(srv_runner(s));
         ft_job_json(&b, &job);
         return http_queue_json(hr, 200, &b);
     case R_FT_EVENTS:
@@ -122,8 +118,8 @@ enum MHD_Result http_ft_answer(http_req *hr, const char *url) {
         rc = paging(hr, &after, &limit, &e);
         if (rc == 0)
             rc = hr->route == R_FT_EVENTS
-                     ? ft_jobs_events_json(s->cfg.jobs, id, &b, after, limit, &e)
-                     : ft_jobs_checkpoints_json(s->cfg.jobs, id, &b, after, limit, &e);
+                     ? ft_jobs_events_json(srv_jobs(s), id, &b, after, limit, &e)
+                     : ft_jobs_checkpoints_json(srv_jobs(s), id, &b, after, limit, &e);
         if (rc != 0) {
             free(b.p);
             return http_queue_error(hr, &e);

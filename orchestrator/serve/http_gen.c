@@ -79,13 +79,13 @@ static int setup_generation(http_req *hr, api_error *e) {
                            .grammars = s->grammars,
                            .chat_template = s->chat_template,
                            .chat_error = s->chat_error,
-                           .model_known = s->cfg.coserve ? http_model_known : NULL,
+                           .model_known = srv_coserve(s) ? http_model_known : NULL,
                            .model_known_arg = s };
     if (gen_request_parse(&lim, hr->route == R_CHAT, hr->body, hr->body_len, &hr->req,
                           e) != 0)
         return -1;
     if (hr->req.model[0] && strcmp(hr->req.model, s->model_name) != 0 &&
-        coserve_resolve(s->cfg.coserve, hr->req.model, &hr->adapter) != 0) {
+        coserve_resolve(srv_coserve(s), hr->req.model, &hr->adapter) != 0) {
         api_error_set(e, 404, "model", "model_not_found",
                       "the model '%.128s' does not exist (unloaded)", hr->req.model);
         e->type = "invalid_request_error";
@@ -154,6 +154,24 @@ static int submit(http_req *hr, api_error *e) {
     return api_error_set(e, 400, NULL, "invalid_value", "%s", err);
 }
 
+/* A pool job that rendered its whole answer (rc 0: b) or failed (e):
+ * hand it to the connection and drop the job's reference. */
+static void job_answered(http_req *hr, int rc, strbuf *b, const api_error *e) {
+    http_body_release(hr);
+    pthread_mutex_lock(&hr->lock);
+    if (rc == 0) {
+        hr->final = *b;
+        hr->gstate = G_RENDERED;
+    } else {
+        free(b->p);
+        hr->err = *e;
+        hr->gstate = G_ERROR;
+    }
+    pthread_mutex_unlock(&hr->lock);
+    http_req_resume(hr);
+    http_req_unref(hr); /* the job's reference */
+}
+
 /* /tokenize and /detokenize: the whole answer, rendered here. */
 static void tokenize_job(http_req *hr) {
     http_server *s = hr->srv;
@@ -165,26 +183,14 @@ static void tokenize_job(http_req *hr) {
     int rc = hr->route == R_TOKENIZE
                  ? tokenize_api_tokenize(&lim, hr->body, hr->body_len, &b, &e)
                  : tokenize_api_detokenize(&lim, hr->body, hr->body_len, &b, &e);
-    http_body_release(hr);
-    pthread_mutex_lock(&hr->lock);
-    if (rc == 0) {
-        hr->final = b;
-        hr->gstate = G_RENDERED;
-    } else {
-        free(b.p);
-        hr->err = e;
-        hr->gstate = G_ERROR;
-    }
-    pthread_mutex_unlock(&hr->lock);
-    http_req_resume(hr);
-    http_req_unref(hr); /* the job's reference */
+    job_answered(hr, rc, &b, &e);
 }
 
 int http_model_known(void *arg, const char *name) {
     http_server *s = arg;
     uint32_t id = 0;
-    if (!s->cfg.coserve || coserve_resolve(s->cfg.coserve, name, &id) != 0) return 0;
-    coserve_release(s->cfg.coserve, id);
+    if (!srv_coserve(s) || coserve_resolve(srv_coserve(s), name, &id) != 0) return 0;
+    coserve_release(srv_coserve(s), id);
     return 1;
 }
 
@@ -195,25 +201,13 @@ static void lora_job(http_req *hr) {
     api_error e;
     strbuf b = { 0 };
     int rc;
-    if (!s->cfg.coserve)
+    if (!srv_coserve(s))
         rc = api_error_set(&e, 404, NULL, "not_found", "this server serves no adapters");
     else if (hr->route == R_LORA_LOAD)
-        rc = coserve_load_request(s->cfg.coserve, hr->body, hr->body_len, 60.0, &b, &e);
+        rc = coserve_load_request(srv_coserve(s), hr->body, hr->body_len, 60.0, &b, &e);
     else
-        rc = coserve_unload_request(s->cfg.coserve, hr->body, hr->body_len, 60.0, &b, &e);
-    http_body_release(hr);
-    pthread_mutex_lock(&hr->lock);
-    if (rc == 0) {
-        hr->final = b;
-        hr->gstate = G_RENDERED;
-    } else {
-        free(b.p);
-        hr->err = e;
-        hr->gstate = G_ERROR;
-    }
-    pthread_mutex_unlock(&hr->lock);
-    http_req_resume(hr);
-    http_req_unref(hr); /* the job's reference */
+        rc = coserve_unload_request(srv_coserve(s), hr->body, hr->body_len, 60.0, &b, &e);
+    job_answered(hr, rc, &b, &e);
 }
 
 static void parse_job(work_item *item) {

@@ -108,7 +108,20 @@ struct http_server {
 
     metrics_family *m_requests;
     metrics_series *m_disconnects;
+
+    /* set while the model loads (http_server_set_coserve / _set_finetune),
+     * read by the HTTP and worker threads: atomic */
+    _Atomic(coserve *) coserve_p;
+    _Atomic(ft_jobs *) jobs_p;
+    _Atomic(struct ft_runner *) runner_p;
+    _Atomic(const char *) ft_disabled_p;
 };
+
+static inline coserve *srv_coserve(http_server *s) { return atomic_load(&s->coserve_p); }
+static inline ft_jobs *srv_jobs(http_server *s) { return atomic_load(&s->jobs_p); }
+static inline struct ft_runner *srv_runner(http_server *s) {
+    return atomic_load(&s->runner_p);
+}
 
 /* The socket context of an MHD connection. */
 typedef http_front_conn http_conn;
@@ -166,6 +179,9 @@ enum MHD_Result http_queue_err(http_req *hr, unsigned status, const char *param,
                                const char *code, const char *msg);
 /* CORS headers of hr on r. */
 void http_add_cors(const http_req *hr, struct MHD_Response *r);
+/* The answer to a body that went over the limit (413) or over the memory of
+ * bodies in flight (503): hr->too_big or hr->over_budget is set. */
+enum MHD_Result http_body_refused(http_req *hr);
 /* Give back the body's memory. */
 void http_body_release(http_req *hr);
 /* Drop one reference (frees at zero) / free (refs already at zero). */

@@ -244,6 +244,17 @@ static int start_runner(const serve_options *o, const serve_model *m, const char
         util_set_err(err, err_cap, "--ft-targets: %s", terr);
         return -1;
     }
+    int temporal = 0;
+    if (o->coserve_mode && strcmp(o->coserve_mode, "temporal") == 0)
+        temporal = 1;
+    else if (o->coserve_mode && strcmp(o->coserve_mode, "shared") != 0) {
+        util_set_err(
+            err, err_cap,
+            "--coserve-mode '%s': expected shared (fine-tuning rides in inference "
+            "iterations) or temporal (only in iterations without inference)",
+            o->coserve_mode);
+        return -1;
+    }
     uint32_t seq_len = o->ft_seq_len ? (uint32_t)o->ft_seq_len : m->context;
     if (seq_len > m->context) {
         util_set_err(err, err_cap, "--ft-seq-len %u is over the model's context (%u)",
@@ -269,6 +280,8 @@ static int start_runner(const serve_options *o, const serve_model *m, const char
         .targets = targets,
         .seq_len = seq_len,
         .micro_batch = (uint32_t)o->ft_micro_batch,
+        .checkpoint_every = o->ft_checkpoint_every,
+        .temporal = temporal,
         .slo = { .slo_tpot_ms = o->slo_tpot_ms,
                  .slo_ttft_ms = o->slo_ttft_ms,
                  .max_tokens = (uint32_t)o->max_batch_tokens },

@@ -109,14 +109,16 @@ typedef struct serve_options {
     int enable_lora_loading; /* --enable-lora-loading: load/unload at run time */
     uint64_t max_loras;      /* --max-loras: adapters loaded at once */
     /* fine-tuning jobs inside the server (--state-dir, a LoRA engine) */
-    double ft_lr;            /* --ft-lr: base learning rate */
-    uint64_t ft_rank;        /* --ft-rank */
-    double ft_alpha;         /* --ft-alpha */
-    const char *ft_targets;  /* --ft-targets (peft_targets_parse) */
-    uint64_t ft_seq_len;     /* --ft-seq-len (0 = the model's context) */
-    uint64_t ft_micro_batch; /* --ft-micro-batch rows */
-    double slo_tpot_ms;      /* --slo-tpot-ms (0 = no target) */
-    double slo_ttft_ms;      /* --slo-ttft-ms */
+    double ft_lr;                 /* --ft-lr: base learning rate */
+    uint64_t ft_rank;             /* --ft-rank */
+    double ft_alpha;              /* --ft-alpha */
+    const char *ft_targets;       /* --ft-targets (peft_targets_parse) */
+    uint64_t ft_seq_len;          /* --ft-seq-len (0 = the model's context) */
+    uint64_t ft_micro_batch;      /* --ft-micro-batch rows */
+    uint64_t ft_checkpoint_every; /* --ft-checkpoint-every steps (0 = per epoch) */
+    double slo_tpot_ms;           /* --slo-tpot-ms (0 = no target) */
+    double slo_ttft_ms;           /* --slo-ttft-ms */
+    const char *coserve_mode;     /* --coserve-mode shared (default) | temporal */
 } serve_options;
 
 /* The defaults of `orch serve` (port 8080, 64 sequences, 2048 tokens per

@@ -24,8 +24,10 @@
 #include "orchestrator/core/util.h"
 #include "orchestrator/data/data_loader.h"
 #include "orchestrator/data/finetune_data.h"
+#include "orchestrator/data/ft_order.h"
 #include "orchestrator/infer/inference_model.h"
 #include "orchestrator/serve/chat_template.h"
+#include "orchestrator/store/adapter_moments.h"
 #include "orchestrator/store/peft_adapter.h"
 #include "orchestrator/store/safetensors.h"
 #include "orchestrator/store/sha256.h"
@@ -79,8 +81,7 @@ typedef struct ft {
     int have_adapter;
     char fingerprint[PEFT_FP_MAX];
     char data_sha[65], val_sha[65];
-    uint64_t *perm; /* this epoch's row order */
-    orch_rng rng;   /* after this epoch's shuffle */
+    ft_order order; /* the row order (ft_order.h, shared with orch serve) */
     int32_t *btok, *btgt;
     lr_schedule sched;
     FILE *jsonl;
@@ -449,7 +450,10 @@ static int read_latest(const char *out_dir, char *dir, size_t dir_cap, cJSON **r
     }
     snprintf(dir, dir_cap, "%s/%s", out_dir, text);
     free(text);
-    snprintf(path, sizeof path, "%s/%s", dir, FT_STATE_FILE);
+    if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, FT_STATE_FILE) >= sizeof path) {
+        util_set_err(err, cap, "%s: path too long", dir);
+        return -1;
+    }
     if (fsio_read_file(path, (size_t)1 << 20, &text, NULL, err, cap) != 0) return -1;
     *root = cJSON_Parse(text);
     free(text);
@@ -598,33 +602,13 @@ static int open_data(ft *t, int *kind, char *err, size_t cap) {
     return 0;
 }
 
-/* This epoch's row order, drawn from t->st.epoch_rng. */
-static void shuffle(ft *t) {
-    uint64_t R = t->train.n_rows;
-    t->rng = t->st.epoch_rng;
-    for (uint64_t i = 0; i < R; i++) t->perm[i] = i;
-    for (uint64_t i = R; i > 1; i--) {
-        uint64_t j = rng_below(&t->rng, i);
-        uint64_t x = t->perm[i - 1];
-        t->perm[i - 1] = t->perm[j];
-        t->perm[j] = x;
-    }
-}
-
-/* The next micro-batch of `batch` rows into btok/btgt. */
+/* The next micro-batch of `batch` rows into btok/btgt (ft_order), the
+ * position recorded in t->st for the checkpoint. */
 static void next_batch(ft *t) {
-    const uint32_t T = t->set.seq_len;
-    for (uint32_t b = 0; b < t->set.batch; b++) {
-        if (t->st.cursor == t->train.n_rows) {
-            t->st.epoch++;
-            t->st.cursor = 0;
-            t->st.epoch_rng = t->rng;
-            shuffle(t);
-        }
-        uint64_t r = t->perm[t->st.cursor++];
-        memcpy(t->btok + (size_t)b * T, t->train.tokens + r * T, T * sizeof(int32_t));
-        memcpy(t->btgt + (size_t)b * T, t->train.targets + r * T, T * sizeof(int32_t));
-    }
+    ft_order_next(&t->order, &t->train, t->set.batch, t->btok, t->btgt);
+    t->st.epoch = t->order.epoch;
+    t->st.cursor = t->order.cursor;
+    t->st.epoch_rng = t->order.epoch_rng;
 }
 
 static orch_lora_desc lora_desc(const ft *t) {
@@ -641,50 +625,6 @@ static orch_lora_desc lora_desc(const ft *t) {
 /* ------------------------------------------------------------------------- */
 /* Checkpoints                                                                */
 /* ------------------------------------------------------------------------- */
-
-/* DIR/optimizer.safetensors: the adapter's ADAM_M and ADAM_V tables. */
-static int write_moments(ft *t, const peft_adapter *a, const char *path, char *err,
-                         size_t cap) {
-    safetensors_writer *w = NULL;
-    if (safetensors_writer_create(path, &w, err, cap) != 0) return -1;
-    char name[128];
-    for (int k = 0; k < 2; k++)
-        for (size_t i = 0; i < a->n; i++) {
-            snprintf(name, sizeof name, "%c.%s", k ? 'v' : 'm', a->t[i].name);
-            if (safetensors_writer_declare(w, name, SAFETENSORS_F32, 2, a->t[i].shape,
-                                           err, cap) != 0)
-                goto fail;
-        }
-    if (safetensors_writer_add_metadata(w, "format", "orch-finetune-optimizer", err,
-                                        cap) ||
-        safetensors_writer_begin_data(w, err, cap) != 0)
-        goto fail;
-    for (int k = 0; k < 2; k++)
-        for (size_t i = 0; i < a->n; i++) {
-            size_t bytes = (size_t)a->t[i].numel * sizeof(float);
-            float *buf = malloc(bytes ? bytes : 1);
-            if (!buf) {
-                util_set_err(err, cap, "out of memory");
-                goto fail;
-            }
-            int32_t st = API(t)->adapter_tensor_read(
-                t->m.ctx, t->adapter, k ? ORCH_TENSOR_ADAM_V : ORCH_TENSOR_ADAM_M,
-                (uint32_t)i, buf, bytes);
-            int rc =
-                st == ORCH_OK ? safetensors_writer_write(w, buf, bytes, err, cap) : -1;
-            if (st != ORCH_OK) {
-                char msg[1024];
-                engine_format_error(&t->m.engine, t->m.ctx, st, msg, sizeof msg);
-                util_set_err(err, cap, "adapter_tensor_read: %s", msg);
-            }
-            free(buf);
-            if (rc != 0) goto fail;
-        }
-    return safetensors_writer_finish(w, NULL, err, cap);
-fail:
-    safetensors_writer_abort(w);
-    return -1;
-}
 
 static int sha_of(const char *dir, const char *file, char hex[65], char *err,
                   size_t cap) {
@@ -766,7 +706,8 @@ static int save_checkpoint(ft *t, int *kind, char *err, size_t cap) {
         peft_adapter_save(tmp, &a, msg, sizeof msg) != 0)
         goto fail;
     snprintf(path, sizeof path, "%s/%s", tmp, FT_OPTIM_FILE);
-    if (write_moments(t, &a, path, msg, sizeof msg) != 0 ||
+    if (adapter_moments_save(path, &t->m.engine, t->m.ctx, t->adapter, &a, NULL, msg,
+                             sizeof msg) != 0 ||
         sha_of(tmp, PEFT_WEIGHTS_FILE, ash, msg, sizeof msg) != 0 ||
         sha_of(tmp, FT_OPTIM_FILE, osh, msg, sizeof msg) != 0)
         goto fail;
@@ -835,37 +776,18 @@ static int restore_adapter(ft *t, const char *dir, const cJSON *root, int *kind,
         peft_adapter_to_engine(&a, &t->m.engine, t->m.ctx, &t->adapter, msg,
                                sizeof msg) != 0) {
         if (a.rank != t->set.rank || a.targets != t->targets)
-            snprintf(msg, sizeof msg,
-                     "%s: the adapter does not match state.json's settings", dir);
+            util_set_err(msg, sizeof msg,
+                         "%s: the adapter does not match state.json's settings", dir);
         peft_adapter_free(&a);
         return fail(kind, TRAIN_ERR_INPUT, err, cap, "--resume: %s", msg);
     }
     t->have_adapter = 1;
     char path[FINETUNE_PATH_MAX + 128];
     snprintf(path, sizeof path, "%s/%s", dir, FT_OPTIM_FILE);
-    safetensors_file *f = NULL;
-    if (safetensors_open(path, &f, msg, sizeof msg) != 0) {
-        peft_adapter_free(&a);
-        return fail(kind, TRAIN_ERR_INPUT, err, cap, "--resume: %s", msg);
-    }
     int rc = 0;
-    for (int k = 0; k < 2 && rc == 0; k++)
-        for (size_t i = 0; i < a.n && rc == 0; i++) {
-            char name[128];
-            snprintf(name, sizeof name, "%c.%s", k ? 'v' : 'm', a.t[i].name);
-            const safetensors_tensor *st = safetensors_find(f, name);
-            if (!st || st->dtype != SAFETENSORS_F32 || st->numel != a.t[i].numel) {
-                rc = fail(kind, TRAIN_ERR_INPUT, err, cap,
-                          "--resume: %s: missing or mis-shaped tensor %s", path, name);
-                break;
-            }
-            int32_t s2 = API(t)->adapter_tensor_write(
-                t->m.ctx, t->adapter, k ? ORCH_TENSOR_ADAM_V : ORCH_TENSOR_ADAM_M,
-                (uint32_t)i, st->data, st->nbytes);
-            if (s2 != ORCH_OK)
-                rc = engine_fail(t, s2, "adapter_tensor_write", kind, err, cap);
-        }
-    safetensors_close(f);
+    if (adapter_moments_load(path, &t->m.engine, t->m.ctx, t->adapter, &a, msg,
+                             sizeof msg) != 0)
+        rc = fail(kind, TRAIN_ERR_INPUT, err, cap, "--resume: %s", msg);
     peft_adapter_free(&a);
     return rc;
 }
@@ -1018,7 +940,7 @@ static void ft_close(ft *t) {
     chat_template_choice_free(&t->chat);
     ft_dataset_free(&t->train);
     ft_dataset_free(&t->val);
-    free(t->perm);
+    ft_order_free(&t->order);
     free(t->btok);
     free(t->btgt);
 }
@@ -1142,14 +1064,14 @@ int finetune_run(const finetune_opts *o, train_result *res, int *err_kind, char 
              "--resume: %s: cursor beyond the data", ckpt);
         goto out;
     }
-    t.perm = malloc((size_t)t.train.n_rows * sizeof *t.perm);
+    int order_ok = ft_order_restore(&t.order, t.train.n_rows, t.st.epoch, t.st.cursor,
+                                    &t.st.epoch_rng) == 0;
     t.btok = malloc((size_t)t.set.batch * t.set.seq_len * sizeof *t.btok);
     t.btgt = malloc((size_t)t.set.batch * t.set.seq_len * sizeof *t.btgt);
-    if (!t.perm || !t.btok || !t.btgt) {
+    if (!order_ok || !t.btok || !t.btgt) {
         fail(err_kind, TRAIN_ERR_RUNTIME, err, err_cap, "out of memory");
         goto out;
     }
-    shuffle(&t);
     res->start_step = t.st.step;
     if (t.st.step >= t.st.total_steps) {
         res->outcome = TRAIN_ALREADY_DONE;
