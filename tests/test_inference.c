@@ -329,6 +329,34 @@ START_TEST(quantize_options_append_last) {
 }
 END_TEST
 
+/* --kv-cache-dtype WORD appends kv=WORD (f32, bf16) the same way, also after
+ * what --quantize appended; auto and no flag leave the options as they were. */
+START_TEST(kv_options_append_last) {
+    char buf[128], err[256];
+    ck_assert_str_eq(
+        inference_model_kv_options("bf16", "threads=2", buf, sizeof buf, err, sizeof err),
+        "threads=2,kv=bf16");
+    ck_assert_str_eq(
+        inference_model_kv_options("f32", NULL, buf, sizeof buf, err, sizeof err),
+        "+kv=f32");
+    const char *q =
+        inference_model_quantize_options("int8", NULL, buf, sizeof buf, err, sizeof err);
+    ck_assert_str_eq(
+        inference_model_kv_options("bf16", q, buf, sizeof buf, err, sizeof err),
+        "+weights=int8,kv=bf16");
+    const char *opts = "a=1";
+    ck_assert_ptr_eq(
+        inference_model_kv_options("auto", opts, buf, sizeof buf, err, sizeof err), opts);
+    ck_assert_ptr_eq(
+        inference_model_kv_options(NULL, opts, buf, sizeof buf, err, sizeof err), opts);
+    err[0] = '\0';
+    ck_assert_ptr_null(
+        inference_model_kv_options("fp8", "", buf, sizeof buf, err, sizeof err));
+    ck_assert_msg(strstr(err, "unknown type 'fp8' (choices: auto, f32, bf16)"), "%s",
+                  err);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("inference");
     TCase *tc = tcase_create("core");
@@ -336,6 +364,7 @@ static Suite *suite(void) {
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, generate_session_mock_rule);
     tcase_add_test(tc, quantize_options_append_last);
+    tcase_add_test(tc, kv_options_append_last);
     tcase_add_test(tc, model_open_from_a_run);
     tcase_add_test(tc, model_open_failures_hold_nothing);
     tcase_add_test(tc, model_open_refuses_a_library_from_the_checkpoint);

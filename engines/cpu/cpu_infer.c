@@ -13,7 +13,8 @@
  * which hold the same (dequantized) weights.
  *
  * KV pool layout: block b holds, for every layer l, K then V of block_size
- * positions, each position C floats (all heads):
+ * positions, each position C values (all heads) of the kv= type (f32 or
+ * bf16, cpu_kvq.c):
  *   kv[(((b * L + l) * 2 + kv) * block_size + slot) * C + channel]
  * Attention of (sequence, head) first stores the head's K/V of the new
  * tokens into the sequence's blocks, then attends over positions
@@ -30,6 +31,7 @@
 #include <string.h>
 
 #include "engines/cpu/cpu_internal.h"
+#include "engines/cpu/cpu_kvq.h"
 #include "engines/cpu/cpu_lora.h"
 #include "engines/cpu/cpu_quant.h"
 
@@ -45,12 +47,14 @@
 #define ATTN_GEMM_MIN  8
 #define ATTN_ROW_BLOCK 64
 
-static float *kv_at(const orch_engine_ctx *ctx, uint32_t block, uint32_t l, int which,
-                    uint32_t slot) {
-    return ctx->kv +
+/* Position slot of K (which 0) or V (1) of layer l in block, all heads:
+ * C values of ctx->kv_dtype. */
+static uint8_t *kv_at(const orch_engine_ctx *ctx, uint32_t block, uint32_t l, int which,
+                      uint32_t slot) {
+    return (uint8_t *)ctx->kv +
            ((((size_t)block * ctx->L + l) * 2 + (size_t)which) * ctx->kv_block_size +
             slot) *
-               ctx->C;
+               ctx->C * ctx->kv_es;
 }
 
 void cpu_infer_free(orch_engine_ctx *ctx) {
@@ -291,21 +295,19 @@ static void attn_task(const fwd_state *f, uint32_t si, uint32_t h, float *scratc
     const float scale = 1.0f / sqrtf((float)HS);
     const float *qkv = ctx->inf.qkv + (size_t)f->tok0[si] * 3 * C;
     float *out = ctx->inf.atty + (size_t)f->tok0[si] * C + h * HS;
+    const int dt = ctx->kv_dtype, isa = ctx->isa;
+    const size_t ho = h * HS * ctx->kv_es; /* the head's bytes in a K/V row */
     for (uint32_t i = 0; i < n; i++) {
         uint32_t p = start + i, b = (uint32_t)s->block_table[p / bs];
         const float *row = qkv + (size_t)i * 3 * C;
-        memcpy(kv_at(ctx, b, l, 0, p % bs) + h * HS, row + C + h * HS,
-               HS * sizeof(float));
-        memcpy(kv_at(ctx, b, l, 1, p % bs) + h * HS, row + 2 * C + h * HS,
-               HS * sizeof(float));
+        cpu_kv_put(isa, dt, kv_at(ctx, b, l, 0, p % bs) + ho, row + C + h * HS, HS);
+        cpu_kv_put(isa, dt, kv_at(ctx, b, l, 1, p % bs) + ho, row + 2 * C + h * HS, HS);
     }
     float *Kg = scratch, *Vg = Kg + (size_t)P * HS, *S = Vg + (size_t)P * HS;
     for (uint32_t p = 0; p < P; p++) {
         uint32_t b = (uint32_t)s->block_table[p / bs];
-        memcpy(Kg + (size_t)p * HS, kv_at(ctx, b, l, 0, p % bs) + h * HS,
-               HS * sizeof(float));
-        memcpy(Vg + (size_t)p * HS, kv_at(ctx, b, l, 1, p % bs) + h * HS,
-               HS * sizeof(float));
+        cpu_kv_get(isa, dt, Kg + (size_t)p * HS, kv_at(ctx, b, l, 0, p % bs) + ho, HS);
+        cpu_kv_get(isa, dt, Vg + (size_t)p * HS, kv_at(ctx, b, l, 1, p % bs) + ho, HS);
     }
     /* Blocks of query rows attend only to the keys they can see. */
     for (uint32_t i0 = 0; i0 < n; i0 += ATTN_ROW_BLOCK) {
@@ -335,7 +337,7 @@ static void attn_task(const fwd_state *f, uint32_t si, uint32_t h, float *scratc
  * once for up to 6 heads (1.5 KB contiguous) instead of once per head. */
 #define MIX_HEADS 6
 __attribute__((target("avx512f"))) static void mix64_avx512(const float *sc, size_t ldsc,
-                                                            const float *const *vr,
+                                                            const void *const *vr,
                                                             size_t n, size_t h0,
                                                             size_t nh, float *out) {
     for (size_t a = 0; a < nh; a += MIX_HEADS) {
@@ -345,7 +347,7 @@ __attribute__((target("avx512f"))) static void mix64_avx512(const float *sc, siz
         _Pragma("GCC unroll 24") for (int i = 0; i < MIX_HEADS * 4; i++) acc[i] =
             _mm512_setzero_ps();
         for (size_t p = 0; p < n; p++) {
-            const float *src = vr[p] + off;
+            const float *src = (const float *)vr[p] + off;
             _Pragma("GCC unroll 6") for (int h = 0; h < MIX_HEADS; h++) {
                 if ((size_t)h >= m) break;
                 const __m512 w = _mm512_set1_ps(sc[(a + (size_t)h) * ldsc + p]);
@@ -372,7 +374,9 @@ __attribute__((target("avx512f"))) static void mix64_avx512(const float *sc, siz
  * chunk by position chunk (the K rows of a chunk read once, contiguously,
  * for every head), softmax per head, and the V mix. Per head the same
  * operations as one head at a time, so the head grouping changes no bits.
- * scratch: 2 P pointers + 16 pointers + (h1 - h0) P scores. */
+ * K/V are stored and read as ctx->kv_dtype (cpu_kvq.c); with f32 the
+ * kernels are those of cpu_kernels.c.
+ * scratch: 3 P pointers + (h1 - h0) P scores. */
 static void attn_decode(const fwd_state *f, uint32_t si, uint32_t h0, uint32_t h1,
                         float *scratch) {
     orch_engine_ctx *ctx = f->ctx;
@@ -383,17 +387,19 @@ static void attn_decode(const fwd_state *f, uint32_t si, uint32_t h0, uint32_t h
     const float scale = 1.0f / sqrtf((float)HS);
     const float *qkv = ctx->inf.qkv + (size_t)f->tok0[si] * 3 * C;
     float *atty = ctx->inf.atty + (size_t)f->tok0[si] * C;
+    const int dt = ctx->kv_dtype, isa = ctx->isa;
+    const size_t es = ctx->kv_es;
     for (uint32_t i = 0; i < n; i++) {
         uint32_t p = start + i, b = (uint32_t)s->block_table[p / bs];
         const float *row = qkv + (size_t)i * 3 * C;
-        memcpy(kv_at(ctx, b, l, 0, p % bs) + h0 * HS, row + C + h0 * HS,
-               nh * HS * sizeof(float));
-        memcpy(kv_at(ctx, b, l, 1, p % bs) + h0 * HS, row + 2 * C + h0 * HS,
-               nh * HS * sizeof(float));
+        cpu_kv_put(isa, dt, kv_at(ctx, b, l, 0, p % bs) + h0 * HS * es, row + C + h0 * HS,
+                   nh * HS);
+        cpu_kv_put(isa, dt, kv_at(ctx, b, l, 1, p % bs) + h0 * HS * es,
+                   row + 2 * C + h0 * HS, nh * HS);
     }
-    const float **kr = (const float **)(void *)scratch;
-    const float **vr = kr + P;
-    const float **hp = vr + P; /* [P]: one head's pointers */
+    const void **kr = (const void **)(void *)scratch;
+    const void **vr = kr + P;
+    const void **hp = vr + P; /* [P]: one head's pointers */
     float *sc = (float *)(void *)(hp + P);
     for (uint32_t p = 0; p < P; p++) {
         uint32_t b = (uint32_t)s->block_table[p / bs];
@@ -404,19 +410,31 @@ static void attn_decode(const fwd_state *f, uint32_t si, uint32_t h0, uint32_t h
         const float *q = qkv + (size_t)i * 3 * C;
         float *out = atty + (size_t)i * C;
         const uint32_t valid = start + i + 1;
-        for (uint32_t p0 = 0; p0 < valid; p0 += SCORE_CHUNK) {
+        if (dt != CPU_KV_F32) /* each K row read once for the group */
+            cpu_kv_scores_heads(isa, dt, q, kr, valid, h0, nh, HS, scale, sc, P, hp);
+        for (uint32_t p0 = 0; dt == CPU_KV_F32 && p0 < valid; p0 += SCORE_CHUNK) {
             const uint32_t cnt = valid - p0 < SCORE_CHUNK ? valid - p0 : SCORE_CHUNK;
+            /* The next chunk's K rows (these heads) while this one runs. */
+            for (uint32_t j = p0 + SCORE_CHUNK; j < p0 + 2 * SCORE_CHUNK && j < valid;
+                 j++)
+                for (size_t o = h0 * HS * es; o < h1 * HS * es; o += 64)
+                    __builtin_prefetch((const uint8_t *)kr[j] + o);
             for (size_t h = 0; h < nh; h++) {
-                const float *kk[SCORE_CHUNK];
-                for (uint32_t j = 0; j < cnt; j++) kk[j] = kr[p0 + j] + (h0 + h) * HS;
-                cpu_attn_scores(ctx->isa, q + (h0 + h) * HS, kk, cnt, HS, scale,
-                                sc + h * P + p0);
+                const void *kk[SCORE_CHUNK];
+                for (uint32_t j = 0; j < cnt; j++)
+                    kk[j] = (const uint8_t *)kr[p0 + j] + (h0 + h) * HS * es;
+                cpu_kv_scores(isa, dt, q + (h0 + h) * HS, kk, cnt, HS, scale,
+                              sc + h * P + p0);
             }
         }
         for (size_t h = 0; h < nh; h++) {
             float *sh = sc + h * P;
             const float mx = cpu_max(ctx->isa, sh, valid);
             cpu_scale(ctx->isa, sh, 1.0f / cpu_exp_sum(ctx->isa, sh, mx, valid), valid);
+        }
+        if (dt != CPU_KV_F32) {
+            cpu_kv_mix_heads(isa, dt, sc, P, vr, valid, h0, nh, HS, hp, out);
+            continue;
         }
 #if INFER_X86
         if (ctx->isa >= CPU_ISA_AVX512 && HS == 64) {
@@ -425,8 +443,10 @@ static void attn_decode(const fwd_state *f, uint32_t si, uint32_t h0, uint32_t h
         }
 #endif
         for (size_t h = 0; h < nh; h++) {
-            for (uint32_t p = 0; p < valid; p++) hp[p] = vr[p] + (h0 + h) * HS;
-            cpu_attn_mix(ctx->isa, sc + h * P, hp, valid, HS, out + (h0 + h) * HS);
+            for (uint32_t p = 0; p < valid; p++)
+                hp[p] = (const float *)vr[p] + (h0 + h) * HS;
+            cpu_attn_mix(ctx->isa, sc + h * P, (const float *const *)hp, valid, HS,
+                         out + (h0 + h) * HS);
         }
     }
 }

@@ -158,8 +158,10 @@ struct orch_engine_ctx {
     uint64_t params_version; /* bumped by cpu_params_changed */
     float **packed_layer;    /* [L*4]: qkv, attn proj, fc, mlp proj */
     float *packed_wte;
-    /* KV pool */
-    float *kv;
+    /* KV pool: values of kv_dtype (CPU_KV_*, cpu_kvq.h), kv_es bytes each */
+    void *kv;
+    int kv_dtype;
+    size_t kv_es;
     uint8_t *kv_written; /* [blocks*block_size] */
     uint32_t kv_block_size, kv_num_blocks;
     engine_kv_mark *kv_marks; /* [blocks] validation marks */

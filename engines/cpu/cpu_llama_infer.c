@@ -23,6 +23,7 @@
 
 #include "engines/cpu/cpu_llama.h"
 #include "engines/cpu/cpu_llama_infer.h"
+#include "engines/cpu/cpu_kvq.h"
 #include "engines/cpu/cpu_lora.h"
 #include "engines/cpu/cpu_quant.h"
 
@@ -32,12 +33,14 @@
 
 static size_t al16(size_t n) { return (n + 15) & ~(size_t)15; }
 
-static float *kv_at(const orch_engine_ctx *ctx, uint32_t block, uint32_t l, int which,
-                    uint32_t slot) {
-    return ctx->kv +
+/* Position slot of K (which 0) or V (1) of layer l in block: KVD values of
+ * ctx->kv_dtype (f32 or bf16, cpu_kvq.c). */
+static uint8_t *kv_at(const orch_engine_ctx *ctx, uint32_t block, uint32_t l, int which,
+                      uint32_t slot) {
+    return (uint8_t *)ctx->kv +
            ((((size_t)block * ctx->L + l) * 2 + (size_t)which) * ctx->kv_block_size +
             slot) *
-               ctx->KVD;
+               ctx->KVD * ctx->kv_es;
 }
 
 /* ------------------------------------------------------------------------- */
@@ -117,9 +120,10 @@ static void rows_chunk(void *arg, size_t c, int tid) {
             const orch_seq_input *s = engine_batch_seq(f->batch, f->seq[r]);
             const uint32_t p = f->pos[r], bs = ctx->kv_block_size;
             const uint32_t blk = (uint32_t)s->block_table[p / bs];
-            memcpy(kv_at(ctx, blk, f->layer, 0, p % bs), row + C, KVD * sizeof(float));
-            memcpy(kv_at(ctx, blk, f->layer, 1, p % bs), row + C + KVD,
-                   KVD * sizeof(float));
+            cpu_kv_put(ctx->isa, ctx->kv_dtype, kv_at(ctx, blk, f->layer, 0, p % bs),
+                       row + C, KVD);
+            cpu_kv_put(ctx->isa, ctx->kv_dtype, kv_at(ctx, blk, f->layer, 1, p % bs),
+                       row + C + KVD, KVD);
             break;
         }
         case F_SWIGLU: { /* h into the first M columns of the gate|up row */
@@ -147,7 +151,8 @@ static void attn_task(const fwd *f, uint32_t si, uint32_t h, float *scratch) {
     const orch_seq_input *s = engine_batch_seq(f->batch, si);
     const uint32_t l = f->layer, bs = ctx->kv_block_size;
     const size_t C = ctx->C, HS = ctx->HS, QS = C + 2 * (size_t)ctx->KVD;
-    const size_t kvo = (size_t)(h / (ctx->NH / ctx->KVH)) * HS;
+    const size_t kvo = (size_t)(h / (ctx->NH / ctx->KVH)) * HS * ctx->kv_es; /* bytes */
+    const int dt = ctx->kv_dtype, isa = ctx->isa;
     const uint32_t n = s->n_tokens, start = s->start_pos, P = start + n;
     const float scale = 1.0f / sqrtf((float)HS);
     const float *q = f->qkv + (size_t)f->tok0[si] * QS + (size_t)h * HS;
@@ -156,10 +161,10 @@ static void attn_task(const fwd *f, uint32_t si, uint32_t h, float *scratch) {
         float *Kg = scratch, *Vg = Kg + (size_t)P * HS, *S = Vg + (size_t)P * HS;
         for (uint32_t p = 0; p < P; p++) {
             const uint32_t b = (uint32_t)s->block_table[p / bs];
-            memcpy(Kg + (size_t)p * HS, kv_at(ctx, b, l, 0, p % bs) + kvo,
-                   HS * sizeof(float));
-            memcpy(Vg + (size_t)p * HS, kv_at(ctx, b, l, 1, p % bs) + kvo,
-                   HS * sizeof(float));
+            cpu_kv_get(isa, dt, Kg + (size_t)p * HS, kv_at(ctx, b, l, 0, p % bs) + kvo,
+                       HS);
+            cpu_kv_get(isa, dt, Vg + (size_t)p * HS, kv_at(ctx, b, l, 1, p % bs) + kvo,
+                       HS);
         }
         for (uint32_t i0 = 0; i0 < n; i0 += ATTN_ROW_BLOCK) {
             const uint32_t i1 = i0 + ATTN_ROW_BLOCK < n ? i0 + ATTN_ROW_BLOCK : n;
@@ -179,8 +184,8 @@ static void attn_task(const fwd *f, uint32_t si, uint32_t h, float *scratch) {
         }
         return;
     }
-    const float **kr = (const float **)(void *)scratch;
-    const float **vr = kr + P;
+    const void **kr = (const void **)(void *)scratch;
+    const void **vr = kr + P;
     float *sc = (float *)(void *)(vr + P);
     for (uint32_t p = 0; p < P; p++) {
         const uint32_t b = (uint32_t)s->block_table[p / bs];
@@ -189,10 +194,10 @@ static void attn_task(const fwd *f, uint32_t si, uint32_t h, float *scratch) {
     }
     for (uint32_t i = 0; i < n; i++) {
         const uint32_t valid = start + i + 1;
-        cpu_attn_scores(ctx->isa, q + (size_t)i * QS, kr, valid, HS, scale, sc);
-        const float mx = cpu_max(ctx->isa, sc, valid);
-        cpu_scale(ctx->isa, sc, 1.0f / cpu_exp_sum(ctx->isa, sc, mx, valid), valid);
-        cpu_attn_mix(ctx->isa, sc, vr, valid, HS, out + (size_t)i * C);
+        cpu_kv_scores(isa, dt, q + (size_t)i * QS, kr, valid, HS, scale, sc);
+        const float mx = cpu_max(isa, sc, valid);
+        cpu_scale(isa, sc, 1.0f / cpu_exp_sum(isa, sc, mx, valid), valid);
+        cpu_kv_mix(isa, dt, sc, vr, valid, HS, out + (size_t)i * C);
     }
 }
 

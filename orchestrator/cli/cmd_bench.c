@@ -28,6 +28,7 @@ static const char usage_text[] =
     "                        [--decode-prompt N] [--decode-steps N]\n"
     "                        [--block-size N] [--threads N] [--options S]\n"
     "                        [--precision fp32|bf16] [--quantize int8]\n"
+    "                        [--kv-cache-dtype f32|bf16]\n"
     "                        [--seed N] [--json] [--trust-config-engine]\n"
     "\n"
     "Benchmarks an engine on the model of FILE's \"model\" section "
@@ -41,7 +42,9 @@ static const char usage_text[] =
     "\n"
     "--precision P adds precision=P to the engine options (the cpu engine's\n"
     "  bf16 path: bf16 products, fp32 master weights) and selects the peaks\n"
-    "  below; --quantize int8 adds weights=int8 (int8 weights for decoding).\n"
+    "  below; --quantize int8 adds weights=int8 (int8 weights for decoding);\n"
+    "  --kv-cache-dtype T adds kv=T (the cpu engine's KV-cache storage; its\n"
+    "  default stores bf16 with weights=int8, f32 otherwise).\n"
     "\n"
     "train: grads_zero + forward_backward + optimizer_step (AdamW, clip 1.0)\n"
     "  per step; --warmup untimed steps (2) then --steps timed ones (10).\n"
@@ -96,7 +99,7 @@ static void print_json(cJSON *o) {
 /* Everything `orch bench` was asked for, after the flags and the config. */
 typedef struct bench_args {
     int train;
-    const char *engine, *config, *options, *precision, *quantize;
+    const char *engine, *config, *options, *precision, *quantize, *kv_dtype;
     uint32_t batch, seq, steps, warmup, threads;
     uint32_t prompt, dprompt, dsteps, block;
     int have_threads, have_seed, json, trust_engine;
@@ -134,6 +137,7 @@ static int parse_flags(int argc, char **argv, bench_args *a, int *st) {
         { "--decode-steps", FLAG_U32, &a->dsteps, "N", .help = NULL },
         { "--block-size", FLAG_U32, &a->block, "N", .help = NULL, .min = 1 },
         { "--quantize", FLAG_STRING, &a->quantize, "int8", .help = NULL },
+        { "--kv-cache-dtype", FLAG_STRING, &a->kv_dtype, "T", .help = NULL },
     };
     /* The table of this kind: the common flags, then its own, then the end. */
     flag_spec flags[16];
@@ -182,7 +186,10 @@ static int add_option_word(bench_args *a, const char *key, const char *value,
     }
     if (!ok) {
         util_error("bench: --%s '%s' is not one of %s",
-                   strcmp(key, "weights") == 0 ? "quantize" : key, value, choices);
+                   strcmp(key, "weights") == 0 ? "quantize"
+                   : strcmp(key, "kv") == 0    ? "kv-cache-dtype"
+                                               : key,
+                   value, choices);
         return -1;
     }
     size_t used = strlen(a->options_buf);
@@ -215,7 +222,8 @@ static int resolve_config(bench_args *a) {
     snprintf(a->options_buf, sizeof a->options_buf, "%s",
              a->options ? a->options : cfg->engine.options);
     if (add_option_word(a, "precision", a->precision, "fp32|bf16") != 0 ||
-        add_option_word(a, "weights", a->quantize, "int8") != 0) {
+        add_option_word(a, "weights", a->quantize, "int8") != 0 ||
+        add_option_word(a, "kv", a->kv_dtype, "f32|bf16") != 0) {
         config_free(cfg);
         return ORCH_EXIT_USAGE;
     }

@@ -35,9 +35,9 @@ static const char footer_text[] =
     "exit status: 0 ok, 1 runtime failure, 2 bad usage/checkpoint/engine\n";
 
 typedef struct gen_args {
-    const char *ckpt, *prompt, *prompt_file, *engine, *quantize, *lora;
+    const char *ckpt, *prompt, *prompt_file, *engine, *quantize, *lora, *kv_dtype;
     const char *options; /* engine options for --quantize (NULL: the config's) */
-    char options_buf[64];
+    char options_buf[96];
     uint64_t max_tokens, seed;
     int have_seed, echo, threads, context_shift, trust_engine;
     sampler_params sp;
@@ -110,6 +110,10 @@ static int parse_args(int argc, char **argv, gen_args *a, int *st) {
           .help = "weights as FMT for inference: int8 (engine option\n"
                   "weights=int8: int8 blocks of 32, fp32 scales) or\n"
                   "fp32 (default)" },
+        { "--kv-cache-dtype", FLAG_STRING, &a->kv_dtype, "T",
+          .help = "KV cache storage: auto (default: the engine's;\n"
+                  "cpu: bf16 with --quantize int8, else f32), f32\n"
+                  "or bf16 (engine option kv=T)" },
         { NULL },
     };
     const flags_cmd cmd = {
@@ -133,6 +137,14 @@ static int parse_args(int argc, char **argv, gen_args *a, int *st) {
         util_error("generate: %s", perr);
         return 1;
     }
+    perr[0] = '\0';
+    const char *kv = inference_model_kv_options(a->kv_dtype, a->options, a->options_buf,
+                                                sizeof a->options_buf, perr, sizeof perr);
+    if (!kv && perr[0]) {
+        util_error("generate: %s", perr);
+        return 1;
+    }
+    a->options = kv;
     if (a->prompt && a->prompt_file) {
         util_error("generate: give --prompt or --prompt-file, not both");
         return 1;

@@ -45,7 +45,7 @@ static int parse_args(int argc, char **argv, serve_options *o, int *st) {
     serve_options_default(o);
     const char *pos_model = NULL, *flag_model = NULL;
     size_t n_pos = 0;
-    const char *quantize = NULL;
+    const char *quantize = NULL, *kv_dtype = NULL;
     static char options_buf[4096]; /* o->engine_options with --quantize */
     o->api_key = getenv("ORCH_API_KEY");
     const flag_spec flags[] = {
@@ -69,6 +69,10 @@ static int parse_args(int argc, char **argv, serve_options *o, int *st) {
           .help = "weights as FMT for inference: int8 (engine option\n"
                   "weights=int8: int8 blocks of 32, fp32 scales) or\n"
                   "fp32 (default)" },
+        { "--kv-cache-dtype", FLAG_STRING, &kv_dtype, "T",
+          .help = "KV cache storage: auto (default: the engine's;\n"
+                  "cpu: bf16 with --quantize int8, else f32), f32\n"
+                  "or bf16 (engine option kv=T)" },
         { "--threads", FLAG_INT, &o->threads, "N",
           .help = "engine threads (default: the config's; 0 = all)", .min = 0,
           .max = 4096 },
@@ -264,7 +268,7 @@ static int parse_args(int argc, char **argv, serve_options *o, int *st) {
             "file), or --engine=mock for the mock model");
         return 1;
     }
-    if (quantize) {
+    if (quantize || (kv_dtype && strcmp(kv_dtype, "auto") != 0)) {
         /* Without a checkpoint there is no config to append to. */
         const char *base = o->engine_options       ? o->engine_options
                            : (o->ckpt || o->model) ? NULL
@@ -272,6 +276,9 @@ static int parse_args(int argc, char **argv, serve_options *o, int *st) {
         char qerr[256];
         const char *opts = inference_model_quantize_options(
             quantize, base, options_buf, sizeof options_buf, qerr, sizeof qerr);
+        if (opts || !quantize)
+            opts = inference_model_kv_options(kv_dtype, opts, options_buf,
+                                              sizeof options_buf, qerr, sizeof qerr);
         if (!opts) {
             util_error("serve: %s", qerr);
             return 1;

@@ -10,6 +10,25 @@
 #include "orchestrator/core/util.h"
 #include "orchestrator/store/checkpoint.h"
 
+/* key=word appended last to options (NULL: "+key=word", after the
+ * config's) in buf; NULL with "FLAG: engine options too long". options may
+ * point into buf. */
+static const char *append_option(const char *flag, const char *key, const char *word,
+                                 const char *options, char *buf, size_t cap, char *err,
+                                 size_t err_cap) {
+    char tmp[4096];
+    int n = options
+                ? snprintf(tmp, sizeof tmp, "%s%s%s=%s", options,
+                           options[0] && strcmp(options, "+") != 0 ? "," : "", key, word)
+                : snprintf(tmp, sizeof tmp, "+%s=%s", key, word);
+    if (n < 0 || (size_t)n >= cap || (size_t)n >= sizeof tmp) {
+        util_set_err(err, err_cap, "%s: engine options too long", flag);
+        return NULL;
+    }
+    memcpy(buf, tmp, (size_t)n + 1);
+    return buf;
+}
+
 const char *inference_model_quantize_options(const char *word, const char *options,
                                              char *buf, size_t cap, char *err,
                                              size_t err_cap) {
@@ -20,14 +39,18 @@ const char *inference_model_quantize_options(const char *word, const char *optio
         return NULL;
     }
     /* Appended last: it overrides a weights= the options already carry. */
-    int n = options ? snprintf(buf, cap, "%s%sweights=%s", options, options[0] ? "," : "",
-                               word)
-                    : snprintf(buf, cap, "+weights=%s", word);
-    if (n < 0 || (size_t)n >= cap) {
-        util_set_err(err, err_cap, "--quantize: engine options too long");
+    return append_option("--quantize", "weights", word, options, buf, cap, err, err_cap);
+}
+
+const char *inference_model_kv_options(const char *word, const char *options, char *buf,
+                                       size_t cap, char *err, size_t err_cap) {
+    if (!word || strcmp(word, "auto") == 0) return options;
+    if (strcmp(word, "f32") != 0 && strcmp(word, "bf16") != 0) {
+        util_set_err(err, err_cap, "--kv-cache-dtype: unknown type '%s' (choices: %s)",
+                     word, INFERENCE_KV_DTYPE_CHOICES);
         return NULL;
     }
-    return buf;
+    return append_option("--kv-cache-dtype", "kv", word, options, buf, cap, err, err_cap);
 }
 
 void inference_model_close(inference_model *m) {
