@@ -84,7 +84,7 @@ def base_text(model="tiny"):
 
 fid = upload(train)
 st, js, _ = post(port, "/v1/fine_tuning/jobs",
-                 {"model": "tiny", "training_file": fid, "seed": 3,
+                 {"model": "tiny", "training_file": fid, "validation_file": fid, "seed": 3,
                   "hyperparameters": {"n_epochs": 2, "batch_size": 4}})
 assert st == 200 and js["status"] == "validating_files", js
 jid = js["id"]
@@ -105,11 +105,14 @@ assert done["hyperparameters"] == {"n_epochs": 2, "batch_size": 4, "learning_rat
                                    "lora_rank": 8, "lora_alpha": 16}, done["hyperparameters"]
 ev = json.loads(request(port, "GET", "/v1/fine_tuning/jobs/%s/events?limit=100" % jid)[2])["data"]
 msgs = [e["message"] for e in ev]
-assert any(m.startswith("Step 32/32: training loss=") for m in msgs), msgs[:5]
+assert any(m.startswith("Step 32/32: training loss=") and "validation loss=" in m for m in msgs), msgs[:5]
+last = [e for e in ev if e["message"].startswith("Step 32/32")][0]
+assert last["data"]["valid_loss"] > 0 and last["data"]["valid_loss"] < 10, last
 assert msgs[0].startswith("The job has successfully completed"), msgs[0]
 ck = json.loads(request(port, "GET", "/v1/fine_tuning/jobs/%s/checkpoints" % jid)[2])["data"]
 assert [c["step_number"] for c in ck] == [32, 24, 16, 8], ck
 assert ck[0]["fine_tuned_model_checkpoint"] == name, ck[0]
+assert all("valid_loss" in c["metrics"] for c in ck), ck
 assert ck[1]["fine_tuned_model_checkpoint"] == name + ":ckpt-step-24", ck[1]
 models = [m["id"] for m in json.loads(request(port, "GET", "/v1/models")[2])["data"]]
 assert models == ["tiny", name], models

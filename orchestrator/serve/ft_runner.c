@@ -29,6 +29,7 @@
 typedef struct prepared {
     char id[FT_JOB_ID_MAX];
     ft_dataset train;
+    ft_dataset val;    /* n_rows 0 = no validation file */
     ft_job_hparams hp; /* resolved */
 } prepared;
 
@@ -46,6 +47,7 @@ typedef struct active {
     double loss_sum;
     uint64_t trained_tokens;
     uint64_t ckpt_every; /* steps between checkpoints */
+    double last_val;     /* validation loss of this step (NAN: none) */
     int32_t *tok, *tgt;  /* SCHED_MAX_FINETUNE_BATCHES micro-batches */
     uint32_t in_flight;  /* micro-batches handed to the scheduler */
 } active;
@@ -118,7 +120,7 @@ static int prepare(ft_runner *r, const ft_job *job, prepared *out, char *err,
             ft_dataset_free(&out->train);
             return -1;
         }
-        ft_dataset_free(&v); /* checked; evaluation is not run in the server yet */
+        out->val = v;
     }
     ft_job_hparams hp = job->hp;
     uint32_t mb = r->cfg.micro_batch;
@@ -138,6 +140,7 @@ static int prepare(ft_runner *r, const ft_job *job, prepared *out, char *err,
                      "fine-tuning micro-batch (%u rows, --ft-micro-batch)",
                      hp.batch_size, mb);
         ft_dataset_free(&out->train);
+        ft_dataset_free(&out->val);
         return -1;
     }
     out->hp = hp;
@@ -186,6 +189,7 @@ static void *preparer_main(void *arg) {
             if (ft_jobs_transition(r->cfg.jobs, job.id, FT_JOB_VALIDATING, FT_JOB_QUEUED,
                                    &p.hp) != 0) { /* cancelled meanwhile */
                 ft_dataset_free(&p.train);
+                ft_dataset_free(&p.val);
                 continue;
             }
             char msg[256];
@@ -295,6 +299,7 @@ static void drop_active(ft_runner *r) {
     if (a->adapter) r->cfg.engine->api->adapter_destroy(r->cfg.ctx, a->adapter);
     ft_order_free(&a->order);
     ft_dataset_free(&a->p.train);
+    ft_dataset_free(&a->p.val);
     int32_t *tok = a->tok, *tgt = a->tgt;
     memset(a, 0, sizeof *a);
     a->tok = tok;
@@ -311,7 +316,10 @@ void ft_runner_destroy(ft_runner *r) {
         pthread_join(r->thread, NULL);
     }
     drop_active(r);
-    for (uint32_t i = 0; i < r->n_ready; i++) ft_dataset_free(&r->ready[i].train);
+    for (uint32_t i = 0; i < r->n_ready; i++) {
+        ft_dataset_free(&r->ready[i].train);
+        ft_dataset_free(&r->ready[i].val);
+    }
     free(r->a.tok);
     free(r->a.tgt);
     ft_budget_free(r->budget);
@@ -504,6 +512,7 @@ static void start_next(ft_runner *r) {
     if (ft_jobs_transition(r->cfg.jobs, job.id, FT_JOB_QUEUED, FT_JOB_RUNNING, &p.hp) !=
         0) {
         ft_dataset_free(&p.train);
+        ft_dataset_free(&p.val);
         pthread_mutex_lock(&r->mu);
         r->running_id[0] = '\0';
         pthread_mutex_unlock(&r->mu);
@@ -624,6 +633,45 @@ static void fine_tuned_name(const ft_runner *r, const ft_job *job, char *buf,
              job->suffix[0] ? job->suffix : "orch", job->id + 6);
 }
 
+/* A checkpoint's metrics object. */
+static void metrics_json(char *buf, size_t cap, uint64_t step, double loss, double val) {
+    if (isfinite(val))
+        snprintf(buf, cap,
+                 "{\"step\":%" PRIu64 ",\"train_loss\":%.6g,\"valid_loss\":%.6g}", step,
+                 loss, val);
+    else
+        snprintf(buf, cap, "{\"step\":%" PRIu64 ",\"train_loss\":%.6g}", step, loss);
+}
+
+/* The target-weighted mean loss of the validation rows (micro-batches of
+ * the server's size), as orch finetune evaluates; NAN without a validation
+ * file or on an engine error (reported as an event). */
+static double validation_loss(ft_runner *r) {
+    active *a = &r->a;
+    const ft_dataset *v = &a->p.val;
+    const uint32_t T = v->seq_len, B = r->cfg.micro_batch;
+    double sum = 0, count = 0;
+    for (uint64_t row = 0; row < v->n_rows; row += B) {
+        uint32_t nb = (uint32_t)(v->n_rows - row < B ? v->n_rows - row : B);
+        const int32_t *tg = v->targets + row * T;
+        uint64_t c = 0;
+        for (uint64_t i = 0; i < (uint64_t)nb * T; i++) c += tg[i] != -1;
+        if (!c) continue;
+        float l = 0;
+        int32_t st = r->cfg.engine->api->adapter_eval_loss(
+            r->cfg.ctx, a->adapter, v->tokens + row * T, tg, nb, T, &l);
+        if (st != ORCH_OK) {
+            char msg[1024];
+            engine_msg(r, st, "adapter_eval_loss", msg, sizeof msg);
+            ft_jobs_event(r->cfg.jobs, a->job.id, "warn", msg, NULL);
+            return NAN;
+        }
+        sum += (double)l * (double)c;
+        count += (double)c;
+    }
+    return count > 0 ? sum / count : NAN;
+}
+
 /* The last step is done: save the adapter, serve it, succeed. */
 static void finish(ft_runner *r) {
     active *a = &r->a;
@@ -656,8 +704,7 @@ static void finish(ft_runner *r) {
     }
     a->adapter = 0; /* coserve's now */
     char metrics[128];
-    snprintf(metrics, sizeof metrics, "{\"step\":%" PRIu64 ",\"train_loss\":%.6g}",
-             a->step, a->loss_sum);
+    metrics_json(metrics, sizeof metrics, a->step, a->loss_sum, a->last_val);
     ft_jobs_checkpoint(r->cfg.jobs, a->job.id, a->step, name, metrics);
     ft_jobs_progress(r->cfg.jobs, a->job.id, a->trained_tokens);
     snprintf(msg, sizeof msg, "The job has successfully completed: model %s", name);
@@ -726,13 +773,26 @@ void ft_runner_done(ft_runner *r, int32_t st, const char *err, const float *loss
     a->step = step;
     a->accum_done = 0;
     a->loss_sum = 0;
-    char msg[256], data[256];
-    snprintf(msg, sizeof msg, "Step %" PRIu64 "/%" PRIu64 ": training loss=%.4f", step,
-             a->total_steps, loss);
-    snprintf(data, sizeof data,
-             "{\"step\":%" PRIu64 ",\"train_loss\":%.8g,\"learning_rate\":%.8g,"
-             "\"grad_norm\":%.8g,\"total_steps\":%" PRIu64 "}",
-             step, loss, lr, (double)gnorm, a->total_steps);
+    char msg[256], data[320];
+    int last = step == a->total_steps, ckpt = !last && step % a->ckpt_every == 0;
+    double val = (last || ckpt) && a->p.val.n_rows ? validation_loss(r) : NAN;
+    if (isfinite(val)) {
+        snprintf(msg, sizeof msg,
+                 "Step %" PRIu64 "/%" PRIu64 ": training loss=%.4f, validation loss=%.4f",
+                 step, a->total_steps, loss, val);
+        snprintf(data, sizeof data,
+                 "{\"step\":%" PRIu64 ",\"train_loss\":%.8g,\"valid_loss\":%.8g,"
+                 "\"learning_rate\":%.8g,\"grad_norm\":%.8g,\"total_steps\":%" PRIu64 "}",
+                 step, loss, val, lr, (double)gnorm, a->total_steps);
+    } else {
+        snprintf(msg, sizeof msg, "Step %" PRIu64 "/%" PRIu64 ": training loss=%.4f",
+                 step, a->total_steps, loss);
+        snprintf(data, sizeof data,
+                 "{\"step\":%" PRIu64 ",\"train_loss\":%.8g,\"learning_rate\":%.8g,"
+                 "\"grad_norm\":%.8g,\"total_steps\":%" PRIu64 "}",
+                 step, loss, lr, (double)gnorm, a->total_steps);
+    }
+    a->last_val = val;
     ft_jobs_event(r->cfg.jobs, a->job.id, "info", msg, data);
     ft_jobs_progress(r->cfg.jobs, a->job.id, a->trained_tokens);
     if (step == a->total_steps) {
@@ -752,8 +812,7 @@ void ft_runner_done(ft_runner *r, int32_t st, const char *err, const float *loss
             fine_tuned_name(r, &a->job, cname, sizeof cname);
             size_t l = strlen(cname);
             snprintf(cname + l, sizeof cname - l, ":ckpt-step-%" PRIu64, step);
-            snprintf(metrics, sizeof metrics,
-                     "{\"step\":%" PRIu64 ",\"train_loss\":%.6g}", step, loss);
+            metrics_json(metrics, sizeof metrics, step, loss, a->last_val);
             ft_jobs_checkpoint(r->cfg.jobs, a->job.id, step, cname, metrics);
         }
     }

@@ -12,7 +12,10 @@
  *                     are decided (n_epochs 3; batch_size the largest
  *                     multiple of the micro-batch up to 8 rows that the data
  *                     fills; learning_rate_multiplier 1); bad data fails the
- *                     job with the file's line number;
+ *                     job with the file's line number; the validation file's
+ *                     loss (target-weighted, as orch finetune evaluates) is
+ *                     reported at each checkpoint and at the end ("valid_loss"
+ *                     in the event's data and the checkpoint's metrics);
  *   queued            waits for the runner (one job runs at a time);
  *   running           on the scheduler thread: the adapter is created
  *                     (rank, alpha, targets and seed of the job, the
