@@ -40,18 +40,7 @@
 #include "engines/cpu/cpu_bf16.c"
 #include "engines/cpu/cpu_features.c"
 
-#if defined(__SANITIZE_ADDRESS__)
-/* make asan: LeakSanitizer (GCC 12) faults in its tracer when it reads the
- * dynamic TLS of oneDNN's OpenMP worker threads on glibc 2.36, so TLS is
- * not scanned; glibc keeps a dlerror() message per thread (oneDNN probes
- * optional libraries), which is not ours to free. */
-const char *__lsan_default_options(void);
-const char *__lsan_default_options(void) { return "use_tls=0"; }
-const char *__lsan_default_suppressions(void);
-const char *__lsan_default_suppressions(void) {
-    return "leak:_dlerror_run\nleak:_dl_exception_create\n";
-}
-#endif
+#include "tests/test_lsan_onednn.h"
 
 #define FIXTURE      "tests/fixtures/cpu_gpt2_tiny.safetensors"
 #define FIXTURE_BF16 "tests/fixtures/cpu_gpt2_tiny_bf16.safetensors"

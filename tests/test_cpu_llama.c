@@ -42,18 +42,7 @@
 #include "tests/test_fixture.h"
 #include "tests/test_util.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-/* make asan: as tests/test_cpu_bf16.c (the precision=bf16 test runs oneDNN):
- * LeakSanitizer (GCC 12) faults in its tracer reading the dynamic TLS of
- * oneDNN's OpenMP threads on glibc 2.36, so TLS is not scanned; glibc's
- * per-thread dlerror() message is not ours to free. */
-const char *__lsan_default_options(void);
-const char *__lsan_default_options(void) { return "use_tls=0"; }
-const char *__lsan_default_suppressions(void);
-const char *__lsan_default_suppressions(void) {
-    return "leak:_dlerror_run\nleak:_dl_exception_create\n";
-}
-#endif
+#include "tests/test_lsan_onednn.h"
 
 TEST_ENGINE_FIXTURE("cpu")
 

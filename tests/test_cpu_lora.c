@@ -55,6 +55,7 @@
 #include "orchestrator/core/engine_loader.h"
 #include "orchestrator/store/safetensors.h"
 #include "tests/test_fixture.h"
+#include "tests/test_lsan_onednn.h"
 #include "tests/test_util.h"
 
 TEST_ENGINE_FIXTURE("cpu")
