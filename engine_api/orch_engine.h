@@ -157,6 +157,30 @@
  *   weights; the inference part gives the same logits as infer_forward, the
  *   fine-tuning part adds the same gradients as adapter_forward_backward.
  *
+ * Token-level fine-tuning (ABI 1.5, ORCH_CAP_FT_STREAM)
+ *   A fine-tuning micro-batch can also be run a few rows at a time across
+ *   calls (FlexLLM's token-level fine-tuning), so that a co-serving scheduler
+ *   can give it exactly the tokens an iteration has left. ft_stream_open
+ *   copies the micro-batch and returns a stream id (>= 1, not reused by the
+ *   context). Its rows are r = b * seq_len + t, rows_total = batch * seq_len.
+ *   Each coserve_step does, beside its inference batch and in the same pass
+ *   over the base weights, up to ft_rows rows of the stream's work: forward
+ *   rows in increasing r (row r attends to rows of its own b up to r), then,
+ *   once every forward row is done, backward rows in decreasing r. A step may
+ *   finish the forward and start the backward. Forward and backward rows
+ *   count alike in ft_rows. When the last backward row is done the gradients
+ *   of (grad_scale * mean loss) are ADDED to the adapter's gradients (before
+ *   that the adapter's gradients are untouched) and the stream is finished;
+ *   further steps on it do no fine-tuning work. The loss and gradients equal
+ *   adapter_forward_backward's on the same micro-batch up to float rounding
+ *   (the sums are split differently). While a stream is open its adapter's
+ *   parameters must not change: adapter_tensor_write of PARAM,
+ *   adapter_optimizer_step and adapter_destroy of that adapter return
+ *   ORCH_ERR_STATE and change nothing. A stream holds its own activations
+ *   (other calls may run between its steps) until ft_stream_close, which
+ *   may come at any point (a cancelled job: the adapter's gradients stay
+ *   untouched unless the stream had finished).
+ *
  * Inference and the KV cache
  *   The engine owns a pool of fixed-size KV blocks (kv_configure). Which block
  *   belongs to which sequence is the caller's business: each forward names, per
@@ -179,7 +203,7 @@ extern "C" {
 #endif
 
 #define ORCH_ENGINE_ABI_MAJOR    1u
-#define ORCH_ENGINE_ABI_MINOR    4u
+#define ORCH_ENGINE_ABI_MINOR    5u
 #define ORCH_ENGINE_ENTRY_SYMBOL "orch_engine_get_api"
 
 #if defined(_WIN32)
@@ -246,6 +270,7 @@ typedef enum orch_tensor_kind {
 #define ORCH_CAP_FAULT_INJECTION (1ull << 6) /* honours fault-injection options */
 #define ORCH_CAP_LORA            (1ull << 7) /* ABI 1.4: adapters (train + infer) */
 #define ORCH_CAP_COSERVE         (1ull << 8) /* ABI 1.4: coserve_forward */
+#define ORCH_CAP_FT_STREAM       (1ull << 9) /* ABI 1.5: ft_stream_*, coserve_step */
 
 /* LoRA target matrices (orch_lora_desc.targets, ABI 1.4). */
 #define ORCH_LORA_TARGET_ATTN_QKV (1u << 0) /* gpt2 c_attn; llama q/k/v_proj */
@@ -380,6 +405,18 @@ typedef struct orch_finetune_batch {
     float grad_scale; /* as forward_backward's */
     uint32_t reserved0;
 } orch_finetune_batch;
+
+/* Progress of a fine-tuning stream after coserve_step (ABI 1.5). */
+typedef struct orch_ft_progress {
+    uint32_t struct_size;    /* set by the caller: sizeof(orch_ft_progress) */
+    uint32_t finished;       /* 1 once the last backward row is done */
+    uint64_t rows_total;     /* batch * seq_len */
+    uint64_t forward_rows;   /* forward rows done, 0..rows_total */
+    uint64_t backward_rows;  /* backward rows done, 0..rows_total */
+    uint64_t rows_this_step; /* rows of work done by this call */
+    float loss;              /* mean loss; valid once forward_rows == rows_total */
+    uint32_t reserved0;
+} orch_ft_progress;
 
 /* Gradient-ready callback of forward_backward_notify (ABI 1.3): elements
  * [offset, offset+count) of the flat gradient buffer are final. */
@@ -634,6 +671,29 @@ typedef struct orch_engine_api {
                                float *logits, uint64_t logits_cap,
                                const orch_finetune_batch *ft, uint32_t n_finetune,
                                uint32_t ft_stride, float *out_losses);
+
+    /* ---- ABI 1.5: token-level fine-tuning (ORCH_CAP_FT_STREAM) ---- */
+
+    /* Open a stream for one micro-batch (checked as coserve_forward checks
+     * ft[i]; ft->struct_size as there). Tokens and targets are copied. The
+     * adapter must exist. *out_stream receives the id. ORCH_ERR_CAPACITY
+     * when the engine cannot hold another stream's activations. */
+    int32_t (*ft_stream_open)(orch_engine_ctx *ctx, const orch_finetune_batch *ft,
+                              uint32_t *out_stream);
+
+    /* Release a stream (finished or not) and its activations. */
+    int32_t (*ft_stream_close)(orch_engine_ctx *ctx, uint32_t stream);
+
+    /* One pass over the base weights: the inference batch (may be NULL or
+     * have 0 sequences; logits as infer_forward writes them) and up to
+     * ft_rows rows of work of `stream` (0: none; see the header comment).
+     * progress (may be NULL; progress->struct_size set by the caller) receives
+     * the stream's state after the call. On failure the stream is left as
+     * it was before the call when the engine can; otherwise it reports
+     * ORCH_ERR_STATE on its next step and must be closed. */
+    int32_t (*coserve_step)(orch_engine_ctx *ctx, const orch_infer_batch *batch,
+                            float *logits, uint64_t logits_cap, uint32_t stream,
+                            uint32_t ft_rows, orch_ft_progress *progress);
     /* ---- later minors append here ---- */
 } orch_engine_api;
 
@@ -677,7 +737,10 @@ ORCH_ABI_STATIC_ASSERT(offsetof(orch_engine_api, adapter_create) == 40 + 8 * 27,
                        "api size 1.3 (first member of 1.4)");
 ORCH_ABI_STATIC_ASSERT(offsetof(orch_engine_api, coserve_forward) == 40 + 8 * 39,
                        "function members of ABI 1.4");
-ORCH_ABI_STATIC_ASSERT(sizeof(orch_engine_api) == 40 + 8 * 40, "api size 1.4");
+ORCH_ABI_STATIC_ASSERT(offsetof(orch_engine_api, ft_stream_open) == 40 + 8 * 40,
+                       "api size 1.4 (first member of 1.5)");
+ORCH_ABI_STATIC_ASSERT(sizeof(orch_engine_api) == 40 + 8 * 43, "api size 1.5");
+ORCH_ABI_STATIC_ASSERT(sizeof(orch_ft_progress) == 48, "ft progress size");
 ORCH_ABI_STATIC_ASSERT(sizeof(orch_lora_desc) == 40, "lora desc size");
 ORCH_ABI_STATIC_ASSERT(sizeof(orch_finetune_batch) == 40, "finetune batch size");
 ORCH_ABI_STATIC_ASSERT(sizeof(orch_model_desc) == 80, "model desc size");

@@ -1012,6 +1012,10 @@ static const orch_engine_api cuda_api = {
     NULL,
     NULL,
     NULL,
+    /* 1.5 token-level fine-tuning: not provided (ORCH_CAP_FT_STREAM unset) */
+    NULL,
+    NULL,
+    NULL,
 };
 
 extern "C" ORCH_ENGINE_EXPORT const orch_engine_api *

@@ -156,6 +156,10 @@ static const struct member_req required_members[] = {
     MEMBER(adapter_eval_loss, ORCH_CAP_LORA),
     MEMBER(adapter_optimizer_step, ORCH_CAP_LORA),
     MEMBER(coserve_forward, ORCH_CAP_COSERVE),
+    /* ABI 1.5: token-level fine-tuning. */
+    MEMBER(ft_stream_open, ORCH_CAP_FT_STREAM),
+    MEMBER(ft_stream_close, ORCH_CAP_FT_STREAM),
+    MEMBER(coserve_step, ORCH_CAP_FT_STREAM),
 };
 #undef MEMBER
 
@@ -332,7 +336,8 @@ void engine_caps_string(uint64_t caps, char *buf, size_t cap) {
                   { ORCH_CAP_GPU, "gpu" },
                   { ORCH_CAP_FAULT_INJECTION, "fault-injection" },
                   { ORCH_CAP_LORA, "lora" },
-                  { ORCH_CAP_COSERVE, "coserve" } };
+                  { ORCH_CAP_COSERVE, "coserve" },
+                  { ORCH_CAP_FT_STREAM, "ft-stream" } };
     size_t used = 0;
     if (cap) buf[0] = '\0';
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
