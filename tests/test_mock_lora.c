@@ -6,7 +6,9 @@
  * adapter leaves the loss unchanged), adapter gradients against finite
  * differences, that the base's weights and gradients are never touched,
  * that AdamW on the adapter lowers the loss, ids, and the errors that name
- * the field.
+ * the field; ABI 1.5 fine-tuning streams (bits equal to
+ * adapter_forward_backward at every chunk size, the adapter fixed while one
+ * is open, errors and faults).
  */
 #include <check.h>
 #include <math.h>
@@ -363,6 +365,188 @@ START_TEST(test_infer_with_adapter) {
 }
 END_TEST
 
+
+/* ABI 1.5 streams: a micro-batch run a few rows at a time gives
+ * adapter_forward_backward's loss and gradients bit for bit (the mock's
+ * documented promise), the gradients only when the last backward row is
+ * done; closing early leaves them untouched. */
+static orch_finetune_batch ft_batch(uint32_t id, const int32_t *tok, const int32_t *tgt,
+                                    uint32_t b, uint32_t t, float scale) {
+    orch_finetune_batch f;
+    memset(&f, 0, sizeof f);
+    f.struct_size = sizeof f;
+    f.adapter_id = id;
+    f.tokens = tok;
+    f.targets = tgt;
+    f.batch = b;
+    f.seq_len = t;
+    f.grad_scale = scale;
+    return f;
+}
+
+static orch_ft_progress step(orch_engine_ctx *ctx, uint32_t stream, uint32_t rows) {
+    orch_ft_progress pr;
+    memset(&pr, 0, sizeof pr);
+    pr.struct_size = sizeof pr;
+    ck_assert_int_eq(A->coserve_step(ctx, NULL, NULL, 0, stream, rows, &pr), ORCH_OK);
+    return pr;
+}
+
+START_TEST(test_stream_equals_forward_backward) {
+    ck_assert(A->capabilities & ORCH_CAP_FT_STREAM);
+    orch_model_desc m = test_model_desc(30, 16, 1, 2, 8);
+    orch_engine_ctx *ctx = make_ctx(&m);
+    orch_lora_desc d = lora(2, 4.0f, ORCH_LORA_TARGET_ALL, 9);
+    uint32_t id = 0;
+    ck_assert_int_eq(A->adapter_create(ctx, &d, &id), ORCH_OK);
+    uint64_t np = 0;
+    float *p = read_all(ctx, id, ORCH_TENSOR_PARAM, &np);
+    for (uint64_t i = 0; i < np; i++) p[i] += 0.05f * (float)((int)(i % 7) - 3);
+    uint32_t cnt = 0;
+    ck_assert_int_eq(A->adapter_tensor_count(ctx, id, ORCH_TENSOR_PARAM, &cnt), ORCH_OK);
+    for (uint32_t i = 0; i < cnt; i++) {
+        orch_tensor_info t = info(ctx, id, i);
+        ck_assert_int_eq(A->adapter_tensor_write(ctx, id, ORCH_TENSOR_PARAM, i,
+                                                 p + t.offset, t.numel * 4),
+                         ORCH_OK);
+    }
+    int32_t tok[8] = { 1, 5, 9, 2, 7, 3, 0, 11 }, tgt[8] = { 5, 9, -1, 7, 3, 0, 11, 4 };
+    float want_l = 0;
+    float *want = malloc(np * 4), *got = malloc(np * 4), *zero = calloc(np, 4);
+    ck_assert_int_eq(A->adapter_grads_zero(ctx, id), ORCH_OK);
+    ck_assert_int_eq(A->adapter_forward_backward(ctx, id, tok, tgt, 2, 4, 0.5f, &want_l),
+                     ORCH_OK);
+    ck_assert_int_eq(A->adapter_grads_read(ctx, id, 0, np, want), ORCH_OK);
+    const uint32_t chunks[] = { 1, 3, 5, 8, 16, 100 };
+    for (size_t c = 0; c < sizeof chunks / sizeof chunks[0]; c++) {
+        ck_assert_int_eq(A->adapter_grads_zero(ctx, id), ORCH_OK);
+        orch_finetune_batch f = ft_batch(id, tok, tgt, 2, 4, 0.5f);
+        uint32_t sid = 0;
+        ck_assert_int_eq(A->ft_stream_open(ctx, &f, &sid), ORCH_OK);
+        ck_assert_uint_ge(sid, 1);
+        uint64_t work = 0;
+        orch_ft_progress pr;
+        do {
+            ck_assert_int_eq(A->adapter_grads_read(ctx, id, 0, np, got), ORCH_OK);
+            ck_assert_int_eq(memcmp(got, zero, np * 4), 0); /* untouched till the end */
+            pr = step(ctx, sid, chunks[c]);
+            work += pr.rows_this_step;
+            ck_assert_uint_eq(pr.rows_total, 8);
+            ck_assert_uint_le(pr.rows_this_step, chunks[c]);
+            ck_assert(pr.backward_rows == 0 || pr.forward_rows == 8);
+        } while (!pr.finished);
+        ck_assert_uint_eq(work, 16);
+        ck_assert_uint_eq(pr.backward_rows, 8);
+        ck_assert(pr.loss == want_l);
+        ck_assert_int_eq(A->adapter_grads_read(ctx, id, 0, np, got), ORCH_OK);
+        ck_assert_int_eq(memcmp(got, want, np * 4), 0);
+        /* a finished stream does no more work */
+        pr = step(ctx, sid, 4);
+        ck_assert_uint_eq(pr.rows_this_step, 0);
+        ck_assert_uint_eq(pr.finished, 1);
+        ck_assert_int_eq(A->adapter_grads_read(ctx, id, 0, np, got), ORCH_OK);
+        ck_assert_int_eq(memcmp(got, want, np * 4), 0);
+        ck_assert_int_eq(A->ft_stream_close(ctx, sid), ORCH_OK);
+    }
+    /* closed before the end: the gradients stay as they were */
+    ck_assert_int_eq(A->adapter_grads_zero(ctx, id), ORCH_OK);
+    orch_finetune_batch f = ft_batch(id, tok, tgt, 2, 4, 1.0f);
+    uint32_t sid = 0;
+    ck_assert_int_eq(A->ft_stream_open(ctx, &f, &sid), ORCH_OK);
+    (void)step(ctx, sid, 12);
+    ck_assert_int_eq(A->ft_stream_close(ctx, sid), ORCH_OK);
+    ck_assert_int_eq(A->adapter_grads_read(ctx, id, 0, np, got), ORCH_OK);
+    ck_assert_int_eq(memcmp(got, zero, np * 4), 0);
+    free(p);
+    free(want);
+    free(got);
+    free(zero);
+    A->context_destroy(ctx);
+}
+END_TEST
+
+/* While a stream is open its adapter's parameters are fixed; ids, sizes and
+ * faults are named. */
+START_TEST(test_stream_rules) {
+    orch_model_desc m = test_model_desc(256, 16, 1, 2, 8);
+    orch_engine_ctx *ctx = make_ctx(&m);
+    ck_assert_int_eq(A->kv_configure(ctx, 4, 8), ORCH_OK);
+    orch_lora_desc d = lora(2, 4.0f, ORCH_LORA_TARGET_ATTN_QKV, 1);
+    uint32_t id = 0;
+    ck_assert_int_eq(A->adapter_create(ctx, &d, &id), ORCH_OK);
+    int32_t tok[4] = { 1, 2, 3, 4 }, tgt[4] = { 2, 3, 4, 5 };
+    orch_finetune_batch f = ft_batch(id, tok, tgt, 1, 4, 1.0f);
+    uint32_t sid = 0, sid2 = 0;
+    ck_assert_int_eq(A->ft_stream_open(ctx, &f, &sid), ORCH_OK);
+    tok[0] = 9; /* copied at open */
+    ck_assert_int_eq(A->ft_stream_open(ctx, &f, &sid2), ORCH_OK);
+    ck_assert_uint_ne(sid, sid2);
+    orch_adamw_params ap = test_adamw(1, 1e-2f, 0.0f, 1.0f);
+    float norm = 0, w[32] = { 0 };
+    ck_assert_int_eq(A->adapter_optimizer_step(ctx, id, &ap, &norm), ORCH_ERR_STATE);
+    ck_assert_msg(strstr(A->last_error(ctx), "open fine-tuning stream"), "%s",
+                  A->last_error(ctx));
+    orch_tensor_info t = info(ctx, id, 0);
+    ck_assert_uint_le(t.numel, 32);
+    ck_assert_int_eq(A->adapter_tensor_write(ctx, id, ORCH_TENSOR_PARAM, 0, w, t.numel * 4),
+                     ORCH_ERR_STATE);
+    ck_assert_int_eq(A->adapter_tensor_write(ctx, id, ORCH_TENSOR_ADAM_M, 0, w, t.numel * 4),
+                     ORCH_OK);
+    ck_assert_int_eq(A->adapter_destroy(ctx, id), ORCH_ERR_STATE);
+    /* inference rides in the same call */
+    const int32_t prompt[2] = { 'a', 'b' }, t0[1] = { 0 };
+    orch_seq_input s = test_seq_input(prompt, 2, 0, t0, 1, ORCH_LOGITS_LAST);
+    orch_infer_batch b = { sizeof b, 1, sizeof s, 0, &s };
+    float logits[256];
+    orch_ft_progress pr;
+    memset(&pr, 0, sizeof pr);
+    pr.struct_size = sizeof pr;
+    ck_assert_int_eq(A->coserve_step(ctx, &b, logits, 256, sid, 3, &pr), ORCH_OK);
+    ck_assert_uint_eq(pr.forward_rows, 3);
+    uint32_t best = 0;
+    for (uint32_t v = 1; v < 256; v++)
+        if (logits[v] > logits[best]) best = v;
+    ck_assert_uint_eq(best, 'n');
+    /* errors */
+    ck_assert_int_eq(A->coserve_step(ctx, NULL, NULL, 0, sid + 99, 1, &pr),
+                     ORCH_ERR_INVALID_ARGUMENT);
+    ck_assert_msg(strstr(A->last_error(ctx), "no such fine-tuning stream"), "%s",
+                  A->last_error(ctx));
+    pr.struct_size = 8;
+    ck_assert_int_eq(A->coserve_step(ctx, NULL, NULL, 0, sid, 1, &pr),
+                     ORCH_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(A->ft_stream_close(ctx, sid + 99), ORCH_ERR_INVALID_ARGUMENT);
+    orch_finetune_batch bad = ft_batch(id + 7, tok, tgt, 1, 4, 1.0f);
+    ck_assert_int_eq(A->ft_stream_open(ctx, &bad, &sid2), ORCH_ERR_INVALID_ARGUMENT);
+    ck_assert_msg(strstr(A->last_error(ctx), "no such adapter"), "%s", A->last_error(ctx));
+    bad = ft_batch(id, tok, tgt, 1, 4, 1.0f);
+    bad.struct_size = 8;
+    ck_assert_int_eq(A->ft_stream_open(ctx, &bad, &sid2), ORCH_ERR_INVALID_ARGUMENT);
+    bad = ft_batch(id, tok, tgt, 0, 4, 1.0f);
+    ck_assert_int_eq(A->ft_stream_open(ctx, &bad, &sid2), ORCH_ERR_INVALID_ARGUMENT);
+    /* after both streams close the adapter may change again */
+    ck_assert_int_eq(A->ft_stream_close(ctx, sid), ORCH_OK);
+    ck_assert_int_eq(A->adapter_destroy(ctx, id), ORCH_ERR_STATE);
+    ck_assert_int_eq(A->ft_stream_close(ctx, sid + 1), ORCH_OK);
+    ck_assert_int_eq(A->adapter_optimizer_step(ctx, id, &ap, &norm), ORCH_OK);
+    ck_assert_int_eq(A->adapter_destroy(ctx, id), ORCH_OK);
+    A->context_destroy(ctx);
+    /* an injected fault in coserve_step changes nothing */
+    orch_engine_options o = { sizeof o, 1, 5, "fault=coserve_step:2" };
+    ck_assert_int_eq(A->context_create(&m, &o, &ctx, NULL, 0), ORCH_OK);
+    ck_assert_int_eq(A->adapter_create(ctx, &d, &id), ORCH_OK);
+    f = ft_batch(id, tok, tgt, 1, 4, 1.0f);
+    ck_assert_int_eq(A->ft_stream_open(ctx, &f, &sid), ORCH_OK);
+    (void)step(ctx, sid, 2);
+    pr.struct_size = sizeof pr;
+    ck_assert_int_eq(A->coserve_step(ctx, NULL, NULL, 0, sid, 2, &pr), ORCH_ERR_INTERNAL);
+    pr = step(ctx, sid, 2);
+    ck_assert_uint_eq(pr.forward_rows, 4);
+    /* a context destroyed with a stream open frees it */
+    A->context_destroy(ctx);
+}
+END_TEST
+
 int main(void) {
     test_default_engine_path();
     unsetenv("ORCH_MOCK_FAULT");
@@ -376,6 +560,8 @@ int main(void) {
     tcase_add_test(tc, test_grads_and_base_untouched);
     tcase_add_test(tc, test_adamw_lowers_loss);
     tcase_add_test(tc, test_infer_with_adapter);
+    tcase_add_test(tc, test_stream_equals_forward_backward);
+    tcase_add_test(tc, test_stream_rules);
     suite_add_tcase(s, tc);
     return test_run_suite(s);
 }

@@ -91,7 +91,8 @@
  *   CALL is one of the context calls: tensor_count tensor_info tensor_read
  *   tensor_write grads_zero grads_read grads_write forward_backward
  *   optimizer_step eval_loss kv_block_bytes kv_configure infer_forward
- *   kv_copy_blocks. Unknown keys or bad values -> ORCH_ERR_INVALID_ARGUMENT.
+ *   kv_copy_blocks coserve_step. Unknown keys or bad values ->
+ *   ORCH_ERR_INVALID_ARGUMENT.
  *   (The ABI 1.2 calls take no faults.)
  *
  * ABI 1.3: forward_backward_notify is forward_backward (its fault counter
@@ -127,6 +128,17 @@
  *   id is ORCH_ERR_INVALID_ARGUMENT); the logits (below) do not read
  *   weights, so they are the base's, which are those of the merged
  *   weight. The adapter calls take no faults.
+ *
+ * Streams (ABI 1.5, ORCH_CAP_FT_STREAM): token-level fine-tuning with the
+ *   header's rules (rows forward in order, then backward in reverse;
+ *   adapter_tensor_write of PARAM, adapter_optimizer_step and
+ *   adapter_destroy refused with ORCH_ERR_STATE while a stream is open on
+ *   the adapter). A forward row adds its loss term; the gradient of the
+ *   micro-batch is added when the last backward row is done, by the same
+ *   loop as adapter_forward_backward, so a stream gives its bits exactly
+ *   (the mock's rows are independent). coserve_step runs its inference
+ *   batch as infer_forward does (sleep and cost model included) and takes
+ *   faults as "coserve_step".
  *
  * Errors: every call validates its arguments (NULL pointers, sizes, ranges)
  * and returns a status with a last_error message; out-parameters and state are
@@ -170,13 +182,14 @@ enum mock_call {
     CALL_KV_CONFIGURE,
     CALL_INFER_FORWARD,
     CALL_KV_COPY_BLOCKS,
+    CALL_COSERVE_STEP,
     CALL_COUNT
 };
 
 static const char *const call_names[CALL_COUNT] = {
     "tensor_count",   "tensor_info",  "tensor_read",      "tensor_write",   "grads_zero",
     "grads_read",     "grads_write",  "forward_backward", "optimizer_step", "eval_loss",
-    "kv_block_bytes", "kv_configure", "infer_forward",    "kv_copy_blocks"
+    "kv_block_bytes", "kv_configure", "infer_forward",    "kv_copy_blocks", "coserve_step"
 };
 
 typedef struct mock_fault {
@@ -203,7 +216,19 @@ typedef struct mock_adapter {
     engine_tensor *tensors;
     uint64_t n_params;
     float *params, *grads, *adam_m, *adam_v;
+    uint32_t open_streams; /* ABI 1.5: streams on it; its parameters are fixed */
 } mock_adapter;
+
+/* One fine-tuning stream (ABI 1.5): a copy of the micro-batch and how far
+ * its rows have gone. */
+typedef struct mock_stream {
+    uint32_t id, adapter_id, batch, seq_len;
+    float grad_scale;
+    int32_t *tokens, *targets;
+    uint64_t rows, forward_rows, backward_rows, counted;
+    double loss_sum; /* over the forward rows done, in row order */
+    int finished;
+} mock_stream;
 
 /* Per-block marks used to validate one infer_forward / kv_copy_blocks. */
 typedef engine_kv_mark mock_mark;
@@ -242,6 +267,11 @@ struct orch_engine_ctx {
     struct mock_adapter **adapters;
     uint32_t n_adapters;
     uint32_t next_adapter_id; /* ids are never reused */
+
+    /* ABI 1.5 fine-tuning streams, in opening order. */
+    struct mock_stream **streams;
+    uint32_t n_streams;
+    uint32_t next_stream_id; /* ids are never reused */
 
     char last_error[512];
 };
@@ -1155,7 +1185,18 @@ static void adapter_free(mock_adapter *a) {
     free(a);
 }
 
+static void stream_free(struct mock_stream *f) {
+    if (!f) return;
+    free(f->tokens);
+    free(f->targets);
+    free(f);
+}
+
 static void adapters_free(orch_engine_ctx *ctx) {
+    for (uint32_t i = 0; i < ctx->n_streams; i++) stream_free(ctx->streams[i]);
+    free(ctx->streams);
+    ctx->streams = NULL;
+    ctx->n_streams = 0;
     for (uint32_t i = 0; i < ctx->n_adapters; i++) adapter_free(ctx->adapters[i]);
     free(ctx->adapters);
     ctx->adapters = NULL;
@@ -1310,10 +1351,20 @@ static int32_t mock_adapter_create(orch_engine_ctx *ctx, const orch_lora_desc *d
     return ORCH_OK;
 }
 
+/* ORCH_ERR_STATE when a fine-tuning stream is open on a (ABI 1.5). */
+static int32_t adapter_fixed(orch_engine_ctx *ctx, const mock_adapter *a, const char *fn) {
+    if (!a->open_streams) return ORCH_OK;
+    return fail(ctx, ORCH_ERR_STATE,
+                "%s: adapter %u has %u open fine-tuning stream(s); close them first", fn,
+                a->id, a->open_streams);
+}
+
 static int32_t mock_adapter_destroy(orch_engine_ctx *ctx, uint32_t adapter_id) {
     if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
     for (uint32_t i = 0; i < ctx->n_adapters; i++) {
         if (ctx->adapters[i]->id != adapter_id) continue;
+        int32_t st = adapter_fixed(ctx, ctx->adapters[i], "adapter_destroy");
+        if (st) return st;
         adapter_free(ctx->adapters[i]);
         memmove(ctx->adapters + i, ctx->adapters + i + 1,
                 (ctx->n_adapters - i - 1) * sizeof *ctx->adapters);
@@ -1377,6 +1428,8 @@ static int32_t mock_adapter_tensor_write(orch_engine_ctx *ctx, uint32_t adapter_
     int32_t st = engine_check_tensor_io("adapter_tensor_write", kind, index, a->tensors,
                                         a->n_tensors, src, src_bytes, ENGINE_ERRBUF(ctx));
     if (st) return st;
+    if (kind == ORCH_TENSOR_PARAM && (st = adapter_fixed(ctx, a, "adapter_tensor_write")))
+        return st;
     memcpy(adapter_kind_buffer(a, kind) + a->tensors[index].offset, src,
            (size_t)src_bytes);
     return ORCH_OK;
@@ -1421,6 +1474,28 @@ static int32_t mock_adapter_grads_write(orch_engine_ctx *ctx, uint32_t adapter_i
                                  (float *)src, 1);
 }
 
+/* The sigmoid of z of one (token x, target y, position) row through base +
+ * adapter a (loss_tensor entries already initialised). */
+static double adapter_row_sigmoid(orch_engine_ctx *ctx, const mock_adapter *a, uint64_t x,
+                                  uint64_t y, uint32_t pos) {
+    const double scale = (double)a->alpha / (double)a->rank;
+    const uint64_t r = a->rank;
+    uint64_t idx[4];
+    term_entries(ctx, x, y, pos, idx);
+    const float *p = ctx->params;
+    double z = (double)p[idx[0]] + (double)p[idx[1]] + (double)p[idx[2]] +
+               (double)p[idx[3]] + ctx->z_bias;
+    for (uint32_t ti = 0; ti + 1 < a->n_tensors; ti += 2) {
+        const engine_tensor *ta = &a->tensors[ti], *tb = &a->tensors[ti + 1];
+        const float *A = a->params + ta->offset + x % ta->shape[1];
+        const float *B = a->params + tb->offset + (y % tb->shape[0]) * r;
+        double d = 0.0;
+        for (uint64_t k = 0; k < r; k++) d += (double)B[k] * (double)A[k * ta->shape[1]];
+        z += scale * d;
+    }
+    return 1.0 / (1.0 + exp(-z));
+}
+
 /* loss_compute through base + adapter a: z gains, per pair (A, B) of the
  * table, (alpha/rank) * sum_k B[y mod out, k] A[k, x mod in]. With grads
  * set, grad_scale * dloss/d(adapter) is added to a->grads (never the base's). */
@@ -1437,21 +1512,8 @@ static float adapter_loss(orch_engine_ctx *ctx, mock_adapter *a, const int32_t *
     double sum = 0.0;
     for (uint64_t i = 0; i < n; i++) {
         if (targets[i] == -1) continue;
-        uint64_t x = (uint64_t)tokens[i], y = (uint64_t)targets[i], idx[4];
-        term_entries(ctx, x, y, i % seq_len, idx);
-        const float *p = ctx->params;
-        double z = (double)p[idx[0]] + (double)p[idx[1]] + (double)p[idx[2]] +
-                   (double)p[idx[3]] + ctx->z_bias;
-        for (uint32_t ti = 0; ti + 1 < a->n_tensors; ti += 2) {
-            const engine_tensor *ta = &a->tensors[ti], *tb = &a->tensors[ti + 1];
-            const float *A = a->params + ta->offset + x % ta->shape[1];
-            const float *B = a->params + tb->offset + (y % tb->shape[0]) * r;
-            double d = 0.0;
-            for (uint64_t k = 0; k < r; k++)
-                d += (double)B[k] * (double)A[k * ta->shape[1]];
-            z += scale * d;
-        }
-        double s = 1.0 / (1.0 + exp(-z));
+        uint64_t x = (uint64_t)tokens[i], y = (uint64_t)targets[i];
+        double s = adapter_row_sigmoid(ctx, a, x, y, (uint32_t)(i % seq_len));
         sum += two_log_v * s;
         if (!with_grads) continue;
         double g = (double)grad_scale * two_log_v * s * (1.0 - s) / (double)counted;
@@ -1511,6 +1573,7 @@ static int32_t mock_adapter_optimizer_step(orch_engine_ctx *ctx, uint32_t adapte
     orch_adamw_params p;
     int32_t st = engine_check_adamw(params, &p, ENGINE_ERRBUF(ctx));
     if (st != ORCH_OK) return st;
+    if ((st = adapter_fixed(ctx, a, "adapter_optimizer_step"))) return st;
     double sq = 0.0;
     for (uint64_t i = 0; i < a->n_params; i++)
         sq += (double)a->grads[i] * (double)a->grads[i];
@@ -1540,6 +1603,160 @@ static int32_t mock_adapter_optimizer_step(orch_engine_ctx *ctx, uint32_t adapte
 }
 
 /* ------------------------------------------------------------------------- */
+/* ABI 1.5: token-level fine-tuning streams (see "Streams" at the top)        */
+/* ------------------------------------------------------------------------- */
+
+static mock_stream *stream_find(orch_engine_ctx *ctx, uint32_t id, const char *fn) {
+    for (uint32_t i = 0; i < ctx->n_streams; i++)
+        if (ctx->streams[i]->id == id) return ctx->streams[i];
+    fail(ctx, ORCH_ERR_INVALID_ARGUMENT, "%s: stream %u: no such fine-tuning stream", fn,
+         id);
+    return NULL;
+}
+
+static int32_t mock_ft_stream_open(orch_engine_ctx *ctx, const orch_finetune_batch *ft,
+                                   uint32_t *out_stream) {
+    if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
+    const size_t need = offsetof(orch_finetune_batch, grad_scale) + sizeof(float);
+    if (!ft || !out_stream)
+        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT, "ft_stream_open: %s is NULL",
+                    ft ? "out_stream" : "ft");
+    if (ft->struct_size < need)
+        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                    "ft_stream_open: struct_size %u is smaller than the %zu bytes up to "
+                    "grad_scale",
+                    ft->struct_size, need);
+    if (ft->struct_size >= sizeof *ft && ft->reserved0 != 0)
+        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                    "ft_stream_open: reserved0 is %u; it must be 0", ft->reserved0);
+    float dummy = 0.0f;
+    int32_t st = engine_check_train_call("ft_stream_open", ft->tokens, ft->targets,
+                                         ft->batch, ft->seq_len, ft->grad_scale, &dummy,
+                                         &ctx->train_lim, NULL, ENGINE_ERRBUF(ctx));
+    if (st) return st;
+    mock_adapter *a = adapter_find(ctx, ft->adapter_id, "ft_stream_open");
+    if (!a) return ORCH_ERR_INVALID_ARGUMENT;
+    if (ctx->next_stream_id == UINT32_MAX)
+        return fail(ctx, ORCH_ERR_CAPACITY, "ft_stream_open: stream ids used up");
+    const uint64_t rows = (uint64_t)ft->batch * ft->seq_len;
+    mock_stream *f = calloc(1, sizeof *f);
+    mock_stream **list = realloc(ctx->streams, (ctx->n_streams + 1) * sizeof *list);
+    if (list) ctx->streams = list;
+    if (f) {
+        f->tokens = malloc((size_t)rows * sizeof(int32_t));
+        f->targets = malloc((size_t)rows * sizeof(int32_t));
+    }
+    if (!f || !list || !f->tokens || !f->targets) {
+        stream_free(f);
+        return fail(ctx, ORCH_ERR_OUT_OF_MEMORY, "ft_stream_open: out of memory");
+    }
+    memcpy(f->tokens, ft->tokens, (size_t)rows * sizeof(int32_t));
+    memcpy(f->targets, ft->targets, (size_t)rows * sizeof(int32_t));
+    f->adapter_id = a->id;
+    f->batch = ft->batch;
+    f->seq_len = ft->seq_len;
+    f->grad_scale = ft->grad_scale;
+    f->rows = rows;
+    for (uint64_t i = 0; i < rows; i++) f->counted += f->targets[i] != -1;
+    f->id = ++ctx->next_stream_id;
+    ctx->streams[ctx->n_streams++] = f;
+    a->open_streams++;
+    *out_stream = f->id;
+    return ORCH_OK;
+}
+
+static int32_t mock_ft_stream_close(orch_engine_ctx *ctx, uint32_t stream) {
+    if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
+    for (uint32_t i = 0; i < ctx->n_streams; i++) {
+        mock_stream *f = ctx->streams[i];
+        if (f->id != stream) continue;
+        for (uint32_t j = 0; j < ctx->n_adapters; j++)
+            if (ctx->adapters[j]->id == f->adapter_id) ctx->adapters[j]->open_streams--;
+        stream_free(f);
+        memmove(ctx->streams + i, ctx->streams + i + 1,
+                (ctx->n_streams - i - 1) * sizeof *ctx->streams);
+        ctx->n_streams--;
+        return ORCH_OK;
+    }
+    return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                "ft_stream_close: stream %u: no such fine-tuning stream", stream);
+}
+
+static void stream_progress(const mock_stream *f, uint64_t done, orch_ft_progress *out) {
+    memset(out, 0, sizeof *out);
+    out->struct_size = sizeof *out;
+    out->finished = (uint32_t)f->finished;
+    out->rows_total = f->rows;
+    out->forward_rows = f->forward_rows;
+    out->backward_rows = f->backward_rows;
+    out->rows_this_step = done;
+    out->loss = f->forward_rows == f->rows && f->counted
+                    ? (float)(f->loss_sum / (double)f->counted)
+                    : 0.0f;
+}
+
+/* coserve_step: the inference batch through infer_forward (the mock reads
+ * no weights, so there is no pass to share), then the stream's rows: the
+ * forward rows add their loss terms in row order (adapter_loss's order);
+ * the backward rows are counted, and when the last one is done the
+ * gradient is added by adapter_loss itself, so a stream gives exactly
+ * adapter_forward_backward's bits. */
+static int32_t mock_coserve_step(orch_engine_ctx *ctx, const orch_infer_batch *batch,
+                                 float *logits, uint64_t logits_cap, uint32_t stream,
+                                 uint32_t ft_rows, orch_ft_progress *progress) {
+    if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
+    if (progress && progress->struct_size < sizeof *progress)
+        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                    "coserve_step: progress struct_size %u is below %zu",
+                    progress->struct_size, sizeof *progress);
+    mock_stream *f = NULL;
+    if (stream && !(f = stream_find(ctx, stream, "coserve_step")))
+        return ORCH_ERR_INVALID_ARGUMENT;
+    int32_t st = enter(ctx, CALL_COSERVE_STEP);
+    if (st) return st;
+    if (batch && (batch->struct_size < offsetof(orch_infer_batch, n_seqs) +
+                                           sizeof batch->n_seqs ||
+                  batch->n_seqs > 0) &&
+        (st = mock_infer_forward(ctx, batch, logits, logits_cap)) != ORCH_OK)
+        return st;
+    uint64_t done = 0;
+    if (f && !f->finished && ft_rows) {
+        mock_adapter *a = adapter_find(ctx, f->adapter_id, "coserve_step");
+        if (!a) return ORCH_ERR_INTERNAL; /* cannot happen: destroy is refused */
+        for (int k = 0; k < 4; k++) param_ensure(ctx, ctx->loss_tensor[k]);
+        const double two_log_v = 2.0 * log((double)ctx->model.vocab_size);
+        while (done < ft_rows && f->forward_rows < f->rows) {
+            uint64_t i = f->forward_rows++;
+            done++;
+            if (f->targets[i] == -1) continue;
+            f->loss_sum += two_log_v * adapter_row_sigmoid(ctx, a, (uint64_t)f->tokens[i],
+                                                           (uint64_t)f->targets[i],
+                                                           (uint32_t)(i % f->seq_len));
+        }
+        uint64_t back = ft_rows - done, left = f->rows - f->backward_rows;
+        if (f->forward_rows == f->rows && back) {
+            if (back > left) back = left;
+            f->backward_rows += back;
+            done += back;
+            if (f->backward_rows == f->rows) {
+                (void)adapter_loss(ctx, a, f->tokens, f->targets, f->batch, f->seq_len, 1,
+                                   f->grad_scale);
+                f->finished = 1;
+            }
+        }
+    }
+    if (progress) {
+        if (f)
+            stream_progress(f, done, progress);
+        else {
+            memset(progress, 0, sizeof *progress);
+            progress->struct_size = sizeof *progress;
+        }
+    }
+    return ORCH_OK;
+}
+
+/* ------------------------------------------------------------------------- */
 /* Probe, status strings, the table                                           */
 /* ------------------------------------------------------------------------- */
 
@@ -1555,7 +1772,8 @@ static const orch_engine_api mock_api = {
     .name = "mock",
     .version = MOCK_VERSION,
     .capabilities = ORCH_CAP_TRAIN | ORCH_CAP_INFER | ORCH_CAP_KV_COPY | ORCH_CAP_EVAL |
-                    ORCH_CAP_DETERMINISTIC | ORCH_CAP_FAULT_INJECTION | ORCH_CAP_LORA,
+                    ORCH_CAP_DETERMINISTIC | ORCH_CAP_FAULT_INJECTION | ORCH_CAP_LORA |
+                    ORCH_CAP_FT_STREAM,
     .probe = mock_probe,
     .status_string = engine_status_string,
     .context_create = mock_context_create,
@@ -1595,6 +1813,9 @@ static const orch_engine_api mock_api = {
     .adapter_forward_backward = mock_adapter_forward_backward,
     .adapter_eval_loss = mock_adapter_eval_loss,
     .adapter_optimizer_step = mock_adapter_optimizer_step,
+    .ft_stream_open = mock_ft_stream_open,
+    .ft_stream_close = mock_ft_stream_close,
+    .coserve_step = mock_coserve_step,
 };
 
 ORCH_ENGINE_EXPORT const orch_engine_api *orch_engine_get_api(uint32_t abi_major);
