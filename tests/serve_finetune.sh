@@ -40,7 +40,7 @@ printf '%s\n' '{"text": "fine"}' \
 PROMPT="And God said, "
 "$ORCH_BIN" generate --checkpoint run --engine cpu --threads 1 --prompt "$PROMPT" --max-tokens 24 \
   --temperature 0 --no-echo >gen_base.txt 2>gen.log || { cat gen.log; fail "generate"; }
-FT=(--state-dir "$T/S" --ft-seq-len 48 --ft-micro-batch 2 --ft-lr 0.02 --ft-targets all --ft-rank 8 --ft-alpha 16
+FT=(--state-dir "$T/S" --ft-granularity sequence --ft-seq-len 48 --ft-micro-batch 2 --ft-lr 0.02 --ft-targets all --ft-rank 8 --ft-alpha 16
     --ft-checkpoint-every 8)
 
 start_server cpu --checkpoint run --engine cpu --threads 1 --model-name tiny "${FT[@]}"
@@ -225,6 +225,54 @@ stop_server "$PID" || fail "exit (resumed)"
   { tail -n 5 off20.log; fail "orch finetune (20 epochs)"; }
 "$PY" "$SERVE_DIR/safetensors_equal.py" "$T/S/adapters/$LONG/adapter_model.safetensors" off20/adapter_model.safetensors ||
   fail "the resumed job's adapter differs from orch finetune's"
+
+# token-level fine-tuning (ABI 1.5 streams) on the mock engine, whose streams
+# give adapter_forward_backward's bits: chunks of 5 rows riding in the
+# inference iterations of 2 clients make the same adapter, bit for bit, as
+# whole micro-batches; time sharing never puts both in one engine call
+for g in token sequence temporal; do
+  case $g in
+    temporal) GOPT=(--coserve-mode temporal) ;;
+    *) GOPT=(--ft-granularity "$g" --ft-chunk-tokens 5) ;;
+  esac
+  start_server "mock-$g" --state-dir "$T/G$g" --ft-seq-len 32 --ft-micro-batch 2 "${GOPT[@]}"
+  "$PY" "$SERVE_DIR/ft_job.py" "$PORT" "$T/ft.jsonl" mock-gpt2 4 2 4 2 >"g_$g.json" ||
+    { cat "g_$g.json"; fail "mock job ($g)"; }
+  curl -s "http://127.0.0.1:$PORT/metrics" >"g_$g.prom"
+  stop_server "$PID" || fail "exit (mock $g)"
+done
+"$PY" - "$T" <<'PY' || fail "token-level jobs on the mock engine"
+import json, re, sys
+t = sys.argv[1]
+def load(g):
+    j = json.load(open("%s/g_%s.json" % (t, g)))
+    prom = open("%s/g_%s.prom" % (t, g)).read()
+    shared = re.search(r"^orch_coserve_shared_passes_total (\S+)$", prom, re.M)
+    j["shared"] = float(shared.group(1)) if shared else -1
+    return j
+tok, seq, tmp = load("token"), load("sequence"), load("temporal")
+started = [m for m in tok["events"] if m.startswith("Fine-tuning job started")]
+assert started and "token-level, chunks of 5 rows" in started[0], started
+assert any("time sharing" in m for m in tmp["events"]), tmp["events"][-3:]
+for j in (tok, seq, tmp):
+    assert j["completions"] > 0 and j["unchanged"], j
+assert tok["shared"] > 0, tok["shared"]   # rows rode in inference iterations
+assert tmp["shared"] == 0, tmp["shared"]  # never in the same call
+PY
+for g in token temporal; do
+  "$PY" "$SERVE_DIR/safetensors_equal.py" "$T/Gsequence/adapters/$(sed -E 's/.*"id": "([^"]+)".*/\1/' g_sequence.json)/adapter_model.safetensors" \
+    "$T/G$g/adapters/$(sed -E 's/.*"id": "([^"]+)".*/\1/' "g_$g.json")/adapter_model.safetensors" ||
+    fail "the $g job's adapter differs from whole micro-batches'"
+done
+"$ORCH_BIN" serve --engine mock --port 0 --state-dir "$T/B" --coserve-mode temporal --ft-granularity token >bad.log 2>&1 &&
+  fail "--ft-granularity token with temporal accepted"
+grep -q "time sharing runs whole micro-batches" bad.log || { cat bad.log; fail "temporal+token message"; }
+"$ORCH_BIN" serve --engine mock --port 0 --state-dir "$T/B" --ft-granularity bits >bad.log 2>&1 &&
+  fail "--ft-granularity bits accepted"
+grep -q "expected auto, token or sequence" bad.log || { cat bad.log; fail "--ft-granularity message"; }
+"$ORCH_BIN" serve --checkpoint run --port 0 --state-dir "$T/B" --engine "$ORCH_BUILD/tests/engines/abi11_mock.so" \
+  --ft-granularity token >bad.log 2>&1 && fail "--ft-granularity token on an engine without streams accepted"
+grep -q "no fine-tuning jobs on this server" bad.log || { cat bad.log; fail "--ft-granularity token without adapters message"; }
 
 # the official Node client, on the mock engine
 if command -v node >/dev/null && [ -f "$MODULES/openai/package.json" ]; then

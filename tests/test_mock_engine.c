@@ -65,7 +65,8 @@ START_TEST(test_probe_and_caps) {
     ck_assert_str_eq(msg, "mock engine, no numerics");
     ck_assert_int_eq(API->probe(NULL, 0), ORCH_OK);
     uint64_t want = ORCH_CAP_TRAIN | ORCH_CAP_INFER | ORCH_CAP_KV_COPY | ORCH_CAP_EVAL |
-                    ORCH_CAP_DETERMINISTIC | ORCH_CAP_FAULT_INJECTION | ORCH_CAP_LORA;
+                    ORCH_CAP_DETERMINISTIC | ORCH_CAP_FAULT_INJECTION | ORCH_CAP_LORA |
+                    ORCH_CAP_FT_STREAM;
     ck_assert_uint_eq(API->capabilities, want);
     ck_assert_str_eq(API->name, "mock");
 }

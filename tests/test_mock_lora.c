@@ -365,7 +365,6 @@ START_TEST(test_infer_with_adapter) {
 }
 END_TEST
 
-
 /* ABI 1.5 streams: a micro-batch run a few rows at a time gives
  * adapter_forward_backward's loss and gradients bit for bit (the mock's
  * documented promise), the gradients only when the last backward row is
@@ -488,10 +487,11 @@ START_TEST(test_stream_rules) {
                   A->last_error(ctx));
     orch_tensor_info t = info(ctx, id, 0);
     ck_assert_uint_le(t.numel, 32);
-    ck_assert_int_eq(A->adapter_tensor_write(ctx, id, ORCH_TENSOR_PARAM, 0, w, t.numel * 4),
-                     ORCH_ERR_STATE);
-    ck_assert_int_eq(A->adapter_tensor_write(ctx, id, ORCH_TENSOR_ADAM_M, 0, w, t.numel * 4),
-                     ORCH_OK);
+    ck_assert_int_eq(
+        A->adapter_tensor_write(ctx, id, ORCH_TENSOR_PARAM, 0, w, t.numel * 4),
+        ORCH_ERR_STATE);
+    ck_assert_int_eq(
+        A->adapter_tensor_write(ctx, id, ORCH_TENSOR_ADAM_M, 0, w, t.numel * 4), ORCH_OK);
     ck_assert_int_eq(A->adapter_destroy(ctx, id), ORCH_ERR_STATE);
     /* inference rides in the same call */
     const int32_t prompt[2] = { 'a', 'b' }, t0[1] = { 0 };
@@ -518,7 +518,8 @@ START_TEST(test_stream_rules) {
     ck_assert_int_eq(A->ft_stream_close(ctx, sid + 99), ORCH_ERR_INVALID_ARGUMENT);
     orch_finetune_batch bad = ft_batch(id + 7, tok, tgt, 1, 4, 1.0f);
     ck_assert_int_eq(A->ft_stream_open(ctx, &bad, &sid2), ORCH_ERR_INVALID_ARGUMENT);
-    ck_assert_msg(strstr(A->last_error(ctx), "no such adapter"), "%s", A->last_error(ctx));
+    ck_assert_msg(strstr(A->last_error(ctx), "no such adapter"), "%s",
+                  A->last_error(ctx));
     bad = ft_batch(id, tok, tgt, 1, 4, 1.0f);
     bad.struct_size = 8;
     ck_assert_int_eq(A->ft_stream_open(ctx, &bad, &sid2), ORCH_ERR_INVALID_ARGUMENT);

@@ -1352,7 +1352,8 @@ static int32_t mock_adapter_create(orch_engine_ctx *ctx, const orch_lora_desc *d
 }
 
 /* ORCH_ERR_STATE when a fine-tuning stream is open on a (ABI 1.5). */
-static int32_t adapter_fixed(orch_engine_ctx *ctx, const mock_adapter *a, const char *fn) {
+static int32_t adapter_fixed(orch_engine_ctx *ctx, const mock_adapter *a,
+                             const char *fn) {
     if (!a->open_streams) return ORCH_OK;
     return fail(ctx, ORCH_ERR_STATE,
                 "%s: adapter %u has %u open fine-tuning stream(s); close them first", fn,
@@ -1714,9 +1715,9 @@ static int32_t mock_coserve_step(orch_engine_ctx *ctx, const orch_infer_batch *b
         return ORCH_ERR_INVALID_ARGUMENT;
     int32_t st = enter(ctx, CALL_COSERVE_STEP);
     if (st) return st;
-    if (batch && (batch->struct_size < offsetof(orch_infer_batch, n_seqs) +
-                                           sizeof batch->n_seqs ||
-                  batch->n_seqs > 0) &&
+    if (batch &&
+        (batch->struct_size < offsetof(orch_infer_batch, n_seqs) + sizeof batch->n_seqs ||
+         batch->n_seqs > 0) &&
         (st = mock_infer_forward(ctx, batch, logits, logits_cap)) != ORCH_OK)
         return st;
     uint64_t done = 0;

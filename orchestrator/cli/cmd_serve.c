@@ -153,8 +153,19 @@ static int parse_args(int argc, char **argv, serve_options *o, int *st) {
           .min = 1, .max = 1 << 30 },
         { "--coserve-mode", FLAG_STRING, &o->coserve_mode, "MODE",
           .help = "shared (default): fine-tuning tokens ride in the\n"
-                  "inference iterations; temporal: only in iterations\n"
-                  "without inference (time sharing, the baseline)" },
+                  "inference iterations, in the same pass over the\n"
+                  "weights; temporal: time sharing (the baseline):\n"
+                  "after each inference pass one micro-batch runs\n"
+                  "alone while inference waits" },
+        { "--ft-granularity", FLAG_STRING, &o->ft_granularity, "G",
+          .help = "token: a micro-batch's forward and backward are\n"
+                  "split into chunks of rows over many iterations\n"
+                  "(FlexLLM's token-level fine-tuning, ABI 1.5);\n"
+                  "sequence: whole micro-batches; auto (default):\n"
+                  "token where the engine has it, under shared" },
+        { "--ft-chunk-tokens", FLAG_U64, &o->ft_chunk_tokens, "N",
+          .help = "token level: the budget's unit in rows (default 8)", .min = 1,
+          .max = 1 << 20 },
         { "--slo-tpot-ms", FLAG_DOUBLE, &o->slo_tpot_ms, "MS",
           .help = "co-serving: p99 time per output token to keep;\n"
                   "fine-tuning gets what is left, and pauses when\n"

@@ -255,10 +255,31 @@ static void done_hook(void *arg, int32_t st, const char *err, const float *losse
                        seconds);
 }
 
+static uint32_t take_rows_hook(void *arg, uint32_t decode_tokens, uint32_t prefill_tokens,
+                               double oldest_wait_ms, uint32_t *stream) {
+    coserve *c = arg;
+    return c->runner ? ft_runner_take_rows(c->runner, decode_tokens, prefill_tokens,
+                                           oldest_wait_ms, stream)
+                     : 0;
+}
+
+static void done_rows_hook(void *arg, int32_t st, const char *err,
+                           const orch_ft_progress *progress, uint32_t decode_tokens,
+                           uint32_t prefill_tokens, double seconds) {
+    coserve *c = arg;
+    if (c->runner)
+        ft_runner_done_rows(c->runner, st, err, progress, decode_tokens, prefill_tokens,
+                            seconds);
+}
+
 void coserve_set_runner(coserve *c, ft_runner *r) {
     c->runner = r;
-    c->hooks.take = r ? take_hook : NULL;
-    c->hooks.done = r ? done_hook : NULL;
+    const int rows = r && ft_runner_token_level(r);
+    c->hooks.take = r && !rows ? take_hook : NULL;
+    c->hooks.done = r && !rows ? done_hook : NULL;
+    c->hooks.take_rows = rows ? take_rows_hook : NULL;
+    c->hooks.done_rows = rows ? done_rows_hook : NULL;
+    c->hooks.separate = r ? ft_runner_temporal(r) : 0;
 }
 
 const char *coserve_fingerprint(const coserve *c) { return c->fingerprint; }

@@ -54,6 +54,8 @@ ft_budget *ft_budget_create(const ft_budget_config *cfg, char *err, size_t err_c
     }
     b->cfg = *cfg;
     if (!b->cfg.window) b->cfg.window = FT_BUDGET_DEFAULT_WINDOW;
+    if (!(b->cfg.ft_ratio > 0) || !isfinite(b->cfg.ft_ratio))
+        b->cfg.ft_ratio = FT_BUDGET_PRIOR_FT_RATIO;
     b->ring = calloc(b->cfg.window, sizeof *b->ring);
     b->scratch = calloc(b->cfg.window, sizeof *b->scratch);
     if (!b->ring || !b->scratch) {
@@ -172,7 +174,7 @@ void ft_budget_observe(ft_budget *b, uint32_t decode_tokens, uint32_t prefill_to
     /* the prior that a fine-tuning token costs R prefill tokens (forward +
      * backward through the same weights), weakly: it decides only what the
      * data cannot (no prefill, or a budget that hardly varies) */
-    double px[NP] = { 0, 0, -FT_BUDGET_PRIOR_FT_RATIO, 1.0 };
+    double px[NP] = { 0, 0, -b->cfg.ft_ratio, 1.0 };
     rls_update(b, px, 0.0, PRIOR_W, 1.0);
     b->n_obs++;
     b->last_ft = finetune_tokens;

@@ -57,6 +57,9 @@ typedef struct ft_budget_config {
     uint32_t max_tokens; /* fine-tuning tokens per iteration at most (>= granule) */
     uint32_t granule;    /* budgets are multiples of this (a micro-batch row) */
     uint32_t window;     /* iterations in the p99 window; 0 = default */
+    double ft_ratio;     /* the prior R; 0 = FT_BUDGET_PRIOR_FT_RATIO (token-level
+                            fine-tuning counts forward and backward rows
+                            apart: about half of it) */
 } ft_budget_config;
 
 typedef struct ft_budget ft_budget;

@@ -46,10 +46,12 @@ typedef struct active {
     uint32_t accum, accum_done; /* micro-batches per step, done in this one */
     double loss_sum;
     uint64_t trained_tokens;
-    uint64_t ckpt_every; /* steps between checkpoints */
-    double last_val;     /* validation loss of this step (NAN: none) */
-    int32_t *tok, *tgt;  /* SCHED_MAX_FINETUNE_BATCHES micro-batches */
-    uint32_t in_flight;  /* micro-batches handed to the scheduler */
+    uint64_t ckpt_every;  /* steps between checkpoints */
+    double last_val;      /* validation loss of this step (NAN: none) */
+    int32_t *tok, *tgt;   /* SCHED_MAX_FINETUNE_BATCHES micro-batches */
+    uint32_t in_flight;   /* micro-batches handed to the scheduler */
+    uint32_t stream;      /* token-level: the open stream of the micro-batch (0: none) */
+    uint64_t stream_left; /* its rows of work left (forward + backward) */
 } active;
 
 struct ft_runner {
@@ -69,8 +71,14 @@ struct ft_runner {
     metrics_family *m_jobs;
 };
 
-static uint32_t granule(const ft_runner *r) {
+/* Tokens of one micro-batch. */
+static uint32_t micro_tokens(const ft_runner *r) {
     return r->cfg.micro_batch * r->cfg.seq_len;
+}
+
+/* The budget's unit: a micro-batch, or at token level a chunk of rows. */
+static uint32_t granule(const ft_runner *r) {
+    return r->cfg.token_level ? r->cfg.chunk_tokens : micro_tokens(r);
 }
 
 /* ------------------------------------------------------------------------- */
@@ -228,6 +236,19 @@ ft_runner *ft_runner_create(const ft_runner_config *cfg, char *err, size_t err_c
             cfg->seq_len, cfg->model->context);
         return NULL;
     }
+    const orch_engine_api *api = cfg->engine->api;
+    if (cfg->token_level &&
+        (!(api->capabilities & ORCH_CAP_FT_STREAM) || !ORCH_API_HAS(api, coserve_step))) {
+        util_set_err(err, err_cap,
+                     "engine '%s' (ABI %u.%u) has no token-level fine-tuning (ABI 1.5 "
+                     "streams, ORCH_CAP_FT_STREAM): use --ft-granularity sequence",
+                     api->name, api->abi_major, api->abi_minor);
+        return NULL;
+    }
+    if (cfg->token_level && !cfg->chunk_tokens) {
+        util_set_err(err, err_cap, "--ft-chunk-tokens must be at least 1");
+        return NULL;
+    }
     ft_runner *r = util_calloc(1, sizeof *r);
     if (!r) {
         util_set_err(err, err_cap, "out of memory");
@@ -236,9 +257,11 @@ ft_runner *ft_runner_create(const ft_runner_config *cfg, char *err, size_t err_c
     r->cfg = *cfg;
     ft_budget_config bc = cfg->slo;
     bc.granule = granule(r);
+    /* a row of work is a forward or a backward row, not both */
+    if (cfg->token_level) bc.ft_ratio = FT_BUDGET_PRIOR_FT_RATIO / 2;
     if (bc.max_tokens < bc.granule) bc.max_tokens = bc.granule;
     r->budget = ft_budget_create(&bc, err, err_cap);
-    size_t slot = (size_t)granule(r) * SCHED_MAX_FINETUNE_BATCHES;
+    size_t slot = (size_t)micro_tokens(r) * SCHED_MAX_FINETUNE_BATCHES;
     r->a.tok = malloc(slot * sizeof(int32_t));
     r->a.tgt = malloc(slot * sizeof(int32_t));
     pthread_mutex_init(&r->mu, NULL);
@@ -296,6 +319,7 @@ static void drop_active(ft_runner *r) {
     pthread_mutex_lock(&r->mu);
     r->running_id[0] = '\0';
     pthread_mutex_unlock(&r->mu);
+    if (a->stream) r->cfg.engine->api->ft_stream_close(r->cfg.ctx, a->stream);
     if (a->adapter) r->cfg.engine->api->adapter_destroy(r->cfg.ctx, a->adapter);
     ft_order_free(&a->order);
     ft_dataset_free(&a->p.train);
@@ -567,11 +591,17 @@ static void start_next(ft_runner *r) {
     }
     a->sched = (lr_schedule){ LR_SCHEDULE_LINEAR, r->cfg.lr * p.hp.lr_multiplier, 0.0, 0,
                               a->total_steps };
+    char how[96];
+    if (r->cfg.token_level)
+        snprintf(how, sizeof how, "token-level, chunks of %u rows", r->cfg.chunk_tokens);
+    else
+        snprintf(how, sizeof how, "%s",
+                 r->cfg.temporal ? "time sharing" : "whole micro-batches");
     snprintf(msg, sizeof msg,
              "Fine-tuning job started: %" PRIu64 " steps of %u rows (%u micro-batches of "
-             "%u), LoRA rank %u alpha %g",
-             a->total_steps, p.hp.batch_size, a->accum, r->cfg.micro_batch, a->desc.rank,
-             (double)a->desc.alpha);
+             "%u; %s), LoRA rank %u alpha %g",
+             a->total_steps, p.hp.batch_size, a->accum, r->cfg.micro_batch, how,
+             a->desc.rank, (double)a->desc.alpha);
     ft_jobs_event(r->cfg.jobs, job.id, "info", msg, NULL);
 }
 
@@ -588,43 +618,81 @@ int ft_runner_tasks(ft_runner *r) {
     return a->on;
 }
 
+/* Zero the adapter's gradients at the start of an optimizer step; a failure
+ * fails the job (-1). */
+static int grads_zero(ft_runner *r) {
+    active *a = &r->a;
+    int32_t st = r->cfg.engine->api->adapter_grads_zero(r->cfg.ctx, a->adapter);
+    if (st == ORCH_OK) return 0;
+    char msg[1024];
+    engine_msg(r, st, "adapter_grads_zero", msg, sizeof msg);
+    fail_job(r, a->job.id, "server_error", msg);
+    drop_active(r);
+    return -1;
+}
+
+/* The next micro-batch in ft_order's order into slot i of the buffers. */
+static void next_micro_batch(ft_runner *r, uint32_t i, orch_finetune_batch *f) {
+    active *a = &r->a;
+    const uint32_t T = r->cfg.seq_len, B = r->cfg.micro_batch;
+    int32_t *tok = a->tok + (size_t)i * B * T, *tgt = a->tgt + (size_t)i * B * T;
+    ft_order_next(&a->order, &a->p.train, B, tok, tgt);
+    memset(f, 0, sizeof *f);
+    f->struct_size = sizeof *f;
+    f->adapter_id = a->adapter;
+    f->tokens = tok;
+    f->targets = tgt;
+    f->batch = B;
+    f->seq_len = T;
+    f->grad_scale = 1.0f / (float)a->accum;
+}
+
 uint32_t ft_runner_take(ft_runner *r, uint32_t decode_tokens, uint32_t prefill_tokens,
                         double oldest_wait_ms, orch_finetune_batch *ft, uint32_t cap) {
     active *a = &r->a;
     if (!a->on || a->step >= a->total_steps) return 0;
     uint32_t budget =
-        ft_budget_next(r->budget, decode_tokens, prefill_tokens, oldest_wait_ms);
+        r->cfg.temporal && decode_tokens + prefill_tokens > 0
+            ? granule(r) /* time sharing: one micro-batch after each inference pass */
+            : ft_budget_next(r->budget, decode_tokens, prefill_tokens, oldest_wait_ms);
     uint32_t k = budget / granule(r);
     uint32_t left = a->accum - a->accum_done;
     if (k > left) k = left;
     if (k > cap) k = cap;
     if (k > SCHED_MAX_FINETUNE_BATCHES) k = SCHED_MAX_FINETUNE_BATCHES;
     if (k == 0) return 0;
-    if (a->accum_done == 0) {
-        int32_t st = r->cfg.engine->api->adapter_grads_zero(r->cfg.ctx, a->adapter);
+    if (a->accum_done == 0 && grads_zero(r) != 0) return 0;
+    for (uint32_t i = 0; i < k; i++) next_micro_batch(r, i, &ft[i]);
+    a->in_flight = k;
+    return k;
+}
+
+uint32_t ft_runner_take_rows(ft_runner *r, uint32_t decode_tokens,
+                             uint32_t prefill_tokens, double oldest_wait_ms,
+                             uint32_t *stream) {
+    active *a = &r->a;
+    if (!a->on || a->step >= a->total_steps) return 0;
+    uint32_t budget =
+        ft_budget_next(r->budget, decode_tokens, prefill_tokens, oldest_wait_ms);
+    if (budget == 0) return 0;
+    if (!a->stream) {
+        if (a->accum_done == 0 && grads_zero(r) != 0) return 0;
+        orch_finetune_batch f;
+        next_micro_batch(r, 0, &f);
+        int32_t st = r->cfg.engine->api->ft_stream_open(r->cfg.ctx, &f, &a->stream);
         if (st != ORCH_OK) {
             char msg[1024];
-            engine_msg(r, st, "adapter_grads_zero", msg, sizeof msg);
+            engine_msg(r, st, "ft_stream_open", msg, sizeof msg);
+            a->stream = 0;
             fail_job(r, a->job.id, "server_error", msg);
             drop_active(r);
             return 0;
         }
+        a->stream_left = 2ull * micro_tokens(r);
     }
-    const uint32_t T = r->cfg.seq_len, B = r->cfg.micro_batch;
-    for (uint32_t i = 0; i < k; i++) {
-        int32_t *tok = a->tok + (size_t)i * B * T, *tgt = a->tgt + (size_t)i * B * T;
-        ft_order_next(&a->order, &a->p.train, B, tok, tgt);
-        memset(&ft[i], 0, sizeof ft[i]);
-        ft[i].struct_size = sizeof ft[i];
-        ft[i].adapter_id = a->adapter;
-        ft[i].tokens = tok;
-        ft[i].targets = tgt;
-        ft[i].batch = B;
-        ft[i].seq_len = T;
-        ft[i].grad_scale = 1.0f / (float)a->accum;
-    }
-    a->in_flight = k;
-    return k;
+    *stream = a->stream;
+    a->in_flight = 1;
+    return budget < a->stream_left ? budget : (uint32_t)a->stream_left;
 }
 
 static void fine_tuned_name(const ft_runner *r, const ft_job *job, char *buf,
@@ -713,11 +781,9 @@ static void finish(ft_runner *r) {
     drop_active(r);
 }
 
-void ft_runner_done(ft_runner *r, int32_t st, const char *err, const float *losses,
-                    uint32_t n, uint32_t decode_tokens, uint32_t prefill_tokens,
-                    double seconds) {
-    active *a = &r->a;
-    uint32_t ft_tokens = n * granule(r);
+/* The budget and the per-iteration metrics of one observed iteration. */
+static void observe(ft_runner *r, uint32_t decode_tokens, uint32_t prefill_tokens,
+                    uint32_t ft_tokens, double seconds) {
     ft_budget_observe(r->budget, decode_tokens, prefill_tokens, ft_tokens, seconds);
     ft_budget_stats bs;
     ft_budget_get_stats(r->budget, &bs);
@@ -728,20 +794,64 @@ void ft_runner_done(ft_runner *r, int32_t st, const char *err, const float *loss
     metrics_counter_add(r->m_kind[1], prefill_tokens);
     metrics_counter_add(r->m_kind[2], ft_tokens);
     metrics_gauge_set(r->m_share, all ? (double)ft_tokens / all : 0);
-    if (n == 0 || !a->on) return;
+}
+
+/* After the fine-tuning part of an iteration ran: 0 when the job goes on
+ * with it, -1 when it was cancelled meanwhile or the part failed (the job
+ * is dropped, failed with the engine's message). */
+static int part_ran(ft_runner *r, int32_t st, const char *err) {
+    active *a = &r->a;
     a->in_flight = 0;
     ft_job now;
     if (ft_jobs_get(r->cfg.jobs, a->job.id, &now) != 0 || now.status != FT_JOB_RUNNING) {
         drop_active(r); /* cancelled while its micro-batches ran */
-        return;
+        return -1;
     }
     if (st != ORCH_OK) {
         char msg[1024];
         snprintf(msg, sizeof msg, "engine error: %s", err && *err ? err : "unknown");
         fail_job(r, a->job.id, "server_error", msg);
         drop_active(r);
-        return;
+        return -1;
     }
+    return 0;
+}
+
+static void micro_batches_done(ft_runner *r, const float *losses, uint32_t n);
+
+void ft_runner_done(ft_runner *r, int32_t st, const char *err, const float *losses,
+                    uint32_t n, uint32_t decode_tokens, uint32_t prefill_tokens,
+                    double seconds) {
+    uint32_t ft_tokens = st == ORCH_OK ? n * micro_tokens(r) : 0;
+    observe(r, decode_tokens, prefill_tokens, ft_tokens, seconds);
+    if (n == 0 || !r->a.on) return;
+    if (part_ran(r, st, err) == 0) micro_batches_done(r, losses, n);
+}
+
+void ft_runner_done_rows(ft_runner *r, int32_t st, const char *err,
+                         const orch_ft_progress *progress, uint32_t decode_tokens,
+                         uint32_t prefill_tokens, double seconds) {
+    active *a = &r->a;
+    uint32_t rows = progress ? (uint32_t)progress->rows_this_step : 0;
+    observe(r, decode_tokens, prefill_tokens, rows, seconds);
+    if (!a->on || !a->in_flight) return;
+    if (part_ran(r, st, err) != 0) return;
+    if (!progress) return;
+    a->stream_left -= rows < a->stream_left ? rows : a->stream_left;
+    if (!progress->finished) return;
+    float loss = progress->loss;
+    r->cfg.engine->api->ft_stream_close(r->cfg.ctx, a->stream);
+    a->stream = 0;
+    a->stream_left = 0;
+    micro_batches_done(r, &loss, 1);
+}
+
+/* n micro-batches of the running step are done (their gradients in the
+ * adapter): at the step's last one, AdamW, the event, checkpoints and the
+ * job's end. */
+static void micro_batches_done(ft_runner *r, const float *losses, uint32_t n) {
+    active *a = &r->a;
+    const uint32_t ft_tokens = n * micro_tokens(r);
     for (uint32_t i = 0; i < n; i++) a->loss_sum += (double)losses[i];
     a->accum_done += n;
     a->trained_tokens += ft_tokens;
@@ -817,3 +927,7 @@ void ft_runner_done(ft_runner *r, int32_t st, const char *err, const float *loss
         }
     }
 }
+
+int ft_runner_token_level(const ft_runner *r) { return r->cfg.token_level; }
+
+int ft_runner_temporal(const ft_runner *r) { return r->cfg.temporal; }

@@ -86,8 +86,13 @@ typedef struct ft_runner_config {
     uint32_t micro_batch;      /* rows per micro-batch */
     uint64_t checkpoint_every; /* steps between checkpoints; 0 = once an epoch */
     ft_budget_config slo;      /* the token budget (granule = micro-batch tokens) */
-    int temporal;              /* --coserve-mode temporal: fine-tuning only in iterations
-                     without inference work (the time-sharing baseline) */
+    int temporal;              /* --coserve-mode temporal: time sharing (the baseline):
+                                  after each inference pass one micro-batch in
+                                  calls of its own; the budget decides only
+                                  iterations without inference */
+    int token_level;           /* --ft-granularity token: ABI 1.5 streams, the budget
+                                  in chunks of chunk_tokens rows */
+    uint32_t chunk_tokens;     /* rows per budget unit at token level */
 } ft_runner_config;
 
 typedef struct ft_runner ft_runner;
@@ -108,5 +113,18 @@ uint32_t ft_runner_take(ft_runner *r, uint32_t decode_tokens, uint32_t prefill_t
 void ft_runner_done(ft_runner *r, int32_t st, const char *err, const float *losses,
                     uint32_t n, uint32_t decode_tokens, uint32_t prefill_tokens,
                     double seconds);
+/* The token-level hooks (token_level): the stream of the running
+ * micro-batch (opened on demand) and its rows for the next iteration; then
+ * its progress. */
+uint32_t ft_runner_take_rows(ft_runner *r, uint32_t decode_tokens,
+                             uint32_t prefill_tokens, double oldest_wait_ms,
+                             uint32_t *stream);
+void ft_runner_done_rows(ft_runner *r, int32_t st, const char *err,
+                         const orch_ft_progress *progress, uint32_t decode_tokens,
+                         uint32_t prefill_tokens, double seconds);
+/* 1 when the runner runs token-level (the scheduler's take_rows hooks). */
+int ft_runner_token_level(const ft_runner *r);
+/* 1 under --coserve-mode temporal (the scheduler's `separate`). */
+int ft_runner_temporal(const ft_runner *r);
 
 #endif

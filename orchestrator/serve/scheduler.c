@@ -67,6 +67,7 @@ struct scheduler {
     /* metrics (NULL without a registry: updates are no-ops) */
     metrics_series *m_running, *m_waiting, *m_kv_used, *m_kv_total;
     metrics_series *m_prompt_tokens, *m_gen_tokens, *m_preempt, *m_errors;
+    metrics_series *m_shared; /* engine calls carrying inference and fine-tuning */
     metrics_series *m_ttft, *m_tpot, *m_e2e, *m_batch_seqs, *m_batch_tokens;
     metrics_series *m_iter_seconds;
     metrics_series *m_pc_hits, *m_pc_misses, *m_pc_hit_tokens, *m_pc_evictions;
@@ -229,6 +230,10 @@ static void register_metrics(scheduler *s) {
     s->m_errors = SERIES(metrics_counter(
         r, "orch_engine_errors_total",
         "Engine forward calls that failed (their sequences got HTTP 500).", 0, NULL));
+    s->m_shared = SERIES(metrics_counter(
+        r, "orch_coserve_shared_passes_total",
+        "Engine calls that carried inference and fine-tuning work in one pass.", 0,
+        NULL));
     s->m_ttft =
         SERIES(metrics_histogram(r, "orch_time_to_first_token_seconds",
                                  "Time from submission to the first generated token.", 0,
@@ -1083,6 +1088,51 @@ static int32_t finetune_alone(scheduler *s, uint32_t n_ft) {
     return ORCH_OK;
 }
 
+/* Token-level co-serving (take_rows): the batch and the rows of one
+ * fine-tuning stream in one coserve_step (after the inference forward,
+ * under `separate`). Returns the rows that rode along. */
+static uint32_t engine_pass_rows(scheduler *s, const plan *p, orch_infer_batch *b,
+                                 int32_t *st_infer) {
+    const orch_engine_api *api = s->cfg.engine->api;
+    const sched_coserve *cs = s->cfg.coserve;
+    uint32_t decode = 0, prefill = 0, stream = 0;
+    double wait_ms = 0, t0 = util_now();
+    batch_kinds(s, p, &decode, &prefill, &wait_ms);
+    uint32_t rows = cs->take_rows(cs->arg, decode, prefill, wait_ms, &stream);
+    if (!stream) rows = 0;
+    orch_ft_progress pr;
+    memset(&pr, 0, sizeof pr);
+    pr.struct_size = sizeof pr;
+    int32_t st_ft = ORCH_OK;
+    char ft_err[512] = "";
+    const orch_infer_batch *inb = p->n ? b : NULL;
+    if (rows && !cs->separate) {
+        st_ft = api->coserve_step(s->cfg.ctx, inb, s->logits, s->logits_cap, stream, rows,
+                                  &pr);
+        if (st_ft == ORCH_OK) {
+            *st_infer = ORCH_OK;
+            if (inb) metrics_counter_add(s->m_shared, 1);
+        } else { /* the inference batch again, alone */
+            engine_format_error(s->cfg.engine, s->cfg.ctx, st_ft, ft_err, sizeof ft_err);
+            *st_infer = inb ? api->infer_forward(s->cfg.ctx, b, s->logits, s->logits_cap)
+                            : ORCH_OK;
+        }
+    } else {
+        *st_infer =
+            inb ? api->infer_forward(s->cfg.ctx, b, s->logits, s->logits_cap) : ORCH_OK;
+        if (rows) {
+            st_ft = api->coserve_step(s->cfg.ctx, NULL, NULL, 0, stream, rows, &pr);
+            if (st_ft != ORCH_OK)
+                engine_format_error(s->cfg.engine, s->cfg.ctx, st_ft, ft_err,
+                                    sizeof ft_err);
+        }
+    }
+    if (cs->done_rows && (rows || p->n))
+        cs->done_rows(cs->arg, st_ft, ft_err, rows && st_ft == ORCH_OK ? &pr : NULL,
+                      decode, prefill, util_now() - t0);
+    return rows ? 1 : 0;
+}
+
 /* One engine pass for the batch (and the co-serving micro-batches the hooks
  * hand over): infer status into *st_infer; the hooks hear the fine-tuning
  * part's outcome. */
@@ -1090,6 +1140,7 @@ static uint32_t engine_pass(scheduler *s, const plan *p, orch_infer_batch *b,
                             int32_t *st_infer) {
     const orch_engine_api *api = s->cfg.engine->api;
     const sched_coserve *cs = s->cfg.coserve;
+    if (cs && cs->take_rows) return engine_pass_rows(s, p, b, st_infer);
     uint32_t n_ft = 0, decode = 0, prefill = 0;
     double wait_ms = 0, t0 = util_now();
     if (cs && cs->take) {
@@ -1100,12 +1151,13 @@ static uint32_t engine_pass(scheduler *s, const plan *p, orch_infer_batch *b,
     }
     int32_t st_ft = ORCH_OK;
     char ft_err[512] = "";
-    if (n_ft && (api->capabilities & ORCH_CAP_COSERVE)) {
+    if (n_ft && (api->capabilities & ORCH_CAP_COSERVE) && !cs->separate) {
         int32_t st =
             api->coserve_forward(s->cfg.ctx, p->n ? b : NULL, s->logits, s->logits_cap,
                                  s->ft, n_ft, sizeof s->ft[0], s->ft_losses);
         if (st == ORCH_OK) {
             *st_infer = ORCH_OK;
+            if (p->n) metrics_counter_add(s->m_shared, 1);
         } else {
             /* which part failed is not known: the inference batch again,
              * alone (its KV positions are rewritten with the same values) */

@@ -255,6 +255,24 @@ static int start_runner(const serve_options *o, const serve_model *m, const char
             o->coserve_mode);
         return -1;
     }
+    const char *gran = o->ft_granularity ? o->ft_granularity : "auto";
+    const int streams = (m->eh->api->capabilities & ORCH_CAP_FT_STREAM) != 0;
+    int token_level;
+    if (strcmp(gran, "auto") == 0)
+        token_level = streams && !temporal;
+    else if (strcmp(gran, "token") == 0 || strcmp(gran, "sequence") == 0)
+        token_level = gran[0] == 't';
+    else {
+        util_set_err(err, err_cap,
+                     "--ft-granularity '%s': expected auto, token or sequence", gran);
+        return -1;
+    }
+    if (token_level && temporal) {
+        util_set_err(err, err_cap,
+                     "--ft-granularity token with --coserve-mode temporal: time sharing "
+                     "runs whole micro-batches (use --ft-granularity sequence)");
+        return -1;
+    }
     uint32_t seq_len = o->ft_seq_len ? (uint32_t)o->ft_seq_len : m->context;
     if (seq_len > m->context) {
         util_set_err(err, err_cap, "--ft-seq-len %u is over the model's context (%u)",
@@ -282,6 +300,8 @@ static int start_runner(const serve_options *o, const serve_model *m, const char
         .micro_batch = (uint32_t)o->ft_micro_batch,
         .checkpoint_every = o->ft_checkpoint_every,
         .temporal = temporal,
+        .token_level = token_level,
+        .chunk_tokens = o->ft_chunk_tokens ? (uint32_t)o->ft_chunk_tokens : 8,
         .slo = { .slo_tpot_ms = o->slo_tpot_ms,
                  .slo_ttft_ms = o->slo_ttft_ms,
                  .max_tokens = (uint32_t)o->max_batch_tokens },
@@ -414,6 +434,15 @@ static int serve_start(const serve_options *o, const serve_hooks *h, const char 
             }
             say(h, 0, "adapter %s from %s", lname, eq + 1);
         }
+    }
+    if (!runner && o->ft_granularity && strcmp(o->ft_granularity, "token") == 0) {
+        util_set_err(err, err_cap,
+                     "--ft-granularity token: no fine-tuning jobs on this server (they "
+                     "need --state-dir and an engine with LoRA adapters; engine '%s' "
+                     "ABI %u.%u%s)",
+                     m->eh->api->name, m->eh->api->abi_major, m->eh->api->abi_minor,
+                     m->eh->api->capabilities & ORCH_CAP_LORA ? "" : " has none");
+        return -1;
     }
     if (runner && start_runner(o, m, name, st, err, err_cap) != 0) return -1;
     if (st->jobs && !runner)

@@ -119,6 +119,8 @@ typedef struct serve_options {
     double slo_tpot_ms;           /* --slo-tpot-ms (0 = no target) */
     double slo_ttft_ms;           /* --slo-ttft-ms */
     const char *coserve_mode;     /* --coserve-mode shared (default) | temporal */
+    const char *ft_granularity;   /* --ft-granularity auto (default) | token | sequence */
+    uint64_t ft_chunk_tokens;     /* --ft-chunk-tokens (0: 8) */
 } serve_options;
 
 /* The defaults of `orch serve` (port 8080, 64 sequences, 2048 tokens per

@@ -41,7 +41,8 @@ const orch_engine_api *orch_engine_get_api(uint32_t abi_major) {
     table.abi_minor = 1;
     table.struct_size = (uint32_t)n;
     table.name = "mock-abi11";
-    /* the capabilities of ABI 1.4 (adapters) need members it does not have */
-    table.capabilities &= ~(ORCH_CAP_LORA | ORCH_CAP_COSERVE);
+    /* the capabilities of ABI 1.4 (adapters) and 1.5 (streams) need members it
+     * does not have */
+    table.capabilities &= ~(ORCH_CAP_LORA | ORCH_CAP_COSERVE | ORCH_CAP_FT_STREAM);
     return &table;
 }
