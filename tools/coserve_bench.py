@@ -9,14 +9,19 @@ For each concurrency c (default 1, 4, 16):
              between streamed tokens after the first) p50 / p99
   co-served  the clients and a running job, with --slo-tpot-ms set to 1.1x
              the inference-alone p99 at that concurrency: fine-tuning
-             tokens/s (orch_finetune_tokens_total) and TPOT p50 / p99
-  temporal   the same job under --coserve-mode temporal: fine-tuning only
-             in iterations without inference work (time sharing with
-             inference first, the baseline co-serving is compared with)
+             tokens/s (orch_finetune_tokens_total) and TPOT p50 / p99,
+             token-level (--ft-granularity token: chunks of a micro-batch's
+             forward and backward ride in the iterations; where the engine
+             has ABI 1.5 streams) and with whole micro-batches
+             (--ft-granularity sequence)
+  temporal   the same job under --coserve-mode temporal: time sharing, one
+             micro-batch alone after each inference pass (the baseline
+             co-serving is compared with)
 plus fine-tuning alone (no clients): the reference tokens/s.
 
 usage: tools/coserve_bench.py [--orch build/orch] [--checkpoint DIR]
        [--seconds 8] [--concurrency 1,4,16] [--threads N] [--slo-ms MS]
+       [--granularity auto|token|sequence]
 Without --checkpoint it trains configs/default.json for a few steps (the
 numbers do not depend on the weights) into a temporary directory.
 """
@@ -170,6 +175,8 @@ def main():
     ap.add_argument("--seconds", type=float, default=8)
     ap.add_argument("--concurrency", default="1,4,16")
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--granularity", default="auto",
+                    help="--ft-granularity of the first co-served column (default auto)")
     ap.add_argument("--slo-ms", type=float, default=0,
                     help="TPOT target of the co-served runs (default: 1.1x the "
                          "inference-alone p99 at each concurrency)")
@@ -209,9 +216,11 @@ def main():
         for c in [int(x) for x in a.concurrency.split(",")]:
             inf = phase([], c, False)
             slo = a.slo_ms if a.slo_ms > 0 else 1.1 * inf["p99"]
-            co = phase(["--slo-tpot-ms", "%.3f" % slo, "--slo-ttft-ms", "50"], c, True)
+            target = ["--slo-tpot-ms", "%.3f" % slo, "--slo-ttft-ms", "50"]
+            co = phase(target + ["--ft-granularity", a.granularity], c, True)
+            cs = phase(target + ["--ft-granularity", "sequence"], c, True)
             tmpo = phase(["--coserve-mode", "temporal"], c, True)
-            rows.append((c, inf, slo, co, tmpo))
+            rows.append((c, inf, slo, co, cs, tmpo))
         cpu = "unknown CPU"
         try:
             for line in open("/proc/cpuinfo"):
@@ -224,14 +233,18 @@ def main():
               ("configs/default.json" if not a.checkpoint else a.checkpoint, os.cpu_count(),
                cpu, time.strftime("%Y-%m-%d")))
         print("fine-tuning alone: %.0f tokens/s\n" % alone)
-        print("| clients | inference TPOT p50 / p99 (ms) | SLO (ms) | co-served FT tok/s "
-              "(% of alone) | co-served TPOT p50 / p99 (ms) | temporal FT tok/s | temporal TPOT "
-              "p50 / p99 (ms) |")
-        print("|---|---|---|---|---|---|---|")
-        for c, inf, slo, co, tm in rows:
-            print("| %d | %.1f / %.1f | %.1f | %.0f (%.0f%%) | %.1f / %.1f | %.0f | %.1f / %.1f |" %
-                  (c, inf["p50"], inf["p99"], slo, co["ft"], 100 * co["ft"] / alone if alone else 0,
-                   co["p50"], co["p99"], tm["ft"], tm["p50"], tm["p99"]))
+        pc = lambda x: 100 * x / alone if alone else 0
+        print("| clients | inference TPOT p50 / p99 (ms) | SLO (ms) | co-served %s FT tok/s "
+              "(%% of alone) | TPOT p50 / p99 (ms) | co-served whole micro-batches FT tok/s "
+              "(%% of alone) | TPOT p50 / p99 (ms) | temporal FT tok/s (%% of alone) | "
+              "TPOT p50 / p99 (ms) |" % a.granularity)
+        print("|---|---|---|---|---|---|---|---|---|")
+        for c, inf, slo, co, cs, tm in rows:
+            print("| %d | %.1f / %.1f | %.1f | %.0f (%.0f%%) | %.1f / %.1f | %.0f (%.0f%%) | "
+                  "%.1f / %.1f | %.0f (%.0f%%) | %.1f / %.1f |" %
+                  (c, inf["p50"], inf["p99"], slo, co["ft"], pc(co["ft"]), co["p50"], co["p99"],
+                   cs["ft"], pc(cs["ft"]), cs["p50"], cs["p99"], tm["ft"], pc(tm["ft"]),
+                   tm["p50"], tm["p99"]))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
