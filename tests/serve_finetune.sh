@@ -264,6 +264,15 @@ for g in token temporal; do
     "$T/G$g/adapters/$(sed -E 's/.*"id": "([^"]+)".*/\1/' "g_$g.json")/adapter_model.safetensors" ||
     fail "the $g job's adapter differs from whole micro-batches'"
 done
+# a failing coserve_step fails the job with the engine's message; inference
+# requests of that iteration are run again alone and succeed
+start_server mock-fault --state-dir "$T/GF" --ft-seq-len 32 --ft-micro-batch 2 --ft-granularity token \
+  --engine-options fault=coserve_step:4
+"$PY" "$SERVE_DIR/ft_job.py" "$PORT" "$T/ft.jsonl" mock-gpt2 4 2 4 2 failed >g_fault.json ||
+  { cat g_fault.json; fail "mock job with a failing coserve_step"; }
+grep -q 'injected fault in coserve_step' g_fault.json || { cat g_fault.json; fail "fault message"; }
+grep -q '"unchanged": true' g_fault.json || { cat g_fault.json; fail "inference during the fault"; }
+stop_server "$PID" || fail "exit (mock fault)"
 "$ORCH_BIN" serve --engine mock --port 0 --state-dir "$T/B" --coserve-mode temporal --ft-granularity token >bad.log 2>&1 &&
   fail "--ft-granularity token with temporal accepted"
 grep -q "time sharing runs whole micro-batches" bad.log || { cat bad.log; fail "temporal+token message"; }
