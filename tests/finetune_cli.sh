@@ -209,6 +209,26 @@ printf '{"rank": 2, "lora_rank": 4}\n' >bad.json
 "$ORCH_BIN" finetune --config bad.json --checkpoint base --data train.jsonl --out r6 >r.log 2>&1
 [ $? -eq 2 ] && grep -q "bad.json: unknown key 'lora_rank'" r.log || fail "--config unknown key: $(cat r.log)"
 
+# ---- --no-packing: one example per row, kept by --resume; the config key -------
+"$ORCH_BIN" finetune --checkpoint base --data train.jsonl --out np --seq-len 48 --batch 2 --max-steps 4 \
+  --no-packing --stop-after 2 >np1.log 2>&1 || { cat np1.log; fail "--no-packing run"; }
+grep -q "rows of 48, one example per row" np1.log || { cat np1.log; fail "--no-packing line"; }
+grep -q '"packing":	false' np/ckpt-00000002/state.json || fail "--no-packing not in state.json"
+rows_np=$(sed -nE 's/.*examples -> ([0-9]+) rows.*/\1/p' np1.log)
+"$ORCH_BIN" finetune --checkpoint base --data train.jsonl --out pk --seq-len 48 --batch 2 --max-steps 1 \
+  >pk.log 2>&1 || { cat pk.log; fail "packed run"; }
+rows_pk=$(sed -nE 's/.*examples -> ([0-9]+) rows.*/\1/p' pk.log)
+ex=$(sed -nE 's/.*data ([0-9]+) examples.*/\1/p' np1.log)
+[ "$rows_np" -gt "$rows_pk" ] && [ "$rows_np" -le "$ex" ] || fail "rows: $rows_np unpacked, $rows_pk packed, $ex examples"
+"$ORCH_BIN" finetune --resume --out np >np2.log 2>&1 || { cat np2.log; fail "--no-packing resume"; }
+grep -q "rows of 48, one example per row" np2.log || { cat np2.log; fail "--resume lost --no-packing"; }
+printf '{"packing": false, "max_steps": 1, "seq_len": 48, "batch": 2}\n' >np.json
+"$ORCH_BIN" finetune --config np.json --checkpoint base --data train.jsonl --out npc >npc.log 2>&1 &&
+  grep -q "one example per row" npc.log || { cat npc.log; fail "--config packing false"; }
+printf '{"packing": 0}\n' >np.json
+"$ORCH_BIN" finetune --config np.json --checkpoint base --data train.jsonl --out npb >r.log 2>&1
+[ $? -eq 2 ] && grep -q "packing: expected true or false" r.log || fail "--config packing 0: $(cat r.log)"
+
 # ---- early stopping: eval every step, patience 3 (lr high enough to overshoot) ----
 "$ORCH_BIN" finetune --checkpoint base --data train.jsonl --validation val.jsonl --out es \
   --epochs 40 --lr 0.5 --seq-len 48 --batch 2 --targets all --eval-every 1 --patience 3 \

@@ -265,11 +265,13 @@ for g in token temporal; do
     fail "the $g job's adapter differs from whole micro-batches'"
 done
 # a failing coserve_step fails the job with the engine's message; inference
-# requests of that iteration are run again alone and succeed
+# requests of that iteration are run again alone and succeed (and
+# --ft-no-packing gives each example a row of its own)
 start_server mock-fault --state-dir "$T/GF" --ft-seq-len 32 --ft-micro-batch 2 --ft-granularity token \
-  --engine-options fault=coserve_step:4
+  --engine-options fault=coserve_step:4 --ft-no-packing
 "$PY" "$SERVE_DIR/ft_job.py" "$PORT" "$T/ft.jsonl" mock-gpt2 4 2 4 2 failed >g_fault.json ||
   { cat g_fault.json; fail "mock job with a failing coserve_step"; }
+grep -q 'rows of 32 tokens (one example per row)' g_fault.json || { cat g_fault.json; fail "--ft-no-packing"; }
 grep -q 'injected fault in coserve_step' g_fault.json || { cat g_fault.json; fail "fault message"; }
 grep -q '"unchanged": true' g_fault.json || { cat g_fault.json; fail "inference during the fault"; }
 stop_server "$PID" || fail "exit (mock fault)"

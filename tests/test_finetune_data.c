@@ -20,7 +20,7 @@
 static tokenizer *tok;
 
 static ft_data_opts opts(const chat_template *t, uint32_t seq_len) {
-    ft_data_opts o = { tok, t, "no template here", seq_len, 256 };
+    ft_data_opts o = { tok, t, "no template here", seq_len, 256, 0 };
     return o;
 }
 
@@ -143,6 +143,27 @@ START_TEST(test_packing) {
     ck_assert_int_eq(
         ft_data_parse(none, strlen(none), "n.jsonl", &o, &d, err, sizeof err), -1);
     ck_assert_str_eq(err, "n.jsonl: no example has a token to learn from (1 examples)");
+    /* Without packing every example has a row of its own, from position 0. */
+    o.one_per_row = 1;
+    ck_assert_msg(ft_data_parse(text, strlen(text), "p.jsonl", &o, &d, err, sizeof err) ==
+                      0,
+                  "%s", err);
+    ck_assert_uint_eq(d.n_examples, 4);
+    ck_assert_uint_eq(d.n_rows, 3);
+    ck_assert_uint_eq(d.n_dropped, 1);
+    const int32_t tok1[3][8] = { { 'a', 'b', 'c', 0, 0, 0, 0, 0 },
+                                 { 'e', 'f', 0, 0, 0, 0, 0, 0 },
+                                 { 'h', 'i', 'j', 'k', 'l', 'm', 'n', 'o' } };
+    const int32_t tgt1[3][8] = { { 'b', 'c', 'd', -1, -1, -1, -1, -1 },
+                                 { 'f', 'g', -1, -1, -1, -1, -1, -1 },
+                                 { 'i', 'j', 'k', 'l', 'm', 'n', 'o', 'p' } };
+    for (int r = 0; r < 3; r++)
+        for (int i = 0; i < 8; i++) {
+            ck_assert_int_eq(d.tokens[r * 8 + i], tok1[r][i]);
+            ck_assert_int_eq(d.targets[r * 8 + i], tgt1[r][i]);
+        }
+    ck_assert_uint_eq(d.n_targets, 3 + 2 + 8);
+    ft_dataset_free(&d);
 }
 END_TEST
 

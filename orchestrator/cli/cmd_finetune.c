@@ -81,7 +81,7 @@ static void set_signals(void (*h)(int)) {
     sigaction(SIGUSR1, &sa, NULL);
 }
 
-#define N_SETTING_FLAGS 27
+#define N_SETTING_FLAGS 28
 
 int cmd_finetune(int argc, char **argv) {
     finetune_opts o;
@@ -167,6 +167,10 @@ int cmd_finetune(int argc, char **argv) {
           .help = "settings as a JSON object, e.g. {\"lr\": 1e-4,\n\"rank\": 16} "
                   "(keys below); flags given win",
           .seen = &seen[26] },
+        { "--no-packing", FLAG_FALSE, &s->packing, NULL,
+          .help = "one example per row (positions from 0, no\nattention across examples) "
+                  "instead of packing\nexamples into rows",
+          .seen = &seen[27] },
         { "--out", FLAG_STRING, &o.out_dir, "DIR",
           .help = "output directory (required)" },
         { "--resume", FLAG_TRUE, &o.resume, NULL,
@@ -218,7 +222,7 @@ int cmd_finetune(int argc, char **argv) {
                 F(18, seed),        F(19, weight_decay),
                 F(20, grad_clip),   F(21, eval_every),
                 F(22, patience),    F(23, checkpoint_every),
-                F(24, keep),
+                F(24, keep),        F(27, packing),
 #undef F
             };
             for (size_t i = 0; i < sizeof num / sizeof num[0]; i++)

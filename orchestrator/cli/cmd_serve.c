@@ -147,6 +147,8 @@ static int parse_args(int argc, char **argv, serve_options *o, int *st) {
                   "that rides in an iteration (default 1); a job's\n"
                   "batch_size must be a multiple",
           .min = 1, .max = 256 },
+        { "--ft-no-packing", FLAG_TRUE, &o->ft_no_packing, NULL,
+          .help = "fine-tuning jobs: one example per row (orch\nfinetune --no-packing)" },
         { "--ft-checkpoint-every", FLAG_U64, &o->ft_checkpoint_every, "N",
           .help = "fine-tuning jobs: checkpoint every N steps, to\n"
                   "resume after a restart (default: once an epoch)",

@@ -379,7 +379,7 @@ int ft_data_parse(const char *text, size_t len, const char *name, const ft_data_
             free(mask);
             continue;
         }
-        if (used + P > T) {
+        if (used + P > T || (o->one_per_row && used > 0)) {
             if (add_row(&d, &cap) != 0) {
                 free(ids);
                 free(mask);

@@ -30,7 +30,12 @@
  * target at a position is the next token when that token carries loss, else
  * -1. Examples are packed whole, in file order, into rows of seq_len
  * positions (the next example starts a new row when it does not fit; the
- * rest of a row is padding: token 0, target -1). An example longer than
+ * rest of a row is padding: token 0, target -1). Packed examples share a
+ * row: the later ones attend to the earlier ones and start at the position
+ * where the earlier ones end (as llm.c and TRL's packing do). With
+ * one_per_row every example gets a row of its own (positions from 0, no
+ * attention across examples, as Hugging Face trains without packing), at
+ * the cost of the padding. An example longer than
  * seq_len positions keeps its first seq_len (counted in n_truncated); an
  * example left with no target is dropped (n_dropped). A file that yields no
  * target at all is an error.
@@ -55,6 +60,7 @@ typedef struct ft_data_opts {
     const char *tmpl_error;    /* why there is no template (may be NULL) */
     uint32_t seq_len;          /* positions per row (>= 1) */
     uint32_t vocab_size;       /* the model's: every id must be below it */
+    int one_per_row;           /* 1: no packing (one example per row) */
 } ft_data_opts;
 
 typedef struct ft_dataset {

@@ -100,7 +100,8 @@ static int prepare(ft_runner *r, const ft_job *job, prepared *out, char *err,
                        .tmpl = r->cfg.tmpl,
                        .tmpl_error = r->cfg.tmpl_error,
                        .seq_len = r->cfg.seq_len,
-                       .vocab_size = r->cfg.model->vocab_size };
+                       .vocab_size = r->cfg.model->vocab_size,
+                       .one_per_row = r->cfg.no_packing };
     char path[4200];
     if (file_store_data_path(r->cfg.files, job->training_file, path, sizeof path) != 0) {
         util_set_err(err, err_cap, "training_file %s was deleted", job->training_file);
@@ -203,8 +204,9 @@ static void *preparer_main(void *arg) {
             char msg[256];
             snprintf(msg, sizeof msg,
                      "Files validated: %" PRIu64 " examples in %" PRIu64
-                     " rows of %u tokens; queued",
-                     p.train.n_examples, p.train.n_rows, r->cfg.seq_len);
+                     " rows of %u tokens%s; queued",
+                     p.train.n_examples, p.train.n_rows, r->cfg.seq_len,
+                     r->cfg.no_packing ? " (one example per row)" : "");
             ft_jobs_event(r->cfg.jobs, job.id, "info", msg, NULL);
         }
         pthread_mutex_lock(&r->mu);
@@ -427,6 +429,7 @@ static int save_checkpoint(ft_runner *r, char *err, size_t err_cap) {
     cJSON_AddNumberToObject(o, "total_steps", (double)a->total_steps);
     cJSON_AddNumberToObject(o, "seq_len", r->cfg.seq_len);
     cJSON_AddNumberToObject(o, "micro_batch", r->cfg.micro_batch);
+    cJSON_AddBoolToObject(o, "packing", !r->cfg.no_packing);
     cJSON_AddNumberToObject(o, "rows", (double)a->p.train.n_rows);
     state = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
@@ -458,6 +461,12 @@ static double num(const cJSON *o, const char *k) {
     return cJSON_IsNumber(v) ? v->valuedouble : -1;
 }
 
+/* The checkpoint's packing (absent: from before the setting, packed). */
+static int packed(const cJSON *o) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "packing");
+    return v ? cJSON_IsTrue(v) : 1;
+}
+
 /* Continue a from its job's checkpoint when there is one that fits; 1 =
  * resumed, 0 = none (start from step 0), -1 = error (message). */
 static int resume(ft_runner *r, char *err, size_t err_cap) {
@@ -472,12 +481,12 @@ static int resume(ft_runner *r, char *err, size_t err_cap) {
     free(text);
     const cJSON *rng = cJSON_GetObjectItemCaseSensitive(o, "epoch_rng");
     orch_rng er;
-    int fits = o && cJSON_IsString(rng) &&
-               data_rng_from_hex(rng->valuestring, &er) == 0 &&
-               num(o, "seq_len") == r->cfg.seq_len &&
-               num(o, "micro_batch") == r->cfg.micro_batch &&
-               num(o, "rows") == (double)a->p.train.n_rows &&
-               num(o, "total_steps") == (double)a->total_steps && num(o, "step") >= 1;
+    int fits =
+        o && cJSON_IsString(rng) && data_rng_from_hex(rng->valuestring, &er) == 0 &&
+        num(o, "seq_len") == r->cfg.seq_len &&
+        num(o, "micro_batch") == r->cfg.micro_batch && packed(o) == !r->cfg.no_packing &&
+        num(o, "rows") == (double)a->p.train.n_rows &&
+        num(o, "total_steps") == (double)a->total_steps && num(o, "step") >= 1;
     uint64_t step = fits ? (uint64_t)num(o, "step") : 0;
     uint64_t epoch = fits ? (uint64_t)num(o, "epoch") : 0;
     uint64_t cursor = fits ? (uint64_t)num(o, "cursor") : 0;

@@ -8,7 +8,8 @@
  *   validating_files  a preparer thread reads its training (and
  *                     validation) file from the file store and tokenizes
  *                     it with the server's tokenizer and chat template
- *                     (finetune_data.h); the hyper-parameters left "auto"
+ *                     (finetune_data.h; packed into rows, or one example
+ *                     per row with --ft-no-packing); the hyper-parameters left "auto"
  *                     are decided (n_epochs 3; batch_size the largest
  *                     multiple of the micro-batch up to 8 rows that the data
  *                     fills; learning_rate_multiplier 1); bad data fails the
@@ -41,7 +42,7 @@
  * server stopped is queued again (ft_jobs_open) and continues from its
  * checkpoint: the finished adapter is the same, bit for bit, as without the
  * interruption. A checkpoint that does not fit the server's settings now
- * (--ft-seq-len, --ft-micro-batch) is ignored with a warning event.
+ * (--ft-seq-len, --ft-micro-batch, --ft-no-packing) is ignored with a warning event.
  *
  * Threads: ft_runner_notify and ft_runner_destroy from any thread; the
  * hook functions only on the scheduler thread (they use the engine
@@ -93,6 +94,7 @@ typedef struct ft_runner_config {
     int token_level;           /* --ft-granularity token: ABI 1.5 streams, the budget
                                   in chunks of chunk_tokens rows */
     uint32_t chunk_tokens;     /* rows per budget unit at token level */
+    int no_packing;            /* --ft-no-packing: one example per row */
 } ft_runner_config;
 
 typedef struct ft_runner ft_runner;

@@ -302,6 +302,7 @@ static int start_runner(const serve_options *o, const serve_model *m, const char
         .temporal = temporal,
         .token_level = token_level,
         .chunk_tokens = o->ft_chunk_tokens ? (uint32_t)o->ft_chunk_tokens : 8,
+        .no_packing = o->ft_no_packing,
         .slo = { .slo_tpot_ms = o->slo_tpot_ms,
                  .slo_ttft_ms = o->slo_ttft_ms,
                  .max_tokens = (uint32_t)o->max_batch_tokens },

@@ -121,6 +121,7 @@ typedef struct serve_options {
     const char *coserve_mode;     /* --coserve-mode shared (default) | temporal */
     const char *ft_granularity;   /* --ft-granularity auto (default) | token | sequence */
     uint64_t ft_chunk_tokens;     /* --ft-chunk-tokens (0: 8) */
+    int ft_no_packing;            /* --ft-no-packing */
 } serve_options;
 
 /* The defaults of `orch serve` (port 8080, 64 sequences, 2048 tokens per

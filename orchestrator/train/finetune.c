@@ -49,6 +49,7 @@ void finetune_settings_default(finetune_settings *s) {
     snprintf(s->targets, sizeof s->targets, "qkv");
     s->batch = 8;
     s->grad_accum = 1;
+    s->packing = 1;
     s->grad_clip = 1.0;
     s->beta1 = 0.9;
     s->beta2 = 0.999;
@@ -199,6 +200,7 @@ static cJSON *settings_json(const finetune_settings *s) {
     add_u64(o, "patience", s->patience);
     add_u64(o, "checkpoint_every", s->checkpoint_every);
     add_u64(o, "keep", s->keep);
+    cJSON_AddBoolToObject(o, "packing", s->packing);
     return o;
 }
 
@@ -283,6 +285,13 @@ static int settings_from_json(const cJSON *o, finetune_settings *s, char *err,
     U32("patience", patience)
     U32("keep", keep)
 #undef U32
+    /* absent in the state of runs from before the setting: they packed */
+    const cJSON *pk = cJSON_GetObjectItemCaseSensitive(o, "packing");
+    if (pk && !cJSON_IsBool(pk)) {
+        util_set_err(err, cap, "packing: not a boolean");
+        return -1;
+    }
+    s->packing = pk ? cJSON_IsTrue(pk) : 1;
     return 0;
 }
 
@@ -331,6 +340,7 @@ int finetune_settings_from_file(const char *path, finetune_settings *s, char *er
         K(grad_accum, 'w', grad_accum),
         K(patience, 'w', patience),
         K(keep, 'w', keep),
+        K(packing, 'b', packing),
 #undef K
     };
     int rc = 0;
@@ -354,6 +364,15 @@ int finetune_settings_from_file(const char *path, finetune_settings *s, char *er
                 break;
             }
             snprintf(dst, keys[k].size, "%s", it->valuestring);
+        } else if (keys[k].kind == 'b') {
+            if (!cJSON_IsBool(it)) {
+                util_set_err(err, err_cap, "%s: %s: expected true or false", path,
+                             it->string);
+                rc = -1;
+                break;
+            }
+            int b = cJSON_IsTrue(it);
+            memcpy(dst, &b, sizeof b);
         } else if (keys[k].kind == 'd') {
             if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble) ||
                 it->valuedouble < 0) {
@@ -589,8 +608,8 @@ static int open_data(ft *t, int *kind, char *err, size_t cap) {
         return fail(kind, TRAIN_ERR_INPUT, err, cap,
                     "--seq-len %u: longer than the model's context of %u", s->seq_len,
                     ctxlen);
-    ft_data_opts dop = { t->m.tok, t->chat.tmpl, t->chat.error, s->seq_len,
-                         t->m.desc.vocab_size };
+    ft_data_opts dop = { t->m.tok,   t->chat.tmpl,         t->chat.error,
+                         s->seq_len, t->m.desc.vocab_size, !s->packing };
     if (ft_data_load(s->data, &dop, &t->train, msg, sizeof msg) != 0)
         return fail(kind, TRAIN_ERR_INPUT, err, cap, "--data: %s", msg);
     if (s->validation[0] &&
@@ -1090,7 +1109,7 @@ int finetune_run(const finetune_opts *o, train_result *res, int *err_kind, char 
         fprintf(o->out,
                 "finetune: engine %s | base %s (%s, %u layers, width %u) | LoRA rank %u, "
                 "alpha %g on %s\n"
-                "finetune: data %llu examples -> %llu rows of %u (%llu target tokens; "
+                "finetune: data %llu examples -> %llu rows of %u%s (%llu target tokens; "
                 "%llu truncated, %llu without a target dropped)%s | batch %u x %u x %u "
                 "accum | %llu steps | out %s\n",
                 API(&t)->name, t.m.ckpt_dir,
@@ -1098,6 +1117,7 @@ int finetune_run(const finetune_opts *o, train_result *res, int *err_kind, char 
                 t.m.desc.width, t.set.rank, t.set.alpha, mods,
                 (unsigned long long)t.train.n_examples,
                 (unsigned long long)t.train.n_rows, t.set.seq_len,
+                t.set.packing ? "" : ", one example per row",
                 (unsigned long long)t.train.n_targets,
                 (unsigned long long)t.train.n_truncated,
                 (unsigned long long)t.train.n_dropped,

@@ -84,12 +84,13 @@ typedef struct finetune_settings {
     uint32_t patience;
     uint64_t checkpoint_every; /* 0 = only at the end (and on a stop) */
     uint32_t keep;             /* checkpoints kept (>= 1) */
+    int packing; /* 1: examples packed into rows; 0: one per row (finetune_data.h) */
 } finetune_settings;
 
 /* The defaults: epochs 1, lr 2e-4, min_lr 0, warmup 0, linear, rank 8,
  * alpha 16, targets "qkv", batch 8, seq_len 0, grad_accum 1, seed 0,
  * weight_decay 0, grad_clip 1, betas 0.9/0.999, eps 1e-8, eval_every 0
- * (= once per epoch), patience 0, checkpoint_every 0, keep 2. */
+ * (= once per epoch), patience 0, checkpoint_every 0, keep 2, packing 1. */
 void finetune_settings_default(finetune_settings *s);
 
 /* Apply the keys of the JSON object in PATH (--config) to *s: any subset of
@@ -97,7 +98,8 @@ void finetune_settings_default(finetune_settings *s);
  * (strings), epochs, lr, min_lr, alpha, weight_decay, grad_clip, beta1,
  * beta2, eps (numbers), max_steps, warmup_steps, rank, batch, seq_len,
  * grad_accum, seed, eval_every, patience, checkpoint_every, keep
- * (non-negative integers; seed also as a decimal string). Errors: "PATH:
+ * (non-negative integers; seed also as a decimal string), packing (a
+ * boolean). Errors: "PATH:
  * not a JSON object", "PATH: unknown key 'x'", "PATH: KEY: expected ..."
  * (one line; *s may be partly updated). */
 int finetune_settings_from_file(const char *path, finetune_settings *s, char *err,
