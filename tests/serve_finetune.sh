@@ -45,21 +45,13 @@ FT=(--state-dir "$T/S" --ft-granularity sequence --ft-seq-len 48 --ft-micro-batc
 
 start_server cpu --checkpoint run --engine cpu --threads 1 --model-name tiny "${FT[@]}"
 "$PY" - "$PORT" "$T/ft.jsonl" "$T/odd.jsonl" "$(cat gen_base.txt)" >job.out <<'PY' || { cat job.out; fail "jobs on the cpu engine"; }
-import json, sys, threading, time, uuid
+import json, sys, threading, time
 from client import post, request
+import ft_job
 port, train, odd, gen_base = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
 
 def upload(path):
-    b = uuid.uuid4().hex
-    data = open(path, "rb").read()
-    body = (("--%s\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nfine-tune\r\n"
-             "--%s\r\nContent-Disposition: form-data; name=\"file\"; filename=\"t.jsonl\"\r\n"
-             "Content-Type: application/jsonl\r\n\r\n") % (b, b)).encode() + data + \
-           ("\r\n--%s--\r\n" % b).encode()
-    st, _, out = request(port, "POST", "/v1/files", body,
-                         {"Content-Type": "multipart/form-data; boundary=" + b})
-    assert st == 200, out
-    return json.loads(out)["id"]
+    return ft_job.upload(port, path)
 
 def job(jid):
     st, _, out = request(port, "GET", "/v1/fine_tuning/jobs/" + jid)
@@ -199,6 +191,7 @@ start_server resumed --checkpoint run --engine cpu --threads 1 --model-name tiny
 "$PY" - "$PORT" "$LONG" <<'PY' || fail "resumed job"
 import json, sys, time
 from client import request
+import ft_job
 port, jid = int(sys.argv[1]), sys.argv[2]
 end = time.time() + 120
 while time.time() < end:
@@ -207,14 +200,7 @@ while time.time() < end:
         break
     time.sleep(0.05)
 assert j["status"] == "succeeded", j
-ev, after = [], ""
-while True:  # every page, newest first
-    page = json.loads(request(port, "GET", "/v1/fine_tuning/jobs/%s/events?limit=100%s"
-                              % (jid, "&after=" + after if after else ""))[2])
-    ev += [e["message"] for e in page["data"]]
-    if not page["has_more"]:
-        break
-    after = page["data"][-1]["id"]
+ev = ft_job.events(port, jid)
 assert any(m.startswith("Resumed from the checkpoint of step ") for m in ev), ev[-8:]
 assert sum(m.startswith("Step 320/320") for m in ev) == 1, "steps twice?"
 

@@ -83,4 +83,5 @@ def main():
                       "unchanged": all(t == texts[0] for t in texts)}))
 
 
-main()
+if __name__ == "__main__":
+    main()
