@@ -17,7 +17,9 @@
 # the CPU engine's run of the same job: 1e-3 over the first 3 steps, 5e-2
 # over all 20 at lr 0.03, where rounding differences grow), and `orch generate
 # --lora` with that adapter: greedy text equal to the CPU engine's with the
-# same adapter, and not the base's.
+# same adapter, and not the base's; `orch serve --lora ad=DIR` answering
+# adapter and base requests at the same time (mixed batches), each with
+# its own greedy text.
 # Skips (77) under sanitizers (the emulator switches stacks), without g++, or
 # when the test binaries or the CPU engine are not built.
 set -u
@@ -118,5 +120,35 @@ EOF
   cmp -s g_emu.txt g_cpu.txt || { echo "emulated: $(cat g_emu.txt) / cpu: $(cat g_cpu.txt)"; exit 1; }
   cmp -s g_emu.txt g_base.txt && { echo "the adapter changes nothing"; exit 1; }
   echo "cuda_emu: orch generate --lora: the cpu engine's text, not the base's"
+  # orch serve --lora on the emulated engine: the adapter's completion is
+  # orch generate --lora's text, the base's is the base's, also when both
+  # run at once (mixed batches through the scheduler)
+  orch serve --checkpoint base --engine "$emu" --port 0 --model-name tiny --lora ad=ad_emu \
+    2>serve.log &
+  spid=$!
+  for _ in $(seq 1 300); do grep -q 'orch serve: ready' serve.log && break; sleep 0.1; done
+  port=$(grep -oE 'listening on http://[0-9.]+:[0-9]+' serve.log | head -n1 | sed -E 's/.*:([0-9]+)$/\1/')
+  python3 - "${port:-0}" g_emu.txt g_base.txt <<'EOF'
+import json, sys, threading, urllib.request
+port, want_ad, want_base = int(sys.argv[1]), open(sys.argv[2]).read(), open(sys.argv[3]).read()
+def comp(model, out, k):
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/completions",
+        json.dumps({"model": model, "prompt": "And God said, ", "max_tokens": 16,
+                    "temperature": 0}).encode(), {"Content-Type": "application/json"})
+    out[k] = json.load(urllib.request.urlopen(req, timeout=60))["choices"][0]["text"]
+out = {}
+ts = [threading.Thread(target=comp, args=("ad" if k % 2 else "tiny", out, k)) for k in range(4)]
+for t in ts: t.start()
+for t in ts: t.join()
+for k in range(4):
+    want = want_ad if k % 2 else want_base
+    assert out.get(k) == want.rstrip("\n"), (k, out.get(k), want)
+print("cuda_emu: orch serve --lora: adapter and base requests at once, each its own text")
+EOF
+  st=$?
+  kill -TERM "$spid" 2>/dev/null
+  wait "$spid"
+  [ $st -eq 0 ] || { cat serve.log; exit 1; }
 ) || { echo "cuda_emu: FAIL: orch finetune / generate --lora on the emulated CUDA engine"; rc=1; }
 exit $rc
