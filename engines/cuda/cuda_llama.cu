@@ -26,6 +26,9 @@
  *     GPT-2 path's per-query-chunk products need one batch entry per head,
  *     which the grouped layout does not have).
  * Every reduction has a fixed order (no atomics), as in cuda_model.cu.
+ * LoRA adapters (ABI 1.4) hook in as in cuda_model.cu: the q/k/v modules
+ * are column ranges of the fused q | k | v product, gate and up of the
+ * fused gate | up product; under an adapter no base gradient is computed.
  */
 #include "engines/cuda/cuda_internal.h"
 

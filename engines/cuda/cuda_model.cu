@@ -17,6 +17,11 @@
  *   res[l+1] = x2 + fcg W_fcproj^T + b_fcproj   (fused with the next LN)
  * The backward pass walks the same steps in reverse with one running residual
  * gradient (dres) and adds every parameter gradient into ctx->d_grads.
+ * Under a LoRA adapter (ctx->lora_cur, ABI 1.4) the base is frozen: no base
+ * gradient is computed, and the hooks of cuda_lora.cu add the adapter's term
+ * after each target product (forward) and its gradients and d(input) part
+ * after each target's d(input) product (backward); inference adds each
+ * sequence's adapter term the same way (cu_lora_infer_forward).
  * The T x T attention products run per query chunk (attn_chunk), skipping the
  * keys no row of the chunk can see; dK and dV run per key chunk over the
  * query rows at or below it.
