@@ -3,7 +3,10 @@
  * function table, probe, context life cycle, options, the tensor table (GPT-2
  * or LLaMA, ABI 1.1), the KV pool (K/V rows of kv_heads*head_size floats) and
  * the public entry points. The numeric work lives in cuda_model.cu and
- * cuda_llama.cu (passes) and cuda_kernels.cu (kernels).
+ * cuda_llama.cu (passes) and cuda_kernels.cu (kernels); LoRA adapters (ABI
+ * 1.4, ORCH_CAP_LORA: training with the base frozen, adapter_id in
+ * infer_forward) in cuda_lora.cu. coserve_forward (ORCH_CAP_COSERVE) and
+ * the ABI 1.5 members are not provided (NULL, caps unset).
  *
  * Semantics mirror the CPU engine: the same tensor names, shapes, order and
  * flags (NO_DECAY on 1-D tensors: biases and norm weights), the flat gradient
@@ -317,6 +320,7 @@ static void context_destroy(orch_engine_ctx *ctx) {
     if (!ctx) return;
     (void)cudaSetDevice(ctx->device);
     if (ctx->stream) (void)cudaStreamSynchronize(ctx->stream);
+    cu_lora_free_all(ctx);
     cu_acts_free(ctx);
     cu_infer_free(ctx);
     if (ctx->d_kv) cudaFree(ctx->d_kv);
@@ -880,9 +884,10 @@ static int32_t plan_batch(orch_engine_ctx *ctx, const orch_infer_batch *batch,
                           int32_t **mem) {
     const engine_kv_view kv = kv_view(ctx);
     uint64_t n_tokens = 0, n_rows = 0, n_table = 0;
-    CU_TRY(engine_infer_check(batch, logits, logits_cap, ctx->V, ctx->T, CU_MAX_TOKENS,
-                              "the cuda engine's per-call maximum", &kv, &n_tokens,
-                              &n_rows, ENGINE_ERRBUF(ctx)));
+    CU_TRY(engine_infer_check_lora(batch, logits, logits_cap, ctx->V, ctx->T,
+                                   CU_MAX_TOKENS, "the cuda engine's per-call maximum",
+                                   &kv, cu_lora_known, ctx, &n_tokens, &n_rows,
+                                   ENGINE_ERRBUF(ctx)));
     const uint32_t bs = ctx->kv_block_size;
     for (uint32_t i = 0; i < batch->n_seqs; i++) {
         const orch_seq_input *q = engine_batch_seq(batch, i);
@@ -930,7 +935,9 @@ static int32_t infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *batch
     cu_infer_plan plan;
     int32_t *mem = NULL;
     CU_TRY(plan_batch(ctx, batch, logits, logits_cap, &plan, &mem));
-    int32_t st = cu_model_infer(ctx, &plan, logits);
+    int32_t st = cu_lora_infer_begin(ctx, batch); /* the sequences' adapters */
+    if (st == ORCH_OK) st = cu_model_infer(ctx, &plan, logits);
+    cu_lora_infer_end(ctx);
     if (st == ORCH_OK) {
         const engine_kv_view kv = kv_view(ctx);
         engine_kv_mark_written(batch, &kv);
@@ -959,6 +966,162 @@ static int32_t kv_copy_blocks(orch_engine_ctx *ctx, const int32_t *src,
 }
 
 /* ------------------------------------------------------------------------- */
+/* ABI 1.4: LoRA adapters (cuda_lora.cu)                                      */
+/* ------------------------------------------------------------------------- */
+
+static int32_t adapter_create(orch_engine_ctx *ctx, const orch_lora_desc *desc,
+                              uint32_t *out_id) {
+    ENTER(ctx);
+    return cu_lora_create(ctx, desc, out_id);
+}
+
+static int32_t adapter_destroy(orch_engine_ctx *ctx, uint32_t adapter_id) {
+    ENTER(ctx);
+    return cu_lora_destroy(ctx, adapter_id);
+}
+
+static int32_t adapter_tensor_count(orch_engine_ctx *ctx, uint32_t adapter_id,
+                                    uint32_t kind, uint32_t *out_count) {
+    ENTER(ctx);
+    CU_TRY(engine_check_tensor_count(kind, out_count, ENGINE_ERRBUF(ctx)));
+    const cu_lora *lo = cu_lora_find(ctx, "adapter_tensor_count", adapter_id);
+    if (!lo) return ORCH_ERR_INVALID_ARGUMENT;
+    *out_count = lo->n_tensors;
+    return ORCH_OK;
+}
+
+static int32_t adapter_tensor_info(orch_engine_ctx *ctx, uint32_t adapter_id,
+                                   uint32_t kind, uint32_t index, orch_tensor_info *out) {
+    ENTER(ctx);
+    const cu_lora *lo = cu_lora_find(ctx, "adapter_tensor_info", adapter_id);
+    if (!lo) return ORCH_ERR_INVALID_ARGUMENT;
+    CU_TRY(engine_check_tensor_info(kind, index, lo->n_tensors, out, ENGINE_ERRBUF(ctx)));
+    engine_tensor_info_fill(&lo->tensors[index], out);
+    return ORCH_OK;
+}
+
+static float *adapter_kind_buffer(cu_lora *lo, uint32_t kind) {
+    return kind == ORCH_TENSOR_PARAM    ? lo->d_params
+           : kind == ORCH_TENSOR_ADAM_M ? lo->d_m
+                                        : lo->d_v;
+}
+
+/* adapter_tensor_read / write: one synchronous copy. Nothing is derived from
+ * an adapter's parameters (the products read them), so a write refreshes
+ * nothing. */
+static int32_t adapter_tensor_copy(orch_engine_ctx *ctx, uint32_t adapter_id,
+                                   uint32_t kind, uint32_t index, void *host,
+                                   uint64_t bytes, int to_host) {
+    ENTER(ctx);
+    const char *fn = to_host ? "adapter_tensor_read" : "adapter_tensor_write";
+    cu_lora *lo = cu_lora_find(ctx, fn, adapter_id);
+    if (!lo) return ORCH_ERR_INVALID_ARGUMENT;
+    CU_TRY(engine_check_tensor_io(fn, kind, index, lo->tensors, lo->n_tensors, host,
+                                  bytes, ENGINE_ERRBUF(ctx)));
+    float *dev = adapter_kind_buffer(lo, kind) + lo->tensors[index].offset;
+    if (to_host)
+        CU_CHECK(ctx,
+                 cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, ctx->stream));
+    else
+        CU_CHECK(ctx,
+                 cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, ctx->stream));
+    CU_CHECK(ctx, cudaStreamSynchronize(ctx->stream));
+    return ORCH_OK;
+}
+
+static int32_t adapter_tensor_read(orch_engine_ctx *ctx, uint32_t adapter_id,
+                                   uint32_t kind, uint32_t index, void *dst,
+                                   uint64_t dst_bytes) {
+    return adapter_tensor_copy(ctx, adapter_id, kind, index, dst, dst_bytes, 1);
+}
+
+static int32_t adapter_tensor_write(orch_engine_ctx *ctx, uint32_t adapter_id,
+                                    uint32_t kind, uint32_t index, const void *src,
+                                    uint64_t src_bytes) {
+    return adapter_tensor_copy(ctx, adapter_id, kind, index, (void *)src, src_bytes, 0);
+}
+
+static int32_t adapter_grads_zero(orch_engine_ctx *ctx, uint32_t adapter_id) {
+    ENTER(ctx);
+    cu_lora *lo = cu_lora_find(ctx, "adapter_grads_zero", adapter_id);
+    if (!lo) return ORCH_ERR_INVALID_ARGUMENT;
+    CU_CHECK(ctx,
+             cudaMemsetAsync(lo->d_grads, 0, lo->n_params * sizeof(float), ctx->stream));
+    CU_CHECK(ctx, cudaStreamSynchronize(ctx->stream));
+    return ORCH_OK;
+}
+
+static int32_t adapter_grads_copy(orch_engine_ctx *ctx, uint32_t adapter_id,
+                                  uint64_t offset, uint64_t count, float *host,
+                                  int to_host) {
+    ENTER(ctx);
+    const char *fn = to_host ? "adapter_grads_read" : "adapter_grads_write";
+    cu_lora *lo = cu_lora_find(ctx, fn, adapter_id);
+    if (!lo) return ORCH_ERR_INVALID_ARGUMENT;
+    CU_TRY(engine_check_grad_range(fn, offset, count, lo->n_params, host,
+                                   ENGINE_ERRBUF(ctx)));
+    return flat_copy(ctx, lo->d_grads + offset, host, count, to_host);
+}
+
+static int32_t adapter_grads_read(orch_engine_ctx *ctx, uint32_t adapter_id,
+                                  uint64_t offset, uint64_t count, float *dst) {
+    return adapter_grads_copy(ctx, adapter_id, offset, count, dst, 1);
+}
+
+static int32_t adapter_grads_write(orch_engine_ctx *ctx, uint32_t adapter_id,
+                                   uint64_t offset, uint64_t count, const float *src) {
+    return adapter_grads_copy(ctx, adapter_id, offset, count, (float *)src, 0);
+}
+
+/* forward_backward (grad 1) or eval_loss (0) through base + adapter: the
+ * passes run with ctx->lora_cur set (the base frozen). */
+static int32_t adapter_run(orch_engine_ctx *ctx, const char *fn, uint32_t adapter_id,
+                           const int32_t *tokens, const int32_t *targets, uint32_t batch,
+                           uint32_t seq_len, float grad_scale, int grad,
+                           float *out_loss) {
+    ENTER(ctx);
+    uint64_t n_valid = 0;
+    CU_TRY(engine_check_train_call(fn, tokens, targets, batch, seq_len, grad_scale,
+                                   out_loss, &ctx->train_lim, &n_valid,
+                                   ENGINE_ERRBUF(ctx)));
+    cu_lora *lo = cu_lora_find(ctx, fn, adapter_id);
+    if (!lo) return ORCH_ERR_INVALID_ARGUMENT;
+    float loss = 0.0f;
+    ctx->lora_cur = lo;
+    int32_t st = cu_model_train_step(ctx, tokens, targets, batch, seq_len, n_valid,
+                                     grad_scale, grad, &loss, NULL);
+    ctx->lora_cur = NULL;
+    if (st == ORCH_OK) *out_loss = loss;
+    return st;
+}
+
+static int32_t adapter_forward_backward(orch_engine_ctx *ctx, uint32_t adapter_id,
+                                        const int32_t *tokens, const int32_t *targets,
+                                        uint32_t batch, uint32_t seq_len,
+                                        float grad_scale, float *out_loss) {
+    return adapter_run(ctx, "adapter_forward_backward", adapter_id, tokens, targets,
+                       batch, seq_len, grad_scale, 1, out_loss);
+}
+
+static int32_t adapter_eval_loss(orch_engine_ctx *ctx, uint32_t adapter_id,
+                                 const int32_t *tokens, const int32_t *targets,
+                                 uint32_t batch, uint32_t seq_len, float *out_loss) {
+    return adapter_run(ctx, "adapter_eval_loss", adapter_id, tokens, targets, batch,
+                       seq_len, 0.0f, 0, out_loss);
+}
+
+static int32_t adapter_optimizer_step(orch_engine_ctx *ctx, uint32_t adapter_id,
+                                      const orch_adamw_params *params,
+                                      float *out_grad_norm) {
+    ENTER(ctx);
+    orch_adamw_params p;
+    CU_TRY(engine_check_adamw(params, &p, ENGINE_ERRBUF(ctx)));
+    cu_lora *lo = cu_lora_find(ctx, "adapter_optimizer_step", adapter_id);
+    if (!lo) return ORCH_ERR_INVALID_ARGUMENT;
+    return cu_lora_optimizer_step(ctx, lo, &p, out_grad_norm);
+}
+
+/* ------------------------------------------------------------------------- */
 /* The table                                                                  */
 /* ------------------------------------------------------------------------- */
 
@@ -970,7 +1133,7 @@ static const orch_engine_api cuda_api = {
     "cuda",
     CU_ENGINE_VERSION,
     ORCH_CAP_TRAIN | ORCH_CAP_INFER | ORCH_CAP_KV_COPY | ORCH_CAP_EVAL |
-        ORCH_CAP_DETERMINISTIC | ORCH_CAP_GPU,
+        ORCH_CAP_DETERMINISTIC | ORCH_CAP_GPU | ORCH_CAP_LORA,
     probe,
     engine_status_string,
     context_create,
@@ -998,19 +1161,20 @@ static const orch_engine_api cuda_api = {
     optimizer_step_range,
     optimizer_bytes,
     forward_backward_notify,
-    /* 1.4 LoRA and co-serving: not provided (ORCH_CAP_LORA unset) */
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
+    /* 1.4 LoRA adapters (ORCH_CAP_LORA, cuda_lora.cu) */
+    adapter_create,
+    adapter_destroy,
+    adapter_tensor_count,
+    adapter_tensor_info,
+    adapter_tensor_read,
+    adapter_tensor_write,
+    adapter_grads_zero,
+    adapter_grads_read,
+    adapter_grads_write,
+    adapter_forward_backward,
+    adapter_eval_loss,
+    adapter_optimizer_step,
+    /* 1.4 co-serving: not provided (ORCH_CAP_COSERVE unset) */
     NULL,
     /* 1.5 token-level fine-tuning: not provided (ORCH_CAP_FT_STREAM unset) */
     NULL,

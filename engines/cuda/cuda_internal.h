@@ -11,6 +11,8 @@
  *                    built from cuBLAS GEMMs and the kernels below
  *   cuda_llama.cu    the same passes for LLaMA (RMSNorm, RoPE, GQA, SwiGLU)
  *   cuda_kernels.cu  the CUDA kernels and their host-side launchers
+ *   cuda_lora.cu     LoRA adapters (ABI 1.4): storage, the hooks the passes
+ *                    call around each target product, the adapter AdamW
  *
  * The same sources also compile as plain C++ against the CPU emulator of
  * tests/cuda_emu (tests/cuda_emu.sh runs the parity suite on it without a
@@ -201,6 +203,13 @@ struct orch_engine_ctx {
     uint8_t *h_kv_written;      /* host [num_blocks * block_size]: slot holds K/V */
     size_t attn_smem_max;       /* dynamic shared memory the paged kernel may use */
 
+    /* LoRA adapters (cuda_lora.cu, ABI 1.4): the set (NULL until the first
+     * adapter_create; freed by cu_lora_free_all) and the adapter the
+     * training pass runs under (NULL: the base model; set, the base is
+     * frozen: the passes compute no base gradients). */
+    struct cu_lora_set *lora;
+    struct cu_lora *lora_cur;
+
     char last_error[1024];
 };
 
@@ -344,6 +353,93 @@ int32_t cu_gemm_batched(orch_engine_ctx *ctx, int transA, int transB, int M, int
                         float alpha, const float *A, int lda, long long sA,
                         const float *B, int ldb, long long sB, float beta, float *C,
                         int ldc, long long sC, int batch);
+
+/* ------------------------------------------------------------------------- */
+/* LoRA adapters (cuda_lora.cu, ABI 1.4)                                      */
+/* ------------------------------------------------------------------------- */
+
+/* One adapted matrix W [out, in] of one layer. */
+typedef struct cu_lora_mod {
+    uint32_t layer;
+    uint32_t target;   /* one ORCH_LORA_TARGET_* bit */
+    uint32_t in, out;  /* W's shape [out, in] */
+    uint32_t col0;     /* first column of W's output inside the product's output */
+    uint32_t base_idx; /* index of W in the base tensor table */
+    uint64_t a_off;    /* A [rank, in] in the adapter's flat buffers */
+    uint64_t b_off;    /* B [out, rank] */
+} cu_lora_mod;
+
+typedef struct cu_lora {
+    uint32_t id, rank, targets;
+    float alpha, scale; /* scale = alpha / rank */
+    uint64_t seed;
+    cu_tensor *tensors; /* [n_tensors]: A, B per module, table order (host) */
+    uint32_t n_tensors;
+    uint64_t n_params, stride; /* stride: n_params rounded up to 64 */
+    float *d_base;             /* one cudaMalloc: params | grads | m | v */
+    float *d_params, *d_grads, *d_m, *d_v;
+    cu_lora_mod *mods; /* [n_mods], table order (host) */
+    uint32_t n_mods;
+    /* mods of (layer l, target bit t): mods[first[l*4+t] .. first[l*4+t+1]) */
+    uint32_t *first; /* [L*4 + 1] */
+} cu_lora;
+
+/* Rows [row0, row0+rows) of an inference batch that run through lo. */
+typedef struct cu_lora_run {
+    cu_lora *lo;
+    uint32_t row0, rows;
+} cu_lora_run;
+
+typedef struct cu_lora_set {
+    cu_lora **items; /* live adapters, creation order */
+    uint32_t n, cap;
+    uint32_t next_id; /* ids are never reused */
+    float *d_scratch; /* hook scratch (device): u, du */
+    uint64_t scratch_floats;
+    cu_lora_run *runs; /* runs of the inference batch in flight (host) */
+    uint32_t n_runs, runs_cap;
+} cu_lora_set;
+
+/* adapter_create (desc checked as the CPU engine checks it) / destroy. */
+int32_t cu_lora_create(orch_engine_ctx *ctx, const orch_lora_desc *desc,
+                       uint32_t *out_id);
+int32_t cu_lora_destroy(orch_engine_ctx *ctx, uint32_t id);
+/* The adapter `id`, or NULL with ORCH_ERR_INVALID_ARGUMENT recorded ("fn:
+ * adapter_id N is not an adapter of this context"). */
+cu_lora *cu_lora_find(orch_engine_ctx *ctx, const char *fn, uint32_t id);
+/* Whether adapter `id` exists on context c (engine_infer_check_lora's
+ * callback). */
+int cu_lora_known(const void *c, uint32_t id);
+/* Release every adapter and the set (context_destroy). */
+void cu_lora_free_all(orch_engine_ctx *ctx);
+/* Size the device scratch of the hooks for products of `rows` rows at
+ * `rank` (before a pass, so the hooks never allocate). */
+int32_t cu_lora_prepare(orch_engine_ctx *ctx, uint32_t rank, uint64_t rows);
+
+/* Training hooks (ctx->lora_cur; nothing when NULL or when it does not
+ * adapt (layer, target)). Forward: out[:, col0..) += s (x A^T) B^T per
+ * module. Backward: dA, dB added to the adapter's gradients; when din is
+ * not NULL the LoRA part of d(x) is ADDED to din (the caller wrote the
+ * base product there first). */
+int32_t cu_lora_forward(orch_engine_ctx *ctx, uint32_t layer, uint32_t target, uint32_t R,
+                        const float *x, int ldx, float *out, int ldout);
+int32_t cu_lora_backward(orch_engine_ctx *ctx, uint32_t layer, uint32_t target,
+                         uint32_t R, const float *x, int ldx, const float *dout,
+                         int lddout, float *din, int lddin);
+
+/* Inference: resolve the adapters of a validated batch into runs of rows
+ * (and size the scratch); the forward hook adds each run's LoRA term on
+ * (layer, target); end clears the runs. active: some row has an adapter. */
+int32_t cu_lora_infer_begin(orch_engine_ctx *ctx, const orch_infer_batch *batch);
+void cu_lora_infer_end(orch_engine_ctx *ctx);
+int32_t cu_lora_infer_forward(orch_engine_ctx *ctx, uint32_t layer, uint32_t target,
+                              const float *x, int ldx, float *out, int ldout);
+int cu_lora_infer_active(const orch_engine_ctx *ctx);
+
+/* AdamW of the adapter with clipping of its gradient norm (*out_norm may be
+ * NULL); a non-finite norm is ORCH_ERR_NUMERIC and changes nothing. */
+int32_t cu_lora_optimizer_step(orch_engine_ctx *ctx, cu_lora *lo,
+                               const orch_adamw_params *p, float *out_norm);
 
 /* ------------------------------------------------------------------------- */
 /* Kernel launchers (cuda_kernels.cu)                                         */

@@ -26,6 +26,9 @@
  *     GPT-2 path's per-query-chunk products need one batch entry per head,
  *     which the grouped layout does not have).
  * Every reduction has a fixed order (no atomics), as in cuda_model.cu.
+ * LoRA adapters (ABI 1.4) hook in as in cuda_model.cu: the q/k/v modules
+ * are column ranges of the fused q | k | v product, gate and up of the
+ * fused gate | up product; under an adapter no base gradient is computed.
  */
 #include "engines/cuda/cuda_internal.h"
 
@@ -75,6 +78,9 @@ int32_t cu_llama_train_step(orch_engine_ctx *ctx, const int32_t *tokens,
     }
     /* flat offset of layer l's first gradient (l = L: model.norm.weight) */
 #define LOFF(l) (ctx->tensors[1u + (uint32_t)(l)*CL_PER_LAYER].offset)
+    /* under an adapter (ABI 1.4) the base is frozen: no base gradients */
+    const int frozen = ctx->lora_cur != NULL;
+    if (frozen) CU_TRY(cu_lora_prepare(ctx, ctx->lora_cur->rank, N));
     CU_TRY(cu_acts_reserve(ctx, N, A));
     CU_TRY(cu_stage_reserve(ctx, (6 * (size_t)N + 1) * sizeof(int32_t)));
     cu_acts *a = &ctx->acts;
@@ -125,6 +131,8 @@ int32_t cu_llama_train_step(orch_engine_ctx *ctx, const int32_t *tokens,
         /* q | k | v = n1 [Wq; Wk; Wv]^T, then RoPE and the head layout */
         CU_TRY(cu_gemm(ctx, 0, 1, N, W, C, 1.0f, LN1(l), C, PW(l, CL_Q), C, 0.0f,
                        a->s_big, W));
+        CU_TRY(cu_lora_forward(ctx, l, ORCH_LORA_TARGET_ATTN_QKV, N, LN1(l), C, a->s_big,
+                               (int)W));
         KCHECK(ctx, k_llama_split_heads(s, a->s_big, QH(l), KH(l), VH(l), freq, B, T, H,
                                         KVH, D));
         /* per group: scores [G*T, T] = scale q k^T; causal softmax; y = att v */
@@ -137,15 +145,21 @@ int32_t cu_llama_train_step(orch_engine_ctx *ctx, const int32_t *tokens,
         /* h = x + y Wo^T; n2 = RMSNorm(h) * post_attention_layernorm */
         CU_TRY(cu_gemm(ctx, 0, 1, N, C, C, 1.0f, YY(l), C, PW(l, CL_O), C, 0.0f, a->s_c0,
                        C));
+        CU_TRY(
+            cu_lora_forward(ctx, l, ORCH_LORA_TARGET_ATTN_OUT, N, YY(l), C, a->s_c0, C));
         KCHECK(ctx, k_residual_rmsnorm(s, RES(l), a->s_c0, X2(l), PW(l, CL_POST_NORM),
                                        LN2(l), LN2R(l), N, C, eps));
         /* gate | up = n2 [Wg; Wu]^T; act = silu(gate) * up */
         CU_TRY(cu_gemm(ctx, 0, 1, N, 2 * M, C, 1.0f, LN2(l), C, PW(l, CL_GATE), C, 0.0f,
                        GU(l), 2 * M));
+        CU_TRY(cu_lora_forward(ctx, l, ORCH_LORA_TARGET_MLP_UP, N, LN2(l), C, GU(l),
+                               (int)(2 * M)));
         KCHECK(ctx, k_swiglu(s, GU(l), ACT(l), N, M, M));
         /* res[l+1] = h + act Wd^T; the next RMSNorm */
         CU_TRY(cu_gemm(ctx, 0, 1, N, C, M, 1.0f, ACT(l), M, PW(l, CL_DOWN), M, 0.0f,
                        a->s_c0, C));
+        CU_TRY(
+            cu_lora_forward(ctx, l, ORCH_LORA_TARGET_MLP_DOWN, N, ACT(l), M, a->s_c0, C));
         const float *nw = l + 1 < L ? PW(l + 1, CL_IN_NORM) : norm_w;
         float *nout = l + 1 < L ? LN1(l + 1) : a->lnf;
         float *nr = l + 1 < L ? LN1R(l + 1) : a->lnf_rstd;
@@ -167,11 +181,13 @@ int32_t cu_llama_train_step(orch_engine_ctx *ctx, const int32_t *tokens,
         float *part = a->s_part;
         /* LM head: dlnf = dlogits head; dhead += dlogits^T lnf */
         CU_TRY(cu_gemm(ctx, 0, 0, N, C, V, 1.0f, dlogits, V, head, C, 0.0f, dln, C));
-        CU_TRY(cu_gemm(ctx, 1, 0, V, C, N, 1.0f, dlogits, V, a->lnf, C, 1.0f,
-                       cu_tp(ctx, Gr, head_index(ctx)), C));
+        if (!frozen)
+            CU_TRY(cu_gemm(ctx, 1, 0, V, C, N, 1.0f, dlogits, V, a->lnf, C, 1.0f,
+                           cu_tp(ctx, Gr, head_index(ctx)), C));
         KCHECK(ctx, k_rmsnorm_bwd_dx(s, dln, RES(L), a->lnf_rstd, norm_w, dres, N, C, 0));
-        KCHECK(ctx, k_rmsnorm_bwd_w(s, dln, RES(L), a->lnf_rstd,
-                                    cu_tp(ctx, Gr, norm_index(ctx)), N, C, part));
+        if (!frozen)
+            KCHECK(ctx, k_rmsnorm_bwd_w(s, dln, RES(L), a->lnf_rstd,
+                                        cu_tp(ctx, Gr, norm_index(ctx)), N, C, part));
         /* model.norm and an untied lm_head end the buffer */
         CU_TRY(cu_grad_ready(ctx, notify, LOFF(L), ctx->n_params - LOFF(L)));
         for (uint32_t li = L; li-- > 0;) {
@@ -179,26 +195,36 @@ int32_t cu_llama_train_step(orch_engine_ctx *ctx, const int32_t *tokens,
             float *dgu = a->s_big;    /* [N, 2M] */
             float *dact = a->s_heads; /* [N, M]: s_heads is sized for it */
             /* down_proj */
-            CU_TRY(cu_gemm(ctx, 1, 0, C, M, N, 1.0f, dres, C, ACT(l), M, 1.0f,
-                           GW(l, CL_DOWN), M));
+            if (!frozen)
+                CU_TRY(cu_gemm(ctx, 1, 0, C, M, N, 1.0f, dres, C, ACT(l), M, 1.0f,
+                               GW(l, CL_DOWN), M));
             CU_TRY(cu_gemm(ctx, 0, 0, N, M, C, 1.0f, dres, C, PW(l, CL_DOWN), M, 0.0f,
                            dact, M));
+            CU_TRY(cu_lora_backward(ctx, l, ORCH_LORA_TARGET_MLP_DOWN, N, ACT(l), M, dres,
+                                    C, dact, M));
             /* SwiGLU, then gate | up */
             KCHECK(ctx, k_swiglu_bwd(s, GU(l), dact, dgu, N, M));
-            CU_TRY(cu_gemm(ctx, 1, 0, 2 * M, C, N, 1.0f, dgu, 2 * M, LN2(l), C, 1.0f,
-                           GW(l, CL_GATE), C));
+            if (!frozen)
+                CU_TRY(cu_gemm(ctx, 1, 0, 2 * M, C, N, 1.0f, dgu, 2 * M, LN2(l), C, 1.0f,
+                               GW(l, CL_GATE), C));
             CU_TRY(cu_gemm(ctx, 0, 0, N, C, 2 * M, 1.0f, dgu, 2 * M, PW(l, CL_GATE), C,
                            0.0f, dln, C));
+            CU_TRY(cu_lora_backward(ctx, l, ORCH_LORA_TARGET_MLP_UP, N, LN2(l), C, dgu,
+                                    (int)(2 * M), dln, C));
             /* post_attention_layernorm: d(h) = dres + RMSNorm backward */
             KCHECK(ctx, k_rmsnorm_bwd_dx(s, dln, X2(l), LN2R(l), PW(l, CL_POST_NORM),
                                          dres, N, C, 1));
-            KCHECK(ctx, k_rmsnorm_bwd_w(s, dln, X2(l), LN2R(l), GW(l, CL_POST_NORM), N, C,
-                                        part));
+            if (!frozen)
+                KCHECK(ctx, k_rmsnorm_bwd_w(s, dln, X2(l), LN2R(l), GW(l, CL_POST_NORM),
+                                            N, C, part));
             /* o_proj */
-            CU_TRY(cu_gemm(ctx, 1, 0, C, C, N, 1.0f, dres, C, YY(l), C, 1.0f, GW(l, CL_O),
-                           C));
+            if (!frozen)
+                CU_TRY(cu_gemm(ctx, 1, 0, C, C, N, 1.0f, dres, C, YY(l), C, 1.0f,
+                               GW(l, CL_O), C));
             CU_TRY(
                 cu_gemm(ctx, 0, 0, N, C, C, 1.0f, dres, C, PW(l, CL_O), C, 0.0f, dln, C));
+            CU_TRY(cu_lora_backward(ctx, l, ORCH_LORA_TARGET_ATTN_OUT, N, YY(l), C, dres,
+                                    C, dln, C));
             /* attention core: dyh in s_big[0..NC); dq, dk, dv in s_heads */
             float *dyh = a->s_big;
             float *dqh = a->s_heads, *dkh = a->s_heads + NC, *dvh = a->s_heads + NC + NK;
@@ -220,20 +246,25 @@ int32_t cu_llama_train_step(orch_engine_ctx *ctx, const int32_t *tokens,
             KCHECK(ctx,
                    k_llama_merge_heads(s, dqh, dkh, dvh, dqkv, freq, B, T, H, KVH, D));
             /* q | k | v projections */
-            CU_TRY(cu_gemm(ctx, 1, 0, W, C, N, 1.0f, dqkv, W, LN1(l), C, 1.0f,
-                           GW(l, CL_Q), C));
+            if (!frozen)
+                CU_TRY(cu_gemm(ctx, 1, 0, W, C, N, 1.0f, dqkv, W, LN1(l), C, 1.0f,
+                               GW(l, CL_Q), C));
             CU_TRY(
                 cu_gemm(ctx, 0, 0, N, C, W, 1.0f, dqkv, W, PW(l, CL_Q), C, 0.0f, dln, C));
+            CU_TRY(cu_lora_backward(ctx, l, ORCH_LORA_TARGET_ATTN_QKV, N, LN1(l), C, dqkv,
+                                    (int)W, dln, C));
             /* input_layernorm: d(res[l]) = dres + RMSNorm backward */
             KCHECK(ctx, k_rmsnorm_bwd_dx(s, dln, RES(l), LN1R(l), PW(l, CL_IN_NORM), dres,
                                          N, C, 1));
-            KCHECK(ctx, k_rmsnorm_bwd_w(s, dln, RES(l), LN1R(l), GW(l, CL_IN_NORM), N, C,
-                                        part));
+            if (!frozen)
+                KCHECK(ctx, k_rmsnorm_bwd_w(s, dln, RES(l), LN1R(l), GW(l, CL_IN_NORM), N,
+                                            C, part));
             CU_TRY(cu_grad_ready(ctx, notify, LOFF(l), LOFF(l + 1) - LOFF(l)));
         }
         /* the embedding (rows grouped by token: no atomics) */
-        KCHECK(ctx, k_embed_bwd_wte(s, dres, cu_tp(ctx, Gr, 0), d_uniq, d_start, d_rows,
-                                    n_uniq, C));
+        if (!frozen)
+            KCHECK(ctx, k_embed_bwd_wte(s, dres, cu_tp(ctx, Gr, 0), d_uniq, d_start,
+                                        d_rows, n_uniq, C));
         CU_TRY(cu_grad_ready(ctx, notify, 0, LOFF(0)));
     }
 #undef LOFF
@@ -285,20 +316,28 @@ int32_t cu_llama_infer(orch_engine_ctx *ctx, const cu_infer_plan *plan,
     for (uint32_t l = 0; l < L; l++) {
         CU_TRY(
             cu_gemm(ctx, 0, 1, n, W, C, 1.0f, b->ln, C, PW(l, CL_Q), C, 0.0f, b->qkv, W));
+        CU_TRY(cu_lora_infer_forward(ctx, l, ORCH_LORA_TARGET_ATTN_QKV, b->ln, C, b->qkv,
+                                     (int)W));
         KCHECK(ctx, k_llama_kv_write(s, b->qkv, b->q, ctx->d_kv, ctx->d_inv_freq, d_pos,
                                      d_seq, d_btoff, d_bt, n, H, KVH, D, bs, L, l));
         KCHECK(ctx, k_paged_attention(s, b->q, ctx->d_kv, d_pos, d_seq, d_btoff, d_bt,
                                       b->y, n, C, H, KVH, bs, L, l, smem));
         CU_TRY(
             cu_gemm(ctx, 0, 1, n, C, C, 1.0f, b->y, C, PW(l, CL_O), C, 0.0f, b->tmp, C));
+        CU_TRY(
+            cu_lora_infer_forward(ctx, l, ORCH_LORA_TARGET_ATTN_OUT, b->y, C, b->tmp, C));
         KCHECK(ctx, k_residual_rmsnorm(s, b->x, b->tmp, b->x2, PW(l, CL_POST_NORM), b->ln,
                                        NULL, n, C, eps));
         /* gate | up, then silu(gate)*up in place over the gate half (ld 2M) */
         CU_TRY(cu_gemm(ctx, 0, 1, n, 2 * M, C, 1.0f, b->ln, C, PW(l, CL_GATE), C, 0.0f,
                        b->fc, 2 * M));
+        CU_TRY(cu_lora_infer_forward(ctx, l, ORCH_LORA_TARGET_MLP_UP, b->ln, C, b->fc,
+                                     (int)(2 * M)));
         KCHECK(ctx, k_swiglu(s, b->fc, b->fc, n, M, 2 * M));
         CU_TRY(cu_gemm(ctx, 0, 1, n, C, M, 1.0f, b->fc, 2 * M, PW(l, CL_DOWN), M, 0.0f,
                        b->tmp, C));
+        CU_TRY(cu_lora_infer_forward(ctx, l, ORCH_LORA_TARGET_MLP_DOWN, b->fc,
+                                     (int)(2 * M), b->tmp, C));
         const float *nw = l + 1 < L ? PW(l + 1, CL_IN_NORM) : norm_w;
         KCHECK(ctx,
                k_residual_rmsnorm(s, b->x2, b->tmp, b->x, nw, b->ln, NULL, n, C, eps));

@@ -17,6 +17,11 @@
  *   res[l+1] = x2 + fcg W_fcproj^T + b_fcproj   (fused with the next LN)
  * The backward pass walks the same steps in reverse with one running residual
  * gradient (dres) and adds every parameter gradient into ctx->d_grads.
+ * Under a LoRA adapter (ctx->lora_cur, ABI 1.4) the base is frozen: no base
+ * gradient is computed, and the hooks of cuda_lora.cu add the adapter's term
+ * after each target product (forward) and its gradients and d(input) part
+ * after each target's d(input) product (backward); inference adds each
+ * sequence's adapter term the same way (cu_lora_infer_forward).
  * The T x T attention products run per query chunk (attn_chunk), skipping the
  * keys no row of the chunk can see; dK and dV run per key chunk over the
  * query rows at or below it.
@@ -349,6 +354,9 @@ int32_t cu_model_train_step(orch_engine_ctx *ctx, const int32_t *tokens,
     }
     /* flat offset of layer l's first gradient (l = L: ln_f.weight) */
 #define LOFF(l) (ctx->tensors[CU_LAYER_TENSOR(l, 0)].offset)
+    /* under an adapter (ABI 1.4) the base is frozen: no base gradients */
+    const int frozen = ctx->lora_cur != NULL;
+    if (frozen) CU_TRY(cu_lora_prepare(ctx, ctx->lora_cur->rank, N));
     CU_TRY(cu_acts_reserve(ctx, N, A));
     CU_TRY(cu_stage_reserve(ctx, (6 * (size_t)N + 1) * sizeof(int32_t)));
     cu_acts *a = &ctx->acts;
@@ -402,6 +410,8 @@ int32_t cu_model_train_step(orch_engine_ctx *ctx, const int32_t *tokens,
         /* qkv = ln1 W_attn^T, then + bias and split into heads */
         CU_TRY(cu_gemm(ctx, 0, 1, N, 3 * C, C, 1.0f, LN1(l), C, PW(l, CU_ATTN_W), C, 0.0f,
                        a->s_big, 3 * C));
+        CU_TRY(cu_lora_forward(ctx, l, ORCH_LORA_TARGET_ATTN_QKV, N, LN1(l), C, a->s_big,
+                               3 * C));
         KCHECK(ctx, k_split_heads(s, a->s_big, PW(l, CU_ATTN_B), QH(l), B, T, H, hs));
         /* att = softmax(q k^T * scale), then yh = att v, per query chunk:
          * rows q0..q0+nq-1 need keys 0..q0+nq-1 only (causal) */
@@ -422,16 +432,21 @@ int32_t cu_model_train_step(orch_engine_ctx *ctx, const int32_t *tokens,
         /* x2 = res + y W_proj^T + b_proj; ln2 = LN(x2) */
         CU_TRY(cu_gemm(ctx, 0, 1, N, C, C, 1.0f, YY(l), C, PW(l, CU_PROJ_W), C, 0.0f,
                        a->s_c0, C));
+        CU_TRY(
+            cu_lora_forward(ctx, l, ORCH_LORA_TARGET_ATTN_OUT, N, YY(l), C, a->s_c0, C));
         KCHECK(ctx, k_residual_layernorm(s, RES(l), a->s_c0, PW(l, CU_PROJ_B), X2(l),
                                          PW(l, CU_LN2_W), PW(l, CU_LN2_B), LN2(l),
                                          LN2M(l), LN2R(l), N, C, eps));
         /* fch = ln2 W_fc^T + b_fc; fcg = gelu(fch) */
         CU_TRY(cu_gemm(ctx, 0, 1, N, M, C, 1.0f, LN2(l), C, PW(l, CU_FC_W), C, 0.0f,
                        FCH(l), M));
+        CU_TRY(cu_lora_forward(ctx, l, ORCH_LORA_TARGET_MLP_UP, N, LN2(l), C, FCH(l), M));
         KCHECK(ctx, k_bias_gelu(s, FCH(l), PW(l, CU_FC_B), FCG(l), N, M));
         /* res[l+1] = x2 + fcg W_fcproj^T + b_fcproj; next LayerNorm */
         CU_TRY(cu_gemm(ctx, 0, 1, N, C, M, 1.0f, FCG(l), M, PW(l, CU_FCPROJ_W), M, 0.0f,
                        a->s_c0, C));
+        CU_TRY(
+            cu_lora_forward(ctx, l, ORCH_LORA_TARGET_MLP_DOWN, N, FCG(l), M, a->s_c0, C));
         if (l + 1 < L) {
             KCHECK(ctx,
                    k_residual_layernorm(s, X2(l), a->s_c0, PW(l, CU_FCPROJ_B), RES(l + 1),
@@ -458,43 +473,58 @@ int32_t cu_model_train_step(orch_engine_ctx *ctx, const int32_t *tokens,
         float *part = a->s_part;
         /* LM head (tied): dlnf = dlogits wte; dwte += dlogits^T lnf */
         CU_TRY(cu_gemm(ctx, 0, 0, N, C, V, 1.0f, dlogits, V, wte, C, 0.0f, dln, C));
-        CU_TRY(cu_gemm(ctx, 1, 0, V, C, N, 1.0f, dlogits, V, a->lnf, C, 1.0f,
-                       cu_tp(ctx, G, 0), C));
+        if (!frozen)
+            CU_TRY(cu_gemm(ctx, 1, 0, V, C, N, 1.0f, dlogits, V, a->lnf, C, 1.0f,
+                           cu_tp(ctx, G, 0), C));
         KCHECK(ctx, k_layernorm_bwd_dx(s, dln, RES(L), a->lnf_mean, a->lnf_rstd, lnf_w,
                                        dres, N, C, 0));
-        KCHECK(ctx,
-               k_layernorm_bwd_params(s, dln, RES(L), a->lnf_mean, a->lnf_rstd,
-                                      cu_tp(ctx, G, ctx->n_tensors - 2),
-                                      cu_tp(ctx, G, ctx->n_tensors - 1), N, C, part));
+        if (!frozen)
+            KCHECK(ctx,
+                   k_layernorm_bwd_params(s, dln, RES(L), a->lnf_mean, a->lnf_rstd,
+                                          cu_tp(ctx, G, ctx->n_tensors - 2),
+                                          cu_tp(ctx, G, ctx->n_tensors - 1), N, C, part));
         CU_TRY(cu_grad_ready(ctx, notify, LOFF(L), ctx->n_params - LOFF(L)));
         for (uint32_t li = L; li-- > 0;) {
             const uint32_t l = li;
             float *dfc = a->s_big;
             /* MLP output projection */
-            KCHECK(ctx, k_colsum_add(s, dres, GW(l, CU_FCPROJ_B), N, C, part));
-            CU_TRY(cu_gemm(ctx, 1, 0, C, M, N, 1.0f, dres, C, FCG(l), M, 1.0f,
-                           GW(l, CU_FCPROJ_W), M));
+            if (!frozen) {
+                KCHECK(ctx, k_colsum_add(s, dres, GW(l, CU_FCPROJ_B), N, C, part));
+                CU_TRY(cu_gemm(ctx, 1, 0, C, M, N, 1.0f, dres, C, FCG(l), M, 1.0f,
+                               GW(l, CU_FCPROJ_W), M));
+            }
             CU_TRY(cu_gemm(ctx, 0, 0, N, M, C, 1.0f, dres, C, PW(l, CU_FCPROJ_W), M, 0.0f,
                            dfc, M));
+            CU_TRY(cu_lora_backward(ctx, l, ORCH_LORA_TARGET_MLP_DOWN, N, FCG(l), M, dres,
+                                    C, dfc, M));
             /* GELU and c_fc */
             KCHECK(ctx, k_gelu_bwd(s, FCH(l), dfc, N, M));
-            KCHECK(ctx, k_colsum_add(s, dfc, GW(l, CU_FC_B), N, M, part));
-            CU_TRY(cu_gemm(ctx, 1, 0, M, C, N, 1.0f, dfc, M, LN2(l), C, 1.0f,
-                           GW(l, CU_FC_W), C));
+            if (!frozen) {
+                KCHECK(ctx, k_colsum_add(s, dfc, GW(l, CU_FC_B), N, M, part));
+                CU_TRY(cu_gemm(ctx, 1, 0, M, C, N, 1.0f, dfc, M, LN2(l), C, 1.0f,
+                               GW(l, CU_FC_W), C));
+            }
             CU_TRY(cu_gemm(ctx, 0, 0, N, C, M, 1.0f, dfc, M, PW(l, CU_FC_W), C, 0.0f, dln,
                            C));
+            CU_TRY(cu_lora_backward(ctx, l, ORCH_LORA_TARGET_MLP_UP, N, LN2(l), C, dfc, M,
+                                    dln, C));
             /* LN2: d(x2) = dres + LN2 backward */
             KCHECK(ctx, k_layernorm_bwd_dx(s, dln, X2(l), LN2M(l), LN2R(l),
                                            PW(l, CU_LN2_W), dres, N, C, 1));
-            KCHECK(ctx,
-                   k_layernorm_bwd_params(s, dln, X2(l), LN2M(l), LN2R(l),
-                                          GW(l, CU_LN2_W), GW(l, CU_LN2_B), N, C, part));
+            if (!frozen)
+                KCHECK(ctx, k_layernorm_bwd_params(s, dln, X2(l), LN2M(l), LN2R(l),
+                                                   GW(l, CU_LN2_W), GW(l, CU_LN2_B), N, C,
+                                                   part));
             /* attention output projection */
-            KCHECK(ctx, k_colsum_add(s, dres, GW(l, CU_PROJ_B), N, C, part));
-            CU_TRY(cu_gemm(ctx, 1, 0, C, C, N, 1.0f, dres, C, YY(l), C, 1.0f,
-                           GW(l, CU_PROJ_W), C));
+            if (!frozen) {
+                KCHECK(ctx, k_colsum_add(s, dres, GW(l, CU_PROJ_B), N, C, part));
+                CU_TRY(cu_gemm(ctx, 1, 0, C, C, N, 1.0f, dres, C, YY(l), C, 1.0f,
+                               GW(l, CU_PROJ_W), C));
+            }
             CU_TRY(cu_gemm(ctx, 0, 0, N, C, C, 1.0f, dres, C, PW(l, CU_PROJ_W), C, 0.0f,
                            dln, C));
+            CU_TRY(cu_lora_backward(ctx, l, ORCH_LORA_TARGET_ATTN_OUT, N, YY(l), C, dres,
+                                    C, dln, C));
             /* attention core: dyh in s_big[0..NC); dq, dk, dv in s_heads */
             float *dyh = a->s_big;
             float *dqh = a->s_heads, *dkh = a->s_heads + NC, *dvh = a->s_heads + 2 * NC;
@@ -529,23 +559,30 @@ int32_t cu_model_train_step(orch_engine_ctx *ctx, const int32_t *tokens,
             float *dqkv = a->s_big; /* [N,3C]; dyh is no longer needed */
             KCHECK(ctx, k_merge_heads(s, a->s_heads, dqkv, B, T, H, hs, 3));
             /* c_attn */
-            KCHECK(ctx, k_colsum_add(s, dqkv, GW(l, CU_ATTN_B), N, 3 * C, part));
-            CU_TRY(cu_gemm(ctx, 1, 0, 3 * C, C, N, 1.0f, dqkv, 3 * C, LN1(l), C, 1.0f,
-                           GW(l, CU_ATTN_W), C));
+            if (!frozen) {
+                KCHECK(ctx, k_colsum_add(s, dqkv, GW(l, CU_ATTN_B), N, 3 * C, part));
+                CU_TRY(cu_gemm(ctx, 1, 0, 3 * C, C, N, 1.0f, dqkv, 3 * C, LN1(l), C, 1.0f,
+                               GW(l, CU_ATTN_W), C));
+            }
             CU_TRY(cu_gemm(ctx, 0, 0, N, C, 3 * C, 1.0f, dqkv, 3 * C, PW(l, CU_ATTN_W), C,
                            0.0f, dln, C));
+            CU_TRY(cu_lora_backward(ctx, l, ORCH_LORA_TARGET_ATTN_QKV, N, LN1(l), C, dqkv,
+                                    3 * C, dln, C));
             /* LN1: d(res[l]) = dres + LN1 backward */
             KCHECK(ctx, k_layernorm_bwd_dx(s, dln, RES(l), LN1M(l), LN1R(l),
                                            PW(l, CU_LN1_W), dres, N, C, 1));
-            KCHECK(ctx,
-                   k_layernorm_bwd_params(s, dln, RES(l), LN1M(l), LN1R(l),
-                                          GW(l, CU_LN1_W), GW(l, CU_LN1_B), N, C, part));
+            if (!frozen)
+                KCHECK(ctx, k_layernorm_bwd_params(s, dln, RES(l), LN1M(l), LN1R(l),
+                                                   GW(l, CU_LN1_W), GW(l, CU_LN1_B), N, C,
+                                                   part));
             CU_TRY(cu_grad_ready(ctx, notify, LOFF(l), LOFF(l + 1) - LOFF(l)));
         }
         /* embeddings */
-        KCHECK(ctx, k_embed_bwd_wpe(s, dres, cu_tp(ctx, G, 1), B, T, C));
-        KCHECK(ctx, k_embed_bwd_wte(s, dres, cu_tp(ctx, G, 0), d_uniq, d_start, d_rows,
-                                    n_uniq, C));
+        if (!frozen) {
+            KCHECK(ctx, k_embed_bwd_wpe(s, dres, cu_tp(ctx, G, 1), B, T, C));
+            KCHECK(ctx, k_embed_bwd_wte(s, dres, cu_tp(ctx, G, 0), d_uniq, d_start,
+                                        d_rows, n_uniq, C));
+        }
         CU_TRY(cu_grad_ready(ctx, notify, 0, LOFF(0)));
     }
 #undef LOFF
@@ -688,20 +725,28 @@ int32_t cu_model_infer(orch_engine_ctx *ctx, const cu_infer_plan *plan,
     for (uint32_t l = 0; l < L; l++) {
         CU_TRY(cu_gemm(ctx, 0, 1, n, 3 * C, C, 1.0f, b->ln, C, PW(l, CU_ATTN_W), C, 0.0f,
                        b->qkv, 3 * C));
+        CU_TRY(cu_lora_infer_forward(ctx, l, ORCH_LORA_TARGET_ATTN_QKV, b->ln, C, b->qkv,
+                                     3 * C));
         KCHECK(ctx, k_kv_write(s, b->qkv, PW(l, CU_ATTN_B), b->q, ctx->d_kv, d_pos, d_seq,
                                d_btoff, d_bt, n, C, bs, L, l));
         KCHECK(ctx, k_paged_attention(s, b->q, ctx->d_kv, d_pos, d_seq, d_btoff, d_bt,
                                       b->y, n, C, H, H, bs, L, l, smem));
         CU_TRY(cu_gemm(ctx, 0, 1, n, C, C, 1.0f, b->y, C, PW(l, CU_PROJ_W), C, 0.0f,
                        b->tmp, C));
+        CU_TRY(
+            cu_lora_infer_forward(ctx, l, ORCH_LORA_TARGET_ATTN_OUT, b->y, C, b->tmp, C));
         KCHECK(ctx, k_residual_layernorm(s, b->x, b->tmp, PW(l, CU_PROJ_B), b->x2,
                                          PW(l, CU_LN2_W), PW(l, CU_LN2_B), b->ln, NULL,
                                          NULL, n, C, eps));
         CU_TRY(cu_gemm(ctx, 0, 1, n, M, C, 1.0f, b->ln, C, PW(l, CU_FC_W), C, 0.0f, b->fc,
                        M));
+        CU_TRY(
+            cu_lora_infer_forward(ctx, l, ORCH_LORA_TARGET_MLP_UP, b->ln, C, b->fc, M));
         KCHECK(ctx, k_bias_gelu(s, b->fc, PW(l, CU_FC_B), b->fc, n, M));
         CU_TRY(cu_gemm(ctx, 0, 1, n, C, M, 1.0f, b->fc, M, PW(l, CU_FCPROJ_W), M, 0.0f,
                        b->tmp, C));
+        CU_TRY(cu_lora_infer_forward(ctx, l, ORCH_LORA_TARGET_MLP_DOWN, b->fc, M, b->tmp,
+                                     C));
         const float *nw = l + 1 < L ? PW(l + 1, CU_LN1_W) : lnf_w;
         const float *nb = l + 1 < L ? PW(l + 1, CU_LN1_B) : lnf_b;
         KCHECK(ctx, k_residual_layernorm(s, b->x2, b->tmp, PW(l, CU_FCPROJ_B), b->x, nw,
