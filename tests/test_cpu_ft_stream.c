@@ -12,7 +12,8 @@
  *     stream equal adapter_forward_backward's within 1e-5 relative (loss:
  *     relative to the loss; gradients: max difference against the largest
  *     reference entry; the sums are split differently, nothing else differs:
- *     on these shapes the measured differences are near 1e-7); the adapter's
+ *     measured on these shapes, the losses had the same bits and the
+ *     gradients differed by at most 1.1e-6 relative); the adapter's
  *     gradients stay exactly as they were until the last step (read after
  *     every earlier step); progress counts forward and backward rows; other
  *     calls (adapter_eval_loss, infer_forward) run between the steps;
@@ -21,7 +22,8 @@
  *   - closing a stream early (after forward rows, after backward rows, at
  *     once) leaves the adapter's gradients with their bits;
  *   - coserve_step with an inference batch (prefill, then decode steps) and
- *     a stream: the logits equal infer_forward's (within 1e-5) and the
+ *     a stream: the logits equal infer_forward's (within 1e-5; measured:
+ *     the same bits) and the
  *     stream's loss and gradients equal adapter_forward_backward's as
  *     above; the base products of the steps with forward rows were shared
  *     with the inference pass (the context's pairing counter, read through
@@ -36,9 +38,9 @@
  *     message, nothing changed); a finished stream does no work (finished
  *     1, rows_this_step 0); stream 0 runs the inference only;
  *   - precision=bf16 (where available): stream against
- *     adapter_forward_backward under the same options within 1e-3 relative
- *     (the bf16 base products of a chunk round like the whole batch's; the
- *     measured differences are far smaller).
+ *     adapter_forward_backward under the same options within 1e-4 relative
+ *     (the bf16 base products of a chunk round like the whole batch's;
+ *     measured: 2.7e-7).
  */
 #include <check.h>
 #include <math.h>
@@ -470,8 +472,8 @@ START_TEST(test_coserve_step) {
         ck_assert_msg(rc == ORCH_OK, "coserve_step: %s", A->last_error(r[0].ctx));
         ck_assert_int_eq(test_infer(A, r[1].ctx, q, 2, ls, nrows * V), ORCH_OK);
         const double dl = test_max_diff(lc, ls, nrows * V);
-        ck_assert_msg(dl <= 1e-5, "[%s %s] step %d: logits differ by %g", fixtures[k], opt,
-                      st, dl);
+        ck_assert_msg(dl <= 1e-5, "[%s %s] step %d: logits differ by %g", fixtures[k],
+                      opt, st, dl);
         const uint64_t shared = paired(r[0].ctx) - before;
         if (p.forward_rows > fwd_before)
             ck_assert_msg(shared == 4 * (uint64_t)L + 1,
@@ -531,7 +533,8 @@ START_TEST(test_state_and_errors) {
     orch_tensor_info ti;
     memset(&ti, 0, sizeof ti);
     ti.struct_size = sizeof ti;
-    ck_assert_int_eq(A->adapter_tensor_info(ctx, r.id, ORCH_TENSOR_PARAM, 0, &ti), ORCH_OK);
+    ck_assert_int_eq(A->adapter_tensor_info(ctx, r.id, ORCH_TENSOR_PARAM, 0, &ti),
+                     ORCH_OK);
     float *a0 = malloc(ti.numel * sizeof(float)), *a1 = malloc(ti.numel * sizeof(float));
     ck_assert_int_eq(A->adapter_tensor_read(ctx, r.id, ORCH_TENSOR_PARAM, 0, a0,
                                             ti.numel * sizeof(float)),
@@ -661,17 +664,18 @@ START_TEST(test_bf16) {
     run_open(&r, _i, "precision=bf16");
     const uint32_t B = r.B, T = r.T;
     float want_loss;
-    float *want = reference(r.ctx, r.id, r.n, r.tokens, r.targets, B, T, 1.0f, &want_loss);
+    float *want =
+        reference(r.ctx, r.id, r.n, r.tokens, r.targets, B, T, 1.0f, &want_loss);
     float *zero = calloc(r.n, sizeof(float));
     orch_finetune_batch ft = ft_of(r.id, r.tokens, r.targets, B, T, 1.0f);
     uint32_t s;
     ck_assert_int_eq(A->ft_stream_open(r.ctx, &ft, &s), ORCH_OK);
-    const float loss =
-        stream_run(r.ctx, r.id, s, 5, (uint64_t)B * T, zero, r.n, 0, r.tokens, r.targets, T);
+    const float loss = stream_run(r.ctx, r.id, s, 5, (uint64_t)B * T, zero, r.n, 0,
+                                  r.tokens, r.targets, T);
     float *g = grads_of(r.ctx, r.id, r.n);
     char tag[160];
     snprintf(tag, sizeof tag, "[%s bf16]", fixtures[_i]);
-    check_equal(tag, loss, want_loss, g, want, r.n, 1e-3);
+    check_equal(tag, loss, want_loss, g, want, r.n, 1e-4);
     ck_assert_int_eq(A->ft_stream_close(r.ctx, s), ORCH_OK);
     free(g);
     free(zero);

@@ -155,8 +155,9 @@ int32_t cpu_coserve_check_infer(orch_engine_ctx *ctx, const orch_infer_batch *ba
     uint64_t nt, nr;
     const engine_kv_view kv = cpu_kv_view(ctx);
     return engine_infer_check_lora(batch, logits, logits_cap, ctx->V, ctx->T,
-                                   ctx->max_batch_tokens, "engine option max_batch_tokens",
-                                   &kv, cpu_lora_known, ctx, &nt, &nr, ENGINE_ERRBUF(ctx));
+                                   ctx->max_batch_tokens,
+                                   "engine option max_batch_tokens", &kv, cpu_lora_known,
+                                   ctx, &nt, &nr, ENGINE_ERRBUF(ctx));
 }
 
 /* The micro-batches of one coserve_forward call, run one after the other

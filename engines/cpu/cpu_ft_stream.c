@@ -210,7 +210,17 @@ static size_t stream_budget(void) {
 /* Row jobs                                                                   */
 /* ------------------------------------------------------------------------- */
 
-enum { R_LN, R_LN_BWD, R_RMS, R_RMS_BWD, R_GELU, R_SWIGLU, R_SWIGLU_BWD, R_ROPE, R_EMBED };
+enum {
+    R_LN,
+    R_LN_BWD,
+    R_RMS,
+    R_RMS_BWD,
+    R_GELU,
+    R_SWIGLU,
+    R_SWIGLU_BWD,
+    R_ROPE,
+    R_EMBED
+};
 
 /* Local row i of a job is global row r0 + i (its position (r0 + i) % T). */
 typedef struct row_job {
@@ -358,7 +368,8 @@ static const float *head_of(const orch_engine_ctx *ctx) {
 }
 
 static const float *normf_w(const orch_engine_ctx *ctx) {
-    return ctx->arch == ORCH_ARCH_LLAMA ? cpu_llama_norm(ctx, ctx->params) : ctx->pv.lnf_w;
+    return ctx->arch == ORCH_ARCH_LLAMA ? cpu_llama_norm(ctx, ctx->params)
+                                        : ctx->pv.lnf_w;
 }
 
 static const float *normf_b(const orch_engine_ctx *ctx) {
@@ -443,8 +454,8 @@ static void att_bwd(const att_job *j, const seg *sg, uint32_t kvh, float *P, flo
             const float *dyb = dy + (size_t)(i0 - sg->ta) * d.C;
             cpu_attn_probs(ctx, q, k, d.QS, (int)i0, nq, scale, j->la->amax + st,
                            j->la->aisum + st, 0, P);
-            cpu_sgemm1(0, 1, nq, nk, (int)d.HS, 1.0f, dyb, (int)d.C, v, (int)d.QS, 0.0f, dS,
-                       nk);
+            cpu_sgemm1(0, 1, nq, nk, (int)d.HS, 1.0f, dyb, (int)d.C, v, (int)d.QS, 0.0f,
+                       dS, nk);
             cpu_sgemm1(1, 0, nk, (int)d.HS, nq, 1.0f, P, nk, dyb, (int)d.C, 1.0f, dv,
                        (int)d.DKV);
             for (int r = 0; r < nq; r++) {
@@ -614,9 +625,12 @@ static void bwd_chunk(orch_engine_ctx *ctx, cpu_ft_stream *s, size_t r0, size_t 
             acc = cpu_lora_backward_to(ctx, lo, s->grads, l, ORCH_LORA_TARGET_MLP_DOWN, R,
                                        s->g2, d.M, s->dres, d.C, s->dh, d.M);
             linear_bwd(ctx, R, d.C, d.M, s->dres, s->g2, w.down, s->dh, acc, NULL, NULL);
-            row_job sb = {
-                .op = R_SWIGLU_BWD, .rows = R, .T = 1, .x = mlp, .dy = s->dh, .out = s->dmlp
-            };
+            row_job sb = { .op = R_SWIGLU_BWD,
+                           .rows = R,
+                           .T = 1,
+                           .x = mlp,
+                           .dy = s->dh,
+                           .out = s->dmlp };
             run_rows(ctx, &sb);
         } else {
             row_job gj = {
@@ -625,16 +639,17 @@ static void bwd_chunk(orch_engine_ctx *ctx, cpu_ft_stream *s, size_t r0, size_t 
             run_rows(ctx, &gj);
             acc = cpu_lora_backward_to(ctx, lo, s->grads, l, ORCH_LORA_TARGET_MLP_DOWN, R,
                                        s->g2, d.M, s->dres, d.C, s->dmlp, d.M);
-            linear_bwd(ctx, R, d.C, d.M, s->dres, s->g2, w.down, s->dmlp, acc, mlp, s->g1);
+            linear_bwd(ctx, R, d.C, d.M, s->dres, s->g2, w.down, s->dmlp, acc, mlp,
+                       s->g1);
             norm_rows(ctx, mid, s->xn, NULL, NULL, w.n2w, w.n2b, R);
         }
-        acc = cpu_lora_backward_to(ctx, lo, s->grads, l, ORCH_LORA_TARGET_MLP_UP, R, s->xn,
-                                   d.C, s->dmlp, d.MW, s->dx, d.C);
+        acc = cpu_lora_backward_to(ctx, lo, s->grads, l, ORCH_LORA_TARGET_MLP_UP, R,
+                                   s->xn, d.C, s->dmlp, d.MW, s->dx, d.C);
         linear_bwd(ctx, R, d.MW, d.C, s->dmlp, s->xn, w.up, s->dx, acc, NULL, NULL);
         norm_bwd_rows(ctx, s->dx, mid, la->mean2 + r0, la->rstd2 + r0, w.n2w, s->dres, R);
         /* Attention: dres is now the gradient of res_mid. */
-        acc = cpu_lora_backward_to(ctx, lo, s->grads, l, ORCH_LORA_TARGET_ATTN_OUT, R, atty,
-                                   d.C, s->dres, d.C, s->datty, d.C);
+        acc = cpu_lora_backward_to(ctx, lo, s->grads, l, ORCH_LORA_TARGET_ATTN_OUT, R,
+                                   atty, d.C, s->dres, d.C, s->datty, d.C);
         linear_bwd(ctx, R, d.C, d.C, s->dres, atty, w.o, s->datty, acc, NULL, NULL);
         att_job aj = { ctx, s, la, segs, s->datty, s->dqkv };
         cpu_pool_for(ctx->pool, (size_t)nseg * d.KVH, att_chunk, &aj);
@@ -734,7 +749,8 @@ int32_t cpu_ft_stream_open(orch_engine_ctx *ctx, const orch_finetune_batch *ft,
     if (st != ORCH_OK) return st;
     if (!ctx->ft) {
         ctx->ft = calloc(1, sizeof *ctx->ft);
-        if (!ctx->ft) return cpu_fail(ctx, ORCH_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+        if (!ctx->ft)
+            return cpu_fail(ctx, ORCH_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
         ctx->ft->next_id = 1;
     }
     cpu_ft_set *set = ctx->ft;
@@ -747,11 +763,12 @@ int32_t cpu_ft_stream_open(orch_engine_ctx *ctx, const orch_finetune_batch *ft,
     const size_t bytes = cpu_ft_stream_bytes(ctx, B, T, lo->n_params);
     const size_t budget = stream_budget();
     if (bytes > budget || set->bytes > budget - bytes)
-        return cpu_fail(ctx, ORCH_ERR_CAPACITY,
-                        "%s: a stream of batch %u x seq_len %u needs %zu MiB; with the %zu "
-                        "MiB of the %u open streams that exceeds the %zu MiB limit (half "
-                        "of the physical memory)",
-                        fn, B, T, bytes >> 20, set->bytes >> 20, set->n, budget >> 20);
+        return cpu_fail(
+            ctx, ORCH_ERR_CAPACITY,
+            "%s: a stream of batch %u x seq_len %u needs %zu MiB; with the %zu "
+            "MiB of the %u open streams that exceeds the %zu MiB limit (half "
+            "of the physical memory)",
+            fn, B, T, bytes >> 20, set->bytes >> 20, set->n, budget >> 20);
     if (set->n == set->cap) {
         const uint32_t cap = set->cap ? 2 * set->cap : 4;
         cpu_ft_stream **items = realloc(set->items, cap * sizeof *items);
@@ -777,9 +794,10 @@ int32_t cpu_ft_stream_open(orch_engine_ctx *ctx, const orch_finetune_batch *ft,
         }
         free(s);
         free(mem);
-        return cpu_fail(ctx, ORCH_ERR_OUT_OF_MEMORY,
-                        "%s: cannot allocate %zu MiB for a stream of batch %u x seq_len %u",
-                        fn, bytes >> 20, B, T);
+        return cpu_fail(
+            ctx, ORCH_ERR_OUT_OF_MEMORY,
+            "%s: cannot allocate %zu MiB for a stream of batch %u x seq_len %u", fn,
+            bytes >> 20, B, T);
     }
     s->mem = mem;
     memset(s->mem, 0, floats * sizeof(float)); /* the dK|dV accumulators, gradients */
@@ -805,9 +823,9 @@ int32_t cpu_ft_stream_close(orch_engine_ctx *ctx, uint32_t stream) {
     uint32_t i = 0;
     cpu_ft_stream *s = stream_find(ctx, stream, &i);
     if (!s)
-        return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                        "ft_stream_close: stream %u is not an open stream of this context",
-                        stream);
+        return cpu_fail(
+            ctx, ORCH_ERR_INVALID_ARGUMENT,
+            "ft_stream_close: stream %u is not an open stream of this context", stream);
     cpu_ft_set *set = ctx->ft;
     memmove(&set->items[i], &set->items[i + 1], (set->n - i - 1) * sizeof *set->items);
     set->n--;
@@ -828,9 +846,9 @@ int32_t cpu_ft_coserve_step(orch_engine_ctx *ctx, const orch_infer_batch *batch,
     if (stream != 0) {
         s = stream_find(ctx, stream, NULL);
         if (!s)
-            return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                            "coserve_step: stream %u is not an open stream of this context",
-                            stream);
+            return cpu_fail(
+                ctx, ORCH_ERR_INVALID_ARGUMENT,
+                "coserve_step: stream %u is not an open stream of this context", stream);
         if (s->broken)
             return cpu_fail(ctx, ORCH_ERR_STATE,
                             "coserve_step: stream %u failed in an earlier step; close it",

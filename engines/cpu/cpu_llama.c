@@ -293,7 +293,8 @@ static void rows_chunk(void *arg, size_t c, int tid) {
                               j->rstd ? j->rstd + r : NULL);
             break;
         case OP_RMS_BWD:
-            cpu_llama_rmsnorm_backward(j->dy + r * C, j->x + r * C, j->w, j->rstd[r], j->dx + r * C, C);
+            cpu_llama_rmsnorm_backward(j->dy + r * C, j->x + r * C, j->w, j->rstd[r],
+                                       j->dx + r * C, C);
             break;
         case OP_ROPE: { /* q heads, then k heads of row r (qkv or dqkv) */
             float *row = j->out + r * QS;
