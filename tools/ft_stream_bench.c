@@ -3,8 +3,8 @@
  * ORCH_CAP_FT_STREAM) of an engine library: one LoRA micro-batch of B x T
  * rows run as adapter_forward_backward, and as a stream in coserve_step
  * calls of --chunk rows (no inference batch): median milliseconds of one
- * forward chunk and of one backward chunk, the whole stream against the
- * whole adapter_forward_backward; then a decode step of S sequences alone
+ * forward chunk and of one backward chunk, all the stream's steps (and,
+ * apart, its open + close) against the whole adapter_forward_backward; then a decode step of S sequences alone
  * against the same step carrying one forward chunk of the stream.
  * Loads the engine with dlopen and talks to it through
  * engine_api/orch_engine.h only; weights are the engine's random init.
@@ -166,6 +166,7 @@ int main(int argc, char **argv) {
     const size_t nchunks = (BT + chunk - 1) / chunk;
     double *tfb = calloc(repeat, sizeof(double)),
            *tstream = calloc(repeat, sizeof(double));
+    double *topen = calloc(repeat, sizeof(double));
     double *tfwd = calloc(repeat * nchunks, sizeof(double));
     double *tbwd = calloc(repeat * nchunks, sizeof(double));
     size_t nf = 0, nb = 0;
@@ -176,7 +177,9 @@ int main(int argc, char **argv) {
             api->adapter_forward_backward(ctx, id, tok, tgt, B, T, 1.0f, &loss));
         double t1 = now_ms();
         uint32_t s = 0;
+        double to = now_ms();
         TRY("ft_stream_open", api->ft_stream_open(ctx, &ft, &s));
+        to = now_ms() - to;
         orch_ft_progress p;
         memset(&p, 0, sizeof p);
         p.struct_size = sizeof p;
@@ -192,10 +195,13 @@ int main(int argc, char **argv) {
             if (p.backward_rows == 0 && p.forward_rows - f0 == chunk) tfwd[nf++] = dt;
             if (b0 > 0 && p.backward_rows - b0 == chunk) tbwd[nb++] = dt;
         }
+        double tc = now_ms();
         TRY("ft_stream_close", api->ft_stream_close(ctx, s));
+        tc = now_ms() - tc;
         if (r) {
             tfb[r - 1] = t1 - t0;
             tstream[r - 1] = ts;
+            topen[r - 1] = to + tc;
         }
     }
     /* a decode step of S sequences alone, and carrying one forward chunk */
@@ -247,17 +253,19 @@ int main(int argc, char **argv) {
     }
     TRY("ft_stream_close", api->ft_stream_close(ctx, s));
     printf("{\"engine\":\"%s\",\"layers\":%u,\"width\":%u,\"batch\":%u,\"seq\":%u,"
-           "\"chunk\":%u,\"rank\":%u,\"adapter_fb_ms\":%.3f,\"stream_total_ms\":%.3f,"
+           "\"chunk\":%u,\"rank\":%u,\"adapter_fb_ms\":%.3f,\"stream_steps_ms\":%.3f,"
+           "\"open_close_ms\":%.3f,"
            "\"fwd_chunk_ms\":%.3f,\"bwd_chunk_ms\":%.3f,\"decode_seqs\":%u,"
            "\"decode_ms\":%.3f,\"decode_plus_fwd_chunk_ms\":%.3f}\n",
            api->name, m.layers, m.width, B, T, chunk, rank, median(tfb, repeat),
-           median(tstream, repeat), median(tfwd, nf), median(tbwd, nb), S,
-           median(tdec, repeat), median(tco, repeat));
+           median(tstream, repeat), median(topen, repeat), median(tfwd, nf),
+           median(tbwd, nb), S, median(tdec, repeat), median(tco, repeat));
     api->context_destroy(ctx);
     free(tok);
     free(tgt);
     free(tfb);
     free(tstream);
+    free(topen);
     free(tfwd);
     free(tbwd);
     free(tables);

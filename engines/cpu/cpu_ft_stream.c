@@ -22,7 +22,10 @@
 #define FT_CHUNK_ROWS 256
 #define ATT_QB        128
 #define FT_HEAD_ROWS  128
-#define ROW_MIN       4
+/* Rows per row-job chunk at least: a chunk of a few rows (the usual step)
+ * runs on the calling thread instead of waking the pool for microseconds of
+ * work. */
+#define ROW_MIN 32
 #define ROW_CHUNKS    4
 /* Open streams of one context at most. */
 #define FT_MAX_STREAMS 1024u
@@ -408,6 +411,7 @@ typedef struct att_job {
     const seg *segs;
     const float *datty; /* backward when set: [chunk rows, C] */
     float *dqkv;        /* [chunk rows, QS] */
+    size_t tasks, chunks;
 } att_job;
 
 /* Forward of the chunk's queries of (segment, query head h). */
@@ -475,17 +479,33 @@ static void att_bwd(const att_job *j, const seg *sg, uint32_t kvh, float *P, flo
     }
 }
 
-static void att_chunk(void *arg, size_t t, int tid) {
+/* One chunk = a range of (segment, head) tasks; scratch belongs to the thread. */
+static void att_chunk(void *arg, size_t c, int tid) {
     const att_job *j = arg;
     const size_t T = j->s->T, qb = T < ATT_QB ? T : ATT_QB;
     float *P = j->s->att + (size_t)tid * 2 * qb * T;
-    if (j->datty) {
-        const uint32_t KVH = j->ctx->KVH;
-        att_bwd(j, &j->segs[t / KVH], (uint32_t)(t % KVH), P, P + qb * T);
-    } else {
-        const uint32_t NH = j->ctx->NH;
-        att_fwd(j, &j->segs[t / NH], (uint32_t)(t % NH), P);
+    size_t a, e;
+    cpu_pool_range(j->tasks, (int)c, (int)j->chunks, 1, &a, &e);
+    for (size_t t = a; t < e; t++) {
+        if (j->datty) {
+            const uint32_t KVH = j->ctx->KVH;
+            att_bwd(j, &j->segs[t / KVH], (uint32_t)(t % KVH), P, P + qb * T);
+        } else {
+            const uint32_t NH = j->ctx->NH;
+            att_fwd(j, &j->segs[t / NH], (uint32_t)(t % NH), P);
+        }
     }
+}
+
+/* The attention of a chunk of R rows: (segment, head) tasks, several per
+ * pool chunk when they are small (about 32k query-key pairs per chunk at
+ * least), so a step of a few rows does not wake the pool for microseconds. */
+static void run_att(orch_engine_ctx *ctx, att_job *j, uint32_t nseg, size_t heads,
+                    size_t R) {
+    j->tasks = (size_t)nseg * heads;
+    const size_t per = ((size_t)1 << 15) / (R * j->s->T * (heads ? heads : 1)) + 1;
+    j->chunks = cpu_pool_chunks(ctx->pool, j->tasks, per, 1);
+    cpu_pool_for(ctx->pool, j->chunks, att_chunk, j);
 }
 
 /* ------------------------------------------------------------------------- */
@@ -562,8 +582,8 @@ static void fwd_chunk(orch_engine_ctx *ctx, cpu_ft_stream *s, size_t r0, size_t 
             row_job rj = { .op = R_ROPE, .rows = R, .r0 = r0, .T = s->T, .out = qkv };
             run_rows(ctx, &rj);
         }
-        att_job aj = { ctx, s, la, segs, NULL, NULL };
-        cpu_pool_for(ctx->pool, (size_t)nseg * d.NH, att_chunk, &aj);
+        att_job aj = { ctx, s, la, segs, NULL, NULL, 0, 0 };
+        run_att(ctx, &aj, nseg, d.NH, R);
         linear(ctx, R, d.C, d.C, atty, w.o, w.ob, x, mid, NULL, NULL);
         cpu_lora_forward(ctx, lo, l, ORCH_LORA_TARGET_ATTN_OUT, R, atty, d.C, mid, d.C);
         norm_rows(ctx, mid, s->xn, la->mean2 + r0, la->rstd2 + r0, w.n2w, w.n2b, R);
@@ -651,8 +671,8 @@ static void bwd_chunk(orch_engine_ctx *ctx, cpu_ft_stream *s, size_t r0, size_t 
         acc = cpu_lora_backward_to(ctx, lo, s->grads, l, ORCH_LORA_TARGET_ATTN_OUT, R,
                                    atty, d.C, s->dres, d.C, s->datty, d.C);
         linear_bwd(ctx, R, d.C, d.C, s->dres, atty, w.o, s->datty, acc, NULL, NULL);
-        att_job aj = { ctx, s, la, segs, s->datty, s->dqkv };
-        cpu_pool_for(ctx->pool, (size_t)nseg * d.KVH, att_chunk, &aj);
+        att_job aj = { ctx, s, la, segs, s->datty, s->dqkv, 0, 0 };
+        run_att(ctx, &aj, nseg, d.KVH, R);
         /* The chunk's dK|dV rows are complete now. */
         for (size_t i = 0; i < R; i++)
             memcpy(s->dqkv + i * d.QS + d.C, la->dkv + (r0 + i) * d.DKV,
