@@ -25,8 +25,8 @@
 /* Rows per row-job chunk at least: a chunk of a few rows (the usual step)
  * runs on the calling thread instead of waking the pool for microseconds of
  * work. */
-#define ROW_MIN 32
-#define ROW_CHUNKS    4
+#define ROW_MIN    32
+#define ROW_CHUNKS 4
 /* Open streams of one context at most. */
 #define FT_MAX_STREAMS 1024u
 
