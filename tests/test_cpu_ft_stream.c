@@ -36,7 +36,8 @@
  *     closed stream ids, a short progress struct_size, an unknown adapter,
  *     bad micro-batches (each ORCH_ERR_INVALID_ARGUMENT or CAPACITY with a
  *     message, nothing changed); a finished stream does no work (finished
- *     1, rows_this_step 0); stream 0 runs the inference only;
+ *     1, rows_this_step 0); stream 0 runs the inference only; a micro-batch
+ *     whose targets are all -1 finishes with loss 0 and no gradient;
  *   - precision=bf16 (where available): stream against
  *     adapter_forward_backward under the same options within 1e-4 relative
  *     (the bf16 base products of a chunk round like the whole batch's;
@@ -633,6 +634,23 @@ START_TEST(test_state_and_errors) {
     bad = ft;
     bad.adapter_id = other;
     ck_assert_int_eq(A->ft_stream_open(ctx, &bad, &out), ORCH_ERR_INVALID_ARGUMENT);
+    /* every target ignored: no gradient, loss 0 (as adapter_forward_backward) */
+    int32_t *none = malloc(BT * sizeof(int32_t));
+    for (uint64_t i = 0; i < BT; i++) none[i] = -1;
+    float *g0 = grads_of(ctx, r.id, r.n);
+    bad = ft;
+    bad.targets = none;
+    ck_assert_int_eq(A->ft_stream_open(ctx, &bad, &s2), ORCH_OK);
+    orch_ft_progress pn = progress0();
+    ck_assert_int_eq(step(ctx, NULL, 0, NULL, 0, s2, (uint32_t)(2 * BT), &pn), ORCH_OK);
+    ck_assert_uint_eq(pn.finished, 1);
+    ck_assert(pn.loss == 0.0f);
+    float *g1 = grads_of(ctx, r.id, r.n);
+    ck_assert(memcmp(g0, g1, r.n * sizeof(float)) == 0);
+    ck_assert_int_eq(A->ft_stream_close(ctx, s2), ORCH_OK);
+    free(g0);
+    free(g1);
+    free(none);
     /* a context destroyed with open streams releases them (asan) */
     ck_assert_int_eq(A->ft_stream_open(ctx, &ft, &s2), ORCH_OK);
     ck_assert_int_eq(step(ctx, NULL, 0, NULL, 0, s2, 5, NULL), ORCH_OK);
