@@ -165,7 +165,7 @@ TSAN_SUITES := test_scheduler test_data_loader test_metrics test_cpu_engine test
   serve_load serve_cpu serve_hardening serve_slowloris train_signals \
   train_cli dist_train test_cpu_int8 quantize_cli cpu_isa_cli test_route_policy route_api \
   route_failover test_cpu_llama
-TSAN_SUITES += test_cpu_lora serve_files serve_lora serve_finetune
+TSAN_SUITES += test_cpu_lora test_cpu_ft_stream serve_files serve_lora serve_finetune
 tsan:
 	@tools/setup.sh
 	@$(MAKE) --no-print-directory BUILD=build/tsan SAN=thread test-bins

@@ -122,6 +122,61 @@ static int32_t run_finetune(orch_engine_ctx *ctx, cpu_lora *lo,
     return st;
 }
 
+int32_t cpu_coserve_check_ft(orch_engine_ctx *ctx, const char *fn,
+                             const orch_finetune_batch *f, cpu_lora **out_lo) {
+    const size_t need = offsetof(orch_finetune_batch, grad_scale) + sizeof(float);
+    int32_t st = ORCH_OK;
+    if (f->struct_size < need)
+        st = cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
+                      "%s: struct_size %u is smaller than the %zu bytes up to "
+                      "grad_scale",
+                      fn, f->struct_size, need);
+    else if (f->struct_size >= sizeof *f && f->reserved0 != 0)
+        st = cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT, "%s: reserved0 is %u; it must be 0",
+                      fn, f->reserved0);
+    if (st == ORCH_OK) {
+        float dummy;
+        st = engine_check_train_call(fn, f->tokens, f->targets, f->batch, f->seq_len,
+                                     f->grad_scale, &dummy, &ctx->train_lim, NULL,
+                                     ENGINE_ERRBUF(ctx));
+    }
+    if (st == ORCH_OK && !(*out_lo = cpu_lora_find(ctx, fn, f->adapter_id)))
+        st = ORCH_ERR_INVALID_ARGUMENT;
+    return st;
+}
+
+int32_t cpu_coserve_check_infer(orch_engine_ctx *ctx, const orch_infer_batch *batch,
+                                float *logits, uint64_t logits_cap, int *out_infer) {
+    const int infer = batch && (batch->struct_size < offsetof(orch_infer_batch, n_seqs) +
+                                                         sizeof batch->n_seqs ||
+                                batch->n_seqs > 0);
+    *out_infer = infer;
+    if (!infer) return ORCH_OK;
+    uint64_t nt, nr;
+    const engine_kv_view kv = cpu_kv_view(ctx);
+    return engine_infer_check_lora(batch, logits, logits_cap, ctx->V, ctx->T,
+                                   ctx->max_batch_tokens,
+                                   "engine option max_batch_tokens", &kv, cpu_lora_known,
+                                   ctx, &nt, &nr, ENGINE_ERRBUF(ctx));
+}
+
+/* The micro-batches of one coserve_forward call, run one after the other
+ * (the driver of cpu_coserve_run). */
+typedef struct ft_pass {
+    cpu_lora **los;
+    const orch_finetune_batch *ft;
+    uint32_t stride, n;
+    float *losses;
+} ft_pass;
+
+static int32_t ft_pass_run(orch_engine_ctx *ctx, void *arg) {
+    const ft_pass *p = arg;
+    int32_t st = ORCH_OK;
+    for (uint32_t i = 0; st == ORCH_OK && i < p->n; i++)
+        st = run_finetune(ctx, p->los[i], ft_at(p->ft, p->stride, i), &p->losses[i]);
+    return st;
+}
+
 int32_t cpu_coserve_forward(orch_engine_ctx *ctx, const orch_infer_batch *batch,
                             float *logits, uint64_t logits_cap,
                             const orch_finetune_batch *ft, uint32_t n_finetune,
@@ -149,56 +204,49 @@ int32_t cpu_coserve_forward(orch_engine_ctx *ctx, const orch_infer_batch *batch,
         const orch_finetune_batch *f = ft_at(ft, ft_stride, i);
         char fn[64];
         snprintf(fn, sizeof fn, "coserve_forward: ft[%u]", i);
-        int32_t st = ORCH_OK;
-        if (f->struct_size < need)
-            st = cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                          "%s: struct_size %u is smaller than the %zu bytes up to "
-                          "grad_scale",
-                          fn, f->struct_size, need);
-        else if (f->struct_size >= sizeof *f && f->reserved0 != 0)
-            st = cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                          "%s: reserved0 is %u; it must be 0", fn, f->reserved0);
-        if (st == ORCH_OK) {
-            float dummy;
-            st = engine_check_train_call(fn, f->tokens, f->targets, f->batch, f->seq_len,
-                                         f->grad_scale, &dummy, &ctx->train_lim, NULL,
-                                         ENGINE_ERRBUF(ctx));
-        }
-        if (st == ORCH_OK && !(los[i] = cpu_lora_find(ctx, fn, f->adapter_id)))
-            st = ORCH_ERR_INVALID_ARGUMENT;
+        const int32_t st = cpu_coserve_check_ft(ctx, fn, f, &los[i]);
         if (st != ORCH_OK) {
             free(los);
             return st;
         }
     }
-    const int infer = batch && (batch->struct_size < offsetof(orch_infer_batch, n_seqs) +
-                                                         sizeof batch->n_seqs ||
-                                batch->n_seqs > 0);
-    if (infer) {
-        uint64_t nt, nr;
-        const engine_kv_view kv = cpu_kv_view(ctx);
-        int32_t st = engine_infer_check_lora(
-            batch, logits, logits_cap, ctx->V, ctx->T, ctx->max_batch_tokens,
-            "engine option max_batch_tokens", &kv, cpu_lora_known, ctx, &nt, &nr,
-            ENGINE_ERRBUF(ctx));
-        if (st != ORCH_OK) {
-            free(los);
-            return st;
-        }
+    int infer = 0;
+    const int32_t cst = cpu_coserve_check_infer(ctx, batch, logits, logits_cap, &infer);
+    if (cst != ORCH_OK) {
+        free(los);
+        return cst;
     }
 
     /* ---- the passes ---- */
+    ft_pass fp = { los, ft, ft_stride, n_finetune, NULL };
     int32_t st = ORCH_OK;
     if (!infer || n_finetune == 0) { /* one pass alone: nothing to share */
         if (infer)
             st = ctx->arch == ORCH_ARCH_LLAMA
                      ? cpu_llama_infer_forward(ctx, batch, logits, logits_cap)
                      : cpu_infer_forward(ctx, batch, logits, logits_cap);
-        for (uint32_t i = 0; st == ORCH_OK && i < n_finetune; i++)
-            st = run_finetune(ctx, los[i], ft_at(ft, ft_stride, i), &out_losses[i]);
+        fp.losses = out_losses;
+        if (st == ORCH_OK) st = ft_pass_run(ctx, &fp);
         free(los);
         return st;
     }
+    float *losses = malloc(n_finetune * sizeof(float));
+    if (!losses) {
+        free(los);
+        return cpu_fail(ctx, ORCH_ERR_OUT_OF_MEMORY, "coserve_forward: out of memory");
+    }
+    fp.losses = losses;
+    st = cpu_coserve_run(ctx, batch, logits, logits_cap, ft_pass_run, &fp);
+    if (st == ORCH_OK) memcpy(out_losses, losses, n_finetune * sizeof(float));
+    free(losses);
+    free(los);
+    return st;
+}
+
+int32_t cpu_coserve_run(orch_engine_ctx *ctx, const orch_infer_batch *batch,
+                        float *logits, uint64_t logits_cap, cpu_coserve_driver_fn driver,
+                        void *arg) {
+    int32_t st = ORCH_OK;
     struct cpu_coserve cs;
     memset(&cs, 0, sizeof cs);
     pthread_mutex_init(&cs.mu, NULL);
@@ -215,29 +263,22 @@ int32_t cpu_coserve_forward(orch_engine_ctx *ctx, const orch_infer_batch *batch,
         ctx->coserve = NULL;
         pthread_mutex_destroy(&cs.mu);
         pthread_cond_destroy(&cs.cv);
-        free(los);
         return cpu_fail(ctx, ORCH_ERR_OUT_OF_MEMORY,
-                        "coserve_forward: cannot start the inference thread");
+                        "coserve: cannot start the inference thread");
     }
     pthread_mutex_lock(&cs.mu);
     wait_turn(&cs, TURN_DRIVER); /* the rider's first product, or its end */
     pthread_mutex_unlock(&cs.mu);
-    float *losses = malloc(n_finetune * sizeof(float));
-    if (!losses)
-        st = cpu_fail(ctx, ORCH_ERR_OUT_OF_MEMORY, "coserve_forward: out of memory");
-    for (uint32_t i = 0; st == ORCH_OK && i < n_finetune; i++)
-        st = run_finetune(ctx, los[i], ft_at(ft, ft_stride, i), &losses[i]);
+    st = driver(ctx, arg);
     pthread_mutex_lock(&cs.mu);
     cs.driver_done = 1;
     if (cs.rider_state != RIDER_DONE) give_turn(&cs, TURN_RIDER); /* finish alone */
     pthread_mutex_unlock(&cs.mu);
     pthread_join(th, NULL);
     ctx->coserve = NULL;
+    ctx->coserve_paired += cs.paired;
     pthread_mutex_destroy(&cs.mu);
     pthread_cond_destroy(&cs.cv);
     if (st == ORCH_OK) st = cs.status;
-    if (st == ORCH_OK) memcpy(out_losses, losses, n_finetune * sizeof(float));
-    free(losses);
-    free(los);
     return st;
 }

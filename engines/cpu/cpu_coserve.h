@@ -40,4 +40,28 @@ int32_t cpu_coserve_forward(orch_engine_ctx *ctx, const orch_infer_batch *batch,
                             const orch_finetune_batch *ft, uint32_t n_finetune,
                             uint32_t ft_stride, float *out_losses);
 
+/* The pass over the base weights with a caller-given fine-tuning side
+ * (coserve_forward's micro-batches, coserve_step's stream rows): runs the
+ * validated inference batch on a helper thread (the rider) while
+ * driver(ctx, arg) runs on the caller's thread; each base product of the
+ * driver's cpu_linear_forward that meets the rider's product of the same
+ * weight runs as one paired product. Adds the number of paired products to
+ * ctx->coserve_paired. Returns the driver's status, else the inference's. */
+typedef int32_t (*cpu_coserve_driver_fn)(orch_engine_ctx *ctx, void *arg);
+int32_t cpu_coserve_run(orch_engine_ctx *ctx, const orch_infer_batch *batch,
+                        float *logits, uint64_t logits_cap, cpu_coserve_driver_fn driver,
+                        void *arg);
+
+/* coserve_forward's checks of one micro-batch f (named fn in the messages):
+ * struct_size, reserved0, engine_check_train_call, the adapter (into
+ * *out_lo). ORCH_ERR_INVALID_ARGUMENT / ORCH_ERR_CAPACITY with a message. */
+struct cpu_lora;
+int32_t cpu_coserve_check_ft(orch_engine_ctx *ctx, const char *fn,
+                             const orch_finetune_batch *f, struct cpu_lora **out_lo);
+
+/* coserve_forward's checks of the inference batch (NULL or 0 sequences: none;
+ * *out_infer says whether there is one). */
+int32_t cpu_coserve_check_infer(orch_engine_ctx *ctx, const orch_infer_batch *batch,
+                                float *logits, uint64_t logits_cap, int *out_infer);
+
 #endif

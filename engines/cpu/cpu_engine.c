@@ -14,7 +14,8 @@
  * Capabilities: TRAIN | INFER | KV_COPY | EVAL | DETERMINISTIC (same inputs
  * and thread count give the same bits) | LORA (ABI 1.4 adapters, cpu_lora.c:
  * adapter training with the base frozen, adapter_id in infer_forward) |
- * COSERVE (coserve_forward, cpu_coserve.c).
+ * COSERVE (coserve_forward, cpu_coserve.c) | FT_STREAM (ABI 1.5 token-level
+ * fine-tuning streams: ft_stream_open/close, coserve_step, cpu_ft_stream.c).
  *
  * Engine options (orch_engine_options.options, "key=value" separated by ','
  * or ';'; unknown keys are ORCH_ERR_INVALID_ARGUMENT):
@@ -98,6 +99,7 @@
 #include "engines/cpu/cpu_kvq.h"
 #include "engines/cpu/cpu_llama.h"
 #include "engines/cpu/cpu_coserve.h"
+#include "engines/cpu/cpu_ft_stream.h"
 #include "engines/cpu/cpu_lora.h"
 #include "engines/cpu/cpu_llama_infer.h"
 #include "engines/cpu/cpu_quant.h"
@@ -326,6 +328,7 @@ static void cpu_context_destroy(orch_engine_ctx *ctx) {
     cpu_infer_free(ctx);
     cpu_linear_bf16_free(ctx);
     cpu_llama_free(ctx);
+    cpu_ft_free_all(ctx);
     cpu_lora_free_all(ctx);
     free(ctx->params);
     zfree(ctx->grads, ctx->n_params);
@@ -977,8 +980,23 @@ static int32_t cpu_adapter_create(orch_engine_ctx *ctx, const orch_lora_desc *de
     return cpu_lora_create(ctx, desc, out_id);
 }
 
+/* ORCH_ERR_STATE while a fine-tuning stream is open on the adapter (ABI 1.5:
+ * its parameters must not change under the stream). */
+static int32_t adapter_busy(orch_engine_ctx *ctx, const char *fn, uint32_t adapter_id) {
+    const uint32_t stream = cpu_ft_adapter_stream(ctx, adapter_id);
+    if (stream == 0) return ORCH_OK;
+    return cpu_fail(ctx, ORCH_ERR_STATE,
+                    "%s: adapter %u has an open fine-tuning stream (stream %u); close it "
+                    "first",
+                    fn, adapter_id, stream);
+}
+
 static int32_t cpu_adapter_destroy(orch_engine_ctx *ctx, uint32_t adapter_id) {
     ENTER(ctx);
+    if (cpu_lora_known(ctx, adapter_id)) {
+        const int32_t st = adapter_busy(ctx, "adapter_destroy", adapter_id);
+        if (st != ORCH_OK) return st;
+    }
     return cpu_lora_destroy(ctx, adapter_id);
 }
 
@@ -1037,6 +1055,9 @@ static int32_t cpu_adapter_tensor_write(orch_engine_ctx *ctx, uint32_t adapter_i
         engine_check_tensor_io("adapter_tensor_write", kind, index, lo->tensors,
                                lo->n_tensors, src, src_bytes, ENGINE_ERRBUF(ctx));
     if (st != ORCH_OK) return st;
+    if (kind == ORCH_TENSOR_PARAM &&
+        (st = adapter_busy(ctx, "adapter_tensor_write", adapter_id)) != ORCH_OK)
+        return st;
     /* Nothing is derived from an adapter's parameters: the products read them. */
     memcpy(adapter_kind_buffer(lo, kind) + lo->tensors[index].offset, src,
            (size_t)src_bytes);
@@ -1127,6 +1148,8 @@ static int32_t cpu_adapter_optimizer_step(orch_engine_ctx *ctx, uint32_t adapter
     if (st != ORCH_OK) return st;
     cpu_lora *lo = cpu_lora_find(ctx, "adapter_optimizer_step", adapter_id);
     if (!lo) return ORCH_ERR_INVALID_ARGUMENT;
+    if ((st = adapter_busy(ctx, "adapter_optimizer_step", adapter_id)) != ORCH_OK)
+        return st;
     float norm = 0.0f;
     st = cpu_lora_optimizer_step(ctx, lo, &p, &norm);
     if (st == ORCH_OK && out_grad_norm) *out_grad_norm = norm;
@@ -1141,6 +1164,29 @@ static int32_t cpu_coserve_forward_abi(orch_engine_ctx *ctx,
     ENTER(ctx);
     int32_t st = cpu_coserve_forward(ctx, batch, logits, logits_cap, ft, n_finetune,
                                      ft_stride, out_losses);
+    cpu_pool_park(ctx->pool);
+    return st;
+}
+
+/* ---- ABI 1.5: token-level fine-tuning streams (cpu_ft_stream.c) ---- */
+
+static int32_t cpu_ft_stream_open_abi(orch_engine_ctx *ctx, const orch_finetune_batch *ft,
+                                      uint32_t *out_stream) {
+    ENTER(ctx);
+    return cpu_ft_stream_open(ctx, ft, out_stream);
+}
+
+static int32_t cpu_ft_stream_close_abi(orch_engine_ctx *ctx, uint32_t stream) {
+    ENTER(ctx);
+    return cpu_ft_stream_close(ctx, stream);
+}
+
+static int32_t cpu_coserve_step_abi(orch_engine_ctx *ctx, const orch_infer_batch *batch,
+                                    float *logits, uint64_t logits_cap, uint32_t stream,
+                                    uint32_t ft_rows, orch_ft_progress *progress) {
+    ENTER(ctx);
+    int32_t st =
+        cpu_ft_coserve_step(ctx, batch, logits, logits_cap, stream, ft_rows, progress);
     cpu_pool_park(ctx->pool);
     return st;
 }
@@ -1189,7 +1235,8 @@ static const orch_engine_api cpu_api = {
     .name = "cpu",
     .version = CPU_VERSION,
     .capabilities = ORCH_CAP_TRAIN | ORCH_CAP_INFER | ORCH_CAP_KV_COPY | ORCH_CAP_EVAL |
-                    ORCH_CAP_DETERMINISTIC | ORCH_CAP_LORA | ORCH_CAP_COSERVE,
+                    ORCH_CAP_DETERMINISTIC | ORCH_CAP_LORA | ORCH_CAP_COSERVE |
+                    ORCH_CAP_FT_STREAM,
     .probe = cpu_probe,
     .status_string = engine_status_string,
     .context_create = cpu_context_create,
@@ -1230,6 +1277,9 @@ static const orch_engine_api cpu_api = {
     .adapter_eval_loss = cpu_adapter_eval_loss,
     .adapter_optimizer_step = cpu_adapter_optimizer_step,
     .coserve_forward = cpu_coserve_forward_abi,
+    .ft_stream_open = cpu_ft_stream_open_abi,
+    .ft_stream_close = cpu_ft_stream_close_abi,
+    .coserve_step = cpu_coserve_step_abi,
 };
 
 ORCH_ENGINE_EXPORT const orch_engine_api *orch_engine_get_api(uint32_t abi_major);

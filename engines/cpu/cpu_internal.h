@@ -188,6 +188,12 @@ struct orch_engine_ctx {
     /* coserve_forward in progress (cpu_coserve.c): the two passes' hand-over
      * state; NULL otherwise. */
     struct cpu_coserve *coserve;
+    /* products the co-served passes shared so far (cpu_coserve_run; a
+     * white-box counter the tests read) */
+    uint64_t coserve_paired;
+    /* token-level fine-tuning streams (cpu_ft_stream.c, ABI 1.5): NULL until
+     * the first ft_stream_open; freed by cpu_ft_free_all. */
+    struct cpu_ft_set *ft;
 };
 
 /* Record a failure on ctx and return status: cpu_fail(ctx, status, fmt, ...). */

@@ -237,9 +237,8 @@ typedef struct rows_job {
 
 enum { OP_RMS, OP_RMS_BWD, OP_ROPE, OP_SWIGLU, OP_SWIGLU_BWD, OP_EMBED, OP_EMBED_BWD };
 
-/* The RMSNorm backward of one row: dx += r (g - xhat mean(g xhat)), g = dy w. */
-static void rms_bwd_row(const float *dy, const float *x, const float *w, float r,
-                        float *dx, size_t n) {
+void cpu_llama_rmsnorm_backward(const float *dy, const float *x, const float *w, float r,
+                                float *dx, size_t n) {
     double dot = 0.0;
     for (size_t i = 0; i < n; i++) dot += (double)(dy[i] * w[i]) * (double)(x[i] * r);
     const float m = (float)(dot / (double)n);
@@ -247,6 +246,21 @@ static void rms_bwd_row(const float *dy, const float *x, const float *w, float r
 }
 
 static inline float sigmoidf(float g) { return 1.0f / (1.0f + expf(-g)); }
+
+void cpu_llama_swiglu(const float *gu, float *h, size_t M) {
+    const float *g = gu, *u = g + M;
+    for (size_t i = 0; i < M; i++) h[i] = g[i] * sigmoidf(g[i]) * u[i];
+}
+
+void cpu_llama_swiglu_backward(const float *gu, const float *dh, float *dgu, size_t M) {
+    const float *g = gu, *u = g + M;
+    float *dg = dgu, *du = dg + M;
+    for (size_t i = 0; i < M; i++) {
+        const float s = sigmoidf(g[i]), silu = g[i] * s;
+        du[i] = dh[i] * silu;
+        dg[i] = dh[i] * u[i] * (s * (1.0f + g[i] * (1.0f - s)));
+    }
+}
 
 static void rows_chunk(void *arg, size_t c, int tid) {
     (void)tid;
@@ -279,7 +293,8 @@ static void rows_chunk(void *arg, size_t c, int tid) {
                               j->rstd ? j->rstd + r : NULL);
             break;
         case OP_RMS_BWD:
-            rms_bwd_row(j->dy + r * C, j->x + r * C, j->w, j->rstd[r], j->dx + r * C, C);
+            cpu_llama_rmsnorm_backward(j->dy + r * C, j->x + r * C, j->w, j->rstd[r],
+                                       j->dx + r * C, C);
             break;
         case OP_ROPE: { /* q heads, then k heads of row r (qkv or dqkv) */
             float *row = j->out + r * QS;
@@ -288,22 +303,13 @@ static void rows_chunk(void *arg, size_t c, int tid) {
             cpu_llama_rope(ctx->llama, row + C, ctx->KVH, ctx->HS, pos, j->inverse);
             break;
         }
-        case OP_SWIGLU: { /* h = silu(gate) * up */
-            const float *g = j->x + r * 2 * M, *u = g + M;
-            float *h = j->out + r * M;
-            for (size_t i = 0; i < M; i++) h[i] = g[i] * sigmoidf(g[i]) * u[i];
+        case OP_SWIGLU: /* h = silu(gate) * up */
+            cpu_llama_swiglu(j->x + r * 2 * M, j->out + r * M, M);
             break;
-        }
-        case OP_SWIGLU_BWD: { /* dgate, dup from dh */
-            const float *g = j->x + r * 2 * M, *u = g + M, *dh = j->dy + r * M;
-            float *dg = j->out + r * 2 * M, *du = dg + M;
-            for (size_t i = 0; i < M; i++) {
-                const float s = sigmoidf(g[i]), silu = g[i] * s;
-                du[i] = dh[i] * silu;
-                dg[i] = dh[i] * u[i] * (s * (1.0f + g[i] * (1.0f - s)));
-            }
+        case OP_SWIGLU_BWD: /* dgate, dup from dh */
+            cpu_llama_swiglu_backward(j->x + r * 2 * M, j->dy + r * M, j->out + r * 2 * M,
+                                      M);
             break;
-        }
         case OP_EMBED:
             memcpy(j->out + r * C, j->w + (size_t)j->tokens[r] * C, C * sizeof(float));
             break;

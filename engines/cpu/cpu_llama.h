@@ -75,6 +75,16 @@ float *cpu_llama_head(const orch_engine_ctx *ctx, float *base);
 void cpu_llama_rmsnorm(const float *x, float *out, const float *w, size_t n, float eps,
                        float *rstd_out);
 
+/* RMSNorm backward of one row (rstd r from the forward): dx += r (g - xhat
+ * mean(g xhat)), g = dy w, xhat = x r (the dot product in double). */
+void cpu_llama_rmsnorm_backward(const float *dy, const float *x, const float *w, float r,
+                                float *dx, size_t n);
+
+/* SwiGLU of one row gate|up (gu [2M]): h = silu(gate) * up; and its backward
+ * (dh [M] to dgate|dup [2M]). */
+void cpu_llama_swiglu(const float *gu, float *h, size_t M);
+void cpu_llama_swiglu_backward(const float *gu, const float *dh, float *dgu, size_t M);
+
 /* Rotate-half RoPE of nh heads of hs floats (x[h*hs + d]) at position pos,
  * in place; inverse set: the transposed rotation (the backward pass). */
 void cpu_llama_rope(const cpu_llama_state *st, float *x, size_t nh, size_t hs,

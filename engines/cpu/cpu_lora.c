@@ -461,6 +461,14 @@ static void bwd_grads(void *arg, size_t c, int tid) {
 int cpu_lora_backward(orch_engine_ctx *ctx, cpu_lora *lo, uint32_t layer, uint32_t target,
                       size_t R, const float *x, size_t ldx, const float *dout,
                       size_t lddout, float *din, size_t lddin) {
+    return cpu_lora_backward_to(ctx, lo, lo ? lo->grads : NULL, layer, target, R, x, ldx,
+                                dout, lddout, din, lddin);
+}
+
+int cpu_lora_backward_to(orch_engine_ctx *ctx, const cpu_lora *lo, float *grads,
+                         uint32_t layer, uint32_t target, size_t R, const float *x,
+                         size_t ldx, const float *dout, size_t lddout, float *din,
+                         size_t lddin) {
     uint32_t n;
     const cpu_lora_mod *mods = mods_of(lo, layer, target, &n);
     if (n == 0 || R == 0) return 0;
@@ -476,7 +484,7 @@ int cpu_lora_backward(orch_engine_ctx *ctx, cpu_lora *lo, uint32_t layer, uint32
     j.lddout = lddout;
     j.din = din;
     j.lddin = lddin;
-    j.dA_dB = lo->grads;
+    j.dA_dB = grads;
     j.u = ctx->lora->scratch;
     j.du = j.u + MAX_MODS * R * lo->rank;
     j.row_chunks = row_chunks(ctx, R);

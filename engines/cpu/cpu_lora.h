@@ -109,6 +109,14 @@ int cpu_lora_backward(orch_engine_ctx *ctx, cpu_lora *lo, uint32_t layer, uint32
                       size_t R, const float *x, size_t ldx, const float *dout,
                       size_t lddout, float *din, size_t lddin);
 
+/* cpu_lora_backward adding dA and dB into `grads` (a buffer laid out as
+ * lo->grads, [lo->n_params]) instead of lo->grads (ABI 1.5 streams keep
+ * their own gradients until their last row). */
+int cpu_lora_backward_to(orch_engine_ctx *ctx, const cpu_lora *lo, float *grads,
+                         uint32_t layer, uint32_t target, size_t R, const float *x,
+                         size_t ldx, const float *dout, size_t lddout, float *din,
+                         size_t lddin);
+
 /* ---- inference (infer_forward with orch_seq_input.adapter_id) ---- */
 
 /* The adapters of one infer_forward batch: sequence i (rows row0[i] ..
