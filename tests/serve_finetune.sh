@@ -152,6 +152,23 @@ stop_server "$PID" || fail "exit (cpu)"
 [ "$(cat gen_ft.txt)" = "$FT_TEXT" ] || fail "served fine-tuned model '$FT_TEXT' != generate --lora '$(cat gen_ft.txt)'"
 [ "$FT_TEXT" != "$(cat gen_base.txt)" ] || fail "the fine-tuned model answers as the base"
 
+# token level on the cpu engine (ABI 1.5 streams; chunks of 7 or 14 rows (the
+# 16-token iteration budget) riding in
+# the iterations of 2 clients): the same adapter as orch finetune up to float
+# rounding (the sums are split differently), base answers unchanged
+start_server cpu-token --checkpoint run --engine cpu --threads 1 --model-name tiny --state-dir "$T/K" \
+  --ft-granularity token --ft-chunk-tokens 7 --max-batch-tokens 16 --max-seqs 4 "${FT[@]:4}"
+"$PY" "$SERVE_DIR/ft_job.py" "$PORT" "$T/ft.jsonl" tiny 3 2 4 2 >k.json || { cat k.json; fail "token-level job (cpu)"; }
+curl -s "http://127.0.0.1:$PORT/metrics" >k.prom
+stop_server "$PID" || fail "exit (cpu token)"
+grep -q 'token-level, chunks of 7 rows' k.json && grep -q '"unchanged": true' k.json ||
+  { cat k.json; fail "token-level job (cpu): events or base answers"; }
+grep -qE '^orch_coserve_shared_passes_total [1-9]' k.prom || fail "no chunk rode in an inference pass"
+KJOB=$(sed -E 's/.*"id": "([^"]+)".*/\1/' k.json)
+"$PY" "$SERVE_DIR/safetensors_equal.py" "$T/K/adapters/$KJOB/adapter_model.safetensors" off/adapter_model.safetensors \
+  --atol 1e-4 >k.diff || { cat k.diff; fail "the token-level adapter is not orch finetune's"; }
+echo "token level vs orch finetune: $(cat k.diff)"
+
 # a restart serves the fine-tuned model again
 start_server again --checkpoint run --engine cpu --threads 1 --model-name tiny "${FT[@]}"
 "$PY" - "$PORT" "$NAME" "$FT_TEXT" "$JOB" <<'PY' || fail "after a restart"
