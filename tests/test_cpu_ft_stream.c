@@ -175,20 +175,6 @@ static void run_close(run *r) {
     safetensors_close(r->f);
 }
 
-static orch_finetune_batch ft_of(uint32_t id, const int32_t *tok, const int32_t *tgt,
-                                 uint32_t B, uint32_t T, float scale) {
-    orch_finetune_batch f;
-    memset(&f, 0, sizeof f);
-    f.struct_size = sizeof f;
-    f.adapter_id = id;
-    f.tokens = tok;
-    f.targets = tgt;
-    f.batch = B;
-    f.seq_len = T;
-    f.grad_scale = scale;
-    return f;
-}
-
 static orch_ft_progress progress0(void) {
     orch_ft_progress p;
     memset(&p, 0xab, sizeof p);
@@ -296,7 +282,7 @@ START_TEST(test_stream_equals_fb) {
     float *zero = calloc(r.n, sizeof(float));
     for (int c = 0; c < N_CHUNKS; c++) {
         const uint32_t rows = chunk_sizes[c] == 0 ? T : chunk_sizes[c];
-        orch_finetune_batch ft = ft_of(r.id, r.tokens, r.targets, B, T, 0.75f);
+        orch_finetune_batch ft = test_ft_batch(r.id, r.tokens, r.targets, B, T, 0.75f);
         uint32_t s = 0;
         ck_assert_int_eq(A->ft_stream_open(r.ctx, &ft, &s), ORCH_OK);
         ck_assert_uint_ge(s, 1);
@@ -312,7 +298,7 @@ START_TEST(test_stream_equals_fb) {
     }
     /* two streams at once, interleaved, on the same adapter: each adds its
      * own gradients when it finishes */
-    orch_finetune_batch ft = ft_of(r.id, r.tokens, r.targets, B, T, 0.75f);
+    orch_finetune_batch ft = test_ft_batch(r.id, r.tokens, r.targets, B, T, 0.75f);
     uint32_t s1, s2;
     ck_assert_int_eq(A->ft_stream_open(r.ctx, &ft, &s1), ORCH_OK);
     ck_assert_int_eq(A->ft_stream_open(r.ctx, &ft, &s2), ORCH_OK);
@@ -375,7 +361,7 @@ START_TEST(test_stream_long) {
     float want_loss;
     float *want = reference(ctx, id, n, tok, tgt, B, T, 1.0f, &want_loss);
     float *zero = calloc(n, sizeof(float));
-    orch_finetune_batch ft = ft_of(id, tok, tgt, B, T, 1.0f);
+    orch_finetune_batch ft = test_ft_batch(id, tok, tgt, B, T, 1.0f);
     uint32_t s;
     ck_assert_int_eq(A->ft_stream_open(ctx, &ft, &s), ORCH_OK);
     const float loss = stream_run(ctx, id, s, 37, B * T, zero, n, 0, tok, tgt, T);
@@ -399,7 +385,7 @@ START_TEST(test_close_early) {
     ck_assert_int_eq(A->adapter_grads_write(r.ctx, r.id, 0, r.n, before), ORCH_OK);
     const uint32_t upto[3] = { 0, (uint32_t)BT / 2, (uint32_t)(2 * BT - 1) };
     for (int c = 0; c < 3; c++) {
-        orch_finetune_batch ft = ft_of(r.id, r.tokens, r.targets, r.B, r.T, 1.0f);
+        orch_finetune_batch ft = test_ft_batch(r.id, r.tokens, r.targets, r.B, r.T, 1.0f);
         uint32_t s;
         ck_assert_int_eq(A->ft_stream_open(r.ctx, &ft, &s), ORCH_OK);
         if (upto[c]) {
@@ -444,7 +430,7 @@ START_TEST(test_coserve_step) {
     int32_t t0[4] = { 3, 0, 5, 7 }, t1[4] = { 1, 6, 2, 4 };
     float *lc = malloc((size_t)(T + 2) * V * sizeof(float));
     float *ls = malloc((size_t)(T + 2) * V * sizeof(float));
-    orch_finetune_batch ft = ft_of(r[0].id, tok, tgt, B, T, 1.0f);
+    orch_finetune_batch ft = test_ft_batch(r[0].id, tok, tgt, B, T, 1.0f);
     uint32_t s;
     ck_assert_int_eq(A->ft_stream_open(r[0].ctx, &ft, &s), ORCH_OK);
     const uint32_t rows = 10; /* steps: forward 10, 10, 4 + backward 6, ... */
@@ -543,7 +529,7 @@ START_TEST(test_state_and_errors) {
     orch_adamw_params ap = test_adamw(1, 0.01f, 0.1f, 1.0f);
     float norm;
 
-    orch_finetune_batch ft = ft_of(r.id, r.tokens, r.targets, r.B, r.T, 1.0f);
+    orch_finetune_batch ft = test_ft_batch(r.id, r.tokens, r.targets, r.B, r.T, 1.0f);
     uint32_t s = 0, s_bad = 77;
     ck_assert_int_eq(A->ft_stream_open(ctx, &ft, &s), ORCH_OK);
     for (int phase = 0; phase < 2; phase++) { /* open and running; finished */
@@ -685,7 +671,7 @@ START_TEST(test_bf16) {
     float *want =
         reference(r.ctx, r.id, r.n, r.tokens, r.targets, B, T, 1.0f, &want_loss);
     float *zero = calloc(r.n, sizeof(float));
-    orch_finetune_batch ft = ft_of(r.id, r.tokens, r.targets, B, T, 1.0f);
+    orch_finetune_batch ft = test_ft_batch(r.id, r.tokens, r.targets, B, T, 1.0f);
     uint32_t s;
     ck_assert_int_eq(A->ft_stream_open(r.ctx, &ft, &s), ORCH_OK);
     const float loss = stream_run(r.ctx, r.id, s, 5, (uint64_t)B * T, zero, r.n, 0,

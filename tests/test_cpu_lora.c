@@ -892,20 +892,6 @@ END_TEST
 /* coserve_forward                                                            */
 /* ------------------------------------------------------------------------- */
 
-static orch_finetune_batch ft_of(uint32_t id, const int32_t *tok, const int32_t *tgt,
-                                 uint32_t B, uint32_t T, float scale) {
-    orch_finetune_batch f;
-    memset(&f, 0, sizeof f);
-    f.struct_size = sizeof f;
-    f.adapter_id = id;
-    f.tokens = tok;
-    f.targets = tgt;
-    f.batch = B;
-    f.seq_len = T;
-    f.grad_scale = scale;
-    return f;
-}
-
 static int32_t coserve(orch_engine_ctx *ctx, const orch_seq_input *seqs, uint32_t n,
                        float *logits, uint64_t cap, const orch_finetune_batch *ft,
                        uint32_t nft, float *losses) {
@@ -957,8 +943,8 @@ START_TEST(test_coserve_equals_separate) {
         }
         s[0].adapter_id = r[0].id;
         const uint64_t rows = step == 0 ? T : 2;
-        orch_finetune_batch ft[2] = { ft_of(r[0].id, tok, tgt, B, T, 1.0f),
-                                      ft_of(id2[0], tok, tgt, 1, T, 0.5f) };
+        orch_finetune_batch ft[2] = { test_ft_batch(r[0].id, tok, tgt, B, T, 1.0f),
+                                      test_ft_batch(id2[0], tok, tgt, 1, T, 0.5f) };
         float losses[2] = { -1.0f, -1.0f }, want[2];
         ck_assert_int_eq(coserve(r[0].ctx, s, 2, lc, rows * V, ft, 2, losses), ORCH_OK);
         ck_assert_int_eq(test_infer(A, r[1].ctx, s, 2, ls, rows * V), ORCH_OK);
@@ -1046,7 +1032,7 @@ START_TEST(test_coserve_blocks) {
                 test_seq_input(tok + 16 * q + pos, n, pos, tables[q], 4, ORCH_LOGITS_ALL);
             s[q].adapter_id = q == 1 ? 0 : id[0];
         }
-        orch_finetune_batch ft = ft_of(id[0], tok, tgt, 2, 16, 1.0f);
+        orch_finetune_batch ft = test_ft_batch(id[0], tok, tgt, 2, 16, 1.0f);
         float lc = -1.0f, ls = -2.0f;
         ck_assert_int_eq(coserve(c[0], s, 3, lg[0], 3 * n * V, &ft, 1, &lc), ORCH_OK);
         ck_assert_int_eq(test_infer(A, c[1], s, 3, lg[1], 3 * n * V), ORCH_OK);
@@ -1088,8 +1074,10 @@ START_TEST(test_coserve_parts_and_errors) {
     ck_assert_int_eq(test_infer(A, r.ctx, &s, 1, want, V), ORCH_OK);
     ck_assert(memcmp(lg, want, V * sizeof(float)) == 0);
     /* fine-tuning only: the loss of adapter_eval_loss */
-    orch_finetune_batch ft[2] = { ft_of(r.id, r.tokens, r.targets_t, r.B, T, 1.0f),
-                                  ft_of(r.id, r.tokens, r.targets_t, r.B, T, 1.0f) };
+    orch_finetune_batch ft[2] = {
+        test_ft_batch(r.id, r.tokens, r.targets_t, r.B, T, 1.0f),
+        test_ft_batch(r.id, r.tokens, r.targets_t, r.B, T, 1.0f)
+    };
     float losses[2] = { -1.0f, -1.0f }, ev;
     ck_assert_int_eq(coserve(r.ctx, NULL, 0, NULL, 0, ft, 1, losses), ORCH_OK);
     ck_assert_int_eq(

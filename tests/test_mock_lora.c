@@ -369,19 +369,6 @@ END_TEST
  * adapter_forward_backward's loss and gradients bit for bit (the mock's
  * documented promise), the gradients only when the last backward row is
  * done; closing early leaves them untouched. */
-static orch_finetune_batch ft_batch(uint32_t id, const int32_t *tok, const int32_t *tgt,
-                                    uint32_t b, uint32_t t, float scale) {
-    orch_finetune_batch f;
-    memset(&f, 0, sizeof f);
-    f.struct_size = sizeof f;
-    f.adapter_id = id;
-    f.tokens = tok;
-    f.targets = tgt;
-    f.batch = b;
-    f.seq_len = t;
-    f.grad_scale = scale;
-    return f;
-}
 
 static orch_ft_progress step(orch_engine_ctx *ctx, uint32_t stream, uint32_t rows) {
     orch_ft_progress pr;
@@ -419,7 +406,7 @@ START_TEST(test_stream_equals_forward_backward) {
     const uint32_t chunks[] = { 1, 3, 5, 8, 16, 100 };
     for (size_t c = 0; c < sizeof chunks / sizeof chunks[0]; c++) {
         ck_assert_int_eq(A->adapter_grads_zero(ctx, id), ORCH_OK);
-        orch_finetune_batch f = ft_batch(id, tok, tgt, 2, 4, 0.5f);
+        orch_finetune_batch f = test_ft_batch(id, tok, tgt, 2, 4, 0.5f);
         uint32_t sid = 0;
         ck_assert_int_eq(A->ft_stream_open(ctx, &f, &sid), ORCH_OK);
         ck_assert_uint_ge(sid, 1);
@@ -449,7 +436,7 @@ START_TEST(test_stream_equals_forward_backward) {
     }
     /* closed before the end: the gradients stay as they were */
     ck_assert_int_eq(A->adapter_grads_zero(ctx, id), ORCH_OK);
-    orch_finetune_batch f = ft_batch(id, tok, tgt, 2, 4, 1.0f);
+    orch_finetune_batch f = test_ft_batch(id, tok, tgt, 2, 4, 1.0f);
     uint32_t sid = 0;
     ck_assert_int_eq(A->ft_stream_open(ctx, &f, &sid), ORCH_OK);
     (void)step(ctx, sid, 12);
@@ -474,7 +461,7 @@ START_TEST(test_stream_rules) {
     uint32_t id = 0;
     ck_assert_int_eq(A->adapter_create(ctx, &d, &id), ORCH_OK);
     int32_t tok[4] = { 1, 2, 3, 4 }, tgt[4] = { 2, 3, 4, 5 };
-    orch_finetune_batch f = ft_batch(id, tok, tgt, 1, 4, 1.0f);
+    orch_finetune_batch f = test_ft_batch(id, tok, tgt, 1, 4, 1.0f);
     uint32_t sid = 0, sid2 = 0;
     ck_assert_int_eq(A->ft_stream_open(ctx, &f, &sid), ORCH_OK);
     tok[0] = 9; /* copied at open */
@@ -516,14 +503,14 @@ START_TEST(test_stream_rules) {
     ck_assert_int_eq(A->coserve_step(ctx, NULL, NULL, 0, sid, 1, &pr),
                      ORCH_ERR_INVALID_ARGUMENT);
     ck_assert_int_eq(A->ft_stream_close(ctx, sid + 99), ORCH_ERR_INVALID_ARGUMENT);
-    orch_finetune_batch bad = ft_batch(id + 7, tok, tgt, 1, 4, 1.0f);
+    orch_finetune_batch bad = test_ft_batch(id + 7, tok, tgt, 1, 4, 1.0f);
     ck_assert_int_eq(A->ft_stream_open(ctx, &bad, &sid2), ORCH_ERR_INVALID_ARGUMENT);
     ck_assert_msg(strstr(A->last_error(ctx), "no such adapter"), "%s",
                   A->last_error(ctx));
-    bad = ft_batch(id, tok, tgt, 1, 4, 1.0f);
+    bad = test_ft_batch(id, tok, tgt, 1, 4, 1.0f);
     bad.struct_size = 8;
     ck_assert_int_eq(A->ft_stream_open(ctx, &bad, &sid2), ORCH_ERR_INVALID_ARGUMENT);
-    bad = ft_batch(id, tok, tgt, 0, 4, 1.0f);
+    bad = test_ft_batch(id, tok, tgt, 0, 4, 1.0f);
     ck_assert_int_eq(A->ft_stream_open(ctx, &bad, &sid2), ORCH_ERR_INVALID_ARGUMENT);
     /* after both streams close the adapter may change again */
     ck_assert_int_eq(A->ft_stream_close(ctx, sid), ORCH_OK);
@@ -536,7 +523,7 @@ START_TEST(test_stream_rules) {
     orch_engine_options o = { sizeof o, 1, 5, "fault=coserve_step:2" };
     ck_assert_int_eq(A->context_create(&m, &o, &ctx, NULL, 0), ORCH_OK);
     ck_assert_int_eq(A->adapter_create(ctx, &d, &id), ORCH_OK);
-    f = ft_batch(id, tok, tgt, 1, 4, 1.0f);
+    f = test_ft_batch(id, tok, tgt, 1, 4, 1.0f);
     ck_assert_int_eq(A->ft_stream_open(ctx, &f, &sid), ORCH_OK);
     (void)step(ctx, sid, 2);
     pr.struct_size = sizeof pr;

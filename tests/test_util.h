@@ -108,6 +108,23 @@ static inline int test_run_suite(Suite *s) {
 /* ------------------------------------------------------------------------- */
 
 /* One sequence of an infer_forward batch (adapter 0). */
+/* A fine-tuning micro-batch (ABI 1.4/1.5) over the caller's arrays. */
+static inline orch_finetune_batch test_ft_batch(uint32_t adapter_id,
+                                                const int32_t *tokens,
+                                                const int32_t *targets, uint32_t batch,
+                                                uint32_t seq_len, float grad_scale) {
+    orch_finetune_batch f;
+    memset(&f, 0, sizeof f);
+    f.struct_size = sizeof f;
+    f.adapter_id = adapter_id;
+    f.tokens = tokens;
+    f.targets = targets;
+    f.batch = batch;
+    f.seq_len = seq_len;
+    f.grad_scale = grad_scale;
+    return f;
+}
+
 static inline orch_seq_input test_seq_input(const int32_t *tokens, uint32_t n_tokens,
                                             uint32_t start_pos,
                                             const int32_t *block_table, uint32_t n_blocks,
