@@ -123,8 +123,9 @@ EOF
   # orch serve --lora on the emulated engine: the adapter's completion is
   # orch generate --lora's text, the base's is the base's, also when both
   # run at once (mixed batches through the scheduler)
-  orch serve --checkpoint base --engine "$emu" --port 0 --model-name tiny --lora ad=ad_emu \
-    2>serve.log &
+  # (the binary itself, not the orch function: $! must be the server's pid)
+  ORCH_ENGINE_PATH="$BUILD_DIR" "$BUILD_DIR/orch" serve --checkpoint base --engine "$emu" --port 0 \
+    --model-name tiny --lora ad=ad_emu 2>serve.log &
   spid=$!
   for _ in $(seq 1 300); do grep -q 'orch serve: ready' serve.log && break; sleep 0.1; done
   port=$(grep -oE 'listening on http://[0-9.]+:[0-9]+' serve.log | head -n1 | sed -E 's/.*:([0-9]+)$/\1/')
