@@ -175,6 +175,10 @@ def main():
     ap.add_argument("--seconds", type=float, default=8)
     ap.add_argument("--concurrency", default="1,4,16")
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--serve-arg", action="append", default=[],
+                    help="one more orch serve argument for every phase (repeatable)")
+    ap.add_argument("--only", default="",
+                    help="comma list of columns to run: co,seq,temporal (default all)")
     ap.add_argument("--granularity", default="auto",
                     help="--ft-granularity of the first co-served column (default auto)")
     ap.add_argument("--slo-ms", type=float, default=0,
@@ -199,7 +203,7 @@ def main():
 
         def phase(extra, c, job):
             state = tempfile.mkdtemp(dir=tmp)
-            s = Server(a.orch, ckpt, a.threads, state, extra)
+            s = Server(a.orch, ckpt, a.threads, state, extra + a.serve_arg)
             try:
                 if job:
                     start_job(s.port, upload(s.port, ft))
@@ -217,9 +221,13 @@ def main():
             inf = phase([], c, False)
             slo = a.slo_ms if a.slo_ms > 0 else 1.1 * inf["p99"]
             target = ["--slo-tpot-ms", "%.3f" % slo, "--slo-ttft-ms", "50"]
-            co = phase(target + ["--ft-granularity", a.granularity], c, True)
-            cs = phase(target + ["--ft-granularity", "sequence"], c, True)
-            tmpo = phase(["--coserve-mode", "temporal"], c, True)
+            only = a.only.split(",") if a.only else ["co", "seq", "temporal"]
+            skip = {"ft": float("nan"), "p50": float("nan"), "p99": float("nan")}
+            co = phase(target + ["--ft-granularity", a.granularity], c, True) \
+                if "co" in only else skip
+            cs = phase(target + ["--ft-granularity", "sequence"], c, True) \
+                if "seq" in only else skip
+            tmpo = phase(["--coserve-mode", "temporal"], c, True) if "temporal" in only else skip
             rows.append((c, inf, slo, co, cs, tmpo))
         cpu = "unknown CPU"
         try:
