@@ -3,7 +3,7 @@
 # engine: a tiny model trained with `orch train --engine cpu`; --help of
 # generate, serve and bench lists the flag; `orch generate` with f32 prints
 # what the default (auto = f32 for fp32 weights) prints, with --quantize int8
-# the default (auto = bf16) prints what bf16 prints; bf16 greedy text is
+# the default (auto = int8) prints what int8 prints; bf16 greedy text is
 # compared with f32 (printed; the first 8 characters must agree), so is
 # int8 (fp32 weights and --quantize int8 against --quantize int8 with f32);
 # `orch
@@ -45,7 +45,8 @@ cmp -s default.txt f32.txt || fail "fp32 weights: the default is not kv f32"
 cmp -s default.txt auto.txt || fail "--kv-cache-dtype auto differs from the default"
 gen --prompt "And God said" --quantize int8 >q8.txt 2>gen.log || { cat gen.log; fail "generate --quantize int8"; }
 gen --prompt "And God said" --quantize int8 --kv-cache-dtype bf16 >q8bf.txt 2>gen.log || { cat gen.log; fail "--quantize int8 --kv-cache-dtype bf16"; }
-cmp -s q8.txt q8bf.txt || fail "--quantize int8: the default is not kv bf16"
+gen --prompt "And God said" --quantize int8 --kv-cache-dtype int8 >q8i8.txt 2>gen.log || { cat gen.log; fail "--quantize int8 --kv-cache-dtype int8"; }
+cmp -s q8.txt q8i8.txt || fail "--quantize int8: the default is not kv int8"
 same=$("$PY" -c 'import sys
 a, b = open(sys.argv[1], "rb").read(), open(sys.argv[2], "rb").read()
 n = next((i for i in range(min(len(a), len(b))) if a[i] != b[i]), min(len(a), len(b)))
@@ -61,18 +62,17 @@ fi
 gen --prompt "And God said" --kv-cache-dtype int8 >i8.txt 2>gen.log || { cat gen.log; fail "generate --kv-cache-dtype int8"; }
 [ -s gen.log ] && { cat gen.log; fail "generate --kv-cache-dtype int8 wrote to stderr"; }
 gen --prompt "And God said" --quantize int8 --kv-cache-dtype f32 >q8f.txt 2>gen.log || { cat gen.log; fail "--quantize int8 --kv-cache-dtype f32"; }
-gen --prompt "And God said" --quantize int8 --kv-cache-dtype int8 >q8i8.txt 2>gen.log || { cat gen.log; fail "--quantize int8 --kv-cache-dtype int8"; }
-for pair in "f32.txt i8.txt" "q8f.txt q8i8.txt"; do
+for pair in "f32.txt i8.txt" "q8f.txt q8i8.txt" "q8f.txt q8bf.txt"; do
   set -- $pair
   same=$("$PY" -c 'import sys
 a, b = open(sys.argv[1], "rb").read(), open(sys.argv[2], "rb").read()
 n = next((i for i in range(min(len(a), len(b))) if a[i] != b[i]), min(len(a), len(b)))
 print(n if a != b else -1)' "$1" "$2")
   if [ "$same" = -1 ]; then
-    echo "kv_dtype_cli: greedy 40 tokens: $2 (kv int8) equals $1 (kv f32)"
+    echo "kv_dtype_cli: greedy 40 tokens: $2 equals $1 (kv f32)"
   else
-    echo "kv_dtype_cli: greedy 40 tokens: $2 (kv int8) differs from $1 (kv f32) from byte $same"
-    [ "$same" -ge 8 ] || fail "int8 greedy text differs from f32 at byte $same: $(cat "$2") vs $(cat "$1")"
+    echo "kv_dtype_cli: greedy 40 tokens: $2 differs from $1 (kv f32) from byte $same"
+    [ "$same" -ge 8 ] || fail "$2 greedy text differs from $1 at byte $same: $(cat "$2") vs $(cat "$1")"
   fi
 done
 
