@@ -3,7 +3,7 @@
 # engine: a tiny model trained with `orch train --engine cpu`; --help of
 # generate, serve and bench lists the flag; `orch generate` with f32 prints
 # what the default (auto = f32 for fp32 weights) prints, with --quantize int8
-# the default (auto = int8) prints what int8 prints; bf16 greedy text is
+# the default (auto = bf16) prints what bf16 prints; bf16 greedy text is
 # compared with f32 (printed; the first 8 characters must agree), so is
 # int8 (fp32 weights and --quantize int8 against --quantize int8 with f32);
 # `orch
@@ -46,7 +46,7 @@ cmp -s default.txt auto.txt || fail "--kv-cache-dtype auto differs from the defa
 gen --prompt "And God said" --quantize int8 >q8.txt 2>gen.log || { cat gen.log; fail "generate --quantize int8"; }
 gen --prompt "And God said" --quantize int8 --kv-cache-dtype bf16 >q8bf.txt 2>gen.log || { cat gen.log; fail "--quantize int8 --kv-cache-dtype bf16"; }
 gen --prompt "And God said" --quantize int8 --kv-cache-dtype int8 >q8i8.txt 2>gen.log || { cat gen.log; fail "--quantize int8 --kv-cache-dtype int8"; }
-cmp -s q8.txt q8i8.txt || fail "--quantize int8: the default is not kv int8"
+cmp -s q8.txt q8bf.txt || fail "--quantize int8: the default is not kv bf16"
 same=$("$PY" -c 'import sys
 a, b = open(sys.argv[1], "rb").read(), open(sys.argv[2], "rb").read()
 n = next((i for i in range(min(len(a), len(b))) if a[i] != b[i]), min(len(a), len(b)))

@@ -36,7 +36,7 @@
  *     against weights=int8, kv=f32 and against fp32 (matching tokens
  *     printed; the first 8 tokens of every prompt must agree), and the
  *     decode-path perplexity within 1% of kv=f32's;
- *   - auto: int8 with weights=int8, f32 otherwise; a bad value is a one-line
+ *   - auto: bf16 with weights=int8, f32 otherwise; a bad value is a one-line
  *     error naming kv, the value and the allowed values.
  *
  * Tolerances. Both forwards of the equivalence test read the same rounded
@@ -360,7 +360,7 @@ START_TEST(test_block_bytes_and_options) {
     ck_assert_uint_eq(f32 - bf, values * 2);    /* 4 bytes -> 2 bytes a value */
     ck_assert_uint_ge(bf, values * 2);
     ck_assert_uint_le(bf, values * 2 + 64);
-    ck_assert_uint_eq(autoq, i8); /* auto: int8 with weights=int8 */
+    ck_assert_uint_eq(autoq, bf); /* auto: bf16 with weights=int8 */
     ck_assert_uint_eq(autof, f32);
     /* int8: a head vector of 32 values is 32 + 4 bytes (3 layers, K and V, 2
      * heads, 16 positions). */

@@ -54,10 +54,11 @@
  *                       nearest: error <= scale/2 a value; head size + 4
  *                       bytes), widened to fp32 in registers by attention;
  *                       kv_block_bytes reports the real size. auto (default):
- *                       int8 with weights=int8 (the serving format, whose
+ *                       bf16 with weights=int8 (the serving format, whose
  *                       decode of many sequences is bound by reading K/V;
- *                       its quality gate in tests/test_cpu_kvq.c), f32
- *                       otherwise.
+ *                       int8 K/V on top of int8 weights moved the LLaMA
+ *                       fixtures' logits past test_cpu_llama's 5% gate),
+ *                       f32 otherwise.
  *   max_batch_tokens=N  most new tokens one infer_forward takes (default
  *                       16384); more is ORCH_ERR_CAPACITY
  *   precision=fp32|bf16|auto  type of the matrix products (default fp32).
@@ -410,11 +411,11 @@ static int32_t cpu_context_create(const orch_model_desc *model,
     static const int q8_of[6] = {
         -1, CPU_Q8_AMX, CPU_Q8_AVX512VNNI, CPU_Q8_AVXVNNI, CPU_Q8_AVX2, CPU_Q8_GENERIC
     };
-    /* kv words: auto (int8 with weights=int8, else f32), f32, bf16, int8. */
+    /* kv words: auto (bf16 with weights=int8, else f32), f32, bf16, int8. */
     const int kv_dtype = ov[OPT_KV] == 3               ? CPU_KV_INT8
                          : ov[OPT_KV] == 2             ? CPU_KV_BF16
                          : ov[OPT_KV] == 1             ? CPU_KV_F32
-                         : weights == CPU_WEIGHTS_INT8 ? CPU_KV_INT8
+                         : weights == CPU_WEIGHTS_INT8 ? CPU_KV_BF16
                                                        : CPU_KV_F32;
     const int q8_kernel = cpu_q8_select(isa, q8_of[ov[OPT_INT8_KERNEL]], why, sizeof why);
     if (q8_kernel < 0)
@@ -1179,7 +1180,7 @@ static int32_t cpu_probe(char *msg, uint32_t msg_cap) {
     snprintf(msg, msg_cap,
              "%d cores of %s; ISA: %s; vector kernels: %s; GEMM: OpenBLAS kernel %s "
              "(%s%s%s); precisions: fp32%s; weights: fp32, int8 (%s kernel); "
-             "KV cache: f32, bf16, int8 (auto: int8 with int8 weights)",
+             "KV cache: f32, bf16, int8 (auto: bf16 with int8 weights)",
              cpu_pool_available_cpus(), f->brand,
              cpu_features_list(f, feats, sizeof feats), cpu_kernels_isa_name(isa),
              cpu_blas_kernel(), cpu_blas_choice(),

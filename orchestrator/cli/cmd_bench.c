@@ -44,7 +44,7 @@ static const char usage_text[] =
     "  bf16 path: bf16 products, fp32 master weights) and selects the peaks\n"
     "  below; --quantize int8 adds weights=int8 (int8 weights for decoding);\n"
     "  --kv-cache-dtype T adds kv=T (the cpu engine's KV-cache storage; its\n"
-    "  default stores int8 with weights=int8, f32 otherwise).\n"
+    "  default stores bf16 with weights=int8, f32 otherwise).\n"
     "\n"
     "train: grads_zero + forward_backward + optimizer_step (AdamW, clip 1.0)\n"
     "  per step; --warmup untimed steps (2) then --steps timed ones (10).\n"

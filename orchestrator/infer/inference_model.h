@@ -84,7 +84,7 @@ const char *inference_model_quantize_options(const char *word, const char *optio
 /* The engine options for `--kv-cache-dtype WORD`, as
  * inference_model_quantize_options does for --quantize: WORD NULL or
  * "auto" returns options unchanged (the engine's default: the cpu engine
- * stores int8 with weights=int8, f32 otherwise); "f32", "bf16" or "int8"
+ * stores bf16 with weights=int8, f32 otherwise); "f32", "bf16" or "int8"
  * appends "kv=WORD" (options may already be buf, e.g. the result of
  * inference_model_quantize_options). Another word: NULL with
  * "--kv-cache-dtype: unknown type 'W' (choices: auto, f32, bf16, int8)". An
