@@ -19,7 +19,10 @@
  * FMAs as bf16 with the fp32 query, the head vector's scale applied once
  * per score (scores) or folded into the probability (mix). An int8 x int8
  * dot product (VNNI/AMX) would need the query quantized too; decoding is
- * bound by the bytes read, which widening in registers does not change.
+ * bound by the bytes read, which widening in registers does not change
+ * (measured, one thread, 12 heads of 64 over 544 positions, scores + mix:
+ * in cache bf16 156 and int8 163 M head-positions/s, out of cache 37 and
+ * 68 M/s, the byte ratio).
  */
 #include "engines/cpu/cpu_kvq.h"
 

@@ -23,10 +23,13 @@
  * v_p, so the only loss is the storage rounding.
  *
  * Kernel versions: AVX-512F (even and odd bf16 lanes widened with a shift
- * and a mask, no shuffles), else portable C that widens one head vector at a
+ * and a mask, no shuffles; int8 sign-extended 16 bytes at a time, head
+ * sizes a multiple of 16), else portable C that widens one head vector at a
  * time and calls the isa-dispatched fp32 dot/axpy of cpu_kernels.c (AVX2 or
  * scalar). Results of one version are deterministic; versions differ in the
- * order of the fp32 sums only.
+ * order of the fp32 sums only. The int8 store gives the same bytes in every
+ * version (integer max of the |x| bits, IEEE division, round to nearest
+ * even).
  *
  * Thread rules: all functions are pure (no state); callers split the work.
  */
