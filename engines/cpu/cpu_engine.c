@@ -47,13 +47,19 @@
  *                       from CPU_Q8_AMX_MIN_ROWS (4) rows, AVX512-VNNI below;
  *                       one the CPU or isa= lacks is refused, so is the option
  *                       without weights=int8; all give the same bits)
- *   kv=auto|f32|bf16    storage of the KV cache (cpu_kvq.c): bf16 halves
- *                       its bytes (K and V rounded to nearest even once when
- *                       stored; attention widens them back exactly and
- *                       computes in fp32); kv_block_bytes reports the real
- *                       size. auto (default): bf16 with weights=int8 (the
- *                       serving format, whose decode of many sequences is
- *                       bound by reading K/V), f32 otherwise.
+ *   kv=auto|f32|bf16|int8  storage of the KV cache (cpu_kvq.c): bf16
+ *                       halves its bytes (K and V rounded to nearest even
+ *                       once when stored; attention widens them back exactly
+ *                       and computes in fp32); int8 stores each head vector
+ *                       as int8 with one fp32 scale (max|x|/127, round to
+ *                       nearest: error <= scale/2 a value; head size + 4
+ *                       bytes), widened to fp32 in registers by attention;
+ *                       kv_block_bytes reports the real size. auto (default):
+ *                       bf16 with weights=int8 (the serving format, whose
+ *                       decode of many sequences is bound by reading K/V;
+ *                       int8 K/V on top of int8 weights moved the LLaMA
+ *                       fixtures' logits past test_cpu_llama's 5% gate),
+ *                       f32 otherwise.
  *   max_batch_tokens=N  most new tokens one infer_forward takes (default
  *                       16384); more is ORCH_ERR_CAPACITY
  *   precision=fp32|bf16|auto  type of the matrix products (default fp32).
@@ -172,7 +178,7 @@ static const engine_opt_spec cpu_opt_spec[OPT_COUNT] = {
     { "weights", "fp32|int8", 0, 0 },
     { "int8_kernel", "auto|amx|avx512vnni|avxvnni|avx2|generic", 0, 0 },
     { "bf16_isa", "amx|avx512", 0, 0 },
-    { "kv", "auto|f32|bf16", 0, 0 },
+    { "kv", "auto|f32|bf16|int8", 0, 0 },
 };
 enum { PREC_WORD_FP32, PREC_WORD_BF16, PREC_WORD_AUTO };
 
@@ -408,8 +414,9 @@ static int32_t cpu_context_create(const orch_model_desc *model,
     static const int q8_of[6] = {
         -1, CPU_Q8_AMX, CPU_Q8_AVX512VNNI, CPU_Q8_AVXVNNI, CPU_Q8_AVX2, CPU_Q8_GENERIC
     };
-    /* kv words: auto (bf16 with weights=int8, else f32), f32, bf16. */
-    const int kv_dtype = ov[OPT_KV] == 2               ? CPU_KV_BF16
+    /* kv words: auto (bf16 with weights=int8, else f32), f32, bf16, int8. */
+    const int kv_dtype = ov[OPT_KV] == 3               ? CPU_KV_INT8
+                         : ov[OPT_KV] == 2             ? CPU_KV_BF16
                          : ov[OPT_KV] == 1             ? CPU_KV_F32
                          : weights == CPU_WEIGHTS_INT8 ? CPU_KV_BF16
                                                        : CPU_KV_F32;
@@ -457,7 +464,7 @@ static int32_t cpu_context_create(const orch_model_desc *model,
     ctx->weights = weights;
     ctx->q8_kernel = q8_kernel;
     ctx->kv_dtype = kv_dtype;
-    ctx->kv_es = cpu_kv_elem_bytes(kv_dtype);
+    ctx->kv_vb = cpu_kv_vec_bytes(kv_dtype, ctx->HS);
     ctx->threads = (int)threads;
     ctx->skinny_max = (uint32_t)ov[OPT_SKINNY];
     ctx->max_batch_tokens = (uint32_t)ov[OPT_MAX_BATCH_TOKENS];
@@ -847,16 +854,16 @@ static int32_t cpu_optimizer_bytes(orch_engine_ctx *ctx, uint64_t *out_bytes) {
 /* KV pool                                                                    */
 /* ------------------------------------------------------------------------- */
 
-/* K/V values (kv_heads * head size per position, layer and K or V; kv_es
- * bytes each: 4 for kv=f32, 2 for kv=bf16) plus the written flags of one
- * block. */
+/* K/V head vectors (kv_heads per position, layer and K or V; kv_vb bytes
+ * each: head size * 4 for kv=f32, * 2 for kv=bf16, head size + 4 for
+ * kv=int8) plus the written flags of one block. */
 static int block_bytes(const orch_engine_ctx *ctx, uint32_t block_size, uint64_t *out) {
-    uint64_t floats;
-    if (__builtin_mul_overflow((uint64_t)ctx->L * 2u * ctx->KVD, (uint64_t)block_size,
-                               &floats) ||
-        floats > UINT64_MAX / 8)
+    uint64_t vecs;
+    if (__builtin_mul_overflow((uint64_t)ctx->L * 2u * ctx->KVH, (uint64_t)block_size,
+                               &vecs) ||
+        vecs > UINT64_MAX / 8 / ctx->kv_vb)
         return -1;
-    *out = floats * ctx->kv_es + block_size + 3 * sizeof(uint32_t);
+    *out = vecs * ctx->kv_vb + block_size + 3 * sizeof(uint32_t);
     return 0;
 }
 
@@ -898,10 +905,10 @@ static int32_t cpu_kv_configure(orch_engine_ctx *ctx, uint32_t block_size,
                         "kv_configure: pool of %u blocks of %u positions is "
                         "too large",
                         num_blocks, block_size);
-    size_t values = (size_t)slots * ctx->L * 2u * ctx->KVD;
+    const size_t pool_bytes = (size_t)slots * ctx->L * 2u * ctx->KVH * ctx->kv_vb;
     void *kv = NULL;
     void *p = NULL;
-    if (posix_memalign(&p, 64, values * ctx->kv_es) == 0) kv = p;
+    if (posix_memalign(&p, 64, pool_bytes) == 0) kv = p;
     uint8_t *wr = calloc((size_t)slots, 1);
     engine_kv_mark *marks = calloc(num_blocks, sizeof *marks);
     if (!kv || !wr || !marks) {
@@ -918,7 +925,7 @@ static int32_t cpu_kv_configure(orch_engine_ctx *ctx, uint32_t block_size,
      * infer_forward, one per 4 KiB of new positions (16 sequences of GPT-2
      * 124M: ~150 faults a step), which also made decoding many sequences
      * look slower than it is once the pool is warm. */
-    touch_job tj = { kv, values * ctx->kv_es, 0 };
+    touch_job tj = { kv, pool_bytes, 0 };
     tj.chunks = cpu_pool_chunks(ctx->pool, tj.bytes, (size_t)1 << 22, 4);
     cpu_pool_for(ctx->pool, tj.chunks, touch_chunk, &tj);
     cpu_pool_park(ctx->pool);
@@ -942,7 +949,7 @@ static void copy_chunk(void *arg, size_t i, int tid) {
     const copy_job *j = arg;
     const orch_engine_ctx *ctx = j->ctx;
     const size_t block_bytes =
-        (size_t)ctx->L * 2 * ctx->kv_block_size * ctx->KVD * ctx->kv_es;
+        (size_t)ctx->L * 2 * ctx->kv_block_size * ctx->KVH * ctx->kv_vb;
     memcpy((uint8_t *)ctx->kv + (size_t)j->dst[i] * block_bytes,
            (const uint8_t *)ctx->kv + (size_t)j->src[i] * block_bytes, block_bytes);
 }
@@ -1219,7 +1226,7 @@ static int32_t cpu_probe(char *msg, uint32_t msg_cap) {
     snprintf(msg, msg_cap,
              "%d cores of %s; ISA: %s; vector kernels: %s; GEMM: OpenBLAS kernel %s "
              "(%s%s%s); precisions: fp32%s; weights: fp32, int8 (%s kernel); "
-             "KV cache: f32, bf16 (auto: bf16 with int8 weights)",
+             "KV cache: f32, bf16, int8 (auto: bf16 with int8 weights)",
              cpu_pool_available_cpus(), f->brand,
              cpu_features_list(f, feats, sizeof feats), cpu_kernels_isa_name(isa),
              cpu_blas_kernel(), cpu_blas_choice(),

@@ -48,13 +48,13 @@
 #define ATTN_ROW_BLOCK 64
 
 /* Position slot of K (which 0) or V (1) of layer l in block, all heads:
- * C values of ctx->kv_dtype. */
+ * NH head vectors of ctx->kv_dtype, kv_vb bytes each. */
 static uint8_t *kv_at(const orch_engine_ctx *ctx, uint32_t block, uint32_t l, int which,
                       uint32_t slot) {
     return (uint8_t *)ctx->kv +
            ((((size_t)block * ctx->L + l) * 2 + (size_t)which) * ctx->kv_block_size +
             slot) *
-               ctx->C * ctx->kv_es;
+               ctx->NH * ctx->kv_vb;
 }
 
 void cpu_infer_free(orch_engine_ctx *ctx) {
@@ -296,18 +296,19 @@ static void attn_task(const fwd_state *f, uint32_t si, uint32_t h, float *scratc
     const float *qkv = ctx->inf.qkv + (size_t)f->tok0[si] * 3 * C;
     float *out = ctx->inf.atty + (size_t)f->tok0[si] * C + h * HS;
     const int dt = ctx->kv_dtype, isa = ctx->isa;
-    const size_t ho = h * HS * ctx->kv_es; /* the head's bytes in a K/V row */
+    const size_t ho = h * ctx->kv_vb; /* the head's bytes in a K/V row */
     for (uint32_t i = 0; i < n; i++) {
         uint32_t p = start + i, b = (uint32_t)s->block_table[p / bs];
         const float *row = qkv + (size_t)i * 3 * C;
-        cpu_kv_put(isa, dt, kv_at(ctx, b, l, 0, p % bs) + ho, row + C + h * HS, HS);
-        cpu_kv_put(isa, dt, kv_at(ctx, b, l, 1, p % bs) + ho, row + 2 * C + h * HS, HS);
+        cpu_kv_put(isa, dt, kv_at(ctx, b, l, 0, p % bs) + ho, row + C + h * HS, 1, HS);
+        cpu_kv_put(isa, dt, kv_at(ctx, b, l, 1, p % bs) + ho, row + 2 * C + h * HS, 1,
+                   HS);
     }
     float *Kg = scratch, *Vg = Kg + (size_t)P * HS, *S = Vg + (size_t)P * HS;
     for (uint32_t p = 0; p < P; p++) {
         uint32_t b = (uint32_t)s->block_table[p / bs];
-        cpu_kv_get(isa, dt, Kg + (size_t)p * HS, kv_at(ctx, b, l, 0, p % bs) + ho, HS);
-        cpu_kv_get(isa, dt, Vg + (size_t)p * HS, kv_at(ctx, b, l, 1, p % bs) + ho, HS);
+        cpu_kv_get(isa, dt, Kg + (size_t)p * HS, kv_at(ctx, b, l, 0, p % bs) + ho, 1, HS);
+        cpu_kv_get(isa, dt, Vg + (size_t)p * HS, kv_at(ctx, b, l, 1, p % bs) + ho, 1, HS);
     }
     /* Blocks of query rows attend only to the keys they can see. */
     for (uint32_t i0 = 0; i0 < n; i0 += ATTN_ROW_BLOCK) {
@@ -388,14 +389,14 @@ static void attn_decode(const fwd_state *f, uint32_t si, uint32_t h0, uint32_t h
     const float *qkv = ctx->inf.qkv + (size_t)f->tok0[si] * 3 * C;
     float *atty = ctx->inf.atty + (size_t)f->tok0[si] * C;
     const int dt = ctx->kv_dtype, isa = ctx->isa;
-    const size_t es = ctx->kv_es;
+    const size_t vb = ctx->kv_vb;
     for (uint32_t i = 0; i < n; i++) {
         uint32_t p = start + i, b = (uint32_t)s->block_table[p / bs];
         const float *row = qkv + (size_t)i * 3 * C;
-        cpu_kv_put(isa, dt, kv_at(ctx, b, l, 0, p % bs) + h0 * HS * es, row + C + h0 * HS,
-                   nh * HS);
-        cpu_kv_put(isa, dt, kv_at(ctx, b, l, 1, p % bs) + h0 * HS * es,
-                   row + 2 * C + h0 * HS, nh * HS);
+        cpu_kv_put(isa, dt, kv_at(ctx, b, l, 0, p % bs) + h0 * vb, row + C + h0 * HS, nh,
+                   HS);
+        cpu_kv_put(isa, dt, kv_at(ctx, b, l, 1, p % bs) + h0 * vb, row + 2 * C + h0 * HS,
+                   nh, HS);
     }
     const void **kr = (const void **)(void *)scratch;
     const void **vr = kr + P;
@@ -417,12 +418,12 @@ static void attn_decode(const fwd_state *f, uint32_t si, uint32_t h0, uint32_t h
             /* The next chunk's K rows (these heads) while this one runs. */
             for (uint32_t j = p0 + SCORE_CHUNK; j < p0 + 2 * SCORE_CHUNK && j < valid;
                  j++)
-                for (size_t o = h0 * HS * es; o < h1 * HS * es; o += 64)
+                for (size_t o = h0 * vb; o < h1 * vb; o += 64)
                     __builtin_prefetch((const uint8_t *)kr[j] + o);
             for (size_t h = 0; h < nh; h++) {
                 const void *kk[SCORE_CHUNK];
                 for (uint32_t j = 0; j < cnt; j++)
-                    kk[j] = (const uint8_t *)kr[p0 + j] + (h0 + h) * HS * es;
+                    kk[j] = (const uint8_t *)kr[p0 + j] + (h0 + h) * vb;
                 cpu_kv_scores(isa, dt, q + (h0 + h) * HS, kk, cnt, HS, scale,
                               sc + h * P + p0);
             }

@@ -158,10 +158,11 @@ struct orch_engine_ctx {
     uint64_t params_version; /* bumped by cpu_params_changed */
     float **packed_layer;    /* [L*4]: qkv, attn proj, fc, mlp proj */
     float *packed_wte;
-    /* KV pool: values of kv_dtype (CPU_KV_*, cpu_kvq.h), kv_es bytes each */
+    /* KV pool: head vectors of kv_dtype (CPU_KV_*, cpu_kvq.h), kv_vb bytes
+     * each (cpu_kv_vec_bytes of HS); a position's row is KVH of them */
     void *kv;
     int kv_dtype;
-    size_t kv_es;
+    size_t kv_vb;
     uint8_t *kv_written; /* [blocks*block_size] */
     uint32_t kv_block_size, kv_num_blocks;
     engine_kv_mark *kv_marks; /* [blocks] validation marks */

@@ -1,6 +1,6 @@
 /*
- * cpu_kvq.c - KV cache storage types (f32, bf16) and the attention kernels
- * that read them (see cpu_kvq.h for the contract).
+ * cpu_kvq.c - KV cache storage types (f32, bf16, int8) and the attention
+ * kernels that read them (see cpu_kvq.h for the contract).
  *
  * Why bf16 and how it is read: decoding 16 sequences of GPT-2 124M at ~64
  * positions reads ~77 MB of fp32 K/V per step against 139 MB of int8
@@ -12,9 +12,21 @@
  * order, which the query is permuted to (scores) and the output permuted
  * back from (mix). No AVX512_BF16 instruction is needed: vdpbf16ps would
  * also round the query and the probabilities to bf16.
+ *
+ * int8 (one fp32 scale per head vector) quarters the f32 bytes. Its
+ * AVX-512 readers sign-extend 16 bytes to 16 int32 lanes straight from
+ * memory (vpmovsxbd), convert them to fp32 (exact) and run the same fp32
+ * FMAs as bf16 with the fp32 query, the head vector's scale applied once
+ * per score (scores) or folded into the probability (mix). An int8 x int8
+ * dot product (VNNI/AMX) would need the query quantized too; decoding is
+ * bound by the bytes read, which widening in registers does not change
+ * (measured, one thread, 12 heads of 64 over 544 positions, scores + mix:
+ * in cache bf16 156 and int8 163 M head-positions/s, out of cache 37 and
+ * 68 M/s, the byte ratio).
  */
 #include "engines/cpu/cpu_kvq.h"
 
+#include <math.h>
 #include <string.h>
 
 #include "engines/cpu/cpu_kernels.h"
@@ -23,6 +35,8 @@
 #include <immintrin.h>
 #define KVQ_X86 1
 #define AVX512  __attribute__((target("avx512f")))
+/* CPU_ISA_AVX512 means F, BW, VL and DQ (cpu_features.c): byte masks. */
+#define AVX512BW __attribute__((target("avx512f,avx512bw,avx512vl")))
 #else
 #define KVQ_X86 0
 #endif
@@ -30,9 +44,54 @@
 /* Head vectors widened at a time by the portable readers. */
 #define WIDE_CHUNK 256
 
-size_t cpu_kv_elem_bytes(int dtype) { return dtype == CPU_KV_BF16 ? 2 : 4; }
+size_t cpu_kv_vec_bytes(int dtype, size_t hs) {
+    return dtype == CPU_KV_INT8   ? hs + sizeof(float)
+           : dtype == CPU_KV_BF16 ? hs * 2
+                                  : hs * sizeof(float);
+}
 
-const char *cpu_kv_dtype_name(int dtype) { return dtype == CPU_KV_BF16 ? "bf16" : "f32"; }
+const char *cpu_kv_dtype_name(int dtype) {
+    return dtype == CPU_KV_INT8 ? "int8" : dtype == CPU_KV_BF16 ? "bf16" : "f32";
+}
+
+/* The scale of an int8 head vector of hs values (stored after them). */
+static inline float i8_scale(const void *vec, size_t hs) {
+    float d;
+    memcpy(&d, (const int8_t *)vec + hs, sizeof d);
+    return d;
+}
+
+/* Scale of a head vector from the largest |x| as bits (0x7fffffff & x,
+ * ordered like the values; NaN above infinity): max|x| / 127, NaN when a
+ * value is not finite. */
+static inline float i8_scale_of(uint32_t amax_bits) {
+    if (amax_bits >= 0x7f800000u) return NAN;
+    float a;
+    memcpy(&a, &amax_bits, sizeof a);
+    return a / 127.0f;
+}
+
+/* q = rint(x / d) within [-127, 127] (round to nearest even); 0 for d 0 or
+ * not finite. */
+static inline int8_t i8_quant(float x, float d) {
+    if (!(d > 0.0f) || isinf(d)) return 0;
+    float r = rintf(x / d);
+    r = r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r;
+    return (int8_t)r;
+}
+
+static void put_i8_one(int8_t *dst, const float *x, size_t hs) {
+    uint32_t amax = 0;
+    for (size_t i = 0; i < hs; i++) {
+        uint32_t b;
+        memcpy(&b, &x[i], sizeof b);
+        b &= 0x7fffffffu;
+        if (b > amax) amax = b;
+    }
+    const float d = i8_scale_of(amax);
+    for (size_t i = 0; i < hs; i++) dst[i] = i8_quant(x[i], d);
+    memcpy(dst + hs, &d, sizeof d);
+}
 
 uint16_t cpu_kv_bf16_round(float v) {
     uint32_t b;
@@ -82,9 +141,66 @@ AVX512 static void get_bf16_avx512(float *dst, const uint16_t *src, size_t n) {
     }
     for (; i < n; i++) dst[i] = bf16_to_f32(src[i]);
 }
+
+/* put_i8_one on 16 lanes (the same operations: integer max of the |x|
+ * bits, IEEE division, round to nearest even, clamp). */
+AVX512BW static void put_i8_avx512(int8_t *dst, const float *x, size_t hs) {
+    __m512i amax = _mm512_setzero_si512();
+    const __m512i abs = _mm512_set1_epi32(0x7fffffff);
+    for (size_t i = 0; i < hs; i += 16) {
+        const __mmask16 m =
+            hs - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (hs - i)) - 1u);
+        const __m512i b = _mm512_maskz_loadu_epi32(m, x + i);
+        amax = _mm512_max_epu32(amax, _mm512_and_si512(b, abs));
+    }
+    const float d = i8_scale_of((uint32_t)_mm512_reduce_max_epu32(amax));
+    if (!(d > 0.0f) || isinf(d)) {
+        memset(dst, 0, hs);
+    } else {
+        const __m512 dv = _mm512_set1_ps(d), lo = _mm512_set1_ps(-127.0f),
+                     hi = _mm512_set1_ps(127.0f);
+        for (size_t i = 0; i < hs; i += 16) {
+            const __mmask16 m =
+                hs - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (hs - i)) - 1u);
+            __m512 r =
+                _mm512_roundscale_ps(_mm512_div_ps(_mm512_maskz_loadu_ps(m, x + i), dv),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            r = _mm512_min_ps(_mm512_max_ps(r, lo), hi);
+            _mm_mask_storeu_epi8(dst + i, m, _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(r)));
+        }
+    }
+    memcpy(dst + hs, &d, sizeof d);
+}
+
+AVX512BW static void get_i8_avx512(float *dst, const int8_t *src, size_t hs) {
+    const __m512 dv = _mm512_set1_ps(i8_scale(src, hs));
+    for (size_t i = 0; i < hs; i += 16) {
+        const __mmask16 m =
+            hs - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (hs - i)) - 1u);
+        const __m512 v =
+            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, src + i)));
+        _mm512_mask_storeu_ps(dst + i, m, _mm512_mul_ps(v, dv));
+    }
+}
 #endif
 
-void cpu_kv_put(int isa, int dtype, void *dst, const float *src, size_t n) {
+void cpu_kv_put(int isa, int dtype, void *dst, const float *src, size_t nvec, size_t hs) {
+    (void)isa;
+    if (dtype == CPU_KV_INT8) {
+        const size_t vb = cpu_kv_vec_bytes(dtype, hs);
+        for (size_t v = 0; v < nvec; v++) {
+            int8_t *d = (int8_t *)dst + v * vb;
+#if KVQ_X86
+            if (isa >= CPU_ISA_AVX512) {
+                put_i8_avx512(d, src + v * hs, hs);
+                continue;
+            }
+#endif
+            put_i8_one(d, src + v * hs, hs);
+        }
+        return;
+    }
+    const size_t n = nvec * hs;
     if (dtype != CPU_KV_BF16) {
         memcpy(dst, src, n * sizeof(float));
         return;
@@ -96,11 +212,28 @@ void cpu_kv_put(int isa, int dtype, void *dst, const float *src, size_t n) {
         return;
     }
 #endif
-    (void)isa;
     for (size_t i = 0; i < n; i++) d[i] = cpu_kv_bf16_round(src[i]);
 }
 
-void cpu_kv_get(int isa, int dtype, float *dst, const void *src, size_t n) {
+void cpu_kv_get(int isa, int dtype, float *dst, const void *src, size_t nvec, size_t hs) {
+    (void)isa;
+    if (dtype == CPU_KV_INT8) {
+        const size_t vb = cpu_kv_vec_bytes(dtype, hs);
+        for (size_t v = 0; v < nvec; v++) {
+            const int8_t *q = (const int8_t *)src + v * vb;
+            float *o = dst + v * hs;
+#if KVQ_X86
+            if (isa >= CPU_ISA_AVX512) {
+                get_i8_avx512(o, q, hs);
+                continue;
+            }
+#endif
+            const float d = i8_scale(q, hs);
+            for (size_t i = 0; i < hs; i++) o[i] = (float)q[i] * d;
+        }
+        return;
+    }
+    const size_t n = nvec * hs;
     if (dtype != CPU_KV_BF16) {
         memcpy(dst, src, n * sizeof(float));
         return;
@@ -112,7 +245,6 @@ void cpu_kv_get(int isa, int dtype, float *dst, const void *src, size_t n) {
         return;
     }
 #endif
-    (void)isa;
     for (size_t i = 0; i < n; i++) dst[i] = bf16_to_f32(s[i]);
 }
 
@@ -235,7 +367,108 @@ AVX512 static void scores64_bf16_avx512(const float *q, const void *const *row, 
         }
     }
 }
+
+/* int8 keys, hs a multiple of 16 (<= V512_MAX_HS), 16 positions at a time:
+ * out[p] = (dot(q, k_p) * d_p) * scale, the dot in fp32 on the widened
+ * bytes. */
+AVX512 static void scores_i8_avx512(const float *q, const void *const *k, size_t n,
+                                    size_t hs, float scale, float *out) {
+    const __m512 sv = _mm512_set1_ps(scale);
+    for (size_t p0 = 0; p0 < n; p0 += 16) {
+        const size_t cnt = n - p0 < 16 ? n - p0 : 16;
+        __m512 a[16];
+        float d[16] __attribute__((aligned(64)));
+        _Pragma("GCC unroll 16") for (int j = 0; j < 16; j++) {
+            a[j] = _mm512_setzero_ps();
+            d[j] = 0.0f;
+            if ((size_t)j >= cnt) continue;
+            const int8_t *kr = k[p0 + (size_t)j];
+            d[j] = i8_scale(kr, hs);
+            for (size_t c = 0; c < hs; c += 16) {
+                const __m512 kf = _mm512_cvtepi32_ps(
+                    _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(kr + c))));
+                a[j] = _mm512_fmadd_ps(_mm512_loadu_ps(q + c), kf, a[j]);
+            }
+        }
+        const __m512 r =
+            _mm512_mul_ps(_mm512_mul_ps(hsum16_avx512(a), _mm512_load_ps(d)), sv);
+        _mm512_mask_storeu_ps(out + p0, (__mmask16)((1u << cnt) - 1u), r);
+    }
+}
+
+/* Heads of 64 int8 values, as scores64_bf16_avx512: each position's key
+ * vectors of up to SC_HEADS heads read once (contiguous, 68 bytes each),
+ * one 16-lane partial sum per (head, position), the scales kept beside. */
+AVX512 static void scores64_i8_avx512(const float *q, const void *const *row, size_t n,
+                                      size_t h0, size_t nh, float scale, float *sc,
+                                      size_t ldsc) {
+    enum { VB = 64 + 4 };
+    __m512 buf[SC_HEADS][16];
+    float d[SC_HEADS][16] __attribute__((aligned(64)));
+    const __m512 sv = _mm512_set1_ps(scale);
+    for (size_t a = 0; a < nh; a += SC_HEADS) {
+        const size_t m = nh - a < SC_HEADS ? nh - a : SC_HEADS;
+        const float *qa = q + (h0 + a) * 64;
+        const size_t off = (h0 + a) * VB;
+        for (size_t p0 = 0; p0 < n; p0 += 16) {
+            const size_t cnt = n - p0 < 16 ? n - p0 : 16;
+            for (size_t j = 0; j < 16; j++) {
+                if (j >= cnt) {
+                    for (size_t h = 0; h < m; h++) {
+                        buf[h][j] = _mm512_setzero_ps();
+                        d[h][j] = 0.0f;
+                    }
+                    continue;
+                }
+                const int8_t *kr = (const int8_t *)row[p0 + j] + off;
+                if (p0 + j + 8 < n)
+                    for (size_t o = 0; o < m * VB; o += 64)
+                        _mm_prefetch((const char *)row[p0 + j + 8] + off + o,
+                                     _MM_HINT_T0);
+                for (size_t h = 0; h < m; h++) {
+                    const int8_t *kh = kr + h * VB;
+                    const float *qh = qa + h * 64;
+                    __m512 acc = _mm512_mul_ps(
+                        _mm512_loadu_ps(qh),
+                        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                            _mm_loadu_si128((const __m128i *)(const void *)kh))));
+                    _Pragma("GCC unroll 3") for (int c = 1; c < 4; c++) acc =
+                        _mm512_fmadd_ps(
+                            _mm512_loadu_ps(qh + c * 16),
+                            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
+                                (const __m128i *)(const void *)(kh + c * 16)))),
+                            acc);
+                    buf[h][j] = acc;
+                    d[h][j] = i8_scale(kh, 64);
+                }
+            }
+            const __mmask16 km = (__mmask16)((1u << cnt) - 1u);
+            for (size_t h = 0; h < m; h++)
+                _mm512_mask_storeu_ps(
+                    sc + (a + h) * ldsc + p0, km,
+                    _mm512_mul_ps(
+                        _mm512_mul_ps(hsum16_avx512(buf[h]), _mm512_load_ps(d[h])), sv));
+        }
+    }
+}
 #endif
+
+/* Portable int8 scores: each key's bytes widened, the isa's fp32 dot, then
+ * (dot * d_p) * scale. */
+static void scores_i8_wide(int isa, const float *q, const void *const *k, size_t n,
+                           size_t hs, float scale, float *out) {
+    float t[WIDE_CHUNK];
+    for (size_t p = 0; p < n; p++) {
+        const int8_t *kr = k[p];
+        float s = 0.0f;
+        for (size_t c = 0; c < hs; c += WIDE_CHUNK) {
+            const size_t m = hs - c < WIDE_CHUNK ? hs - c : WIDE_CHUNK;
+            for (size_t i = 0; i < m; i++) t[i] = (float)kr[c + i];
+            s += cpu_dot(isa, q + c, t, m);
+        }
+        out[p] = s * i8_scale(kr, hs) * scale;
+    }
+}
 
 /* Portable bf16 scores: each key widened, then the isa's fp32 dot. */
 static void scores_bf16_wide(int isa, const float *q, const void *const *k, size_t n,
@@ -255,6 +488,16 @@ static void scores_bf16_wide(int isa, const float *q, const void *const *k, size
 
 void cpu_kv_scores(int isa, int dtype, const float *q, const void *const *k, size_t n,
                    size_t hs, float scale, float *out) {
+    if (dtype == CPU_KV_INT8) {
+#if KVQ_X86
+        if (isa >= CPU_ISA_AVX512 && hs % 16 == 0 && hs <= V512_MAX_HS) {
+            scores_i8_avx512(q, k, n, hs, scale, out);
+            return;
+        }
+#endif
+        scores_i8_wide(isa, q, k, n, hs, scale, out);
+        return;
+    }
     if (dtype != CPU_KV_BF16) {
         cpu_attn_scores(isa, q, (const float *const *)k, n, hs, scale, out);
         return;
@@ -357,7 +600,91 @@ AVX512 static void mix_bf16_avx512(const float *w, const void *const *v, size_t 
         }
     }
 }
+
+/* Heads of 64 int8 values, up to MIX_HEADS per pass, each position's value
+ * vectors of those heads read once (contiguous, 68 bytes each): out +=
+ * (w_p d_p) * v_p, 4 accumulators a head, positions in order (the
+ * operations of mix_i8_avx512 for hs 64, so the same bits). */
+AVX512 static void mix64_i8_avx512(const float *sc, size_t ldsc, const void *const *row,
+                                   size_t n, size_t h0, size_t nh, float *out) {
+    enum { VB = 64 + 4 };
+    for (size_t a = 0; a < nh; a += MIX_HEADS) {
+        const size_t m = nh - a < MIX_HEADS ? nh - a : MIX_HEADS;
+        const size_t off = (h0 + a) * VB;
+        __m512 acc[MIX_HEADS * 4];
+        _Pragma("GCC unroll 24") for (int i = 0; i < MIX_HEADS * 4; i++) acc[i] =
+            _mm512_setzero_ps();
+        for (size_t p = 0; p < n; p++) {
+            const int8_t *src = (const int8_t *)row[p] + off;
+            if (p + MIX_AHEAD < n)
+                for (size_t o = 0; o < m * VB; o += 64)
+                    _mm_prefetch((const char *)row[p + MIX_AHEAD] + off + o, _MM_HINT_T0);
+            _Pragma("GCC unroll 6") for (int h = 0; h < MIX_HEADS; h++) {
+                if ((size_t)h >= m) break;
+                const int8_t *vh = src + h * VB;
+                const __m512 w =
+                    _mm512_set1_ps(sc[(a + (size_t)h) * ldsc + p] * i8_scale(vh, 64));
+                _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) acc[h * 4 + c] =
+                    _mm512_fmadd_ps(
+                        w,
+                        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
+                            (const __m128i *)(const void *)(vh + c * 16)))),
+                        acc[h * 4 + c]);
+            }
+        }
+        _Pragma("GCC unroll 6") for (int h = 0; h < MIX_HEADS; h++) {
+            if ((size_t)h >= m) break;
+            _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) _mm512_storeu_ps(
+                out + (h0 + a + (size_t)h) * 64 + c * 16, acc[h * 4 + c]);
+        }
+    }
+}
+
+/* One head of hs int8 values (hs a multiple of 16, <= V512_MAX_HS), 128
+ * outputs (8 accumulators) at a time: out += (w_p d_p) * v_p. */
+AVX512 static void mix_i8_avx512(const float *w, const void *const *v, size_t n,
+                                 size_t hs, float *out) {
+    for (size_t d0 = 0; d0 < hs; d0 += 128) {
+        const int nc = (int)((hs - d0 < 128 ? hs - d0 : 128) / 16);
+        __m512 acc[8];
+        _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) acc[i] = _mm512_setzero_ps();
+        for (size_t p = 0; p < n; p++) {
+            const int8_t *src = v[p];
+            const __m512 wp = _mm512_set1_ps(w[p] * i8_scale(src, hs));
+            src += d0;
+            _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++) {
+                if (c >= nc) break;
+                acc[c] = _mm512_fmadd_ps(
+                    wp,
+                    _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                        _mm_loadu_si128((const __m128i *)(const void *)(src + c * 16)))),
+                    acc[c]);
+            }
+        }
+        _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++) {
+            if (c >= nc) break;
+            _mm512_storeu_ps(out + d0 + (size_t)c * 16, acc[c]);
+        }
+    }
+}
 #endif
+
+/* Portable int8 mix: each value vector's bytes widened, then the isa's
+ * fp32 axpy with w_p d_p. */
+static void mix_i8_wide(int isa, const float *w, const void *const *v, size_t n,
+                        size_t hs, float *out) {
+    float t[WIDE_CHUNK];
+    memset(out, 0, hs * sizeof(float));
+    for (size_t p = 0; p < n; p++) {
+        const int8_t *vr = v[p];
+        const float wp = w[p] * i8_scale(vr, hs);
+        for (size_t c = 0; c < hs; c += WIDE_CHUNK) {
+            const size_t m = hs - c < WIDE_CHUNK ? hs - c : WIDE_CHUNK;
+            for (size_t i = 0; i < m; i++) t[i] = (float)vr[c + i];
+            cpu_axpy(isa, wp, t, out + c, m);
+        }
+    }
+}
 
 /* Portable bf16 mix: each value vector widened, then the isa's fp32 axpy. */
 static void mix_bf16_wide(int isa, const float *w, const void *const *v, size_t n,
@@ -382,17 +709,30 @@ void cpu_kv_scores_heads(int isa, int dtype, const float *q, const void *const *
         scores64_bf16_avx512(q, row, n, h0, nh, scale, sc, ldsc);
         return;
     }
+    if (dtype == CPU_KV_INT8 && isa >= CPU_ISA_AVX512 && hs == 64) {
+        scores64_i8_avx512(q, row, n, h0, nh, scale, sc, ldsc);
+        return;
+    }
 #endif
-    const size_t es = cpu_kv_elem_bytes(dtype);
+    const size_t vb = cpu_kv_vec_bytes(dtype, hs);
     for (size_t h = 0; h < nh; h++) {
-        for (size_t p = 0; p < n; p++)
-            tmp[p] = (const uint8_t *)row[p] + (h0 + h) * hs * es;
+        for (size_t p = 0; p < n; p++) tmp[p] = (const uint8_t *)row[p] + (h0 + h) * vb;
         cpu_kv_scores(isa, dtype, q + (h0 + h) * hs, tmp, n, hs, scale, sc + h * ldsc);
     }
 }
 
 void cpu_kv_mix(int isa, int dtype, const float *w, const void *const *v, size_t n,
                 size_t hs, float *out) {
+    if (dtype == CPU_KV_INT8) {
+#if KVQ_X86
+        if (isa >= CPU_ISA_AVX512 && hs % 16 == 0 && hs <= V512_MAX_HS) {
+            mix_i8_avx512(w, v, n, hs, out);
+            return;
+        }
+#endif
+        mix_i8_wide(isa, w, v, n, hs, out);
+        return;
+    }
     if (dtype != CPU_KV_BF16) {
         cpu_attn_mix(isa, w, (const float *const *)v, n, hs, out);
         return;
@@ -414,11 +754,14 @@ void cpu_kv_mix_heads(int isa, int dtype, const float *sc, size_t ldsc,
         mix64_bf16_avx512(sc, ldsc, row, n, h0, nh, out);
         return;
     }
+    if (dtype == CPU_KV_INT8 && isa >= CPU_ISA_AVX512 && hs == 64) {
+        mix64_i8_avx512(sc, ldsc, row, n, h0, nh, out);
+        return;
+    }
 #endif
-    const size_t es = cpu_kv_elem_bytes(dtype);
+    const size_t vb = cpu_kv_vec_bytes(dtype, hs);
     for (size_t h = 0; h < nh; h++) {
-        for (size_t p = 0; p < n; p++)
-            tmp[p] = (const uint8_t *)row[p] + (h0 + h) * hs * es;
+        for (size_t p = 0; p < n; p++) tmp[p] = (const uint8_t *)row[p] + (h0 + h) * vb;
         cpu_kv_mix(isa, dtype, sc + h * ldsc, tmp, n, hs, out + (h0 + h) * hs);
     }
 }

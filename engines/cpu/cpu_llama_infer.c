@@ -33,14 +33,15 @@
 
 static size_t al16(size_t n) { return (n + 15) & ~(size_t)15; }
 
-/* Position slot of K (which 0) or V (1) of layer l in block: KVD values of
- * ctx->kv_dtype (f32 or bf16, cpu_kvq.c). */
+/* Position slot of K (which 0) or V (1) of layer l in block: KVH head
+ * vectors of ctx->kv_dtype (f32, bf16 or int8, cpu_kvq.c), kv_vb bytes
+ * each. */
 static uint8_t *kv_at(const orch_engine_ctx *ctx, uint32_t block, uint32_t l, int which,
                       uint32_t slot) {
     return (uint8_t *)ctx->kv +
            ((((size_t)block * ctx->L + l) * 2 + (size_t)which) * ctx->kv_block_size +
             slot) *
-               ctx->KVD * ctx->kv_es;
+               ctx->KVH * ctx->kv_vb;
 }
 
 /* ------------------------------------------------------------------------- */
@@ -121,9 +122,9 @@ static void rows_chunk(void *arg, size_t c, int tid) {
             const uint32_t p = f->pos[r], bs = ctx->kv_block_size;
             const uint32_t blk = (uint32_t)s->block_table[p / bs];
             cpu_kv_put(ctx->isa, ctx->kv_dtype, kv_at(ctx, blk, f->layer, 0, p % bs),
-                       row + C, KVD);
+                       row + C, ctx->KVH, ctx->HS);
             cpu_kv_put(ctx->isa, ctx->kv_dtype, kv_at(ctx, blk, f->layer, 1, p % bs),
-                       row + C + KVD, KVD);
+                       row + C + KVD, ctx->KVH, ctx->HS);
             break;
         }
         case F_SWIGLU: { /* h into the first M columns of the gate|up row */
@@ -151,7 +152,7 @@ static void attn_task(const fwd *f, uint32_t si, uint32_t h, float *scratch) {
     const orch_seq_input *s = engine_batch_seq(f->batch, si);
     const uint32_t l = f->layer, bs = ctx->kv_block_size;
     const size_t C = ctx->C, HS = ctx->HS, QS = C + 2 * (size_t)ctx->KVD;
-    const size_t kvo = (size_t)(h / (ctx->NH / ctx->KVH)) * HS * ctx->kv_es; /* bytes */
+    const size_t kvo = (size_t)(h / (ctx->NH / ctx->KVH)) * ctx->kv_vb; /* bytes */
     const int dt = ctx->kv_dtype, isa = ctx->isa;
     const uint32_t n = s->n_tokens, start = s->start_pos, P = start + n;
     const float scale = 1.0f / sqrtf((float)HS);
@@ -161,9 +162,9 @@ static void attn_task(const fwd *f, uint32_t si, uint32_t h, float *scratch) {
         float *Kg = scratch, *Vg = Kg + (size_t)P * HS, *S = Vg + (size_t)P * HS;
         for (uint32_t p = 0; p < P; p++) {
             const uint32_t b = (uint32_t)s->block_table[p / bs];
-            cpu_kv_get(isa, dt, Kg + (size_t)p * HS, kv_at(ctx, b, l, 0, p % bs) + kvo,
+            cpu_kv_get(isa, dt, Kg + (size_t)p * HS, kv_at(ctx, b, l, 0, p % bs) + kvo, 1,
                        HS);
-            cpu_kv_get(isa, dt, Vg + (size_t)p * HS, kv_at(ctx, b, l, 1, p % bs) + kvo,
+            cpu_kv_get(isa, dt, Vg + (size_t)p * HS, kv_at(ctx, b, l, 1, p % bs) + kvo, 1,
                        HS);
         }
         for (uint32_t i0 = 0; i0 < n; i0 += ATTN_ROW_BLOCK) {

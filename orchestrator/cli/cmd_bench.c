@@ -28,7 +28,7 @@ static const char usage_text[] =
     "                        [--decode-prompt N] [--decode-steps N]\n"
     "                        [--block-size N] [--threads N] [--options S]\n"
     "                        [--precision fp32|bf16] [--quantize int8]\n"
-    "                        [--kv-cache-dtype f32|bf16]\n"
+    "                        [--kv-cache-dtype f32|bf16|int8]\n"
     "                        [--seed N] [--json] [--trust-config-engine]\n"
     "\n"
     "Benchmarks an engine on the model of FILE's \"model\" section "
@@ -223,7 +223,7 @@ static int resolve_config(bench_args *a) {
              a->options ? a->options : cfg->engine.options);
     if (add_option_word(a, "precision", a->precision, "fp32|bf16") != 0 ||
         add_option_word(a, "weights", a->quantize, "int8") != 0 ||
-        add_option_word(a, "kv", a->kv_dtype, "f32|bf16") != 0) {
+        add_option_word(a, "kv", a->kv_dtype, "f32|bf16|int8") != 0) {
         config_free(cfg);
         return ORCH_EXIT_USAGE;
     }

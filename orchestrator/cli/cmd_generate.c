@@ -112,8 +112,9 @@ static int parse_args(int argc, char **argv, gen_args *a, int *st) {
                   "fp32 (default)" },
         { "--kv-cache-dtype", FLAG_STRING, &a->kv_dtype, "T",
           .help = "KV cache storage: auto (default: the engine's;\n"
-                  "cpu: bf16 with --quantize int8, else f32), f32\n"
-                  "or bf16 (engine option kv=T)" },
+                  "cpu: bf16 with --quantize int8, else f32), f32,\n"
+                  "bf16 or int8 (int8 values, one fp32 scale per\n"
+                  "head vector; engine option kv=T)" },
         { NULL },
     };
     const flags_cmd cmd = {

@@ -45,7 +45,8 @@ const char *inference_model_quantize_options(const char *word, const char *optio
 const char *inference_model_kv_options(const char *word, const char *options, char *buf,
                                        size_t cap, char *err, size_t err_cap) {
     if (!word || strcmp(word, "auto") == 0) return options;
-    if (strcmp(word, "f32") != 0 && strcmp(word, "bf16") != 0) {
+    if (strcmp(word, "f32") != 0 && strcmp(word, "bf16") != 0 &&
+        strcmp(word, "int8") != 0) {
         util_set_err(err, err_cap, "--kv-cache-dtype: unknown type '%s' (choices: %s)",
                      word, INFERENCE_KV_DTYPE_CHOICES);
         return NULL;

@@ -79,15 +79,15 @@ const char *inference_model_quantize_options(const char *word, const char *optio
                                              size_t err_cap);
 
 /* The --kv-cache-dtype choices of generate, serve and bench, for --help. */
-#define INFERENCE_KV_DTYPE_CHOICES "auto, f32, bf16"
+#define INFERENCE_KV_DTYPE_CHOICES "auto, f32, bf16, int8"
 
 /* The engine options for `--kv-cache-dtype WORD`, as
  * inference_model_quantize_options does for --quantize: WORD NULL or
  * "auto" returns options unchanged (the engine's default: the cpu engine
- * stores bf16 with weights=int8, f32 otherwise); "f32" or "bf16" appends
- * "kv=WORD" (options may already be buf, e.g. the result of
+ * stores bf16 with weights=int8, f32 otherwise); "f32", "bf16" or "int8"
+ * appends "kv=WORD" (options may already be buf, e.g. the result of
  * inference_model_quantize_options). Another word: NULL with
- * "--kv-cache-dtype: unknown type 'W' (choices: auto, f32, bf16)". An
+ * "--kv-cache-dtype: unknown type 'W' (choices: auto, f32, bf16, int8)". An
  * engine without the option refuses it at context_create ("unknown option
  * 'kv=bf16'"). */
 const char *inference_model_kv_options(const char *word, const char *options, char *buf,
