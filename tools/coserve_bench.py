@@ -112,12 +112,16 @@ def start_job(port, fid):
     raise SystemExit("the job did not start")
 
 
-def ft_tokens(port):
+def metric(port, name):
     text = request(port, "GET", "/metrics")[1].decode()
     for line in text.splitlines():
-        if line.startswith("orch_finetune_tokens_total "):
+        if line.startswith(name + " "):
             return float(line.split()[1])
     return 0.0
+
+
+def ft_tokens(port):
+    return metric(port, "orch_finetune_tokens_total")
 
 
 def client(port, stop, gaps, lock):
@@ -159,13 +163,17 @@ def load(port, c, seconds):
     f0, t0 = ft_tokens(port), time.time()
     time.sleep(seconds)
     f1, t1 = ft_tokens(port), time.time()
+    server_p99 = metric(port, "orch_coserve_tpot_p99_seconds") * 1e3
+    factor = metric(port, "orch_coserve_budget_factor")
+    ft_cost = metric(port, "orch_coserve_finetune_token_seconds") * 1e3
     with lock:
         g = sorted(gaps)
     stop.set()
     for t in ts:
         t.join()
     pct = lambda q: g[min(len(g) - 1, int(q * len(g)))] * 1e3 if g else float("nan")
-    return {"p50": pct(0.50), "p99": pct(0.99), "ft": (f1 - f0) / (t1 - t0), "n": len(g)}
+    return {"p50": pct(0.50), "p99": pct(0.99), "ft": (f1 - f0) / (t1 - t0), "n": len(g),
+            "server_p99": server_p99, "factor": factor, "ft_ms": ft_cost}
 
 
 def main():

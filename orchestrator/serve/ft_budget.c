@@ -95,11 +95,19 @@ static void rls_update(ft_budget *b, const double x[NP], double y, double w,
             b->P[i][j] = (b->P[i][j] - Px[i] * Px[j] / denom) / forget;
 }
 
-/* The model's coefficients as used for planning: never negative, and a
- * token never free. */
-static void coeffs(const ft_budget *b, double c[NP]) {
-    for (int i = 0; i < NP; i++) c[i] = b->theta[i] > 0 ? b->theta[i] : 0;
-    if (c[3] < 1e-6) c[3] = 1e-6;
+/* The predicted time (ms) of an iteration's inference part. The fitted sum,
+ * not a sum of clamped coefficients: when the load hardly varies (always 4
+ * decode tokens, say) the intercept and the per-token cost are collinear and
+ * one of them may come out negative while their sum at the operating point
+ * is right; clamping each would predict several times the real time. */
+static double inference_ms(const ft_budget *b, uint32_t decode, uint32_t prefill) {
+    double t = b->theta[0] + b->theta[1] * decode + b->theta[2] * prefill;
+    return t > 0 ? t : 0;
+}
+
+/* The cost (ms) of one fine-tuning token as used for planning: never free. */
+static double finetune_ms(const ft_budget *b) {
+    return b->theta[3] > 1e-6 ? b->theta[3] : 1e-6;
 }
 
 static int cmp_double(const void *a, const void *c) {
@@ -123,26 +131,22 @@ uint32_t ft_budget_next(ft_budget *b, uint32_t decode_tokens, uint32_t prefill_t
     if (decode_tokens == 0 && c->slo_ttft_ms > 0 && b->n_obs >= MIN_OBS) {
         /* no TPOT to protect, but a request arriving now waits for this
          * iteration: keep it within the TTFT guard */
-        double k[NP];
-        coeffs(b, k);
         double room =
-            FT_BUDGET_TTFT_GUARD * c->slo_ttft_ms - (k[0] + k[2] * prefill_tokens);
-        double n = room > 0 ? room / k[3] : 0;
+            FT_BUDGET_TTFT_GUARD * c->slo_ttft_ms - inference_ms(b, 0, prefill_tokens);
+        double n = room > 0 ? room / finetune_ms(b) : 0;
         if (n > c->max_tokens) n = c->max_tokens;
         uint32_t rows = (uint32_t)(n / c->granule);
         return (rows ? rows : 1) * c->granule; /* progress even when tight */
     }
     if (c->slo_tpot_ms <= 0 || decode_tokens == 0) return c->max_tokens;
     if (b->n_obs < MIN_OBS) return c->granule; /* learn with one row */
-    double k[NP];
-    coeffs(b, k);
-    double t0 = k[0] + k[1] * decode_tokens + k[2] * prefill_tokens;
+    double t0 = inference_ms(b, decode_tokens, prefill_tokens);
     double room = c->slo_tpot_ms * FT_BUDGET_HEADROOM - t0;
     if (room <= 0) {
         b->paused++;
         return 0;
     }
-    double n = room / k[3] * b->factor;
+    double n = room / finetune_ms(b) * b->factor;
     /* never more than twice the last budget (plus a row): a model that has
      * just been thrown off cannot make the budget jump */
     double ramp = 2.0 * b->last_ft + c->granule;

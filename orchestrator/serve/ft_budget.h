@@ -14,7 +14,8 @@
  *     data cannot decide, and pseudo-observations that stop covariance
  *     wind-up in directions the load never excites;
  *   - the budget is the largest multiple of `granule` tokens for which the
- *     predicted iteration time stays under the TPOT target (one decode token
+ *     predicted iteration time (the fitted sum for the inference part, even
+ *     when a coefficient alone came out negative) stays under the TPOT target (one decode token
  *     per running sequence per iteration: the iteration time IS the time per
  *     output token), times a feedback factor, and at most twice the last
  *     budget plus a row (no jumps when the model has just been thrown off),

@@ -66,7 +66,7 @@ struct ft_runner {
     uint32_t n_ready;
     char running_id[FT_JOB_ID_MAX]; /* under mu: the active job ("" = none) */
     active a;                       /* scheduler thread only */
-    metrics_series *m_tokens, *m_share, *m_attain, *m_p99;
+    metrics_series *m_tokens, *m_share, *m_attain, *m_p99, *m_factor, *m_ft_cost;
     metrics_series *m_kind[3]; /* tokens by kind: decode, prefill, finetune */
     metrics_family *m_jobs;
 };
@@ -290,6 +290,18 @@ ft_runner *ft_runner_create(const ft_runner_config *cfg, char *err, size_t err_c
             m, "orch_coserve_slo_attainment",
             "Share of decode iterations within the TPOT target (--slo-tpot-ms).", 0,
             NULL),
+        NULL);
+    r->m_factor = metrics_series_get(
+        metrics_gauge(m, "orch_coserve_budget_factor",
+                      "The fine-tuning budget's feedback factor (0..1; AIMD on the TPOT "
+                      "target).",
+                      0, NULL),
+        NULL);
+    r->m_ft_cost = metrics_series_get(
+        metrics_gauge(m, "orch_coserve_finetune_token_seconds",
+                      "The latency model's cost of one fine-tuning token (or row of "
+                      "work at token level) in an iteration.",
+                      0, NULL),
         NULL);
     r->m_p99 = metrics_series_get(
         metrics_gauge(m, "orch_coserve_tpot_p99_seconds",
@@ -798,6 +810,8 @@ static void observe(ft_runner *r, uint32_t decode_tokens, uint32_t prefill_token
     ft_budget_get_stats(r->budget, &bs);
     metrics_gauge_set(r->m_attain, bs.attainment);
     metrics_gauge_set(r->m_p99, bs.p99_tpot_ms / 1e3);
+    metrics_gauge_set(r->m_factor, bs.factor);
+    metrics_gauge_set(r->m_ft_cost, bs.model_ms[3] / 1e3);
     uint32_t all = decode_tokens + prefill_tokens + ft_tokens;
     metrics_counter_add(r->m_kind[0], decode_tokens);
     metrics_counter_add(r->m_kind[1], prefill_tokens);
