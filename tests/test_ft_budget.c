@@ -15,7 +15,6 @@
 #include <check.h>
 #include <math.h>
 #include <stdint.h>
-#include <stdio.h>
 #include <string.h>
 
 #include "orchestrator/serve/ft_budget.h"
