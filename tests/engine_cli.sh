@@ -30,7 +30,7 @@ rc=$?
 if [ "$rc" -eq 0 ] && [ ! -s "$tmp/err" ] &&
   grep -Eq '^abi: +1\.[0-9]+ ' "$tmp/out" &&
   grep -Eq '^engine: +mock$' "$tmp/out" &&
-  grep -Eq '^capabilities: +train,infer,kv-copy,eval,deterministic,fault-injection,lora$' "$tmp/out" &&
+  grep -Eq '^capabilities: +train,infer,kv-copy,eval,deterministic,fault-injection,lora,ft-stream$' "$tmp/out" &&
   grep -Eq '^probe: +ok: mock engine, no numerics$' "$tmp/out"; then
   pass "info --engine=mock"
 else
