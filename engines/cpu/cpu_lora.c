@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engines/common/engine_lora.h"
 #include "engines/cpu/cpu_llama.h"
 
 /* Target bits in table order, and their names in messages. */
@@ -91,115 +92,24 @@ const cpu_view *cpu_lora_frozen_grads(const orch_engine_ctx *ctx) {
  * count only); returns their number. */
 static uint32_t mods_list(const orch_engine_ctx *ctx, uint32_t targets,
                           cpu_lora_mod *mods) {
-    uint32_t n = 0;
-    const uint32_t C = ctx->C, M = ctx->M, KVD = ctx->KVD;
-    for (uint32_t l = 0; l < ctx->L; l++)
-        for (int t = 0; t < 4; t++) {
-            const uint32_t bit = target_bits[t];
-            if (!(targets & bit)) continue;
-            /* (base tensor within the layer, in, out, col0) */
-            uint32_t spec[3][4];
-            uint32_t k = 0, base0;
-            if (ctx->arch == ORCH_ARCH_GPT2) {
-                base0 = 2 + l * L_COUNT;
-                if (bit == ORCH_LORA_TARGET_ATTN_QKV) {
-                    uint32_t s0[4] = { L_QKV_W, C, 3 * C, 0 };
-                    memcpy(spec[k++], s0, sizeof s0);
-                } else if (bit == ORCH_LORA_TARGET_ATTN_OUT) {
-                    uint32_t s0[4] = { L_AP_W, C, C, 0 };
-                    memcpy(spec[k++], s0, sizeof s0);
-                } else if (bit == ORCH_LORA_TARGET_MLP_UP) {
-                    uint32_t s0[4] = { L_FC_W, C, M, 0 };
-                    memcpy(spec[k++], s0, sizeof s0);
-                } else {
-                    uint32_t s0[4] = { L_MP_W, M, C, 0 };
-                    memcpy(spec[k++], s0, sizeof s0);
-                }
-            } else {
-                base0 = 1 + l * LL_COUNT;
-                if (bit == ORCH_LORA_TARGET_ATTN_QKV) {
-                    uint32_t q[4] = { LL_Q, C, C, 0 }, kk[4] = { LL_K, C, KVD, C },
-                             v[4] = { LL_V, C, KVD, C + KVD };
-                    memcpy(spec[k++], q, sizeof q);
-                    memcpy(spec[k++], kk, sizeof kk);
-                    memcpy(spec[k++], v, sizeof v);
-                } else if (bit == ORCH_LORA_TARGET_ATTN_OUT) {
-                    uint32_t s0[4] = { LL_O, C, C, 0 };
-                    memcpy(spec[k++], s0, sizeof s0);
-                } else if (bit == ORCH_LORA_TARGET_MLP_UP) {
-                    uint32_t g[4] = { LL_GATE, C, M, 0 }, u[4] = { LL_UP, C, M, M };
-                    memcpy(spec[k++], g, sizeof g);
-                    memcpy(spec[k++], u, sizeof u);
-                } else {
-                    uint32_t s0[4] = { LL_DOWN, M, C, 0 };
-                    memcpy(spec[k++], s0, sizeof s0);
-                }
-            }
-            for (uint32_t i = 0; i < k; i++, n++) {
-                if (!mods) continue;
-                cpu_lora_mod *m = &mods[n];
-                memset(m, 0, sizeof *m);
-                m->layer = l;
-                m->target = bit;
-                m->base_idx = base0 + spec[i][0];
-                m->in = spec[i][1];
-                m->out = spec[i][2];
-                m->col0 = spec[i][3];
-            }
-        }
+    /* engine_lora_role -> the weight's index within a layer's tensors */
+    static const uint32_t in_layer[ENGINE_LORA_ROLE_COUNT] = {
+        L_QKV_W, L_AP_W, L_FC_W, L_MP_W, LL_Q, LL_K, LL_V, LL_O, LL_GATE, LL_UP, LL_DOWN
+    };
+    const uint32_t n =
+        engine_lora_mods(ctx->arch, ctx->L, ctx->C, ctx->M, ctx->KVD, targets, mods);
+    for (uint32_t i = 0; mods && i < n; i++)
+        mods[i].base_idx = (ctx->arch == ORCH_ARCH_GPT2 ? 2 + mods[i].layer * L_COUNT
+                                                        : 1 + mods[i].layer * LL_COUNT) +
+                           in_layer[mods[i].role];
     return n;
-}
-
-static void set_tensor(engine_tensor *t, const char *base, const char *which,
-                       uint64_t rows, uint64_t cols, uint64_t offset) {
-    memset(t, 0, sizeof *t);
-    size_t n = strlen(base);
-    if (n > 7 && strcmp(base + n - 7, ".weight") == 0) n -= 7;
-    snprintf(t->name, sizeof t->name, "%.*s.%s.weight", (int)n, base, which);
-    t->ndim = 2;
-    t->flags = 0;
-    t->shape[0] = rows;
-    t->shape[1] = cols;
-    t->numel = rows * cols;
-    t->offset = offset;
 }
 
 int32_t cpu_lora_create(orch_engine_ctx *ctx, const orch_lora_desc *desc,
                         uint32_t *out_id) {
-    if (!desc)
-        return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT, "adapter_create: desc is NULL");
-    if (!out_id)
-        return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT, "adapter_create: out_id is NULL");
-    const size_t need = offsetof(orch_lora_desc, seed) + sizeof desc->seed;
-    if (desc->struct_size < need)
-        return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                        "adapter_create: desc->struct_size %u is smaller than the %zu "
-                        "bytes up to seed",
-                        desc->struct_size, need);
     orch_lora_desc d;
-    memset(&d, 0, sizeof d);
-    memcpy(&d, desc, desc->struct_size < sizeof d ? desc->struct_size : sizeof d);
-    for (int i = 0; i < 4; i++)
-        if (d.reserved[i] != 0)
-            return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                            "adapter_create: desc->reserved[%d] is %u; it must be 0", i,
-                            d.reserved[i]);
-    if (d.targets == 0)
-        return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                        "adapter_create: targets is 0; give at least one of "
-                        "ORCH_LORA_TARGET_ATTN_QKV, ATTN_OUT, MLP_UP, MLP_DOWN");
-    if (d.targets & ~ORCH_LORA_TARGET_ALL)
-        return cpu_fail(
-            ctx, ORCH_ERR_INVALID_ARGUMENT,
-            "adapter_create: targets 0x%x has unknown bits 0x%x (known: 0x%x)", d.targets,
-            d.targets & ~ORCH_LORA_TARGET_ALL, ORCH_LORA_TARGET_ALL);
-    if (!(d.alpha > 0.0f) || !isfinite(d.alpha))
-        return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                        "adapter_create: alpha %g must be finite and > 0",
-                        (double)d.alpha);
-    if (d.rank == 0)
-        return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                        "adapter_create: rank 0; it must be >= 1");
+    int32_t cst = engine_check_lora_desc(desc, out_id, &d, ENGINE_ERRBUF(ctx));
+    if (cst != ORCH_OK) return cst;
     const uint32_t n_mods = mods_list(ctx, d.targets, NULL);
     cpu_lora_mod *mods = calloc(n_mods ? n_mods : 1, sizeof *mods);
     if (!mods)
@@ -277,8 +187,9 @@ int32_t cpu_lora_create(orch_engine_ctx *ctx, const orch_lora_desc *desc,
     for (uint32_t i = 0; i < n_mods; i++) {
         const cpu_lora_mod *m = &mods[i];
         const char *bn = ctx->tensors[m->base_idx].name;
-        set_tensor(&lo->tensors[2 * i], bn, "lora_A", d.rank, m->in, m->a_off);
-        set_tensor(&lo->tensors[2 * i + 1], bn, "lora_B", m->out, d.rank, m->b_off);
+        engine_lora_tensor(&lo->tensors[2 * i], bn, "lora_A", d.rank, m->in, m->a_off);
+        engine_lora_tensor(&lo->tensors[2 * i + 1], bn, "lora_B", m->out, d.rank,
+                           m->b_off);
         const double bound = 1.0 / sqrt((double)m->in);
         const size_t na = (size_t)d.rank * m->in;
         for (size_t e = 0; e < na; e++) {

@@ -36,18 +36,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engines/common/engine_lora.h"
 #include "engines/cpu/cpu_internal.h"
 
 /* One adapted matrix W [out, in] of one layer. */
-typedef struct cpu_lora_mod {
-    uint32_t layer;
-    uint32_t target;   /* one ORCH_LORA_TARGET_* bit */
-    uint32_t in, out;  /* W's shape [out, in] */
-    uint32_t col0;     /* first column of W's output inside the product's output */
-    size_t a_off;      /* A [rank, in] in the adapter's flat buffers */
-    size_t b_off;      /* B [out, rank] */
-    uint32_t base_idx; /* index of W in the base tensor table */
-} cpu_lora_mod;
+/* One adapted matrix (engines/common/engine_lora.h). */
+typedef engine_lora_mod cpu_lora_mod;
 
 typedef struct cpu_lora {
     uint32_t id, rank, targets;

@@ -34,6 +34,7 @@
 #include "engine_api/orch_engine.h"
 #include "engines/common/engine_checks.h"
 #include "engines/common/engine_common.h"
+#include "engines/common/engine_lora.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -359,15 +360,8 @@ int32_t cu_gemm_batched(orch_engine_ctx *ctx, int transA, int transB, int M, int
 /* ------------------------------------------------------------------------- */
 
 /* One adapted matrix W [out, in] of one layer. */
-typedef struct cu_lora_mod {
-    uint32_t layer;
-    uint32_t target;   /* one ORCH_LORA_TARGET_* bit */
-    uint32_t in, out;  /* W's shape [out, in] */
-    uint32_t col0;     /* first column of W's output inside the product's output */
-    uint32_t base_idx; /* index of W in the base tensor table */
-    uint64_t a_off;    /* A [rank, in] in the adapter's flat buffers */
-    uint64_t b_off;    /* B [out, rank] */
-} cu_lora_mod;
+/* One adapted matrix (engines/common/engine_lora.h). */
+typedef engine_lora_mod cu_lora_mod;
 
 typedef struct cu_lora {
     uint32_t id, rank, targets;

@@ -113,119 +113,20 @@ int cu_lora_known(const void *c, uint32_t id) {
  * count only); returns their number. */
 static uint32_t mods_list(const orch_engine_ctx *ctx, uint32_t targets,
                           cu_lora_mod *mods) {
-    uint32_t n = 0;
-    const uint32_t C = ctx->C, M = ctx->M, KVD = ctx->kvC;
-    for (uint32_t l = 0; l < ctx->L; l++)
-        for (int t = 0; t < 4; t++) {
-            const uint32_t bit = target_bits[t];
-            if (!(targets & bit)) continue;
-            /* (base tensor within the layer, in, out, col0) */
-            uint32_t spec[3][4];
-            uint32_t k = 0;
-            if (ctx->arch == ORCH_ARCH_GPT2) {
-                if (bit == ORCH_LORA_TARGET_ATTN_QKV) {
-                    const uint32_t s0[4] = { CU_ATTN_W, C, 3 * C, 0 };
-                    memcpy(spec[k++], s0, sizeof s0);
-                } else if (bit == ORCH_LORA_TARGET_ATTN_OUT) {
-                    const uint32_t s0[4] = { CU_PROJ_W, C, C, 0 };
-                    memcpy(spec[k++], s0, sizeof s0);
-                } else if (bit == ORCH_LORA_TARGET_MLP_UP) {
-                    const uint32_t s0[4] = { CU_FC_W, C, M, 0 };
-                    memcpy(spec[k++], s0, sizeof s0);
-                } else {
-                    const uint32_t s0[4] = { CU_FCPROJ_W, M, C, 0 };
-                    memcpy(spec[k++], s0, sizeof s0);
-                }
-            } else {
-                if (bit == ORCH_LORA_TARGET_ATTN_QKV) {
-                    const uint32_t q[4] = { CL_Q, C, C, 0 }, kk[4] = { CL_K, C, KVD, C },
-                                   v[4] = { CL_V, C, KVD, C + KVD };
-                    memcpy(spec[k++], q, sizeof q);
-                    memcpy(spec[k++], kk, sizeof kk);
-                    memcpy(spec[k++], v, sizeof v);
-                } else if (bit == ORCH_LORA_TARGET_ATTN_OUT) {
-                    const uint32_t s0[4] = { CL_O, C, C, 0 };
-                    memcpy(spec[k++], s0, sizeof s0);
-                } else if (bit == ORCH_LORA_TARGET_MLP_UP) {
-                    const uint32_t g[4] = { CL_GATE, C, M, 0 }, u[4] = { CL_UP, C, M, M };
-                    memcpy(spec[k++], g, sizeof g);
-                    memcpy(spec[k++], u, sizeof u);
-                } else {
-                    const uint32_t s0[4] = { CL_DOWN, M, C, 0 };
-                    memcpy(spec[k++], s0, sizeof s0);
-                }
-            }
-            for (uint32_t i = 0; i < k; i++, n++) {
-                if (!mods) continue;
-                cu_lora_mod *m = &mods[n];
-                memset(m, 0, sizeof *m);
-                m->layer = l;
-                m->target = bit;
-                m->base_idx = ctx->arch == ORCH_ARCH_GPT2
-                                  ? CU_LAYER_TENSOR(l, spec[i][0])
-                                  : CL_LAYER_TENSOR(l, spec[i][0]);
-                m->in = spec[i][1];
-                m->out = spec[i][2];
-                m->col0 = spec[i][3];
-            }
-        }
+    /* engine_lora_role -> the weight's index within a layer's tensors */
+    static const uint32_t in_layer[ENGINE_LORA_ROLE_COUNT] = {
+        CU_ATTN_W, CU_PROJ_W, CU_FC_W, CU_FCPROJ_W, CL_Q,   CL_K,
+        CL_V,      CL_O,      CL_GATE, CL_UP,       CL_DOWN
+    };
+    const uint32_t n =
+        engine_lora_mods(ctx->arch, ctx->L, ctx->C, ctx->M, ctx->kvC, targets, mods);
+    for (uint32_t i = 0; mods && i < n; i++) {
+        const uint32_t w = in_layer[mods[i].role];
+        mods[i].base_idx = ctx->arch == ORCH_ARCH_GPT2
+                               ? CU_LAYER_TENSOR(mods[i].layer, w)
+                               : CL_LAYER_TENSOR(mods[i].layer, w);
+    }
     return n;
-}
-
-static void set_tensor(cu_tensor *t, const char *base, const char *which, uint64_t rows,
-                       uint64_t cols, uint64_t offset) {
-    memset(t, 0, sizeof *t);
-    size_t n = strlen(base);
-    if (n > 7 && strcmp(base + n - 7, ".weight") == 0) n -= 7;
-    snprintf(t->name, sizeof t->name, "%.*s.%s.weight", (int)n, base, which);
-    t->ndim = 2;
-    t->flags = 0;
-    t->shape[0] = rows;
-    t->shape[1] = cols;
-    t->numel = rows * cols;
-    t->offset = offset;
-}
-
-/* The desc checks of cpu_lora_create, with its messages. */
-static int32_t check_desc(orch_engine_ctx *ctx, const orch_lora_desc *desc,
-                          const uint32_t *out_id, orch_lora_desc *d) {
-    if (!desc)
-        return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                            "adapter_create: desc is NULL");
-    if (!out_id)
-        return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                            "adapter_create: out_id is NULL");
-    const size_t need = offsetof(orch_lora_desc, seed) + sizeof desc->seed;
-    if (desc->struct_size < need)
-        return cu_set_error(
-            ctx, ORCH_ERR_INVALID_ARGUMENT,
-            "adapter_create: desc->struct_size %u is smaller than the %zu "
-            "bytes up to seed",
-            desc->struct_size, need);
-    memset(d, 0, sizeof *d);
-    memcpy(d, desc, desc->struct_size < sizeof *d ? desc->struct_size : sizeof *d);
-    for (int i = 0; i < 4; i++)
-        if (d->reserved[i] != 0)
-            return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                                "adapter_create: desc->reserved[%d] is %u; it must be 0",
-                                i, d->reserved[i]);
-    if (d->targets == 0)
-        return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                            "adapter_create: targets is 0; give at least one of "
-                            "ORCH_LORA_TARGET_ATTN_QKV, ATTN_OUT, MLP_UP, MLP_DOWN");
-    if (d->targets & ~ORCH_LORA_TARGET_ALL)
-        return cu_set_error(
-            ctx, ORCH_ERR_INVALID_ARGUMENT,
-            "adapter_create: targets 0x%x has unknown bits 0x%x (known: 0x%x)",
-            d->targets, d->targets & ~ORCH_LORA_TARGET_ALL, ORCH_LORA_TARGET_ALL);
-    if (!(d->alpha > 0.0f) || !isfinite(d->alpha))
-        return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                            "adapter_create: alpha %g must be finite and > 0",
-                            (double)d->alpha);
-    if (d->rank == 0)
-        return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                            "adapter_create: rank 0; it must be >= 1");
-    return ORCH_OK;
 }
 
 /* Upload the initial parameters (A from the seed, B zero) and zero the
@@ -259,7 +160,7 @@ static int32_t lora_init(orch_engine_ctx *ctx, cu_lora *lo) {
 int32_t cu_lora_create(orch_engine_ctx *ctx, const orch_lora_desc *desc,
                        uint32_t *out_id) {
     orch_lora_desc d;
-    CU_TRY(check_desc(ctx, desc, out_id, &d));
+    CU_TRY(engine_check_lora_desc(desc, out_id, &d, ENGINE_ERRBUF(ctx)));
     const uint32_t n_mods = mods_list(ctx, d.targets, NULL);
     cu_lora_mod *mods = (cu_lora_mod *)calloc(n_mods ? n_mods : 1, sizeof *mods);
     if (!mods)
@@ -347,8 +248,9 @@ int32_t cu_lora_create(orch_engine_ctx *ctx, const orch_lora_desc *desc,
     for (uint32_t i = 0; i < n_mods; i++) {
         const cu_lora_mod *m = &mods[i];
         const char *bn = ctx->tensors[m->base_idx].name;
-        set_tensor(&lo->tensors[2 * i], bn, "lora_A", d.rank, m->in, m->a_off);
-        set_tensor(&lo->tensors[2 * i + 1], bn, "lora_B", m->out, d.rank, m->b_off);
+        engine_lora_tensor(&lo->tensors[2 * i], bn, "lora_A", d.rank, m->in, m->a_off);
+        engine_lora_tensor(&lo->tensors[2 * i + 1], bn, "lora_B", m->out, d.rank,
+                           m->b_off);
     }
     int32_t st = lora_init(ctx, lo);
     if (st != ORCH_OK) {
