@@ -29,9 +29,10 @@ int32_t engine_check_lora_desc(const orch_lora_desc *desc, const uint32_t *out_i
     memcpy(&d, desc, desc->struct_size < sizeof d ? desc->struct_size : sizeof d);
     for (int i = 0; i < 4; i++)
         if (d.reserved[i] != 0)
-            return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
-                                   "adapter_create: desc->reserved[%d] is %u; it must be 0",
-                                   i, d.reserved[i]);
+            return engine_fail_buf(
+                err, cap, ORCH_ERR_INVALID_ARGUMENT,
+                "adapter_create: desc->reserved[%d] is %u; it must be 0", i,
+                d.reserved[i]);
     if (d.targets == 0)
         return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
                                "adapter_create: targets is 0; give at least one of "
@@ -90,8 +91,9 @@ static uint32_t target_specs(uint32_t arch, uint32_t bit, uint32_t C, uint32_t M
 
 uint32_t engine_lora_mods(uint32_t arch, uint32_t layers, uint32_t C, uint32_t M,
                           uint32_t kvd, uint32_t targets, engine_lora_mod *mods) {
-    static const uint32_t bits[4] = { ORCH_LORA_TARGET_ATTN_QKV, ORCH_LORA_TARGET_ATTN_OUT,
-                                      ORCH_LORA_TARGET_MLP_UP, ORCH_LORA_TARGET_MLP_DOWN };
+    static const uint32_t bits[4] = { ORCH_LORA_TARGET_ATTN_QKV,
+                                      ORCH_LORA_TARGET_ATTN_OUT, ORCH_LORA_TARGET_MLP_UP,
+                                      ORCH_LORA_TARGET_MLP_DOWN };
     uint32_t n = 0;
     for (uint32_t l = 0; l < layers; l++)
         for (int t = 0; t < 4; t++) {
