@@ -236,6 +236,7 @@ stop_server "$PID" || fail "exit (resumed)"
 for g in token sequence temporal; do
   case $g in
     temporal) GOPT=(--coserve-mode temporal) ;;
+    sequence) GOPT=(--ft-granularity sequence) ;;
     *) GOPT=(--ft-granularity "$g" --ft-chunk-tokens 5) ;;
   esac
   start_server "mock-$g" --state-dir "$T/G$g" --ft-seq-len 32 --ft-micro-batch 2 "${GOPT[@]}"
@@ -281,6 +282,9 @@ stop_server "$PID" || fail "exit (mock fault)"
 "$ORCH_BIN" serve --engine mock --port 0 --state-dir "$T/B" --coserve-mode temporal --ft-granularity token >bad.log 2>&1 &&
   fail "--ft-granularity token with temporal accepted"
 grep -q "time sharing runs whole micro-batches" bad.log || { cat bad.log; fail "temporal+token message"; }
+"$ORCH_BIN" serve --engine mock --port 0 --state-dir "$T/B" --ft-granularity sequence --ft-chunk-tokens 4 \
+  >bad.log 2>&1 && fail "--ft-chunk-tokens with whole micro-batches accepted"
+grep -q "applies to token-level fine-tuning only" bad.log || { cat bad.log; fail "--ft-chunk-tokens message"; }
 "$ORCH_BIN" serve --engine mock --port 0 --state-dir "$T/B" --ft-granularity bits >bad.log 2>&1 &&
   fail "--ft-granularity bits accepted"
 grep -q "expected auto, token or sequence" bad.log || { cat bad.log; fail "--ft-granularity message"; }

@@ -273,6 +273,16 @@ static int start_runner(const serve_options *o, const serve_model *m, const char
                      "runs whole micro-batches (use --ft-granularity sequence)");
         return -1;
     }
+    if (!token_level && o->ft_chunk_tokens) {
+        util_set_err(err, err_cap,
+                     "--ft-chunk-tokens applies to token-level fine-tuning only; this "
+                     "server runs whole micro-batches (%s)",
+                     temporal ? "--coserve-mode temporal"
+                     : strcmp(gran, "sequence") == 0
+                         ? "--ft-granularity sequence"
+                         : "the engine has no ABI 1.5 streams");
+        return -1;
+    }
     uint32_t seq_len = o->ft_seq_len ? (uint32_t)o->ft_seq_len : m->context;
     if (seq_len > m->context) {
         util_set_err(err, err_cap, "--ft-seq-len %u is over the model's context (%u)",
