@@ -285,6 +285,9 @@ grep -q "time sharing runs whole micro-batches" bad.log || { cat bad.log; fail "
 "$ORCH_BIN" serve --engine mock --port 0 --state-dir "$T/B" --ft-granularity sequence --ft-chunk-tokens 4 \
   >bad.log 2>&1 && fail "--ft-chunk-tokens with whole micro-batches accepted"
 grep -q "applies to token-level fine-tuning only" bad.log || { cat bad.log; fail "--ft-chunk-tokens message"; }
+"$ORCH_BIN" serve --engine mock --port 0 --ft-rank 4 >bad.log 2>&1 &&
+  fail "--ft-rank without fine-tuning jobs (no --state-dir) accepted"
+grep -q -- "--ft-rank: no fine-tuning jobs on this server" bad.log || { cat bad.log; fail "--ft-rank message"; }
 "$ORCH_BIN" serve --engine mock --port 0 --state-dir "$T/B" --ft-granularity bits >bad.log 2>&1 &&
   fail "--ft-granularity bits accepted"
 grep -q "expected auto, token or sequence" bad.log || { cat bad.log; fail "--ft-granularity message"; }

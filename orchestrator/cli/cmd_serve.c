@@ -47,6 +47,15 @@ static int parse_args(int argc, char **argv, serve_options *o, int *st) {
     size_t n_pos = 0;
     const char *quantize = NULL, *kv_dtype = NULL;
     static char options_buf[4096]; /* o->engine_options with --quantize */
+    /* the fine-tuning and co-serving flags, in the table's order below */
+    static const char *const ft_flags[] = { "--ft-lr",           "--ft-rank",
+                                            "--ft-alpha",        "--ft-targets",
+                                            "--ft-seq-len",      "--ft-micro-batch",
+                                            "--ft-no-packing",   "--ft-checkpoint-every",
+                                            "--coserve-mode",    "--ft-granularity",
+                                            "--ft-chunk-tokens", "--slo-tpot-ms",
+                                            "--slo-ttft-ms" };
+    int ft_seen[sizeof ft_flags / sizeof ft_flags[0]] = { 0 };
     o->api_key = getenv("ORCH_API_KEY");
     const flag_spec flags[] = {
         { "-m", FLAG_STRING, &flag_model, "MODEL", .help = "the same as --model" },
@@ -130,55 +139,60 @@ static int parse_args(int argc, char **argv, serve_options *o, int *st) {
         { "--ft-lr", FLAG_DOUBLE, &o->ft_lr, "X",
           .help = "fine-tuning jobs: base learning rate (times the\n"
                   "job's learning_rate_multiplier; default 2e-4)",
-          .dmin = 1e-9, .dmax = 1.0 },
+          .dmin = 1e-9, .dmax = 1.0, .seen = &ft_seen[0] },
         { "--ft-rank", FLAG_U64, &o->ft_rank, "R",
-          .help = "fine-tuning jobs: LoRA rank (default 8)", .min = 1, .max = 4096 },
+          .help = "fine-tuning jobs: LoRA rank (default 8)", .min = 1, .max = 4096,
+          .seen = &ft_seen[1] },
         { "--ft-alpha", FLAG_DOUBLE, &o->ft_alpha, "A",
-          .help = "fine-tuning jobs: LoRA alpha (default 16)", .dmin = 1e-6,
-          .dmax = 1e6 },
+          .help = "fine-tuning jobs: LoRA alpha (default 16)", .dmin = 1e-6, .dmax = 1e6,
+          .seen = &ft_seen[2] },
         { "--ft-targets", FLAG_STRING, &o->ft_targets, "LIST",
           .help = "fine-tuning jobs: adapted matrices (orch finetune's\n"
-                  "--targets; default qkv)" },
+                  "--targets; default qkv)",
+          .seen = &ft_seen[3] },
         { "--ft-seq-len", FLAG_U64, &o->ft_seq_len, "T",
           .help = "fine-tuning jobs: positions per row (default: the\n"
                   "model's context)",
-          .min = 1, .max = 1 << 20 },
+          .min = 1, .max = 1 << 20, .seen = &ft_seen[4] },
         { "--ft-micro-batch", FLAG_U64, &o->ft_micro_batch, "N",
           .help = "fine-tuning jobs: rows per micro-batch, the unit\n"
                   "that rides in an iteration (default 1); a job's\n"
                   "batch_size must be a multiple",
-          .min = 1, .max = 256 },
+          .min = 1, .max = 256, .seen = &ft_seen[5] },
         { "--ft-no-packing", FLAG_TRUE, &o->ft_no_packing, NULL,
-          .help = "fine-tuning jobs: one example per row (orch\nfinetune --no-packing)" },
+          .help = "fine-tuning jobs: one example per row (orch\nfinetune --no-packing)",
+          .seen = &ft_seen[6] },
         { "--ft-checkpoint-every", FLAG_U64, &o->ft_checkpoint_every, "N",
           .help = "fine-tuning jobs: checkpoint every N steps, to\n"
                   "resume after a restart (default: once an epoch)",
-          .min = 1, .max = 1 << 30 },
+          .min = 1, .max = 1 << 30, .seen = &ft_seen[7] },
         { "--coserve-mode", FLAG_STRING, &o->coserve_mode, "MODE",
           .help = "shared (default): fine-tuning tokens ride in the\n"
                   "inference iterations, in the same pass over the\n"
                   "weights; temporal: time sharing (the baseline):\n"
                   "after each inference pass one micro-batch runs\n"
-                  "alone while inference waits" },
+                  "alone while inference waits",
+          .seen = &ft_seen[8] },
         { "--ft-granularity", FLAG_STRING, &o->ft_granularity, "G",
           .help = "token: a micro-batch's forward and backward are\n"
                   "split into chunks of rows over many iterations\n"
                   "(FlexLLM's token-level fine-tuning, ABI 1.5);\n"
                   "sequence: whole micro-batches; auto (default):\n"
-                  "token where the engine has it, under shared" },
+                  "token where the engine has it, under shared",
+          .seen = &ft_seen[9] },
         { "--ft-chunk-tokens", FLAG_U64, &o->ft_chunk_tokens, "N",
           .help = "token level: the budget's unit in rows (default 8)", .min = 1,
-          .max = 1 << 20 },
+          .max = 1 << 20, .seen = &ft_seen[10] },
         { "--slo-tpot-ms", FLAG_DOUBLE, &o->slo_tpot_ms, "MS",
           .help = "co-serving: p99 time per output token to keep;\n"
                   "fine-tuning gets what is left, and pauses when\n"
                   "inference alone needs it all (default 0: no\n"
                   "target, fine-tuning takes the whole budget)",
-          .dmin = 0, .dmax = 1e6 },
+          .dmin = 0, .dmax = 1e6, .seen = &ft_seen[11] },
         { "--slo-ttft-ms", FLAG_DOUBLE, &o->slo_ttft_ms, "MS",
           .help = "co-serving: time to first token to keep (default\n"
                   "0: none)",
-          .dmin = 0, .dmax = 1e7 },
+          .dmin = 0, .dmax = 1e7, .seen = &ft_seen[12] },
         { "--state-dir", FLAG_STRING, &o->state_dir, "DIR",
           .help = "keep uploaded files (OpenAI's /v1/files) in DIR,\n"
                   "across restarts (default: none; the files API is\n"
@@ -245,6 +259,8 @@ static int parse_args(int argc, char **argv, serve_options *o, int *st) {
         .pos_name = "MODEL",
     };
     if (flags_parse(&cmd, argc, argv, st)) return 1;
+    for (size_t i = 0; i < sizeof ft_flags / sizeof ft_flags[0] && !o->ft_flag_given; i++)
+        if (ft_seen[i]) o->ft_flag_given = ft_flags[i];
     *st = ORCH_EXIT_USAGE;
     int given = (pos_model != NULL) + (flag_model != NULL) + (o->ckpt != NULL);
     if (given > 1) {

@@ -446,13 +446,14 @@ static int serve_start(const serve_options *o, const serve_hooks *h, const char 
             say(h, 0, "adapter %s from %s", lname, eq + 1);
         }
     }
-    if (!runner && o->ft_granularity && strcmp(o->ft_granularity, "token") == 0) {
-        util_set_err(err, err_cap,
-                     "--ft-granularity token: no fine-tuning jobs on this server (they "
-                     "need --state-dir and an engine with LoRA adapters; engine '%s' "
-                     "ABI %u.%u%s)",
-                     m->eh->api->name, m->eh->api->abi_major, m->eh->api->abi_minor,
-                     m->eh->api->capabilities & ORCH_CAP_LORA ? "" : " has none");
+    if (!runner && o->ft_flag_given) {
+        util_set_err(
+            err, err_cap,
+            "%s: no fine-tuning jobs on this server (they need --state-dir and an "
+            "engine with LoRA adapters; engine '%s' ABI %u.%u%s)",
+            o->ft_flag_given, m->eh->api->name, m->eh->api->abi_major,
+            m->eh->api->abi_minor,
+            m->eh->api->capabilities & ORCH_CAP_LORA ? "" : " has none");
         return -1;
     }
     if (runner && start_runner(o, m, name, st, err, err_cap) != 0) return -1;

@@ -122,6 +122,8 @@ typedef struct serve_options {
     const char *ft_granularity;   /* --ft-granularity auto (default) | token | sequence */
     uint64_t ft_chunk_tokens;     /* --ft-chunk-tokens (0: 8) */
     int ft_no_packing;            /* --ft-no-packing */
+    const char *ft_flag_given;    /* the first fine-tuning/co-serving flag given (NULL:
+                                     none); refused when there are no jobs */
 } serve_options;
 
 /* The defaults of `orch serve` (port 8080, 64 sequences, 2048 tokens per
