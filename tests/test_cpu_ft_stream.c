@@ -71,37 +71,12 @@ static const char *const fixtures[4] = {
 /* Contexts, adapters, streams                                                */
 /* ------------------------------------------------------------------------- */
 
-static orch_model_desc fixture_model(const safetensors_file *f) {
-    if (strcmp(test_fixture_meta_str(f, "arch"), "llama") == 0)
-        return test_fixture_llama_model(f);
-    orch_model_desc m = test_model_desc((uint32_t)test_fixture_meta(f, "vocab_size"),
-                                        (uint32_t)test_fixture_meta(f, "context"),
-                                        (uint32_t)test_fixture_meta(f, "layers"),
-                                        (uint32_t)test_fixture_meta(f, "heads"),
-                                        (uint32_t)test_fixture_meta(f, "width"));
-    m.mlp_width = (uint32_t)test_fixture_meta(f, "mlp_width");
-    m.layernorm_eps = (float)test_fixture_meta(f, "layernorm_eps");
-    return m;
-}
-
 static orch_engine_ctx *make_ctx(const orch_model_desc *m, const char *options) {
     orch_engine_ctx *ctx = NULL;
     char err[1024];
     int rc = engine_create_context(&H, m, 0, 1, options, &ctx, err, sizeof err);
     ck_assert_msg(rc == 0, "create (%s): %s", options ? options : "", err);
     return ctx;
-}
-
-static orch_lora_desc lora_desc(uint32_t rank, float alpha, uint32_t targets,
-                                uint64_t seed) {
-    orch_lora_desc d;
-    memset(&d, 0, sizeof d);
-    d.struct_size = sizeof d;
-    d.rank = rank;
-    d.alpha = alpha;
-    d.targets = targets;
-    d.seed = seed;
-    return d;
 }
 
 static uint64_t adapter_numel(orch_engine_ctx *ctx, uint32_t id, uint32_t *n_tensors) {
@@ -139,7 +114,7 @@ typedef struct run {
 
 static void run_open(run *r, int k, const char *options) {
     r->f = test_fixture_open(fixtures[k]);
-    r->m = fixture_model(r->f);
+    r->m = test_fixture_model(r->f);
     r->ctx = make_ctx(&r->m, options);
     test_load_fixture_params(A, r->ctx, r->f);
     r->B = (uint32_t)test_fixture_meta(r->f, "batch");
@@ -147,9 +122,10 @@ static void run_open(run *r, int k, const char *options) {
     size_t n;
     r->tokens = test_fixture_get(r->f, "tokens", SAFETENSORS_I32, &n);
     r->targets = test_fixture_get(r->f, "targets", SAFETENSORS_I32, &n);
-    orch_lora_desc d = lora_desc((uint32_t)test_fixture_meta(r->f, "lora_rank"),
-                                 (float)test_fixture_meta(r->f, "lora_alpha"),
-                                 (uint32_t)test_fixture_meta(r->f, "lora_targets"), 99);
+    orch_lora_desc d =
+        test_lora_desc((uint32_t)test_fixture_meta(r->f, "lora_rank"),
+                       (float)test_fixture_meta(r->f, "lora_alpha"),
+                       (uint32_t)test_fixture_meta(r->f, "lora_targets"), 99);
     ck_assert_int_eq(A->adapter_create(r->ctx, &d, &r->id), ORCH_OK);
     uint32_t nt;
     r->n = adapter_numel(r->ctx, r->id, &nt);
@@ -332,7 +308,7 @@ START_TEST(test_stream_long) {
         m.rope_theta = 10000.0f;
     }
     orch_engine_ctx *ctx = make_ctx(&m, "threads=2");
-    orch_lora_desc d = lora_desc(3, 6.0f, ORCH_LORA_TARGET_ALL, 5);
+    orch_lora_desc d = test_lora_desc(3, 6.0f, ORCH_LORA_TARGET_ALL, 5);
     uint32_t id, nt;
     ck_assert_int_eq(A->adapter_create(ctx, &d, &id), ORCH_OK);
     const uint64_t n = adapter_numel(ctx, id, &nt);
@@ -514,7 +490,7 @@ START_TEST(test_state_and_errors) {
     run_open(&r, _i, "threads=1");
     orch_engine_ctx *ctx = r.ctx;
     const uint64_t BT = (uint64_t)r.B * r.T;
-    orch_lora_desc d = lora_desc(2, 4.0f, ORCH_LORA_TARGET_ATTN_OUT, 3);
+    orch_lora_desc d = test_lora_desc(2, 4.0f, ORCH_LORA_TARGET_ATTN_OUT, 3);
     uint32_t other;
     ck_assert_int_eq(A->adapter_create(ctx, &d, &other), ORCH_OK);
     orch_tensor_info ti;
@@ -652,7 +628,7 @@ END_TEST
 
 START_TEST(test_bf16) {
     safetensors_file *f = test_fixture_open(fixtures[_i]);
-    orch_model_desc m = fixture_model(f);
+    orch_model_desc m = test_fixture_model(f);
     orch_engine_ctx *probe = NULL;
     char err[1024] = "";
     const int ok = engine_create_context(&H, &m, 0, 1, "precision=bf16", &probe, err,

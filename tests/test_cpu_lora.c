@@ -75,37 +75,12 @@ static const char *const variants[] = { "threads=1", "threads=2", "isa=generic" 
 /* Fixture runs                                                               */
 /* ------------------------------------------------------------------------- */
 
-static orch_model_desc fixture_model(const safetensors_file *f) {
-    if (strcmp(test_fixture_meta_str(f, "arch"), "llama") == 0)
-        return test_fixture_llama_model(f);
-    orch_model_desc m = test_model_desc((uint32_t)test_fixture_meta(f, "vocab_size"),
-                                        (uint32_t)test_fixture_meta(f, "context"),
-                                        (uint32_t)test_fixture_meta(f, "layers"),
-                                        (uint32_t)test_fixture_meta(f, "heads"),
-                                        (uint32_t)test_fixture_meta(f, "width"));
-    m.mlp_width = (uint32_t)test_fixture_meta(f, "mlp_width");
-    m.layernorm_eps = (float)test_fixture_meta(f, "layernorm_eps");
-    return m;
-}
-
 static orch_engine_ctx *make_ctx(const orch_model_desc *m, const char *options) {
     orch_engine_ctx *ctx = NULL;
     char err[1024];
     int rc = engine_create_context(&H, m, 0, 1, options, &ctx, err, sizeof err);
     ck_assert_msg(rc == 0, "create (%s): %s", options ? options : "", err);
     return ctx;
-}
-
-static orch_lora_desc lora_desc(uint32_t rank, float alpha, uint32_t targets,
-                                uint64_t seed) {
-    orch_lora_desc d;
-    memset(&d, 0, sizeof d);
-    d.struct_size = sizeof d;
-    d.rank = rank;
-    d.alpha = alpha;
-    d.targets = targets;
-    d.seed = seed;
-    return d;
 }
 
 /* An adapter's PARAM table. */
@@ -167,7 +142,7 @@ static void load_adapter(lora_run *r, orch_engine_ctx *ctx, uint32_t id,
 
 static void lora_open(lora_run *r, int k, const char *options) {
     r->f = test_fixture_open(fixtures[k]);
-    r->m = fixture_model(r->f);
+    r->m = test_fixture_model(r->f);
     r->ctx = make_ctx(&r->m, options);
     test_load_fixture_params(A, r->ctx, r->f);
     r->B = (uint32_t)test_fixture_meta(r->f, "batch");
@@ -178,7 +153,7 @@ static void lora_open(lora_run *r, int k, const char *options) {
     size_t n;
     r->tokens = test_fixture_get(r->f, "tokens", SAFETENSORS_I32, &n);
     r->targets_t = test_fixture_get(r->f, "targets", SAFETENSORS_I32, &n);
-    orch_lora_desc d = lora_desc(r->rank, r->alpha, r->targets, 99);
+    orch_lora_desc d = test_lora_desc(r->rank, r->alpha, r->targets, 99);
     ck_assert_int_eq(A->adapter_create(r->ctx, &d, &r->id), ORCH_OK);
     adapter_table(r->ctx, r->id, &r->t);
     ck_assert_uint_eq(r->t.n, (uint32_t)test_fixture_meta(r->f, "lora_tensors"));
@@ -415,7 +390,7 @@ END_TEST
  * tests/test_cpu_bf16.c) and the base untouched. */
 START_TEST(test_bf16_steps) {
     safetensors_file *f = test_fixture_open(fixtures[_i]);
-    orch_model_desc m = fixture_model(f);
+    orch_model_desc m = test_fixture_model(f);
     orch_engine_ctx *probe = NULL;
     char err[1024] = "";
     const int ok = engine_create_context(&H, &m, 0, 1, "precision=bf16", &probe, err,
@@ -534,7 +509,7 @@ START_TEST(test_mixed_batch) {
     lora_open(&r, k, opt);
     float *ad1 = adapter_read_all(r.ctx, r.id, ORCH_TENSOR_PARAM, &r.t);
     /* Second adapter: same shape, B of the fixture negated and A scaled. */
-    orch_lora_desc d = lora_desc(r.rank, r.alpha, r.targets, 5);
+    orch_lora_desc d = test_lora_desc(r.rank, r.alpha, r.targets, 5);
     uint32_t id2 = 0;
     ck_assert_int_eq(A->adapter_create(r.ctx, &d, &id2), ORCH_OK);
     float *ad2 = malloc(r.t.total * sizeof(float));
@@ -587,7 +562,7 @@ END_TEST
 START_TEST(test_fresh_adapter) {
     const int k = _i;
     safetensors_file *f = test_fixture_open(fixtures[k]);
-    orch_model_desc md = fixture_model(f);
+    orch_model_desc md = test_fixture_model(f);
     orch_engine_ctx *ctx = make_ctx(&md, "threads=2");
     test_load_fixture_params(A, ctx, f);
     const uint32_t B = (uint32_t)test_fixture_meta(f, "batch");
@@ -597,7 +572,7 @@ START_TEST(test_fresh_adapter) {
     const int32_t *tgt = test_fixture_get(f, "targets", SAFETENSORS_I32, &n);
     float base = -1.0f, with = -2.0f, again = -3.0f;
     ck_assert_int_eq(A->eval_loss(ctx, tok, tgt, B, T, &base), ORCH_OK);
-    orch_lora_desc d = lora_desc(4, 16.0f, ORCH_LORA_TARGET_ALL, 42);
+    orch_lora_desc d = test_lora_desc(4, 16.0f, ORCH_LORA_TARGET_ALL, 42);
     uint32_t id1 = 0, id2 = 0, id3 = 0, id4 = 0;
     ck_assert_int_eq(A->adapter_create(ctx, &d, &id1), ORCH_OK);
     ck_assert_uint_eq(id1, 1);
@@ -765,7 +740,7 @@ START_TEST(test_bad_inputs) {
     lora_open(&r, 2 * k, "threads=2");
     orch_engine_ctx *c = r.ctx;
     uint32_t id = 77;
-    orch_lora_desc d = lora_desc(0, 8.0f, ORCH_LORA_TARGET_ALL, 1);
+    orch_lora_desc d = test_lora_desc(0, 8.0f, ORCH_LORA_TARGET_ALL, 1);
     expect_err(c, A->adapter_create(c, &d, &id), ORCH_ERR_INVALID_ARGUMENT, "rank 0");
     const uint32_t lim = k == 0 ? 24 : 16;
     d.rank = lim + 1;
@@ -921,8 +896,8 @@ START_TEST(test_coserve_equals_separate) {
     uint32_t id2[2];
     for (int c = 0; c < 2; c++) {
         lora_open(&r[c], k, opt);
-        orch_lora_desc d =
-            lora_desc(2, 4.0f, ORCH_LORA_TARGET_ATTN_OUT | ORCH_LORA_TARGET_MLP_DOWN, 3);
+        orch_lora_desc d = test_lora_desc(
+            2, 4.0f, ORCH_LORA_TARGET_ATTN_OUT | ORCH_LORA_TARGET_MLP_DOWN, 3);
         ck_assert_int_eq(A->adapter_create(r[c].ctx, &d, &id2[c]), ORCH_OK);
         ck_assert_int_eq(A->kv_configure(r[c].ctx, 4, 16), ORCH_OK);
     }
@@ -995,7 +970,7 @@ END_TEST
 START_TEST(test_coserve_blocks) {
     orch_model_desc m = test_model_desc(16384, 32, 1, 4, 256);
     orch_engine_ctx *c[2] = { make_ctx(&m, "threads=2"), make_ctx(&m, "threads=2") };
-    orch_lora_desc d = lora_desc(4, 8.0f, ORCH_LORA_TARGET_ALL, 11);
+    orch_lora_desc d = test_lora_desc(4, 8.0f, ORCH_LORA_TARGET_ALL, 11);
     uint32_t id[2];
     uint64_t rng = 99;
     lora_table t;

@@ -67,37 +67,12 @@ static const char *const fixtures[4] = {
 /* Helpers                                                                    */
 /* ------------------------------------------------------------------------- */
 
-static orch_model_desc fixture_model(const safetensors_file *f) {
-    if (strcmp(test_fixture_meta_str(f, "arch"), "llama") == 0)
-        return test_fixture_llama_model(f);
-    orch_model_desc m = test_model_desc((uint32_t)test_fixture_meta(f, "vocab_size"),
-                                        (uint32_t)test_fixture_meta(f, "context"),
-                                        (uint32_t)test_fixture_meta(f, "layers"),
-                                        (uint32_t)test_fixture_meta(f, "heads"),
-                                        (uint32_t)test_fixture_meta(f, "width"));
-    m.mlp_width = (uint32_t)test_fixture_meta(f, "mlp_width");
-    m.layernorm_eps = (float)test_fixture_meta(f, "layernorm_eps");
-    return m;
-}
-
 static orch_engine_ctx *make_ctx(const engine_handle *h, const orch_model_desc *m) {
     orch_engine_ctx *ctx = NULL;
     char err[1024];
     int rc = engine_create_context(h, m, 0, 1, NULL, &ctx, err, sizeof err);
     ck_assert_msg(rc == 0, "create (%s): %s", h->api->name, err);
     return ctx;
-}
-
-static orch_lora_desc lora_desc(uint32_t rank, float alpha, uint32_t targets,
-                                uint64_t seed) {
-    orch_lora_desc d;
-    memset(&d, 0, sizeof d);
-    d.struct_size = sizeof d;
-    d.rank = rank;
-    d.alpha = alpha;
-    d.targets = targets;
-    d.seed = seed;
-    return d;
 }
 
 typedef struct lora_table {
@@ -159,7 +134,7 @@ typedef struct lora_run {
  * fixture's lora.<name> tensors written through the adapter table). */
 static void lora_open(lora_run *r, int k, const engine_handle *h) {
     r->f = test_fixture_open(fixtures[k]);
-    r->m = fixture_model(r->f);
+    r->m = test_fixture_model(r->f);
     r->api = h->api;
     r->ctx = make_ctx(h, &r->m);
     test_load_fixture_params(r->api, r->ctx, r->f);
@@ -171,7 +146,7 @@ static void lora_open(lora_run *r, int k, const engine_handle *h) {
     size_t n;
     r->tokens = test_fixture_get(r->f, "tokens", SAFETENSORS_I32, &n);
     r->targets_t = test_fixture_get(r->f, "targets", SAFETENSORS_I32, &n);
-    orch_lora_desc d = lora_desc(r->rank, r->alpha, r->targets, 99);
+    orch_lora_desc d = test_lora_desc(r->rank, r->alpha, r->targets, 99);
     ck_assert_int_eq(r->api->adapter_create(r->ctx, &d, &r->id), ORCH_OK);
     adapter_table(r->api, r->ctx, r->id, &r->t);
     ck_assert_uint_eq(r->t.n, (uint32_t)test_fixture_meta(r->f, "lora_tensors"));
@@ -502,7 +477,7 @@ START_TEST(test_mixed_batch) {
     lora_run r;
     lora_open(&r, k, &gpu);
     float *ad1 = adapter_read_all(A, r.ctx, r.id, ORCH_TENSOR_PARAM, &r.t);
-    orch_lora_desc d = lora_desc(r.rank, r.alpha, r.targets, 5);
+    orch_lora_desc d = test_lora_desc(r.rank, r.alpha, r.targets, 5);
     uint32_t id2 = 0;
     ck_assert_int_eq(A->adapter_create(r.ctx, &d, &id2), ORCH_OK);
     float *ad2 = malloc(r.t.total * sizeof(float));
@@ -552,7 +527,7 @@ END_TEST
 START_TEST(test_fresh_adapter) {
     const int k = _i;
     safetensors_file *f = test_fixture_open(fixtures[k]);
-    orch_model_desc md = fixture_model(f);
+    orch_model_desc md = test_fixture_model(f);
     orch_engine_ctx *ctx = make_ctx(&gpu, &md), *cc = make_ctx(&cpu, &md);
     test_load_fixture_params(A, ctx, f);
     const uint32_t B = (uint32_t)test_fixture_meta(f, "batch");
@@ -568,7 +543,7 @@ START_TEST(test_fresh_adapter) {
                                       ORCH_LORA_TARGET_MLP_UP };
     uint32_t first = 0;
     for (int ts = 0; ts < 3; ts++) {
-        orch_lora_desc d = lora_desc(3, 16.0f, target_sets[ts], 42 + (uint64_t)ts);
+        orch_lora_desc d = test_lora_desc(3, 16.0f, target_sets[ts], 42 + (uint64_t)ts);
         uint32_t ig = 0, ic = 0;
         ck_assert_int_eq(A->adapter_create(ctx, &d, &ig), ORCH_OK);
         ck_assert_int_eq(CA->adapter_create(cc, &d, &ic), ORCH_OK);
@@ -617,7 +592,7 @@ START_TEST(test_fresh_adapter) {
     }
     /* Ids are never reused. */
     uint32_t id4 = 0;
-    orch_lora_desc d = lora_desc(2, 4.0f, ORCH_LORA_TARGET_MLP_DOWN, 1);
+    orch_lora_desc d = test_lora_desc(2, 4.0f, ORCH_LORA_TARGET_MLP_DOWN, 1);
     ck_assert_int_eq(A->adapter_destroy(ctx, 3), ORCH_OK);
     ck_assert_int_eq(A->adapter_create(ctx, &d, &id4), ORCH_OK);
     ck_assert_uint_eq(id4, 4);
@@ -647,7 +622,7 @@ START_TEST(test_cpu_parity) {
     lora_open(&g, k, &gpu);
     lora_open(&c, k, &cpu);
     /* a second adapter on each: the same seed, fixture B scaled */
-    orch_lora_desc d = lora_desc(g.rank, g.alpha, g.targets, 7);
+    orch_lora_desc d = test_lora_desc(g.rank, g.alpha, g.targets, 7);
     uint32_t g2 = 0, c2 = 0;
     ck_assert_int_eq(A->adapter_create(g.ctx, &d, &g2), ORCH_OK);
     ck_assert_int_eq(CA->adapter_create(c.ctx, &d, &c2), ORCH_OK);
@@ -758,7 +733,7 @@ START_TEST(test_bad_inputs) {
     lora_open(&r, 2 * k, &gpu);
     orch_engine_ctx *c = r.ctx;
     uint32_t id = 77;
-    orch_lora_desc d = lora_desc(0, 8.0f, ORCH_LORA_TARGET_ALL, 1);
+    orch_lora_desc d = test_lora_desc(0, 8.0f, ORCH_LORA_TARGET_ALL, 1);
     expect_err(c, A->adapter_create(c, &d, &id), ORCH_ERR_INVALID_ARGUMENT, "rank 0");
     const uint32_t lim = k == 0 ? 24 : 16;
     d.rank = lim + 1;

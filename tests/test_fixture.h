@@ -85,6 +85,21 @@ static inline orch_model_desc test_fixture_llama_model(const safetensors_file *f
     return m;
 }
 
+/* The model of a torch_reference.py fixture: gpt2 from its metadata, or
+ * test_fixture_llama_model for arch "llama". */
+static inline orch_model_desc test_fixture_model(const safetensors_file *f) {
+    if (strcmp(test_fixture_meta_str(f, "arch"), "llama") == 0)
+        return test_fixture_llama_model(f);
+    orch_model_desc m = test_model_desc((uint32_t)test_fixture_meta(f, "vocab_size"),
+                                        (uint32_t)test_fixture_meta(f, "context"),
+                                        (uint32_t)test_fixture_meta(f, "layers"),
+                                        (uint32_t)test_fixture_meta(f, "heads"),
+                                        (uint32_t)test_fixture_meta(f, "width"));
+    m.mlp_width = (uint32_t)test_fixture_meta(f, "mlp_width");
+    m.layernorm_eps = (float)test_fixture_meta(f, "layernorm_eps");
+    return m;
+}
+
 /* Write param.<name> of the fixture into every tensor of ctx's parameter
  * table (sizes must match). */
 static inline void test_load_fixture_params(const orch_engine_api *api,

@@ -30,17 +30,6 @@ static orch_engine_ctx *make_ctx(const orch_model_desc *m) {
     return ctx;
 }
 
-static orch_lora_desc lora(uint32_t rank, float alpha, uint32_t targets, uint64_t seed) {
-    orch_lora_desc d;
-    memset(&d, 0, sizeof d);
-    d.struct_size = sizeof d;
-    d.rank = rank;
-    d.alpha = alpha;
-    d.targets = targets;
-    d.seed = seed;
-    return d;
-}
-
 static orch_tensor_info info(orch_engine_ctx *ctx, uint32_t id, uint32_t i) {
     orch_tensor_info t;
     memset(&t, 0, sizeof t);
@@ -73,7 +62,7 @@ START_TEST(test_table_gpt2) {
     ck_assert(A->capabilities & ORCH_CAP_LORA);
     orch_model_desc m = test_model_desc(50, 16, 2, 2, 8);
     orch_engine_ctx *ctx = make_ctx(&m);
-    orch_lora_desc d = lora(4, 8.0f, ORCH_LORA_TARGET_ALL, 3);
+    orch_lora_desc d = test_lora_desc(4, 8.0f, ORCH_LORA_TARGET_ALL, 3);
     uint32_t id = 0, id2 = 0;
     ck_assert_int_eq(A->adapter_create(ctx, &d, &id), ORCH_OK);
     ck_assert_uint_ge(id, 1);
@@ -125,7 +114,7 @@ START_TEST(test_table_gpt2) {
     ck_assert_uint_eq(na, nb);
     ck_assert_int_eq(memcmp(pa, pb, na * 4), 0);
     ck_assert_int_eq(A->adapter_destroy(ctx, id2), ORCH_OK);
-    orch_lora_desc d2 = lora(4, 8.0f, ORCH_LORA_TARGET_ALL, 4);
+    orch_lora_desc d2 = test_lora_desc(4, 8.0f, ORCH_LORA_TARGET_ALL, 4);
     uint32_t id3 = 0;
     ck_assert_int_eq(A->adapter_create(ctx, &d2, &id3), ORCH_OK);
     ck_assert_uint_gt(id3, id2); /* never reused */
@@ -147,7 +136,7 @@ START_TEST(test_table_llama) {
     m.mlp_width = 24;
     orch_engine_ctx *ctx = make_ctx(&m);
     orch_lora_desc d =
-        lora(2, 4.0f, ORCH_LORA_TARGET_ATTN_QKV | ORCH_LORA_TARGET_MLP_UP, 1);
+        test_lora_desc(2, 4.0f, ORCH_LORA_TARGET_ATTN_QKV | ORCH_LORA_TARGET_MLP_UP, 1);
     uint32_t id = 0, n = 0;
     ck_assert_int_eq(A->adapter_create(ctx, &d, &id), ORCH_OK);
     ck_assert_int_eq(A->adapter_tensor_count(ctx, id, ORCH_TENSOR_PARAM, &n), ORCH_OK);
@@ -183,9 +172,12 @@ START_TEST(test_errors_name_the_field) {
         orch_lora_desc d;
         const char *word;
     } bad[] = {
-        { lora(0, 1, 1, 0), "rank 0" },  { lora(9, 1, 1, 0), "rank 9" }, /* > width 8 */
-        { lora(2, 0, 1, 0), "alpha" },   { lora(2, NAN, 1, 0), "alpha" },
-        { lora(2, 1, 0, 0), "targets" }, { lora(2, 1, 0x10, 0), "targets" },
+        { test_lora_desc(0, 1, 1, 0), "rank 0" },
+        { test_lora_desc(9, 1, 1, 0), "rank 9" }, /* > width 8 */
+        { test_lora_desc(2, 0, 1, 0), "alpha" },
+        { test_lora_desc(2, NAN, 1, 0), "alpha" },
+        { test_lora_desc(2, 1, 0, 0), "targets" },
+        { test_lora_desc(2, 1, 0x10, 0), "targets" },
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         ck_assert_int_eq(A->adapter_create(ctx, &bad[i].d, &id),
@@ -195,7 +187,7 @@ START_TEST(test_errors_name_the_field) {
         ck_assert_uint_eq(id, 77);
     }
     /* rank 8 fits every gpt2 matrix of width 8 (c_fc [32,8]: min 8). */
-    orch_lora_desc ok = lora(8, 1, ORCH_LORA_TARGET_ALL, 0);
+    orch_lora_desc ok = test_lora_desc(8, 1, ORCH_LORA_TARGET_ALL, 0);
     ck_assert_int_eq(A->adapter_create(ctx, &ok, &id), ORCH_OK);
     ck_assert_int_eq(A->adapter_create(ctx, NULL, &id), ORCH_ERR_INVALID_ARGUMENT);
     float l = 0;
@@ -222,7 +214,7 @@ START_TEST(test_grads_and_base_untouched) {
     orch_model_desc m = test_model_desc(30, 16, 1, 2, 8);
     orch_engine_ctx *ctx = make_ctx(&m);
     orch_lora_desc d =
-        lora(2, 4.0f, ORCH_LORA_TARGET_ATTN_QKV | ORCH_LORA_TARGET_MLP_DOWN, 9);
+        test_lora_desc(2, 4.0f, ORCH_LORA_TARGET_ATTN_QKV | ORCH_LORA_TARGET_MLP_DOWN, 9);
     uint32_t id = 0;
     ck_assert_int_eq(A->adapter_create(ctx, &d, &id), ORCH_OK);
     int32_t tok[8] = { 1, 5, 9, 2, 7, 3, 0, 11 }, tgt[8] = { 5, 9, -1, 7, 3, 0, 11, 4 };
@@ -301,7 +293,7 @@ END_TEST
 START_TEST(test_adamw_lowers_loss) {
     orch_model_desc m = test_model_desc(30, 16, 2, 2, 8);
     orch_engine_ctx *ctx = make_ctx(&m);
-    orch_lora_desc d = lora(4, 8.0f, ORCH_LORA_TARGET_ALL, 2);
+    orch_lora_desc d = test_lora_desc(4, 8.0f, ORCH_LORA_TARGET_ALL, 2);
     uint32_t id = 0;
     ck_assert_int_eq(A->adapter_create(ctx, &d, &id), ORCH_OK);
     int32_t tok[12], tgt[12];
@@ -340,7 +332,7 @@ START_TEST(test_infer_with_adapter) {
     orch_model_desc m = test_model_desc(256, 16, 1, 2, 8);
     orch_engine_ctx *ctx = make_ctx(&m);
     ck_assert_int_eq(A->kv_configure(ctx, 4, 8), ORCH_OK);
-    orch_lora_desc d = lora(2, 4.0f, ORCH_LORA_TARGET_ALL, 1);
+    orch_lora_desc d = test_lora_desc(2, 4.0f, ORCH_LORA_TARGET_ALL, 1);
     uint32_t id = 0;
     ck_assert_int_eq(A->adapter_create(ctx, &d, &id), ORCH_OK);
     const int32_t prompt[2] = { 'a', 'b' }, t0[1] = { 0 }, t1[1] = { 1 }, t2[1] = { 2 };
@@ -382,7 +374,7 @@ START_TEST(test_stream_equals_forward_backward) {
     ck_assert(A->capabilities & ORCH_CAP_FT_STREAM);
     orch_model_desc m = test_model_desc(30, 16, 1, 2, 8);
     orch_engine_ctx *ctx = make_ctx(&m);
-    orch_lora_desc d = lora(2, 4.0f, ORCH_LORA_TARGET_ALL, 9);
+    orch_lora_desc d = test_lora_desc(2, 4.0f, ORCH_LORA_TARGET_ALL, 9);
     uint32_t id = 0;
     ck_assert_int_eq(A->adapter_create(ctx, &d, &id), ORCH_OK);
     uint64_t np = 0;
@@ -457,7 +449,7 @@ START_TEST(test_stream_rules) {
     orch_model_desc m = test_model_desc(256, 16, 1, 2, 8);
     orch_engine_ctx *ctx = make_ctx(&m);
     ck_assert_int_eq(A->kv_configure(ctx, 4, 8), ORCH_OK);
-    orch_lora_desc d = lora(2, 4.0f, ORCH_LORA_TARGET_ATTN_QKV, 1);
+    orch_lora_desc d = test_lora_desc(2, 4.0f, ORCH_LORA_TARGET_ATTN_QKV, 1);
     uint32_t id = 0;
     ck_assert_int_eq(A->adapter_create(ctx, &d, &id), ORCH_OK);
     int32_t tok[4] = { 1, 2, 3, 4 }, tgt[4] = { 2, 3, 4, 5 };

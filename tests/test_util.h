@@ -108,6 +108,19 @@ static inline int test_run_suite(Suite *s) {
 /* ------------------------------------------------------------------------- */
 
 /* One sequence of an infer_forward batch (adapter 0). */
+/* A LoRA adapter description (ABI 1.4). */
+static inline orch_lora_desc test_lora_desc(uint32_t rank, float alpha, uint32_t targets,
+                                            uint64_t seed) {
+    orch_lora_desc d;
+    memset(&d, 0, sizeof d);
+    d.struct_size = sizeof d;
+    d.rank = rank;
+    d.alpha = alpha;
+    d.targets = targets;
+    d.seed = seed;
+    return d;
+}
+
 /* A fine-tuning micro-batch (ABI 1.4/1.5) over the caller's arrays. */
 static inline orch_finetune_batch test_ft_batch(uint32_t adapter_id,
                                                 const int32_t *tokens,
