@@ -20,6 +20,7 @@
 #include <time.h>
 
 #include "engine_api/orch_engine.h"
+#include "tools/bench_util.h"
 
 #define MAX_BATCHES 16
 
@@ -32,23 +33,10 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 static int fail(const char *what, int32_t st) {
     fprintf(stderr, "engine_decode_bench: %s: %s: %s\n", what, api->status_string(st),
             ctx ? api->last_error(ctx) : "");
     return 1;
-}
-
-static int parse_u32(const char *s, uint32_t *out) {
-    char *end = NULL;
-    unsigned long v = strtoul(s, &end, 10);
-    if (!*s || *end || v > 0xffffffffUL) return -1;
-    *out = (uint32_t)v;
-    return 0;
 }
 
 int main(int argc, char **argv) {
@@ -101,7 +89,7 @@ int main(int argc, char **argv) {
         else if (strcmp(a, "--mlp") == 0)
             dst = &m.mlp_width;
         if (v && dst) {
-            if (parse_u32(v, dst) != 0) {
+            if (bench_parse_u32(v, dst) != 0) {
                 fprintf(stderr, "engine_decode_bench: %s expects a number, got '%s'\n", a,
                         v);
                 return 2;
@@ -124,7 +112,7 @@ int main(int argc, char **argv) {
             snprintf(buf, sizeof buf, "%s", v);
             for (char *t = strtok(buf, ","); t && n_batches < MAX_BATCHES;
                  t = strtok(NULL, ","))
-                if (parse_u32(t, &batches[n_batches++]) != 0 ||
+                if (bench_parse_u32(t, &batches[n_batches++]) != 0 ||
                     batches[n_batches - 1] == 0) {
                     fprintf(stderr, "engine_decode_bench: bad --batches '%s'\n", v);
                     return 2;
@@ -226,7 +214,7 @@ int main(int argc, char **argv) {
             if (st != ORCH_OK) return fail("decode", st);
             if (k >= warmup) times[k - warmup] = t1 - t0;
         }
-        qsort(times, steps, sizeof(double), cmp_double);
+        qsort(times, steps, sizeof(double), bench_cmp_double);
         double med = steps % 2 ? times[steps / 2]
                                : 0.5 * (times[steps / 2 - 1] + times[steps / 2]);
         rate[b] = (double)S / med;

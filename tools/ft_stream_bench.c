@@ -22,6 +22,7 @@
 #include <time.h>
 
 #include "engine_api/orch_engine.h"
+#include "tools/bench_util.h"
 
 static const orch_engine_api *api;
 static orch_engine_ctx *ctx;
@@ -32,29 +33,10 @@ static double now_ms(void) {
     return 1e3 * (double)ts.tv_sec + 1e-6 * (double)ts.tv_nsec;
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, size_t n) {
-    if (n == 0) return 0.0;
-    qsort(v, n, sizeof *v, cmp_double);
-    return v[n / 2];
-}
-
 static int fail(const char *what, int32_t st) {
     fprintf(stderr, "ft_stream_bench: %s: %s: %s\n", what, api->status_string(st),
             ctx ? api->last_error(ctx) : "");
     return 1;
-}
-
-static int parse_u32(const char *s, uint32_t *out) {
-    char *end = NULL;
-    unsigned long v = strtoul(s, &end, 10);
-    if (!*s || *end || v > 0xffffffffUL) return -1;
-    *out = (uint32_t)v;
-    return 0;
 }
 
 #define TRY(what, call)                             \
@@ -99,7 +81,7 @@ int main(int argc, char **argv) {
         if (v && strcmp(a, "--options") == 0) {
             options = v;
             i++;
-        } else if (v && dst && parse_u32(v, dst) == 0) {
+        } else if (v && dst && bench_parse_u32(v, dst) == 0) {
             i++;
         } else {
             fprintf(stderr, "ft_stream_bench: bad or incomplete argument '%s'\n", a);
@@ -257,9 +239,10 @@ int main(int argc, char **argv) {
            "\"open_close_ms\":%.3f,"
            "\"fwd_chunk_ms\":%.3f,\"bwd_chunk_ms\":%.3f,\"decode_seqs\":%u,"
            "\"decode_ms\":%.3f,\"decode_plus_fwd_chunk_ms\":%.3f}\n",
-           api->name, m.layers, m.width, B, T, chunk, rank, median(tfb, repeat),
-           median(tstream, repeat), median(topen, repeat), median(tfwd, nf),
-           median(tbwd, nb), S, median(tdec, repeat), median(tco, repeat));
+           api->name, m.layers, m.width, B, T, chunk, rank, bench_median(tfb, repeat),
+           bench_median(tstream, repeat), bench_median(topen, repeat),
+           bench_median(tfwd, nf), bench_median(tbwd, nb), S, bench_median(tdec, repeat),
+           bench_median(tco, repeat));
     api->context_destroy(ctx);
     free(tok);
     free(tgt);

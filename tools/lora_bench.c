@@ -23,6 +23,7 @@
 #include <time.h>
 
 #include "engine_api/orch_engine.h"
+#include "tools/bench_util.h"
 
 static const orch_engine_api *api;
 static orch_engine_ctx *ctx;
@@ -33,28 +34,10 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, uint32_t n) {
-    qsort(v, n, sizeof *v, cmp_double);
-    return v[n / 2];
-}
-
 static int fail(const char *what, int32_t st) {
     fprintf(stderr, "lora_bench: %s: %s: %s\n", what, api->status_string(st),
             ctx ? api->last_error(ctx) : "");
     return 1;
-}
-
-static int parse_u32(const char *s, uint32_t *out) {
-    char *end = NULL;
-    unsigned long v = strtoul(s, &end, 10);
-    if (!*s || *end || v > 0xffffffffUL) return -1;
-    *out = (uint32_t)v;
-    return 0;
 }
 
 #define TRY(what, call)                             \
@@ -100,7 +83,7 @@ int main(int argc, char **argv) {
         if (v && strcmp(a, "--options") == 0) {
             options = v;
             i++;
-        } else if (v && dst && parse_u32(v, dst) == 0) {
+        } else if (v && dst && bench_parse_u32(v, dst) == 0) {
             i++;
         } else {
             fprintf(stderr, "lora_bench: bad or incomplete argument '%s'\n", a);
@@ -231,8 +214,9 @@ int main(int argc, char **argv) {
             tc[s - 1] = t3 - t2;
         }
     }
-    const double base = median(tb, steps), lora = median(ta, steps);
-    const double dec = median(td, steps), co = median(tc, steps), ftb = median(tf, steps);
+    const double base = bench_median(tb, steps), lora = bench_median(ta, steps);
+    const double dec = bench_median(td, steps), co = bench_median(tc, steps),
+                 ftb = bench_median(tf, steps);
     printf("{\"engine\":\"%s\",\"batch\":%u,\"seq\":%u,\"rank\":%u,\"targets\":\"all\","
            "\"base_fb_s\":%.4f,\"adapter_fb_s\":%.4f,\"base_fb_tokens_per_s\":%.1f,"
            "\"adapter_fb_tokens_per_s\":%.1f,\"adapter_over_base_speed\":%.3f,"
