@@ -1,6 +1,6 @@
 /*
  * bench_util.h - the small helpers the engine benchmarks in tools/ share
- * (engine_decode_bench, lora_bench, ft_stream_bench): parsing an unsigned
+ * (engine_decode_bench, lora_bench, ft_stream_bench, q8_kernel_bench): parsing an unsigned
  * 32-bit argument and the median of a sample. Header-only (static inline);
  * pure functions, thread-safe; nothing allocates.
  */

@@ -30,6 +30,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "tools/bench_util.h"
+
 static double now_s(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
@@ -109,7 +111,20 @@ static double stream_read(const cpu_features *f, const uint8_t *p, size_t n, int
     return (double)n / best;
 }
 
+/* *out = v when it is a decimal in [lo, hi]; else a message and -1. */
+static int parse_in(const char *v, const char *flag, uint32_t lo, uint32_t hi,
+                    uint32_t *out) {
+    uint32_t x;
+    if (bench_parse_u32(v, &x) < 0 || x < lo || x > hi) {
+        fprintf(stderr, "q8_kernel_bench: %s must be %u..%u\n", flag, lo, hi);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    uint32_t u;
     int rows[8] = { 1, 4, 16 }, n_rows = 3, reps = 0, json = 0, only = -1;
     size_t dram_mb = 256;
     for (int i = 1; i < argc; i++) {
@@ -140,22 +155,12 @@ int main(int argc, char **argv) {
             }
             i++;
         } else if (!strcmp(a, "--dram-mb") && v) {
-            char *end;
-            long m = strtol(v, &end, 10);
-            if (*end || m < 16 || m > 16384) {
-                fprintf(stderr, "q8_kernel_bench: --dram-mb must be 16..16384\n");
-                return 2;
-            }
-            dram_mb = (size_t)m;
+            if (parse_in(v, "--dram-mb", 16, 16384, &u) < 0) return 2;
+            dram_mb = u;
             i++;
         } else if (!strcmp(a, "--reps") && v) {
-            char *end;
-            long r = strtol(v, &end, 10);
-            if (*end || r < 1 || r > 100000) {
-                fprintf(stderr, "q8_kernel_bench: --reps must be 1..100000\n");
-                return 2;
-            }
-            reps = (int)r;
+            if (parse_in(v, "--reps", 1, 100000, &u) < 0) return 2;
+            reps = (int)u;
             i++;
         } else if (!strcmp(a, "--kernel") && v) {
             for (int k = 0; k < CPU_Q8_KERNELS; k++)
