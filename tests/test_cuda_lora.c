@@ -33,7 +33,8 @@
  *     kinds/indices/bytes/ranges, an unknown adapter_id in infer_forward,
  *     a NaN gradient (ORCH_ERR_NUMERIC, nothing changed);
  *   - capabilities: ORCH_CAP_LORA with every adapter member;
- *     ORCH_CAP_COSERVE unset and coserve_forward NULL.
+ *     ORCH_CAP_COSERVE with coserve_forward (tests/test_cuda_coserve.c);
+ *     ORCH_CAP_FT_STREAM unset and the ABI 1.5 members NULL.
  *
  * The CUDA engine is `cuda` or the library ORCH_CUDA_ENGINE names
  * (tests/cuda_emu.sh points it at the engine built against the CPU
@@ -870,10 +871,13 @@ START_TEST(test_capabilities) {
     ck_assert(ORCH_API_HAS(A, adapter_forward_backward));
     ck_assert(ORCH_API_HAS(A, adapter_eval_loss));
     ck_assert(ORCH_API_HAS(A, adapter_optimizer_step));
-    /* not provided: one pass co-serving and the ABI 1.5 streams */
-    ck_assert(!(A->capabilities & ORCH_CAP_COSERVE));
-    ck_assert(A->coserve_forward == NULL);
+    /* one-pass co-serving (tests/test_cuda_coserve.c); not the ABI 1.5
+     * streams */
+    ck_assert(A->capabilities & ORCH_CAP_COSERVE);
+    ck_assert(ORCH_API_HAS(A, coserve_forward));
     ck_assert(!(A->capabilities & ORCH_CAP_FT_STREAM));
+    ck_assert(!ORCH_API_HAS(A, ft_stream_open));
+    ck_assert(!ORCH_API_HAS(A, coserve_step));
 }
 END_TEST
 
