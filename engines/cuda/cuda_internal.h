@@ -8,11 +8,16 @@
  *                    options parser and every argument check come from
  *                    engines/common (the same as the cpu and mock engines)
  *   cuda_model.cu    GPT-2 forward/backward/AdamW/inference on the device,
- *                    built from cuBLAS GEMMs and the kernels below
+ *                    built from cuBLAS GEMMs and the kernels below; the one
+ *                    forward (cu_fwd: a stack of inference rows and
+ *                    fine-tuning parts) that inference, training and
+ *                    co-serving share
  *   cuda_llama.cu    the same passes for LLaMA (RMSNorm, RoPE, GQA, SwiGLU)
  *   cuda_kernels.cu  the CUDA kernels and their host-side launchers
  *   cuda_lora.cu     LoRA adapters (ABI 1.4): storage, the hooks the passes
  *                    call around each target product, the adapter AdamW
+ *   cuda_coserve.cu  coserve_forward (ABI 1.4): an inference batch and LoRA
+ *                    micro-batches stacked into one pass over the weights
  *
  * The same sources also compile as plain C++ against the CPU emulator of
  * tests/cuda_emu (tests/cuda_emu.sh runs the parity suite on it without a

@@ -21,7 +21,13 @@
  * gradient is computed, and the hooks of cuda_lora.cu add the adapter's term
  * after each target product (forward) and its gradients and d(input) part
  * after each target's d(input) product (backward); inference adds each
- * sequence's adapter term the same way (cu_lora_infer_forward).
+ * sequence's adapter term the same way.
+ * One forward serves inference, training and co-serving (cu_gpt2_forward
+ * over a cu_fwd stack, cuda_internal.h): the inference pass is a stack of
+ * inference rows on ctx->inf's buffers (one per role, reused by every
+ * layer), the training pass a stack of one fine-tuning part on ctx->acts,
+ * coserve_forward (cuda_coserve.cu) both kinds of rows at once; the loss and
+ * backward run per part (cu_gpt2_part_loss).
  * The T x T attention products run per query chunk (attn_chunk), skipping the
  * keys no row of the chunk can see; dK and dV run per key chunk over the
  * query rows at or below it.
