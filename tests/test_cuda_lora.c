@@ -861,21 +861,6 @@ END_TEST
 /* coserve_forward (ABI 1.4, ORCH_CAP_COSERVE; engines/cuda/cuda_coserve.cu)  */
 /* ------------------------------------------------------------------------- */
 
-/* coserve_forward of seqs[0..n) (NULL batch when n is 0) and ft[0..nft). */
-static int32_t coserve(const orch_engine_api *api, orch_engine_ctx *ctx,
-                       const orch_seq_input *seqs, uint32_t n, float *logits,
-                       uint64_t cap, const orch_finetune_batch *ft, uint32_t nft,
-                       float *losses) {
-    orch_infer_batch b;
-    memset(&b, 0, sizeof b);
-    b.struct_size = sizeof b;
-    b.n_seqs = n;
-    b.seq_stride = sizeof(orch_seq_input);
-    b.seqs = seqs;
-    return api->coserve_forward(ctx, n ? &b : NULL, logits, cap, ft, nft,
-                                sizeof(orch_finetune_batch), losses);
-}
-
 /* A second adapter on r (q|k|v and the MLP up projection, seed 5) of the
  * given rank with B uniform in [-0.05, 0.05) from a fixed stream, so that it
  * changes the logits; the same values on every context. */
@@ -940,7 +925,7 @@ static void scenario(const lora_run *r, uint32_t id2, int co, float *lg, float *
         float *out = lg + row * V;
         if (co) {
             ck_assert_int_eq(
-                coserve(api, r->ctx, s, 3, out, rows * V, ft, 2, loss + 2 * step),
+                test_coserve(api, r->ctx, s, 3, out, rows * V, ft, 2, loss + 2 * step),
                 ORCH_OK);
         } else {
             ck_assert_int_eq(test_infer(api, r->ctx, s, 3, out, rows * V), ORCH_OK);
@@ -1104,7 +1089,7 @@ START_TEST(test_coserve_parts) {
     }
     /* no inference part: a NULL batch, then a batch of 0 sequences */
     float lc[2] = { -1.0f, -1.0f }, ls[2];
-    ck_assert_int_eq(coserve(A, r[0].ctx, NULL, 0, NULL, 0, ft[0], 2, lc), ORCH_OK);
+    ck_assert_int_eq(test_coserve(A, r[0].ctx, NULL, 0, NULL, 0, ft[0], 2, lc), ORCH_OK);
     orch_infer_batch empty;
     memset(&empty, 0, sizeof empty);
     empty.struct_size = sizeof empty;
@@ -1131,7 +1116,7 @@ START_TEST(test_coserve_parts) {
     s.adapter_id = r[0].id;
     float *lg = malloc((size_t)T * V * sizeof(float)),
           *want = malloc((size_t)T * V * sizeof(float));
-    ck_assert_int_eq(coserve(A, r[0].ctx, &s, 1, lg, (uint64_t)T * V, NULL, 0, NULL),
+    ck_assert_int_eq(test_coserve(A, r[0].ctx, &s, 1, lg, (uint64_t)T * V, NULL, 0, NULL),
                      ORCH_OK);
     ck_assert_int_eq(test_infer(A, r[1].ctx, &s, 1, want, (uint64_t)T * V), ORCH_OK);
     ck_assert(test_max_diff(lg, want, (uint64_t)T * V) <= 1e-5);
@@ -1144,14 +1129,14 @@ START_TEST(test_coserve_parts) {
     orch_seq_input d = test_seq_input(tok + T, 1, T, t0, 4, ORCH_LOGITS_LAST);
     d.adapter_id = r[0].id;
     float lz = -1.0f;
-    ck_assert_int_eq(coserve(A, r[0].ctx, &d, 1, lg, V, &fz, 1, &lz), ORCH_OK);
+    ck_assert_int_eq(test_coserve(A, r[0].ctx, &d, 1, lg, V, &fz, 1, &lz), ORCH_OK);
     ck_assert_int_eq(test_infer(A, r[1].ctx, &d, 1, want, V), ORCH_OK);
     ck_assert(lz == 0.0f);
     ck_assert(test_max_diff(lg, want, V) <= 1e-5);
     float *g2 = scenario_grads(&r[0], id2[0], &n1, &n2);
     ck_assert(memcmp(g0, g2, (n1 + n2) * sizeof(float)) == 0);
     /* nothing at all */
-    ck_assert_int_eq(coserve(A, r[0].ctx, NULL, 0, NULL, 0, NULL, 0, NULL), ORCH_OK);
+    ck_assert_int_eq(test_coserve(A, r[0].ctx, NULL, 0, NULL, 0, NULL, 0, NULL), ORCH_OK);
     check_base_frozen(&r[0], "after coserve_forward");
     free(g0);
     free(g1);

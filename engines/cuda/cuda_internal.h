@@ -451,6 +451,11 @@ int32_t cu_gpt2_part_loss(orch_engine_ctx *ctx, const cu_fwd *f, uint32_t k,
                           const int32_t *d_tgt, uint64_t n_valid, float grad_scale,
                           int grad, const cu_emb_csr *emb, const cu_grad_notify *notify,
                           float *out_loss);
+/* Their two ends: the cross-entropy of part k (and d logits in place with
+ * grad), its loss sum on its way to the host; then wait and write the mean. */
+int32_t cu_part_ce(orch_engine_ctx *ctx, const cu_fwd *f, uint32_t k,
+                   const int32_t *d_tgt, uint64_t n_valid, float grad_scale, int grad);
+int32_t cu_part_loss_end(orch_engine_ctx *ctx, uint64_t n_valid, float *out_loss);
 int32_t cu_llama_part_loss(orch_engine_ctx *ctx, const cu_fwd *f, uint32_t k,
                            const int32_t *d_tgt, uint64_t n_valid, float grad_scale,
                            int grad, const cu_emb_csr *emb, const cu_grad_notify *notify,

@@ -175,13 +175,7 @@ int32_t cu_llama_part_loss(orch_engine_ctx *ctx, const cu_fwd *f, uint32_t k,
     const float *norm_w = cu_tp(ctx, P, norm_index(ctx));
     float *lnf = f->lnf + RO, *lnf_rstd = f->lnfr + r0;
     float *logits = f->logits + (uint64_t)pt->lrow0 * V;
-    float *losses = a->losses + r0;
-    /* logits -> per-token loss (and d logits in place) */
-    float dscale = grad_scale / (float)n_valid;
-    KCHECK(ctx, k_cross_entropy(s, logits, d_tgt, losses, N, V, dscale, grad));
-    KCHECK(ctx, k_sum_to_double(s, losses, N, ctx->d_red + CU_NORM_BLOCKS));
-    KCHECK(ctx, cudaMemcpyAsync(ctx->h_red, ctx->d_red + CU_NORM_BLOCKS, sizeof(double),
-                                cudaMemcpyDeviceToHost, s));
+    CU_TRY(cu_part_ce(ctx, f, k, d_tgt, n_valid, grad_scale, grad));
     /* flat offset of layer l's first gradient (l = L: model.norm.weight) */
 #define LOFF(l)  (ctx->tensors[1u + (uint32_t)(l)*CL_PER_LAYER].offset)
 #define PW(l, w) cu_tp(ctx, P, CL_LAYER_TENSOR(l, w))
@@ -310,7 +304,5 @@ int32_t cu_llama_part_loss(orch_engine_ctx *ctx, const cu_fwd *f, uint32_t k,
 #undef GU
 #undef ACT
 
-    KCHECK(ctx, cudaStreamSynchronize(s));
-    *out_loss = (float)(*ctx->h_red / (double)n_valid);
-    return ORCH_OK;
+    return cu_part_loss_end(ctx, n_valid, out_loss);
 }

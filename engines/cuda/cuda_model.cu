@@ -534,6 +534,27 @@ int32_t cu_model_train_step(orch_engine_ctx *ctx, const int32_t *tokens,
                              out_loss);
 }
 
+int32_t cu_part_ce(orch_engine_ctx *ctx, const cu_fwd *f, uint32_t k,
+                   const int32_t *d_tgt, uint64_t n_valid, float grad_scale, int grad) {
+    cudaStream_t s = ctx->stream;
+    const cu_fwd_part *pt = &f->parts[k];
+    const uint32_t V = ctx->V, N = pt->B * pt->T;
+    float *logits = f->logits + (uint64_t)pt->lrow0 * V;
+    float *losses = ctx->acts.losses + pt->r0;
+    const float dscale = grad_scale / (float)n_valid;
+    KCHECK(ctx, k_cross_entropy(s, logits, d_tgt, losses, N, V, dscale, grad));
+    KCHECK(ctx, k_sum_to_double(s, losses, N, ctx->d_red + CU_NORM_BLOCKS));
+    KCHECK(ctx, cudaMemcpyAsync(ctx->h_red, ctx->d_red + CU_NORM_BLOCKS, sizeof(double),
+                                cudaMemcpyDeviceToHost, s));
+    return ORCH_OK;
+}
+
+int32_t cu_part_loss_end(orch_engine_ctx *ctx, uint64_t n_valid, float *out_loss) {
+    KCHECK(ctx, cudaStreamSynchronize(ctx->stream));
+    *out_loss = (float)(*ctx->h_red / (double)n_valid);
+    return ORCH_OK;
+}
+
 int32_t cu_gpt2_part_loss(orch_engine_ctx *ctx, const cu_fwd *f, uint32_t k,
                           const int32_t *d_tgt, uint64_t n_valid, float grad_scale,
                           int grad, const cu_emb_csr *emb, const cu_grad_notify *notify,
@@ -555,13 +576,7 @@ int32_t cu_gpt2_part_loss(orch_engine_ctx *ctx, const cu_fwd *f, uint32_t k,
     const float *lnf_w = cu_tp(ctx, P, ctx->n_tensors - 2);
     float *lnf = f->lnf + RO, *lnf_mean = f->lnfm + r0, *lnf_rstd = f->lnfr + r0;
     float *logits = f->logits + (uint64_t)pt->lrow0 * V;
-    float *losses = a->losses + r0;
-    /* logits -> per-token loss (and d logits in place) */
-    float dscale = grad_scale / (float)n_valid;
-    KCHECK(ctx, k_cross_entropy(s, logits, d_tgt, losses, N, V, dscale, grad));
-    KCHECK(ctx, k_sum_to_double(s, losses, N, ctx->d_red + CU_NORM_BLOCKS));
-    KCHECK(ctx, cudaMemcpyAsync(ctx->h_red, ctx->d_red + CU_NORM_BLOCKS, sizeof(double),
-                                cudaMemcpyDeviceToHost, s));
+    CU_TRY(cu_part_ce(ctx, f, k, d_tgt, n_valid, grad_scale, grad));
     /* flat offset of layer l's first gradient (l = L: ln_f.weight) */
 #define LOFF(l)  (ctx->tensors[CU_LAYER_TENSOR(l, 0)].offset)
 #define PW(l, w) cu_tp(ctx, P, CU_LAYER_TENSOR(l, w))
@@ -720,9 +735,7 @@ int32_t cu_gpt2_part_loss(orch_engine_ctx *ctx, const cu_fwd *f, uint32_t k,
 #undef FCH
 #undef FCG
 
-    KCHECK(ctx, cudaStreamSynchronize(s));
-    *out_loss = (float)(*ctx->h_red / (double)n_valid);
-    return ORCH_OK;
+    return cu_part_loss_end(ctx, n_valid, out_loss);
 }
 
 /* ------------------------------------------------------------------------- */
