@@ -32,6 +32,16 @@
  *     struct_size, NULL pointers, unknown/destroyed ids on every call, bad
  *     kinds/indices/bytes/ranges, an unknown adapter_id in infer_forward,
  *     a NaN gradient (ORCH_ERR_NUMERIC, nothing changed);
+ *   - coserve_forward (ABI 1.4; engines/cuda/cuda_coserve.cu), GPT-2 and
+ *     LLaMA: a prefill and two decode steps of three sequences (two
+ *     adapters of different ranks and the base) each with two micro-batches
+ *     on the two adapters equal infer_forward + adapter_forward_backward
+ *     (logits 1e-5, losses 1e-5, gradients 1e-5 relative; the same bits on
+ *     the emulator; a one-row shift of the logits fails the comparison) and
+ *     the CPU engine's coserve_forward (1e-4, 1e-5, 1e-4); no inference part
+ *     (NULL batch, 0 sequences), no micro-batch, a micro-batch without
+ *     targets, nothing; every bad input returns the CPU engine's status with
+ *     nothing changed (logits, out_losses, gradients, KV);
  *   - capabilities: ORCH_CAP_LORA with every adapter member;
  *     ORCH_CAP_COSERVE with coserve_forward (tests/test_cuda_coserve.c);
  *     ORCH_CAP_FT_STREAM unset and the ABI 1.5 members NULL.
@@ -967,7 +977,7 @@ static double grads_rel(const float *g, const float *ref, uint64_t n1, uint64_t 
 }
 
 /* Co-served (one context) equals separate calls (another) on GPT-2 and
- * LLaMA (GQA, untied head): logits within 1e-5, losses 1e-6, both
+ * LLaMA (GQA, untied head): logits within 1e-5, losses 1e-5, both
  * adapters' gradients 1e-5 relative (on the emulator the bits are equal;
  * cuBLAS on a device may round a GEMM of another row count differently);
  * the base stays frozen. The comparison can fail: the logits shifted by one
@@ -1002,7 +1012,7 @@ START_TEST(test_coserve_equals_separate) {
            "%.3g, gradients %.3g relative%s\n",
            fixtures[k], dl, dloss, dg, same ? " (the same bits)" : "");
     ck_assert_msg(dl <= 1e-5, "%s: logits differ by %g", fixtures[k], dl);
-    ck_assert_msg(dloss <= 1e-6, "%s: losses differ by %g", fixtures[k], dloss);
+    ck_assert_msg(dloss <= 1e-5, "%s: losses differ by %g", fixtures[k], dloss);
     ck_assert_msg(dg <= 1e-5, "%s: gradients differ by %g", fixtures[k], dg);
     /* what a wrong row offset would give */
     ck_assert_msg(test_max_diff(lg[0] + V, lg[1], nl - V) > 1e-2,
@@ -1104,7 +1114,10 @@ START_TEST(test_coserve_parts) {
                                                          tok, tgt, ft[1][i].batch, T,
                                                          ft[1][i].grad_scale, &ls[i]),
                              ORCH_OK);
-    ck_assert_msg(lc[0] == ls[0] && lc[1] == ls[1] && lc2 == ls[0],
+    /* (the same bits on the emulator; a device's cuBLAS may round a GEMM of
+     * another row count differently) */
+    ck_assert_msg(fabsf(lc[0] - ls[0]) <= 1e-5f && fabsf(lc[1] - ls[1]) <= 1e-5f &&
+                      fabsf(lc2 - ls[0]) <= 1e-5f,
                   "losses %.7f %.7f %.7f vs %.7f %.7f", lc[0], lc[1], lc2, ls[0], ls[1]);
     uint64_t n1, n2;
     float *g0 = scenario_grads(&r[0], id2[0], &n1, &n2);
