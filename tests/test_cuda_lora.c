@@ -37,7 +37,9 @@
  *     adapters of different ranks and the base) each with two micro-batches
  *     on the two adapters equal infer_forward + adapter_forward_backward
  *     (logits 1e-5, losses 1e-5, gradients 1e-5 relative; the same bits on
- *     the emulator; a one-row shift of the logits fails the comparison) and
+ *     the emulator; a one-row shift of the logits fails the comparison),
+ *     with 2 x (4 per layer + 1) fewer GEMMs per step on the emulator (its
+ *     orch_cuda_emu_gemm_calls count: one pass over the base weights), and
  *     the CPU engine's coserve_forward (1e-4, 1e-5, 1e-4); no inference part
  *     (NULL batch, 0 sequences), no micro-batch, a micro-batch without
  *     targets, nothing; every bad input returns the CPU engine's status with
@@ -51,6 +53,7 @@
  * emulator). Where it cannot run here the suite prints why and exits 77.
  */
 #include <check.h>
+#include <dlfcn.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -976,6 +979,16 @@ static double grads_rel(const float *g, const float *ref, uint64_t n1, uint64_t 
     return d1 > d2 ? d1 : d2;
 }
 
+/* cublasGemmEx calls so far when the engine is the CPU emulator's build
+ * (tests/cuda_emu exports the count); -1 on a real device. */
+static long long gemm_calls(void) {
+    unsigned long long (*fn)(void) = NULL;
+    void *sym = dlsym(gpu.dl, "orch_cuda_emu_gemm_calls");
+    if (!sym) return -1;
+    memcpy(&fn, &sym, sizeof fn);
+    return (long long)fn();
+}
+
 /* Co-served (one context) equals separate calls (another) on GPT-2 and
  * LLaMA (GQA, untied head): logits within 1e-5, losses 1e-5, both
  * adapters' gradients 1e-5 relative (on the emulator the bits are equal;
@@ -987,11 +1000,27 @@ START_TEST(test_coserve_equals_separate) {
     lora_run r[2];
     uint32_t id2[2];
     float *lg[2], loss[2][6];
+    long long gemms[2];
     for (int c = 0; c < 2; c++) {
         lora_open(&r[c], k, &gpu);
         id2[c] = second_adapter(&r[c], 2);
         lg[c] = malloc((size_t)SCEN_ROWS * r[c].m.vocab_size * sizeof(float));
+        const long long g0 = gemm_calls();
         scenario(&r[c], id2[c], c == 0, lg[c], loss[c]);
+        gemms[c] = gemm_calls() - g0;
+    }
+    /* one pass over the base weights: each step's two micro-batches save
+     * their forward's base products (4 per layer: GPT-2 c_attn, c_proj,
+     * c_fc, mlp c_proj; LLaMA q|k|v, o, gate|up, down) and LM head, every
+     * other product (LoRA, attention, backward) is the same */
+    if (gemms[0] >= 0) {
+        const long long want = 3 * 2 * (4 * (long long)r[0].m.layers + 1);
+        ck_assert_msg(gemms[1] - gemms[0] == want,
+                      "%s: %lld GEMMs co-served, %lld separate: %lld fewer, want %lld",
+                      fixtures[k], gemms[0], gemms[1], gemms[1] - gemms[0], want);
+        printf("test_cuda_lora: %s: %lld GEMMs co-served, %lld in separate calls (the "
+               "micro-batches' base products and LM heads ride on the inference's)\n",
+               fixtures[k], gemms[0], gemms[1]);
     }
     const uint64_t nl = (uint64_t)SCEN_ROWS * r[0].m.vocab_size, V = r[0].m.vocab_size;
     const double dl = test_max_diff(lg[0], lg[1], nl);
