@@ -19,7 +19,8 @@
 # --lora` with that adapter: greedy text equal to the CPU engine's with the
 # same adapter, and not the base's; `orch serve --lora ad=DIR` answering
 # adapter and base requests at the same time (mixed batches), each with
-# its own greedy text.
+# its own greedy text; and `orch serve --state-dir` running a fine-tuning
+# job co-served with completions (coserve_forward, ABI 1.4).
 # Skips (77) under sanitizers (the emulator switches stacks), without g++, or
 # when the test binaries or the CPU engine are not built.
 set -u
@@ -77,6 +78,7 @@ ORCH_CUDA_ENGINE="$tmp/libengine_cuda_emu.so" ORCH_ENGINE_PATH="$BUILD_DIR" \
 
 # ---- orch finetune / orch generate --lora on the emulated engine ----
 emu="$tmp/libengine_cuda_emu.so"
+repo=$PWD
 orch() { ORCH_ENGINE_PATH="$BUILD_DIR" "$BUILD_DIR/orch" "$@"; }
 (
   cd "$tmp" || exit 1
@@ -151,5 +153,32 @@ EOF
   kill -TERM "$spid" 2>/dev/null
   wait "$spid"
   [ $st -eq 0 ] || { cat serve.log; exit 1; }
-) || { echo "cuda_emu: FAIL: orch finetune / generate --lora on the emulated CUDA engine"; rc=1; }
+  # co-serving (ORCH_CAP_COSERVE, whole micro-batches: the engine has no
+  # ABI 1.5 streams): a fine-tuning job succeeds while 2 clients keep
+  # getting greedy completions of the base, which stay one text, and its
+  # micro-batches ride in the inference passes (coserve_forward)
+  ORCH_ENGINE_PATH="$BUILD_DIR" "$BUILD_DIR/orch" serve --checkpoint base --engine "$emu" --port 0 \
+    --model-name tiny --state-dir S --ft-seq-len 48 --ft-micro-batch 2 --ft-lr 0.02 \
+    --ft-targets all --ft-rank 4 2>serve_ft.log &
+  spid=$!
+  for _ in $(seq 1 300); do grep -q 'orch serve: ready' serve_ft.log && break; sleep 0.1; done
+  port=$(grep -oE 'listening on http://[0-9.]+:[0-9]+' serve_ft.log | head -n1 | sed -E 's/.*:([0-9]+)$/\1/')
+  PYTHONPATH="$repo/tests/serve" python3 "$repo/tests/serve/ft_job.py" "${port:-0}" ft.jsonl tiny 3 1 4 2 \
+    >ft_job.json 2>&1
+  st=$?
+  curl -s "http://127.0.0.1:${port:-0}/metrics" >ft.prom
+  kill -TERM "$spid" 2>/dev/null
+  wait "$spid"
+  python3 - ft_job.json ft.prom <<'EOF' || st=1
+import json, re, sys
+j = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+prom = open(sys.argv[2]).read()
+shared = re.search(r"^orch_coserve_shared_passes_total (\S+)$", prom, re.M)
+assert j["completions"] > 0 and j["unchanged"], j
+assert shared and float(shared.group(1)) >= 1, "no micro-batch rode in an inference pass"
+print("cuda_emu: orch serve: a fine-tuning job succeeded beside %d completions (one text), "
+      "%d co-served passes" % (j["completions"], float(shared.group(1))))
+EOF
+  [ $st -eq 0 ] || { cat ft_job.json; tail -n 20 serve_ft.log; exit 1; }
+) || { echo "cuda_emu: FAIL: orch finetune / generate --lora / serve on the emulated CUDA engine"; rc=1; }
 exit $rc

@@ -870,14 +870,7 @@ END_TEST
 static int32_t coserve(orch_engine_ctx *ctx, const orch_seq_input *seqs, uint32_t n,
                        float *logits, uint64_t cap, const orch_finetune_batch *ft,
                        uint32_t nft, float *losses) {
-    orch_infer_batch b;
-    memset(&b, 0, sizeof b);
-    b.struct_size = sizeof b;
-    b.n_seqs = n;
-    b.seq_stride = sizeof(orch_seq_input);
-    b.seqs = seqs;
-    return A->coserve_forward(ctx, n ? &b : NULL, logits, cap, ft, nft,
-                              sizeof(orch_finetune_batch), losses);
+    return test_coserve(A, ctx, seqs, n, logits, cap, ft, nft, losses);
 }
 
 /* One context co-serves, another runs infer_forward then

@@ -32,14 +32,28 @@
  *     struct_size, NULL pointers, unknown/destroyed ids on every call, bad
  *     kinds/indices/bytes/ranges, an unknown adapter_id in infer_forward,
  *     a NaN gradient (ORCH_ERR_NUMERIC, nothing changed);
+ *   - coserve_forward (ABI 1.4; engines/cuda/cuda_coserve.cu), GPT-2 and
+ *     LLaMA: a prefill and two decode steps of three sequences (two
+ *     adapters of different ranks and the base) each with two micro-batches
+ *     on the two adapters equal infer_forward + adapter_forward_backward
+ *     (logits 1e-5, losses 1e-5, gradients 1e-5 relative; the same bits on
+ *     the emulator; a one-row shift of the logits fails the comparison),
+ *     with 2 x (4 per layer + 1) fewer GEMMs per step on the emulator (its
+ *     orch_cuda_emu_gemm_calls count: one pass over the base weights), and
+ *     the CPU engine's coserve_forward (1e-4, 1e-5, 1e-4); no inference part
+ *     (NULL batch, 0 sequences), no micro-batch, a micro-batch without
+ *     targets, nothing; every bad input returns the CPU engine's status with
+ *     nothing changed (logits, out_losses, gradients, KV);
  *   - capabilities: ORCH_CAP_LORA with every adapter member;
- *     ORCH_CAP_COSERVE unset and coserve_forward NULL.
+ *     ORCH_CAP_COSERVE with coserve_forward (tests/test_cuda_coserve.c);
+ *     ORCH_CAP_FT_STREAM unset and the ABI 1.5 members NULL.
  *
  * The CUDA engine is `cuda` or the library ORCH_CUDA_ENGINE names
  * (tests/cuda_emu.sh points it at the engine built against the CPU
  * emulator). Where it cannot run here the suite prints why and exits 77.
  */
 #include <check.h>
+#include <dlfcn.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -856,6 +870,421 @@ START_TEST(test_bad_inputs) {
 }
 END_TEST
 
+/* ------------------------------------------------------------------------- */
+/* coserve_forward (ABI 1.4, ORCH_CAP_COSERVE; engines/cuda/cuda_coserve.cu)  */
+/* ------------------------------------------------------------------------- */
+
+/* A second adapter on r (q|k|v and the MLP up projection, seed 5) of the
+ * given rank with B uniform in [-0.05, 0.05) from a fixed stream, so that it
+ * changes the logits; the same values on every context. */
+static uint32_t second_adapter(const lora_run *r, uint32_t rank) {
+    orch_lora_desc d = test_lora_desc(
+        rank, 4.0f, ORCH_LORA_TARGET_ATTN_QKV | ORCH_LORA_TARGET_MLP_UP, 5);
+    uint32_t id = 0;
+    ck_assert_int_eq(r->api->adapter_create(r->ctx, &d, &id), ORCH_OK);
+    lora_table t;
+    adapter_table(r->api, r->ctx, id, &t);
+    uint64_t rng = 41;
+    for (uint32_t i = 1; i < t.n; i += 2) {
+        float *b = malloc(t.info[i].numel * sizeof(float));
+        for (uint64_t e = 0; e < t.info[i].numel; e++)
+            b[e] = (float)((double)(test_lcg64(&rng) >> 11) / 9007199254740992.0 - 0.5) *
+                   0.1f;
+        ck_assert_int_eq(r->api->adapter_tensor_write(r->ctx, id, ORCH_TENSOR_PARAM, i, b,
+                                                      t.info[i].numel * sizeof(float)),
+                         ORCH_OK);
+        free(b);
+    }
+    return id;
+}
+
+/* The co-serving scenario: KV blocks of 4 positions, 4 per sequence; a
+ * prefill (sequence 0: 11 tokens on the fixture adapter, every logit;
+ * sequence 1: 5 tokens on the base, the last; sequence 2: 3 tokens on the
+ * second adapter, every logit), then two decode steps of all three; each
+ * step with two micro-batches: the fixture batch on the fixture adapter at
+ * grad_scale 1 and one row of 7 tokens (two targets -1) on the second
+ * adapter at 0.5. co != 0: coserve_forward; 0: infer_forward then
+ * adapter_forward_backward per micro-batch. Logits of the three steps go to
+ * lg (SCEN_ROWS x V), losses to loss[6]. */
+#define SCEN_ROWS (11 + 1 + 3 + 3 + 3)
+static void scenario(const lora_run *r, uint32_t id2, int co, float *lg, float *loss) {
+    const orch_engine_api *api = r->api;
+    const uint32_t V = r->m.vocab_size, B = r->B, T = r->T;
+    const int32_t *tok = r->tokens;
+    ck_assert_uint_eq(T, 12);
+    ck_assert_int_eq(api->kv_configure(r->ctx, 4, 12), ORCH_OK);
+    int32_t tables[3][4] = { { 0, 1, 2, 3 }, { 4, 5, 6, 7 }, { 8, 9, 10, 11 } };
+    int32_t tgt2[7];
+    memcpy(tgt2, r->targets_t, sizeof tgt2);
+    tgt2[1] = tgt2[4] = -1;
+    const uint32_t pre[3] = { 11, 5, 3 },
+                   mode[3] = { ORCH_LOGITS_ALL, ORCH_LOGITS_LAST, ORCH_LOGITS_ALL };
+    const uint32_t ad[3] = { r->id, 0, id2 };
+    uint64_t row = 0;
+    for (int step = 0; step < 3; step++) {
+        orch_seq_input s[3];
+        uint64_t rows = 0;
+        for (int q = 0; q < 3; q++) {
+            const uint32_t pos = step == 0 ? 0 : pre[q] + (uint32_t)step - 1;
+            const uint32_t n = step == 0 ? pre[q] : 1;
+            s[q] = test_seq_input(tok + 12 * q % (B * T) + pos, n, pos, tables[q], 4,
+                                  mode[q]);
+            s[q].adapter_id = ad[q];
+            rows += mode[q] == ORCH_LOGITS_ALL ? n : 1;
+        }
+        orch_finetune_batch ft[2] = { test_ft_batch(r->id, tok, r->targets_t, B, T, 1.0f),
+                                      test_ft_batch(id2, tok + 3, tgt2, 1, 7, 0.5f) };
+        float *out = lg + row * V;
+        if (co) {
+            ck_assert_int_eq(
+                test_coserve(api, r->ctx, s, 3, out, rows * V, ft, 2, loss + 2 * step),
+                ORCH_OK);
+        } else {
+            ck_assert_int_eq(test_infer(api, r->ctx, s, 3, out, rows * V), ORCH_OK);
+            for (int i = 0; i < 2; i++)
+                ck_assert_int_eq(api->adapter_forward_backward(
+                                     r->ctx, ft[i].adapter_id, ft[i].tokens,
+                                     ft[i].targets, ft[i].batch, ft[i].seq_len,
+                                     ft[i].grad_scale, &loss[2 * step + i]),
+                                 ORCH_OK);
+        }
+        row += rows;
+    }
+    ck_assert_uint_eq(row, SCEN_ROWS);
+}
+
+/* Both adapters' gradients of r. */
+static float *scenario_grads(const lora_run *r, uint32_t id2, uint64_t *n1,
+                             uint64_t *n2) {
+    lora_table t1, t2;
+    adapter_table(r->api, r->ctx, r->id, &t1);
+    adapter_table(r->api, r->ctx, id2, &t2);
+    float *g = malloc((t1.total + t2.total) * sizeof(float));
+    ck_assert_int_eq(r->api->adapter_grads_read(r->ctx, r->id, 0, t1.total, g), ORCH_OK);
+    ck_assert_int_eq(r->api->adapter_grads_read(r->ctx, id2, 0, t2.total, g + t1.total),
+                     ORCH_OK);
+    *n1 = t1.total;
+    *n2 = t2.total;
+    return g;
+}
+
+/* Worst relative gradient difference of the two adapters (each against its
+ * largest reference entry); both must have gradients. */
+static double grads_rel(const float *g, const float *ref, uint64_t n1, uint64_t n2) {
+    const double m1 = test_max_abs(ref, n1), m2 = test_max_abs(ref + n1, n2);
+    ck_assert_msg(m1 > 0.0 && m2 > 0.0, "no gradient (%g, %g)", m1, m2);
+    const double d1 = test_max_diff(g, ref, n1) / m1,
+                 d2 = test_max_diff(g + n1, ref + n1, n2) / m2;
+    return d1 > d2 ? d1 : d2;
+}
+
+/* cublasGemmEx calls so far when the engine is the CPU emulator's build
+ * (tests/cuda_emu exports the count); -1 on a real device. */
+static long long gemm_calls(void) {
+    unsigned long long (*fn)(void) = NULL;
+    void *sym = dlsym(gpu.dl, "orch_cuda_emu_gemm_calls");
+    if (!sym) return -1;
+    memcpy(&fn, &sym, sizeof fn);
+    return (long long)fn();
+}
+
+/* Co-served (one context) equals separate calls (another) on GPT-2 and
+ * LLaMA (GQA, untied head): logits within 1e-5, losses 1e-5, both
+ * adapters' gradients 1e-5 relative (on the emulator the bits are equal;
+ * cuBLAS on a device may round a GEMM of another row count differently);
+ * the base stays frozen. The comparison can fail: the logits shifted by one
+ * row, and the two adapters' gradients, differ far beyond it. */
+START_TEST(test_coserve_equals_separate) {
+    const int k = _i;
+    lora_run r[2];
+    uint32_t id2[2];
+    float *lg[2], loss[2][6];
+    long long gemms[2];
+    for (int c = 0; c < 2; c++) {
+        lora_open(&r[c], k, &gpu);
+        id2[c] = second_adapter(&r[c], 2);
+        lg[c] = malloc((size_t)SCEN_ROWS * r[c].m.vocab_size * sizeof(float));
+        const long long g0 = gemm_calls();
+        scenario(&r[c], id2[c], c == 0, lg[c], loss[c]);
+        gemms[c] = gemm_calls() - g0;
+    }
+    /* one pass over the base weights: each step's two micro-batches save
+     * their forward's base products (4 per layer: GPT-2 c_attn, c_proj,
+     * c_fc, mlp c_proj; LLaMA q|k|v, o, gate|up, down) and LM head, every
+     * other product (LoRA, attention, backward) is the same */
+    if (gemms[0] >= 0) {
+        const long long want = 3 * 2 * (4 * (long long)r[0].m.layers + 1);
+        ck_assert_msg(gemms[1] - gemms[0] == want,
+                      "%s: %lld GEMMs co-served, %lld separate: %lld fewer, want %lld",
+                      fixtures[k], gemms[0], gemms[1], gemms[1] - gemms[0], want);
+        printf("test_cuda_lora: %s: %lld GEMMs co-served, %lld in separate calls (the "
+               "micro-batches' base products and LM heads ride on the inference's)\n",
+               fixtures[k], gemms[0], gemms[1]);
+    }
+    const uint64_t nl = (uint64_t)SCEN_ROWS * r[0].m.vocab_size, V = r[0].m.vocab_size;
+    const double dl = test_max_diff(lg[0], lg[1], nl);
+    double dloss = 0.0;
+    for (int i = 0; i < 6; i++) {
+        const double d = fabs((double)loss[0][i] - loss[1][i]);
+        dloss = d > dloss ? d : dloss;
+        ck_assert_msg(loss[1][i] > 0.0f, "ft %d: no loss", i);
+    }
+    uint64_t n1, n2;
+    float *g0 = scenario_grads(&r[0], id2[0], &n1, &n2);
+    float *g1 = scenario_grads(&r[1], id2[1], &n1, &n2);
+    const double dg = grads_rel(g0, g1, n1, n2);
+    const int same = memcmp(lg[0], lg[1], nl * sizeof(float)) == 0 &&
+                     memcmp(g0, g1, (n1 + n2) * sizeof(float)) == 0 &&
+                     memcmp(loss[0], loss[1], sizeof loss[0]) == 0;
+    printf("test_cuda_lora: %s: coserve_forward vs separate calls: logits %.3g, losses "
+           "%.3g, gradients %.3g relative%s\n",
+           fixtures[k], dl, dloss, dg, same ? " (the same bits)" : "");
+    ck_assert_msg(dl <= 1e-5, "%s: logits differ by %g", fixtures[k], dl);
+    ck_assert_msg(dloss <= 1e-5, "%s: losses differ by %g", fixtures[k], dloss);
+    ck_assert_msg(dg <= 1e-5, "%s: gradients differ by %g", fixtures[k], dg);
+    /* what a wrong row offset would give */
+    ck_assert_msg(test_max_diff(lg[0] + V, lg[1], nl - V) > 1e-2,
+                  "rows shifted by one compare equal: the logits carry no signal");
+    const uint64_t nmin = n1 < n2 ? n1 : n2;
+    ck_assert_msg(test_max_diff(g0, g1 + n1, nmin) > 1e-4 * test_max_abs(g1, n1),
+                  "the two adapters' gradients compare equal");
+    ck_assert_msg(fabsf(loss[1][0] - loss[1][1]) > 1e-3f, "the two losses are equal");
+    check_base_frozen(&r[0], "after coserve_forward");
+    free(g0);
+    free(g1);
+    for (int c = 0; c < 2; c++) {
+        free(lg[c]);
+        lora_close(&r[c]);
+    }
+}
+END_TEST
+
+/* The same scenario co-served by the CUDA engine and by the CPU engine
+ * (engines/cpu/cpu_coserve.c) on the same weights and adapters: logits
+ * 1e-4, losses 1e-5, gradients 1e-4 relative (the parity tolerances of
+ * test_cpu_parity). Both adapters have the fixture's rank here: the CPU
+ * engine's infer_forward lays out its LoRA scratch per sequence with the
+ * sequence's own rank inside a scratch sized for the largest, so a batch
+ * mixing ranks races between its pool threads there (engines/cpu/cpu_lora.c
+ * batch_seq; test_coserve_equals_separate mixes ranks on the CUDA engine). */
+START_TEST(test_coserve_cpu_parity) {
+    const int k = _i;
+    lora_run r[2];
+    uint32_t id2[2];
+    float *lg[2], loss[2][6];
+    for (int c = 0; c < 2; c++) {
+        lora_open(&r[c], k, c == 0 ? &gpu : &cpu);
+        id2[c] = second_adapter(&r[c], r[c].rank);
+        lg[c] = malloc((size_t)SCEN_ROWS * r[c].m.vocab_size * sizeof(float));
+        scenario(&r[c], id2[c], 1, lg[c], loss[c]);
+    }
+    const uint64_t nl = (uint64_t)SCEN_ROWS * r[0].m.vocab_size;
+    const double dl = test_max_diff(lg[0], lg[1], nl);
+    double dloss = 0.0;
+    for (int i = 0; i < 6; i++) {
+        const double d = fabs((double)loss[0][i] - loss[1][i]);
+        dloss = d > dloss ? d : dloss;
+    }
+    uint64_t n1, n2;
+    float *g0 = scenario_grads(&r[0], id2[0], &n1, &n2);
+    float *g1 = scenario_grads(&r[1], id2[1], &n1, &n2);
+    const double dg = grads_rel(g0, g1, n1, n2);
+    printf("test_cuda_lora: %s: coserve_forward vs the cpu engine's: logits %.3g, losses "
+           "%.3g, gradients %.3g relative\n",
+           fixtures[k], dl, dloss, dg);
+    ck_assert_msg(dl <= 1e-4, "%s: logits differ by %g", fixtures[k], dl);
+    ck_assert_msg(dloss <= 1e-5, "%s: losses differ by %g", fixtures[k], dloss);
+    ck_assert_msg(dg <= 1e-4, "%s: gradients differ by %g", fixtures[k], dg);
+    free(g0);
+    free(g1);
+    for (int c = 0; c < 2; c++) {
+        free(lg[c]);
+        lora_close(&r[c]);
+    }
+}
+END_TEST
+
+/* Either part alone, against the separate calls on a second context: no
+ * inference part (NULL batch, and a batch of 0 sequences) with two
+ * micro-batches on two adapters; no micro-batch (ft NULL, out_losses NULL);
+ * a micro-batch without targets (loss 0, no gradient) beside inference;
+ * nothing at all. */
+START_TEST(test_coserve_parts) {
+    const int k = _i;
+    lora_run r[2];
+    uint32_t id2[2];
+    for (int c = 0; c < 2; c++) {
+        lora_open(&r[c], k, &gpu);
+        id2[c] = second_adapter(&r[c], 2);
+        ck_assert_int_eq(A->kv_configure(r[c].ctx, 4, 8), ORCH_OK);
+    }
+    const uint32_t V = r[0].m.vocab_size, B = r[0].B, T = r[0].T;
+    const int32_t *tok = r[0].tokens, *tgt = r[0].targets_t;
+    orch_finetune_batch ft[2][2];
+    for (int c = 0; c < 2; c++) {
+        ft[c][0] = test_ft_batch(r[c].id, tok, tgt, B, T, 1.0f);
+        ft[c][1] = test_ft_batch(id2[c], tok, tgt, 1, T, 2.0f);
+    }
+    /* no inference part: a NULL batch, then a batch of 0 sequences */
+    float lc[2] = { -1.0f, -1.0f }, ls[2];
+    ck_assert_int_eq(test_coserve(A, r[0].ctx, NULL, 0, NULL, 0, ft[0], 2, lc), ORCH_OK);
+    orch_infer_batch empty;
+    memset(&empty, 0, sizeof empty);
+    empty.struct_size = sizeof empty;
+    empty.seq_stride = sizeof(orch_seq_input);
+    float lc2 = -1.0f;
+    ck_assert_int_eq(A->coserve_forward(r[0].ctx, &empty, NULL, 0, ft[0], 1,
+                                        sizeof(orch_finetune_batch), &lc2),
+                     ORCH_OK);
+    for (int rep = 0; rep < 2; rep++)
+        for (int i = 0; i < 2 - rep; i++)
+            ck_assert_int_eq(A->adapter_forward_backward(r[1].ctx, ft[1][i].adapter_id,
+                                                         tok, tgt, ft[1][i].batch, T,
+                                                         ft[1][i].grad_scale, &ls[i]),
+                             ORCH_OK);
+    /* (the same bits on the emulator; a device's cuBLAS may round a GEMM of
+     * another row count differently) */
+    ck_assert_msg(fabsf(lc[0] - ls[0]) <= 1e-5f && fabsf(lc[1] - ls[1]) <= 1e-5f &&
+                      fabsf(lc2 - ls[0]) <= 1e-5f,
+                  "losses %.7f %.7f %.7f vs %.7f %.7f", lc[0], lc[1], lc2, ls[0], ls[1]);
+    uint64_t n1, n2;
+    float *g0 = scenario_grads(&r[0], id2[0], &n1, &n2);
+    float *g1 = scenario_grads(&r[1], id2[1], &n1, &n2);
+    ck_assert_msg(grads_rel(g0, g1, n1, n2) <= 1e-5, "no inference part: gradients");
+    /* no micro-batch: infer_forward's logits */
+    int32_t t0[4] = { 0, 1, 2, 3 };
+    orch_seq_input s = test_seq_input(tok, T, 0, t0, 3, ORCH_LOGITS_ALL);
+    s.adapter_id = r[0].id;
+    float *lg = malloc((size_t)T * V * sizeof(float)),
+          *want = malloc((size_t)T * V * sizeof(float));
+    ck_assert_int_eq(test_coserve(A, r[0].ctx, &s, 1, lg, (uint64_t)T * V, NULL, 0, NULL),
+                     ORCH_OK);
+    ck_assert_int_eq(test_infer(A, r[1].ctx, &s, 1, want, (uint64_t)T * V), ORCH_OK);
+    ck_assert(test_max_diff(lg, want, (uint64_t)T * V) <= 1e-5);
+    ck_assert(test_max_abs(want, (uint64_t)T * V) > 0.0);
+    /* a micro-batch without targets beside a decode step: loss 0, the
+     * adapter's gradients unchanged, the logits infer_forward's */
+    int32_t none[12];
+    for (int i = 0; i < 12; i++) none[i] = -1;
+    orch_finetune_batch fz = test_ft_batch(r[0].id, tok, none, 1, T, 1.0f);
+    orch_seq_input d = test_seq_input(tok + T, 1, T, t0, 4, ORCH_LOGITS_LAST);
+    d.adapter_id = r[0].id;
+    float lz = -1.0f;
+    ck_assert_int_eq(test_coserve(A, r[0].ctx, &d, 1, lg, V, &fz, 1, &lz), ORCH_OK);
+    ck_assert_int_eq(test_infer(A, r[1].ctx, &d, 1, want, V), ORCH_OK);
+    ck_assert(lz == 0.0f);
+    ck_assert(test_max_diff(lg, want, V) <= 1e-5);
+    float *g2 = scenario_grads(&r[0], id2[0], &n1, &n2);
+    ck_assert(memcmp(g0, g2, (n1 + n2) * sizeof(float)) == 0);
+    /* nothing at all */
+    ck_assert_int_eq(test_coserve(A, r[0].ctx, NULL, 0, NULL, 0, NULL, 0, NULL), ORCH_OK);
+    check_base_frozen(&r[0], "after coserve_forward");
+    free(g0);
+    free(g1);
+    free(g2);
+    free(lg);
+    free(want);
+    for (int c = 0; c < 2; c++) lora_close(&r[c]);
+}
+END_TEST
+
+/* Every bad input: the CPU engine's status (run on a CPU context with the
+ * same inputs) and a message naming the problem; nothing changes: the
+ * logits and out_losses keep their sentinel, the adapter's gradients their
+ * bits, and no KV is written (a later decode that reads the prefill's
+ * positions is refused as reading slots never written). */
+START_TEST(test_coserve_errors) {
+    const int k = _i;
+    lora_run r[2]; /* the CUDA engine, the CPU engine */
+    for (int c = 0; c < 2; c++) {
+        lora_open(&r[c], k, c == 0 ? &gpu : &cpu);
+        ck_assert_int_eq(r[c].api->kv_configure(r[c].ctx, 4, 8), ORCH_OK);
+    }
+    const uint32_t V = r[0].m.vocab_size, B = r[0].B, T = r[0].T;
+    const int32_t *tok = r[0].tokens, *tgt = r[0].targets_t;
+    /* some gradients first, so that "unchanged" is not "zero" */
+    float l0;
+    for (int c = 0; c < 2; c++)
+        ck_assert_int_eq(r[c].api->adapter_forward_backward(r[c].ctx, r[c].id, tok, tgt,
+                                                            B, T, 1.0f, &l0),
+                         ORCH_OK);
+    uint64_t n = r[0].t.total;
+    float *g0 = malloc(n * sizeof(float)), *g1 = malloc(n * sizeof(float));
+    ck_assert_int_eq(A->adapter_grads_read(r[0].ctx, r[0].id, 0, n, g0), ORCH_OK);
+    int32_t bt[4] = { 0, 1, 2, 3 }, bt_bad[4] = { 0, 1, 99, 3 };
+    int32_t bad_tok[24], bad_tgt[24];
+    memcpy(bad_tok, tok, sizeof bad_tok);
+    memcpy(bad_tgt, tgt, sizeof bad_tgt);
+    bad_tok[5] = (int32_t)V;
+    bad_tgt[7] = -2;
+    float *lg = malloc((size_t)T * V * sizeof(float));
+    enum { N_CASES = 14 };
+    static const char *const what[N_CASES] = {
+        "ft is NULL", "out_losses", "ft_stride", "struct_size",    "reserved0",
+        "ft[1]",      "ft[1]",      "ft[1]",     "adapter_id 999", "adapter_id 999",
+        "logits",     "block",      "ft[0]",     "ft_stride"
+    };
+    for (int i = 0; i < N_CASES; i++) {
+        int32_t st[2];
+        for (int c = 0; c < 2; c++) {
+            orch_finetune_batch ft[2] = { test_ft_batch(r[c].id, tok, tgt, B, T, 1.0f),
+                                          test_ft_batch(r[c].id, tok, tgt, 1, T, 1.0f) };
+            orch_seq_input s = test_seq_input(tok, T, 0, bt, 3, ORCH_LOGITS_ALL);
+            s.adapter_id = r[c].id;
+            const orch_finetune_batch *fp = ft;
+            float losses[2] = { -7.0f, -7.0f }, *lp = losses;
+            uint64_t cap = (uint64_t)T * V;
+            uint32_t stride = sizeof(orch_finetune_batch), nft = 2;
+            switch (i) {
+            case 0: fp = NULL; break;
+            case 1: lp = NULL; break;
+            case 2: stride = 12; break;
+            case 3: ft[1].struct_size = 8; break;
+            case 4: ft[1].reserved0 = 1; break;
+            case 5: ft[1].tokens = bad_tok; break;
+            case 6: ft[1].targets = bad_tgt; break;
+            case 7: ft[1].batch = 0; break;
+            case 8: ft[1].adapter_id = 999; break;
+            case 9: s.adapter_id = 999; break;
+            case 10: cap = (uint64_t)T * V - 1; break;
+            case 11: s.block_table = bt_bad; break;
+            case 12: ft[0].seq_len = r[c].m.context + 1; break;
+            default: stride = sizeof(orch_finetune_batch) + 2; break; /* misaligned */
+            }
+            orch_infer_batch b;
+            memset(&b, 0, sizeof b);
+            b.struct_size = sizeof b;
+            b.n_seqs = 1;
+            b.seq_stride = sizeof(orch_seq_input);
+            b.seqs = &s;
+            for (uint64_t e = 0; e < (uint64_t)T * V; e++) lg[e] = 42.0f;
+            st[c] = r[c].api->coserve_forward(r[c].ctx, &b, lg, cap, fp, nft, stride, lp);
+            const char *msg = r[c].api->last_error(r[c].ctx);
+            ck_assert_msg(st[c] != ORCH_OK, "case %d (%s): accepted", i, what[i]);
+            ck_assert_msg(strstr(msg, what[i]) != NULL, "case %d: \"%s\" lacks \"%s\"", i,
+                          msg, what[i]);
+            for (uint64_t e = 0; e < (uint64_t)T * V; e++)
+                ck_assert_msg(lg[e] == 42.0f, "case %d: logits written", i);
+            ck_assert_msg(losses[0] == -7.0f && losses[1] == -7.0f,
+                          "case %d: out_losses written", i);
+        }
+        ck_assert_msg(st[0] == st[1], "case %d (%s): status %d, the cpu engine's %d", i,
+                      what[i], st[0], st[1]);
+    }
+    ck_assert_int_eq(A->adapter_grads_read(r[0].ctx, r[0].id, 0, n, g1), ORCH_OK);
+    ck_assert_msg(memcmp(g0, g1, n * sizeof(float)) == 0, "gradients changed");
+    /* no KV written: position 0.. of blocks 0-2 were never written */
+    orch_seq_input d = test_seq_input(tok + T, 1, T - 1, bt, 3, ORCH_LOGITS_LAST);
+    expect_err(r[0].ctx, test_infer(A, r[0].ctx, &d, 1, lg, V), ORCH_ERR_STATE,
+               "never written");
+    free(g0);
+    free(g1);
+    free(lg);
+    for (int c = 0; c < 2; c++) lora_close(&r[c]);
+}
+END_TEST
+
 START_TEST(test_capabilities) {
     ck_assert(A->capabilities & ORCH_CAP_LORA);
     ck_assert(ORCH_API_HAS(A, adapter_create));
@@ -870,10 +1299,13 @@ START_TEST(test_capabilities) {
     ck_assert(ORCH_API_HAS(A, adapter_forward_backward));
     ck_assert(ORCH_API_HAS(A, adapter_eval_loss));
     ck_assert(ORCH_API_HAS(A, adapter_optimizer_step));
-    /* not provided: one pass co-serving and the ABI 1.5 streams */
-    ck_assert(!(A->capabilities & ORCH_CAP_COSERVE));
-    ck_assert(A->coserve_forward == NULL);
+    /* one-pass co-serving (tests/test_cuda_coserve.c); not the ABI 1.5
+     * streams */
+    ck_assert(A->capabilities & ORCH_CAP_COSERVE);
+    ck_assert(ORCH_API_HAS(A, coserve_forward));
     ck_assert(!(A->capabilities & ORCH_CAP_FT_STREAM));
+    ck_assert(!ORCH_API_HAS(A, ft_stream_open));
+    ck_assert(!ORCH_API_HAS(A, coserve_step));
 }
 END_TEST
 
@@ -911,6 +1343,13 @@ int main(void) {
     tcase_add_loop_test(tc, test_cpu_parity, 0, N_FIXTURES);
     tcase_add_loop_test(tc, test_determinism, 0, N_FIXTURES);
     tcase_add_loop_test(tc, test_bad_inputs, 0, 2);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("coserve");
+    tcase_set_timeout(tc, 120);
+    tcase_add_loop_test(tc, test_coserve_equals_separate, 0, N_FIXTURES);
+    tcase_add_loop_test(tc, test_coserve_cpu_parity, 0, N_FIXTURES);
+    tcase_add_loop_test(tc, test_coserve_parts, 0, N_FIXTURES);
+    tcase_add_loop_test(tc, test_coserve_errors, 0, N_FIXTURES);
     suite_add_tcase(s, tc);
     int rc = test_run_suite(s);
     engine_unload(&gpu);

@@ -167,6 +167,22 @@ static inline int32_t test_infer(const orch_engine_api *api, orch_engine_ctx *ct
     return api->infer_forward(ctx, &b, logits, logits_cap);
 }
 
+/* api->coserve_forward (ABI 1.4) over seqs[0..n) (a NULL batch when n is 0)
+ * and ft[0..nft) (stride sizeof(orch_finetune_batch)); returns its status. */
+static inline int32_t test_coserve(const orch_engine_api *api, orch_engine_ctx *ctx,
+                                   const orch_seq_input *seqs, uint32_t n, float *logits,
+                                   uint64_t cap, const orch_finetune_batch *ft,
+                                   uint32_t nft, float *losses) {
+    orch_infer_batch b;
+    memset(&b, 0, sizeof b);
+    b.struct_size = sizeof b;
+    b.n_seqs = n;
+    b.seq_stride = sizeof(orch_seq_input);
+    b.seqs = seqs;
+    return api->coserve_forward(ctx, n ? &b : NULL, logits, cap, ft, nft,
+                                sizeof(orch_finetune_batch), losses);
+}
+
 /* AdamW hyper-parameters of step `step`: beta1 0.9, beta2 0.95, eps 1e-8 and
  * the rest as given. */
 static inline orch_adamw_params test_adamw(uint64_t step, float lr, float weight_decay,

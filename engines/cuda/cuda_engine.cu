@@ -5,8 +5,10 @@
  * the public entry points. The numeric work lives in cuda_model.cu and
  * cuda_llama.cu (passes) and cuda_kernels.cu (kernels); LoRA adapters (ABI
  * 1.4, ORCH_CAP_LORA: training with the base frozen, adapter_id in
- * infer_forward) in cuda_lora.cu. coserve_forward (ORCH_CAP_COSERVE) and
- * the ABI 1.5 members are not provided (NULL, caps unset).
+ * infer_forward) in cuda_lora.cu; coserve_forward (ABI 1.4,
+ * ORCH_CAP_COSERVE: an inference batch and fine-tuning micro-batches in one
+ * pass over the base weights) in cuda_coserve.cu. The ABI 1.5 members
+ * (token-level fine-tuning streams) are not provided (NULL, cap unset).
  *
  * Semantics mirror the CPU engine: the same tensor names, shapes, order and
  * flags (NO_DECAY on 1-D tensors: biases and norm weights), the flat gradient
@@ -48,9 +50,8 @@
 #define CU_ENGINE_VERSION "1.1.0 (CUDA runtime " CU_STR(CUDART_VERSION) ", cuBLAS)"
 
 /* Sizes beyond these are refused up front (int arguments of cuBLAS, 32-bit
- * grid dimensions and index arrays). */
+ * grid dimensions and index arrays); CU_MAX_TOKENS is cuda_internal.h's. */
 #define CU_MAX_DIM        (1u << 24)
-#define CU_MAX_TOKENS     (1u << 26)
 #define CU_MAX_BLOCK_SIZE (1u << 20)
 #define CU_BLAS_WORKSPACE (32u << 20)
 
@@ -871,7 +872,7 @@ static int32_t kv_configure(orch_engine_ctx *ctx, uint32_t block_size,
 }
 
 /* The KV pool as the engines/common checks see it. */
-static engine_kv_view kv_view(orch_engine_ctx *ctx) {
+engine_kv_view cu_kv_view(orch_engine_ctx *ctx) {
     engine_kv_view v = { ctx->kv_block_size, ctx->d_kv ? ctx->kv_num_blocks : 0,
                          ctx->h_kv_marks, &ctx->kv_epoch, ctx->h_kv_written };
     return v;
@@ -879,10 +880,10 @@ static engine_kv_view kv_view(orch_engine_ctx *ctx) {
 
 /* Validate the whole batch (no device work) and flatten it into *plan, whose
  * arrays live in one malloc'd block returned in *mem (caller frees). */
-static int32_t plan_batch(orch_engine_ctx *ctx, const orch_infer_batch *batch,
-                          const float *logits, uint64_t logits_cap, cu_infer_plan *plan,
-                          int32_t **mem) {
-    const engine_kv_view kv = kv_view(ctx);
+int32_t cu_plan_batch(orch_engine_ctx *ctx, const orch_infer_batch *batch,
+                      const float *logits, uint64_t logits_cap, cu_infer_plan *plan,
+                      int32_t **mem) {
+    const engine_kv_view kv = cu_kv_view(ctx);
     uint64_t n_tokens = 0, n_rows = 0, n_table = 0;
     CU_TRY(engine_infer_check_lora(batch, logits, logits_cap, ctx->V, ctx->T,
                                    CU_MAX_TOKENS, "the cuda engine's per-call maximum",
@@ -934,22 +935,28 @@ static int32_t infer_forward(orch_engine_ctx *ctx, const orch_infer_batch *batch
     ENTER(ctx);
     cu_infer_plan plan;
     int32_t *mem = NULL;
-    CU_TRY(plan_batch(ctx, batch, logits, logits_cap, &plan, &mem));
+    CU_TRY(cu_plan_batch(ctx, batch, logits, logits_cap, &plan, &mem));
+    int32_t st = cu_infer_planned(ctx, batch, &plan, logits);
+    free(mem);
+    return st;
+}
+
+int32_t cu_infer_planned(orch_engine_ctx *ctx, const orch_infer_batch *batch,
+                         const cu_infer_plan *plan, float *logits) {
     int32_t st = cu_lora_infer_begin(ctx, batch); /* the sequences' adapters */
-    if (st == ORCH_OK) st = cu_model_infer(ctx, &plan, logits);
+    if (st == ORCH_OK) st = cu_model_infer(ctx, plan, logits);
     cu_lora_infer_end(ctx);
     if (st == ORCH_OK) {
-        const engine_kv_view kv = kv_view(ctx);
+        const engine_kv_view kv = cu_kv_view(ctx);
         engine_kv_mark_written(batch, &kv);
     }
-    free(mem);
     return st;
 }
 
 static int32_t kv_copy_blocks(orch_engine_ctx *ctx, const int32_t *src,
                               const int32_t *dst, uint32_t n) {
     ENTER(ctx);
-    const engine_kv_view kv = kv_view(ctx);
+    const engine_kv_view kv = cu_kv_view(ctx);
     CU_TRY(engine_kv_copy_check(src, dst, n, &kv, ENGINE_ERRBUF(ctx)));
     if (n == 0) return ORCH_OK;
     size_t block_bytes =
@@ -1121,6 +1128,15 @@ static int32_t adapter_optimizer_step(orch_engine_ctx *ctx, uint32_t adapter_id,
     return cu_lora_optimizer_step(ctx, lo, &p, out_grad_norm);
 }
 
+static int32_t coserve_forward(orch_engine_ctx *ctx, const orch_infer_batch *batch,
+                               float *logits, uint64_t logits_cap,
+                               const orch_finetune_batch *ft, uint32_t n_finetune,
+                               uint32_t ft_stride, float *out_losses) {
+    ENTER(ctx);
+    return cu_coserve_forward(ctx, batch, logits, logits_cap, ft, n_finetune, ft_stride,
+                              out_losses);
+}
+
 /* ------------------------------------------------------------------------- */
 /* The table                                                                  */
 /* ------------------------------------------------------------------------- */
@@ -1133,7 +1149,7 @@ static const orch_engine_api cuda_api = {
     "cuda",
     CU_ENGINE_VERSION,
     ORCH_CAP_TRAIN | ORCH_CAP_INFER | ORCH_CAP_KV_COPY | ORCH_CAP_EVAL |
-        ORCH_CAP_DETERMINISTIC | ORCH_CAP_GPU | ORCH_CAP_LORA,
+        ORCH_CAP_DETERMINISTIC | ORCH_CAP_GPU | ORCH_CAP_LORA | ORCH_CAP_COSERVE,
     probe,
     engine_status_string,
     context_create,
@@ -1174,8 +1190,8 @@ static const orch_engine_api cuda_api = {
     adapter_forward_backward,
     adapter_eval_loss,
     adapter_optimizer_step,
-    /* 1.4 co-serving: not provided (ORCH_CAP_COSERVE unset) */
-    NULL,
+    /* 1.4 co-serving (ORCH_CAP_COSERVE, cuda_coserve.cu) */
+    coserve_forward,
     /* 1.5 token-level fine-tuning: not provided (ORCH_CAP_FT_STREAM unset) */
     NULL,
     NULL,

@@ -8,11 +8,16 @@
  *                    options parser and every argument check come from
  *                    engines/common (the same as the cpu and mock engines)
  *   cuda_model.cu    GPT-2 forward/backward/AdamW/inference on the device,
- *                    built from cuBLAS GEMMs and the kernels below
+ *                    built from cuBLAS GEMMs and the kernels below; the one
+ *                    forward (cu_fwd: a stack of inference rows and
+ *                    fine-tuning parts) that inference, training and
+ *                    co-serving share
  *   cuda_llama.cu    the same passes for LLaMA (RMSNorm, RoPE, GQA, SwiGLU)
  *   cuda_kernels.cu  the CUDA kernels and their host-side launchers
  *   cuda_lora.cu     LoRA adapters (ABI 1.4): storage, the hooks the passes
  *                    call around each target product, the adapter AdamW
+ *   cuda_coserve.cu  coserve_forward (ABI 1.4): an inference batch and LoRA
+ *                    micro-batches stacked into one pass over the weights
  *
  * The same sources also compile as plain C++ against the CPU emulator of
  * tests/cuda_emu (tests/cuda_emu.sh runs the parity suite on it without a
@@ -216,6 +221,11 @@ struct orch_engine_ctx {
 
 #define CU_NORM_BLOCKS 256
 
+/* Tokens of one call (an inference batch, a training micro-batch, a
+ * coserve_forward stack) at most: int arguments of cuBLAS, 32-bit index
+ * arrays. */
+#define CU_MAX_TOKENS (1u << 26)
+
 /* ------------------------------------------------------------------------- */
 /* Errors (cuda_engine.cu)                                                    */
 /* ------------------------------------------------------------------------- */
@@ -247,6 +257,30 @@ int32_t cu_blas_error(orch_engine_ctx *ctx, cublasStatus_t s, const char *what);
     } while (0)
 
 /* ------------------------------------------------------------------------- */
+/* Entry helpers (cuda_engine.cu) and co-serving (cuda_coserve.cu)            */
+/* ------------------------------------------------------------------------- */
+
+struct cu_infer_plan;
+/* The KV pool as the engines/common checks see it. */
+engine_kv_view cu_kv_view(orch_engine_ctx *ctx);
+/* Validate an inference batch as infer_forward does (engines/common's
+ * checks, the same statuses and messages; no device work) and flatten it
+ * into *plan, whose arrays live in one malloc'd block returned in *mem
+ * (the caller frees it). */
+int32_t cu_plan_batch(orch_engine_ctx *ctx, const orch_infer_batch *batch,
+                      const float *logits, uint64_t logits_cap,
+                      struct cu_infer_plan *plan, int32_t **mem);
+/* Run a planned batch as infer_forward does (its adapters, the pass, the
+ * KV slots marked written on success). */
+int32_t cu_infer_planned(orch_engine_ctx *ctx, const orch_infer_batch *batch,
+                         const struct cu_infer_plan *plan, float *logits);
+/* coserve_forward (ABI 1.4, ORCH_CAP_COSERVE); see cuda_coserve.cu. */
+int32_t cu_coserve_forward(orch_engine_ctx *ctx, const orch_infer_batch *batch,
+                           float *logits, uint64_t logits_cap,
+                           const orch_finetune_batch *ft, uint32_t n_finetune,
+                           uint32_t ft_stride, float *out_losses);
+
+/* ------------------------------------------------------------------------- */
 /* Model passes (cuda_model.cu)                                               */
 /* ------------------------------------------------------------------------- */
 
@@ -273,8 +307,10 @@ int32_t cu_grad_ready(orch_engine_ctx *ctx, const cu_grad_notify *n, uint64_t of
 int32_t cu_model_init(orch_engine_ctx *ctx, uint64_t seed);
 
 /* Forward (+ backward when `grad` != 0) of the cross-entropy over a
- * [B,T] micro-batch. Inputs already validated; n_valid = number of targets
- * that are not -1. Writes the mean loss. Synchronises once at the end. */
+ * [B,T] micro-batch, both architectures (a one-part cu_fwd, then the part's
+ * loss), under ctx->lora_cur when set. Inputs already validated; n_valid =
+ * number of targets that are not -1. Writes the mean loss. Synchronises
+ * once at the end. */
 int32_t cu_model_train_step(orch_engine_ctx *ctx, const int32_t *tokens,
                             const int32_t *targets, uint32_t B, uint32_t T,
                             uint64_t n_valid, float grad_scale, int grad, float *out_loss,
@@ -288,7 +324,9 @@ int32_t cu_model_adamw(orch_engine_ctx *ctx, const orch_adamw_params *p, float *
 int32_t cu_model_adamw_range(orch_engine_ctx *ctx, const orch_adamw_params *p,
                              uint64_t off, uint64_t count, float global_norm);
 
-/* One validated inference batch (see cuda_engine.cu for the flattening). */
+/* One validated inference batch (see cuda_engine.cu for the flattening);
+ * cu_model_infer runs it (both architectures) as a stack of inference rows
+ * only, on ctx->inf's buffers. */
 typedef struct cu_infer_plan {
     uint32_t n_tokens; /* all new tokens of the batch */
     uint32_t n_rows;   /* logit rows */
@@ -297,15 +335,6 @@ typedef struct cu_infer_plan {
     const int32_t *tokens, *pos, *seq, *rows, *bt_off, *bt_all; /* host arrays */
 } cu_infer_plan;
 int32_t cu_model_infer(orch_engine_ctx *ctx, const cu_infer_plan *plan,
-                       float *logits_out);
-
-/* The LLaMA passes (cuda_llama.cu), with the contracts of the two above,
- * which dispatch to them (cu_model_adamw serves both architectures). */
-int32_t cu_llama_train_step(orch_engine_ctx *ctx, const int32_t *tokens,
-                            const int32_t *targets, uint32_t B, uint32_t T,
-                            uint64_t n_valid, float grad_scale, int grad, float *out_loss,
-                            const cu_grad_notify *notify);
-int32_t cu_llama_infer(orch_engine_ctx *ctx, const cu_infer_plan *plan,
                        float *logits_out);
 
 /* Scratch shared by both architectures (cuda_model.cu): make the training
@@ -338,6 +367,103 @@ typedef struct cu_plan_dev {
  * pointers. Both architectures. */
 int32_t cu_infer_upload_plan(orch_engine_ctx *ctx, const cu_infer_plan *plan,
                              cu_plan_dev *d);
+
+/* ---- the shared forward (one pass over the base weights) ----
+ *
+ * cu_model_infer, cu_model_train_step and coserve_forward (cuda_coserve.cu)
+ * all run the same forward over a stack of rows: the rows of an inference
+ * batch first (rows [0, n_inf): paged KV attention), then the rows of
+ * fine-tuning parts (micro-batches; part k's B*T rows from r0: causal
+ * attention inside each sequence), so that every base product (and the LM
+ * head) is ONE GEMM over all rows; attention and the LoRA terms run per
+ * part. A matrix of the stack is a cu_lbuf: layer l's [n, width] rows are
+ * at p + l * ls (ls 0: one buffer reused by every layer, as the inference
+ * pass does; p NULL: not kept, e.g. the inference pass's LayerNorm stats). */
+typedef struct cu_lbuf {
+    float *p;
+    uint64_t ls;
+} cu_lbuf;
+static inline float *cu_lb(cu_lbuf b, uint32_t l) {
+    return b.p ? b.p + (uint64_t)l * b.ls : NULL;
+}
+
+/* One fine-tuning part of a stacked forward. */
+typedef struct cu_fwd_part {
+    uint32_t B, T;      /* its micro-batch */
+    uint32_t r0;        /* its first row in the stack */
+    uint64_t att0;      /* its B*H*T*T scores start at att(l) + att0 */
+    struct cu_lora *lo; /* its adapter (NULL: the base model) */
+    uint32_t lrow0;     /* its first logits row (the LM head's output) */
+} cu_fwd_part;
+
+typedef struct cu_fwd {
+    uint32_t n;            /* rows of the stack */
+    uint32_t n_inf;        /* inference rows (first) */
+    const cu_plan_dev *dp; /* the inference part's device arrays (NULL: none) */
+    const cu_fwd_part *parts;
+    uint32_t n_parts;
+    const int32_t *d_tok; /* [n] token of each row */
+    const int32_t *d_pos; /* [n] GPT-2 position of each row; NULL: r % parts[0].T */
+    /* per-layer matrices (the training pass keeps them for the backward) */
+    cu_lbuf res;             /* [n,C] residual entering layer l (l = L: the final one) */
+    cu_lbuf ln1, ln1m, ln1r; /* [n,C], [n], [n]; stats may be NULL */
+    cu_lbuf qkvh;            /* fine-tuning parts' q, k, v in head layout: part k at
+                     qkvh(l) + 3 * r0 * C (q [B,H,T,hs], then k, v) */
+    cu_lbuf att;             /* the parts' causal softmax probabilities */
+    cu_lbuf y, x2, ln2, ln2m, ln2r; /* [n,C] ... */
+    cu_lbuf fch;                    /* [n,M] pre-GELU (llama [n,2M] gate | up) */
+    cu_lbuf fcg;              /* [n,M] GELU output (llama silu(gate)*up); llama: when
+                    fcg.p == fch.p it is written over the gate half (ld 2M) */
+    float *lnf, *lnfm, *lnfr; /* [n,C] final norm output and stats */
+    /* scratch */
+    float *qkv;   /* [n, 3C] (llama [n, C+2*kvC]) */
+    float *tmp;   /* [n, C] */
+    float *qi;    /* [n_inf, C] inference queries */
+    float *heads; /* [N_k, C] per part: attention output in head layout */
+    /* LM head: logits [n_head, V] from lnf rows d_head_rows (NULL: all n
+     * rows of lnf, no gather) gathered into head_in */
+    const int32_t *d_head_rows;
+    uint32_t n_head;
+    float *head_in, *logits;
+} cu_fwd;
+
+/* The forward over a stack, inputs validated, KV written for the inference
+ * rows; logits left on the device (f->logits); no synchronisation. The
+ * inference rows' adapters are ctx->lora's runs (cu_lora_infer_begin); the
+ * scratch of the LoRA hooks must hold the largest part / run. */
+int32_t cu_gpt2_forward(orch_engine_ctx *ctx, const cu_fwd *f);
+int32_t cu_llama_forward(orch_engine_ctx *ctx, const cu_fwd *f);
+/* Their LM head (cuda_model.cu): f->logits = (rows of f->lnf) head^T, one
+ * GEMM over every row of the stack that gives logits. */
+int32_t cu_lm_head(orch_engine_ctx *ctx, const cu_fwd *f, const float *head);
+
+/* Loss of part k of a forward that has run (its logits are f->logits from
+ * row lrow0; targets d_tgt [B*T]), and with grad its backward: the
+ * gradients of (grad_scale * mean loss) added to ctx->d_grads, or under an
+ * adapter (part k's lo, the base frozen) to the adapter's only; emb (the
+ * token CSR of cu_token_csr on the device: uniq, start, rows and n_uniq) is
+ * needed when the base is not frozen. Synchronises; writes *out_loss. */
+typedef struct cu_emb_csr {
+    const int32_t *uniq, *start, *rows;
+    uint32_t n_uniq;
+} cu_emb_csr;
+int32_t cu_gpt2_part_loss(orch_engine_ctx *ctx, const cu_fwd *f, uint32_t k,
+                          const int32_t *d_tgt, uint64_t n_valid, float grad_scale,
+                          int grad, const cu_emb_csr *emb, const cu_grad_notify *notify,
+                          float *out_loss);
+/* Their two ends: the cross-entropy of part k (and d logits in place with
+ * grad), its loss sum on its way to the host; then wait and write the mean. */
+int32_t cu_part_ce(orch_engine_ctx *ctx, const cu_fwd *f, uint32_t k,
+                   const int32_t *d_tgt, uint64_t n_valid, float grad_scale, int grad);
+int32_t cu_part_loss_end(orch_engine_ctx *ctx, uint64_t n_valid, float *out_loss);
+int32_t cu_llama_part_loss(orch_engine_ctx *ctx, const cu_fwd *f, uint32_t k,
+                           const int32_t *d_tgt, uint64_t n_valid, float grad_scale,
+                           int grad, const cu_emb_csr *emb, const cu_grad_notify *notify,
+                           float *out_loss);
+
+/* The training-pass cu_fwd over the acts (sized for n rows and att scores
+ * per layer): every matrix per layer, the scratch of ctx->acts. */
+void cu_fwd_on_acts(orch_engine_ctx *ctx, cu_fwd *f, uint32_t n, uint64_t att);
 
 /* ------------------------------------------------------------------------- */
 /* GEMM wrappers (cuda_model.cu)                                              */
@@ -410,25 +536,25 @@ void cu_lora_free_all(orch_engine_ctx *ctx);
  * `rank` (before a pass, so the hooks never allocate). */
 int32_t cu_lora_prepare(orch_engine_ctx *ctx, uint32_t rank, uint64_t rows);
 
-/* Training hooks (ctx->lora_cur; nothing when NULL or when it does not
- * adapt (layer, target)). Forward: out[:, col0..) += s (x A^T) B^T per
- * module. Backward: dA, dB added to the adapter's gradients; when din is
- * not NULL the LoRA part of d(x) is ADDED to din (the caller wrote the
- * base product there first). */
-int32_t cu_lora_forward(orch_engine_ctx *ctx, uint32_t layer, uint32_t target, uint32_t R,
-                        const float *x, int ldx, float *out, int ldout);
-int32_t cu_lora_backward(orch_engine_ctx *ctx, uint32_t layer, uint32_t target,
-                         uint32_t R, const float *x, int ldx, const float *dout,
-                         int lddout, float *din, int lddin);
+/* Hooks of the passes (nothing when lo is NULL or does not adapt (layer,
+ * target)). Forward, over a stack (cu_fwd): each inference run's adapter
+ * (cu_lora_infer_begin) on its rows, each part's adapter on its rows:
+ * out[:, col0..) += s (x A^T) B^T per module. Backward of one part under
+ * lo: dA, dB added to the adapter's gradients; when din is not NULL the
+ * LoRA part of d(x) is ADDED to din (the caller wrote the base product
+ * there first). */
+int32_t cu_lora_stack_forward(orch_engine_ctx *ctx, const cu_fwd *f, uint32_t layer,
+                              uint32_t target, const float *x, int ldx, float *out,
+                              int ldout);
+int32_t cu_lora_backward(orch_engine_ctx *ctx, const cu_lora *lo, uint32_t layer,
+                         uint32_t target, uint32_t R, const float *x, int ldx,
+                         const float *dout, int lddout, float *din, int lddin);
 
 /* Inference: resolve the adapters of a validated batch into runs of rows
- * (and size the scratch); the forward hook adds each run's LoRA term on
- * (layer, target); end clears the runs. active: some row has an adapter. */
+ * (and size the scratch); cu_lora_stack_forward adds each run's LoRA term
+ * on (layer, target); end clears the runs. */
 int32_t cu_lora_infer_begin(orch_engine_ctx *ctx, const orch_infer_batch *batch);
 void cu_lora_infer_end(orch_engine_ctx *ctx);
-int32_t cu_lora_infer_forward(orch_engine_ctx *ctx, uint32_t layer, uint32_t target,
-                              const float *x, int ldx, float *out, int ldout);
-int cu_lora_infer_active(const orch_engine_ctx *ctx);
 
 /* AdamW of the adapter with clipping of its gradient norm (*out_norm may be
  * NULL); a non-finite norm is ORCH_ERR_NUMERIC and changes nothing. */

@@ -51,142 +51,162 @@ static uint32_t norm_index(const orch_engine_ctx *ctx) {
     return 1u + ctx->L * CL_PER_LAYER;
 }
 
-int32_t cu_llama_train_step(orch_engine_ctx *ctx, const int32_t *tokens,
-                            const int32_t *targets, uint32_t B, uint32_t T,
-                            uint64_t n_valid, float grad_scale, int grad, float *out_loss,
-                            const cu_grad_notify *notify) {
+/* Attention of layer l for every part of the stack (cuda_model.cu's
+ * gpt2_attention with RoPE and GQA): paged for the inference rows, causal
+ * within each sequence of a fine-tuning part. Reads f->qkv, writes f->y. */
+static int32_t llama_attention(orch_engine_ctx *ctx, const cu_fwd *f, uint32_t l) {
     cudaStream_t s = ctx->stream;
+    const uint32_t C = ctx->C, L = ctx->L, H = ctx->H, D = ctx->hs, KVH = ctx->KVH;
+    const uint32_t G = H / KVH, KW = ctx->kvC, W = C + 2 * KW;
+    const float *freq = ctx->d_inv_freq;
+    float *y = cu_lb(f->y, l);
+    if (f->dp && f->n_inf) {
+        const cu_plan_dev *d = f->dp;
+        KCHECK(ctx, k_llama_kv_write(s, f->qkv, f->qi, ctx->d_kv, freq, d->pos, d->seq,
+                                     d->btoff, d->bt, f->n_inf, H, KVH, D,
+                                     ctx->kv_block_size, L, l));
+        KCHECK(ctx, k_paged_attention(s, f->qi, ctx->d_kv, d->pos, d->seq, d->btoff,
+                                      d->bt, y, f->n_inf, C, H, KVH, ctx->kv_block_size,
+                                      L, l, (size_t)ctx->T * sizeof(float)));
+    }
+    const float scale = 1.0f / sqrtf((float)D);
+    for (uint32_t k = 0; k < f->n_parts; k++) {
+        const cu_fwd_part *p = &f->parts[k];
+        const uint32_t B = p->B, T = p->T, BG = B * KVH;
+        const uint64_t NC = (uint64_t)B * T * C, NK = (uint64_t)B * T * KW;
+        const long long sGTT = (long long)G * T * T, sGTD = (long long)G * T * D;
+        const long long sTD = (long long)T * D;
+        const int GT = (int)(G * T);
+        float *qh = cu_lb(f->qkvh, l) + 3 * (uint64_t)p->r0 * C, *kh = qh + NC,
+              *vh = qh + NC + NK;
+        float *att = cu_lb(f->att, l) + p->att0;
+        /* RoPE and the head layout */
+        KCHECK(ctx, k_llama_split_heads(s, f->qkv + (uint64_t)p->r0 * W, qh, kh, vh, freq,
+                                        B, T, H, KVH, D));
+        /* per group: scores [G*T, T] = scale q k^T; causal softmax; y = att v */
+        CU_TRY(cu_gemm_batched(ctx, 0, 1, GT, T, D, scale, qh, D, sGTD, kh, D, sTD, 0.0f,
+                               att, T, sGTT, BG));
+        KCHECK(ctx, k_softmax_causal(s, att, (uint64_t)B * H * T, T, T));
+        CU_TRY(cu_gemm_batched(ctx, 0, 0, GT, D, T, 1.0f, att, T, sGTT, vh, D, sTD, 0.0f,
+                               f->heads, D, sGTD, BG));
+        KCHECK(ctx, k_merge_heads(s, f->heads, y + (uint64_t)p->r0 * C, B, T, H, D, 1));
+    }
+    return ORCH_OK;
+}
+
+int32_t cu_llama_forward(orch_engine_ctx *ctx, const cu_fwd *f) {
+    cudaStream_t s = ctx->stream;
+    const uint32_t C = ctx->C, L = ctx->L, M = ctx->M, n = f->n;
+    const uint32_t W = C + 2 * ctx->kvC; /* q | k | v row width */
+    const float eps = ctx->eps;
+    float *P = ctx->d_params;
+#define PW(l, w) cu_tp(ctx, P, CL_LAYER_TENSOR(l, w))
+    const float *emb = cu_tp(ctx, P, 0);
+    const float *norm_w = cu_tp(ctx, P, norm_index(ctx));
+    /* the inference pass writes silu(gate)*up over the gate half (ld 2M) */
+    const int in_place = f->fcg.p == f->fch.p;
+    const uint32_t ald = in_place ? 2 * M : M;
+    KCHECK(ctx, k_gather_rows(s, emb, f->d_tok, cu_lb(f->res, 0), n, C));
+    KCHECK(ctx, k_rmsnorm(s, cu_lb(f->res, 0), PW(0, CL_IN_NORM), cu_lb(f->ln1, 0),
+                          cu_lb(f->ln1r, 0), n, C, eps));
+    for (uint32_t l = 0; l < L; l++) {
+        float *ln1 = cu_lb(f->ln1, l), *y = cu_lb(f->y, l), *x2 = cu_lb(f->x2, l);
+        float *ln2 = cu_lb(f->ln2, l), *gu = cu_lb(f->fch, l);
+        float *act = in_place ? gu : cu_lb(f->fcg, l);
+        /* q | k | v = n1 [Wq; Wk; Wv]^T */
+        CU_TRY(
+            cu_gemm(ctx, 0, 1, n, W, C, 1.0f, ln1, C, PW(l, CL_Q), C, 0.0f, f->qkv, W));
+        CU_TRY(cu_lora_stack_forward(ctx, f, l, ORCH_LORA_TARGET_ATTN_QKV, ln1, C, f->qkv,
+                                     (int)W));
+        CU_TRY(llama_attention(ctx, f, l));
+        /* h = x + y Wo^T; n2 = RMSNorm(h) * post_attention_layernorm */
+        CU_TRY(cu_gemm(ctx, 0, 1, n, C, C, 1.0f, y, C, PW(l, CL_O), C, 0.0f, f->tmp, C));
+        CU_TRY(
+            cu_lora_stack_forward(ctx, f, l, ORCH_LORA_TARGET_ATTN_OUT, y, C, f->tmp, C));
+        KCHECK(ctx,
+               k_residual_rmsnorm(s, cu_lb(f->res, l), f->tmp, x2, PW(l, CL_POST_NORM),
+                                  ln2, cu_lb(f->ln2r, l), n, C, eps));
+        /* gate | up = n2 [Wg; Wu]^T; act = silu(gate) * up */
+        CU_TRY(cu_gemm(ctx, 0, 1, n, 2 * M, C, 1.0f, ln2, C, PW(l, CL_GATE), C, 0.0f, gu,
+                       2 * M));
+        CU_TRY(cu_lora_stack_forward(ctx, f, l, ORCH_LORA_TARGET_MLP_UP, ln2, C, gu,
+                                     (int)(2 * M)));
+        KCHECK(ctx, k_swiglu(s, gu, act, n, M, ald));
+        /* res[l+1] = h + act Wd^T; the next RMSNorm */
+        CU_TRY(cu_gemm(ctx, 0, 1, n, C, M, 1.0f, act, ald, PW(l, CL_DOWN), M, 0.0f,
+                       f->tmp, C));
+        CU_TRY(cu_lora_stack_forward(ctx, f, l, ORCH_LORA_TARGET_MLP_DOWN, act, (int)ald,
+                                     f->tmp, C));
+        const int last = l + 1 == L;
+        KCHECK(ctx,
+               k_residual_rmsnorm(s, x2, f->tmp, cu_lb(f->res, l + 1),
+                                  last ? norm_w : PW(l + 1, CL_IN_NORM),
+                                  last ? f->lnf : cu_lb(f->ln1, l + 1),
+                                  last ? f->lnfr : cu_lb(f->ln1r, l + 1), n, C, eps));
+    }
+#undef PW
+    return cu_lm_head(ctx, f, cu_tp(ctx, P, head_index(ctx)));
+}
+
+int32_t cu_llama_part_loss(orch_engine_ctx *ctx, const cu_fwd *f, uint32_t k,
+                           const int32_t *d_tgt, uint64_t n_valid, float grad_scale,
+                           int grad, const cu_emb_csr *emb, const cu_grad_notify *notify,
+                           float *out_loss) {
+    cudaStream_t s = ctx->stream;
+    const cu_fwd_part *pt = &f->parts[k];
     const uint32_t C = ctx->C, L = ctx->L, H = ctx->H, D = ctx->hs, M = ctx->M,
                    V = ctx->V, KVH = ctx->KVH;
     const uint32_t G = H / KVH;    /* query heads per K/V head */
     const uint32_t KW = ctx->kvC;  /* K/V width KVH*D */
     const uint32_t W = C + 2 * KW; /* q | k | v row width */
-    const uint32_t N = B * T;
+    const uint32_t B = pt->B, T = pt->T, N = B * T, r0 = pt->r0;
     const uint32_t BG = B * KVH; /* attention groups */
-    const uint64_t NC = (uint64_t)N * C, NK = (uint64_t)N * KW;
-    const uint64_t A = (uint64_t)B * H * T * T; /* attention elements per layer */
+    const uint64_t NC = (uint64_t)N * C, NK = (uint64_t)N * KW, RO = (uint64_t)r0 * C;
     const long long sGTT = (long long)G * T * T, sGTD = (long long)G * T * D;
     const long long sTD = (long long)T * D;
     const int GT = (int)(G * T);
     const float scale = 1.0f / sqrtf((float)D);
-    const float eps = ctx->eps;
     const float *freq = ctx->d_inv_freq;
-
-    if (n_valid == 0) { /* nothing to learn from (as the GPT-2 path): no work */
-        *out_loss = 0.0f;
-        return grad ? cu_grad_ready(ctx, notify, 0, ctx->n_params) : ORCH_OK;
-    }
-    /* flat offset of layer l's first gradient (l = L: model.norm.weight) */
-#define LOFF(l) (ctx->tensors[1u + (uint32_t)(l)*CL_PER_LAYER].offset)
-    /* under an adapter (ABI 1.4) the base is frozen: no base gradients */
-    const int frozen = ctx->lora_cur != NULL;
-    if (frozen) CU_TRY(cu_lora_prepare(ctx, ctx->lora_cur->rank, N));
-    CU_TRY(cu_acts_reserve(ctx, N, A));
-    CU_TRY(cu_stage_reserve(ctx, (6 * (size_t)N + 1) * sizeof(int32_t)));
     cu_acts *a = &ctx->acts;
-
-    /* host staging: tokens | targets | uniq | start (N+1) | rows | cursor */
-    int32_t *h = (int32_t *)ctx->h_stage;
-    memcpy(h, tokens, (size_t)N * sizeof(int32_t));
-    memcpy(h + N, targets, (size_t)N * sizeof(int32_t));
-    uint32_t n_uniq = 0;
-    if (grad)
-        n_uniq =
-            cu_token_csr(ctx->h_tok_map, tokens, N, h + 2 * (size_t)N, h + 3 * (size_t)N,
-                         h + 4 * (size_t)N + 1, h + 5 * (size_t)N + 1);
-    size_t up = grad ? 5 * (size_t)N + 1 : 2 * (size_t)N;
-    KCHECK(ctx, cudaMemcpyAsync(a->i_base, h, up * sizeof(int32_t),
-                                cudaMemcpyHostToDevice, s));
-    const int32_t *d_tok = a->i_base;
-    const int32_t *d_tgt = a->i_base + N;
-    const int32_t *d_uniq = a->i_base + 2 * (size_t)N;
-    const int32_t *d_start = a->i_base + 3 * (size_t)N;
-    const int32_t *d_rows = a->i_base + 4 * (size_t)N + 1;
-
+    cu_lora *lo = pt->lo;
+    const int frozen = lo != NULL;
     float *P = ctx->d_params, *Gr = ctx->d_grads;
-#define PW(l, w) cu_tp(ctx, P, CL_LAYER_TENSOR(l, w))
-#define GW(l, w) cu_tp(ctx, Gr, CL_LAYER_TENSOR(l, w))
-    const float *emb = cu_tp(ctx, P, 0);
     const float *head = cu_tp(ctx, P, head_index(ctx));
     const float *norm_w = cu_tp(ctx, P, norm_index(ctx));
-
-#define RES(l)  (a->res + (uint64_t)(l)*NC)
-#define LN1(l)  (a->ln1 + (uint64_t)(l)*NC)
-#define LN1R(l) (a->ln1_rstd + (uint64_t)(l)*N)
-#define QH(l)   (a->qkvh + (uint64_t)(l)*3 * NC)
-#define KH(l)   (QH(l) + NC)
-#define VH(l)   (QH(l) + NC + NK)
-#define ATT(l)  (a->att + (uint64_t)(l)*A)
-#define YY(l)   (a->y + (uint64_t)(l)*NC)
-#define X2(l)   (a->x2 + (uint64_t)(l)*NC)
-#define LN2(l)  (a->ln2 + (uint64_t)(l)*NC)
-#define LN2R(l) (a->ln2_rstd + (uint64_t)(l)*N)
-#define GU(l)   (a->fch + (uint64_t)(l)*N * 2 * M)
-#define ACT(l)  (a->fcg + (uint64_t)(l)*N * M)
-
-    /* ---- forward ---- */
-    KCHECK(ctx, k_gather_rows(s, emb, d_tok, RES(0), N, C));
-    KCHECK(ctx, k_rmsnorm(s, RES(0), PW(0, CL_IN_NORM), LN1(0), LN1R(0), N, C, eps));
-    for (uint32_t l = 0; l < L; l++) {
-        /* q | k | v = n1 [Wq; Wk; Wv]^T, then RoPE and the head layout */
-        CU_TRY(cu_gemm(ctx, 0, 1, N, W, C, 1.0f, LN1(l), C, PW(l, CL_Q), C, 0.0f,
-                       a->s_big, W));
-        CU_TRY(cu_lora_forward(ctx, l, ORCH_LORA_TARGET_ATTN_QKV, N, LN1(l), C, a->s_big,
-                               (int)W));
-        KCHECK(ctx, k_llama_split_heads(s, a->s_big, QH(l), KH(l), VH(l), freq, B, T, H,
-                                        KVH, D));
-        /* per group: scores [G*T, T] = scale q k^T; causal softmax; y = att v */
-        CU_TRY(cu_gemm_batched(ctx, 0, 1, GT, T, D, scale, QH(l), D, sGTD, KH(l), D, sTD,
-                               0.0f, ATT(l), T, sGTT, BG));
-        KCHECK(ctx, k_softmax_causal(s, ATT(l), (uint64_t)B * H * T, T, T));
-        CU_TRY(cu_gemm_batched(ctx, 0, 0, GT, D, T, 1.0f, ATT(l), T, sGTT, VH(l), D, sTD,
-                               0.0f, a->s_heads, D, sGTD, BG));
-        KCHECK(ctx, k_merge_heads(s, a->s_heads, YY(l), B, T, H, D, 1));
-        /* h = x + y Wo^T; n2 = RMSNorm(h) * post_attention_layernorm */
-        CU_TRY(cu_gemm(ctx, 0, 1, N, C, C, 1.0f, YY(l), C, PW(l, CL_O), C, 0.0f, a->s_c0,
-                       C));
-        CU_TRY(
-            cu_lora_forward(ctx, l, ORCH_LORA_TARGET_ATTN_OUT, N, YY(l), C, a->s_c0, C));
-        KCHECK(ctx, k_residual_rmsnorm(s, RES(l), a->s_c0, X2(l), PW(l, CL_POST_NORM),
-                                       LN2(l), LN2R(l), N, C, eps));
-        /* gate | up = n2 [Wg; Wu]^T; act = silu(gate) * up */
-        CU_TRY(cu_gemm(ctx, 0, 1, N, 2 * M, C, 1.0f, LN2(l), C, PW(l, CL_GATE), C, 0.0f,
-                       GU(l), 2 * M));
-        CU_TRY(cu_lora_forward(ctx, l, ORCH_LORA_TARGET_MLP_UP, N, LN2(l), C, GU(l),
-                               (int)(2 * M)));
-        KCHECK(ctx, k_swiglu(s, GU(l), ACT(l), N, M, M));
-        /* res[l+1] = h + act Wd^T; the next RMSNorm */
-        CU_TRY(cu_gemm(ctx, 0, 1, N, C, M, 1.0f, ACT(l), M, PW(l, CL_DOWN), M, 0.0f,
-                       a->s_c0, C));
-        CU_TRY(
-            cu_lora_forward(ctx, l, ORCH_LORA_TARGET_MLP_DOWN, N, ACT(l), M, a->s_c0, C));
-        const float *nw = l + 1 < L ? PW(l + 1, CL_IN_NORM) : norm_w;
-        float *nout = l + 1 < L ? LN1(l + 1) : a->lnf;
-        float *nr = l + 1 < L ? LN1R(l + 1) : a->lnf_rstd;
-        KCHECK(ctx, k_residual_rmsnorm(s, X2(l), a->s_c0, RES(l + 1), nw, nout, nr, N, C,
-                                       eps));
-    }
-    /* logits = lnf head^T; cross-entropy (and d logits in place) */
-    CU_TRY(cu_gemm(ctx, 0, 1, N, V, C, 1.0f, a->lnf, C, head, C, 0.0f, a->logits, V));
-    float dscale = grad_scale / (float)n_valid;
-    KCHECK(ctx, k_cross_entropy(s, a->logits, d_tgt, a->losses, N, V, dscale, grad));
-    KCHECK(ctx, k_sum_to_double(s, a->losses, N, ctx->d_red + CU_NORM_BLOCKS));
-    KCHECK(ctx, cudaMemcpyAsync(ctx->h_red, ctx->d_red + CU_NORM_BLOCKS, sizeof(double),
-                                cudaMemcpyDeviceToHost, s));
+    float *lnf = f->lnf + RO, *lnf_rstd = f->lnfr + r0;
+    float *logits = f->logits + (uint64_t)pt->lrow0 * V;
+    CU_TRY(cu_part_ce(ctx, f, k, d_tgt, n_valid, grad_scale, grad));
+    /* flat offset of layer l's first gradient (l = L: model.norm.weight) */
+#define LOFF(l)  (ctx->tensors[1u + (uint32_t)(l)*CL_PER_LAYER].offset)
+#define PW(l, w) cu_tp(ctx, P, CL_LAYER_TENSOR(l, w))
+#define GW(l, w) cu_tp(ctx, Gr, CL_LAYER_TENSOR(l, w))
+#define RES(l)   (cu_lb(f->res, l) + RO)
+#define LN1(l)   (cu_lb(f->ln1, l) + RO)
+#define LN1R(l)  (cu_lb(f->ln1r, l) + r0)
+#define QH(l)    (cu_lb(f->qkvh, l) + 3 * RO)
+#define KH(l)    (QH(l) + NC)
+#define VH(l)    (QH(l) + NC + NK)
+#define ATT(l)   (cu_lb(f->att, l) + pt->att0)
+#define YY(l)    (cu_lb(f->y, l) + RO)
+#define X2(l)    (cu_lb(f->x2, l) + RO)
+#define LN2(l)   (cu_lb(f->ln2, l) + RO)
+#define LN2R(l)  (cu_lb(f->ln2r, l) + r0)
+#define GU(l)    (cu_lb(f->fch, l) + (uint64_t)r0 * 2 * M)
+#define ACT(l)   (cu_lb(f->fcg, l) + (uint64_t)r0 * M)
 
     if (grad) {
         float *dres = a->s_c1; /* running d(residual) */
         float *dln = a->s_c0;  /* d(norm output) / d(y) */
-        float *dlogits = a->logits;
+        float *dlogits = logits;
         float *part = a->s_part;
         /* LM head: dlnf = dlogits head; dhead += dlogits^T lnf */
         CU_TRY(cu_gemm(ctx, 0, 0, N, C, V, 1.0f, dlogits, V, head, C, 0.0f, dln, C));
         if (!frozen)
-            CU_TRY(cu_gemm(ctx, 1, 0, V, C, N, 1.0f, dlogits, V, a->lnf, C, 1.0f,
+            CU_TRY(cu_gemm(ctx, 1, 0, V, C, N, 1.0f, dlogits, V, lnf, C, 1.0f,
                            cu_tp(ctx, Gr, head_index(ctx)), C));
-        KCHECK(ctx, k_rmsnorm_bwd_dx(s, dln, RES(L), a->lnf_rstd, norm_w, dres, N, C, 0));
+        KCHECK(ctx, k_rmsnorm_bwd_dx(s, dln, RES(L), lnf_rstd, norm_w, dres, N, C, 0));
         if (!frozen)
-            KCHECK(ctx, k_rmsnorm_bwd_w(s, dln, RES(L), a->lnf_rstd,
+            KCHECK(ctx, k_rmsnorm_bwd_w(s, dln, RES(L), lnf_rstd,
                                         cu_tp(ctx, Gr, norm_index(ctx)), N, C, part));
         /* model.norm and an untied lm_head end the buffer */
         CU_TRY(cu_grad_ready(ctx, notify, LOFF(L), ctx->n_params - LOFF(L)));
@@ -200,8 +220,8 @@ int32_t cu_llama_train_step(orch_engine_ctx *ctx, const int32_t *tokens,
                                GW(l, CL_DOWN), M));
             CU_TRY(cu_gemm(ctx, 0, 0, N, M, C, 1.0f, dres, C, PW(l, CL_DOWN), M, 0.0f,
                            dact, M));
-            CU_TRY(cu_lora_backward(ctx, l, ORCH_LORA_TARGET_MLP_DOWN, N, ACT(l), M, dres,
-                                    C, dact, M));
+            CU_TRY(cu_lora_backward(ctx, lo, l, ORCH_LORA_TARGET_MLP_DOWN, N, ACT(l), M,
+                                    dres, C, dact, M));
             /* SwiGLU, then gate | up */
             KCHECK(ctx, k_swiglu_bwd(s, GU(l), dact, dgu, N, M));
             if (!frozen)
@@ -209,8 +229,8 @@ int32_t cu_llama_train_step(orch_engine_ctx *ctx, const int32_t *tokens,
                                GW(l, CL_GATE), C));
             CU_TRY(cu_gemm(ctx, 0, 0, N, C, 2 * M, 1.0f, dgu, 2 * M, PW(l, CL_GATE), C,
                            0.0f, dln, C));
-            CU_TRY(cu_lora_backward(ctx, l, ORCH_LORA_TARGET_MLP_UP, N, LN2(l), C, dgu,
-                                    (int)(2 * M), dln, C));
+            CU_TRY(cu_lora_backward(ctx, lo, l, ORCH_LORA_TARGET_MLP_UP, N, LN2(l), C,
+                                    dgu, (int)(2 * M), dln, C));
             /* post_attention_layernorm: d(h) = dres + RMSNorm backward */
             KCHECK(ctx, k_rmsnorm_bwd_dx(s, dln, X2(l), LN2R(l), PW(l, CL_POST_NORM),
                                          dres, N, C, 1));
@@ -223,8 +243,8 @@ int32_t cu_llama_train_step(orch_engine_ctx *ctx, const int32_t *tokens,
                                GW(l, CL_O), C));
             CU_TRY(
                 cu_gemm(ctx, 0, 0, N, C, C, 1.0f, dres, C, PW(l, CL_O), C, 0.0f, dln, C));
-            CU_TRY(cu_lora_backward(ctx, l, ORCH_LORA_TARGET_ATTN_OUT, N, YY(l), C, dres,
-                                    C, dln, C));
+            CU_TRY(cu_lora_backward(ctx, lo, l, ORCH_LORA_TARGET_ATTN_OUT, N, YY(l), C,
+                                    dres, C, dln, C));
             /* attention core: dyh in s_big[0..NC); dq, dk, dv in s_heads */
             float *dyh = a->s_big;
             float *dqh = a->s_heads, *dkh = a->s_heads + NC, *dvh = a->s_heads + NC + NK;
@@ -251,8 +271,8 @@ int32_t cu_llama_train_step(orch_engine_ctx *ctx, const int32_t *tokens,
                                GW(l, CL_Q), C));
             CU_TRY(
                 cu_gemm(ctx, 0, 0, N, C, W, 1.0f, dqkv, W, PW(l, CL_Q), C, 0.0f, dln, C));
-            CU_TRY(cu_lora_backward(ctx, l, ORCH_LORA_TARGET_ATTN_QKV, N, LN1(l), C, dqkv,
-                                    (int)W, dln, C));
+            CU_TRY(cu_lora_backward(ctx, lo, l, ORCH_LORA_TARGET_ATTN_QKV, N, LN1(l), C,
+                                    dqkv, (int)W, dln, C));
             /* input_layernorm: d(res[l]) = dres + RMSNorm backward */
             KCHECK(ctx, k_rmsnorm_bwd_dx(s, dln, RES(l), LN1R(l), PW(l, CL_IN_NORM), dres,
                                          N, C, 1));
@@ -263,8 +283,8 @@ int32_t cu_llama_train_step(orch_engine_ctx *ctx, const int32_t *tokens,
         }
         /* the embedding (rows grouped by token: no atomics) */
         if (!frozen)
-            KCHECK(ctx, k_embed_bwd_wte(s, dres, cu_tp(ctx, Gr, 0), d_uniq, d_start,
-                                        d_rows, n_uniq, C));
+            KCHECK(ctx, k_embed_bwd_wte(s, dres, cu_tp(ctx, Gr, 0), emb->uniq, emb->start,
+                                        emb->rows, emb->n_uniq, C));
         CU_TRY(cu_grad_ready(ctx, notify, 0, LOFF(0)));
     }
 #undef LOFF
@@ -284,71 +304,5 @@ int32_t cu_llama_train_step(orch_engine_ctx *ctx, const int32_t *tokens,
 #undef GU
 #undef ACT
 
-    KCHECK(ctx, cudaStreamSynchronize(s));
-    *out_loss = (float)(*ctx->h_red / (double)n_valid);
-    return ORCH_OK;
-}
-
-int32_t cu_llama_infer(orch_engine_ctx *ctx, const cu_infer_plan *plan,
-                       float *logits_out) {
-    cudaStream_t s = ctx->stream;
-    const uint32_t C = ctx->C, L = ctx->L, H = ctx->H, M = ctx->M, V = ctx->V,
-                   D = ctx->hs, KVH = ctx->KVH;
-    const uint32_t W = C + 2 * ctx->kvC;
-    const uint32_t n = plan->n_tokens, R = plan->n_rows;
-    const float eps = ctx->eps;
-    cu_plan_dev dp;
-    CU_TRY(cu_infer_upload_plan(ctx, plan, &dp));
-    cu_infer_bufs *b = &ctx->inf;
-    const int32_t *d_tok = dp.tok, *d_pos = dp.pos, *d_seq = dp.seq, *d_rows = dp.rows;
-    const int32_t *d_btoff = dp.btoff, *d_bt = dp.bt;
-
-    float *P = ctx->d_params;
-#define PW(l, w) cu_tp(ctx, P, CL_LAYER_TENSOR(l, w))
-    const float *emb = cu_tp(ctx, P, 0);
-    const float *head = cu_tp(ctx, P, head_index(ctx));
-    const float *norm_w = cu_tp(ctx, P, norm_index(ctx));
-    const uint32_t bs = ctx->kv_block_size;
-    const size_t smem = (size_t)ctx->T * sizeof(float);
-
-    KCHECK(ctx, k_gather_rows(s, emb, d_tok, b->x, n, C));
-    KCHECK(ctx, k_rmsnorm(s, b->x, PW(0, CL_IN_NORM), b->ln, NULL, n, C, eps));
-    for (uint32_t l = 0; l < L; l++) {
-        CU_TRY(
-            cu_gemm(ctx, 0, 1, n, W, C, 1.0f, b->ln, C, PW(l, CL_Q), C, 0.0f, b->qkv, W));
-        CU_TRY(cu_lora_infer_forward(ctx, l, ORCH_LORA_TARGET_ATTN_QKV, b->ln, C, b->qkv,
-                                     (int)W));
-        KCHECK(ctx, k_llama_kv_write(s, b->qkv, b->q, ctx->d_kv, ctx->d_inv_freq, d_pos,
-                                     d_seq, d_btoff, d_bt, n, H, KVH, D, bs, L, l));
-        KCHECK(ctx, k_paged_attention(s, b->q, ctx->d_kv, d_pos, d_seq, d_btoff, d_bt,
-                                      b->y, n, C, H, KVH, bs, L, l, smem));
-        CU_TRY(
-            cu_gemm(ctx, 0, 1, n, C, C, 1.0f, b->y, C, PW(l, CL_O), C, 0.0f, b->tmp, C));
-        CU_TRY(
-            cu_lora_infer_forward(ctx, l, ORCH_LORA_TARGET_ATTN_OUT, b->y, C, b->tmp, C));
-        KCHECK(ctx, k_residual_rmsnorm(s, b->x, b->tmp, b->x2, PW(l, CL_POST_NORM), b->ln,
-                                       NULL, n, C, eps));
-        /* gate | up, then silu(gate)*up in place over the gate half (ld 2M) */
-        CU_TRY(cu_gemm(ctx, 0, 1, n, 2 * M, C, 1.0f, b->ln, C, PW(l, CL_GATE), C, 0.0f,
-                       b->fc, 2 * M));
-        CU_TRY(cu_lora_infer_forward(ctx, l, ORCH_LORA_TARGET_MLP_UP, b->ln, C, b->fc,
-                                     (int)(2 * M)));
-        KCHECK(ctx, k_swiglu(s, b->fc, b->fc, n, M, 2 * M));
-        CU_TRY(cu_gemm(ctx, 0, 1, n, C, M, 1.0f, b->fc, 2 * M, PW(l, CL_DOWN), M, 0.0f,
-                       b->tmp, C));
-        CU_TRY(cu_lora_infer_forward(ctx, l, ORCH_LORA_TARGET_MLP_DOWN, b->fc,
-                                     (int)(2 * M), b->tmp, C));
-        const float *nw = l + 1 < L ? PW(l + 1, CL_IN_NORM) : norm_w;
-        KCHECK(ctx,
-               k_residual_rmsnorm(s, b->x2, b->tmp, b->x, nw, b->ln, NULL, n, C, eps));
-    }
-#undef PW
-    if (R) {
-        KCHECK(ctx, k_gather_rows(s, b->ln, d_rows, b->sel, R, C));
-        CU_TRY(cu_gemm(ctx, 0, 1, R, V, C, 1.0f, b->sel, C, head, C, 0.0f, b->logits, V));
-        KCHECK(ctx, cudaMemcpyAsync(logits_out, b->logits, (size_t)R * V * sizeof(float),
-                                    cudaMemcpyDeviceToHost, s));
-    }
-    KCHECK(ctx, cudaStreamSynchronize(s));
-    return ORCH_OK;
+    return cu_part_loss_end(ctx, n_valid, out_loss);
 }

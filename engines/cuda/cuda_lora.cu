@@ -338,15 +338,27 @@ static int32_t fwd_rows(orch_engine_ctx *ctx, const cu_lora *lo, uint32_t layer,
     return ORCH_OK;
 }
 
-int32_t cu_lora_forward(orch_engine_ctx *ctx, uint32_t layer, uint32_t target, uint32_t R,
-                        const float *x, int ldx, float *out, int ldout) {
-    return fwd_rows(ctx, ctx->lora_cur, layer, target, R, x, ldx, out, ldout);
+int32_t cu_lora_stack_forward(orch_engine_ctx *ctx, const cu_fwd *f, uint32_t layer,
+                              uint32_t target, const float *x, int ldx, float *out,
+                              int ldout) {
+    /* the inference rows come first: the runs' rows are rows of the stack */
+    const cu_lora_set *s = f->dp ? ctx->lora : NULL;
+    for (uint32_t i = 0; s && i < s->n_runs; i++) {
+        const cu_lora_run *r = &s->runs[i];
+        CU_TRY(fwd_rows(ctx, r->lo, layer, target, r->rows, x + (size_t)r->row0 * ldx,
+                        ldx, out + (size_t)r->row0 * ldout, ldout));
+    }
+    for (uint32_t k = 0; k < f->n_parts; k++) {
+        const cu_fwd_part *p = &f->parts[k];
+        CU_TRY(fwd_rows(ctx, p->lo, layer, target, p->B * p->T, x + (size_t)p->r0 * ldx,
+                        ldx, out + (size_t)p->r0 * ldout, ldout));
+    }
+    return ORCH_OK;
 }
 
-int32_t cu_lora_backward(orch_engine_ctx *ctx, uint32_t layer, uint32_t target,
-                         uint32_t R, const float *x, int ldx, const float *dout,
-                         int lddout, float *din, int lddin) {
-    cu_lora *lo = ctx->lora_cur;
+int32_t cu_lora_backward(orch_engine_ctx *ctx, const cu_lora *lo, uint32_t layer,
+                         uint32_t target, uint32_t R, const float *x, int ldx,
+                         const float *dout, int lddout, float *din, int lddin) {
     uint32_t n;
     const cu_lora_mod *mods = mods_of(lo, layer, target, &n);
     if (n == 0 || R == 0) return ORCH_OK;
@@ -425,21 +437,6 @@ int32_t cu_lora_infer_begin(orch_engine_ctx *ctx, const orch_infer_batch *batch)
 
 void cu_lora_infer_end(orch_engine_ctx *ctx) {
     if (ctx->lora) ctx->lora->n_runs = 0;
-}
-
-int32_t cu_lora_infer_forward(orch_engine_ctx *ctx, uint32_t layer, uint32_t target,
-                              const float *x, int ldx, float *out, int ldout) {
-    const cu_lora_set *s = ctx->lora;
-    for (uint32_t i = 0; s && i < s->n_runs; i++) {
-        const cu_lora_run *r = &s->runs[i];
-        CU_TRY(fwd_rows(ctx, r->lo, layer, target, r->rows, x + (size_t)r->row0 * ldx,
-                        ldx, out + (size_t)r->row0 * ldout, ldout));
-    }
-    return ORCH_OK;
-}
-
-int cu_lora_infer_active(const orch_engine_ctx *ctx) {
-    return ctx->lora && ctx->lora->n_runs > 0;
 }
 
 /* ------------------------------------------------------------------------- */

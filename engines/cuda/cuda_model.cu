@@ -21,7 +21,13 @@
  * gradient is computed, and the hooks of cuda_lora.cu add the adapter's term
  * after each target product (forward) and its gradients and d(input) part
  * after each target's d(input) product (backward); inference adds each
- * sequence's adapter term the same way (cu_lora_infer_forward).
+ * sequence's adapter term the same way.
+ * One forward serves inference, training and co-serving (cu_gpt2_forward
+ * over a cu_fwd stack, cuda_internal.h): the inference pass is a stack of
+ * inference rows on ctx->inf's buffers (one per role, reused by every
+ * layer), the training pass a stack of one fine-tuning part on ctx->acts,
+ * coserve_forward (cuda_coserve.cu) both kinds of rows at once; the loss and
+ * backward run per part (cu_gpt2_part_loss).
  * The T x T attention products run per query chunk (attn_chunk), skipping the
  * keys no row of the chunk can see; dK and dV run per key chunk over the
  * query rows at or below it.
@@ -329,34 +335,171 @@ int32_t cu_grad_ready(orch_engine_ctx *ctx, const cu_grad_notify *n, uint64_t of
     return ORCH_OK;
 }
 
+void cu_fwd_on_acts(orch_engine_ctx *ctx, cu_fwd *f, uint32_t n, uint64_t att) {
+    cu_acts *a = &ctx->acts;
+    const uint64_t C = ctx->C, M = ctx->M, NC = (uint64_t)n * C;
+    const uint64_t Mh = ctx->arch == ORCH_ARCH_LLAMA ? 2 * M : M;
+    memset(f, 0, sizeof *f);
+    f->n = n;
+    f->res = cu_lbuf{ a->res, NC };
+    f->ln1 = cu_lbuf{ a->ln1, NC };
+    f->ln1m = cu_lbuf{ a->ln1_mean, n };
+    f->ln1r = cu_lbuf{ a->ln1_rstd, n };
+    f->qkvh = cu_lbuf{ a->qkvh, 3 * NC };
+    f->att = cu_lbuf{ a->att, att };
+    f->y = cu_lbuf{ a->y, NC };
+    f->x2 = cu_lbuf{ a->x2, NC };
+    f->ln2 = cu_lbuf{ a->ln2, NC };
+    f->ln2m = cu_lbuf{ a->ln2_mean, n };
+    f->ln2r = cu_lbuf{ a->ln2_rstd, n };
+    f->fch = cu_lbuf{ a->fch, n * Mh };
+    f->fcg = cu_lbuf{ a->fcg, n * M };
+    f->lnf = a->lnf;
+    f->lnfm = a->lnf_mean;
+    f->lnfr = a->lnf_rstd;
+    f->qkv = a->s_big;
+    f->tmp = a->s_c0;
+    f->qi = a->s_heads; /* the inference queries, then the parts' heads */
+    f->heads = a->s_heads;
+    f->n_head = n;
+    f->head_in = a->s_c1; /* free until the backward */
+    f->logits = a->logits;
+}
+
+int32_t cu_lm_head(orch_engine_ctx *ctx, const cu_fwd *f, const float *head) {
+    if (f->n_head == 0) return ORCH_OK;
+    const float *in = f->lnf;
+    if (f->d_head_rows) {
+        KCHECK(ctx, k_gather_rows(ctx->stream, f->lnf, f->d_head_rows, f->head_in,
+                                  f->n_head, ctx->C));
+        in = f->head_in;
+    }
+    return cu_gemm(ctx, 0, 1, (int)f->n_head, (int)ctx->V, (int)ctx->C, 1.0f, in,
+                   (int)ctx->C, head, (int)ctx->C, 0.0f, f->logits, (int)ctx->V);
+}
+
+/* Attention of layer l for every part of the stack: paged for the inference
+ * rows (K/V written to the pool), causal within each sequence of a
+ * fine-tuning part (q, k, v and the scores kept for the backward). Reads
+ * f->qkv (no bias), writes f->y. */
+static int32_t gpt2_attention(orch_engine_ctx *ctx, const cu_fwd *f, uint32_t l) {
+    cudaStream_t s = ctx->stream;
+    const uint32_t C = ctx->C, L = ctx->L, H = ctx->H, hs = ctx->hs;
+    const float *bias = cu_tp(ctx, ctx->d_params, CU_LAYER_TENSOR(l, CU_ATTN_B));
+    float *y = cu_lb(f->y, l);
+    if (f->dp && f->n_inf) {
+        const cu_plan_dev *d = f->dp;
+        KCHECK(ctx, k_kv_write(s, f->qkv, bias, f->qi, ctx->d_kv, d->pos, d->seq,
+                               d->btoff, d->bt, f->n_inf, C, ctx->kv_block_size, L, l));
+        KCHECK(ctx, k_paged_attention(s, f->qi, ctx->d_kv, d->pos, d->seq, d->btoff,
+                                      d->bt, y, f->n_inf, C, H, H, ctx->kv_block_size, L,
+                                      l, (size_t)ctx->T * sizeof(float)));
+    }
+    const float scale = 1.0f / sqrtf((float)hs);
+    for (uint32_t k = 0; k < f->n_parts; k++) {
+        const cu_fwd_part *p = &f->parts[k];
+        const uint32_t B = p->B, T = p->T, BH = B * H, TC = attn_chunk(T);
+        const uint64_t NC = (uint64_t)B * T * C;
+        const long long sTT = (long long)T * T, sTh = (long long)T * hs;
+        float *qh = cu_lb(f->qkvh, l) + 3 * (uint64_t)p->r0 * C, *kh = qh + NC,
+              *vh = qh + 2 * NC;
+        float *att = cu_lb(f->att, l) + p->att0;
+        KCHECK(ctx,
+               k_split_heads(s, f->qkv + (uint64_t)p->r0 * 3 * C, bias, qh, B, T, H, hs));
+        /* att = softmax(q k^T * scale), then yh = att v, per query chunk:
+         * rows q0..q0+nq-1 need keys 0..q0+nq-1 only (causal) */
+        for (uint32_t q0 = 0; q0 < T; q0 += TC) {
+            const int nq = (int)(T - q0 < TC ? T - q0 : TC), nk = (int)q0 + nq;
+            CU_TRY(cu_gemm_batched(ctx, 0, 1, nq, nk, hs, scale, qh + (size_t)q0 * hs, hs,
+                                   sTh, kh, hs, sTh, 0.0f, att + (size_t)q0 * T, T, sTT,
+                                   BH));
+        }
+        KCHECK(ctx, k_softmax_causal(s, att, (uint64_t)BH * T, T, TC));
+        for (uint32_t q0 = 0; q0 < T; q0 += TC) {
+            const int nq = (int)(T - q0 < TC ? T - q0 : TC), nk = (int)q0 + nq;
+            CU_TRY(cu_gemm_batched(ctx, 0, 0, nq, hs, nk, 1.0f, att + (size_t)q0 * T, T,
+                                   sTT, vh, hs, sTh, 0.0f, f->heads + (size_t)q0 * hs, hs,
+                                   sTh, BH));
+        }
+        KCHECK(ctx, k_merge_heads(s, f->heads, y + (uint64_t)p->r0 * C, B, T, H, hs, 1));
+    }
+    return ORCH_OK;
+}
+
+int32_t cu_gpt2_forward(orch_engine_ctx *ctx, const cu_fwd *f) {
+    cudaStream_t s = ctx->stream;
+    const uint32_t C = ctx->C, L = ctx->L, M = ctx->M, n = f->n;
+    const float eps = ctx->eps;
+    float *P = ctx->d_params;
+#define PW(l, w) cu_tp(ctx, P, CU_LAYER_TENSOR(l, w))
+    const float *wte = cu_tp(ctx, P, 0), *wpe = cu_tp(ctx, P, 1);
+    const float *lnf_w = cu_tp(ctx, P, ctx->n_tensors - 2);
+    const float *lnf_b = cu_tp(ctx, P, ctx->n_tensors - 1);
+    const uint32_t T0 = f->n_parts ? f->parts[0].T : ctx->T;
+    KCHECK(ctx, k_embed(s, cu_lb(f->res, 0), f->d_tok, f->d_pos, wte, wpe, n, T0, C));
+    KCHECK(ctx, k_layernorm(s, cu_lb(f->res, 0), PW(0, CU_LN1_W), PW(0, CU_LN1_B),
+                            cu_lb(f->ln1, 0), cu_lb(f->ln1m, 0), cu_lb(f->ln1r, 0), n, C,
+                            eps));
+    for (uint32_t l = 0; l < L; l++) {
+        float *ln1 = cu_lb(f->ln1, l), *y = cu_lb(f->y, l), *x2 = cu_lb(f->x2, l);
+        float *ln2 = cu_lb(f->ln2, l), *fch = cu_lb(f->fch, l), *fcg = cu_lb(f->fcg, l);
+        /* qkv = ln1 W_attn^T (the bias is added by the attention) */
+        CU_TRY(cu_gemm(ctx, 0, 1, n, 3 * C, C, 1.0f, ln1, C, PW(l, CU_ATTN_W), C, 0.0f,
+                       f->qkv, 3 * C));
+        CU_TRY(cu_lora_stack_forward(ctx, f, l, ORCH_LORA_TARGET_ATTN_QKV, ln1, C, f->qkv,
+                                     3 * C));
+        CU_TRY(gpt2_attention(ctx, f, l));
+        /* x2 = res + y W_proj^T + b_proj; ln2 = LN(x2) */
+        CU_TRY(cu_gemm(ctx, 0, 1, n, C, C, 1.0f, y, C, PW(l, CU_PROJ_W), C, 0.0f, f->tmp,
+                       C));
+        CU_TRY(
+            cu_lora_stack_forward(ctx, f, l, ORCH_LORA_TARGET_ATTN_OUT, y, C, f->tmp, C));
+        KCHECK(ctx,
+               k_residual_layernorm(s, cu_lb(f->res, l), f->tmp, PW(l, CU_PROJ_B), x2,
+                                    PW(l, CU_LN2_W), PW(l, CU_LN2_B), ln2,
+                                    cu_lb(f->ln2m, l), cu_lb(f->ln2r, l), n, C, eps));
+        /* fch = ln2 W_fc^T + b_fc; fcg = gelu(fch) */
+        CU_TRY(
+            cu_gemm(ctx, 0, 1, n, M, C, 1.0f, ln2, C, PW(l, CU_FC_W), C, 0.0f, fch, M));
+        CU_TRY(cu_lora_stack_forward(ctx, f, l, ORCH_LORA_TARGET_MLP_UP, ln2, C, fch, M));
+        KCHECK(ctx, k_bias_gelu(s, fch, PW(l, CU_FC_B), fcg, n, M));
+        /* res[l+1] = x2 + fcg W_fcproj^T + b_fcproj; the next LayerNorm */
+        CU_TRY(cu_gemm(ctx, 0, 1, n, C, M, 1.0f, fcg, M, PW(l, CU_FCPROJ_W), M, 0.0f,
+                       f->tmp, C));
+        CU_TRY(cu_lora_stack_forward(ctx, f, l, ORCH_LORA_TARGET_MLP_DOWN, fcg, M, f->tmp,
+                                     C));
+        const int last = l + 1 == L;
+        KCHECK(ctx,
+               k_residual_layernorm(
+                   s, x2, f->tmp, PW(l, CU_FCPROJ_B), cu_lb(f->res, l + 1),
+                   last ? lnf_w : PW(l + 1, CU_LN1_W), last ? lnf_b : PW(l + 1, CU_LN1_B),
+                   last ? f->lnf : cu_lb(f->ln1, l + 1),
+                   last ? f->lnfm : cu_lb(f->ln1m, l + 1),
+                   last ? f->lnfr : cu_lb(f->ln1r, l + 1), n, C, eps));
+    }
+#undef PW
+    return cu_lm_head(ctx, f, wte);
+}
+
+/* Host staging and device copies of a training call's tokens and targets
+ * (and with grad the token CSR of the embedding gradient), then the forward
+ * and the part's loss: the training pass of both architectures. */
 int32_t cu_model_train_step(orch_engine_ctx *ctx, const int32_t *tokens,
                             const int32_t *targets, uint32_t B, uint32_t T,
                             uint64_t n_valid, float grad_scale, int grad, float *out_loss,
                             const cu_grad_notify *notify) {
-    if (ctx->arch == ORCH_ARCH_LLAMA)
-        return cu_llama_train_step(ctx, tokens, targets, B, T, n_valid, grad_scale, grad,
-                                   out_loss, notify);
     cudaStream_t s = ctx->stream;
-    const uint32_t C = ctx->C, L = ctx->L, H = ctx->H, hs = ctx->hs, M = ctx->M,
-                   V = ctx->V;
+    const int llama = ctx->arch == ORCH_ARCH_LLAMA;
     const uint32_t N = B * T;
-    const uint32_t BH = B * H;
-    const uint64_t NC = (uint64_t)N * C;
-    const uint64_t A = (uint64_t)BH * T * T; /* attention elements per layer */
-    const long long sTT = (long long)T * T, sTh = (long long)T * hs;
-    const float scale = 1.0f / sqrtf((float)hs);
-    const float eps = ctx->eps;
-    const uint32_t TC = attn_chunk(T);
+    const uint64_t A = (uint64_t)B * ctx->H * T * T; /* attention elements per layer */
 
     if (n_valid == 0) { /* nothing to learn from (as the CPU engine): no work */
         *out_loss = 0.0f;
         return grad ? cu_grad_ready(ctx, notify, 0, ctx->n_params) : ORCH_OK;
     }
-    /* flat offset of layer l's first gradient (l = L: ln_f.weight) */
-#define LOFF(l) (ctx->tensors[CU_LAYER_TENSOR(l, 0)].offset)
     /* under an adapter (ABI 1.4) the base is frozen: no base gradients */
-    const int frozen = ctx->lora_cur != NULL;
-    if (frozen) CU_TRY(cu_lora_prepare(ctx, ctx->lora_cur->rank, N));
+    cu_lora *lo = ctx->lora_cur;
+    if (lo) CU_TRY(cu_lora_prepare(ctx, lo->rank, N));
     CU_TRY(cu_acts_reserve(ctx, N, A));
     CU_TRY(cu_stage_reserve(ctx, (6 * (size_t)N + 1) * sizeof(int32_t)));
     cu_acts *a = &ctx->acts;
@@ -365,122 +508,110 @@ int32_t cu_model_train_step(orch_engine_ctx *ctx, const int32_t *tokens,
     int32_t *h = (int32_t *)ctx->h_stage;
     memcpy(h, tokens, (size_t)N * sizeof(int32_t));
     memcpy(h + N, targets, (size_t)N * sizeof(int32_t));
-    uint32_t n_uniq = 0;
+    cu_emb_csr emb = { a->i_base + 2 * (size_t)N, a->i_base + 3 * (size_t)N,
+                       a->i_base + 4 * (size_t)N + 1, 0 };
     if (grad)
-        n_uniq =
+        emb.n_uniq =
             cu_token_csr(ctx->h_tok_map, tokens, N, h + 2 * (size_t)N, h + 3 * (size_t)N,
                          h + 4 * (size_t)N + 1, h + 5 * (size_t)N + 1);
     size_t up = grad ? 5 * (size_t)N + 1 : 2 * (size_t)N;
     KCHECK(ctx, cudaMemcpyAsync(a->i_base, h, up * sizeof(int32_t),
                                 cudaMemcpyHostToDevice, s));
-    const int32_t *d_tok = a->i_base;
+    const cu_fwd_part part = { B, T, 0, 0, lo, 0 };
+    cu_fwd f;
+    cu_fwd_on_acts(ctx, &f, N, A);
+    f.parts = &part;
+    f.n_parts = 1;
+    f.d_tok = a->i_base;
     const int32_t *d_tgt = a->i_base + N;
-    const int32_t *d_uniq = a->i_base + 2 * (size_t)N;
-    const int32_t *d_start = a->i_base + 3 * (size_t)N;
-    const int32_t *d_rows = a->i_base + 4 * (size_t)N + 1;
-
-    float *P = ctx->d_params, *G = ctx->d_grads;
-#define PW(l, w) cu_tp(ctx, P, CU_LAYER_TENSOR(l, w))
-#define GW(l, w) cu_tp(ctx, G, CU_LAYER_TENSOR(l, w))
-    const float *wte = cu_tp(ctx, P, 0), *wpe = cu_tp(ctx, P, 1);
-    const float *lnf_w = cu_tp(ctx, P, ctx->n_tensors - 2);
-    const float *lnf_b = cu_tp(ctx, P, ctx->n_tensors - 1);
-
-#define RES(l)  (a->res + (uint64_t)(l)*NC)
-#define LN1(l)  (a->ln1 + (uint64_t)(l)*NC)
-#define LN1M(l) (a->ln1_mean + (uint64_t)(l)*N)
-#define LN1R(l) (a->ln1_rstd + (uint64_t)(l)*N)
-#define QH(l)   (a->qkvh + (uint64_t)(l)*3 * NC)
-#define KH(l)   (QH(l) + NC)
-#define VH(l)   (QH(l) + 2 * NC)
-#define ATT(l)  (a->att + (uint64_t)(l)*A)
-#define YY(l)   (a->y + (uint64_t)(l)*NC)
-#define X2(l)   (a->x2 + (uint64_t)(l)*NC)
-#define LN2(l)  (a->ln2 + (uint64_t)(l)*NC)
-#define LN2M(l) (a->ln2_mean + (uint64_t)(l)*N)
-#define LN2R(l) (a->ln2_rstd + (uint64_t)(l)*N)
-#define FCH(l)  (a->fch + (uint64_t)(l)*N * M)
-#define FCG(l)  (a->fcg + (uint64_t)(l)*N * M)
-
-    /* ---- forward ---- */
-    KCHECK(ctx, k_embed(s, RES(0), d_tok, NULL, wte, wpe, N, T, C));
-    KCHECK(ctx, k_layernorm(s, RES(0), PW(0, CU_LN1_W), PW(0, CU_LN1_B), LN1(0), LN1M(0),
-                            LN1R(0), N, C, eps));
-    for (uint32_t l = 0; l < L; l++) {
-        /* qkv = ln1 W_attn^T, then + bias and split into heads */
-        CU_TRY(cu_gemm(ctx, 0, 1, N, 3 * C, C, 1.0f, LN1(l), C, PW(l, CU_ATTN_W), C, 0.0f,
-                       a->s_big, 3 * C));
-        CU_TRY(cu_lora_forward(ctx, l, ORCH_LORA_TARGET_ATTN_QKV, N, LN1(l), C, a->s_big,
-                               3 * C));
-        KCHECK(ctx, k_split_heads(s, a->s_big, PW(l, CU_ATTN_B), QH(l), B, T, H, hs));
-        /* att = softmax(q k^T * scale), then yh = att v, per query chunk:
-         * rows q0..q0+nq-1 need keys 0..q0+nq-1 only (causal) */
-        for (uint32_t q0 = 0; q0 < T; q0 += TC) {
-            const int nq = (int)(T - q0 < TC ? T - q0 : TC), nk = (int)q0 + nq;
-            CU_TRY(cu_gemm_batched(ctx, 0, 1, nq, nk, hs, scale, QH(l) + (size_t)q0 * hs,
-                                   hs, sTh, KH(l), hs, sTh, 0.0f, ATT(l) + (size_t)q0 * T,
-                                   T, sTT, BH));
-        }
-        KCHECK(ctx, k_softmax_causal(s, ATT(l), (uint64_t)BH * T, T, TC));
-        for (uint32_t q0 = 0; q0 < T; q0 += TC) {
-            const int nq = (int)(T - q0 < TC ? T - q0 : TC), nk = (int)q0 + nq;
-            CU_TRY(cu_gemm_batched(ctx, 0, 0, nq, hs, nk, 1.0f, ATT(l) + (size_t)q0 * T,
-                                   T, sTT, VH(l), hs, sTh, 0.0f,
-                                   a->s_heads + (size_t)q0 * hs, hs, sTh, BH));
-        }
-        KCHECK(ctx, k_merge_heads(s, a->s_heads, YY(l), B, T, H, hs, 1));
-        /* x2 = res + y W_proj^T + b_proj; ln2 = LN(x2) */
-        CU_TRY(cu_gemm(ctx, 0, 1, N, C, C, 1.0f, YY(l), C, PW(l, CU_PROJ_W), C, 0.0f,
-                       a->s_c0, C));
-        CU_TRY(
-            cu_lora_forward(ctx, l, ORCH_LORA_TARGET_ATTN_OUT, N, YY(l), C, a->s_c0, C));
-        KCHECK(ctx, k_residual_layernorm(s, RES(l), a->s_c0, PW(l, CU_PROJ_B), X2(l),
-                                         PW(l, CU_LN2_W), PW(l, CU_LN2_B), LN2(l),
-                                         LN2M(l), LN2R(l), N, C, eps));
-        /* fch = ln2 W_fc^T + b_fc; fcg = gelu(fch) */
-        CU_TRY(cu_gemm(ctx, 0, 1, N, M, C, 1.0f, LN2(l), C, PW(l, CU_FC_W), C, 0.0f,
-                       FCH(l), M));
-        CU_TRY(cu_lora_forward(ctx, l, ORCH_LORA_TARGET_MLP_UP, N, LN2(l), C, FCH(l), M));
-        KCHECK(ctx, k_bias_gelu(s, FCH(l), PW(l, CU_FC_B), FCG(l), N, M));
-        /* res[l+1] = x2 + fcg W_fcproj^T + b_fcproj; next LayerNorm */
-        CU_TRY(cu_gemm(ctx, 0, 1, N, C, M, 1.0f, FCG(l), M, PW(l, CU_FCPROJ_W), M, 0.0f,
-                       a->s_c0, C));
-        CU_TRY(
-            cu_lora_forward(ctx, l, ORCH_LORA_TARGET_MLP_DOWN, N, FCG(l), M, a->s_c0, C));
-        if (l + 1 < L) {
-            KCHECK(ctx,
-                   k_residual_layernorm(s, X2(l), a->s_c0, PW(l, CU_FCPROJ_B), RES(l + 1),
-                                        PW(l + 1, CU_LN1_W), PW(l + 1, CU_LN1_B),
-                                        LN1(l + 1), LN1M(l + 1), LN1R(l + 1), N, C, eps));
-        } else {
-            KCHECK(ctx, k_residual_layernorm(s, X2(l), a->s_c0, PW(l, CU_FCPROJ_B),
-                                             RES(L), lnf_w, lnf_b, a->lnf, a->lnf_mean,
-                                             a->lnf_rstd, N, C, eps));
-        }
+    if (llama) {
+        CU_TRY(cu_llama_forward(ctx, &f));
+        return cu_llama_part_loss(ctx, &f, 0, d_tgt, n_valid, grad_scale, grad, &emb,
+                                  notify, out_loss);
     }
-    /* logits = lnf wte^T; cross-entropy (and d logits in place) */
-    CU_TRY(cu_gemm(ctx, 0, 1, N, V, C, 1.0f, a->lnf, C, wte, C, 0.0f, a->logits, V));
-    float dscale = grad_scale / (float)n_valid;
-    KCHECK(ctx, k_cross_entropy(s, a->logits, d_tgt, a->losses, N, V, dscale, grad));
-    KCHECK(ctx, k_sum_to_double(s, a->losses, N, ctx->d_red + CU_NORM_BLOCKS));
+    CU_TRY(cu_gpt2_forward(ctx, &f));
+    return cu_gpt2_part_loss(ctx, &f, 0, d_tgt, n_valid, grad_scale, grad, &emb, notify,
+                             out_loss);
+}
+
+int32_t cu_part_ce(orch_engine_ctx *ctx, const cu_fwd *f, uint32_t k,
+                   const int32_t *d_tgt, uint64_t n_valid, float grad_scale, int grad) {
+    cudaStream_t s = ctx->stream;
+    const cu_fwd_part *pt = &f->parts[k];
+    const uint32_t V = ctx->V, N = pt->B * pt->T;
+    float *logits = f->logits + (uint64_t)pt->lrow0 * V;
+    float *losses = ctx->acts.losses + pt->r0;
+    const float dscale = grad_scale / (float)n_valid;
+    KCHECK(ctx, k_cross_entropy(s, logits, d_tgt, losses, N, V, dscale, grad));
+    KCHECK(ctx, k_sum_to_double(s, losses, N, ctx->d_red + CU_NORM_BLOCKS));
     KCHECK(ctx, cudaMemcpyAsync(ctx->h_red, ctx->d_red + CU_NORM_BLOCKS, sizeof(double),
                                 cudaMemcpyDeviceToHost, s));
+    return ORCH_OK;
+}
+
+int32_t cu_part_loss_end(orch_engine_ctx *ctx, uint64_t n_valid, float *out_loss) {
+    KCHECK(ctx, cudaStreamSynchronize(ctx->stream));
+    *out_loss = (float)(*ctx->h_red / (double)n_valid);
+    return ORCH_OK;
+}
+
+int32_t cu_gpt2_part_loss(orch_engine_ctx *ctx, const cu_fwd *f, uint32_t k,
+                          const int32_t *d_tgt, uint64_t n_valid, float grad_scale,
+                          int grad, const cu_emb_csr *emb, const cu_grad_notify *notify,
+                          float *out_loss) {
+    cudaStream_t s = ctx->stream;
+    const cu_fwd_part *pt = &f->parts[k];
+    const uint32_t C = ctx->C, L = ctx->L, H = ctx->H, hs = ctx->hs, M = ctx->M,
+                   V = ctx->V;
+    const uint32_t B = pt->B, T = pt->T, N = B * T, BH = B * H, r0 = pt->r0;
+    const uint64_t NC = (uint64_t)N * C, RO = (uint64_t)r0 * C;
+    const long long sTT = (long long)T * T, sTh = (long long)T * hs;
+    const float scale = 1.0f / sqrtf((float)hs);
+    const uint32_t TC = attn_chunk(T);
+    cu_acts *a = &ctx->acts;
+    cu_lora *lo = pt->lo;
+    const int frozen = lo != NULL;
+    float *P = ctx->d_params, *G = ctx->d_grads;
+    const float *wte = cu_tp(ctx, P, 0);
+    const float *lnf_w = cu_tp(ctx, P, ctx->n_tensors - 2);
+    float *lnf = f->lnf + RO, *lnf_mean = f->lnfm + r0, *lnf_rstd = f->lnfr + r0;
+    float *logits = f->logits + (uint64_t)pt->lrow0 * V;
+    CU_TRY(cu_part_ce(ctx, f, k, d_tgt, n_valid, grad_scale, grad));
+    /* flat offset of layer l's first gradient (l = L: ln_f.weight) */
+#define LOFF(l)  (ctx->tensors[CU_LAYER_TENSOR(l, 0)].offset)
+#define PW(l, w) cu_tp(ctx, P, CU_LAYER_TENSOR(l, w))
+#define GW(l, w) cu_tp(ctx, G, CU_LAYER_TENSOR(l, w))
+#define RES(l)   (cu_lb(f->res, l) + RO)
+#define LN1(l)   (cu_lb(f->ln1, l) + RO)
+#define LN1M(l)  (cu_lb(f->ln1m, l) + r0)
+#define LN1R(l)  (cu_lb(f->ln1r, l) + r0)
+#define QH(l)    (cu_lb(f->qkvh, l) + 3 * RO)
+#define KH(l)    (QH(l) + NC)
+#define VH(l)    (QH(l) + 2 * NC)
+#define ATT(l)   (cu_lb(f->att, l) + pt->att0)
+#define YY(l)    (cu_lb(f->y, l) + RO)
+#define X2(l)    (cu_lb(f->x2, l) + RO)
+#define LN2(l)   (cu_lb(f->ln2, l) + RO)
+#define LN2M(l)  (cu_lb(f->ln2m, l) + r0)
+#define LN2R(l)  (cu_lb(f->ln2r, l) + r0)
+#define FCH(l)   (cu_lb(f->fch, l) + (uint64_t)r0 * M)
+#define FCG(l)   (cu_lb(f->fcg, l) + (uint64_t)r0 * M)
 
     if (grad) {
         float *dres = a->s_c1; /* running d(residual) */
         float *dln = a->s_c0;  /* d(LayerNorm output) / d(y) */
-        float *dlogits = a->logits;
+        float *dlogits = logits;
         float *part = a->s_part;
         /* LM head (tied): dlnf = dlogits wte; dwte += dlogits^T lnf */
         CU_TRY(cu_gemm(ctx, 0, 0, N, C, V, 1.0f, dlogits, V, wte, C, 0.0f, dln, C));
         if (!frozen)
-            CU_TRY(cu_gemm(ctx, 1, 0, V, C, N, 1.0f, dlogits, V, a->lnf, C, 1.0f,
+            CU_TRY(cu_gemm(ctx, 1, 0, V, C, N, 1.0f, dlogits, V, lnf, C, 1.0f,
                            cu_tp(ctx, G, 0), C));
-        KCHECK(ctx, k_layernorm_bwd_dx(s, dln, RES(L), a->lnf_mean, a->lnf_rstd, lnf_w,
-                                       dres, N, C, 0));
+        KCHECK(ctx, k_layernorm_bwd_dx(s, dln, RES(L), lnf_mean, lnf_rstd, lnf_w, dres, N,
+                                       C, 0));
         if (!frozen)
             KCHECK(ctx,
-                   k_layernorm_bwd_params(s, dln, RES(L), a->lnf_mean, a->lnf_rstd,
+                   k_layernorm_bwd_params(s, dln, RES(L), lnf_mean, lnf_rstd,
                                           cu_tp(ctx, G, ctx->n_tensors - 2),
                                           cu_tp(ctx, G, ctx->n_tensors - 1), N, C, part));
         CU_TRY(cu_grad_ready(ctx, notify, LOFF(L), ctx->n_params - LOFF(L)));
@@ -495,8 +626,8 @@ int32_t cu_model_train_step(orch_engine_ctx *ctx, const int32_t *tokens,
             }
             CU_TRY(cu_gemm(ctx, 0, 0, N, M, C, 1.0f, dres, C, PW(l, CU_FCPROJ_W), M, 0.0f,
                            dfc, M));
-            CU_TRY(cu_lora_backward(ctx, l, ORCH_LORA_TARGET_MLP_DOWN, N, FCG(l), M, dres,
-                                    C, dfc, M));
+            CU_TRY(cu_lora_backward(ctx, lo, l, ORCH_LORA_TARGET_MLP_DOWN, N, FCG(l), M,
+                                    dres, C, dfc, M));
             /* GELU and c_fc */
             KCHECK(ctx, k_gelu_bwd(s, FCH(l), dfc, N, M));
             if (!frozen) {
@@ -506,8 +637,8 @@ int32_t cu_model_train_step(orch_engine_ctx *ctx, const int32_t *tokens,
             }
             CU_TRY(cu_gemm(ctx, 0, 0, N, C, M, 1.0f, dfc, M, PW(l, CU_FC_W), C, 0.0f, dln,
                            C));
-            CU_TRY(cu_lora_backward(ctx, l, ORCH_LORA_TARGET_MLP_UP, N, LN2(l), C, dfc, M,
-                                    dln, C));
+            CU_TRY(cu_lora_backward(ctx, lo, l, ORCH_LORA_TARGET_MLP_UP, N, LN2(l), C,
+                                    dfc, M, dln, C));
             /* LN2: d(x2) = dres + LN2 backward */
             KCHECK(ctx, k_layernorm_bwd_dx(s, dln, X2(l), LN2M(l), LN2R(l),
                                            PW(l, CU_LN2_W), dres, N, C, 1));
@@ -523,8 +654,8 @@ int32_t cu_model_train_step(orch_engine_ctx *ctx, const int32_t *tokens,
             }
             CU_TRY(cu_gemm(ctx, 0, 0, N, C, C, 1.0f, dres, C, PW(l, CU_PROJ_W), C, 0.0f,
                            dln, C));
-            CU_TRY(cu_lora_backward(ctx, l, ORCH_LORA_TARGET_ATTN_OUT, N, YY(l), C, dres,
-                                    C, dln, C));
+            CU_TRY(cu_lora_backward(ctx, lo, l, ORCH_LORA_TARGET_ATTN_OUT, N, YY(l), C,
+                                    dres, C, dln, C));
             /* attention core: dyh in s_big[0..NC); dq, dk, dv in s_heads */
             float *dyh = a->s_big;
             float *dqh = a->s_heads, *dkh = a->s_heads + NC, *dvh = a->s_heads + 2 * NC;
@@ -566,8 +697,8 @@ int32_t cu_model_train_step(orch_engine_ctx *ctx, const int32_t *tokens,
             }
             CU_TRY(cu_gemm(ctx, 0, 0, N, C, 3 * C, 1.0f, dqkv, 3 * C, PW(l, CU_ATTN_W), C,
                            0.0f, dln, C));
-            CU_TRY(cu_lora_backward(ctx, l, ORCH_LORA_TARGET_ATTN_QKV, N, LN1(l), C, dqkv,
-                                    3 * C, dln, C));
+            CU_TRY(cu_lora_backward(ctx, lo, l, ORCH_LORA_TARGET_ATTN_QKV, N, LN1(l), C,
+                                    dqkv, 3 * C, dln, C));
             /* LN1: d(res[l]) = dres + LN1 backward */
             KCHECK(ctx, k_layernorm_bwd_dx(s, dln, RES(l), LN1M(l), LN1R(l),
                                            PW(l, CU_LN1_W), dres, N, C, 1));
@@ -580,8 +711,8 @@ int32_t cu_model_train_step(orch_engine_ctx *ctx, const int32_t *tokens,
         /* embeddings */
         if (!frozen) {
             KCHECK(ctx, k_embed_bwd_wpe(s, dres, cu_tp(ctx, G, 1), B, T, C));
-            KCHECK(ctx, k_embed_bwd_wte(s, dres, cu_tp(ctx, G, 0), d_uniq, d_start,
-                                        d_rows, n_uniq, C));
+            KCHECK(ctx, k_embed_bwd_wte(s, dres, cu_tp(ctx, G, 0), emb->uniq, emb->start,
+                                        emb->rows, emb->n_uniq, C));
         }
         CU_TRY(cu_grad_ready(ctx, notify, 0, LOFF(0)));
     }
@@ -604,9 +735,7 @@ int32_t cu_model_train_step(orch_engine_ctx *ctx, const int32_t *tokens,
 #undef FCH
 #undef FCG
 
-    KCHECK(ctx, cudaStreamSynchronize(s));
-    *out_loss = (float)(*ctx->h_red / (double)n_valid);
-    return ORCH_OK;
+    return cu_part_loss_end(ctx, n_valid, out_loss);
 }
 
 /* ------------------------------------------------------------------------- */
@@ -700,65 +829,37 @@ int32_t cu_infer_upload_plan(orch_engine_ctx *ctx, const cu_infer_plan *plan,
 
 int32_t cu_model_infer(orch_engine_ctx *ctx, const cu_infer_plan *plan,
                        float *logits_out) {
-    if (ctx->arch == ORCH_ARCH_LLAMA) return cu_llama_infer(ctx, plan, logits_out);
     cudaStream_t s = ctx->stream;
-    const uint32_t C = ctx->C, L = ctx->L, H = ctx->H, M = ctx->M, V = ctx->V;
     const uint32_t n = plan->n_tokens, R = plan->n_rows;
-    const float eps = ctx->eps;
     cu_plan_dev dp;
     CU_TRY(cu_infer_upload_plan(ctx, plan, &dp));
     cu_infer_bufs *b = &ctx->inf;
-    const int32_t *d_tok = dp.tok, *d_pos = dp.pos, *d_seq = dp.seq, *d_rows = dp.rows;
-    const int32_t *d_btoff = dp.btoff, *d_bt = dp.bt;
-
-    float *P = ctx->d_params;
-#define PW(l, w) cu_tp(ctx, P, CU_LAYER_TENSOR(l, w))
-    const float *wte = cu_tp(ctx, P, 0), *wpe = cu_tp(ctx, P, 1);
-    const float *lnf_w = cu_tp(ctx, P, ctx->n_tensors - 2);
-    const float *lnf_b = cu_tp(ctx, P, ctx->n_tensors - 1);
-    const uint32_t bs = ctx->kv_block_size;
-    const size_t smem = (size_t)ctx->T * sizeof(float);
-
-    KCHECK(ctx, k_embed(s, b->x, d_tok, d_pos, wte, wpe, n, ctx->T, C));
-    KCHECK(ctx, k_layernorm(s, b->x, PW(0, CU_LN1_W), PW(0, CU_LN1_B), b->ln, NULL, NULL,
-                            n, C, eps));
-    for (uint32_t l = 0; l < L; l++) {
-        CU_TRY(cu_gemm(ctx, 0, 1, n, 3 * C, C, 1.0f, b->ln, C, PW(l, CU_ATTN_W), C, 0.0f,
-                       b->qkv, 3 * C));
-        CU_TRY(cu_lora_infer_forward(ctx, l, ORCH_LORA_TARGET_ATTN_QKV, b->ln, C, b->qkv,
-                                     3 * C));
-        KCHECK(ctx, k_kv_write(s, b->qkv, PW(l, CU_ATTN_B), b->q, ctx->d_kv, d_pos, d_seq,
-                               d_btoff, d_bt, n, C, bs, L, l));
-        KCHECK(ctx, k_paged_attention(s, b->q, ctx->d_kv, d_pos, d_seq, d_btoff, d_bt,
-                                      b->y, n, C, H, H, bs, L, l, smem));
-        CU_TRY(cu_gemm(ctx, 0, 1, n, C, C, 1.0f, b->y, C, PW(l, CU_PROJ_W), C, 0.0f,
-                       b->tmp, C));
-        CU_TRY(
-            cu_lora_infer_forward(ctx, l, ORCH_LORA_TARGET_ATTN_OUT, b->y, C, b->tmp, C));
-        KCHECK(ctx, k_residual_layernorm(s, b->x, b->tmp, PW(l, CU_PROJ_B), b->x2,
-                                         PW(l, CU_LN2_W), PW(l, CU_LN2_B), b->ln, NULL,
-                                         NULL, n, C, eps));
-        CU_TRY(cu_gemm(ctx, 0, 1, n, M, C, 1.0f, b->ln, C, PW(l, CU_FC_W), C, 0.0f, b->fc,
-                       M));
-        CU_TRY(
-            cu_lora_infer_forward(ctx, l, ORCH_LORA_TARGET_MLP_UP, b->ln, C, b->fc, M));
-        KCHECK(ctx, k_bias_gelu(s, b->fc, PW(l, CU_FC_B), b->fc, n, M));
-        CU_TRY(cu_gemm(ctx, 0, 1, n, C, M, 1.0f, b->fc, M, PW(l, CU_FCPROJ_W), M, 0.0f,
-                       b->tmp, C));
-        CU_TRY(cu_lora_infer_forward(ctx, l, ORCH_LORA_TARGET_MLP_DOWN, b->fc, M, b->tmp,
-                                     C));
-        const float *nw = l + 1 < L ? PW(l + 1, CU_LN1_W) : lnf_w;
-        const float *nb = l + 1 < L ? PW(l + 1, CU_LN1_B) : lnf_b;
-        KCHECK(ctx, k_residual_layernorm(s, b->x2, b->tmp, PW(l, CU_FCPROJ_B), b->x, nw,
-                                         nb, b->ln, NULL, NULL, n, C, eps));
-    }
-#undef PW
-    if (R) {
-        KCHECK(ctx, k_gather_rows(s, b->ln, d_rows, b->sel, R, C));
-        CU_TRY(cu_gemm(ctx, 0, 1, R, V, C, 1.0f, b->sel, C, wte, C, 0.0f, b->logits, V));
-        KCHECK(ctx, cudaMemcpyAsync(logits_out, b->logits, (size_t)R * V * sizeof(float),
-                                    cudaMemcpyDeviceToHost, s));
-    }
+    /* one buffer per role, reused by every layer (ls 0); no statistics */
+    cu_fwd f;
+    memset(&f, 0, sizeof f);
+    f.n = f.n_inf = n;
+    f.dp = &dp;
+    f.d_tok = dp.tok;
+    f.d_pos = dp.pos;
+    f.res = cu_lbuf{ b->x, 0 };
+    f.ln1 = f.ln2 = cu_lbuf{ b->ln, 0 };
+    f.y = cu_lbuf{ b->y, 0 };
+    f.x2 = cu_lbuf{ b->x2, 0 };
+    f.fch = f.fcg = cu_lbuf{ b->fc, 0 }; /* GELU / SwiGLU in place */
+    f.lnf = b->ln;
+    f.qkv = b->qkv;
+    f.tmp = b->tmp;
+    f.qi = b->q;
+    f.d_head_rows = dp.rows;
+    f.n_head = R;
+    f.head_in = b->sel;
+    f.logits = b->logits;
+    CU_TRY(ctx->arch == ORCH_ARCH_LLAMA ? cu_llama_forward(ctx, &f)
+                                        : cu_gpt2_forward(ctx, &f));
+    if (R)
+        KCHECK(ctx,
+               cudaMemcpyAsync(logits_out, b->logits, (size_t)R * ctx->V * sizeof(float),
+                               cudaMemcpyDeviceToHost, s));
     KCHECK(ctx, cudaStreamSynchronize(s));
     return ORCH_OK;
 }

@@ -7,6 +7,10 @@
  * Environment:
  *   ORCH_CUDA_EMU_MEM   bytes of emulated device memory (default 2 GiB); an
  *                       allocation past it fails with cudaErrorMemoryAllocation
+ *
+ * For the suites, the library also exports orch_cuda_emu_gemm_calls(): the
+ * number of cublasGemmEx calls with work (m, n > 0) so far, e.g. to count
+ * the passes over the weights a call makes (tests/test_cuda_lora.c).
  */
 #include "cuda_runtime.h"
 #include "cublas_v2.h"
@@ -516,6 +520,15 @@ static int compute_bits(cublasComputeType_t c) {
                                                : 0;
 }
 
+static unsigned long long g_gemm_calls = 0;
+
+extern "C" __attribute__((visibility("default"))) unsigned long long
+orch_cuda_emu_gemm_calls(void);
+extern "C" __attribute__((visibility("default"))) unsigned long long
+orch_cuda_emu_gemm_calls(void) {
+    return g_gemm_calls;
+}
+
 cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb,
                             int m, int n, int k, const void *alpha, const void *A,
                             cudaDataType at, int lda, const void *B, cudaDataType bt,
@@ -531,6 +544,7 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
         return s;
     }
     if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
+    g_gemm_calls++;
     return gemm_one(ta, tb, m, n, k, *(const float *)alpha, (const float *)A, lda,
                     (const float *)B, ldb, *(const float *)beta, (float *)C, ldc,
                     compute_bits(compute));
