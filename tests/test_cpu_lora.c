@@ -559,6 +559,59 @@ START_TEST(test_mixed_batch) {
 }
 END_TEST
 
+/* Adapters of different ranks in one batch, on 2 threads: each sequence's
+ * logits equal those of a batch where every sequence uses that sequence's
+ * adapter (the per-sequence scratch of the adapter products is laid out by
+ * the batch's largest rank; laid out by each sequence's own rank, the
+ * threads overwrote each other's rows). Repeated: the overlap was a race. */
+START_TEST(test_mixed_ranks) {
+    const int k = _i;
+    lora_run r;
+    lora_open(&r, k, "threads=2");
+    const uint32_t rank2 = r.rank == 2 ? 4 : 2;
+    orch_lora_desc d = test_lora_desc(rank2, 2.0f * (float)rank2, r.targets, 9);
+    uint32_t id2 = 0;
+    ck_assert_int_eq(A->adapter_create(r.ctx, &d, &id2), ORCH_OK);
+    lora_table t2;
+    adapter_table(r.ctx, id2, &t2);
+    uint64_t s = 77;
+    for (uint32_t i = 0; i < t2.n; i++) { /* B too, so the adapter acts */
+        float *v = malloc(t2.info[i].numel * sizeof(float));
+        for (uint64_t e = 0; e < t2.info[i].numel; e++)
+            v[e] = 0.2f * ((float)((test_lcg64(&s) >> 40) & 0xFFFF) / 65536.0f - 0.5f);
+        ck_assert_int_eq(A->adapter_tensor_write(r.ctx, id2, ORCH_TENSOR_PARAM, i, v,
+                                                 t2.info[i].numel * sizeof(float)),
+                         ORCH_OK);
+        free(v);
+    }
+    ck_assert_uint_le(r.B, 8);
+    uint32_t all1[8], all2[8], mixed[8];
+    for (uint32_t b = 0; b < r.B; b++) {
+        all1[b] = r.id;
+        all2[b] = id2;
+        mixed[b] = b % 2 ? id2 : r.id;
+    }
+    const uint64_t V = r.m.vocab_size, T = r.T;
+    float *y1 = batch_logits(r.ctx, &r, all1), *y2 = batch_logits(r.ctx, &r, all2);
+    ck_assert(test_max_diff(y1, y2, r.B * T * V) > 1e-2); /* they differ */
+    for (int rep = 0; rep < 20; rep++) {
+        float *x = batch_logits(r.ctx, &r, mixed);
+        for (uint32_t b = 0; b < r.B; b++) {
+            const float *want = (b % 2 ? y2 : y1) + b * T * V;
+            const double worst = test_max_diff(x + b * T * V, want, T * V);
+            ck_assert_msg(worst <= 1e-5,
+                          "[%s] rep %d seq %u (rank %u) in a batch with rank %u: %g",
+                          fixtures[k], rep, b, b % 2 ? rank2 : r.rank,
+                          b % 2 ? r.rank : rank2, worst);
+        }
+        free(x);
+    }
+    free(y1);
+    free(y2);
+    lora_close(&r);
+}
+END_TEST
+
 START_TEST(test_fresh_adapter) {
     const int k = _i;
     safetensors_file *f = test_fixture_open(fixtures[k]);
@@ -1118,6 +1171,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_capabilities);
     tcase_add_loop_test(tc, test_merged_weights, 0, N_FIXTURES);
     tcase_add_loop_test(tc, test_mixed_batch, 0, 2 * N_FIXTURES);
+    tcase_add_loop_test(tc, test_mixed_ranks, 0, N_FIXTURES);
     tcase_add_loop_test(tc, test_fresh_adapter, 0, N_FIXTURES);
     tcase_add_loop_test(tc, test_finite_differences, 0, N_FIXTURES);
     tcase_add_loop_test(tc, test_determinism, 0, N_FIXTURES);

@@ -448,6 +448,7 @@ int32_t cpu_lora_batch_begin(orch_engine_ctx *ctx, const orch_infer_batch *batch
         if (lb->lo[i]->rank > rank) rank = lb->lo[i]->rank;
     }
     lb->row0[batch->n_seqs] = rows;
+    lb->rank_max = rank;
     cpu_lora_set *s = ctx->lora;
     const size_t need = MAX_MODS * (size_t)rows * rank;
     if (need > s->scratch_floats) {
@@ -482,7 +483,9 @@ typedef struct batch_job {
 } batch_job;
 
 /* One sequence: its rows through its adapter's modules of (layer, target);
- * u of row r at scratch + (module * N + r) * rank (N rows in all). */
+ * u of row r at scratch + (module * N + r) * rank_max (N rows in all): the
+ * batch's largest rank, so that sequences of different ranks, run on
+ * different threads, use disjoint rows of the scratch. */
 static void batch_seq(void *arg, size_t i, int tid) {
     (void)tid;
     const batch_job *j = arg;
@@ -495,7 +498,7 @@ static void batch_seq(void *arg, size_t i, int tid) {
     const int rank = (int)lo->rank;
     for (uint32_t k = 0; k < n; k++) {
         const cpu_lora_mod *m = &mods[k];
-        float *u = j->scratch + ((size_t)k * N + r0) * (size_t)rank;
+        float *u = j->scratch + ((size_t)k * N + r0) * (size_t)j->lb->rank_max;
         cpu_sgemm1(0, 1, (int)rows, rank, (int)m->in, 1.0f, j->x + r0 * j->ldx,
                    (int)j->ldx, lo->params + m->a_off, (int)m->in, 0.0f, u, rank);
         cpu_sgemm1(0, 1, (int)rows, (int)m->out, rank, lo->scale, u, rank,

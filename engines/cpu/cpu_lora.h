@@ -122,6 +122,7 @@ typedef struct cpu_lora_batch {
     uint32_t *row0; /* [n_seqs + 1] */
     uint32_t n_seqs;
     uint32_t targets;
+    uint32_t rank_max; /* the batch's largest rank: row stride of the scratch */
 } cpu_lora_batch;
 
 /* Resolve the adapters of a validated batch and size the scratch for its
