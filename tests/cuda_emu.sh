@@ -10,7 +10,9 @@
 # fixtures tests/fixtures/cpu_llama_tiny_kv*.safetensors for LLaMA) and
 # $ORCH_BUILD/tests/test_conformance on it alone (ORCH_CONFORMANCE_ENGINES:
 # the ABI's rules), and $ORCH_BUILD/tests/test_cuda_lora (its LoRA adapters,
-# ABI 1.4, against the torch fixtures and the CPU engine), so all run in
+# ABI 1.4, against the torch fixtures and the CPU engine) and
+# $ORCH_BUILD/tests/test_cuda_ft_stream (its token-level fine-tuning streams,
+# ABI 1.5, against adapter_forward_backward and the CPU engine's streams), so all run in
 # `make test`. Then the orchestrator's LoRA paths on the emulated engine
 # (they check ORCH_CAP_LORA): `orch finetune --engine <emulated>` on a tiny
 # byte-level GPT-2 trained by the CPU engine (the loss falls and follows
@@ -35,7 +37,8 @@ if ! command -v "$CXX" >/dev/null 2>&1; then
   echo "cuda_emu: skipped: no C++ compiler ($CXX) to build the emulated engine"
   exit 77
 fi
-for f in tests/test_cuda_engine tests/test_cuda_lora tests/test_conformance orch \
+for f in tests/test_cuda_engine tests/test_cuda_lora tests/test_cuda_ft_stream \
+    tests/test_conformance orch \
     libengine_cpu.so; do
   if [ ! -e "$BUILD_DIR/$f" ]; then
     echo "cuda_emu: skipped: $BUILD_DIR/$f is not built"
@@ -75,6 +78,8 @@ if ! grep -q '^conformance: testing engine cuda ' "$tmp/conformance.log"; then
 fi
 ORCH_CUDA_ENGINE="$tmp/libengine_cuda_emu.so" ORCH_ENGINE_PATH="$BUILD_DIR" \
   "$BUILD_DIR/tests/test_cuda_lora" || rc=1
+ORCH_CUDA_ENGINE="$tmp/libengine_cuda_emu.so" ORCH_ENGINE_PATH="$BUILD_DIR" \
+  "$BUILD_DIR/tests/test_cuda_ft_stream" || rc=1
 
 # ---- orch finetune / orch generate --lora on the emulated engine ----
 emu="$tmp/libengine_cuda_emu.so"
