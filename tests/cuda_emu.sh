@@ -158,10 +158,11 @@ EOF
   kill -TERM "$spid" 2>/dev/null
   wait "$spid"
   [ $st -eq 0 ] || { cat serve.log; exit 1; }
-  # co-serving (ORCH_CAP_COSERVE, whole micro-batches: the engine has no
-  # ABI 1.5 streams): a fine-tuning job succeeds while 2 clients keep
-  # getting greedy completions of the base, which stay one text, and its
-  # micro-batches ride in the inference passes (coserve_forward)
+  # co-serving (--ft-granularity auto: token level, the engine's ABI 1.5
+  # streams, ORCH_CAP_FT_STREAM): a fine-tuning job succeeds while 2
+  # clients keep getting greedy completions of the base, which stay one
+  # text, its events name token-level chunks, and its rows ride in the
+  # inference passes (coserve_step)
   ORCH_ENGINE_PATH="$BUILD_DIR" "$BUILD_DIR/orch" serve --checkpoint base --engine "$emu" --port 0 \
     --model-name tiny --state-dir S --ft-seq-len 48 --ft-micro-batch 2 --ft-lr 0.02 \
     --ft-targets all --ft-rank 4 2>serve_ft.log &
@@ -180,9 +181,12 @@ j = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
 prom = open(sys.argv[2]).read()
 shared = re.search(r"^orch_coserve_shared_passes_total (\S+)$", prom, re.M)
 assert j["completions"] > 0 and j["unchanged"], j
-assert shared and float(shared.group(1)) >= 1, "no micro-batch rode in an inference pass"
+assert shared and float(shared.group(1)) >= 1, "no fine-tuning rows rode in an inference pass"
+tl = [e for e in j["events"] if "token-level" in e]
+assert tl, ("the job did not run token-level streams", j["events"])
 print("cuda_emu: orch serve: a fine-tuning job succeeded beside %d completions (one text), "
-      "%d co-served passes" % (j["completions"], float(shared.group(1))))
+      "%d co-served passes (%s)" % (j["completions"], float(shared.group(1)),
+                                     re.search(r"token-level[^)]*", tl[0]).group(0)))
 EOF
   [ $st -eq 0 ] || { cat ft_job.json; tail -n 20 serve_ft.log; exit 1; }
 ) || { echo "cuda_emu: FAIL: orch finetune / generate --lora / serve on the emulated CUDA engine"; rc=1; }
