@@ -168,7 +168,8 @@ static orch_ft_progress progress0(void) {
 
 static int32_t step_on(const orch_engine_api *api, orch_engine_ctx *ctx,
                        const orch_seq_input *seqs, uint32_t n, float *logits,
-                       uint64_t cap, uint32_t stream, uint32_t rows, orch_ft_progress *p) {
+                       uint64_t cap, uint32_t stream, uint32_t rows,
+                       orch_ft_progress *p) {
     orch_infer_batch b;
     memset(&b, 0, sizeof b);
     b.struct_size = sizeof b;
@@ -214,7 +215,8 @@ static void check_equal(const char *tag, float loss, float want_loss, const floa
     ck_assert_msg(m > 0.0, "%s: the reference has no gradient", tag);
     ck_assert_msg(d <= tol * m, "%s: gradients differ by %g (max %g, %.2g relative)", tag,
                   d, m, d / m);
-    if (dl / fabs((double)want_loss) > worst_loss) worst_loss = dl / fabs((double)want_loss);
+    if (dl / fabs((double)want_loss) > worst_loss)
+        worst_loss = dl / fabs((double)want_loss);
     if (d / m > worst_grad) worst_grad = d / m;
 }
 
@@ -249,7 +251,8 @@ static float stream_run(const orch_engine_api *api, orch_engine_ctx *ctx, uint32
         free(g);
         if (other_calls) { /* the stream keeps its own activations */
             float l;
-            ck_assert_int_eq(api->adapter_eval_loss(ctx, id, tok, tgt, 1, T, &l), ORCH_OK);
+            ck_assert_int_eq(api->adapter_eval_loss(ctx, id, tok, tgt, 1, T, &l),
+                             ORCH_OK);
         }
     }
     ck_assert_uint_eq(p.finished, 1);
@@ -361,7 +364,8 @@ START_TEST(test_stream_long) {
         orch_finetune_batch ft = test_ft_batch(id, tok, tgt, B, T, 1.0f);
         uint32_t s;
         ck_assert_int_eq(A->ft_stream_open(ctx, &ft, &s), ORCH_OK);
-        const float loss = stream_run(A, ctx, id, s, rows[c], B * T, zero, n, 0, tok, tgt, T);
+        const float loss =
+            stream_run(A, ctx, id, s, rows[c], B * T, zero, n, 0, tok, tgt, T);
         float *g = grads_of(A, ctx, id, n);
         check_equal(c ? "T=150 all rows" : "T=150 rows=37", loss, want_loss, g, want, n,
                     1e-5);
@@ -466,7 +470,8 @@ START_TEST(test_coserve_step) {
         ck_assert_int_eq(test_infer(A, r[1].ctx, q, 2, ls, nrows * V), ORCH_OK);
         const long long g3 = gemm_calls();
         const double dl = test_max_diff(lc, ls, nrows * V);
-        ck_assert_msg(dl <= 1e-5, "[%s] step %d: logits differ by %g", fixtures[k], st, dl);
+        ck_assert_msg(dl <= 1e-5, "[%s] step %d: logits differ by %g", fixtures[k], st,
+                      dl);
         if (g0 >= 0) { /* the emulator: products shared with the inference rows */
             const long long apart = (g2 - g1) + (g3 - g2), together = g1 - g0;
             const long long want_shared =

@@ -1000,7 +1000,8 @@ static int32_t adapter_busy(orch_engine_ctx *ctx, const char *fn, uint32_t adapt
 
 static int32_t adapter_destroy(orch_engine_ctx *ctx, uint32_t adapter_id) {
     ENTER(ctx);
-    if (cu_lora_known(ctx, adapter_id)) CU_TRY(adapter_busy(ctx, "adapter_destroy", adapter_id));
+    if (cu_lora_known(ctx, adapter_id))
+        CU_TRY(adapter_busy(ctx, "adapter_destroy", adapter_id));
     return cu_lora_destroy(ctx, adapter_id);
 }
 
@@ -1042,8 +1043,7 @@ static int32_t adapter_tensor_copy(orch_engine_ctx *ctx, uint32_t adapter_id,
     if (!lo) return ORCH_ERR_INVALID_ARGUMENT;
     CU_TRY(engine_check_tensor_io(fn, kind, index, lo->tensors, lo->n_tensors, host,
                                   bytes, ENGINE_ERRBUF(ctx)));
-    if (!to_host && kind == ORCH_TENSOR_PARAM)
-        CU_TRY(adapter_busy(ctx, fn, adapter_id));
+    if (!to_host && kind == ORCH_TENSOR_PARAM) CU_TRY(adapter_busy(ctx, fn, adapter_id));
     float *dev = adapter_kind_buffer(lo, kind) + lo->tensors[index].offset;
     if (to_host)
         CU_CHECK(ctx,

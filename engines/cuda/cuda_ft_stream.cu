@@ -184,7 +184,7 @@ uint32_t cu_ft_adapter_stream(const orch_engine_ctx *ctx, uint32_t adapter_id) {
 
 /* Runs the body for each query block of rows [r0, r1): sequence b,
  * positions i0 .. i0+nq-1 (in order). */
-#define FOR_BLOCKS(s, r0, r1, ...)                                                      \
+#define FOR_BLOCKS(s, r0, r1, ...)                                                       \
     for (uint64_t r_ = (r0); r_ < (r1);) {                                               \
         const uint32_t b = (uint32_t)(r_ / (s)->T), ta_ = (uint32_t)(r_ % (s)->T);       \
         const uint64_t end_ = min_u64((uint64_t)(b + 1) * (s)->T, (r1));                 \
@@ -226,8 +226,8 @@ int32_t cu_ft_attention(orch_engine_ctx *ctx, const cu_fwd_part *p, uint32_t l,
 
 static int32_t copy_rows(orch_engine_ctx *ctx, float *dst, const float *src,
                          uint64_t floats) {
-    KCHECK(ctx, cudaMemcpyAsync(dst, src, floats * sizeof(float), cudaMemcpyDeviceToDevice,
-                                ctx->stream));
+    KCHECK(ctx, cudaMemcpyAsync(dst, src, floats * sizeof(float),
+                                cudaMemcpyDeviceToDevice, ctx->stream));
     return ORCH_OK;
 }
 
@@ -300,8 +300,9 @@ static int32_t fwd_chunk(orch_engine_ctx *ctx, cu_ft_stream *s, uint64_t r0, uin
         f.n_head = n_head;
         st = cu_gpt2_forward(ctx, &f);
         if (st == ORCH_OK && RI) {
-            cudaError_t e = cudaMemcpyAsync(logits, f.logits, (size_t)RI * V * sizeof(float),
-                                            cudaMemcpyDeviceToHost, cs);
+            cudaError_t e =
+                cudaMemcpyAsync(logits, f.logits, (size_t)RI * V * sizeof(float),
+                                cudaMemcpyDeviceToHost, cs);
             if (e != cudaSuccess) st = cu_cuda_error(ctx, e, "cudaMemcpyAsync(logits)");
         }
     }
@@ -338,8 +339,8 @@ static int32_t fwd_chunk(orch_engine_ctx *ctx, cu_ft_stream *s, uint64_t r0, uin
      * then d(ln_f output) = d(logits) wte (tied head) */
     float *dlogits = f.logits + (uint64_t)RI * V;
     const float dscale = s->grad_scale / (float)s->counted;
-    KCHECK(ctx, k_cross_entropy(cs, dlogits, s->d_tgt + r0, s->row_loss + r0, R, V, dscale,
-                                1));
+    KCHECK(ctx, k_cross_entropy(cs, dlogits, s->d_tgt + r0, s->row_loss + r0, R, V,
+                                dscale, 1));
     CU_TRY(cu_gemm(ctx, 0, 0, (int)R, (int)C, (int)V, 1.0f, dlogits, (int)V,
                    cu_tp(ctx, ctx->d_params, 0), (int)C, 0.0f, s->dlnf + oC, (int)C));
     return ORCH_OK;
@@ -362,8 +363,8 @@ static int32_t bwd_chunk(orch_engine_ctx *ctx, cu_ft_stream *s, uint64_t r0,
     cu_lora lo = *s->lo;
     lo.d_grads = s->grads;
     KCHECK(ctx, k_layernorm_bwd_dx(cs, s->dlnf + oC, s->resL + oC, s->lnfm + r0,
-                                   s->lnfr + r0, cu_tp(ctx, P, ctx->n_tensors - 2), s->dres,
-                                   (uint32_t)R, C, 0));
+                                   s->lnfr + r0, cu_tp(ctx, P, ctx->n_tensors - 2),
+                                   s->dres, (uint32_t)R, C, 0));
 #define PW(l, w) cu_tp(ctx, P, CU_LAYER_TENSOR(l, w))
     for (uint32_t l = L; l-- > 0;) {
         const uint64_t lC = (uint64_t)l * BT * C, lM = (uint64_t)l * BT * M,
@@ -374,8 +375,8 @@ static int32_t bwd_chunk(orch_engine_ctx *ctx, cu_ft_stream *s, uint64_t r0,
         CU_TRY(cu_lora_backward(ctx, &lo, l, ORCH_LORA_TARGET_MLP_DOWN, (uint32_t)R,
                                 s->fcg + lM + oM, m, s->dres, c, s->dfc, m));
         KCHECK(ctx, k_gelu_bwd(cs, s->fch + lM + oM, s->dfc, (uint32_t)R, M));
-        CU_TRY(cu_gemm(ctx, 0, 0, R, c, m, 1.0f, s->dfc, m, PW(l, CU_FC_W), c, 0.0f, s->dln,
-                       c));
+        CU_TRY(cu_gemm(ctx, 0, 0, R, c, m, 1.0f, s->dfc, m, PW(l, CU_FC_W), c, 0.0f,
+                       s->dln, c));
         CU_TRY(cu_lora_backward(ctx, &lo, l, ORCH_LORA_TARGET_MLP_UP, (uint32_t)R,
                                 s->ln2 + lC + oC, c, s->dfc, m, s->dln, c));
         KCHECK(ctx, k_layernorm_bwd_dx(cs, s->dln, s->x2 + lC + oC, s->ln2m + l1 + r0,
@@ -390,22 +391,23 @@ static int32_t bwd_chunk(orch_engine_ctx *ctx, cu_ft_stream *s, uint64_t r0,
         const float *Q = s->qkv + (uint64_t)l * BT * 3 * C;
         float *dkv = s->dkv + (uint64_t)l * BT * 2 * C;
         FOR_BLOCKS(s, r0, r1, {
-            const float *base = Q + (uint64_t)b * s->T * 3 * C, *q = base + (uint64_t)i0 * 3 * C;
+            const float *base = Q + (uint64_t)b * s->T * 3 * C,
+                        *q = base + (uint64_t)i0 * 3 * C;
             float *acc = dkv + (uint64_t)b * s->T * 2 * C;
             const float *dy = s->dln + loc * C;
             const long long sS = (long long)nq * nk;
             const int iq = (int)nq, ik = (int)nk, ih = (int)hs, nh = (int)H;
             /* the probabilities again */
-            CU_TRY(cu_gemm_batched(ctx, 0, 1, iq, ik, ih, scale, q, c3, hs, base + C, c3, hs,
-                                   0.0f, s->sc, ik, sS, nh));
+            CU_TRY(cu_gemm_batched(ctx, 0, 1, iq, ik, ih, scale, q, c3, hs, base + C, c3,
+                                   hs, 0.0f, s->sc, ik, sS, nh));
             KCHECK(ctx, k_ft_softmax(cs, s->sc, (uint64_t)H * nq, nq, nk, i0));
             /* d(att) = dy v^T, then d(scores) */
-            CU_TRY(cu_gemm_batched(ctx, 0, 1, iq, ik, ih, 1.0f, dy, c, hs, base + 2 * C, c3,
-                                   hs, 0.0f, s->dp, ik, sS, nh));
+            CU_TRY(cu_gemm_batched(ctx, 0, 1, iq, ik, ih, 1.0f, dy, c, hs, base + 2 * C,
+                                   c3, hs, 0.0f, s->dp, ik, sS, nh));
             KCHECK(ctx, k_ft_softmax_bwd(cs, s->sc, s->dp, (uint64_t)H * nq, nq, nk, i0));
             /* dq = scale d(scores) k; dk += scale d(scores)^T q; dv += att^T dy */
-            CU_TRY(cu_gemm_batched(ctx, 0, 0, iq, ih, ik, scale, s->dp, ik, sS, base + C, c3,
-                                   hs, 0.0f, s->dqkv + loc * 3 * C, c3, hs, nh));
+            CU_TRY(cu_gemm_batched(ctx, 0, 0, iq, ih, ik, scale, s->dp, ik, sS, base + C,
+                                   c3, hs, 0.0f, s->dqkv + loc * 3 * C, c3, hs, nh));
             CU_TRY(cu_gemm_batched(ctx, 1, 0, ik, ih, iq, scale, s->dp, ik, sS, q, c3, hs,
                                    1.0f, acc, (int)(2 * C), hs, nh));
             CU_TRY(cu_gemm_batched(ctx, 1, 0, ik, ih, iq, 1.0f, s->sc, ik, sS, dy, c, hs,
@@ -434,7 +436,8 @@ static int32_t bwd_chunk(orch_engine_ctx *ctx, cu_ft_stream *s, uint64_t r0,
 
 /* The mean loss once every forward row is done (synchronises). */
 static int32_t finish_forward(orch_engine_ctx *ctx, cu_ft_stream *s) {
-    KCHECK(ctx, k_sum_to_double(ctx->stream, s->row_loss, s->BT, ctx->d_red + CU_NORM_BLOCKS));
+    KCHECK(ctx,
+           k_sum_to_double(ctx->stream, s->row_loss, s->BT, ctx->d_red + CU_NORM_BLOCKS));
     KCHECK(ctx, cudaMemcpyAsync(ctx->h_red, ctx->d_red + CU_NORM_BLOCKS, sizeof(double),
                                 cudaMemcpyDeviceToHost, ctx->stream));
     KCHECK(ctx, cudaStreamSynchronize(ctx->stream));
@@ -458,7 +461,8 @@ static int32_t step_run(orch_engine_ctx *ctx, cu_ft_stream *s, uint64_t rows,
     }
     while (left > 0 && s->fwd < s->BT) {
         const uint64_t n = min_u64(min_u64(s->BT - s->fwd, left), s->SR);
-        if (s->counted > 0) CU_TRY(fwd_chunk(ctx, s, s->fwd, s->fwd + n, batch, plan, logits));
+        if (s->counted > 0)
+            CU_TRY(fwd_chunk(ctx, s, s->fwd, s->fwd + n, batch, plan, logits));
         plan = NULL;
         s->fwd += n;
         left -= n;
@@ -549,8 +553,7 @@ int32_t cu_ft_stream_open(orch_engine_ctx *ctx, const orch_finetune_batch *ft,
         return cu_set_error(ctx, ORCH_ERR_CAPACITY, "%s: stream ids are exhausted", fn);
     if (set->n == set->cap) {
         const uint32_t cap = set->cap ? 2 * set->cap : 4;
-        cu_ft_stream **items =
-            (cu_ft_stream **)realloc(set->items, cap * sizeof *items);
+        cu_ft_stream **items = (cu_ft_stream **)realloc(set->items, cap * sizeof *items);
         if (!items)
             return cu_set_error(ctx, ORCH_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
         set->items = items;
@@ -568,12 +571,14 @@ int32_t cu_ft_stream_open(orch_engine_ctx *ctx, const orch_finetune_batch *ft,
     if (e != cudaSuccess) {
         if (mem) cudaFree(mem);
         free(s);
-        if (e != cudaErrorMemoryAllocation) return cu_cuda_error(ctx, e, "cudaMalloc(stream)");
+        if (e != cudaErrorMemoryAllocation)
+            return cu_cuda_error(ctx, e, "cudaMalloc(stream)");
         (void)cudaGetLastError(); /* clear the allocation failure */
-        return cu_set_error(ctx, ORCH_ERR_CAPACITY,
-                            "%s: the device cannot hold a stream of batch %u x seq_len %u "
-                            "(%.1f MiB of activations) beside the %u open streams",
-                            fn, B, T, (double)bytes / (1024.0 * 1024.0), set->n);
+        return cu_set_error(
+            ctx, ORCH_ERR_CAPACITY,
+            "%s: the device cannot hold a stream of batch %u x seq_len %u "
+            "(%.1f MiB of activations) beside the %u open streams",
+            fn, B, T, (double)bytes / (1024.0 * 1024.0), set->n);
     }
     s->d_mem = (float *)mem;
     s->d_tok = (int32_t *)ints;
@@ -589,7 +594,8 @@ int32_t cu_ft_stream_open(orch_engine_ctx *ctx, const orch_finetune_batch *ft,
     if (e == cudaSuccess)
         e = cudaMemcpyAsync(s->d_tgt, ft->targets, BT * sizeof(int32_t),
                             cudaMemcpyHostToDevice, cs);
-    if (e == cudaSuccess) e = cudaStreamSynchronize(cs); /* the caller's arrays are copied */
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(cs); /* the caller's arrays are copied */
     if (e != cudaSuccess) st = cu_cuda_error(ctx, e, "ft_stream_open: upload");
     if (st != ORCH_OK) {
         stream_free(s);

@@ -770,7 +770,7 @@ cudaError_t k_ft_add(cudaStream_t s, float *a, const float *b, uint64_t n);
  * (datt <- att * (datt - sum(att*datt)) over the same keys). */
 cudaError_t k_ft_softmax(cudaStream_t s, float *att, uint64_t rows, uint32_t nq,
                          uint32_t nk, uint32_t p0);
-cudaError_t k_ft_softmax_bwd(cudaStream_t s, const float *att, float *datt,
-                             uint64_t rows, uint32_t nq, uint32_t nk, uint32_t p0);
+cudaError_t k_ft_softmax_bwd(cudaStream_t s, const float *att, float *datt, uint64_t rows,
+                             uint32_t nq, uint32_t nk, uint32_t p0);
 
 #endif

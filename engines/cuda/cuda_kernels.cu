@@ -1270,7 +1270,8 @@ __global__ void ft_softmax_kernel(float *att, uint64_t rows, uint32_t nq, uint32
 
 cudaError_t k_ft_softmax(cudaStream_t s, float *att, uint64_t rows, uint32_t nq,
                          uint32_t nk, uint32_t p0) {
-    KLAUNCH(ft_softmax_kernel, row_blocks(rows), ROW_THREADS, 0, s, att, rows, nq, nk, p0);
+    KLAUNCH(ft_softmax_kernel, row_blocks(rows), ROW_THREADS, 0, s, att, rows, nq, nk,
+            p0);
     return cudaGetLastError();
 }
 
@@ -1288,8 +1289,8 @@ __global__ void ft_softmax_bwd_kernel(const float *att, float *datt, uint64_t ro
     for (uint32_t j = lane; j < nk; j += 32) d[j] = j <= i ? p[j] * (d[j] - sm) : 0.0f;
 }
 
-cudaError_t k_ft_softmax_bwd(cudaStream_t s, const float *att, float *datt,
-                             uint64_t rows, uint32_t nq, uint32_t nk, uint32_t p0) {
+cudaError_t k_ft_softmax_bwd(cudaStream_t s, const float *att, float *datt, uint64_t rows,
+                             uint32_t nq, uint32_t nk, uint32_t p0) {
     KLAUNCH(ft_softmax_bwd_kernel, row_blocks(rows), ROW_THREADS, 0, s, att, datt, rows,
             nq, nk, p0);
     return cudaGetLastError();
