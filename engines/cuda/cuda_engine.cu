@@ -9,8 +9,7 @@
  * ORCH_CAP_COSERVE: an inference batch and fine-tuning micro-batches in one
  * pass over the base weights) in cuda_coserve.cu; token-level fine-tuning
  * streams (ABI 1.5, ORCH_CAP_FT_STREAM: ft_stream_open / ft_stream_close /
- * coserve_step; GPT-2 only, a LLaMA context refuses ft_stream_open) in
- * cuda_ft_stream.cu. While a stream is open its adapter is locked:
+ * coserve_step; GPT-2 and LLaMA) in cuda_ft_stream.cu. While a stream is open its adapter is locked:
  * adapter_tensor_write of PARAM, adapter_optimizer_step and adapter_destroy
  * return ORCH_ERR_STATE, as the CPU engine does.
  *

@@ -3,15 +3,17 @@
  * (ABI 1.5, ORCH_CAP_FT_STREAM): ft_stream_open / ft_stream_close /
  * coserve_step, the stream set, the saved activations on the device and the
  * forward and backward chunks of a LoRA micro-batch run a few rows at a
- * time (FlexLLM's token-level fine-tuning), GPT-2 only (a LLaMA context
- * refuses ft_stream_open with ORCH_ERR_UNSUPPORTED).
+ * time (FlexLLM's token-level fine-tuning), GPT-2 and LLaMA (GQA, RoPE,
+ * untied head).
  *
  * Rows are r = b * T + t. A forward chunk of rows [r0, r1) is one
- * fine-tuning part of the shared forward (cu_gpt2_forward over a cu_fwd
- * stack, cuda_model.cu) beside the step's inference rows, so each base
+ * fine-tuning part of the shared forward (cu_gpt2_forward / cu_llama_forward
+ * over a cu_fwd stack, cuda_model.cu / cuda_llama.cu) beside the step's
+ * inference rows, so each base
  * product and the LM head stay ONE GEMM over inference + chunk rows; the
  * part's attention (cu_ft_attention, called by the stack's attention)
- * writes the chunk's q|k|v (bias added) into the stream's saved
+ * writes the chunk's q|k|v (GPT-2: bias added; LLaMA: RoPE on q and k at
+ * the rows' positions) into the stream's saved
  * activations and attends, like a chunked prefill, over the K/V of the
  * earlier rows of the same sequence kept there. The chunk's rows of every
  * per-layer activation are then copied from the stack into the stream, and
@@ -20,7 +22,9 @@
  * chunks run in decreasing r, layers top-down: per layer a dK|dV
  * accumulator over the whole sequence receives every query row's
  * contribution, so a chunk's own dK|dV rows are complete when the chunk has
- * run (every row above it is done) - exact under causal attention. The
+ * run (every row above it is done) - exact under causal attention (GQA:
+ * the G query heads of a K/V head add to its accumulator in head order;
+ * LLaMA's d(q), d(k) then take RoPE's inverse). The
  * adapter's gradients go to the stream's own buffer and are ADDED to the
  * adapter's once the last backward row is done.
  *
@@ -74,7 +78,7 @@ typedef struct cu_ft_stream {
     float *res, *ln1, *ln1m, *ln1r, *qkv, *y, *x2, *ln2, *ln2m, *ln2r, *fch, *fcg, *dkv;
     float *resL, *lnf, *lnfm, *lnfr, *dlnf, *row_loss, *grads;
     /* chunk scratch */
-    float *dres, *dln, *dfc, *dqkv, *sc, *dp;
+    float *dres, *dln, *dfc, *dact, *dqkv, *dqkv2, *sc, *dp;
 } cu_ft_stream;
 
 typedef struct cu_ft_set {
@@ -86,24 +90,47 @@ typedef struct cu_ft_set {
 static uint64_t al64(uint64_t n) { return (n + 63) & ~(uint64_t)63; }
 static uint64_t min_u64(uint64_t a, uint64_t b) { return a < b ? a : b; }
 
+/* Row widths of the saved activations: q|k|v (W), dK|dV (DKV), the MLP's
+ * pre-activation (MW: GPT-2 c_fc, LLaMA gate|up). */
+typedef struct ft_dims {
+    uint64_t C, M, L, H, W, KW, DKV, MW;
+    int llama;
+} ft_dims;
+
+static ft_dims dims_of(const orch_engine_ctx *ctx) {
+    ft_dims d;
+    d.llama = ctx->arch == ORCH_ARCH_LLAMA;
+    d.C = ctx->C;
+    d.M = ctx->M;
+    d.L = ctx->L;
+    d.H = ctx->H;
+    d.KW = ctx->kvC;
+    d.W = d.C + 2 * d.KW;
+    d.DKV = 2 * d.KW;
+    d.MW = d.llama ? 2 * d.M : d.M;
+    return d;
+}
+
 /* Lay the stream's float buffers out from base (NULL: count only); returns
  * the floats. */
 static uint64_t carve(const orch_engine_ctx *ctx, cu_ft_stream *s, float *base,
                       uint64_t BT, uint32_t T, uint64_t n_params) {
-    const uint64_t C = ctx->C, M = ctx->M, L = ctx->L, H = ctx->H;
+    const ft_dims d = dims_of(ctx);
+    const uint64_t C = d.C, M = d.M, L = d.L, H = d.H;
     const uint64_t SR = min_u64(BT, FT_CHUNK_ROWS), qb = min_u64(T, FT_QB);
     uint64_t used = 0;
 #define CARVE(n) (used += al64(n), base ? base + used - al64(n) : NULL)
     float *res = CARVE(L * BT * C), *ln1 = CARVE(L * BT * C), *ln1m = CARVE(L * BT);
-    float *ln1r = CARVE(L * BT), *qkv = CARVE(L * BT * 3 * C), *y = CARVE(L * BT * C);
+    float *ln1r = CARVE(L * BT), *qkv = CARVE(L * BT * d.W), *y = CARVE(L * BT * C);
     float *x2 = CARVE(L * BT * C), *ln2 = CARVE(L * BT * C), *ln2m = CARVE(L * BT);
-    float *ln2r = CARVE(L * BT), *fch = CARVE(L * BT * M), *fcg = CARVE(L * BT * M);
-    float *dkv = CARVE(L * BT * 2 * C);
+    float *ln2r = CARVE(L * BT), *fch = CARVE(L * BT * d.MW), *fcg = CARVE(L * BT * M);
+    float *dkv = CARVE(L * BT * d.DKV);
     float *resL = CARVE(BT * C), *lnf = CARVE(BT * C), *lnfm = CARVE(BT);
     float *lnfr = CARVE(BT), *dlnf = CARVE(BT * C), *row_loss = CARVE(BT);
     float *grads = CARVE(n_params);
-    float *dres = CARVE(SR * C), *dln = CARVE(SR * C), *dfc = CARVE(SR * M);
-    float *dqkv = CARVE(SR * 3 * C), *sc = CARVE(H * qb * T), *dp = CARVE(H * qb * T);
+    float *dres = CARVE(SR * C), *dln = CARVE(SR * C), *dfc = CARVE(SR * d.MW);
+    float *dact = CARVE(SR * M), *dqkv = CARVE(SR * d.W), *dqkv2 = CARVE(SR * d.W);
+    float *sc = CARVE(H * qb * T), *dp = CARVE(H * qb * T);
 #undef CARVE
     if (s) {
         s->res = res;
@@ -129,7 +156,9 @@ static uint64_t carve(const orch_engine_ctx *ctx, cu_ft_stream *s, float *base,
         s->dres = dres;
         s->dln = dln;
         s->dfc = dfc;
+        s->dact = dact;
         s->dqkv = dqkv;
+        s->dqkv2 = dqkv2;
         s->sc = sc;
         s->dp = dp;
         s->SR = SR;
@@ -201,21 +230,39 @@ int32_t cu_ft_attention(orch_engine_ctx *ctx, const cu_fwd_part *p, uint32_t l,
                         const float *qkv, const float *bias, float *y) {
     cu_ft_stream *s = p->ft;
     cudaStream_t cs = ctx->stream;
+    const ft_dims dm = dims_of(ctx);
     const uint32_t C = ctx->C, H = ctx->H, hs = ctx->hs, R = p->B * p->T;
+    const uint32_t KVH = ctx->KVH, G = H / KVH, W = (uint32_t)dm.W, KW = ctx->kvC;
     const uint64_t r0 = p->ft_r0, r1 = r0 + R, BT = s->BT;
     const float scale = 1.0f / sqrtf((float)hs);
-    float *Q = s->qkv + (uint64_t)l * BT * 3 * C;
-    KCHECK(ctx, k_ft_copy_cols(cs, qkv, 3 * C, bias, Q + r0 * 3 * C, 3 * C, R, 3 * C));
+    float *Q = s->qkv + (uint64_t)l * BT * W;
+    /* the rows' q | k | v into the stream: GPT-2 with the bias, LLaMA with
+     * RoPE on q and k at the rows' positions */
+    KCHECK(ctx, k_ft_copy_cols(cs, qkv, W, bias, Q + r0 * W, W, R, W));
+    if (dm.llama) {
+        KCHECK(ctx, k_ft_rope(cs, qkv, W, Q + r0 * W, W, R, H, hs, r0, s->T,
+                              ctx->d_inv_freq, 1.0f));
+        KCHECK(ctx, k_ft_rope(cs, qkv + C, W, Q + r0 * W + C, W, R, KVH, hs, r0, s->T,
+                              ctx->d_inv_freq, 1.0f));
+    }
+    /* per K/V head g its G query heads; GPT-2 (G = 1): all heads in one
+     * batched product (K/V stride hs) */
+    const uint32_t ng = G == 1 ? 1 : KVH, nb = G == 1 ? H : G;
+    const long long skv = G == 1 ? (long long)hs : 0;
     FOR_BLOCKS(s, r0, r1, {
-        const float *base = Q + (uint64_t)b * s->T * 3 * C;
+        const float *base = Q + (uint64_t)b * s->T * W;
         const long long sS = (long long)nq * nk;
-        CU_TRY(cu_gemm_batched(ctx, 0, 1, (int)nq, (int)nk, (int)hs, scale,
-                               base + (uint64_t)i0 * 3 * C, (int)(3 * C), hs, base + C,
-                               (int)(3 * C), hs, 0.0f, s->sc, (int)nk, sS, (int)H));
-        KCHECK(ctx, k_ft_softmax(cs, s->sc, (uint64_t)H * nq, nq, nk, i0));
-        CU_TRY(cu_gemm_batched(ctx, 0, 0, (int)nq, (int)hs, (int)nk, 1.0f, s->sc, (int)nk,
-                               sS, base + 2 * C, (int)(3 * C), hs, 0.0f, y + loc * C,
-                               (int)C, hs, (int)H));
+        for (uint32_t g = 0; g < ng; g++) {
+            const float *k = base + C + (uint64_t)g * hs, *v = k + KW;
+            const uint64_t q0 = (uint64_t)g * G * hs;
+            CU_TRY(cu_gemm_batched(ctx, 0, 1, (int)nq, (int)nk, (int)hs, scale,
+                                   base + (uint64_t)i0 * W + q0, (int)W, hs, k, (int)W,
+                                   skv, 0.0f, s->sc, (int)nk, sS, (int)nb));
+            KCHECK(ctx, k_ft_softmax(cs, s->sc, (uint64_t)nb * nq, nq, nk, i0));
+            CU_TRY(cu_gemm_batched(ctx, 0, 0, (int)nq, (int)hs, (int)nk, 1.0f, s->sc,
+                                   (int)nk, sS, v, (int)W, skv, 0.0f, y + loc * C + q0,
+                                   (int)C, hs, (int)nb));
+        }
     })
     return ORCH_OK;
 }
@@ -223,6 +270,15 @@ int32_t cu_ft_attention(orch_engine_ctx *ctx, const cu_fwd_part *p, uint32_t l,
 /* ------------------------------------------------------------------------- */
 /* Forward chunk (with the step's inference rows)                             */
 /* ------------------------------------------------------------------------- */
+
+/* The LM head's matrix (LLaMA: lm_head.weight when untied) and the final
+ * norm's weight. */
+static uint32_t head_index(const orch_engine_ctx *ctx) {
+    return ctx->arch == ORCH_ARCH_LLAMA && ctx->untied ? ctx->n_tensors - 1 : 0;
+}
+static uint32_t normf_index(const orch_engine_ctx *ctx) {
+    return ctx->arch == ORCH_ARCH_LLAMA ? 1u + ctx->L * CL_PER_LAYER : ctx->n_tensors - 2;
+}
 
 static int32_t copy_rows(orch_engine_ctx *ctx, float *dst, const float *src,
                          uint64_t floats) {
@@ -298,7 +354,8 @@ static int32_t fwd_chunk(orch_engine_ctx *ctx, cu_ft_stream *s, uint64_t r0, uin
         f.d_pos = d + n;
         f.d_head_rows = d + 2 * (size_t)n;
         f.n_head = n_head;
-        st = cu_gpt2_forward(ctx, &f);
+        st = ctx->arch == ORCH_ARCH_LLAMA ? cu_llama_forward(ctx, &f)
+                                          : cu_gpt2_forward(ctx, &f);
         if (st == ORCH_OK && RI) {
             cudaError_t e =
                 cudaMemcpyAsync(logits, f.logits, (size_t)RI * V * sizeof(float),
@@ -313,27 +370,31 @@ static int32_t fwd_chunk(orch_engine_ctx *ctx, cu_ft_stream *s, uint64_t r0, uin
     }
     if (st != ORCH_OK) return st;
     /* the chunk's rows of the stack into the stream */
+    const ft_dims dm = dims_of(ctx);
     const uint64_t BT = s->BT, RC = (uint64_t)R * C, RM = (uint64_t)R * M;
     const uint64_t oC = r0 * C, oM = r0 * M, sC = (uint64_t)n_inf * C;
-    const uint64_t sM = (uint64_t)n_inf * M;
+    const uint64_t sM = (uint64_t)n_inf * M, MW = dm.MW;
     for (uint32_t l = 0; l < L; l++) {
         const uint64_t lC = (uint64_t)l * BT * C, lM = (uint64_t)l * BT * M,
                        l1 = (uint64_t)l * BT;
         CU_TRY(copy_rows(ctx, s->res + lC + oC, cu_lb(f.res, l) + sC, RC));
         CU_TRY(copy_rows(ctx, s->ln1 + lC + oC, cu_lb(f.ln1, l) + sC, RC));
-        CU_TRY(copy_rows(ctx, s->ln1m + l1 + r0, cu_lb(f.ln1m, l) + n_inf, R));
+        if (!dm.llama) /* RMSNorm keeps no mean */
+            CU_TRY(copy_rows(ctx, s->ln1m + l1 + r0, cu_lb(f.ln1m, l) + n_inf, R));
         CU_TRY(copy_rows(ctx, s->ln1r + l1 + r0, cu_lb(f.ln1r, l) + n_inf, R));
         CU_TRY(copy_rows(ctx, s->y + lC + oC, cu_lb(f.y, l) + sC, RC));
         CU_TRY(copy_rows(ctx, s->x2 + lC + oC, cu_lb(f.x2, l) + sC, RC));
         CU_TRY(copy_rows(ctx, s->ln2 + lC + oC, cu_lb(f.ln2, l) + sC, RC));
-        CU_TRY(copy_rows(ctx, s->ln2m + l1 + r0, cu_lb(f.ln2m, l) + n_inf, R));
+        if (!dm.llama)
+            CU_TRY(copy_rows(ctx, s->ln2m + l1 + r0, cu_lb(f.ln2m, l) + n_inf, R));
         CU_TRY(copy_rows(ctx, s->ln2r + l1 + r0, cu_lb(f.ln2r, l) + n_inf, R));
-        CU_TRY(copy_rows(ctx, s->fch + lM + oM, cu_lb(f.fch, l) + sM, RM));
+        CU_TRY(copy_rows(ctx, s->fch + l1 * MW + r0 * MW, cu_lb(f.fch, l) + n_inf * MW,
+                         R * MW));
         CU_TRY(copy_rows(ctx, s->fcg + lM + oM, cu_lb(f.fcg, l) + sM, RM));
     }
     CU_TRY(copy_rows(ctx, s->resL + oC, cu_lb(f.res, L) + sC, RC));
     CU_TRY(copy_rows(ctx, s->lnf + oC, f.lnf + sC, RC));
-    CU_TRY(copy_rows(ctx, s->lnfm + r0, f.lnfm + n_inf, R));
+    if (!dm.llama) CU_TRY(copy_rows(ctx, s->lnfm + r0, f.lnfm + n_inf, R));
     CU_TRY(copy_rows(ctx, s->lnfr + r0, f.lnfr + n_inf, R));
     /* the head's loss and backward of the chunk's rows: d(logits) in place,
      * then d(ln_f output) = d(logits) wte (tied head) */
@@ -342,7 +403,8 @@ static int32_t fwd_chunk(orch_engine_ctx *ctx, cu_ft_stream *s, uint64_t r0, uin
     KCHECK(ctx, k_cross_entropy(cs, dlogits, s->d_tgt + r0, s->row_loss + r0, R, V,
                                 dscale, 1));
     CU_TRY(cu_gemm(ctx, 0, 0, (int)R, (int)C, (int)V, 1.0f, dlogits, (int)V,
-                   cu_tp(ctx, ctx->d_params, 0), (int)C, 0.0f, s->dlnf + oC, (int)C));
+                   cu_tp(ctx, ctx->d_params, head_index(ctx)), (int)C, 0.0f, s->dlnf + oC,
+                   (int)C));
     return ORCH_OK;
 }
 
@@ -350,82 +412,157 @@ static int32_t fwd_chunk(orch_engine_ctx *ctx, cu_ft_stream *s, uint64_t r0, uin
 /* Backward chunk                                                             */
 /* ------------------------------------------------------------------------- */
 
+/* The attention backward of layer l for rows [r0, r1): d(y) in s->dln;
+ * d(q) (before RoPE's inverse) into s->dqkv's q columns, every query row's
+ * dK|dV added to the layer's accumulators, then the chunk's own (complete)
+ * dK|dV rows into s->dqkv's k|v columns. */
+static int32_t att_bwd(orch_engine_ctx *ctx, cu_ft_stream *s, uint32_t l, uint64_t r0,
+                       uint64_t r1) {
+    cudaStream_t cs = ctx->stream;
+    const ft_dims dm = dims_of(ctx);
+    const uint32_t C = ctx->C, H = ctx->H, hs = ctx->hs, KVH = ctx->KVH, G = H / KVH;
+    const uint32_t W = (uint32_t)dm.W, KW = ctx->kvC, DKV = (uint32_t)dm.DKV;
+    const uint64_t BT = s->BT;
+    const float scale = 1.0f / sqrtf((float)hs);
+    const float *Q = s->qkv + (uint64_t)l * BT * W;
+    float *dkv = s->dkv + (uint64_t)l * BT * DKV;
+    const uint32_t ng = G == 1 ? 1 : KVH, nb = G == 1 ? H : G;
+    const long long skv = G == 1 ? (long long)hs : 0;
+    const int c = (int)C, w = (int)W, ih = (int)hs, ldk = (int)DKV;
+    FOR_BLOCKS(s, r0, r1, {
+        const float *base = Q + (uint64_t)b * s->T * W, *q = base + (uint64_t)i0 * W;
+        float *acc = dkv + (uint64_t)b * s->T * DKV;
+        const long long sS = (long long)nq * nk;
+        const int iq = (int)nq, ik = (int)nk;
+        for (uint32_t g = 0; g < ng; g++) {
+            const float *k = base + C + (uint64_t)g * hs, *v = k + KW;
+            const uint64_t q0 = (uint64_t)g * G * hs;
+            const float *dy = s->dln + loc * C + q0;
+            float *dk = acc + (uint64_t)g * hs, *dv = dk + KW;
+            /* the probabilities again, d(att) = dy v^T, then d(scores) */
+            CU_TRY(cu_gemm_batched(ctx, 0, 1, iq, ik, ih, scale, q + q0, w, hs, k, w, skv,
+                                   0.0f, s->sc, ik, sS, (int)nb));
+            KCHECK(ctx, k_ft_softmax(cs, s->sc, (uint64_t)nb * nq, nq, nk, i0));
+            CU_TRY(cu_gemm_batched(ctx, 0, 1, iq, ik, ih, 1.0f, dy, c, hs, v, w, skv,
+                                   0.0f, s->dp, ik, sS, (int)nb));
+            KCHECK(ctx,
+                   k_ft_softmax_bwd(cs, s->sc, s->dp, (uint64_t)nb * nq, nq, nk, i0));
+            /* dq = scale d(scores) k */
+            CU_TRY(cu_gemm_batched(ctx, 0, 0, iq, ih, ik, scale, s->dp, ik, sS, k, w, skv,
+                                   0.0f, s->dqkv + loc * W + q0, w, hs, (int)nb));
+            if (G == 1) { /* dk += scale d(scores)^T q; dv += att^T dy, every head */
+                CU_TRY(cu_gemm_batched(ctx, 1, 0, ik, ih, iq, scale, s->dp, ik, sS, q, w,
+                                       hs, 1.0f, dk, ldk, hs, (int)H));
+                CU_TRY(cu_gemm_batched(ctx, 1, 0, ik, ih, iq, 1.0f, s->sc, ik, sS, dy, c,
+                                       hs, 1.0f, dv, ldk, hs, (int)H));
+                continue;
+            }
+            for (uint32_t j = 0; j < G; j++) { /* the group's heads, in order */
+                const uint64_t hj = (uint64_t)j * hs;
+                CU_TRY(cu_gemm(ctx, 1, 0, ik, ih, iq, scale, s->dp + j * sS, ik,
+                               q + q0 + hj, w, 1.0f, dk, ldk));
+                CU_TRY(cu_gemm(ctx, 1, 0, ik, ih, iq, 1.0f, s->sc + j * sS, ik, dy + hj,
+                               c, 1.0f, dv, ldk));
+            }
+        }
+    })
+    /* the chunk's dK|dV rows are complete now */
+    KCHECK(ctx, k_ft_copy_cols(cs, dkv + r0 * DKV, DKV, NULL, s->dqkv + C, W,
+                               (uint32_t)(r1 - r0), DKV));
+    return ORCH_OK;
+}
+
 /* Backward of rows [r0, r1), every row at or above r1 done already. */
 static int32_t bwd_chunk(orch_engine_ctx *ctx, cu_ft_stream *s, uint64_t r0,
                          uint64_t r1) {
     cudaStream_t cs = ctx->stream;
+    const ft_dims dm = dims_of(ctx);
+    const int llama = dm.llama;
     const uint32_t C = ctx->C, M = ctx->M, L = ctx->L, H = ctx->H, hs = ctx->hs;
-    const int R = (int)(r1 - r0), c = (int)C, m = (int)M, c3 = (int)(3 * C);
-    const uint64_t BT = s->BT, oC = r0 * C, oM = r0 * M;
-    const float scale = 1.0f / sqrtf((float)hs);
+    const uint32_t W = (uint32_t)dm.W, MW = (uint32_t)dm.MW;
+    const int R = (int)(r1 - r0), c = (int)C, m = (int)M, w = (int)W, mw = (int)MW;
+    const uint32_t ur = (uint32_t)R;
+    const uint64_t BT = s->BT, oC = r0 * C, oM = r0 * M, oMW = r0 * MW, oW = r0 * W;
     float *P = ctx->d_params;
     /* the adapter with its gradients redirected to the stream's buffer */
     cu_lora lo = *s->lo;
     lo.d_grads = s->grads;
-    KCHECK(ctx, k_layernorm_bwd_dx(cs, s->dlnf + oC, s->resL + oC, s->lnfm + r0,
-                                   s->lnfr + r0, cu_tp(ctx, P, ctx->n_tensors - 2),
-                                   s->dres, (uint32_t)R, C, 0));
+    const float *nfw = cu_tp(ctx, P, normf_index(ctx));
+    if (llama)
+        KCHECK(ctx, k_rmsnorm_bwd_dx(cs, s->dlnf + oC, s->resL + oC, s->lnfr + r0, nfw,
+                                     s->dres, ur, C, 0));
+    else
+        KCHECK(ctx, k_layernorm_bwd_dx(cs, s->dlnf + oC, s->resL + oC, s->lnfm + r0,
+                                       s->lnfr + r0, nfw, s->dres, ur, C, 0));
 #define PW(l, w) cu_tp(ctx, P, CU_LAYER_TENSOR(l, w))
+#define LW(l, w) cu_tp(ctx, P, CL_LAYER_TENSOR(l, w))
     for (uint32_t l = L; l-- > 0;) {
         const uint64_t lC = (uint64_t)l * BT * C, lM = (uint64_t)l * BT * M,
-                       l1 = (uint64_t)l * BT;
-        /* MLP */
-        CU_TRY(cu_gemm(ctx, 0, 0, R, m, c, 1.0f, s->dres, c, PW(l, CU_FCPROJ_W), m, 0.0f,
-                       s->dfc, m));
-        CU_TRY(cu_lora_backward(ctx, &lo, l, ORCH_LORA_TARGET_MLP_DOWN, (uint32_t)R,
-                                s->fcg + lM + oM, m, s->dres, c, s->dfc, m));
-        KCHECK(ctx, k_gelu_bwd(cs, s->fch + lM + oM, s->dfc, (uint32_t)R, M));
-        CU_TRY(cu_gemm(ctx, 0, 0, R, c, m, 1.0f, s->dfc, m, PW(l, CU_FC_W), c, 0.0f,
-                       s->dln, c));
-        CU_TRY(cu_lora_backward(ctx, &lo, l, ORCH_LORA_TARGET_MLP_UP, (uint32_t)R,
-                                s->ln2 + lC + oC, c, s->dfc, m, s->dln, c));
-        KCHECK(ctx, k_layernorm_bwd_dx(cs, s->dln, s->x2 + lC + oC, s->ln2m + l1 + r0,
-                                       s->ln2r + l1 + r0, PW(l, CU_LN2_W), s->dres,
-                                       (uint32_t)R, C, 1));
+                       lMW = (uint64_t)l * BT * MW, l1 = (uint64_t)l * BT;
+        const float *x = s->res + lC + oC, *n1 = s->ln1 + lC + oC, *x2 = s->x2 + lC + oC;
+        const float *n2 = s->ln2 + lC + oC, *act = s->fcg + lM + oM;
+        const float *pre = s->fch + lMW + oMW;
+        /* MLP: dres is the gradient of the layer output */
+        if (llama) {
+            CU_TRY(cu_gemm(ctx, 0, 0, R, m, c, 1.0f, s->dres, c, LW(l, CL_DOWN), m, 0.0f,
+                           s->dact, m));
+            CU_TRY(cu_lora_backward(ctx, &lo, l, ORCH_LORA_TARGET_MLP_DOWN, ur, act, m,
+                                    s->dres, c, s->dact, m));
+            KCHECK(ctx, k_swiglu_bwd(cs, pre, s->dact, s->dfc, ur, M));
+            CU_TRY(cu_gemm(ctx, 0, 0, R, c, mw, 1.0f, s->dfc, mw, LW(l, CL_GATE), c, 0.0f,
+                           s->dln, c));
+        } else {
+            CU_TRY(cu_gemm(ctx, 0, 0, R, m, c, 1.0f, s->dres, c, PW(l, CU_FCPROJ_W), m,
+                           0.0f, s->dfc, m));
+            CU_TRY(cu_lora_backward(ctx, &lo, l, ORCH_LORA_TARGET_MLP_DOWN, ur, act, m,
+                                    s->dres, c, s->dfc, m));
+            KCHECK(ctx, k_gelu_bwd(cs, pre, s->dfc, ur, M));
+            CU_TRY(cu_gemm(ctx, 0, 0, R, c, m, 1.0f, s->dfc, m, PW(l, CU_FC_W), c, 0.0f,
+                           s->dln, c));
+        }
+        CU_TRY(cu_lora_backward(ctx, &lo, l, ORCH_LORA_TARGET_MLP_UP, ur, n2, c, s->dfc,
+                                mw, s->dln, c));
+        if (llama)
+            KCHECK(ctx, k_rmsnorm_bwd_dx(cs, s->dln, x2, s->ln2r + l1 + r0,
+                                         LW(l, CL_POST_NORM), s->dres, ur, C, 1));
+        else
+            KCHECK(ctx, k_layernorm_bwd_dx(cs, s->dln, x2, s->ln2m + l1 + r0,
+                                           s->ln2r + l1 + r0, PW(l, CU_LN2_W), s->dres,
+                                           ur, C, 1));
         /* attention output projection: dln = d(y) */
-        CU_TRY(cu_gemm(ctx, 0, 0, R, c, c, 1.0f, s->dres, c, PW(l, CU_PROJ_W), c, 0.0f,
-                       s->dln, c));
-        CU_TRY(cu_lora_backward(ctx, &lo, l, ORCH_LORA_TARGET_ATTN_OUT, (uint32_t)R,
+        CU_TRY(cu_gemm(ctx, 0, 0, R, c, c, 1.0f, s->dres, c,
+                       llama ? LW(l, CL_O) : PW(l, CU_PROJ_W), c, 0.0f, s->dln, c));
+        CU_TRY(cu_lora_backward(ctx, &lo, l, ORCH_LORA_TARGET_ATTN_OUT, ur,
                                 s->y + lC + oC, c, s->dres, c, s->dln, c));
-        /* attention core: dq into dqkv, dk | dv into the accumulators */
-        const float *Q = s->qkv + (uint64_t)l * BT * 3 * C;
-        float *dkv = s->dkv + (uint64_t)l * BT * 2 * C;
-        FOR_BLOCKS(s, r0, r1, {
-            const float *base = Q + (uint64_t)b * s->T * 3 * C,
-                        *q = base + (uint64_t)i0 * 3 * C;
-            float *acc = dkv + (uint64_t)b * s->T * 2 * C;
-            const float *dy = s->dln + loc * C;
-            const long long sS = (long long)nq * nk;
-            const int iq = (int)nq, ik = (int)nk, ih = (int)hs, nh = (int)H;
-            /* the probabilities again */
-            CU_TRY(cu_gemm_batched(ctx, 0, 1, iq, ik, ih, scale, q, c3, hs, base + C, c3,
-                                   hs, 0.0f, s->sc, ik, sS, nh));
-            KCHECK(ctx, k_ft_softmax(cs, s->sc, (uint64_t)H * nq, nq, nk, i0));
-            /* d(att) = dy v^T, then d(scores) */
-            CU_TRY(cu_gemm_batched(ctx, 0, 1, iq, ik, ih, 1.0f, dy, c, hs, base + 2 * C,
-                                   c3, hs, 0.0f, s->dp, ik, sS, nh));
-            KCHECK(ctx, k_ft_softmax_bwd(cs, s->sc, s->dp, (uint64_t)H * nq, nq, nk, i0));
-            /* dq = scale d(scores) k; dk += scale d(scores)^T q; dv += att^T dy */
-            CU_TRY(cu_gemm_batched(ctx, 0, 0, iq, ih, ik, scale, s->dp, ik, sS, base + C,
-                                   c3, hs, 0.0f, s->dqkv + loc * 3 * C, c3, hs, nh));
-            CU_TRY(cu_gemm_batched(ctx, 1, 0, ik, ih, iq, scale, s->dp, ik, sS, q, c3, hs,
-                                   1.0f, acc, (int)(2 * C), hs, nh));
-            CU_TRY(cu_gemm_batched(ctx, 1, 0, ik, ih, iq, 1.0f, s->sc, ik, sS, dy, c, hs,
-                                   1.0f, acc + C, (int)(2 * C), hs, nh));
-        })
-        /* the chunk's dK|dV rows are complete now */
-        KCHECK(ctx, k_ft_copy_cols(cs, dkv + r0 * 2 * C, 2 * C, NULL, s->dqkv + C, 3 * C,
-                                   (uint32_t)R, 2 * C));
-        /* c_attn and LN1 */
-        CU_TRY(cu_gemm(ctx, 0, 0, R, c, c3, 1.0f, s->dqkv, c3, PW(l, CU_ATTN_W), c, 0.0f,
-                       s->dln, c));
-        CU_TRY(cu_lora_backward(ctx, &lo, l, ORCH_LORA_TARGET_ATTN_QKV, (uint32_t)R,
-                                s->ln1 + lC + oC, c, s->dqkv, c3, s->dln, c));
-        KCHECK(ctx, k_layernorm_bwd_dx(cs, s->dln, s->res + lC + oC, s->ln1m + l1 + r0,
-                                       s->ln1r + l1 + r0, PW(l, CU_LN1_W), s->dres,
-                                       (uint32_t)R, C, 1));
+        CU_TRY(att_bwd(ctx, s, l, r0, r1));
+        /* LLaMA: RoPE's inverse on d(q) and d(k), d(v) as it is */
+        float *dqkv = s->dqkv;
+        if (llama) {
+            const uint32_t KVH = ctx->KVH, KW = ctx->kvC;
+            KCHECK(ctx, k_ft_rope(cs, s->dqkv, W, s->dqkv2, W, ur, H, hs, r0, s->T,
+                                  ctx->d_inv_freq, -1.0f));
+            KCHECK(ctx, k_ft_rope(cs, s->dqkv + C, W, s->dqkv2 + C, W, ur, KVH, hs, r0,
+                                  s->T, ctx->d_inv_freq, -1.0f));
+            KCHECK(ctx, k_ft_copy_cols(cs, s->dqkv + C + KW, W, NULL, s->dqkv2 + C + KW,
+                                       W, ur, KW));
+            dqkv = s->dqkv2;
+        }
+        (void)oW;
+        /* q | k | v projection and the first norm */
+        CU_TRY(cu_gemm(ctx, 0, 0, R, c, w, 1.0f, dqkv, w,
+                       llama ? LW(l, CL_Q) : PW(l, CU_ATTN_W), c, 0.0f, s->dln, c));
+        CU_TRY(cu_lora_backward(ctx, &lo, l, ORCH_LORA_TARGET_ATTN_QKV, ur, n1, c, dqkv,
+                                w, s->dln, c));
+        if (llama)
+            KCHECK(ctx, k_rmsnorm_bwd_dx(cs, s->dln, x, s->ln1r + l1 + r0,
+                                         LW(l, CL_IN_NORM), s->dres, ur, C, 1));
+        else
+            KCHECK(ctx,
+                   k_layernorm_bwd_dx(cs, s->dln, x, s->ln1m + l1 + r0, s->ln1r + l1 + r0,
+                                      PW(l, CU_LN1_W), s->dres, ur, C, 1));
     }
 #undef PW
+#undef LW
     /* the embedding is frozen: nothing below layer 0 */
     return ORCH_OK;
 }
@@ -533,12 +670,6 @@ int32_t cu_ft_stream_open(orch_engine_ctx *ctx, const orch_finetune_batch *ft,
                                    ENGINE_ERRBUF(ctx)));
     cu_lora *lo = cu_lora_find(ctx, fn, ft->adapter_id);
     if (!lo) return ORCH_ERR_INVALID_ARGUMENT;
-    if (ctx->arch == ORCH_ARCH_LLAMA)
-        return cu_set_error(ctx, ORCH_ERR_UNSUPPORTED,
-                            "%s: token-level fine-tuning streams of the CUDA engine run "
-                            "GPT-2 models only (this context is LLaMA); use "
-                            "coserve_forward or adapter_forward_backward",
-                            fn);
     if (!ctx->ft) {
         ctx->ft = (cu_ft_set *)calloc(1, sizeof *ctx->ft);
         if (!ctx->ft)

@@ -22,7 +22,7 @@
  *                    ft_stream_open / ft_stream_close / coserve_step, a
  *                    micro-batch's forward chunks stacked with the step's
  *                    inference rows in cu_fwd, its backward chunks in
- *                    reverse row order (GPT-2; LLaMA refused)
+ *                    reverse row order (GPT-2 and LLaMA)
  *
  * The same sources also compile as plain C++ against the CPU emulator of
  * tests/cuda_emu (tests/cuda_emu.sh runs the parity suite on it without a
@@ -772,5 +772,11 @@ cudaError_t k_ft_softmax(cudaStream_t s, float *att, uint64_t rows, uint32_t nq,
                          uint32_t nk, uint32_t p0);
 cudaError_t k_ft_softmax_bwd(cudaStream_t s, const float *att, float *datt, uint64_t rows,
                              uint32_t nq, uint32_t nk, uint32_t p0);
+/* LLaMA RoPE (rotate half) of `heads` heads of D per row of n rows, row r at
+ * position (p0 + r) % T: out (ld ldo) from in (ld ldi; not in place); sign
+ * -1 is the inverse rotation. */
+cudaError_t k_ft_rope(cudaStream_t s, const float *in, uint32_t ldi, float *out,
+                      uint32_t ldo, uint32_t n, uint32_t heads, uint32_t D, uint64_t p0,
+                      uint32_t T, const float *inv_freq, float sign);
 
 #endif

@@ -1295,3 +1295,26 @@ cudaError_t k_ft_softmax_bwd(cudaStream_t s, const float *att, float *datt, uint
             nq, nk, p0);
     return cudaGetLastError();
 }
+
+/* out[r*ldo + h*D + d] = RoPE(in[r*ldi + h*D ..]) at position (p0 + r) % T. */
+__global__ void ft_rope_kernel(const float *in, uint32_t ldi, float *out, uint32_t ldo,
+                               uint32_t n, uint32_t heads, uint32_t D, uint64_t p0,
+                               uint32_t T, const float *inv_freq, float sign) {
+    uint64_t w = (uint64_t)heads * D, total = (uint64_t)n * w;
+    for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < total;
+         i += (uint64_t)gridDim.x * blockDim.x) {
+        uint64_t r = i / w;
+        uint32_t c = (uint32_t)(i % w), h = c / D, d = c % D;
+        uint32_t pos = (uint32_t)((p0 + r) % T);
+        out[r * ldo + c] =
+            rope_elem(in + r * ldi + (uint64_t)h * D, d, D, pos, inv_freq, sign);
+    }
+}
+
+cudaError_t k_ft_rope(cudaStream_t s, const float *in, uint32_t ldi, float *out,
+                      uint32_t ldo, uint32_t n, uint32_t heads, uint32_t D, uint64_t p0,
+                      uint32_t T, const float *inv_freq, float sign) {
+    KLAUNCH(ft_rope_kernel, ew_blocks((uint64_t)n * heads * D), EW_THREADS, 0, s, in, ldi,
+            out, ldo, n, heads, D, p0, T, inv_freq, sign);
+    return cudaGetLastError();
+}
