@@ -37,7 +37,8 @@
  *     (finished or not), changing nothing; unknown and closed stream ids, a
  *     short progress struct_size, an unknown adapter, bad micro-batches
  *     (the CPU engine's statuses); a finished stream does no work; stream 0
- *     runs the inference only; all targets -1: loss 0, no gradient.
+ *     runs the inference only; all targets -1: loss 0, no gradient; the
+ *     1025th open stream of a context is ORCH_ERR_CAPACITY;
  * Measured on the emulator: losses within 9.1e-8 relative, gradients
  * within 9.1e-7 of the largest entry (printed at the end).
  *
@@ -710,6 +711,28 @@ START_TEST(test_state_and_errors) {
 }
 END_TEST
 
+/* The engine holds at most 1024 open streams per context: the next open is
+ * ORCH_ERR_CAPACITY with a message and no id; one closed, one more opens. */
+START_TEST(test_capacity) {
+    run r;
+    run_open(&r, 1, &gpu);
+    orch_finetune_batch ft = test_ft_batch(r.id, r.tokens, r.targets, 1, 4, 1.0f);
+    enum { MAX = 1024 };
+    static uint32_t ids[MAX];
+    for (int i = 0; i < MAX; i++)
+        ck_assert_msg(A->ft_stream_open(r.ctx, &ft, &ids[i]) == ORCH_OK, "open %d: %s", i,
+                      A->last_error(r.ctx));
+    uint32_t out = 12345;
+    expect_err(r.ctx, A->ft_stream_open(r.ctx, &ft, &out), ORCH_ERR_CAPACITY,
+               "streams are open");
+    ck_assert_uint_eq(out, 12345);
+    ck_assert_int_eq(A->ft_stream_close(r.ctx, ids[7]), ORCH_OK);
+    ck_assert_int_eq(A->ft_stream_open(r.ctx, &ft, &out), ORCH_OK);
+    ck_assert_uint_gt(out, ids[MAX - 1]);
+    run_close(&r); /* releases the open streams */
+}
+END_TEST
+
 START_TEST(test_capabilities) {
     ck_assert(A->capabilities & ORCH_CAP_FT_STREAM);
     ck_assert(ORCH_API_HAS(A, ft_stream_open));
@@ -747,6 +770,7 @@ int main(void) {
     tcase_add_loop_test(tc, test_coserve_step, 0, N_FIXTURES);
     tcase_add_loop_test(tc, test_cpu_streams, 0, N_FIXTURES);
     tcase_add_loop_test(tc, test_state_and_errors, 0, N_FIXTURES);
+    tcase_add_test(tc, test_capacity);
     suite_add_tcase(s, tc);
     /* CK_NOFORK keeps the worst differences in this process */
     SRunner *sr = srunner_create(s);

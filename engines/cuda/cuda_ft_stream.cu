@@ -485,6 +485,7 @@ static int32_t bwd_chunk(orch_engine_ctx *ctx, cu_ft_stream *s, uint64_t r0,
     const uint64_t BT = s->BT, oC = r0 * C, oM = r0 * M, oMW = r0 * MW, oW = r0 * W;
     float *P = ctx->d_params;
     /* the adapter with its gradients redirected to the stream's buffer */
+    CU_TRY(cu_lora_prepare(ctx, s->lo->rank, ur)); /* the hooks' scratch for R rows */
     cu_lora lo = *s->lo;
     lo.d_grads = s->grads;
     const float *nfw = cu_tp(ctx, P, normf_index(ctx));
