@@ -405,6 +405,9 @@ static int32_t fwd_chunk(orch_engine_ctx *ctx, cu_ft_stream *s, uint64_t r0, uin
     CU_TRY(cu_gemm(ctx, 0, 0, (int)R, (int)C, (int)V, 1.0f, dlogits, (int)V,
                    cu_tp(ctx, ctx->d_params, head_index(ctx)), (int)C, 0.0f, s->dlnf + oC,
                    (int)C));
+    /* the pinned staging buffer's upload and the logits' download are done
+     * before the next chunk or call reuses them */
+    KCHECK(ctx, cudaStreamSynchronize(cs));
     return ORCH_OK;
 }
 
