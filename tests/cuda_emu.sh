@@ -10,7 +10,9 @@
 # fixtures tests/fixtures/cpu_llama_tiny_kv*.safetensors for LLaMA) and
 # $ORCH_BUILD/tests/test_conformance on it alone (ORCH_CONFORMANCE_ENGINES:
 # the ABI's rules), and $ORCH_BUILD/tests/test_cuda_lora (its LoRA adapters,
-# ABI 1.4, against the torch fixtures and the CPU engine), so all run in
+# ABI 1.4, against the torch fixtures and the CPU engine) and
+# $ORCH_BUILD/tests/test_cuda_ft_stream (its token-level fine-tuning streams,
+# ABI 1.5, against adapter_forward_backward and the CPU engine's streams), so all run in
 # `make test`. Then the orchestrator's LoRA paths on the emulated engine
 # (they check ORCH_CAP_LORA): `orch finetune --engine <emulated>` on a tiny
 # byte-level GPT-2 trained by the CPU engine (the loss falls and follows
@@ -35,7 +37,8 @@ if ! command -v "$CXX" >/dev/null 2>&1; then
   echo "cuda_emu: skipped: no C++ compiler ($CXX) to build the emulated engine"
   exit 77
 fi
-for f in tests/test_cuda_engine tests/test_cuda_lora tests/test_conformance orch \
+for f in tests/test_cuda_engine tests/test_cuda_lora tests/test_cuda_ft_stream \
+    tests/test_conformance orch \
     libengine_cpu.so; do
   if [ ! -e "$BUILD_DIR/$f" ]; then
     echo "cuda_emu: skipped: $BUILD_DIR/$f is not built"
@@ -75,6 +78,8 @@ if ! grep -q '^conformance: testing engine cuda ' "$tmp/conformance.log"; then
 fi
 ORCH_CUDA_ENGINE="$tmp/libengine_cuda_emu.so" ORCH_ENGINE_PATH="$BUILD_DIR" \
   "$BUILD_DIR/tests/test_cuda_lora" || rc=1
+ORCH_CUDA_ENGINE="$tmp/libengine_cuda_emu.so" ORCH_ENGINE_PATH="$BUILD_DIR" \
+  "$BUILD_DIR/tests/test_cuda_ft_stream" || rc=1
 
 # ---- orch finetune / orch generate --lora on the emulated engine ----
 emu="$tmp/libengine_cuda_emu.so"
@@ -153,10 +158,11 @@ EOF
   kill -TERM "$spid" 2>/dev/null
   wait "$spid"
   [ $st -eq 0 ] || { cat serve.log; exit 1; }
-  # co-serving (ORCH_CAP_COSERVE, whole micro-batches: the engine has no
-  # ABI 1.5 streams): a fine-tuning job succeeds while 2 clients keep
-  # getting greedy completions of the base, which stay one text, and its
-  # micro-batches ride in the inference passes (coserve_forward)
+  # co-serving (--ft-granularity auto: token level, the engine's ABI 1.5
+  # streams, ORCH_CAP_FT_STREAM): a fine-tuning job succeeds while 2
+  # clients keep getting greedy completions of the base, which stay one
+  # text, its events name token-level chunks, and its rows ride in the
+  # inference passes (coserve_step)
   ORCH_ENGINE_PATH="$BUILD_DIR" "$BUILD_DIR/orch" serve --checkpoint base --engine "$emu" --port 0 \
     --model-name tiny --state-dir S --ft-seq-len 48 --ft-micro-batch 2 --ft-lr 0.02 \
     --ft-targets all --ft-rank 4 2>serve_ft.log &
@@ -175,9 +181,12 @@ j = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
 prom = open(sys.argv[2]).read()
 shared = re.search(r"^orch_coserve_shared_passes_total (\S+)$", prom, re.M)
 assert j["completions"] > 0 and j["unchanged"], j
-assert shared and float(shared.group(1)) >= 1, "no micro-batch rode in an inference pass"
+assert shared and float(shared.group(1)) >= 1, "no fine-tuning rows rode in an inference pass"
+tl = [e for e in j["events"] if "token-level" in e]
+assert tl, ("the job did not run token-level streams", j["events"])
 print("cuda_emu: orch serve: a fine-tuning job succeeded beside %d completions (one text), "
-      "%d co-served passes" % (j["completions"], float(shared.group(1))))
+      "%d co-served passes (%s)" % (j["completions"], float(shared.group(1)),
+                                     re.search(r"token-level[^)]*", tl[0]).group(0)))
 EOF
   [ $st -eq 0 ] || { cat ft_job.json; tail -n 20 serve_ft.log; exit 1; }
 ) || { echo "cuda_emu: FAIL: orch finetune / generate --lora / serve on the emulated CUDA engine"; rc=1; }

@@ -1296,13 +1296,12 @@ START_TEST(test_capabilities) {
     ck_assert(ORCH_API_HAS(A, adapter_forward_backward));
     ck_assert(ORCH_API_HAS(A, adapter_eval_loss));
     ck_assert(ORCH_API_HAS(A, adapter_optimizer_step));
-    /* one-pass co-serving (tests/test_cuda_coserve.c); not the ABI 1.5
-     * streams */
+    /* one-pass co-serving, and the ABI 1.5 streams (tests/test_cuda_ft_stream.c) */
     ck_assert(A->capabilities & ORCH_CAP_COSERVE);
     ck_assert(ORCH_API_HAS(A, coserve_forward));
-    ck_assert(!(A->capabilities & ORCH_CAP_FT_STREAM));
-    ck_assert(!ORCH_API_HAS(A, ft_stream_open));
-    ck_assert(!ORCH_API_HAS(A, coserve_step));
+    ck_assert(A->capabilities & ORCH_CAP_FT_STREAM);
+    ck_assert(ORCH_API_HAS(A, ft_stream_open));
+    ck_assert(ORCH_API_HAS(A, coserve_step));
 }
 END_TEST
 

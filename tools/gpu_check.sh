@@ -16,6 +16,8 @@
 #   conformance  tests/test_conformance on mock, cpu and cuda
 #   parity     tests/test_cuda_engine (CUDA vs CPU engine)
 #   lora       tests/test_cuda_lora (LoRA adapters vs torch and the CPU engine)
+#   ft_stream  tests/test_cuda_ft_stream (ABI 1.5 token-level fine-tuning
+#              streams vs adapter_forward_backward and the CPU engine)
 #   train_*    orch bench train --engine=cuda --config configs/gpt2-124m.json
 #              --batch 16 --seq 1024 (fp32, then --options math=tf32 and bf16)
 #   infer      orch bench infer --engine=cuda --config configs/gpt2-124m.json
@@ -42,6 +44,7 @@ if [ "${1:-}" = pack ]; then
   mkdir -p "$stage/gpu_bundle/bin" "$stage/gpu_bundle/lib"
   for f in build/orch build/libengine_mock.so build/libengine_cpu.so build/libengine_cuda.so \
            build/tests/test_conformance build/tests/test_cuda_engine build/tests/test_cuda_lora \
+           build/tests/test_cuda_ft_stream \
            build/tools/engine_decode_bench; do
     [ -e "$f" ] && cp "$f" "$stage/gpu_bundle/bin/"
   done
@@ -138,6 +141,7 @@ export ORCH_CONFORMANCE_ENGINES="$ENG/libengine_mock.so,$ENG/libengine_cpu.so,$E
 run_step conformance 120 "$TESTS/test_conformance"
 run_step parity 120 "$TESTS/test_cuda_engine"
 run_step lora 60 "$TESTS/test_cuda_lora"
+run_step ft_stream 60 "$TESTS/test_cuda_ft_stream"
 
 # ---- speed ----------------------------------------------------------------
 TRAIN=(bench train --engine=cuda --config configs/gpt2-124m.json --batch 16 --seq 1024 --json)

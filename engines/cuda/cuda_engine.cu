@@ -7,8 +7,11 @@
  * 1.4, ORCH_CAP_LORA: training with the base frozen, adapter_id in
  * infer_forward) in cuda_lora.cu; coserve_forward (ABI 1.4,
  * ORCH_CAP_COSERVE: an inference batch and fine-tuning micro-batches in one
- * pass over the base weights) in cuda_coserve.cu. The ABI 1.5 members
- * (token-level fine-tuning streams) are not provided (NULL, cap unset).
+ * pass over the base weights) in cuda_coserve.cu; token-level fine-tuning
+ * streams (ABI 1.5, ORCH_CAP_FT_STREAM: ft_stream_open / ft_stream_close /
+ * coserve_step; GPT-2 and LLaMA) in cuda_ft_stream.cu. While a stream is open its adapter is locked:
+ * adapter_tensor_write of PARAM, adapter_optimizer_step and adapter_destroy
+ * return ORCH_ERR_STATE, as the CPU engine does.
  *
  * Semantics mirror the CPU engine: the same tensor names, shapes, order and
  * flags (NO_DECAY on 1-D tensors: biases and norm weights), the flat gradient
@@ -321,6 +324,7 @@ static void context_destroy(orch_engine_ctx *ctx) {
     if (!ctx) return;
     (void)cudaSetDevice(ctx->device);
     if (ctx->stream) (void)cudaStreamSynchronize(ctx->stream);
+    cu_ft_free_all(ctx);
     cu_lora_free_all(ctx);
     cu_acts_free(ctx);
     cu_infer_free(ctx);
@@ -982,8 +986,21 @@ static int32_t adapter_create(orch_engine_ctx *ctx, const orch_lora_desc *desc,
     return cu_lora_create(ctx, desc, out_id);
 }
 
+/* ORCH_ERR_STATE while a fine-tuning stream is open on the adapter (ABI 1.5:
+ * its parameters must not change under the stream). */
+static int32_t adapter_busy(orch_engine_ctx *ctx, const char *fn, uint32_t adapter_id) {
+    const uint32_t stream = cu_ft_adapter_stream(ctx, adapter_id);
+    if (stream == 0) return ORCH_OK;
+    return cu_set_error(ctx, ORCH_ERR_STATE,
+                        "%s: adapter %u has an open fine-tuning stream (stream %u); "
+                        "close it first",
+                        fn, adapter_id, stream);
+}
+
 static int32_t adapter_destroy(orch_engine_ctx *ctx, uint32_t adapter_id) {
     ENTER(ctx);
+    if (cu_lora_known(ctx, adapter_id))
+        CU_TRY(adapter_busy(ctx, "adapter_destroy", adapter_id));
     return cu_lora_destroy(ctx, adapter_id);
 }
 
@@ -1025,6 +1042,7 @@ static int32_t adapter_tensor_copy(orch_engine_ctx *ctx, uint32_t adapter_id,
     if (!lo) return ORCH_ERR_INVALID_ARGUMENT;
     CU_TRY(engine_check_tensor_io(fn, kind, index, lo->tensors, lo->n_tensors, host,
                                   bytes, ENGINE_ERRBUF(ctx)));
+    if (!to_host && kind == ORCH_TENSOR_PARAM) CU_TRY(adapter_busy(ctx, fn, adapter_id));
     float *dev = adapter_kind_buffer(lo, kind) + lo->tensors[index].offset;
     if (to_host)
         CU_CHECK(ctx,
@@ -1125,6 +1143,7 @@ static int32_t adapter_optimizer_step(orch_engine_ctx *ctx, uint32_t adapter_id,
     CU_TRY(engine_check_adamw(params, &p, ENGINE_ERRBUF(ctx)));
     cu_lora *lo = cu_lora_find(ctx, "adapter_optimizer_step", adapter_id);
     if (!lo) return ORCH_ERR_INVALID_ARGUMENT;
+    CU_TRY(adapter_busy(ctx, "adapter_optimizer_step", adapter_id));
     return cu_lora_optimizer_step(ctx, lo, &p, out_grad_norm);
 }
 
@@ -1135,6 +1154,28 @@ static int32_t coserve_forward(orch_engine_ctx *ctx, const orch_infer_batch *bat
     ENTER(ctx);
     return cu_coserve_forward(ctx, batch, logits, logits_cap, ft, n_finetune, ft_stride,
                               out_losses);
+}
+
+/* ------------------------------------------------------------------------- */
+/* ABI 1.5: token-level fine-tuning streams (cuda_ft_stream.cu)               */
+/* ------------------------------------------------------------------------- */
+
+static int32_t ft_stream_open(orch_engine_ctx *ctx, const orch_finetune_batch *ft,
+                              uint32_t *out_stream) {
+    ENTER(ctx);
+    return cu_ft_stream_open(ctx, ft, out_stream);
+}
+
+static int32_t ft_stream_close(orch_engine_ctx *ctx, uint32_t stream) {
+    ENTER(ctx);
+    return cu_ft_stream_close(ctx, stream);
+}
+
+static int32_t coserve_step(orch_engine_ctx *ctx, const orch_infer_batch *batch,
+                            float *logits, uint64_t logits_cap, uint32_t stream,
+                            uint32_t ft_rows, orch_ft_progress *progress) {
+    ENTER(ctx);
+    return cu_ft_coserve_step(ctx, batch, logits, logits_cap, stream, ft_rows, progress);
 }
 
 /* ------------------------------------------------------------------------- */
@@ -1149,7 +1190,8 @@ static const orch_engine_api cuda_api = {
     "cuda",
     CU_ENGINE_VERSION,
     ORCH_CAP_TRAIN | ORCH_CAP_INFER | ORCH_CAP_KV_COPY | ORCH_CAP_EVAL |
-        ORCH_CAP_DETERMINISTIC | ORCH_CAP_GPU | ORCH_CAP_LORA | ORCH_CAP_COSERVE,
+        ORCH_CAP_DETERMINISTIC | ORCH_CAP_GPU | ORCH_CAP_LORA | ORCH_CAP_COSERVE |
+        ORCH_CAP_FT_STREAM,
     probe,
     engine_status_string,
     context_create,
@@ -1192,10 +1234,10 @@ static const orch_engine_api cuda_api = {
     adapter_optimizer_step,
     /* 1.4 co-serving (ORCH_CAP_COSERVE, cuda_coserve.cu) */
     coserve_forward,
-    /* 1.5 token-level fine-tuning: not provided (ORCH_CAP_FT_STREAM unset) */
-    NULL,
-    NULL,
-    NULL,
+    /* 1.5 token-level fine-tuning (ORCH_CAP_FT_STREAM, cuda_ft_stream.cu) */
+    ft_stream_open,
+    ft_stream_close,
+    coserve_step,
 };
 
 extern "C" ORCH_ENGINE_EXPORT const orch_engine_api *

@@ -18,6 +18,11 @@
  *                    call around each target product, the adapter AdamW
  *   cuda_coserve.cu  coserve_forward (ABI 1.4): an inference batch and LoRA
  *                    micro-batches stacked into one pass over the weights
+ *   cuda_ft_stream.cu token-level fine-tuning streams (ABI 1.5):
+ *                    ft_stream_open / ft_stream_close / coserve_step, a
+ *                    micro-batch's forward chunks stacked with the step's
+ *                    inference rows in cu_fwd, its backward chunks in
+ *                    reverse row order (GPT-2 and LLaMA)
  *
  * The same sources also compile as plain C++ against the CPU emulator of
  * tests/cuda_emu (tests/cuda_emu.sh runs the parity suite on it without a
@@ -215,6 +220,9 @@ struct orch_engine_ctx {
      * frozen: the passes compute no base gradients). */
     struct cu_lora_set *lora;
     struct cu_lora *lora_cur;
+    /* token-level fine-tuning streams (cuda_ft_stream.cu, ABI 1.5; NULL
+     * until the first ft_stream_open; freed by cu_ft_free_all) */
+    struct cu_ft_set *ft;
 
     char last_error[1024];
 };
@@ -279,6 +287,21 @@ int32_t cu_coserve_forward(orch_engine_ctx *ctx, const orch_infer_batch *batch,
                            float *logits, uint64_t logits_cap,
                            const orch_finetune_batch *ft, uint32_t n_finetune,
                            uint32_t ft_stride, float *out_losses);
+
+/* Token-level fine-tuning streams (ABI 1.5, ORCH_CAP_FT_STREAM; see
+ * cuda_ft_stream.cu): the three ABI calls with the CPU engine's checks,
+ * statuses and messages. */
+int32_t cu_ft_stream_open(orch_engine_ctx *ctx, const orch_finetune_batch *ft,
+                          uint32_t *out_stream);
+int32_t cu_ft_stream_close(orch_engine_ctx *ctx, uint32_t stream);
+int32_t cu_ft_coserve_step(orch_engine_ctx *ctx, const orch_infer_batch *batch,
+                           float *logits, uint64_t logits_cap, uint32_t stream,
+                           uint32_t ft_rows, orch_ft_progress *progress);
+/* The id of the open stream on adapter_id (0: none): its parameters are
+ * locked while it is open. */
+uint32_t cu_ft_adapter_stream(const orch_engine_ctx *ctx, uint32_t adapter_id);
+/* Release every stream and the set (context_destroy). */
+void cu_ft_free_all(orch_engine_ctx *ctx);
 
 /* ------------------------------------------------------------------------- */
 /* Model passes (cuda_model.cu)                                               */
@@ -394,6 +417,11 @@ typedef struct cu_fwd_part {
     uint64_t att0;      /* its B*H*T*T scores start at att(l) + att0 */
     struct cu_lora *lo; /* its adapter (NULL: the base model) */
     uint32_t lrow0;     /* its first logits row (the LM head's output) */
+    /* a forward chunk of a fine-tuning stream (cuda_ft_stream.cu; NULL:
+     * none): rows [ft_r0, ft_r0 + B*T) of the stream (B is 1), whose
+     * attention is cu_ft_attention's */
+    struct cu_ft_stream *ft;
+    uint64_t ft_r0;
 } cu_fwd_part;
 
 typedef struct cu_fwd {
@@ -433,6 +461,12 @@ typedef struct cu_fwd {
  * scratch of the LoRA hooks must hold the largest part / run. */
 int32_t cu_gpt2_forward(orch_engine_ctx *ctx, const cu_fwd *f);
 int32_t cu_llama_forward(orch_engine_ctx *ctx, const cu_fwd *f);
+/* The attention of layer l for a stream's forward-chunk part p (called by
+ * the GPT-2 stack's attention): qkv [R, 3C] (no bias) of the part's rows,
+ * y [R, C] of its rows out; the rows' q|k|v (bias added) are kept in the
+ * stream. */
+int32_t cu_ft_attention(orch_engine_ctx *ctx, const cu_fwd_part *p, uint32_t l,
+                        const float *qkv, const float *bias, float *y);
 /* Their LM head (cuda_model.cu): f->logits = (rows of f->lnf) head^T, one
  * GEMM over every row of the stack that gives logits. */
 int32_t cu_lm_head(orch_engine_ctx *ctx, const cu_fwd *f, const float *head);
@@ -722,5 +756,27 @@ cudaError_t k_llama_kv_write(cudaStream_t s, const float *qkv, float *q, float *
                              const int32_t *seq, const int32_t *bt_off,
                              const int32_t *bt_all, uint32_t n, uint32_t H, uint32_t KVH,
                              uint32_t D, uint32_t bs, uint32_t L, uint32_t layer);
+
+/* ---- token-level fine-tuning streams (cuda_ft_stream.cu) ---- */
+/* dst[r, c] = src[r, c] (+ bias[c] when bias is set) for r < n, c < w
+ * (row strides lds, ldd). */
+cudaError_t k_ft_copy_cols(cudaStream_t s, const float *src, uint32_t lds,
+                           const float *bias, float *dst, uint32_t ldd, uint32_t n,
+                           uint32_t w);
+/* a[0..n) += b[0..n). */
+cudaError_t k_ft_add(cudaStream_t s, float *a, const float *b, uint64_t n);
+/* Causal softmax in place over rows of [rows, nk] whose query position is
+ * p0 + row % nq (keys 0..p, zeros above up to nk); and its backward
+ * (datt <- att * (datt - sum(att*datt)) over the same keys). */
+cudaError_t k_ft_softmax(cudaStream_t s, float *att, uint64_t rows, uint32_t nq,
+                         uint32_t nk, uint32_t p0);
+cudaError_t k_ft_softmax_bwd(cudaStream_t s, const float *att, float *datt, uint64_t rows,
+                             uint32_t nq, uint32_t nk, uint32_t p0);
+/* LLaMA RoPE (rotate half) of `heads` heads of D per row of n rows, row r at
+ * position (p0 + r) % T: out (ld ldo) from in (ld ldi; not in place); sign
+ * -1 is the inverse rotation. */
+cudaError_t k_ft_rope(cudaStream_t s, const float *in, uint32_t ldi, float *out,
+                      uint32_t ldo, uint32_t n, uint32_t heads, uint32_t D, uint64_t p0,
+                      uint32_t T, const float *inv_freq, float sign);
 
 #endif

@@ -1211,3 +1211,110 @@ cudaError_t k_llama_kv_write(cudaStream_t s, const float *qkv, float *q, float *
             layer);
     return cudaGetLastError();
 }
+
+/* ------------------------------------------------------------------------- */
+/* Token-level fine-tuning streams (cuda_ft_stream.cu, ABI 1.5)               */
+/* ------------------------------------------------------------------------- */
+
+__global__ void ft_copy_cols_kernel(const float *src, uint32_t lds, const float *bias,
+                                    float *dst, uint32_t ldd, uint32_t n, uint32_t w) {
+    uint64_t total = (uint64_t)n * w;
+    for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < total;
+         i += (uint64_t)gridDim.x * blockDim.x) {
+        uint64_t r = i / w;
+        uint32_t c = (uint32_t)(i % w);
+        dst[r * ldd + c] = src[r * lds + c] + (bias ? bias[c] : 0.0f);
+    }
+}
+
+cudaError_t k_ft_copy_cols(cudaStream_t s, const float *src, uint32_t lds,
+                           const float *bias, float *dst, uint32_t ldd, uint32_t n,
+                           uint32_t w) {
+    KLAUNCH(ft_copy_cols_kernel, ew_blocks((uint64_t)n * w), EW_THREADS, 0, s, src, lds,
+            bias, dst, ldd, n, w);
+    return cudaGetLastError();
+}
+
+__global__ void ft_add_kernel(float *a, const float *b, uint64_t n) {
+    for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < n;
+         i += (uint64_t)gridDim.x * blockDim.x)
+        a[i] += b[i];
+}
+
+cudaError_t k_ft_add(cudaStream_t s, float *a, const float *b, uint64_t n) {
+    KLAUNCH(ft_add_kernel, ew_blocks(n), EW_THREADS, 0, s, a, b, n);
+    return cudaGetLastError();
+}
+
+/* Row r of [rows, nk]: query position p0 + r % nq sees keys 0..p. */
+__global__ void ft_softmax_kernel(float *att, uint64_t rows, uint32_t nq, uint32_t nk,
+                                  uint32_t p0) {
+    uint64_t row = (uint64_t)blockIdx.x * ROWS_PER_BLOCK + (threadIdx.x >> 5);
+    uint32_t lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    uint32_t i = p0 + (uint32_t)(row % nq);
+    float *x = att + row * nk;
+    float mx = -INFINITY;
+    for (uint32_t j = lane; j <= i; j += 32) mx = fmaxf(mx, x[j]);
+    mx = warp_max(mx);
+    float sum = 0.0f;
+    for (uint32_t j = lane; j <= i; j += 32) {
+        float e = expf(x[j] - mx);
+        x[j] = e;
+        sum += e;
+    }
+    sum = warp_sum(sum);
+    float inv = 1.0f / sum;
+    for (uint32_t j = lane; j < nk; j += 32) x[j] = j <= i ? x[j] * inv : 0.0f;
+}
+
+cudaError_t k_ft_softmax(cudaStream_t s, float *att, uint64_t rows, uint32_t nq,
+                         uint32_t nk, uint32_t p0) {
+    KLAUNCH(ft_softmax_kernel, row_blocks(rows), ROW_THREADS, 0, s, att, rows, nq, nk,
+            p0);
+    return cudaGetLastError();
+}
+
+__global__ void ft_softmax_bwd_kernel(const float *att, float *datt, uint64_t rows,
+                                      uint32_t nq, uint32_t nk, uint32_t p0) {
+    uint64_t row = (uint64_t)blockIdx.x * ROWS_PER_BLOCK + (threadIdx.x >> 5);
+    uint32_t lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    uint32_t i = p0 + (uint32_t)(row % nq);
+    const float *p = att + row * nk;
+    float *d = datt + row * nk;
+    float sm = 0.0f;
+    for (uint32_t j = lane; j <= i; j += 32) sm += p[j] * d[j];
+    sm = warp_sum(sm);
+    for (uint32_t j = lane; j < nk; j += 32) d[j] = j <= i ? p[j] * (d[j] - sm) : 0.0f;
+}
+
+cudaError_t k_ft_softmax_bwd(cudaStream_t s, const float *att, float *datt, uint64_t rows,
+                             uint32_t nq, uint32_t nk, uint32_t p0) {
+    KLAUNCH(ft_softmax_bwd_kernel, row_blocks(rows), ROW_THREADS, 0, s, att, datt, rows,
+            nq, nk, p0);
+    return cudaGetLastError();
+}
+
+/* out[r*ldo + h*D + d] = RoPE(in[r*ldi + h*D ..]) at position (p0 + r) % T. */
+__global__ void ft_rope_kernel(const float *in, uint32_t ldi, float *out, uint32_t ldo,
+                               uint32_t n, uint32_t heads, uint32_t D, uint64_t p0,
+                               uint32_t T, const float *inv_freq, float sign) {
+    uint64_t w = (uint64_t)heads * D, total = (uint64_t)n * w;
+    for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < total;
+         i += (uint64_t)gridDim.x * blockDim.x) {
+        uint64_t r = i / w;
+        uint32_t c = (uint32_t)(i % w), h = c / D, d = c % D;
+        uint32_t pos = (uint32_t)((p0 + r) % T);
+        out[r * ldo + c] =
+            rope_elem(in + r * ldi + (uint64_t)h * D, d, D, pos, inv_freq, sign);
+    }
+}
+
+cudaError_t k_ft_rope(cudaStream_t s, const float *in, uint32_t ldi, float *out,
+                      uint32_t ldo, uint32_t n, uint32_t heads, uint32_t D, uint64_t p0,
+                      uint32_t T, const float *inv_freq, float sign) {
+    KLAUNCH(ft_rope_kernel, ew_blocks((uint64_t)n * heads * D), EW_THREADS, 0, s, in, ldi,
+            out, ldo, n, heads, D, p0, T, inv_freq, sign);
+    return cudaGetLastError();
+}

@@ -72,6 +72,11 @@ static int32_t llama_attention(orch_engine_ctx *ctx, const cu_fwd *f, uint32_t l
     const float scale = 1.0f / sqrtf((float)D);
     for (uint32_t k = 0; k < f->n_parts; k++) {
         const cu_fwd_part *p = &f->parts[k];
+        if (p->ft) { /* a fine-tuning stream's chunk (cuda_ft_stream.cu) */
+            CU_TRY(cu_ft_attention(ctx, p, l, f->qkv + (uint64_t)p->r0 * W, NULL,
+                                   y + (uint64_t)p->r0 * C));
+            continue;
+        }
         const uint32_t B = p->B, T = p->T, BG = B * KVH;
         const uint64_t NC = (uint64_t)B * T * C, NK = (uint64_t)B * T * KW;
         const long long sGTT = (long long)G * T * T, sGTD = (long long)G * T * D;

@@ -398,6 +398,11 @@ static int32_t gpt2_attention(orch_engine_ctx *ctx, const cu_fwd *f, uint32_t l)
     const float scale = 1.0f / sqrtf((float)hs);
     for (uint32_t k = 0; k < f->n_parts; k++) {
         const cu_fwd_part *p = &f->parts[k];
+        if (p->ft) { /* a fine-tuning stream's chunk (cuda_ft_stream.cu) */
+            CU_TRY(cu_ft_attention(ctx, p, l, f->qkv + (uint64_t)p->r0 * 3 * C, bias,
+                                   y + (uint64_t)p->r0 * C));
+            continue;
+        }
         const uint32_t B = p->B, T = p->T, BH = B * H, TC = attn_chunk(T);
         const uint64_t NC = (uint64_t)B * T * C;
         const long long sTT = (long long)T * T, sTh = (long long)T * hs;
@@ -517,7 +522,7 @@ int32_t cu_model_train_step(orch_engine_ctx *ctx, const int32_t *tokens,
     size_t up = grad ? 5 * (size_t)N + 1 : 2 * (size_t)N;
     KCHECK(ctx, cudaMemcpyAsync(a->i_base, h, up * sizeof(int32_t),
                                 cudaMemcpyHostToDevice, s));
-    const cu_fwd_part part = { B, T, 0, 0, lo, 0 };
+    const cu_fwd_part part = { B, T, 0, 0, lo, 0, NULL, 0 };
     cu_fwd f;
     cu_fwd_on_acts(ctx, &f, N, A);
     f.parts = &part;
