@@ -54,6 +54,7 @@
 #include "orchestrator/core/engine_loader.h"
 #include "orchestrator/store/safetensors.h"
 #include "tests/test_fixture.h"
+#include "tests/test_ft_stream.h"
 #include "tests/test_lsan_onednn.h"
 #include "tests/test_util.h"
 
@@ -96,10 +97,7 @@ static uint64_t adapter_numel(orch_engine_ctx *ctx, uint32_t id, uint32_t *n_ten
 }
 
 static float *grads_of(orch_engine_ctx *ctx, uint32_t id, uint64_t n) {
-    float *g = malloc((n ? n : 1) * sizeof(float));
-    ck_assert_ptr_nonnull(g);
-    ck_assert_int_eq(A->adapter_grads_read(ctx, id, 0, n, g), ORCH_OK);
-    return g;
+    return test_ft_grads(A, ctx, id, n);
 }
 
 /* A context with the fixture's base and its adapter ("lora." tensors). */
@@ -151,23 +149,12 @@ static void run_close(run *r) {
     safetensors_close(r->f);
 }
 
-static orch_ft_progress progress0(void) {
-    orch_ft_progress p;
-    memset(&p, 0xab, sizeof p);
-    p.struct_size = sizeof p;
-    return p;
-}
+static orch_ft_progress progress0(void) { return test_ft_progress0(); }
 
 static int32_t step(orch_engine_ctx *ctx, const orch_seq_input *seqs, uint32_t n,
                     float *logits, uint64_t cap, uint32_t stream, uint32_t rows,
                     orch_ft_progress *p) {
-    orch_infer_batch b;
-    memset(&b, 0, sizeof b);
-    b.struct_size = sizeof b;
-    b.n_seqs = n;
-    b.seq_stride = sizeof(orch_seq_input);
-    b.seqs = seqs;
-    return A->coserve_step(ctx, n ? &b : NULL, logits, cap, stream, rows, p);
+    return test_ft_step(A, ctx, seqs, n, logits, cap, stream, rows, p);
 }
 
 static uint64_t paired(orch_engine_ctx *ctx) { return ctx->coserve_paired; }
@@ -479,145 +466,12 @@ END_TEST
 /* State and argument errors                                                  */
 /* ------------------------------------------------------------------------- */
 
-static void expect_err(orch_engine_ctx *ctx, int32_t st, int32_t want, const char *word) {
-    ck_assert_msg(st == want, "status %d, want %d (%s)", st, want, A->last_error(ctx));
-    ck_assert_msg(strstr(A->last_error(ctx), word) != NULL, "message '%s' lacks '%s'",
-                  A->last_error(ctx), word);
-}
-
 START_TEST(test_state_and_errors) {
     run r;
     run_open(&r, _i, "threads=1");
-    orch_engine_ctx *ctx = r.ctx;
-    const uint64_t BT = (uint64_t)r.B * r.T;
-    orch_lora_desc d = test_lora_desc(2, 4.0f, ORCH_LORA_TARGET_ATTN_OUT, 3);
-    uint32_t other;
-    ck_assert_int_eq(A->adapter_create(ctx, &d, &other), ORCH_OK);
-    orch_tensor_info ti;
-    memset(&ti, 0, sizeof ti);
-    ti.struct_size = sizeof ti;
-    ck_assert_int_eq(A->adapter_tensor_info(ctx, r.id, ORCH_TENSOR_PARAM, 0, &ti),
-                     ORCH_OK);
-    float *a0 = malloc(ti.numel * sizeof(float)), *a1 = malloc(ti.numel * sizeof(float));
-    ck_assert_int_eq(A->adapter_tensor_read(ctx, r.id, ORCH_TENSOR_PARAM, 0, a0,
-                                            ti.numel * sizeof(float)),
-                     ORCH_OK);
-    orch_adamw_params ap = test_adamw(1, 0.01f, 0.1f, 1.0f);
-    float norm;
-
-    orch_finetune_batch ft = test_ft_batch(r.id, r.tokens, r.targets, r.B, r.T, 1.0f);
-    uint32_t s = 0, s_bad = 77;
-    ck_assert_int_eq(A->ft_stream_open(ctx, &ft, &s), ORCH_OK);
-    for (int phase = 0; phase < 2; phase++) { /* open and running; finished */
-        expect_err(ctx, A->adapter_optimizer_step(ctx, r.id, &ap, &norm), ORCH_ERR_STATE,
-                   "stream");
-        for (uint32_t i = 0; i < ti.numel; i++) a1[i] = a0[i] + 1.0f;
-        expect_err(ctx,
-                   A->adapter_tensor_write(ctx, r.id, ORCH_TENSOR_PARAM, 0, a1,
-                                           ti.numel * sizeof(float)),
-                   ORCH_ERR_STATE, "adapter_tensor_write");
-        expect_err(ctx, A->adapter_destroy(ctx, r.id), ORCH_ERR_STATE, "adapter_destroy");
-        ck_assert_int_eq(A->adapter_tensor_read(ctx, r.id, ORCH_TENSOR_PARAM, 0, a1,
-                                                ti.numel * sizeof(float)),
-                         ORCH_OK);
-        ck_assert(memcmp(a0, a1, ti.numel * sizeof(float)) == 0);
-        /* moments, gradients and other adapters are not locked */
-        ck_assert_int_eq(A->adapter_tensor_write(ctx, r.id, ORCH_TENSOR_ADAM_M, 0, a0,
-                                                 ti.numel * sizeof(float)),
-                         ORCH_OK);
-        ck_assert_int_eq(A->adapter_grads_zero(ctx, r.id), ORCH_OK);
-        ck_assert_int_eq(A->adapter_optimizer_step(ctx, other, &ap, &norm), ORCH_OK);
-        /* bad steps change nothing */
-        orch_ft_progress p = progress0();
-        p.struct_size = sizeof p - 8;
-        expect_err(ctx, step(ctx, NULL, 0, NULL, 0, s, 5, &p), ORCH_ERR_INVALID_ARGUMENT,
-                   "struct_size");
-        p = progress0();
-        expect_err(ctx, step(ctx, NULL, 0, NULL, 0, s_bad, 5, &p),
-                   ORCH_ERR_INVALID_ARGUMENT, "stream 77");
-        float lg[4];
-        orch_seq_input q = test_seq_input(r.tokens, 1, 0, NULL, 0, ORCH_LOGITS_LAST);
-        ck_assert_int_ne(step(ctx, &q, 1, lg, 4, s, 5, &p), ORCH_OK); /* no KV, cap */
-        p = progress0();
-        ck_assert_int_eq(step(ctx, NULL, 0, NULL, 0, s, 0, &p), ORCH_OK);
-        ck_assert_uint_eq(p.rows_this_step, 0);
-        ck_assert_uint_eq(p.forward_rows + p.backward_rows, phase ? 2 * BT : 0);
-        if (phase == 0) { /* finish it, progress NULL */
-            ck_assert_int_eq(step(ctx, NULL, 0, NULL, 0, s, (uint32_t)(2 * BT), NULL),
-                             ORCH_OK);
-            p = progress0();
-            ck_assert_int_eq(step(ctx, NULL, 0, NULL, 0, s, 3, &p), ORCH_OK);
-            ck_assert_uint_eq(p.finished, 1);
-            ck_assert_uint_eq(p.rows_this_step, 0);
-        }
-    }
-    ck_assert_int_eq(A->ft_stream_close(ctx, s), ORCH_OK);
-    expect_err(ctx, A->ft_stream_close(ctx, s), ORCH_ERR_INVALID_ARGUMENT, "stream");
-    expect_err(ctx, step(ctx, NULL, 0, NULL, 0, s, 1, NULL), ORCH_ERR_INVALID_ARGUMENT,
-               "stream");
-    /* OK again after close */
-    ck_assert_int_eq(A->adapter_optimizer_step(ctx, r.id, &ap, &norm), ORCH_OK);
-    ck_assert_int_eq(A->adapter_tensor_write(ctx, r.id, ORCH_TENSOR_PARAM, 0, a0,
-                                             ti.numel * sizeof(float)),
-                     ORCH_OK);
-
-    /* bad micro-batches */
-    uint32_t out = 12345;
-    orch_finetune_batch bad = ft;
-    bad.adapter_id = 999;
-    expect_err(ctx, A->ft_stream_open(ctx, &bad, &out), ORCH_ERR_INVALID_ARGUMENT,
-               "adapter");
-    bad = ft;
-    bad.struct_size = 8;
-    expect_err(ctx, A->ft_stream_open(ctx, &bad, &out), ORCH_ERR_INVALID_ARGUMENT,
-               "struct_size");
-    bad = ft;
-    bad.reserved0 = 1;
-    expect_err(ctx, A->ft_stream_open(ctx, &bad, &out), ORCH_ERR_INVALID_ARGUMENT,
-               "reserved0");
-    bad = ft;
-    bad.tokens = NULL;
-    ck_assert_int_eq(A->ft_stream_open(ctx, &bad, &out), ORCH_ERR_INVALID_ARGUMENT);
-    bad = ft;
-    bad.seq_len = r.m.context + 1;
-    ck_assert_int_eq(A->ft_stream_open(ctx, &bad, &out), ORCH_ERR_INVALID_ARGUMENT);
-    bad = ft;
-    bad.batch = (1u << 24) / r.T + 1; /* over the engine's training tokens per call */
-    expect_err(ctx, A->ft_stream_open(ctx, &bad, &out), ORCH_ERR_CAPACITY, "");
-    ck_assert_int_eq(A->ft_stream_open(ctx, NULL, &out), ORCH_ERR_INVALID_ARGUMENT);
-    ck_assert_int_eq(A->ft_stream_open(ctx, &ft, NULL), ORCH_ERR_INVALID_ARGUMENT);
-    ck_assert_uint_eq(out, 12345);
-    /* ids are not reused; a destroyed adapter cannot be streamed */
-    uint32_t s2;
-    ck_assert_int_eq(A->ft_stream_open(ctx, &ft, &s2), ORCH_OK);
-    ck_assert_uint_gt(s2, s);
-    ck_assert_int_eq(A->ft_stream_close(ctx, s2), ORCH_OK);
-    ck_assert_int_eq(A->adapter_destroy(ctx, other), ORCH_OK);
-    bad = ft;
-    bad.adapter_id = other;
-    ck_assert_int_eq(A->ft_stream_open(ctx, &bad, &out), ORCH_ERR_INVALID_ARGUMENT);
-    /* every target ignored: no gradient, loss 0 (as adapter_forward_backward) */
-    int32_t *none = malloc(BT * sizeof(int32_t));
-    for (uint64_t i = 0; i < BT; i++) none[i] = -1;
-    float *g0 = grads_of(ctx, r.id, r.n);
-    bad = ft;
-    bad.targets = none;
-    ck_assert_int_eq(A->ft_stream_open(ctx, &bad, &s2), ORCH_OK);
-    orch_ft_progress pn = progress0();
-    ck_assert_int_eq(step(ctx, NULL, 0, NULL, 0, s2, (uint32_t)(2 * BT), &pn), ORCH_OK);
-    ck_assert_uint_eq(pn.finished, 1);
-    ck_assert(pn.loss == 0.0f);
-    float *g1 = grads_of(ctx, r.id, r.n);
-    ck_assert(memcmp(g0, g1, r.n * sizeof(float)) == 0);
-    ck_assert_int_eq(A->ft_stream_close(ctx, s2), ORCH_OK);
-    free(g0);
-    free(g1);
-    free(none);
-    /* a context destroyed with open streams releases them (asan) */
-    ck_assert_int_eq(A->ft_stream_open(ctx, &ft, &s2), ORCH_OK);
-    ck_assert_int_eq(step(ctx, NULL, 0, NULL, 0, s2, 5, NULL), ORCH_OK);
-    free(a0);
-    free(a1);
+    /* 2^24: the cpu engine's training tokens per call */
+    test_ft_stream_rules(A, r.ctx, r.id, r.n, r.tokens, r.targets, r.B, r.T, r.m.context,
+                         1u << 24);
     run_close(&r);
 }
 END_TEST

@@ -5,6 +5,7 @@
 #include "engines/common/engine_lora.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -127,4 +128,59 @@ void engine_lora_tensor(engine_tensor *t, const char *base, const char *which,
     t->shape[1] = cols;
     t->numel = rows * cols;
     t->offset = offset;
+}
+
+int32_t engine_check_ft_batch(const char *fn, const orch_finetune_batch *f,
+                              const struct engine_batch_limits *lim,
+                              uint64_t *out_counted, char *err, size_t cap) {
+    const size_t need = offsetof(orch_finetune_batch, grad_scale) + sizeof(float);
+    if (f->struct_size < need)
+        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+                               "%s: struct_size %u is smaller than the %zu bytes up to "
+                               "grad_scale",
+                               fn, f->struct_size, need);
+    if (f->struct_size >= sizeof *f && f->reserved0 != 0)
+        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+                               "%s: reserved0 is %u; it must be 0", fn, f->reserved0);
+    const float loss_slot = 0.0f; /* the train checks want an output; none here */
+    return engine_check_train_call(fn, f->tokens, f->targets, f->batch, f->seq_len,
+                                   f->grad_scale, &loss_slot, lim, out_counted, err, cap);
+}
+
+int32_t engine_check_coserve_args(const orch_finetune_batch *ft, uint32_t n_finetune,
+                                  uint32_t ft_stride, const float *out_losses, char *err,
+                                  size_t cap) {
+    if (n_finetune == 0) return ORCH_OK;
+    const size_t need = offsetof(orch_finetune_batch, grad_scale) + sizeof(float);
+    const size_t align = _Alignof(orch_finetune_batch);
+    if (!ft)
+        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+                               "coserve_forward: ft is NULL");
+    if (!out_losses)
+        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+                               "coserve_forward: out_losses is NULL with n_finetune %u",
+                               n_finetune);
+    if (ft_stride < need || ft_stride % align != 0)
+        return engine_fail_buf(err, cap, ORCH_ERR_INVALID_ARGUMENT,
+                               "coserve_forward: ft_stride %u must be a multiple of %zu "
+                               "and at least %zu",
+                               ft_stride, align, need);
+    return ORCH_OK;
+}
+
+void engine_ft_progress_fill(orch_ft_progress *p, int known, int finished,
+                             uint64_t rows_total, uint64_t forward_rows,
+                             uint64_t backward_rows, uint64_t rows_this_step,
+                             float loss) {
+    if (!p) return;
+    const uint32_t size = p->struct_size;
+    memset(p, 0, sizeof *p);
+    p->struct_size = size;
+    if (!known) return;
+    p->finished = (uint32_t)(finished != 0);
+    p->rows_total = rows_total;
+    p->forward_rows = forward_rows;
+    p->backward_rows = backward_rows;
+    p->rows_this_step = rows_this_step;
+    p->loss = loss;
 }

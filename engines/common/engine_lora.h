@@ -5,7 +5,8 @@
  * table order (per layer: qkv, attention out, MLP up, MLP down; LLaMA's q, k,
  * v and gate, up apart, with where each sits in the fused product), and the
  * adapter's tensor entries "<W minus .weight>.lora_A.weight" [rank, in] and
- * ".lora_B.weight" [out, rank].
+ * ".lora_B.weight" [out, rank]; and the argument checks of co-serving
+ * (coserve_forward, ft_stream_open) and the coserve_step progress report.
  *
  * Error rule: as engine_checks.h (the caller's err buffer, filled only on
  * failure). Memory: nothing here allocates. Threads: pure functions.
@@ -72,6 +73,34 @@ uint32_t engine_lora_mods(uint32_t arch, uint32_t layers, uint32_t C, uint32_t M
  * 2-D [rows, cols], f32, no flags, at flat offset `offset`. */
 void engine_lora_tensor(engine_tensor *t, const char *base, const char *which,
                         uint64_t rows, uint64_t cols, uint64_t offset);
+
+/* ---- co-serving (ABI 1.4) and fine-tuning streams (ABI 1.5) ---- */
+
+struct engine_batch_limits;
+
+/* One orch_finetune_batch of coserve_forward or ft_stream_open, fn naming it
+ * in the message ("coserve_forward: ft[2]", "ft_stream_open"): struct_size
+ * up to grad_scale, reserved0 zero when the struct has it, then
+ * engine_check_train_call's checks of its tokens, targets, shape and
+ * grad_scale against lim. *out_counted (may be NULL) receives the number of
+ * targets that are not -1. Whether the adapter exists is the engine's
+ * check (it owns the adapters). */
+int32_t engine_check_ft_batch(const char *fn, const orch_finetune_batch *f,
+                              const struct engine_batch_limits *lim,
+                              uint64_t *out_counted, char *err, size_t cap);
+
+/* coserve_forward's arguments when n_finetune > 0: ft and out_losses
+ * non-NULL, ft_stride a multiple of the struct's alignment and at least the
+ * bytes up to grad_scale. */
+int32_t engine_check_coserve_args(const orch_finetune_batch *ft, uint32_t n_finetune,
+                                  uint32_t ft_stride, const float *out_losses, char *err,
+                                  size_t cap);
+
+/* coserve_step's report: *p (may be NULL) zeroed but for its struct_size,
+ * then, when `known` (the stream exists), its state after the step. */
+void engine_ft_progress_fill(orch_ft_progress *p, int known, int finished,
+                             uint64_t rows_total, uint64_t forward_rows,
+                             uint64_t backward_rows, uint64_t rows_this_step, float loss);
 
 #ifdef __cplusplus
 }

@@ -124,22 +124,7 @@ static int32_t run_finetune(orch_engine_ctx *ctx, cpu_lora *lo,
 
 int32_t cpu_coserve_check_ft(orch_engine_ctx *ctx, const char *fn,
                              const orch_finetune_batch *f, cpu_lora **out_lo) {
-    const size_t need = offsetof(orch_finetune_batch, grad_scale) + sizeof(float);
-    int32_t st = ORCH_OK;
-    if (f->struct_size < need)
-        st = cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                      "%s: struct_size %u is smaller than the %zu bytes up to "
-                      "grad_scale",
-                      fn, f->struct_size, need);
-    else if (f->struct_size >= sizeof *f && f->reserved0 != 0)
-        st = cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT, "%s: reserved0 is %u; it must be 0",
-                      fn, f->reserved0);
-    if (st == ORCH_OK) {
-        float dummy;
-        st = engine_check_train_call(fn, f->tokens, f->targets, f->batch, f->seq_len,
-                                     f->grad_scale, &dummy, &ctx->train_lim, NULL,
-                                     ENGINE_ERRBUF(ctx));
-    }
+    int32_t st = engine_check_ft_batch(fn, f, &ctx->train_lim, NULL, ENGINE_ERRBUF(ctx));
     if (st == ORCH_OK && !(*out_lo = cpu_lora_find(ctx, fn, f->adapter_id)))
         st = ORCH_ERR_INVALID_ARGUMENT;
     return st;
@@ -182,21 +167,9 @@ int32_t cpu_coserve_forward(orch_engine_ctx *ctx, const orch_infer_batch *batch,
                             const orch_finetune_batch *ft, uint32_t n_finetune,
                             uint32_t ft_stride, float *out_losses) {
     /* ---- validation: nothing runs before all of it passes ---- */
-    const size_t need = offsetof(orch_finetune_batch, grad_scale) + sizeof(float);
-    if (n_finetune > 0) {
-        if (!ft)
-            return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                            "coserve_forward: ft is NULL");
-        if (!out_losses)
-            return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                            "coserve_forward: out_losses is NULL with n_finetune %u",
-                            n_finetune);
-        if (ft_stride < need || ft_stride % _Alignof(orch_finetune_batch) != 0)
-            return cpu_fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                            "coserve_forward: ft_stride %u must be a multiple of %zu and "
-                            "at least %zu",
-                            ft_stride, _Alignof(orch_finetune_batch), need);
-    }
+    int32_t st0 = engine_check_coserve_args(ft, n_finetune, ft_stride, out_losses,
+                                            ENGINE_ERRBUF(ctx));
+    if (st0 != ORCH_OK) return st0;
     cpu_lora **los = NULL;
     if (n_finetune > 0 && !(los = calloc(n_finetune, sizeof *los)))
         return cpu_fail(ctx, ORCH_ERR_OUT_OF_MEMORY, "coserve_forward: out of memory");

@@ -741,17 +741,10 @@ static int32_t step_run(orch_engine_ctx *ctx, void *arg) {
 }
 
 static void fill_progress(const cpu_ft_stream *s, uint64_t rows, orch_ft_progress *p) {
-    if (!p) return;
-    const uint32_t size = p->struct_size;
-    memset(p, 0, sizeof *p);
-    p->struct_size = size;
-    if (!s) return;
-    p->finished = (uint32_t)s->finished;
-    p->rows_total = s->BT;
-    p->forward_rows = s->fwd;
-    p->backward_rows = s->bwd;
-    p->rows_this_step = rows;
-    p->loss = s->loss;
+    if (s)
+        engine_ft_progress_fill(p, 1, s->finished, s->BT, s->fwd, s->bwd, rows, s->loss);
+    else
+        engine_ft_progress_fill(p, 0, 0, 0, 0, 0, 0, 0.0f);
 }
 
 /* ------------------------------------------------------------------------- */

@@ -71,21 +71,10 @@ typedef struct ft_item {
 /* ft[i]'s checks, in the CPU engine's order and words. */
 static int32_t check_ft(orch_engine_ctx *ctx, uint32_t i, const orch_finetune_batch *f,
                         ft_item *it) {
-    const size_t need = offsetof(orch_finetune_batch, grad_scale) + sizeof(float);
     char fn[64];
     snprintf(fn, sizeof fn, "coserve_forward: ft[%u]", i);
-    if (f->struct_size < need)
-        return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                            "%s: struct_size %u is smaller than the %zu bytes up to "
-                            "grad_scale",
-                            fn, f->struct_size, need);
-    if (f->struct_size >= sizeof *f && f->reserved0 != 0)
-        return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                            "%s: reserved0 is %u; it must be 0", fn, f->reserved0);
-    float dummy;
-    CU_TRY(engine_check_train_call(fn, f->tokens, f->targets, f->batch, f->seq_len,
-                                   f->grad_scale, &dummy, &ctx->train_lim, &it->n_valid,
-                                   ENGINE_ERRBUF(ctx)));
+    CU_TRY(
+        engine_check_ft_batch(fn, f, &ctx->train_lim, &it->n_valid, ENGINE_ERRBUF(ctx)));
     it->f = f;
     it->lo = cu_lora_find(ctx, fn, f->adapter_id);
     return it->lo ? ORCH_OK : ORCH_ERR_INVALID_ARGUMENT;
@@ -226,21 +215,8 @@ int32_t cu_coserve_forward(orch_engine_ctx *ctx, const orch_infer_batch *batch,
                            const orch_finetune_batch *ft, uint32_t n_finetune,
                            uint32_t ft_stride, float *out_losses) {
     /* ---- validation: nothing runs before all of it passes ---- */
-    const size_t need = offsetof(orch_finetune_batch, grad_scale) + sizeof(float);
-    if (n_finetune > 0) {
-        if (!ft)
-            return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                                "coserve_forward: ft is NULL");
-        if (!out_losses)
-            return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                                "coserve_forward: out_losses is NULL with n_finetune %u",
-                                n_finetune);
-        if (ft_stride < need || ft_stride % alignof(orch_finetune_batch) != 0)
-            return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                                "coserve_forward: ft_stride %u must be a multiple of %zu "
-                                "and at least %zu",
-                                ft_stride, alignof(orch_finetune_batch), need);
-    }
+    CU_TRY(engine_check_coserve_args(ft, n_finetune, ft_stride, out_losses,
+                                     ENGINE_ERRBUF(ctx)));
     ft_item *items = NULL;
     if (n_finetune > 0 && !(items = (ft_item *)calloc(n_finetune, sizeof *items)))
         return cu_set_error(ctx, ORCH_ERR_OUT_OF_MEMORY,

@@ -634,17 +634,10 @@ static int32_t step_run(orch_engine_ctx *ctx, cu_ft_stream *s, uint64_t rows,
 }
 
 static void fill_progress(const cu_ft_stream *s, uint64_t rows, orch_ft_progress *p) {
-    if (!p) return;
-    const uint32_t size = p->struct_size;
-    memset(p, 0, sizeof *p);
-    p->struct_size = size;
-    if (!s) return;
-    p->finished = (uint32_t)s->finished;
-    p->rows_total = s->BT;
-    p->forward_rows = s->fwd;
-    p->backward_rows = s->bwd;
-    p->rows_this_step = rows;
-    p->loss = s->loss;
+    if (s)
+        engine_ft_progress_fill(p, 1, s->finished, s->BT, s->fwd, s->bwd, rows, s->loss);
+    else
+        engine_ft_progress_fill(p, 0, 0, 0, 0, 0, 0, 0.0f);
 }
 
 /* ------------------------------------------------------------------------- */
@@ -658,20 +651,8 @@ int32_t cu_ft_stream_open(orch_engine_ctx *ctx, const orch_finetune_batch *ft,
     if (!out_stream)
         return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT, "%s: out_stream is NULL", fn);
     /* the checks of coserve_forward's ft[i] (the CPU engine's words) */
-    const size_t need = offsetof(orch_finetune_batch, grad_scale) + sizeof(float);
-    if (ft->struct_size < need)
-        return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                            "%s: struct_size %u is smaller than the %zu bytes up to "
-                            "grad_scale",
-                            fn, ft->struct_size, need);
-    if (ft->struct_size >= sizeof *ft && ft->reserved0 != 0)
-        return cu_set_error(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                            "%s: reserved0 is %u; it must be 0", fn, ft->reserved0);
-    float dummy = 0.0f;
     uint64_t counted = 0;
-    CU_TRY(engine_check_train_call(fn, ft->tokens, ft->targets, ft->batch, ft->seq_len,
-                                   ft->grad_scale, &dummy, &ctx->train_lim, &counted,
-                                   ENGINE_ERRBUF(ctx)));
+    CU_TRY(engine_check_ft_batch(fn, ft, &ctx->train_lim, &counted, ENGINE_ERRBUF(ctx)));
     cu_lora *lo = cu_lora_find(ctx, fn, ft->adapter_id);
     if (!lo) return ORCH_ERR_INVALID_ARGUMENT;
     if (!ctx->ft) {

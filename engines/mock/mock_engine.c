@@ -156,6 +156,7 @@
 #include "engine_api/orch_engine.h"
 #include "engines/common/engine_checks.h"
 #include "engines/common/engine_common.h"
+#include "engines/common/engine_lora.h"
 
 #define MOCK_VERSION      "mock 1.0"
 #define MOCK_MAX_LAYERS   4096u
@@ -1618,22 +1619,11 @@ static mock_stream *stream_find(orch_engine_ctx *ctx, uint32_t id, const char *f
 static int32_t mock_ft_stream_open(orch_engine_ctx *ctx, const orch_finetune_batch *ft,
                                    uint32_t *out_stream) {
     if (!ctx) return ORCH_ERR_INVALID_ARGUMENT;
-    const size_t need = offsetof(orch_finetune_batch, grad_scale) + sizeof(float);
     if (!ft || !out_stream)
         return fail(ctx, ORCH_ERR_INVALID_ARGUMENT, "ft_stream_open: %s is NULL",
                     ft ? "out_stream" : "ft");
-    if (ft->struct_size < need)
-        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                    "ft_stream_open: struct_size %u is smaller than the %zu bytes up to "
-                    "grad_scale",
-                    ft->struct_size, need);
-    if (ft->struct_size >= sizeof *ft && ft->reserved0 != 0)
-        return fail(ctx, ORCH_ERR_INVALID_ARGUMENT,
-                    "ft_stream_open: reserved0 is %u; it must be 0", ft->reserved0);
-    float dummy = 0.0f;
-    int32_t st = engine_check_train_call("ft_stream_open", ft->tokens, ft->targets,
-                                         ft->batch, ft->seq_len, ft->grad_scale, &dummy,
-                                         &ctx->train_lim, NULL, ENGINE_ERRBUF(ctx));
+    int32_t st = engine_check_ft_batch("ft_stream_open", ft, &ctx->train_lim, NULL,
+                                       ENGINE_ERRBUF(ctx));
     if (st) return st;
     mock_adapter *a = adapter_find(ctx, ft->adapter_id, "ft_stream_open");
     if (!a) return ORCH_ERR_INVALID_ARGUMENT;
