@@ -163,7 +163,6 @@ static void run_close(run *r) {
 
 static orch_ft_progress progress0(void) { return test_ft_progress0(); }
 
-
 static int32_t step(orch_engine_ctx *ctx, const orch_seq_input *seqs, uint32_t n,
                     float *logits, uint64_t cap, uint32_t stream, uint32_t rows,
                     orch_ft_progress *p) {
@@ -572,7 +571,7 @@ START_TEST(test_capacity) {
                       A->last_error(r.ctx));
     uint32_t out = 12345;
     test_ft_expect_err(A, r.ctx, A->ft_stream_open(r.ctx, &ft, &out), ORCH_ERR_CAPACITY,
-               "streams are open");
+                       "streams are open");
     ck_assert_uint_eq(out, 12345);
     ck_assert_int_eq(A->ft_stream_close(r.ctx, ids[7]), ORCH_OK);
     ck_assert_int_eq(A->ft_stream_open(r.ctx, &ft, &out), ORCH_OK);

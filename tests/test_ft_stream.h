@@ -88,7 +88,7 @@ static inline void test_ft_stream_rules(const orch_engine_api *api, orch_engine_
                      ORCH_OK);
     float *a0 = malloc(ti.numel * sizeof(float)), *a1 = malloc(ti.numel * sizeof(float));
     ck_assert_int_eq(api->adapter_tensor_read(ctx, id, ORCH_TENSOR_PARAM, 0, a0,
-                                            ti.numel * sizeof(float)),
+                                              ti.numel * sizeof(float)),
                      ORCH_OK);
     orch_adamw_params ap = test_adamw(1, 0.01f, 0.1f, 1.0f);
     float norm;
@@ -97,42 +97,46 @@ static inline void test_ft_stream_rules(const orch_engine_api *api, orch_engine_
     uint32_t s = 0, s_bad = 77;
     ck_assert_int_eq(api->ft_stream_open(ctx, &ft, &s), ORCH_OK);
     for (int phase = 0; phase < 2; phase++) { /* open and running; finished */
-        test_ft_expect_err(api, ctx, api->adapter_optimizer_step(ctx, id, &ap, &norm), ORCH_ERR_STATE,
-                   "stream");
+        test_ft_expect_err(api, ctx, api->adapter_optimizer_step(ctx, id, &ap, &norm),
+                           ORCH_ERR_STATE, "stream");
         for (uint32_t i = 0; i < ti.numel; i++) a1[i] = a0[i] + 1.0f;
         test_ft_expect_err(api, ctx,
-                   api->adapter_tensor_write(ctx, id, ORCH_TENSOR_PARAM, 0, a1,
-                                           ti.numel * sizeof(float)),
-                   ORCH_ERR_STATE, "adapter_tensor_write");
-        test_ft_expect_err(api, ctx, api->adapter_destroy(ctx, id), ORCH_ERR_STATE, "adapter_destroy");
+                           api->adapter_tensor_write(ctx, id, ORCH_TENSOR_PARAM, 0, a1,
+                                                     ti.numel * sizeof(float)),
+                           ORCH_ERR_STATE, "adapter_tensor_write");
+        test_ft_expect_err(api, ctx, api->adapter_destroy(ctx, id), ORCH_ERR_STATE,
+                           "adapter_destroy");
         ck_assert_int_eq(api->adapter_tensor_read(ctx, id, ORCH_TENSOR_PARAM, 0, a1,
-                                                ti.numel * sizeof(float)),
+                                                  ti.numel * sizeof(float)),
                          ORCH_OK);
         ck_assert(memcmp(a0, a1, ti.numel * sizeof(float)) == 0);
         /* moments, gradients and other adapters are not locked */
         ck_assert_int_eq(api->adapter_tensor_write(ctx, id, ORCH_TENSOR_ADAM_M, 0, a0,
-                                                 ti.numel * sizeof(float)),
+                                                   ti.numel * sizeof(float)),
                          ORCH_OK);
         ck_assert_int_eq(api->adapter_grads_zero(ctx, id), ORCH_OK);
         ck_assert_int_eq(api->adapter_optimizer_step(ctx, other, &ap, &norm), ORCH_OK);
         /* bad steps change nothing */
         orch_ft_progress p = test_ft_progress0();
         p.struct_size = sizeof p - 8;
-        test_ft_expect_err(api, ctx, test_ft_step(api, ctx, NULL, 0, NULL, 0, s, 5, &p), ORCH_ERR_INVALID_ARGUMENT,
-                   "struct_size");
+        test_ft_expect_err(api, ctx, test_ft_step(api, ctx, NULL, 0, NULL, 0, s, 5, &p),
+                           ORCH_ERR_INVALID_ARGUMENT, "struct_size");
         p = test_ft_progress0();
-        test_ft_expect_err(api, ctx, test_ft_step(api, ctx, NULL, 0, NULL, 0, s_bad, 5, &p),
-                   ORCH_ERR_INVALID_ARGUMENT, "stream 77");
+        test_ft_expect_err(api, ctx,
+                           test_ft_step(api, ctx, NULL, 0, NULL, 0, s_bad, 5, &p),
+                           ORCH_ERR_INVALID_ARGUMENT, "stream 77");
         float lg[4];
         orch_seq_input q = test_seq_input(tokens, 1, 0, NULL, 0, ORCH_LOGITS_LAST);
-        ck_assert_int_ne(test_ft_step(api, ctx, &q, 1, lg, 4, s, 5, &p), ORCH_OK); /* no KV, cap */
+        ck_assert_int_ne(test_ft_step(api, ctx, &q, 1, lg, 4, s, 5, &p),
+                         ORCH_OK); /* no KV, cap */
         p = test_ft_progress0();
         ck_assert_int_eq(test_ft_step(api, ctx, NULL, 0, NULL, 0, s, 0, &p), ORCH_OK);
         ck_assert_uint_eq(p.rows_this_step, 0);
         ck_assert_uint_eq(p.forward_rows + p.backward_rows, phase ? 2 * BT : 0);
         if (phase == 0) { /* finish it, progress NULL */
-            ck_assert_int_eq(test_ft_step(api, ctx, NULL, 0, NULL, 0, s, (uint32_t)(2 * BT), NULL),
-                             ORCH_OK);
+            ck_assert_int_eq(
+                test_ft_step(api, ctx, NULL, 0, NULL, 0, s, (uint32_t)(2 * BT), NULL),
+                ORCH_OK);
             p = test_ft_progress0();
             ck_assert_int_eq(test_ft_step(api, ctx, NULL, 0, NULL, 0, s, 3, &p), ORCH_OK);
             ck_assert_uint_eq(p.finished, 1);
@@ -140,29 +144,30 @@ static inline void test_ft_stream_rules(const orch_engine_api *api, orch_engine_
         }
     }
     ck_assert_int_eq(api->ft_stream_close(ctx, s), ORCH_OK);
-    test_ft_expect_err(api, ctx, api->ft_stream_close(ctx, s), ORCH_ERR_INVALID_ARGUMENT, "stream");
-    test_ft_expect_err(api, ctx, test_ft_step(api, ctx, NULL, 0, NULL, 0, s, 1, NULL), ORCH_ERR_INVALID_ARGUMENT,
-               "stream");
+    test_ft_expect_err(api, ctx, api->ft_stream_close(ctx, s), ORCH_ERR_INVALID_ARGUMENT,
+                       "stream");
+    test_ft_expect_err(api, ctx, test_ft_step(api, ctx, NULL, 0, NULL, 0, s, 1, NULL),
+                       ORCH_ERR_INVALID_ARGUMENT, "stream");
     /* OK again after close */
     ck_assert_int_eq(api->adapter_optimizer_step(ctx, id, &ap, &norm), ORCH_OK);
     ck_assert_int_eq(api->adapter_tensor_write(ctx, id, ORCH_TENSOR_PARAM, 0, a0,
-                                             ti.numel * sizeof(float)),
+                                               ti.numel * sizeof(float)),
                      ORCH_OK);
 
     /* bad micro-batches */
     uint32_t out = 12345;
     orch_finetune_batch bad = ft;
     bad.adapter_id = 999;
-    test_ft_expect_err(api, ctx, api->ft_stream_open(ctx, &bad, &out), ORCH_ERR_INVALID_ARGUMENT,
-               "adapter");
+    test_ft_expect_err(api, ctx, api->ft_stream_open(ctx, &bad, &out),
+                       ORCH_ERR_INVALID_ARGUMENT, "adapter");
     bad = ft;
     bad.struct_size = 8;
-    test_ft_expect_err(api, ctx, api->ft_stream_open(ctx, &bad, &out), ORCH_ERR_INVALID_ARGUMENT,
-               "struct_size");
+    test_ft_expect_err(api, ctx, api->ft_stream_open(ctx, &bad, &out),
+                       ORCH_ERR_INVALID_ARGUMENT, "struct_size");
     bad = ft;
     bad.reserved0 = 1;
-    test_ft_expect_err(api, ctx, api->ft_stream_open(ctx, &bad, &out), ORCH_ERR_INVALID_ARGUMENT,
-               "reserved0");
+    test_ft_expect_err(api, ctx, api->ft_stream_open(ctx, &bad, &out),
+                       ORCH_ERR_INVALID_ARGUMENT, "reserved0");
     bad = ft;
     bad.tokens = NULL;
     ck_assert_int_eq(api->ft_stream_open(ctx, &bad, &out), ORCH_ERR_INVALID_ARGUMENT);
@@ -170,8 +175,10 @@ static inline void test_ft_stream_rules(const orch_engine_api *api, orch_engine_
     bad.seq_len = context + 1;
     ck_assert_int_eq(api->ft_stream_open(ctx, &bad, &out), ORCH_ERR_INVALID_ARGUMENT);
     bad = ft;
-    bad.batch = (uint32_t)(call_tokens_max / T + 1); /* over the engine's tokens per call */
-    test_ft_expect_err(api, ctx, api->ft_stream_open(ctx, &bad, &out), ORCH_ERR_CAPACITY, "");
+    bad.batch =
+        (uint32_t)(call_tokens_max / T + 1); /* over the engine's tokens per call */
+    test_ft_expect_err(api, ctx, api->ft_stream_open(ctx, &bad, &out), ORCH_ERR_CAPACITY,
+                       "");
     ck_assert_int_eq(api->ft_stream_open(ctx, NULL, &out), ORCH_ERR_INVALID_ARGUMENT);
     ck_assert_int_eq(api->ft_stream_open(ctx, &ft, NULL), ORCH_ERR_INVALID_ARGUMENT);
     ck_assert_uint_eq(out, 12345);
@@ -192,7 +199,8 @@ static inline void test_ft_stream_rules(const orch_engine_api *api, orch_engine_
     bad.targets = none;
     ck_assert_int_eq(api->ft_stream_open(ctx, &bad, &s2), ORCH_OK);
     orch_ft_progress pn = test_ft_progress0();
-    ck_assert_int_eq(test_ft_step(api, ctx, NULL, 0, NULL, 0, s2, (uint32_t)(2 * BT), &pn), ORCH_OK);
+    ck_assert_int_eq(
+        test_ft_step(api, ctx, NULL, 0, NULL, 0, s2, (uint32_t)(2 * BT), &pn), ORCH_OK);
     ck_assert_uint_eq(pn.finished, 1);
     ck_assert(pn.loss == 0.0f);
     float *g1 = test_ft_grads(api, ctx, id, n_grads);
