@@ -247,6 +247,40 @@ START_TEST(same_as_jinja2) {
 }
 END_TEST
 
+/* raise_exception's message is the error line; one with NUL bytes shows
+ * them as \0 (they cut the line short: an empty error), an empty one is
+ * named (found by fuzz_jinja). */
+START_TEST(raise_exception_messages) {
+    static const struct {
+        const char *src;
+        size_t n;
+        const char *want;
+    } cases[] = {
+#define SRC(lit) lit, sizeof(lit) - 1 /* the NUL bytes inside count */
+        { SRC("{{ raise_exception('no system role') }}"), "no system role" },
+        { SRC("{{ raise_exception('\0\0roles') }}"), "\\0\\0roles" },
+        { SRC("{{ raise_exception('') }}"), "raise_exception() with an empty message" },
+        { SRC("{{ raise_exception() }}"), "raise_exception() with an empty message" },
+#undef SRC
+    };
+    cJSON *vars = cJSON_CreateObject();
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        jinja_template *t = NULL;
+        char err[512] = "";
+        ck_assert_msg(jinja_parse(cases[i].src, cases[i].n, &t, err, sizeof err) == 0,
+                      "case %zu: %s", i, err);
+        strbuf out = { 0 };
+        strbuf_puts(&out, "kept");
+        ck_assert_int_eq(jinja_render(t, vars, &out, err, sizeof err), -1);
+        ck_assert_str_eq(err, cases[i].want);
+        ck_assert_str_eq(out.p, "kept");
+        strbuf_free(&out);
+        jinja_free(t);
+    }
+    cJSON_Delete(vars);
+}
+END_TEST
+
 /* Every case: orch's Jinja interpreter renders the template itself exactly
  * as Jinja2 does (raise_exception's message included). */
 START_TEST(interpreter_same_as_jinja2) {
@@ -789,6 +823,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, strip_like_python);
     tcase_add_test(tc, same_as_jinja2);
     tcase_add_test(tc, interpreter_same_as_jinja2);
+    tcase_add_test(tc, raise_exception_messages);
     tcase_add_test(tc, interpreter_on_cut_templates);
     tcase_add_test(tc, render_errors);
     tcase_add_test(tc, detect_from_real_templates);

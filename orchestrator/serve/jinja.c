@@ -1763,8 +1763,22 @@ static val call(rctx *r, scope *s, const expr *e) {
         rfail(r, "a %s is not callable", type_name(&f));
     }
     if (f.i == F_RAISE) {
+        /* The template's own words; a NUL byte would cut the message short
+         * (an empty error line), so it is shown as \0. */
         val m = to_str(r, &a.v[0]);
-        fail(&r->f, "%.*s", (int)m.n, m.s);
+        char msg[sizeof r->f.msg];
+        size_t o = 0;
+        for (size_t i = 0; i < m.n && o + 3 < sizeof msg; i++) {
+            if (m.s[i] == '\0') {
+                msg[o++] = '\\';
+                msg[o++] = '0';
+            } else {
+                msg[o++] = m.s[i];
+            }
+        }
+        msg[o] = '\0';
+        if (o == 0) fail(&r->f, "raise_exception() with an empty message");
+        fail(&r->f, "%s", msg);
     }
     if (f.i == F_NAMESPACE) {
         jdict *d = dict_new(&r->ar);
