@@ -528,19 +528,9 @@ cudaError_t k_to_heads(cudaStream_t s, const float *src, float *dst, uint32_t B,
  * every j < lim(i) (zeros above the diagonal); columns from lim(i) on are
  * neither read nor written, and no product reads them either. */
 
-__device__ __forceinline__ uint32_t chunk_limit(uint32_t i, uint32_t T, uint32_t tc) {
-    uint32_t lim = (i / tc + 1) * tc;
-    return lim < T ? lim : T;
-}
-
-__global__ void softmax_causal_kernel(float *att, uint64_t rows, uint32_t T,
-                                      uint32_t tc) {
-    uint64_t row = (uint64_t)blockIdx.x * ROWS_PER_BLOCK + (threadIdx.x >> 5);
-    uint32_t lane = threadIdx.x & 31;
-    if (row >= rows) return;
-    uint32_t i = (uint32_t)(row % T);
-    uint32_t lim = chunk_limit(i, T, tc);
-    float *x = att + row * T;
+/* One warp's row x: softmax of x[0..i] in place, x[i+1..lim) zeroed. */
+__device__ __forceinline__ void softmax_row_upto(float *x, uint32_t i, uint32_t lim,
+                                                 uint32_t lane) {
     float mx = -INFINITY;
     for (uint32_t j = lane; j <= i; j += 32) mx = fmaxf(mx, x[j]);
     mx = warp_max(mx);
@@ -553,6 +543,21 @@ __global__ void softmax_causal_kernel(float *att, uint64_t rows, uint32_t T,
     sum = warp_sum(sum);
     float inv = 1.0f / sum;
     for (uint32_t j = lane; j < lim; j += 32) x[j] = j <= i ? x[j] * inv : 0.0f;
+}
+
+__device__ __forceinline__ uint32_t chunk_limit(uint32_t i, uint32_t T, uint32_t tc) {
+    uint32_t lim = (i / tc + 1) * tc;
+    return lim < T ? lim : T;
+}
+
+__global__ void softmax_causal_kernel(float *att, uint64_t rows, uint32_t T,
+                                      uint32_t tc) {
+    uint64_t row = (uint64_t)blockIdx.x * ROWS_PER_BLOCK + (threadIdx.x >> 5);
+    uint32_t lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    uint32_t i = (uint32_t)(row % T);
+    uint32_t lim = chunk_limit(i, T, tc);
+    softmax_row_upto(att + row * T, i, lim, lane);
 }
 
 cudaError_t k_softmax_causal(cudaStream_t s, float *att, uint64_t rows, uint32_t T,
@@ -1253,19 +1258,7 @@ __global__ void ft_softmax_kernel(float *att, uint64_t rows, uint32_t nq, uint32
     uint32_t lane = threadIdx.x & 31;
     if (row >= rows) return;
     uint32_t i = p0 + (uint32_t)(row % nq);
-    float *x = att + row * nk;
-    float mx = -INFINITY;
-    for (uint32_t j = lane; j <= i; j += 32) mx = fmaxf(mx, x[j]);
-    mx = warp_max(mx);
-    float sum = 0.0f;
-    for (uint32_t j = lane; j <= i; j += 32) {
-        float e = expf(x[j] - mx);
-        x[j] = e;
-        sum += e;
-    }
-    sum = warp_sum(sum);
-    float inv = 1.0f / sum;
-    for (uint32_t j = lane; j < nk; j += 32) x[j] = j <= i ? x[j] * inv : 0.0f;
+    softmax_row_upto(att + row * nk, i, nk, lane);
 }
 
 cudaError_t k_ft_softmax(cudaStream_t s, float *att, uint64_t rows, uint32_t nq,
