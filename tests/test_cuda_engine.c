@@ -1546,20 +1546,7 @@ END_TEST
 int main(void) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     test_default_engine_path();
-    const char *gpu_value = getenv("ORCH_CUDA_ENGINE");
-    if (!gpu_value || !*gpu_value) gpu_value = "cuda";
-    char err[2048];
-    if (engine_load(gpu_value, &gpu, err, sizeof err) != 0) {
-        printf("test_cuda_engine: skipped: %s\n", err);
-        return 77;
-    }
-    if (engine_load("cpu", &cpu, err, sizeof err) != 0) {
-        printf("test_cuda_engine: skipped: the CPU engine (the parity reference) cannot "
-               "be loaded: %s\n",
-               err);
-        engine_unload(&gpu);
-        return 77;
-    }
+    TEST_LOAD_CUDA_AND_CPU("test_cuda_engine", gpu, cpu);
     printf("test_cuda_engine: %s (%s) against %s\n", gpu.path, gpu.probe_msg, cpu.path);
     Suite *s = suite_create("cuda_engine");
     TCase *tc = tcase_create("parity");

@@ -63,7 +63,6 @@ static inline orch_model_desc test_model_desc(uint32_t vocab, uint32_t context,
     return d;
 }
 
-/* Make a fresh directory /tmp/orch_<tag>_XXXXXX into buf (cap >= 64). */
 /* TEST_ENGINE_FIXTURE(name): a suite's file-scope engine: H (the loaded
  * engine `name`), A (its API table) and load_engine/unload_engine for
  * tcase_add_unchecked_fixture. The suite includes
@@ -79,6 +78,30 @@ static inline orch_model_desc test_model_desc(uint32_t vocab, uint32_t context,
     }                                                                              \
     static void unload_engine(void) { engine_unload(&H); }
 
+/* TEST_LOAD_CUDA_AND_CPU(suite, gpu, cpu), in main() of the CUDA suites: load
+ * the engine ORCH_CUDA_ENGINE names (default "cuda") into the engine_handle
+ * gpu and the CPU engine (the parity reference) into cpu; when either cannot
+ * be loaded (no device, no library) print "<suite>: skipped: <why>" and
+ * return 77 from main. The suite includes orchestrator/core/engine_loader.h. */
+#define TEST_LOAD_CUDA_AND_CPU(suite, gpu, cpu)                                    \
+    do {                                                                           \
+        const char *gpu_value_ = getenv("ORCH_CUDA_ENGINE");                       \
+        if (!gpu_value_ || !*gpu_value_) gpu_value_ = "cuda";                      \
+        char load_err_[2048];                                                      \
+        if (engine_load(gpu_value_, &(gpu), load_err_, sizeof load_err_) != 0) {   \
+            printf("%s: skipped: %s\n", suite, load_err_);                         \
+            return 77;                                                             \
+        }                                                                          \
+        if (engine_load("cpu", &(cpu), load_err_, sizeof load_err_) != 0) {        \
+            printf("%s: skipped: the CPU engine (the parity reference) cannot be " \
+                   "loaded: %s\n",                                                 \
+                   suite, load_err_);                                              \
+            engine_unload(&(gpu));                                                 \
+            return 77;                                                             \
+        }                                                                          \
+    } while (0)
+
+/* Make a fresh directory /tmp/orch_<tag>_XXXXXX into buf (cap >= 64). */
 static inline void test_tmpdir(char *buf, size_t cap, const char *tag) {
     snprintf(buf, cap, "/tmp/orch_%s_XXXXXX", tag);
     ck_assert_msg(mkdtemp(buf) != NULL, "mkdtemp %s failed", buf);
